@@ -1,0 +1,7 @@
+"""`python -m orchestrator` runs the orch CLI."""
+
+import sys
+
+from orchestrator.cli import main
+
+sys.exit(main())

@@ -1,0 +1,232 @@
+"""A/B experiments: every arm from a fresh, verified launch on the same host in the same session."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator import __version__, server
+from orchestrator.bench import BenchConfig, RunResult, run_benchmark
+from orchestrator.errors import OrchError, ServerError
+from orchestrator.hosts import Host
+from orchestrator.profile import Profile
+from orchestrator.stats import Summary, ratio, summarize
+from orchestrator.store import Store
+
+
+@dataclass(frozen=True)
+class ABConfig:
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    simulate: bool = False
+    namespace: str = "default"
+    ready_timeout_s: float | None = None
+    grace_s: float = 10.0
+    strict_env: bool = False
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm = one launch (for now) and its runs, with what was verified about it."""
+
+    profile: str
+    launch_id: str
+    runs: tuple[RunResult, ...]
+    ready_s: float
+    env_report: dict[str, Any]
+    teardown: dict[str, Any]
+
+    @property
+    def timed(self) -> list[RunResult]:
+        return [r for r in self.runs if not r.warmup and r.valid]
+
+    @property
+    def summary(self) -> Summary | None:
+        timed = self.timed
+        return summarize([r.tok_s for r in timed]) if timed else None
+
+    @property
+    def accept_length(self) -> float | None:
+        """Mean accept length over the timed runs, from each run's own final meta_info (never lifetime)."""
+        values = [r.spec_accept_length for r in self.timed if r.spec_accept_length is not None]
+        return sum(values) / len(values) if values else None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    arm: str
+    vs: str
+    ratio: float | None
+
+
+@dataclass(frozen=True)
+class ABResult:
+    experiment_id: str
+    simulated: bool
+    host: str
+    arms: tuple[ArmResult, ...]
+    host_facts: dict[str, Any]
+
+    @property
+    def comparisons(self) -> list[Comparison]:
+        base = self.arms[0]
+        out = []
+        for arm in self.arms[1:]:
+            r = None
+            if arm.summary and base.summary:
+                r = ratio(arm.summary.median, base.summary.median)
+            out.append(Comparison(arm=arm.profile, vs=base.profile, ratio=r))
+        return out
+
+
+def new_experiment_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def run_ab(
+    host: Host,
+    profiles: Sequence[Profile],
+    config: ABConfig,
+    store: Store,
+    *,
+    on_event: Callable[[str], None] = lambda _: None,
+    on_run: Callable[[str, RunResult], None] = lambda _p, _r: None,
+) -> ABResult:
+    """Run every arm in order from a fresh launch; persist as we go; tear down whatever happens."""
+    if not profiles:
+        raise OrchError("an A/B needs at least one profile")
+    ports = {p.port for p in profiles}
+    exp_id = new_experiment_id()
+    facts = host.call("facts")
+    store.create_experiment(
+        exp_id,
+        kind="ab",
+        simulated=config.simulate,
+        host=host.name,
+        arms=[p.name for p in profiles],
+        config={
+            "bench": config.bench.__dict__,
+            "host_facts": facts,
+            "strict_env": config.strict_env,
+            "ports": sorted(ports),
+        },
+        orch_version=__version__,
+    )
+    on_event(
+        f"experiment {exp_id} on {host.name}: {' vs '.join(p.name for p in profiles)}"
+        + (" (SIMULATED server)" if config.simulate else "")
+    )
+    arms: list[ArmResult] = []
+    try:
+        for index, profile in enumerate(profiles):
+            arms.append(_run_arm(host, profile, index, exp_id, config, store, on_event, on_run))
+    except KeyboardInterrupt:
+        store.finish_experiment(exp_id, "interrupted", "interrupted by the user")
+        raise
+    except BaseException as e:
+        store.finish_experiment(exp_id, "failed", str(e) or type(e).__name__)
+        raise
+    store.finish_experiment(exp_id, "complete")
+    return ABResult(exp_id, config.simulate, host.name, tuple(arms), facts)
+
+
+def _run_arm(
+    host: Host,
+    profile: Profile,
+    index: int,
+    exp_id: str,
+    config: ABConfig,
+    store: Store,
+    on_event: Callable[[str], None],
+    on_run: Callable[[str, RunResult], None],
+) -> ArmResult:
+    runs: list[RunResult] = []
+    state: dict[str, Any] = {}
+
+    def launched(launch: server.Launch) -> None:
+        state["launch"] = launch
+        store.add_launch(
+            launch.launch_id,
+            experiment_id=exp_id,
+            arm_index=index,
+            profile=profile.name,
+            profile_dict=profile.to_dict(),
+            argv=list(launch.argv),
+            env=launch.env,
+            pid=launch.pid,
+            started_at=launch.started_at,
+        )
+
+    def torn_down(srv: server.RunningServer) -> None:
+        state["teardown"] = srv.teardown or {}
+        store.update_launch(srv.launch.launch_id, teardown_json=srv.teardown)
+
+    def record(run: RunResult) -> None:
+        runs.append(run)
+        store.add_run(state["launch"].launch_id, run.to_dict())
+        on_run(profile.name, run)
+
+    on_event(f"arm {index + 1}: {profile.name}")
+    try:
+        with server.running(
+            host,
+            profile,
+            simulate=config.simulate,
+            namespace=config.namespace,
+            ready_timeout_s=config.ready_timeout_s,
+            grace_s=config.grace_s,
+            on_event=on_event,
+            on_launch=launched,
+            on_teardown=torn_down,
+        ) as srv:
+            env = srv.env_report
+            assert env is not None
+            store.update_launch(
+                srv.launch.launch_id,
+                ready_s=srv.ready_s,
+                preflight_json=srv.preflight,
+                env_report_json=env.to_dict(),
+            )
+            for line in describe_env(env):
+                on_event(f"{profile.name}: {line}")
+            if config.strict_env and not env.ok:
+                raise ServerError(f"{profile.name}: environment check failed (--strict-env); see above")
+            run_benchmark(srv.base_url, config.bench, on_run=record)
+            ready_s = srv.ready_s
+    except BaseException as e:
+        if "launch" in state:
+            status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            store.update_launch(state["launch"].launch_id, status=status, error=str(e) or type(e).__name__)
+        raise
+    store.update_launch(state["launch"].launch_id, status="complete")
+    return ArmResult(
+        profile.name,
+        state["launch"].launch_id,
+        tuple(runs),
+        ready_s,
+        env.to_dict(),
+        state.get("teardown", {}),
+    )
+
+
+def describe_env(report: server.EnvReport) -> list[str]:
+    """Human lines for an env check: one per differing variable, grouping the processes it differs in."""
+    if report.ok:
+        lines = [f"env check ok: every profile variable reached all {report.processes} processes"]
+    else:
+        groups: dict[tuple[str, str, str | None, str], list[int]] = {}
+        for m in report.mismatches:
+            groups.setdefault((m.var, m.expected, m.actual, m.note), []).append(m.pid)
+        lines = [f"ENV MISMATCH in {len({m.pid for m in report.mismatches})} of {report.processes} processes:"]
+        for (var, want, got, note), pids in sorted(groups.items()):
+            actual = "missing" if got is None else f"={got}"
+            pid_list = ", ".join(str(p) for p in pids)
+            lines.append(
+                f"  {var}: profile says {want!r}, PID {pid_list} has {actual}" + (f" ({note})" if note else "")
+            )
+    if report.inherited:
+        inherited = ", ".join(f"{k}={v}" for k, v in sorted(report.inherited.items()))
+        lines.append(f"note: inherited from the launching environment, not set by the profile: {inherited}")
+    return lines

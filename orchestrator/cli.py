@@ -1,0 +1,281 @@
+"""The `orch` command line: a thin click layer over the typed core functions."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NoReturn
+
+import click
+import yaml
+
+from orchestrator import __version__
+from orchestrator import profile as profiles_mod
+from orchestrator.ab import ABConfig, run_ab
+from orchestrator.bench import BenchConfig, RunResult
+from orchestrator.errors import OrchError, ProfileError
+from orchestrator.hosts import resolve_host
+from orchestrator.report import SIM_BANNER, ab_json, ab_text, run_line
+from orchestrator.server import default_namespace
+from orchestrator.store import Store
+
+EXIT_INTERRUPTED = 130
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
+@click.version_option(__version__, prog_name="orch")
+def cli() -> None:
+    """orch: honest A/B benchmarks of LLM inference servers.
+
+    Every arm starts from a fresh, verified server launch; the environment each worker process
+    really got is read back; every run is stored the moment it finishes.
+    """
+
+
+# ---------------------------------------------------------------- profiles
+
+
+@cli.group("profiles")
+def profiles_group() -> None:
+    """List, show and validate server profiles (./profiles, the user config dir, then the bundled set)."""
+
+
+@profiles_group.command("list")
+def profiles_list() -> None:
+    """Every profile name visible from here, with where it comes from."""
+    found = profiles_mod.available()
+    if not found:
+        click.echo("no profiles found in " + ", ".join(str(d) for d in profiles_mod.search_dirs()))
+        return
+    width = max(len(n) for n in found)
+    for name, path in sorted(found.items()):
+        try:
+            desc = profiles_mod.load(str(path)).description
+        except ProfileError as e:
+            desc = f"INVALID: {e}"
+        click.echo(f"{name.ljust(width)}  {desc}  [{path}]")
+
+
+@profiles_group.command("show")
+@click.argument("name")
+@click.option("--sim", is_flag=True, help="Show the launch as `--sim` would run it (the simulator).")
+@click.option("--python", "python", default="python3", show_default=True, help="Interpreter shown in the command.")
+def profiles_show(name: str, sim: bool, python: str) -> None:
+    """The resolved profile, the exact launch command line and its environment."""
+    prof = profiles_mod.load(name)
+    data = prof.to_dict()
+    click.echo(f"# {prof.name} (from {prof.source}; extends chain: {' -> '.join(prof.chain)})")
+    click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
+    click.echo("\n# launch command" + (" (SIMULATOR)" if sim else ""))
+    env = prof.env_dict() | (prof.sim_env() if sim else {})
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    click.echo((prefix + " " if prefix else "") + shlex.join(prof.launch_argv(python, simulate=sim)))
+
+
+@profiles_group.command("validate")
+@click.argument("files", nargs=-1, required=True)
+def profiles_validate(files: tuple[str, ...]) -> None:
+    """Check profile files; prints one line per file and exits 1 if any is invalid."""
+    bad = 0
+    for f in files:
+        try:
+            prof = profiles_mod.validate_file(f)
+            click.echo(f"ok      {f} ({prof.name})")
+        except ProfileError as e:
+            bad += 1
+            click.echo(f"invalid {e}")
+    if bad:
+        raise SystemExit(1)
+
+
+# ---------------------------------------------------------------- running servers
+
+
+def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option("--host", "host_spec", default="local", show_default=True, help="Where to run the servers."),
+        click.option("--sim", is_flag=True, help="Run orch's SGLang simulator instead of sglang.launch_server."),
+        click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 10000), help="Timed runs."),
+        click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 1000), help="Warmup runs."),
+        click.option(
+            "--max-tokens",
+            default=2048,
+            show_default=True,
+            type=click.IntRange(1, 1_000_000),
+            help="Output tokens per timed run (ignore_eos, so every run yields exactly this many).",
+        ),
+        click.option("--seed", default=0, show_default=True, type=int, help="Seed of the prompt sequence."),
+        click.option(
+            "--ready-timeout",
+            type=click.FloatRange(1, 86400),
+            default=None,
+            help="Seconds to wait for readiness [default: the profile's ready_timeout_s].",
+        ),
+        click.option(
+            "--grace",
+            default=10.0,
+            show_default=True,
+            type=click.FloatRange(0, 600),
+            help="Seconds between SIGTERM and SIGKILL at teardown.",
+        ),
+        click.option("--strict-env", is_flag=True, help="Fail an arm whose workers did not get the profile's env."),
+        click.option(
+            "--db",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="SQLite results file [default: the user data dir].",
+        ),
+        click.option("--workdir", default=None, help="Where logs go on the host [default: the user state dir]."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (progress → stderr)."),
+    ]
+    for opt in reversed(options):
+        fn = opt(fn)
+    return fn
+
+
+def _run(
+    profile_names: tuple[str, ...],
+    host_spec: str,
+    sim: bool,
+    runs: int,
+    warmup: int,
+    max_tokens: int,
+    seed: int,
+    ready_timeout: float | None,
+    grace: float,
+    strict_env: bool,
+    db: str | None,
+    workdir: str | None,
+    as_json: bool,
+) -> None:
+    profiles = [profiles_mod.load(n) for n in profile_names]
+    bench = BenchConfig(runs=runs, warmup=warmup, max_tokens=max_tokens, seed=seed)
+    config = ABConfig(
+        bench=bench,
+        simulate=sim,
+        namespace=default_namespace(),
+        ready_timeout_s=ready_timeout,
+        grace_s=grace,
+        strict_env=strict_env,
+    )
+    out = sys.stderr if as_json else sys.stdout
+
+    def event(msg: str) -> None:
+        click.echo(msg, file=out)
+
+    def on_run(name: str, run: RunResult) -> None:
+        click.echo(run_line(run, bench), file=out)
+
+    if sim:
+        event(SIM_BANNER)
+    store = Store(db)
+    event(f"results database: {store.path}")
+    try:
+        with resolve_host(host_spec, workdir=workdir) as host:
+            result = run_ab(host, profiles, config, store, on_event=event, on_run=on_run)
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps(ab_json(result), indent=2))
+    else:
+        click.echo(ab_text(result))
+
+
+@cli.command("ab")
+@click.argument("profiles", nargs=-1, required=True)
+@_bench_options
+def ab_cmd(profiles: tuple[str, ...], **kw: Any) -> None:
+    """Compare PROFILES (the first is the baseline), each from a fresh, verified launch.
+
+    Example: orch ab baseline eagle3-3step --sim
+    """
+    if len(profiles) < 2:
+        raise click.UsageError("an A/B needs at least two profiles (use `orch bench` for one)")
+    _run(profiles, **kw)
+
+
+@cli.command("bench")
+@click.argument("profile")
+@_bench_options
+def bench_cmd(profile: str, **kw: Any) -> None:
+    """Benchmark one profile from a fresh, verified launch."""
+    _run((profile,), **kw)
+
+
+@cli.command("down")
+@click.option("--host", "host_spec", default="local", show_default=True)
+@click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0, 600))
+def down_cmd(host_spec: str, grace: float) -> None:
+    """Stop every server orch launched on the host (found by its launch marker; nothing else is touched)."""
+    with resolve_host(host_spec) as host:
+        stopped = host.call("down", namespace=default_namespace(), grace_s=grace)
+    if not stopped:
+        click.echo(f"nothing launched by orch is running on {host_spec}")
+    for item in stopped:
+        click.echo(
+            f"stopped {item['launch_id']}: {len(item['found'])} process(es)"
+            + (f", {len(item['remaining'])} would not die" if item["remaining"] else "")
+        )
+
+
+@cli.command("status")
+@click.option("--host", "host_spec", default="local", show_default=True)
+def status_cmd(host_spec: str) -> None:
+    """What orch launched on the host and is still running."""
+    with resolve_host(host_spec) as host:
+        procs = host.call("find", namespace=default_namespace())
+    if not procs:
+        click.echo(f"nothing launched by orch is running on {host_spec}")
+    for p in sorted(procs, key=lambda d: (d["launch_id"], d["pid"])):
+        click.echo(f"{p['launch_id']}  PID {p['pid']} (pgid {p['pgid']})  {p['cmdline']}")
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
+    # Unwind like Ctrl-C so every `finally` tears its server down before orch exits.
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    debug = os.environ.get("ORCH_DEBUG") == "1"
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        cli.main(args=argv, prog_name="orch", standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Exit as e:
+        return int(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        return 1
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        click.echo("Interrupted: servers started by this run were torn down; results so far are stored.", err=True)
+        return EXIT_INTERRUPTED
+    except OrchError as e:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"Error: {e}", err=True)
+        return 1
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    except Exception as e:  # a bug in orch: still no traceback unless asked for
+        if debug:
+            raise
+        click.echo(f"Error: unexpected {type(e).__name__}: {e} (set ORCH_DEBUG=1 for the traceback)", err=True)
+        return 1
+    return 0
+
+
+def entry() -> None:
+    sys.exit(main())

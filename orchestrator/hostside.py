@@ -1,0 +1,358 @@
+"""Host-side agent: the work orch does *on* a host (launch, find, inspect, kill), stdlib + psutil only, JSON in/out.
+
+The local host calls `dispatch()` in-process; a remote host runs this same file with the host's Python
+(`python3 hostside.py < request.json`). Keep it free of other orchestrator imports so it can be shipped alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import psutil
+
+PROTOCOL_VERSION = 1
+MARKER = "ORCH_LAUNCH_ID"
+# Names whose values must never leave the host in clear text.
+SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+# Variables that change what an inference server does even when no profile set them.
+RELEVANT_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVIDIA_", "OMP_", "HF_", "TRITON_")
+
+# Launch detached: a new session (so the whole tree is one process group we can signal), stdin from /dev/null,
+# output to the log, and the PID written from inside before exec so it is the server's own PID.
+_LAUNCH_SH = (
+    "pidfile=$1; log=$2; shift 2; "
+    'setsid sh -c \'echo $$ > "$0"; exec "$@"\' "$pidfile" "$@" > "$log" 2>&1 < /dev/null &'
+)
+
+
+class HostSideError(Exception):
+    """A failure the caller should show to the user as a HostError."""
+
+
+def redact(name: str, value: str) -> str:
+    """Hide secret-looking values but keep them comparable (same value → same digest)."""
+    if SECRET_NAME_RE.search(name):
+        return "<redacted sha256:" + hashlib.sha256(value.encode()).hexdigest()[:12] + ">"
+    return value
+
+
+def _gone(proc: psutil.Process) -> bool:
+    # Orphans whose parent is a non-reaping PID 1 linger as zombies: for us they are dead.
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return True
+
+
+def _environ(proc: psutil.Process) -> dict[str, str] | None:
+    try:
+        return proc.environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+        return None
+
+
+def _cmdline(proc: psutil.Process, limit: int = 300) -> str:
+    try:
+        text = " ".join(proc.cmdline()) or proc.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return "?"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _marked(match: Callable[[str], bool]) -> list[tuple[psutil.Process, str]]:
+    out = []
+    me = os.getpid()
+    for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
+        env = _environ(proc)
+        if not env:
+            continue
+        launch_id = env.get(MARKER)
+        if launch_id is not None and match(launch_id) and not _gone(proc):
+            out.append((proc, launch_id))
+    return out
+
+
+def _describe(proc: psutil.Process, launch_id: str | None = None) -> dict[str, Any]:
+    try:
+        ppid, pgid = proc.ppid(), os.getpgid(proc.pid)
+    except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
+        ppid, pgid = None, None
+    return {"pid": proc.pid, "ppid": ppid, "pgid": pgid, "cmdline": _cmdline(proc), "launch_id": launch_id}
+
+
+# ---------------------------------------------------------------- operations
+
+
+def op_hello() -> dict[str, Any]:
+    return {"protocol": PROTOCOL_VERSION, "python": sys.version.split()[0], "psutil": psutil.__version__}
+
+
+def op_facts() -> dict[str, Any]:
+    """Host facts for the fingerprint: what could make two sessions' numbers differ."""
+    vm = psutil.virtual_memory()
+    return {
+        "hostname": socket.gethostname(),
+        "os": platform.system(),
+        "kernel": platform.release(),
+        "machine": platform.machine(),
+        "python": sys.version.split()[0],
+        "psutil": psutil.__version__,
+        "cpu_count": psutil.cpu_count(),
+        "mem_total_bytes": vm.total,
+        "boot_time": psutil.boot_time(),
+    }
+
+
+def op_find(namespace: str) -> list[dict[str, Any]]:
+    """Every live process carrying an orch launch marker of this namespace."""
+    prefix = namespace + ":"
+    return [_describe(p, lid) for p, lid in _marked(lambda v: v.startswith(prefix))]
+
+
+def op_port_owner(port: int) -> list[dict[str, Any]]:
+    """Who listens on the TCP port: pid, command line and orch marker (None when it is not orch's)."""
+    owners: list[dict[str, Any]] = []
+    seen: set[int | None] = set()
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
+            continue
+        if conn.pid in seen:
+            continue
+        seen.add(conn.pid)
+        if conn.pid is None:
+            owners.append({"pid": None, "cmdline": "(a process orch may not inspect)", "launch_id": None})
+            continue
+        try:
+            proc = psutil.Process(conn.pid)
+        except psutil.NoSuchProcess:
+            continue
+        env = _environ(proc) or {}
+        owners.append(_describe(proc, env.get(MARKER)))
+    return owners
+
+
+def op_launch(argv: list[str], env: dict[str, str], log_path: str, cwd: str | None = None) -> dict[str, Any]:
+    """Start argv detached in a new session, logging to log_path; return its PID (= PGID)."""
+    if not argv:
+        raise HostSideError("empty command line")
+    os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    pidfile = log_path + ".pid"
+    if os.path.exists(pidfile):
+        os.unlink(pidfile)
+    full_env = dict(os.environ)
+    full_env.update(env)
+    try:
+        subprocess.run(
+            ["sh", "-c", _LAUNCH_SH, "sh", pidfile, log_path, *argv],
+            env=full_env,
+            cwd=cwd,
+            check=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as e:
+        raise HostSideError(f"could not start {argv[0]}: {e}") from e
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(pidfile) as f:
+                text = f.read().strip()
+            if text:
+                pid = int(text)
+                return {"pid": pid, "pgid": pid, "log_path": log_path, "started_at": time.time()}
+        except FileNotFoundError:
+            pass
+        time.sleep(0.01)
+    raise HostSideError(f"launched {argv[0]} but it never wrote its PID to {pidfile}")
+
+
+def op_alive(pid: int) -> dict[str, Any]:
+    try:
+        proc = psutil.Process(pid)
+        status = proc.status()
+    except psutil.NoSuchProcess:
+        return {"alive": False, "status": "gone"}
+    return {"alive": status != psutil.STATUS_ZOMBIE, "status": status}
+
+
+def op_environ(launch_id: str, keys: list[str]) -> list[dict[str, Any]]:
+    """For each process of the launch: the requested variables (None when missing) and other relevant ones."""
+    out = []
+    for proc, _ in _marked(lambda v: v == launch_id):
+        env = _environ(proc)
+        if env is None:
+            continue
+        wanted = {k: (redact(k, env[k]) if k in env else None) for k in keys}
+        extra = {k: redact(k, v) for k, v in env.items() if k not in wanted and k.startswith(RELEVANT_PREFIXES)}
+        out.append({**_describe(proc, launch_id), "env": wanted, "other_env": extra})
+    out.sort(key=lambda d: d["pid"])
+    return out
+
+
+def _signal_group(pgid: int | None, sig: signal.Signals) -> bool:
+    if pgid is None or pgid <= 1:
+        return False
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _signal_procs(procs: Iterable[psutil.Process], sig: signal.Signals) -> list[int]:
+    hit = []
+    for proc in procs:
+        if _gone(proc):
+            continue
+        try:
+            proc.send_signal(sig)
+            hit.append(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return hit
+
+
+def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if not _gone(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if not _gone(p)]
+    return alive
+
+
+def _listening(port: int) -> bool:
+    return any(
+        c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in psutil.net_connections(kind="tcp")
+    )
+
+
+def op_teardown(
+    launch_id: str,
+    pgid: int | None = None,
+    port: int | None = None,
+    grace_s: float = 10.0,
+    port_wait_s: float = 30.0,
+) -> dict[str, Any]:
+    """SIGTERM the group, wait, SIGKILL the group, SIGKILL any process still carrying the marker, wait for the port.
+
+    Only processes in the recorded process group or carrying this exact launch marker are ever signalled.
+    """
+    t0 = time.monotonic()
+    procs = [p for p, _ in _marked(lambda v: v == launch_id)]
+    report: dict[str, Any] = {"found": [p.pid for p in procs], "sigterm": False, "sigkill": [], "escaped": []}
+    # A recorded PGID is only trusted while a member still carries our marker: after the launch died the number
+    # may belong to someone else's process group.
+    if pgid is not None and any(_pgid(p) == pgid for p in procs):
+        procs += [p for p in psutil.process_iter() if p.pid not in report["found"] and _pgid(p) == pgid]
+    else:
+        pgid = None
+    report["sigterm"] = _signal_group(pgid, signal.SIGTERM)
+    # Members that left the group (setsid) never saw the group signal: tell them directly.
+    _signal_procs([p for p in procs if _pgid(p) != pgid], signal.SIGTERM)
+    survivors = _wait_gone(procs, grace_s)
+    if survivors:
+        _signal_group(pgid, signal.SIGKILL)
+        report["sigkill"] = _signal_procs(survivors, signal.SIGKILL)
+    # Processes started after our snapshot or reparented away from the group: found again by marker.
+    late = [p for p, _ in _marked(lambda v: v == launch_id)]
+    if late:
+        report["escaped"] = _signal_procs(late, signal.SIGKILL)
+    remaining = _wait_gone(procs + late, 10.0)
+    report["remaining"] = [_describe(p, launch_id) for p in remaining]
+    port_free = True
+    if port is not None:
+        deadline = time.monotonic() + port_wait_s
+        while (port_free := not _listening(port)) is False and time.monotonic() < deadline:
+            time.sleep(0.1)
+    report["port_free"] = port_free
+    report["seconds"] = round(time.monotonic() - t0, 3)
+    return report
+
+
+def _pgid(proc: psutil.Process) -> int | None:
+    try:
+        return os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return None
+
+
+def op_down(namespace: str, grace_s: float = 10.0) -> list[dict[str, Any]]:
+    """Stop everything orch launched in this namespace on this host (`orch down`)."""
+    by_launch: dict[str, int | None] = {}
+    for proc, lid in _marked(lambda v: v.startswith(namespace + ":")):
+        # The launch's leader is the member whose PGID equals its PID.
+        pg = _pgid(proc)
+        if lid not in by_launch or pg == proc.pid:
+            by_launch[lid] = pg if pg == proc.pid else by_launch.get(lid)
+    return [
+        {"launch_id": lid, **op_teardown(lid, pgid=pg, grace_s=grace_s, port_wait_s=0)} for lid, pg in by_launch.items()
+    ]
+
+
+def op_log_tail(path: str, lines: int = 40, max_bytes: int = 65536) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError as e:
+        return f"(no log at {path}: {e.strerror})"
+    text = data.decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+OPS: dict[str, Callable[..., Any]] = {
+    "hello": op_hello,
+    "facts": op_facts,
+    "find": op_find,
+    "port_owner": op_port_owner,
+    "launch": op_launch,
+    "alive": op_alive,
+    "environ": op_environ,
+    "teardown": op_teardown,
+    "down": op_down,
+    "log_tail": op_log_tail,
+}
+
+
+def dispatch(request: dict[str, Any]) -> dict[str, Any]:
+    """One request → one JSON-able answer; never raises, so a remote caller always gets a structured reply."""
+    op = request.get("op")
+    fn = OPS.get(str(op))
+    if fn is None:
+        return {"ok": False, "error": f"unknown host-side operation {op!r}"}
+    try:
+        return {"ok": True, "result": fn(**request.get("args", {}))}
+    except HostSideError as e:
+        return {"ok": False, "error": str(e)}
+    except TypeError as e:
+        return {"ok": False, "error": f"bad arguments for {op}: {e}"}
+    except (OSError, psutil.Error) as e:
+        return {"ok": False, "error": f"{op} failed: {e}"}
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    json.dump(dispatch(request), sys.stdout)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,495 @@
+"""Server profiles: YAML files saying what server to run, validated and resolved into frozen objects."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import yaml
+
+from orchestrator.errors import ProfileError
+from orchestrator.sim.knobs import KNOBS as SIM_KNOBS
+from orchestrator.sim.knobs import parse_fault
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENGINES = ("sglang",)
+SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+# Algorithms that run a separate draft model and so need its path (SGLang refuses to start without it).
+NEEDS_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
+BUNDLED_DIR = Path(__file__).resolve().parent / "bundled_profiles"
+
+
+def user_profile_dir() -> Path:
+    return Path(platformdirs.user_config_dir("orch")) / "profiles"
+
+
+def search_dirs(cwd: Path | None = None) -> list[Path]:
+    """Where names are looked up, in order: ./profiles, the user config dir, then the bundled set."""
+    return [(cwd or Path.cwd()) / "profiles", user_profile_dir(), BUNDLED_DIR]
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """Speculative-decoding settings; maps 1:1 onto SGLang's --speculative-* flags."""
+
+    algorithm: str
+    draft_model_path: str | None = None
+    num_steps: int | None = None
+    eagle_topk: int | None = None
+    num_draft_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A resolved profile: every `extends` applied, every value validated."""
+
+    name: str
+    source: str
+    chain: tuple[str, ...]
+    engine: str
+    model_path: str
+    tp_size: int
+    port: int
+    host: str = "127.0.0.1"
+    served_model_name: str | None = None
+    trust_remote_code: bool = False
+    mem_fraction_static: float | None = None
+    speculative: Speculative | None = None
+    server_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    sim: tuple[tuple[str, float | int | str], ...] = ()
+    ready_timeout_s: float = 900.0
+    description: str = ""
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def env_dict(self) -> dict[str, str]:
+        return dict(self.env)
+
+    def sim_env(self) -> dict[str, str]:
+        """The simulator knobs as the ORCH_SIM_* variables the simulator reads."""
+        return {SIM_KNOBS[k].env: str(v) for k, v in self.sim}
+
+    def server_flags(self) -> list[str]:
+        """The flags after `python -m sglang.launch_server`, as an argv list (never a shell string)."""
+        flags = ["--model-path", self.model_path, "--tp-size", str(self.tp_size)]
+        flags += ["--host", self.host, "--port", str(self.port)]
+        if self.served_model_name:
+            flags += ["--served-model-name", self.served_model_name]
+        if self.trust_remote_code:
+            flags.append("--trust-remote-code")
+        if self.mem_fraction_static is not None:
+            flags += ["--mem-fraction-static", repr(self.mem_fraction_static)]
+        spec = self.speculative
+        if spec is not None:
+            flags += ["--speculative-algorithm", spec.algorithm]
+            if spec.draft_model_path:
+                flags += ["--speculative-draft-model-path", spec.draft_model_path]
+            for flag, value in (
+                ("--speculative-num-steps", spec.num_steps),
+                ("--speculative-eagle-topk", spec.eagle_topk),
+                ("--speculative-num-draft-tokens", spec.num_draft_tokens),
+            ):
+                if value is not None:
+                    flags += [flag, str(value)]
+        return flags + list(self.server_args)
+
+    def launch_argv(self, python: str, *, simulate: bool) -> list[str]:
+        module = "orchestrator.sim" if simulate else "sglang.launch_server"
+        return [python, "-m", module, *self.server_flags()]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved profile as plain data, for provenance in results."""
+        spec = self.speculative
+        return {
+            "name": self.name,
+            "source": self.source,
+            "extends_chain": list(self.chain),
+            "engine": self.engine,
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "tp_size": self.tp_size,
+            "host": self.host,
+            "port": self.port,
+            "trust_remote_code": self.trust_remote_code,
+            "mem_fraction_static": self.mem_fraction_static,
+            "speculative": None if spec is None else dict(spec.__dict__),
+            "server_args": list(self.server_args),
+            "env": dict(self.env),
+            "sim": dict(self.sim),
+            "ready_timeout_s": self.ready_timeout_s,
+            "description": self.description,
+        }
+
+
+# ---------------------------------------------------------------- validation schema
+# Each field: (type name for messages, checker). A checker returns the normalised value or raises _Bad.
+
+
+class _Bad(Exception):
+    pass
+
+
+def _text(v: Any) -> str:
+    if not isinstance(v, str):
+        raise _Bad(f"expected text, got {v!r}")
+    return v
+
+
+def _str(v: Any) -> str:
+    if not isinstance(v, str) or not v.strip():
+        raise _Bad(f"expected a non-empty string, got {v!r}")
+    return v
+
+
+def _int_range(lo: int, hi: int) -> Any:
+    def check(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise _Bad(f"expected an integer from {lo} to {hi}, got {v!r}")
+        if not lo <= v <= hi:
+            raise _Bad(f"expected an integer from {lo} to {hi}, got {v}")
+        return v
+
+    return check
+
+
+def _float_range(lo: float, hi: float, lo_open: bool = False) -> Any:
+    def check(v: Any) -> float:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise _Bad(f"expected a number {'>' if lo_open else '>='} {lo} and <= {hi}, got {v!r}")
+        if (v <= lo if lo_open else v < lo) or v > hi:
+            raise _Bad(f"expected a number {'>' if lo_open else '>='} {lo} and <= {hi}, got {v}")
+        return float(v)
+
+    return check
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _Bad(f"expected true or false, got {v!r}")
+    return v
+
+
+def _choice(options: tuple[str, ...]) -> Any:
+    def check(v: Any) -> str:
+        if v not in options:
+            hint = _did_you_mean(str(v), options)
+            raise _Bad(f"expected one of {', '.join(options)}, got {v!r}{hint}")
+        return str(v)
+
+    return check
+
+
+def _str_list(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str | int | float) and not isinstance(x, bool) for x in v):
+        raise _Bad(f"expected a list of strings, got {v!r}")
+    return tuple(str(x) for x in v)
+
+
+TOP_FIELDS: dict[str, Any] = {
+    "description": _text,
+    "engine": _choice(ENGINES),
+    "model_path": _str,
+    "served_model_name": _str,
+    "tp_size": _int_range(1, 1024),
+    "host": _str,
+    "port": _int_range(1, 65535),
+    "trust_remote_code": _bool,
+    "mem_fraction_static": _float_range(0.0, 1.0, lo_open=True),
+    "server_args": _str_list,
+    "ready_timeout_s": _float_range(1.0, 86400.0),
+}
+SPEC_FIELDS: dict[str, Any] = {
+    "algorithm": _choice(SPEC_ALGORITHMS),
+    "draft_model_path": _str,
+    "num_steps": _int_range(1, 32),
+    "eagle_topk": _int_range(1, 64),
+    "num_draft_tokens": _int_range(1, 512),
+}
+ALL_TOP_KEYS = (*TOP_FIELDS, "extends", "env", "speculative", "sim")
+REQUIRED = ("engine", "model_path", "tp_size", "port")
+# Flags the profile owns through its fields; repeating them in server_args would make two sources of truth.
+MANAGED_FLAGS = {
+    "--model-path": "model_path",
+    "--model": "model_path",
+    "--tp-size": "tp_size",
+    "--tensor-parallel-size": "tp_size",
+    "--tp": "tp_size",
+    "--port": "port",
+    "--host": "host",
+    "--served-model-name": "served_model_name",
+    "--trust-remote-code": "trust_remote_code",
+    "--mem-fraction-static": "mem_fraction_static",
+    "--speculative-algorithm": "speculative.algorithm",
+    "--speculative-draft-model-path": "speculative.draft_model_path",
+    "--speculative-draft-model": "speculative.draft_model_path",
+    "--speculative-num-steps": "speculative.num_steps",
+    "--speculative-eagle-topk": "speculative.eagle_topk",
+    "--speculative-num-draft-tokens": "speculative.num_draft_tokens",
+}
+
+
+def _did_you_mean(word: str, options: Any) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ---------------------------------------------------------------- loading
+
+
+def resolve_path(name_or_path: str, cwd: Path | None = None) -> Path:
+    """A path if it names a file, else NAME looked up in search_dirs()."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        if p.is_file():
+            return p
+        raise ProfileError(f"{name_or_path}: no such profile file")
+    if not NAME_RE.match(name_or_path):
+        raise ProfileError(f"{name_or_path!r} is not a valid profile name (letters, digits, '.', '_', '-')")
+    for d in search_dirs(cwd):
+        for ext in (".yaml", ".yml"):
+            candidate = d / f"{name_or_path}{ext}"
+            if candidate.is_file():
+                return candidate
+    known = sorted(available(cwd))
+    hint = _did_you_mean(name_or_path, known)
+    where = ", ".join(str(d) for d in search_dirs(cwd))
+    raise ProfileError(f"no profile named {name_or_path!r}{hint}; looked in {where}")
+
+
+def available(cwd: Path | None = None) -> dict[str, Path]:
+    """Profile names visible from here; earlier search dirs shadow later ones."""
+    found: dict[str, Path] = {}
+    for d in search_dirs(cwd):
+        if not d.is_dir():
+            continue
+        for f in sorted(d.iterdir()):
+            if f.suffix in (".yaml", ".yml") and f.is_file() and NAME_RE.match(f.stem):
+                found.setdefault(f.stem, f)
+    return found
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ProfileError(f"{path}: cannot read: {e.strerror or e}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ProfileError(f"{path}: not valid YAML{where}: {problem}") from e
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: expected a mapping of fields at the top level, got {type(data).__name__}")
+    return data
+
+
+def _check_raw_keys(path: Path, data: Mapping[str, Any]) -> None:
+    """Unknown keys and the shape of nested sections, checked per file so errors name the file that has them."""
+    for key in data:
+        if key not in ALL_TOP_KEYS:
+            raise ProfileError(f"{path}: {key}: unknown field{_did_you_mean(str(key), ALL_TOP_KEYS)}")
+    if "extends" in data and (not isinstance(data["extends"], str) or not data["extends"]):
+        raise ProfileError(f"{path}: extends: expected a profile name, got {data['extends']!r}")
+    for section, known in (("speculative", SPEC_FIELDS), ("sim", SIM_KNOBS)):
+        value = data.get(section)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise ProfileError(f"{path}: {section}: expected a mapping (or null), got {value!r}")
+        for key in value:
+            if key not in known:
+                raise ProfileError(f"{path}: {section}.{key}: unknown field{_did_you_mean(str(key), known)}")
+    env = data.get("env")
+    if env is not None:
+        if not isinstance(env, dict):
+            raise ProfileError(f"{path}: env: expected a mapping of NAME: value, got {env!r}")
+        for key, value in env.items():
+            if not isinstance(key, str) or not ENV_NAME_RE.match(key):
+                raise ProfileError(
+                    f"{path}: env.{key}: invalid environment variable name "
+                    "(letters, digits and '_', not starting with a digit)"
+                )
+            if isinstance(value, bool) or not (value is None or isinstance(value, str | int | float)):
+                raise ProfileError(
+                    f"{path}: env.{key}: expected a string or number (quote words like 'true'), got {value!r}"
+                )
+
+
+def _merge(base: dict[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge: mappings merge by key, a null removes an inherited key, everything else replaces."""
+    out = dict(base)
+    for key, value in child.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _load_chain(path: Path, cwd: Path | None) -> tuple[dict[str, Any], list[Path]]:
+    chain: list[Path] = []
+    layers: list[dict[str, Any]] = []
+    current: Path | None = path
+    while current is not None:
+        resolved = current.resolve()
+        if resolved in chain:
+            cycle = " -> ".join(p.stem for p in [*chain, resolved])
+            raise ProfileError(f"{path}: extends: cycle {cycle}")
+        chain.append(resolved)
+        data = _read_yaml(current)
+        _check_raw_keys(current, data)
+        layers.append(data)
+        parent = data.get("extends")
+        if parent is None:
+            current = None
+            continue
+        try:
+            current = _resolve_parent(current, parent, cwd)
+        except ProfileError as e:
+            raise ProfileError(f"{current}: extends: {e}") from e
+    merged: dict[str, Any] = {}
+    for layer in reversed(layers):
+        merged = _merge(merged, {k: v for k, v in layer.items() if k != "extends"})
+    return merged, chain
+
+
+def _resolve_parent(child: Path, parent: str, cwd: Path | None) -> Path:
+    # A parent beside the child wins, so a directory of profiles is self-contained wherever it lives.
+    for ext in (".yaml", ".yml"):
+        sibling = child.parent / f"{parent}{ext}"
+        if NAME_RE.match(parent) and sibling.is_file():
+            return sibling
+    return resolve_path(parent, cwd)
+
+
+def load(name_or_path: str, cwd: Path | None = None) -> Profile:
+    """Load, merge and validate a profile; every error names the file and the field path."""
+    path = resolve_path(name_or_path, cwd)
+    merged, chain = _load_chain(path, cwd)
+    return _build(path, merged, chain)
+
+
+def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
+    values: dict[str, Any] = {}
+    for key, checker in TOP_FIELDS.items():
+        if key in data:
+            try:
+                values[key] = checker(data[key])
+            except _Bad as e:
+                raise ProfileError(f"{path}: {key}: {e}") from None
+    for key in REQUIRED:
+        if key not in values:
+            raise ProfileError(f"{path}: {key}: required field is missing (set it here or in a profile it extends)")
+
+    spec = _build_spec(path, data.get("speculative"))
+    env = tuple(sorted((k, _env_value(v)) for k, v in (data.get("env") or {}).items() if v is not None))
+    sim = _build_sim(path, data.get("sim") or {})
+
+    for i, arg in enumerate(values.get("server_args", ())):
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            raise ProfileError(
+                f"{path}: server_args[{i}]: {flag} is set by the field {MANAGED_FLAGS[flag]!r}; "
+                "set that field instead of passing the flag"
+            )
+    return Profile(
+        name=path.stem,
+        source=str(path),
+        chain=tuple(p.stem for p in chain),
+        speculative=spec,
+        env=env,
+        sim=sim,
+        raw=data,
+        **values,
+    )
+
+
+def _env_value(v: Any) -> str:
+    # YAML turns 16777216 into an int and 1e3 into a float; the environment only has strings.
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _build_spec(path: Path, raw: Any) -> Speculative | None:
+    if raw is None:
+        return None
+    values: dict[str, Any] = {}
+    for key, checker in SPEC_FIELDS.items():
+        if key in raw:
+            try:
+                values[key] = checker(raw[key])
+            except _Bad as e:
+                raise ProfileError(f"{path}: speculative.{key}: {e}") from None
+    if "algorithm" not in values:
+        raise ProfileError(
+            f"{path}: speculative.algorithm: required when speculative is set ({', '.join(SPEC_ALGORITHMS)})"
+        )
+    spec = Speculative(**values)
+    if spec.algorithm in NEEDS_DRAFT_MODEL and not spec.draft_model_path:
+        raise ProfileError(f"{path}: speculative.draft_model_path: required for {spec.algorithm}")
+    if spec.num_steps is None and (spec.eagle_topk is not None or spec.num_draft_tokens is not None):
+        # SGLang refuses this combination: without num_steps it picks all three automatically.
+        raise ProfileError(
+            f"{path}: speculative.num_steps: required when eagle_topk or num_draft_tokens is set "
+            "(SGLang only auto-chooses all three together)"
+        )
+    if spec.eagle_topk == 1 and spec.num_steps is not None:
+        want = spec.num_steps + 1
+        if spec.num_draft_tokens is not None and spec.num_draft_tokens != want:
+            # SGLang silently overrides it; refusing keeps the profile equal to what actually runs.
+            raise ProfileError(
+                f"{path}: speculative.num_draft_tokens: with eagle_topk 1 SGLang forces it to num_steps + 1 = "
+                f"{want}, got {spec.num_draft_tokens}"
+            )
+    return spec
+
+
+def _build_sim(path: Path, raw: Mapping[str, Any]) -> tuple[tuple[str, float | int | str], ...]:
+    out: list[tuple[str, float | int | str]] = []
+    for key, value in raw.items():
+        if value is None:
+            continue
+        knob = SIM_KNOBS[key]
+        where = f"{path}: sim.{key}"
+        if knob.type is str:
+            if not isinstance(value, str):
+                raise ProfileError(f"{where}: expected text, got {value!r}")
+            if key == "fault":
+                try:
+                    parse_fault(value)
+                except ValueError as e:
+                    raise ProfileError(f"{where}: {e}") from None
+            out.append((key, value))
+            continue
+        numeric_ok = isinstance(value, int) if knob.type is int else isinstance(value, int | float)
+        if isinstance(value, bool) or not numeric_ok:
+            kind = "an integer" if knob.type is int else "a number"
+            raise ProfileError(f"{where}: expected {kind}, got {value!r}")
+        if knob.minimum is not None and value < knob.minimum:
+            raise ProfileError(f"{where}: must be >= {knob.minimum}, got {value}")
+        if knob.maximum is not None and value > knob.maximum:
+            raise ProfileError(f"{where}: must be <= {knob.maximum}, got {value}")
+        out.append((key, knob.type(value)))
+    return tuple(sorted(out))
+
+
+def validate_file(path: str) -> Profile:
+    """Validate one file as a profile (the CLI's `profiles validate`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ProfileError(f"{path}: no such file")
+    return load(str(p) if (p.suffix in (".yaml", ".yml") or os.sep in path) else f"./{path}")

@@ -1,0 +1,285 @@
+"""One server launch's lifecycle on a host: preflight, detached launch, readiness, env read-back, teardown."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from orchestrator.errors import HostError, ServerError
+from orchestrator.hosts import Host
+from orchestrator.hostside import MARKER, redact
+from orchestrator.profile import Profile
+
+NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+EventFn = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What orch must know about an engine beyond its flags; one per engine (more engines come later)."""
+
+    name: str
+    health_path: str
+    # Variables the engine rewrites in its workers, so a profile value for them is not what the workers get.
+    env_overrides: dict[str, str]
+
+
+ENGINES = {
+    "sglang": EngineSpec(
+        name="sglang",
+        # /health and /health_generate share one handler in 0.5.x; /model_info and /v1/models answer during warmup
+        # and so are not readiness signals.
+        health_path="/health_generate",
+        env_overrides={
+            "CUDA_DEVICE_MAX_CONNECTIONS": "SGLang forces it to 8 before spawning workers",
+            "NCCL_CUMEM_ENABLE": "SGLang sets it to 0 when unset",
+            "NCCL_NVLS_ENABLE": "SGLang sets it to 0 when unset",
+            "CUDA_VISIBLE_DEVICES": "SGLang rewrites it per worker",
+        },
+    )
+}
+
+
+def default_namespace() -> str:
+    """Which launches this orch may clean up: its own namespace only (tests use a private one)."""
+    ns = os.environ.get("ORCH_NAMESPACE", "default")
+    if not NAMESPACE_RE.match(ns):
+        raise HostError(f"ORCH_NAMESPACE={ns!r} is invalid: use 1-64 letters, digits, '_', '.' or '-'")
+    return ns
+
+
+def new_launch_id(namespace: str) -> str:
+    return f"{namespace}:{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A started server: how to find it again and what it was started with."""
+
+    launch_id: str
+    profile: str
+    pid: int
+    pgid: int
+    port: int
+    log_path: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    simulated: bool
+    started_at: float
+
+
+@dataclass(frozen=True)
+class EnvMismatch:
+    pid: int
+    cmdline: str
+    var: str
+    expected: str
+    actual: str | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class EnvReport:
+    """What the profile asked for versus what each process of the launch actually holds in /proc/PID/environ."""
+
+    processes: int
+    mismatches: tuple[EnvMismatch, ...] = ()
+    inherited: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "processes": self.processes,
+            "ok": self.ok,
+            "mismatches": [m.__dict__ for m in self.mismatches],
+            "inherited": self.inherited,
+        }
+
+
+def preflight(host: Host, profile: Profile, namespace: str, on_event: EventFn = _quiet) -> dict[str, Any]:
+    """Make the host fresh for a launch: clean up earlier orch launches, refuse a foreign port owner."""
+    record: dict[str, Any] = {"cleaned": [], "port_owner": None}
+    leftovers = host.call("find", namespace=namespace)
+    for launch_id in sorted({p["launch_id"] for p in leftovers}):
+        procs = [p for p in leftovers if p["launch_id"] == launch_id]
+        leader = next((p for p in procs if p["pid"] == p["pgid"]), None)
+        on_event(f"cleaning up {len(procs)} leftover process(es) of earlier orch launch {launch_id}")
+        td = host.call("teardown", launch_id=launch_id, pgid=leader["pgid"] if leader else None, port_wait_s=0)
+        record["cleaned"].append({"launch_id": launch_id, "pids": [p["pid"] for p in procs], "teardown": td})
+    owners = host.call("port_owner", port=profile.port)
+    if owners:
+        owner = owners[0]
+        record["port_owner"] = owner
+        raise HostError(
+            f"port {profile.port} on {host.name} is in use by PID {owner['pid']} ({owner['cmdline']}), "
+            "which this orch did not launch; orch will not kill it. Stop it yourself or give the profile "
+            "another port."
+        )
+    return record
+
+
+def launch(host: Host, profile: Profile, *, simulate: bool, namespace: str) -> Launch:
+    launch_id = new_launch_id(namespace)
+    argv = profile.launch_argv(host.python, simulate=simulate)
+    env = profile.env_dict()
+    if simulate:
+        env.update(profile.sim_env())
+    # SPT_NOENV stops setproctitle from overwriting /proc/PID/environ, which the env check reads.
+    env.update({MARKER: launch_id, "SPT_NOENV": "1"})
+    log_path = f"{host.workdir}/logs/{launch_id.replace(':', '_')}.log"
+    started = host.call("launch", argv=argv, env=env, log_path=log_path)
+    return Launch(
+        launch_id=launch_id,
+        profile=profile.name,
+        pid=started["pid"],
+        pgid=started["pgid"],
+        port=profile.port,
+        log_path=log_path,
+        argv=tuple(argv),
+        env={k: redact(k, v) for k, v in env.items()},
+        simulated=simulate,
+        started_at=started["started_at"],
+    )
+
+
+def wait_ready(
+    host: Host,
+    launch_: Launch,
+    profile: Profile,
+    *,
+    timeout_s: float,
+    poll_s: float = 0.25,
+    on_event: EventFn = _quiet,
+) -> float:
+    """Poll the health endpoint *and* the process; fail at once, with the log tail, if the process exits."""
+    engine = ENGINES[profile.engine]
+    url = host.url(launch_.port) + engine.health_path
+    t0 = time.monotonic()
+    phase = "loading"
+    with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
+        while True:
+            state = host.call("alive", pid=launch_.pid)
+            if not state["alive"]:
+                tail = host.call("log_tail", path=launch_.log_path, lines=30)
+                raise ServerError(
+                    f"{profile.name}: server process {launch_.pid} exited during startup "
+                    f"after {time.monotonic() - t0:.1f}s. Last lines of {launch_.log_path}:\n{tail}"
+                )
+            try:
+                resp = client.get(url)
+                if resp.status_code == 200:
+                    return time.monotonic() - t0
+                new_phase = "warming up" if resp.status_code == 503 else f"HTTP {resp.status_code}"
+            except httpx.TransportError:
+                new_phase = "loading"
+            if new_phase != phase:
+                on_event(f"{profile.name}: port {launch_.port} answers; {engine.health_path} says {new_phase}")
+                phase = new_phase
+            if time.monotonic() - t0 > timeout_s:
+                tail = host.call("log_tail", path=launch_.log_path, lines=30)
+                raise ServerError(
+                    f"{profile.name}: not ready after {timeout_s:.0f}s (still {phase}). "
+                    f"Last lines of {launch_.log_path}:\n{tail}"
+                )
+            time.sleep(poll_s)
+
+
+def verify_env(host: Host, launch_: Launch, profile: Profile) -> EnvReport:
+    """Read every process's environment back and compare with the profile."""
+    engine = ENGINES[profile.engine]
+    expected = {k: redact(k, v) for k, v in profile.env_dict().items()}
+    procs = host.call("environ", launch_id=launch_.launch_id, keys=sorted(expected))
+    if not procs:
+        raise ServerError(f"{profile.name}: no process carrying launch marker {launch_.launch_id} was found")
+    mismatches = []
+    for proc in procs:
+        for var, want in expected.items():
+            got = proc["env"].get(var)
+            if got != want:
+                mismatches.append(
+                    EnvMismatch(proc["pid"], proc["cmdline"], var, want, got, engine.env_overrides.get(var, ""))
+                )
+    # What the launching environment leaked into the server without the profile saying so.
+    main = next((p for p in procs if p["pid"] == launch_.pid), procs[0])
+    inherited = {k: v for k, v in main["other_env"].items() if k not in expected}
+    return EnvReport(processes=len(procs), mismatches=tuple(mismatches), inherited=inherited)
+
+
+def teardown(host: Host, launch_: Launch, *, grace_s: float = 10.0, port_wait_s: float = 60.0) -> dict[str, Any]:
+    report: dict[str, Any] = host.call(
+        "teardown",
+        launch_id=launch_.launch_id,
+        pgid=launch_.pgid,
+        port=launch_.port,
+        grace_s=grace_s,
+        port_wait_s=port_wait_s,
+    )
+    return report
+
+
+@dataclass
+class RunningServer:
+    """A ready server and everything recorded on the way; teardown fills in at the end."""
+
+    launch: Launch
+    base_url: str
+    preflight: dict[str, Any]
+    ready_s: float = 0.0
+    env_report: EnvReport | None = None
+    teardown: dict[str, Any] | None = None
+
+
+@contextlib.contextmanager
+def running(
+    host: Host,
+    profile: Profile,
+    *,
+    simulate: bool,
+    namespace: str,
+    ready_timeout_s: float | None = None,
+    grace_s: float = 10.0,
+    on_event: EventFn = _quiet,
+    on_launch: Callable[[Launch], None] | None = None,
+    on_teardown: Callable[[RunningServer], None] | None = None,
+) -> Iterator[RunningServer]:
+    """Fresh launch → ready → env verified; the server is torn down however the block exits."""
+    pre = preflight(host, profile, namespace, on_event)
+    launched = launch(host, profile, simulate=simulate, namespace=namespace)
+    on_event(f"{profile.name}: launched PID {launched.pid} ({launched.launch_id}), log {launched.log_path}")
+    srv = RunningServer(launch=launched, base_url=host.url(profile.port), preflight=pre)
+    try:
+        if on_launch is not None:
+            on_launch(launched)
+        timeout = ready_timeout_s if ready_timeout_s is not None else profile.ready_timeout_s
+        srv.ready_s = wait_ready(host, launched, profile, timeout_s=timeout, on_event=on_event)
+        on_event(f"{profile.name}: ready after {srv.ready_s:.1f}s")
+        srv.env_report = verify_env(host, launched, profile)
+        yield srv
+    finally:
+        srv.teardown = teardown(host, launched, grace_s=grace_s)
+        td = srv.teardown
+        left = td.get("remaining") or []
+        on_event(
+            f"{profile.name}: torn down in {td['seconds']:.1f}s"
+            + (f" (SIGKILL needed for {len(td['sigkill'])})" if td.get("sigkill") else "")
+            + (f" (killed {len(td['escaped'])} escaped by marker)" if td.get("escaped") else "")
+            + ("" if td.get("port_free", True) else f"; port {profile.port} still busy")
+            + (f"; {len(left)} process(es) would not die" if left else "")
+        )
+        if on_teardown is not None:
+            on_teardown(srv)

@@ -1,0 +1,229 @@
+"""The results store: a versioned SQLite file, written the moment each run finishes."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from orchestrator.errors import StoreError
+
+# Each entry migrates the schema from version i to i + 1; append only, never edit a shipped one.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE experiments (
+        id TEXT PRIMARY KEY,
+        kind TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        finished_at REAL,
+        status TEXT NOT NULL,
+        simulated INTEGER NOT NULL,
+        host TEXT NOT NULL,
+        arms_json TEXT NOT NULL,
+        config_json TEXT NOT NULL,
+        orch_version TEXT NOT NULL,
+        error TEXT
+    );
+    CREATE TABLE launches (
+        launch_id TEXT PRIMARY KEY,
+        experiment_id TEXT NOT NULL REFERENCES experiments(id),
+        arm_index INTEGER NOT NULL,
+        profile TEXT NOT NULL,
+        profile_json TEXT NOT NULL,
+        argv_json TEXT NOT NULL,
+        env_json TEXT NOT NULL,
+        pid INTEGER,
+        started_at REAL NOT NULL,
+        ready_s REAL,
+        preflight_json TEXT,
+        env_report_json TEXT,
+        teardown_json TEXT,
+        status TEXT NOT NULL,
+        error TEXT
+    );
+    CREATE TABLE runs (
+        launch_id TEXT NOT NULL REFERENCES launches(launch_id),
+        idx INTEGER NOT NULL,
+        warmup INTEGER NOT NULL,
+        tokens INTEGER NOT NULL,
+        seconds REAL NOT NULL,
+        tok_s REAL NOT NULL,
+        prompt_tokens INTEGER NOT NULL,
+        ttft_s REAL,
+        spec_accept_length REAL,
+        spec_verify_ct INTEGER,
+        valid INTEGER NOT NULL,
+        invalid_reason TEXT,
+        finished_at REAL NOT NULL,
+        PRIMARY KEY (launch_id, warmup, idx)
+    );
+    CREATE INDEX launches_by_experiment ON launches(experiment_id);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def default_path() -> Path:
+    return Path(platformdirs.user_data_dir("orch")) / "orch.db"
+
+
+class Store:
+    """One SQLite file. Every write commits at once, so a crash loses at most the run in flight."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.conn = sqlite3.connect(self.path, timeout=30)
+            self.conn.row_factory = sqlite3.Row
+            self.conn.execute("PRAGMA foreign_keys = ON")
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{self.path}: cannot open the results database: {e}") from e
+        except OSError as e:
+            raise StoreError(f"{self.path}: cannot create the results database: {e.strerror or e}") from e
+
+    def _migrate(self) -> None:
+        version = int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: schema version {version} is newer than this orch understands ({SCHEMA_VERSION}); "
+                "upgrade orch or use another --db"
+            )
+        for target in range(version, SCHEMA_VERSION):
+            with self.conn:
+                self.conn.executescript("BEGIN;" + MIGRATIONS[target] + f"; PRAGMA user_version = {target + 1};")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        try:
+            with self.conn:
+                yield self.conn
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{self.path}: write failed: {e}") from e
+
+    def create_experiment(
+        self,
+        exp_id: str,
+        *,
+        kind: str,
+        simulated: bool,
+        host: str,
+        arms: list[str],
+        config: dict[str, Any],
+        orch_version: str,
+    ) -> None:
+        with self._write() as c:
+            c.execute(
+                "INSERT INTO experiments (id, kind, created_at, status, simulated, host, arms_json, config_json,"
+                " orch_version) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+                (
+                    exp_id,
+                    kind,
+                    time.time(),
+                    int(simulated),
+                    host,
+                    json.dumps(arms),
+                    json.dumps(config),
+                    orch_version,
+                ),
+            )
+
+    def finish_experiment(self, exp_id: str, status: str, error: str | None = None) -> None:
+        with self._write() as c:
+            c.execute(
+                "UPDATE experiments SET status = ?, finished_at = ?, error = ? WHERE id = ?",
+                (status, time.time(), error, exp_id),
+            )
+
+    def add_launch(
+        self,
+        launch_id: str,
+        *,
+        experiment_id: str,
+        arm_index: int,
+        profile: str,
+        profile_dict: dict[str, Any],
+        argv: list[str],
+        env: dict[str, str],
+        pid: int,
+        started_at: float,
+    ) -> None:
+        with self._write() as c:
+            c.execute(
+                "INSERT INTO launches (launch_id, experiment_id, arm_index, profile, profile_json, argv_json,"
+                " env_json, pid, started_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running')",
+                (
+                    launch_id,
+                    experiment_id,
+                    arm_index,
+                    profile,
+                    json.dumps(profile_dict),
+                    json.dumps(argv),
+                    json.dumps(env),
+                    pid,
+                    started_at,
+                ),
+            )
+
+    def update_launch(self, launch_id: str, **fields: Any) -> None:
+        allowed = {"ready_s", "preflight_json", "env_report_json", "teardown_json", "status", "error"}
+        bad = set(fields) - allowed
+        if bad:
+            raise StoreError(f"cannot update launch fields {sorted(bad)}")
+        values = [json.dumps(v) if k.endswith("_json") else v for k, v in fields.items()]
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self._write() as c:
+            c.execute(f"UPDATE launches SET {sets} WHERE launch_id = ?", (*values, launch_id))
+
+    def add_run(self, launch_id: str, run: dict[str, Any]) -> None:
+        with self._write() as c:
+            c.execute(
+                "INSERT INTO runs (launch_id, idx, warmup, tokens, seconds, tok_s, prompt_tokens, ttft_s,"
+                " spec_accept_length, spec_verify_ct, valid, invalid_reason, finished_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    launch_id,
+                    run["index"],
+                    int(run["warmup"]),
+                    run["tokens"],
+                    run["seconds"],
+                    run["tok_s"],
+                    run["prompt_tokens"],
+                    run["ttft_s"],
+                    run["spec_accept_length"],
+                    run["spec_verify_ct"],
+                    int(run["valid"]),
+                    run["invalid_reason"],
+                    time.time(),
+                ),
+            )
+
+    def experiment(self, exp_id: str) -> dict[str, Any] | None:
+        row = self.conn.execute("SELECT * FROM experiments WHERE id = ?", (exp_id,)).fetchone()
+        return dict(row) if row else None
+
+    def launches(self, exp_id: str) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT * FROM launches WHERE experiment_id = ? ORDER BY started_at", (exp_id,)
+        ).fetchall()
+        return [dict(r) for r in rows]
+
+    def runs(self, launch_id: str) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT * FROM runs WHERE launch_id = ? ORDER BY warmup DESC, idx", (launch_id,)
+        ).fetchall()
+        return [dict(r) for r in rows]
+
+    def experiments(self, limit: int = 20) -> list[dict[str, Any]]:
+        rows = self.conn.execute("SELECT * FROM experiments ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+        return [dict(r) for r in rows]

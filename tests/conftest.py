@@ -1,0 +1,101 @@
+"""Test isolation: a private orch namespace and private user dirs, and a sweep of anything this session launched."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+# Set before orch modules read them: launches made by these tests carry this namespace in their marker, so
+# cleanup in the tests can never reach a server a developer started by hand (or another test session's).
+NAMESPACE = f"test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+os.environ["ORCH_NAMESPACE"] = NAMESPACE
+
+# Fast simulator defaults for tests: short load and warmup; real calibration of decode speed.
+FAST_SIM = {"load_s": 0.3, "warmup_s": 0.3, "drain_s": 0.2}
+
+
+@pytest.fixture(autouse=True)
+def _private_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = tmp_path_factory.mktemp("xdg")
+    for var in ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.setenv(var, str(base / var.lower()))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _sweep_namespace() -> Iterator[None]:
+    yield
+    from orchestrator import hostside
+
+    leftovers = hostside.op_find(NAMESPACE)
+    hostside.op_down(NAMESPACE, grace_s=2)
+    # A leak is a bug in orch or in a test: fail loudly after cleaning it up.
+    assert not leftovers, f"tests left orch-launched processes running: {leftovers}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def profile_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "profiles"
+    d.mkdir()
+    return d
+
+
+WriteProfile = Callable[..., Path]
+
+
+@pytest.fixture
+def write_profile(profile_dir: Path) -> WriteProfile:
+    """Write profiles/<name>.yaml from keyword fields; returns its path."""
+
+    def write(name: str, text: str | None = None, **fields: Any) -> Path:
+        path = profile_dir / f"{name}.yaml"
+        path.write_text(text if text is not None else yaml.safe_dump(fields, sort_keys=False))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def sim_profiles(write_profile: WriteProfile) -> Callable[..., dict[str, Path]]:
+    """A small set of simulator-backed profiles on free ports: a base, a baseline and an EAGLE-3 arm."""
+
+    def make(sim: dict[str, Any] | None = None, env: dict[str, Any] | None = None) -> dict[str, Path]:
+        knobs = {**FAST_SIM, **(sim or {})}
+        base = write_profile(
+            "base",
+            engine="sglang",
+            model_path="/models/test-model",
+            tp_size=2,
+            port=free_port(),
+            ready_timeout_s=30,
+            env={"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", **(env or {})},
+            sim=knobs,
+        )
+        baseline = write_profile("baseline", extends="base")
+        eagle = write_profile(
+            "eagle3",
+            extends="base",
+            port=free_port(),
+            speculative={
+                "algorithm": "EAGLE3",
+                "draft_model_path": "/models/draft",
+                "num_steps": 3,
+                "eagle_topk": 1,
+                "num_draft_tokens": 4,
+            },
+        )
+        return {"base": base, "baseline": baseline, "eagle3": eagle}
+
+    return make

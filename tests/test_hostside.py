@@ -1,0 +1,154 @@
+"""The host-side agent on real processes: launch detached, find by marker, read environ, kill only our own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator import hostside, server
+from orchestrator.errors import HostError
+from orchestrator.hosts import LocalHost
+from orchestrator.profile import load
+from tests.conftest import NAMESPACE, WriteProfile, free_port
+
+SLEEPER = "import time\nwhile True: time.sleep(0.1)\n"
+# Ignores SIGTERM, so only the SIGKILL escalation can end it.
+STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(0.1)\n"
+# Starts a child that leaves the process group with setsid, like a leaked SGLang scheduler.
+ESCAPER = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time\\nwhile True: time.sleep(0.1)'], start_new_session=True)\n"
+    "while True: time.sleep(0.1)\n"
+)
+
+
+def _alive(pid: int) -> bool:
+    return bool(hostside.op_alive(pid)["alive"])
+
+
+def _launch(tmp_path: Path, code: str, extra_env: dict[str, str] | None = None) -> tuple[str, dict[str, object]]:
+    lid = server.new_launch_id(NAMESPACE)
+    env = {hostside.MARKER: lid, **(extra_env or {})}
+    info = hostside.op_launch([sys.executable, "-c", code], env, str(tmp_path / "logs" / "x.log"))
+    return lid, info
+
+
+@pytest.fixture
+def foreign() -> Iterator[subprocess.Popen[bytes]]:
+    """A process this test owns but orch did not launch (no marker): orch must never signal it."""
+    port = free_port()
+    code = (f"import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+            f"s.bind(('127.0.0.1', {port}))\ns.listen()\nprint('up', flush=True)\ntime.sleep(120)\n")
+    env = {k: v for k, v in os.environ.items() if k != hostside.MARKER}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True, env=env)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"up"
+    proc.port = port  # type: ignore[attr-defined]
+    try:
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_launch_is_detached_found_by_marker_and_torn_down(tmp_path: Path) -> None:
+    lid, info = _launch(tmp_path, SLEEPER, {"NCCL_PROTO": "LL", "HF_TOKEN": "hunter2"})
+    pid = int(info["pid"])  # type: ignore[call-overload]
+    assert os.getpgid(pid) == pid and os.getsid(pid) == pid  # its own session and group
+    assert psutil.Process(pid).ppid() != os.getpid()  # not our child: survives us like a real detached server
+    found = hostside.op_find(NAMESPACE)
+    assert [p["pid"] for p in found if p["launch_id"] == lid] == [pid]
+    env = hostside.op_environ(lid, ["NCCL_PROTO", "NCCL_ALGO", "HF_TOKEN"])
+    assert env[0]["env"]["NCCL_PROTO"] == "LL" and env[0]["env"]["NCCL_ALGO"] is None
+    assert "hunter2" not in str(env) and env[0]["env"]["HF_TOKEN"].startswith("<redacted sha256:")
+    report = hostside.op_teardown(lid, pgid=pid, grace_s=5)
+    assert report["sigterm"] and not report["sigkill"] and not report["remaining"]
+    assert not _alive(pid)
+
+
+def test_sigterm_ignored_escalates_to_sigkill(tmp_path: Path) -> None:
+    lid, info = _launch(tmp_path, STUBBORN)
+    pid = int(info["pid"])  # type: ignore[call-overload]
+    time.sleep(0.3)  # let it install the handler
+    report = hostside.op_teardown(lid, pgid=pid, grace_s=0.5)
+    assert report["sigkill"] == [pid] and not report["remaining"]
+    assert not _alive(pid)
+
+
+def test_escaped_setsid_child_is_killed_by_marker(tmp_path: Path) -> None:
+    lid, info = _launch(tmp_path, ESCAPER)
+    pid = int(info["pid"])  # type: ignore[call-overload]
+    deadline = time.monotonic() + 5
+    while len(hostside.op_find(NAMESPACE)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    procs = [p for p in hostside.op_find(NAMESPACE) if p["launch_id"] == lid]
+    escaped = [p["pid"] for p in procs if p["pgid"] != pid]
+    assert len(escaped) == 1
+    report = hostside.op_teardown(lid, pgid=pid, grace_s=2)
+    assert not report["remaining"]
+    assert all(not _alive(p["pid"]) for p in procs)
+
+
+def test_foreign_port_owner_is_named_and_never_killed(foreign: subprocess.Popen[bytes],
+                                                      write_profile: WriteProfile) -> None:
+    port = foreign.port  # type: ignore[attr-defined]
+    owners = hostside.op_port_owner(port)
+    assert owners[0]["pid"] == foreign.pid and owners[0]["launch_id"] is None
+    prof = load(str(write_profile("p", engine="sglang", model_path="/m", tp_size=1, port=port)))
+    with pytest.raises(HostError, match=rf"port {port} on local is in use by PID {foreign.pid} \(.*python"):
+        server.preflight(LocalHost(), prof, NAMESPACE)
+    assert foreign.poll() is None  # still alive
+
+
+def test_teardown_never_signals_a_foreign_group_even_with_its_pgid(foreign: subprocess.Popen[bytes]) -> None:
+    # A stale record whose PGID now belongs to someone else: nothing carries our marker, so nothing is signalled.
+    report = hostside.op_teardown(f"{NAMESPACE}:gone-long-ago", pgid=foreign.pid, grace_s=0.2, port_wait_s=0)
+    assert not report["sigterm"] and not report["sigkill"]
+    assert foreign.poll() is None
+
+
+def test_down_only_touches_its_namespace(tmp_path: Path) -> None:
+    other_lid = "someone-else:20260101T000000-abcdef12"
+    info = hostside.op_launch([sys.executable, "-c", SLEEPER], {hostside.MARKER: other_lid},
+                              str(tmp_path / "o.log"))
+    other = int(info["pid"])
+    try:
+        mine_lid, mine = _launch(tmp_path, SLEEPER)
+        stopped = hostside.op_down(NAMESPACE, grace_s=2)
+        assert [s["launch_id"] for s in stopped] == [mine_lid]
+        assert not _alive(int(mine["pid"])) and _alive(other)  # type: ignore[call-overload]
+    finally:
+        os.killpg(other, signal.SIGKILL)
+
+
+def test_dispatch_reports_errors_as_data() -> None:
+    assert hostside.dispatch({"op": "nope"}) == {"ok": False, "error": "unknown host-side operation 'nope'"}
+    bad = hostside.dispatch({"op": "alive", "args": {"pidd": 1}})
+    assert not bad["ok"] and "bad arguments for alive" in bad["error"]
+    assert hostside.dispatch({"op": "launch", "args": {"argv": [], "env": {}, "log_path": "/tmp/x"}})["ok"] is False
+    with pytest.raises(HostError, match="local: unknown host-side operation"):
+        LocalHost().call("nope")
+
+
+def test_log_tail(tmp_path: Path) -> None:
+    log = tmp_path / "l.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100)))
+    assert hostside.op_log_tail(str(log), lines=3) == "line 97\nline 98\nline 99"
+    assert "no log at" in hostside.op_log_tail(str(tmp_path / "missing.log"))
+
+
+def test_port_free_after_bind_close() -> None:
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        assert hostside._listening(port)
+    assert not hostside._listening(port)

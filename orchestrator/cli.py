@@ -246,7 +246,6 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("ORCH_DEBUG") == "1"
-    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         cli.main(args=argv, prog_name="orch", standalone_mode=False)
     except click.ClickException as e:
@@ -254,12 +253,13 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except click.exceptions.Exit as e:
         return int(e.exit_code)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, click.exceptions.Abort) as e:
+        # click turns Ctrl-C into Abort; by the time it reaches here every `finally` has torn its server down.
         if debug:
             traceback.print_exc()
+        if isinstance(e, click.exceptions.Abort) and not isinstance(e.__cause__, KeyboardInterrupt):
+            click.echo("Aborted.", err=True)
+            return 1
         click.echo("Interrupted: servers started by this run were torn down; results so far are stored.", err=True)
         return EXIT_INTERRUPTED
     except OrchError as e:
@@ -278,4 +278,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
+    """The console script: also treats SIGTERM (cron timeouts, kill) like Ctrl-C so servers are torn down."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
     sys.exit(main())

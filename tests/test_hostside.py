@@ -46,8 +46,10 @@ def _launch(tmp_path: Path, code: str, extra_env: dict[str, str] | None = None) 
 def foreign() -> Iterator[subprocess.Popen[bytes]]:
     """A process this test owns but orch did not launch (no marker): orch must never signal it."""
     port = free_port()
-    code = (f"import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-            f"s.bind(('127.0.0.1', {port}))\ns.listen()\nprint('up', flush=True)\ntime.sleep(120)\n")
+    code = (
+        f"import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        f"s.bind(('127.0.0.1', {port}))\ns.listen()\nprint('up', flush=True)\ntime.sleep(120)\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != hostside.MARKER}
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True, env=env)
     assert proc.stdout is not None and proc.stdout.readline().strip() == b"up"
@@ -97,8 +99,9 @@ def test_escaped_setsid_child_is_killed_by_marker(tmp_path: Path) -> None:
     assert all(not _alive(p["pid"]) for p in procs)
 
 
-def test_foreign_port_owner_is_named_and_never_killed(foreign: subprocess.Popen[bytes],
-                                                      write_profile: WriteProfile) -> None:
+def test_foreign_port_owner_is_named_and_never_killed(
+    foreign: subprocess.Popen[bytes], write_profile: WriteProfile
+) -> None:
     port = foreign.port  # type: ignore[attr-defined]
     owners = hostside.op_port_owner(port)
     assert owners[0]["pid"] == foreign.pid and owners[0]["launch_id"] is None
@@ -117,8 +120,7 @@ def test_teardown_never_signals_a_foreign_group_even_with_its_pgid(foreign: subp
 
 def test_down_only_touches_its_namespace(tmp_path: Path) -> None:
     other_lid = "someone-else:20260101T000000-abcdef12"
-    info = hostside.op_launch([sys.executable, "-c", SLEEPER], {hostside.MARKER: other_lid},
-                              str(tmp_path / "o.log"))
+    info = hostside.op_launch([sys.executable, "-c", SLEEPER], {hostside.MARKER: other_lid}, str(tmp_path / "o.log"))
     other = int(info["pid"])
     try:
         mine_lid, mine = _launch(tmp_path, SLEEPER)

@@ -33,14 +33,22 @@ def test_bundled_profiles_resolve_to_the_seed_configuration() -> None:
     argv = three.launch_argv("/root/ml-env/bin/python3", simulate=False)
     assert argv[:3] == ["/root/ml-env/bin/python3", "-m", "sglang.launch_server"]
     joined = shlex.join(argv)
-    for flag in ("--tp-size 8", "--trust-remote-code", "--speculative-algorithm EAGLE3", "--speculative-num-steps 3",
-                 "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 4", "--port 8000"):
+    for flag in (
+        "--tp-size 8",
+        "--trust-remote-code",
+        "--speculative-algorithm EAGLE3",
+        "--speculative-num-steps 3",
+        "--speculative-eagle-topk 1",
+        "--speculative-num-draft-tokens 4",
+        "--port 8000",
+    ):
         assert flag in joined
     assert three.launch_argv("py", simulate=True)[2] == "orchestrator.sim"
 
 
-def test_lookup_by_name_prefers_local_profiles_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   write_profile: WriteProfile) -> None:
+def test_lookup_by_name_prefers_local_profiles_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_profile: WriteProfile
+) -> None:
     monkeypatch.chdir(tmp_path)
     write_profile("baseline", engine="sglang", model_path="/m", tp_size=1, port=9999)
     assert P.load("baseline").port == 9999
@@ -50,8 +58,15 @@ def test_lookup_by_name_prefers_local_profiles_dir(tmp_path: Path, monkeypatch: 
 
 
 def test_env_merges_by_key_and_null_removes(write_profile: WriteProfile) -> None:
-    write_profile("parent", engine="sglang", model_path="/m", tp_size=2, port=1234,
-                  env={"A": "1", "B": "2", "C": 3}, server_args=["--x", "1"])
+    write_profile(
+        "parent",
+        engine="sglang",
+        model_path="/m",
+        tp_size=2,
+        port=1234,
+        env={"A": "1", "B": "2", "C": 3},
+        server_args=["--x", "1"],
+    )
     child = write_profile("child", extends="parent", env={"B": None, "D": "4"}, server_args=["--y"])
     prof = P.load(str(child))
     assert prof.env_dict() == {"A": "1", "C": "3", "D": "4"}
@@ -75,13 +90,26 @@ def test_env_merges_by_key_and_null_removes(write_profile: WriteProfile) -> None
         ({"env": ["A=1"]}, r"env: expected a mapping"),
         ({"speculative": {"algorithm": "EAGLE3", "num_steps": 3}}, r"speculative\.draft_model_path: required"),
         ({"speculative": {"algorithm": "EAGLE4"}}, r"speculative\.algorithm: expected one of .*did you mean 'EAGLE'"),
-        ({"speculative": {"algorithm": "NGRAM", "num_stpes": 3}},
-         r"speculative\.num_stpes: unknown field \(did you mean 'num_steps'\?\)"),
-        ({"speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 3, "eagle_topk": 1,
-                          "num_draft_tokens": 8}},
-         r"speculative\.num_draft_tokens: with eagle_topk 1 SGLang forces it to num_steps \+ 1 = 4, got 8"),
-        ({"speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "eagle_topk": 2}},
-         r"speculative\.num_steps: required when eagle_topk"),
+        (
+            {"speculative": {"algorithm": "NGRAM", "num_stpes": 3}},
+            r"speculative\.num_stpes: unknown field \(did you mean 'num_steps'\?\)",
+        ),
+        (
+            {
+                "speculative": {
+                    "algorithm": "EAGLE3",
+                    "draft_model_path": "/d",
+                    "num_steps": 3,
+                    "eagle_topk": 1,
+                    "num_draft_tokens": 8,
+                }
+            },
+            r"speculative\.num_draft_tokens: with eagle_topk 1 SGLang forces it to num_steps \+ 1 = 4, got 8",
+        ),
+        (
+            {"speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "eagle_topk": 2}},
+            r"speculative\.num_steps: required when eagle_topk",
+        ),
         ({"server_args": ["--tp-size", "4"]}, r"server_args\[0\]: --tp-size is set by the field 'tp_size'"),
         ({"server_args": "--foo"}, r"server_args: expected a list of strings"),
         ({"sim": {"decode_msec": 3}}, r"sim\.decode_msec: unknown field \(did you mean 'decode_ms'\?\)"),
@@ -89,8 +117,9 @@ def test_env_merges_by_key_and_null_removes(write_profile: WriteProfile) -> None
         ({"sim": {"fault": "explode"}}, r"sim\.fault: "),
     ],
 )
-def test_bad_fields_name_file_field_and_valid_values(write_profile: WriteProfile, fields: dict[str, object],
-                                                     message: str) -> None:
+def test_bad_fields_name_file_field_and_valid_values(
+    write_profile: WriteProfile, fields: dict[str, object], message: str
+) -> None:
     base = {"engine": "sglang", "model_path": "/m", "tp_size": 1, "port": 8000}
     path = write_profile("bad", **{**base, **fields})
     with pytest.raises(ProfileError, match=message):
@@ -130,8 +159,9 @@ def test_yaml_syntax_error_has_line(write_profile: WriteProfile) -> None:
 
 
 def test_values_with_shell_metacharacters_stay_single_arguments(write_profile: WriteProfile) -> None:
-    path = write_profile("evil", engine="sglang", model_path="/m/x; rm -rf / #", tp_size=1, port=1,
-                         env={"A": "$(touch /tmp/pwned) `id`"})
+    path = write_profile(
+        "evil", engine="sglang", model_path="/m/x; rm -rf / #", tp_size=1, port=1, env={"A": "$(touch /tmp/pwned) `id`"}
+    )
     prof = P.load(str(path))
     argv = prof.launch_argv("python3", simulate=False)
     assert "/m/x; rm -rf / #" in argv  # one argv element, never parsed by a shell
@@ -139,8 +169,9 @@ def test_values_with_shell_metacharacters_stay_single_arguments(write_profile: W
 
 
 def test_sim_section_becomes_env_and_is_ignored_by_real_launch(write_profile: WriteProfile) -> None:
-    path = write_profile("s", engine="sglang", model_path="/m", tp_size=1, port=1,
-                         sim={"decode_ms": 10, "fault": "hang-during-load"})
+    path = write_profile(
+        "s", engine="sglang", model_path="/m", tp_size=1, port=1, sim={"decode_ms": 10, "fault": "hang-during-load"}
+    )
     prof = P.load(str(path))
     assert prof.sim_env() == {"ORCH_SIM_DECODE_MS": "10.0", "ORCH_SIM_FAULT": "hang-during-load"}
     assert not any("sim" in a for a in prof.launch_argv("python3", simulate=False)[1:])

@@ -35,16 +35,28 @@ def test_ratio() -> None:
 
 
 def _run(i: int) -> dict[str, object]:
-    return {"index": i, "warmup": False, "tokens": 2048, "seconds": 24.9, "tok_s": 82.2, "prompt_tokens": 30,
-            "ttft_s": 0.05, "spec_accept_length": None, "spec_verify_ct": None, "valid": True, "invalid_reason": None}
+    return {
+        "index": i,
+        "warmup": False,
+        "tokens": 2048,
+        "seconds": 24.9,
+        "tok_s": 82.2,
+        "prompt_tokens": 30,
+        "ttft_s": 0.05,
+        "spec_accept_length": None,
+        "spec_verify_ct": None,
+        "valid": True,
+        "invalid_reason": None,
+    }
 
 
 def test_store_roundtrip_and_each_run_visible_immediately(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     store = Store(db)
     store.create_experiment("e1", kind="ab", simulated=True, host="local", arms=["a"], config={}, orch_version="t")
-    store.add_launch("l1", experiment_id="e1", arm_index=0, profile="a", profile_dict={}, argv=["x"], env={},
-                     pid=1, started_at=0.0)
+    store.add_launch(
+        "l1", experiment_id="e1", arm_index=0, profile="a", profile_dict={}, argv=["x"], env={}, pid=1, started_at=0.0
+    )
     store.add_run("l1", _run(0))
     # A second connection (another process, a crash) sees the run without any close or flush.
     other = sqlite3.connect(db)
@@ -70,5 +82,5 @@ def test_store_refuses_newer_schema_and_garbage(tmp_path: Path) -> None:
         Store(db)
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(StoreError, match="junk.db: cannot open the results database"):
+    with pytest.raises(StoreError, match=r"junk\.db: cannot open the results database"):
         Store(junk)

@@ -1,0 +1,226 @@
+"""The `orch` command line: end-to-end A/B in a real subprocess, JSON contract, errors, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from orchestrator import hostside
+from orchestrator.cli import main
+from tests.conftest import NAMESPACE, WriteProfile
+
+SimProfiles = Callable[..., dict[str, Path]]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def orch(*args: str, cwd: Path, **kw: object) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_ab_json_end_to_end_in_a_subprocess(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    sim_profiles()
+    db = tmp_path / "r.db"
+    proc = orch(
+        "ab",
+        "baseline",
+        "eagle3",
+        "--sim",
+        "--runs",
+        "2",
+        "--warmup",
+        "1",
+        "--max-tokens",
+        "48",
+        "--grace",
+        "2",
+        "--json",
+        "--db",
+        str(db),
+        cwd=tmp_path,
+    )
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    doc = json.loads(out)  # stdout holds only the JSON document
+    assert set(doc) >= {"experiment_id", "simulated", "arms", "comparisons"}
+    assert doc["simulated"] is True
+    assert [a["profile"] for a in doc["arms"]] == ["baseline", "eagle3"]
+    for arm in doc["arms"]:
+        assert len(arm["runs"]) == 2
+        for run in arm["runs"]:
+            assert set(run) >= {"tokens", "seconds", "tok_s", "prompt_tokens", "ttft_s"}
+            assert run["tokens"] == 48
+        assert arm["median_tok_s"] > 0
+    (cmp,) = doc["comparisons"]
+    assert cmp["arm"] == "eagle3" and cmp["vs"] == "baseline"
+    assert cmp["ratio"] == pytest.approx(doc["arms"][1]["median_tok_s"] / doc["arms"][0]["median_tok_s"])
+    assert "SIMULATED" in err and "Run 1/2: 48 tokens in" in err and "env check ok" in err
+    rows = sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    assert rows == 6
+    assert hostside.op_find(NAMESPACE) == []
+
+
+def test_text_output_has_seed_style_run_lines_and_summary(
+    sim_profiles: SimProfiles, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim_profiles()
+    monkeypatch.chdir(tmp_path)
+    code = main(
+        [
+            "bench",
+            "baseline",
+            "--sim",
+            "--runs",
+            "2",
+            "--warmup",
+            "1",
+            "--max-tokens",
+            "24",
+            "--grace",
+            "2",
+            "--db",
+            str(tmp_path / "r.db"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "Warmup 1/1 done (" in out
+    lines = [ln for ln in out.splitlines() if ln.strip().startswith("Run ")]
+    assert len(lines) == 2
+    import re
+
+    assert re.fullmatch(r"\s+Run 1/2: 24 tokens in \d+\.\d\ds = \d+\.\d tok/s \(prompt: \d+ toks\)", lines[0])
+    assert "A/B results" in out and "SIMULATED" in out and "median" in out
+
+
+def test_ctrl_c_tears_down_and_marks_interrupted(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    sim_profiles()
+    db = tmp_path / "r.db"
+    proc = orch(
+        "ab",
+        "baseline",
+        "eagle3",
+        "--sim",
+        "--runs",
+        "50",
+        "--warmup",
+        "0",
+        "--max-tokens",
+        "40",
+        "--grace",
+        "2",
+        "--db",
+        str(db),
+        cwd=tmp_path,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "Run 1/50" in line:
+            break
+    assert hostside.op_find(NAMESPACE), "the server should be running mid-benchmark"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Interrupted" in err and "Traceback" not in err
+    assert hostside.op_find(NAMESPACE) == []
+    c = sqlite3.connect(db)
+    assert c.execute("SELECT status FROM experiments").fetchone()[0] == "interrupted"
+    assert c.execute("SELECT status FROM launches").fetchone()[0] == "interrupted"
+    assert c.execute("SELECT COUNT(*) FROM runs").fetchone()[0] >= 1  # runs before the interrupt are kept
+
+
+def test_sigterm_to_orch_also_tears_down(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    sim_profiles()
+    proc = orch(
+        "bench",
+        "baseline",
+        "--sim",
+        "--runs",
+        "50",
+        "--warmup",
+        "0",
+        "--max-tokens",
+        "40",
+        "--grace",
+        "2",
+        "--db",
+        str(tmp_path / "r.db"),
+        cwd=tmp_path,
+    )
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "Run 1/50" in line:
+            break
+    proc.terminate()
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert hostside.op_find(NAMESPACE) == []
+
+
+def test_profiles_commands(
+    write_profile: WriteProfile, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    assert main(["profiles", "show", "eagle3-3step"]) == 0
+    out = capsys.readouterr().out
+    assert "python3 -m sglang.launch_server --model-path /models/Kimi-K2.5-INT4 --tp-size 8" in out
+    assert "--speculative-num-draft-tokens 4" in out and "NCCL_BUFFSIZE=16777216" in out
+    assert main(["profiles", "show", "baseline", "--sim"]) == 0
+    assert "-m orchestrator.sim" in capsys.readouterr().out
+    assert main(["profiles", "list"]) == 0
+    listing = capsys.readouterr().out
+    for name in ("baseline", "eagle3-2step", "eagle3-3step", "kimi-k25-int4-tp8"):
+        assert name in listing
+    good = REPO / "profiles" / "baseline.yaml"
+    bad = write_profile("bad", engine="sglang", model_path="/m", tp_sise=8, port=1)
+    assert main(["profiles", "validate", str(good), str(bad)]) == 1
+    out = capsys.readouterr().out
+    assert f"ok      {good}" in out
+    assert "bad.yaml: tp_sise: unknown field (did you mean 'tp_size'?)" in out
+
+
+def test_errors_are_one_line_without_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["ab", "baseline", "no-such-profile", "--sim"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Error: no profile named 'no-such-profile'") and "Traceback" not in err
+    assert main(["ab", "baseline"]) == 2
+    assert "at least two profiles" in capsys.readouterr().err
+    assert main(["ab", "baseline", "eagle3-3step", "--host", "gpu-box"]) == 1
+    assert "unknown host 'gpu-box'" in capsys.readouterr().err
+    assert main(["bench", "baseline", "--runs", "0"]) == 2
+
+
+def test_status_and_down(sim_profiles: SimProfiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator import server
+    from orchestrator.hosts import LocalHost
+    from orchestrator.profile import load
+
+    prof = load(str(sim_profiles()["baseline"]))
+    launched = server.launch(LocalHost(), prof, simulate=True, namespace=NAMESPACE)
+    time.sleep(0.5)
+    assert main(["status"]) == 0
+    assert launched.launch_id in capsys.readouterr().out
+    assert main(["down", "--grace", "2"]) == 0
+    assert f"stopped {launched.launch_id}" in capsys.readouterr().out
+    assert hostside.op_find(NAMESPACE) == []
+    assert main(["status"]) == 0
+    assert "nothing launched by orch is running" in capsys.readouterr().out

@@ -1,0 +1,189 @@
+"""The per-arm lifecycle against the real simulator: launch, readiness, env read-back, faults, teardown."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orchestrator import hostside, server
+from orchestrator.ab import ABConfig, describe_env, run_ab
+from orchestrator.bench import BenchConfig, run_benchmark
+from orchestrator.errors import BenchError, ServerError
+from orchestrator.hosts import LocalHost
+from orchestrator.profile import Profile, load
+from orchestrator.store import Store
+from tests.conftest import NAMESPACE
+
+SimProfiles = Callable[..., dict[str, Path]]
+
+
+def _nothing_left() -> None:
+    assert hostside.op_find(NAMESPACE) == []
+
+
+def _running(host: LocalHost, prof: Profile, **kw: object) -> object:
+    return server.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2, **kw)  # type: ignore[arg-type]
+
+
+def test_full_lifecycle_with_env_check_and_clean_teardown(sim_profiles: SimProfiles) -> None:
+    prof = load(str(sim_profiles()["baseline"]))
+    host = LocalHost()
+    events: list[str] = []
+    with server.running(host, prof, simulate=True, namespace=NAMESPACE, on_event=events.append) as srv:
+        assert srv.env_report is not None and srv.env_report.ok
+        assert srv.env_report.processes >= prof.tp_size + 2  # main + tp schedulers + detokenizer
+        pids = [p["pid"] for p in hostside.op_find(NAMESPACE)]
+        assert srv.launch.pid in pids
+        assert httpx.get(srv.base_url + "/health_generate").status_code == 200
+        runs = run_benchmark(srv.base_url, BenchConfig(runs=1, warmup=1, max_tokens=16, warmup_max_tokens=4))
+        assert [r.tokens for r in runs] == [4, 16]
+    assert srv.teardown is not None and srv.teardown["port_free"] and not srv.teardown["remaining"]
+    assert all(not hostside.op_alive(p)["alive"] for p in pids)
+    assert any("ready after" in e for e in events) and any("torn down" in e for e in events)
+    _nothing_left()
+
+
+def test_crash_during_load_fails_fast_with_log_tail(sim_profiles: SimProfiles) -> None:
+    prof = load(str(sim_profiles(sim={"fault": "exit-during-load", "load_s": 0.5})["baseline"]))
+    t0 = time.monotonic()
+    with (
+        pytest.raises(ServerError, match=r"(?s)exited during startup.*Initialization failed"),
+        _running(LocalHost(), prof),
+    ):
+        pass
+    assert time.monotonic() - t0 < 15  # not the 30 s readiness timeout
+    _nothing_left()
+
+
+def test_hang_during_load_times_out_and_leaves_nothing(sim_profiles: SimProfiles) -> None:
+    prof = load(str(sim_profiles(sim={"fault": "hang-during-load"})["baseline"]))
+    with (
+        pytest.raises(ServerError, match=r"(?s)not ready after 2s \(still loading\).*Last lines of"),
+        _running(LocalHost(), prof, ready_timeout_s=2.0),
+    ):
+        pass
+    _nothing_left()
+
+
+def test_env_check_catches_vars_that_did_not_reach_the_workers(sim_profiles: SimProfiles) -> None:
+    # CUDA_DEVICE_MAX_CONNECTIONS is forced to 8 by SGLang (and the simulator) in every worker; NCCL_ALGO is
+    # dropped on the way to the workers by a simulator fault, like the seed's non-propagating NCCL variables.
+    paths = sim_profiles(env={"CUDA_DEVICE_MAX_CONNECTIONS": "32"}, sim={"drop_env": "NCCL_ALGO"})
+    prof = load(str(paths["baseline"]))
+    host = LocalHost()
+    with _running(host, prof) as srv:  # type: ignore[attr-defined]
+        report = srv.env_report
+        main_pid = srv.launch.pid
+    assert report is not None and not report.ok
+    by_var: dict[str, set[int]] = {}
+    for m in report.mismatches:
+        by_var.setdefault(m.var, set()).add(m.pid)
+        assert m.pid != main_pid  # the main process got exactly what orch passed
+    assert set(by_var) == {"CUDA_DEVICE_MAX_CONNECTIONS", "NCCL_ALGO"}
+    assert len(by_var["NCCL_ALGO"]) >= prof.tp_size + 1  # every worker (and mp helper), not just one
+    cuda = next(m for m in report.mismatches if m.var == "CUDA_DEVICE_MAX_CONNECTIONS")
+    assert (cuda.expected, cuda.actual) == ("32", "8") and "forces it to 8" in cuda.note
+    algo = next(m for m in report.mismatches if m.var == "NCCL_ALGO")
+    assert algo.actual is None
+    text = "\n".join(describe_env(report))
+    assert "NCCL_ALGO: profile says 'Ring'" in text and "has missing" in text
+    _nothing_left()
+
+
+def test_strict_env_fails_the_arm(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    prof = load(str(sim_profiles(sim={"drop_env": "NCCL_PROTO"})["baseline"]))
+    store = Store(tmp_path / "r.db")
+    cfg = ABConfig(
+        bench=BenchConfig(runs=1, warmup=0, max_tokens=8),
+        simulate=True,
+        namespace=NAMESPACE,
+        strict_env=True,
+        grace_s=2,
+    )
+    with pytest.raises(ServerError, match="environment check failed"):
+        run_ab(LocalHost(), [prof], cfg, store)
+    exp = store.experiments()[0]
+    assert exp["status"] == "failed"
+    assert store.launches(exp["id"])[0]["status"] == "failed"
+    _nothing_left()
+
+
+def test_server_dying_mid_benchmark_is_an_error_and_runs_so_far_are_kept(
+    sim_profiles: SimProfiles, tmp_path: Path
+) -> None:
+    prof = load(str(sim_profiles(sim={"fault": "die-after-tokens:40"})["baseline"]))
+    store = Store(tmp_path / "r.db")
+    cfg = ABConfig(bench=BenchConfig(runs=3, warmup=0, max_tokens=16), simulate=True, namespace=NAMESPACE, grace_s=2)
+    with pytest.raises(BenchError, match=r"dropped the stream|ended without"):
+        run_ab(LocalHost(), [prof], cfg, store)
+    exp = store.experiments()[0]
+    launch = store.launches(exp["id"])[0]
+    assert launch["status"] == "failed"
+    assert len(store.runs(launch["launch_id"])) == 2  # the two runs that finished before the crash
+    _nothing_left()
+
+
+def test_sigterm_ignored_needs_sigkill_and_escaped_worker_is_found_by_marker(sim_profiles: SimProfiles) -> None:
+    prof = load(str(sim_profiles(sim={"fault": "ignore-sigterm,escape-setsid"})["baseline"]))
+    with _running(LocalHost(), prof) as srv:  # type: ignore[attr-defined]
+        procs = hostside.op_find(NAMESPACE)
+        assert any(p["pgid"] != srv.launch.pgid for p in procs)  # one worker left the process group
+    td = srv.teardown
+    assert srv.launch.pid in td["sigkill"]
+    assert td["escaped"] or td["sigkill"]  # the escaped worker was killed although it left the group
+    assert not td["remaining"] and td["port_free"]
+    _nothing_left()
+
+
+def test_preflight_cleans_leftovers_of_an_earlier_launch(sim_profiles: SimProfiles) -> None:
+    prof = load(str(sim_profiles()["baseline"]))
+    host = LocalHost()
+    old = server.launch(host, prof, simulate=True, namespace=NAMESPACE)  # "orch crashed": never torn down
+    server.wait_ready(host, old, prof, timeout_s=20)
+    events: list[str] = []
+    with _running(host, prof, on_event=events.append) as srv:  # type: ignore[attr-defined]
+        assert srv.preflight["cleaned"][0]["launch_id"] == old.launch_id
+        assert not hostside.op_alive(old.pid)["alive"]
+    assert any("leftover" in e for e in events)
+    _nothing_left()
+
+
+def test_ab_end_to_end_tells_the_seed_story(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    paths = sim_profiles()
+    profiles = [load(str(paths["baseline"])), load(str(paths["eagle3"]))]
+    store = Store(tmp_path / "r.db")
+    seen: list[tuple[str, int, bool]] = []
+    cfg = ABConfig(
+        bench=BenchConfig(runs=2, warmup=1, max_tokens=96, warmup_max_tokens=8),
+        simulate=True,
+        namespace=NAMESPACE,
+        grace_s=2,
+    )
+    result = run_ab(LocalHost(), profiles, cfg, store, on_run=lambda p, r: seen.append((p, r.index, r.warmup)))
+    assert seen == [
+        ("baseline", 0, True),
+        ("baseline", 0, False),
+        ("baseline", 1, False),
+        ("eagle3", 0, True),
+        ("eagle3", 0, False),
+        ("eagle3", 1, False),
+    ]
+    base, eagle = result.arms
+    assert base.summary is not None and eagle.summary is not None
+    assert 70 < base.summary.median < 90  # ≈ 82 tok/s, minus prefill over a short output
+    assert 48 < eagle.summary.median < 70  # ≈ 60 tok/s
+    assert eagle.accept_length is not None and 1.5 < eagle.accept_length < 2.6
+    assert base.accept_length is None
+    (cmp,) = result.comparisons
+    assert cmp.arm == "eagle3" and cmp.vs == "baseline"
+    assert cmp.ratio == pytest.approx(eagle.summary.median / base.summary.median)
+    assert all(r.tokens == 96 for a in result.arms for r in a.timed)
+    assert base.launch_id != eagle.launch_id
+    exp = store.experiment(result.experiment_id)
+    assert exp is not None and exp["status"] == "complete" and exp["simulated"] == 1
+    assert sum(len(store.runs(la["launch_id"])) for la in store.launches(result.experiment_id)) == 6
+    _nothing_left()

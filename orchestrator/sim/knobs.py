@@ -1,0 +1,191 @@
+"""The simulator's tuning knobs (ORCH_SIM_* environment variables) and fault specs, with validation."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+ENV_PREFIX = "ORCH_SIM_"
+
+# Root of a^3 + a^2 + a - 1 = 0: the per-token acceptance that gives a mean accept length of exactly 2.0
+# for 3 draft steps under the chain model (1 + a + a^2 + a^3 = 2).
+ALPHA_TAU2_K3 = 0.5436890126920764
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One simulator knob: its profile key, type, default, help text and inclusive bounds."""
+
+    name: str
+    type: type
+    default: float | int | str | None
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    def describe_valid(self) -> str:
+        """What a valid value looks like, for error messages."""
+        kind = {float: "a number", int: "an integer", str: "a string"}.get(self.type, self.type.__name__)
+        parts = [kind]
+        if self.minimum is not None and self.maximum is not None:
+            parts.append(f"between {_fmt(self.minimum)} and {_fmt(self.maximum)}")
+        elif self.minimum is not None:
+            parts.append(f">= {_fmt(self.minimum)}")
+        elif self.maximum is not None:
+            parts.append(f"<= {_fmt(self.maximum)}")
+        return " ".join(parts)
+
+
+def _fmt(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+_KNOB_LIST: tuple[Knob, ...] = (
+    Knob("load_s", float, 2.0, "seconds the workers take to 'load weights' (port closed meanwhile)", 0.0, 3600.0),
+    Knob("warmup_s", float, 1.0, "seconds of warmup after the port opens (health 503 meanwhile)", 0.0, 3600.0),
+    Knob("decode_ms", float, 12.2, "per-iteration decode time at batch 1 without speculation", 0.01, 10000.0),
+    Knob("draft_ms", float, 1.0, "time of one draft step under speculation", 0.0, 10000.0),
+    Knob("verify_base_ms", float, 26.0, "fixed part of one verify pass", 0.0, 10000.0),
+    Knob("verify_per_token_ms", float, 1.0, "verify cost per draft token (x num_draft_tokens)", 0.0, 10000.0),
+    Knob(
+        "accept_alpha",
+        float,
+        ALPHA_TAU2_K3,
+        "per-draft-token acceptance probability (chain model); default gives accept length 2.0 at 3 steps",
+        0.0,
+        1.0,
+    ),
+    Knob("batch_slope", float, 0.02, "iteration time grows by this fraction per extra running request", 0.0, 10.0),
+    Knob("prefill_ms", float, 15.0, "fixed cost of one prefill iteration (per chunk)", 0.0, 100000.0),
+    Knob("prefill_per_token_ms", float, 0.05, "prefill cost per prompt token", 0.0, 1000.0),
+    Knob("launch_noise", float, 0.01, "sigma of the lognormal speed factor drawn once per launch", 0.0, 1.0),
+    Knob("jitter", float, 0.002, "sigma of the per-iteration time noise", 0.0, 0.5),
+    Knob("eos_prob", float, 0.002, "per-token EOS probability when ignore_eos is false", 0.0, 1.0),
+    Knob("drain_s", float, 2.0, "on SIGTERM, how long in-flight requests may finish before being aborted", 0.0, 3600.0),
+    Knob("seed", int, None, "seeds every random draw; unset: drawn at random and logged", 0.0, float(2**63 - 1)),
+    Knob("fault", str, None, "comma-separated faults to inject (see FAULTS)"),
+    Knob("drop_env", str, None, "comma-separated env var names removed from the workers' environment"),
+    Knob("escape_linger_s", float, 600.0, "max lifetime of a worker escaped by the escape-setsid fault", 0.0, 86400.0),
+)
+
+KNOBS: dict[str, Knob] = {k.name: k for k in _KNOB_LIST}
+
+# name -> (takes an integer argument, description)
+FAULTS: dict[str, tuple[bool, str]] = {
+    "exit-during-load": (False, "scheduler rank 0 dies while loading; the server exits 1 and never opens its port"),
+    "hang-during-load": (False, "scheduler rank 0 never finishes loading; the port never opens"),
+    "die-after-tokens": (True, "the server process hard-exits after N generated tokens in total (mid-stream)"),
+    "ignore-sigterm": (False, "the main process ignores SIGTERM; only SIGKILL stops it"),
+    "escape-setsid": (False, "one scheduler calls setsid() and outlives the server (until SIGKILL or escape_linger_s)"),
+}
+
+_CONFLICTS = ({"exit-during-load", "hang-during-load"},)
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_fault(spec: str) -> list[tuple[str, int | None]]:
+    """Parse 'name[:N],name...' into [(name, N or None)]; raise ValueError with a readable message."""
+    out: list[tuple[str, int | None]] = []
+    seen: set[str] = set()
+    valid = ", ".join(f"{n}:N" if takes else n for n, (takes, _) in FAULTS.items())
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        name, sep, arg = item.partition(":")
+        name = name.strip()
+        if name not in FAULTS:
+            raise ValueError(f"unknown fault {name!r} in {spec!r}; valid faults: {valid}")
+        if name in seen:
+            raise ValueError(f"fault {name!r} given twice in {spec!r}")
+        takes_arg = FAULTS[name][0]
+        value: int | None = None
+        if takes_arg:
+            if not sep or not arg.strip():
+                raise ValueError(f"fault {name!r} needs a token count, e.g. '{name}:100'")
+            try:
+                value = int(arg.strip())
+            except ValueError:
+                raise ValueError(f"fault {name!r}: {arg.strip()!r} is not an integer token count") from None
+            if value < 1:
+                raise ValueError(f"fault {name!r}: token count must be >= 1, got {value}")
+        elif sep:
+            raise ValueError(f"fault {name!r} takes no argument, got {item!r}")
+        seen.add(name)
+        out.append((name, value))
+    for group in _CONFLICTS:
+        if group <= seen:
+            raise ValueError(f"faults {' and '.join(sorted(group))} cannot be combined")
+    return out
+
+
+def _parse_value(knob: Knob, raw: str) -> float | int | str | None:
+    text = raw.strip()
+    if text == "":
+        # An exported-but-empty variable means "unset", so a profile can leave a knob blank.
+        return knob.default
+    value: float | int | str
+    if knob.type is str:
+        if knob.name == "fault":
+            try:
+                parse_fault(text)
+            except ValueError as exc:
+                raise ValueError(f"{knob.env}={raw!r} is invalid: {exc}") from None
+        elif knob.name == "drop_env":
+            bad = [n for n in (p.strip() for p in text.split(",")) if n and not _ENV_NAME.match(n)]
+            if bad:
+                raise ValueError(
+                    f"{knob.env}={raw!r} is invalid: {', '.join(map(repr, bad))} "
+                    "is not an environment variable name; expected comma-separated names like NCCL_PROTO,FOO"
+                )
+        return text
+    if knob.type is int:
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise ValueError(f"{knob.env}={raw!r} is invalid: expected {knob.describe_valid()}") from None
+    else:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{knob.env}={raw!r} is invalid: expected {knob.describe_valid()}") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{knob.env}={raw!r} is invalid: expected a finite number, {knob.describe_valid()}")
+    if (knob.minimum is not None and value < knob.minimum) or (knob.maximum is not None and value > knob.maximum):
+        raise ValueError(f"{knob.env}={raw!r} is out of range: expected {knob.describe_valid()}")
+    return value
+
+
+def read_knobs(environ: Mapping[str, str]) -> dict[str, float | int | str | None]:
+    """Read every ORCH_SIM_* variable from environ (defaults for missing ones); raise ValueError on bad ones."""
+    by_env = {k.env: k for k in KNOBS.values()}
+    unknown = sorted(name for name in environ if name.startswith(ENV_PREFIX) and name not in by_env)
+    if unknown:
+        # A misspelt knob would silently leave the default in place and skew a benchmark, so refuse it.
+        raise ValueError(f"unknown simulator knob {', '.join(unknown)}; valid variables: {', '.join(sorted(by_env))}")
+    out: dict[str, float | int | str | None] = {}
+    for knob in KNOBS.values():
+        raw = environ.get(knob.env)
+        out[knob.name] = knob.default if raw is None else _parse_value(knob, raw)
+    return out
+
+
+def knob_faults(knobs: Mapping[str, float | int | str | None]) -> dict[str, int | None]:
+    """The parsed fault knob as {name: argument}."""
+    spec = knobs.get("fault")
+    return dict(parse_fault(spec)) if isinstance(spec, str) else {}
+
+
+def knob_float(knobs: Mapping[str, float | int | str | None], name: str) -> float:
+    """A numeric knob as float (knob values are typed loosely because the dict mixes kinds)."""
+    value = knobs[name]
+    if isinstance(value, (int, float)):
+        return float(value)
+    raise TypeError(f"knob {name} is not numeric: {value!r}")

@@ -1,0 +1,154 @@
+"""Spawned child processes standing in for SGLang's schedulers and detokenizer (they only load and wait)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+
+from orchestrator.sim import logs
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs; pickled to the spawned child."""
+
+    role: str  # "scheduler" or "detokenizer"
+    rank: int
+    parent_pid: int
+    load_s: float
+    log_level: str
+    disable_cuda_graph: bool = False
+    fault_exit: bool = False
+    fault_hang: bool = False
+    escape: bool = False
+    escape_linger_s: float = 600.0
+
+    @property
+    def title(self) -> str:
+        return f"sim:sched_TP{self.rank}" if self.role == "scheduler" else "sim:detok"
+
+    @property
+    def prefix(self) -> str:
+        return f" TP{self.rank}" if self.role == "scheduler" else ""
+
+
+def _prctl(option: int, arg: int | bytes) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        value = ctypes.c_char_p(arg) if isinstance(arg, bytes) else ctypes.c_ulong(arg)
+        return int(libc.prctl(option, value, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def set_pdeathsig(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send sig when the parent dies (Linux only; False elsewhere), as SGLang's children do."""
+    return _prctl(PR_SET_PDEATHSIG, int(sig))
+
+
+def set_comm_name(name: str) -> bool:
+    """Set /proc/PID/comm (15 bytes max) so the worker is recognisable in ps/top."""
+    return _prctl(PR_SET_NAME, name.encode()[:15])
+
+
+class _Stop(Exception):
+    pass
+
+
+def _wait(conn: Connection, seconds: float | None, escape: bool) -> None:
+    """Wait up to seconds (None: forever) while honouring 'stop' messages and parent EOF."""
+    deadline = None if seconds is None else time.monotonic() + seconds
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return
+        step = 0.2 if remaining is None else min(0.2, remaining)
+        try:
+            if conn.poll(step):
+                msg = conn.recv()
+                if msg == "stop" and not escape:
+                    raise _Stop
+        except (EOFError, OSError):
+            if not escape:
+                raise _Stop from None
+            # The escaped worker deliberately ignores the parent going away; it only sleeps from now on.
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            time.sleep(remaining if remaining is not None else 3600.0)
+            if deadline is not None:
+                return
+
+
+def run_worker(spec: WorkerSpec, conn: Connection) -> None:
+    """Entry point of a spawned worker."""
+    started = time.monotonic()
+    logs.set_level(spec.log_level)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's business
+    if spec.escape:
+        os.setsid()
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        logs.log(
+            f"FAULT escape-setsid: this scheduler (pid {os.getpid()}) called setsid(), has no parent-death "
+            f"signal and ignores SIGTERM and pipe EOF; it lingers until SIGKILL or {spec.escape_linger_s:g} s",
+            "warning",
+            spec.prefix,
+        )
+    else:
+        # SIG_IGN survives exec, so a main process deaf to SIGTERM (fault) would otherwise pass that on.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        set_pdeathsig()
+        if os.getppid() != spec.parent_pid:
+            # The parent died before the death signal was armed.
+            os._exit(0)
+    set_comm_name(spec.title)
+    try:
+        _run(spec, conn)
+    except _Stop:
+        return
+    if spec.escape:
+        left = spec.escape_linger_s - (time.monotonic() - started)
+        if left > 0:
+            with contextlib.suppress(_Stop):
+                _wait(conn, left, escape=True)
+        logs.log("FAULT escape-setsid: escaped scheduler reached escape_linger_s and exits", "warning", spec.prefix)
+
+
+def _run(spec: WorkerSpec, conn: Connection) -> None:
+    p = spec.prefix
+    if spec.role == "detokenizer":
+        conn.send({"status": "ready", "pid": os.getpid(), "role": spec.role, "rank": spec.rank})
+        _wait(conn, None, escape=False)
+        return
+    logs.log(f"Load weight begin (simulated: sleeping load_s={spec.load_s:g} s instead of loading)", prefix=p)
+    if spec.fault_exit:
+        _wait(conn, spec.load_s / 2, escape=False)
+        logs.log(
+            "Scheduler hit an exception: Traceback (most recent call last):\n"
+            "RuntimeError: [orch-sim] simulated failure while loading weights (fault exit-during-load)",
+            "error",
+            p,
+        )
+        os._exit(1)
+    _wait(conn, spec.load_s, escape=spec.escape)
+    if spec.fault_hang:
+        logs.log("FAULT hang-during-load: this scheduler never finishes loading", "warning", p)
+        _wait(conn, None, escape=False)
+        return
+    logs.log("Load weight end. (simulated)", prefix=p)
+    logs.log("KV Cache is allocated. (simulated)", prefix=p)
+    if not spec.disable_cuda_graph:
+        logs.log("Capture cuda graph end. (simulated)", prefix=p)
+    conn.send({"status": "ready", "pid": os.getpid(), "role": spec.role, "rank": spec.rank})
+    if not spec.escape:
+        _wait(conn, None, escape=False)

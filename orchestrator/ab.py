@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import getpass
+import os
+import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -9,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import __version__, server
-from orchestrator.bench import BenchConfig, RunResult, run_benchmark
-from orchestrator.errors import OrchError, ServerError
+from orchestrator.bench import BenchConfig, RunResult, StreamBroken, run_benchmark
+from orchestrator.errors import HostError, OrchError, ServerError
 from orchestrator.hosts import Host
 from orchestrator.profile import Profile
 from orchestrator.stats import Summary, ratio, summarize
@@ -25,6 +30,9 @@ class ABConfig:
     ready_timeout_s: float | None = None
     grace_s: float = 10.0
     strict_env: bool = False
+    force: bool = False  # kill a foreign port owner when the host's policy allows it
+    lock_wait_s: float = 0.0  # how long to queue behind another orch session on the host
+    gpu_wait_s: float = 120.0  # after teardown, how long GPU memory may take to return to idle
 
 
 @dataclass(frozen=True)
@@ -99,7 +107,7 @@ def run_ab(
         raise OrchError("an A/B needs at least one profile")
     ports = {p.port for p in profiles}
     exp_id = new_experiment_id()
-    facts = host.call("facts")
+    facts = host.call("facts", nvidia_smi=host.config.nvidia_smi)
     store.create_experiment(
         exp_id,
         kind="ab",
@@ -119,9 +127,15 @@ def run_ab(
         + (" (SIMULATED server)" if config.simulate else "")
     )
     arms: list[ArmResult] = []
+    lock_path = f"{host.workdir}/orch.lock"
     try:
-        for index, profile in enumerate(profiles):
-            arms.append(_run_arm(host, profile, index, exp_id, config, store, on_event, on_run))
+        acquire_host_lock(host, lock_path, exp_id, config.lock_wait_s, on_event)
+        try:
+            for index, profile in enumerate(profiles):
+                arms.append(_run_arm(host, profile, index, exp_id, config, store, on_event, on_run))
+        finally:
+            with contextlib.suppress(HostError):
+                host.call("unlock", path=lock_path)
     except KeyboardInterrupt:
         store.finish_experiment(exp_id, "interrupted", "interrupted by the user")
         raise
@@ -130,6 +144,37 @@ def run_ab(
         raise
     store.finish_experiment(exp_id, "complete")
     return ABResult(exp_id, config.simulate, host.name, tuple(arms), facts)
+
+
+def acquire_host_lock(host: Host, path: str, exp_id: str, wait_s: float, on_event: Callable[[str], None]) -> None:
+    """One orch session per host: two sessions launching on one box would measure each other."""
+    holder = {
+        "user": getpass.getuser(),
+        "machine": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "experiment_id": exp_id,
+        "command": " ".join(sys.argv[:12]),
+    }
+    got = host.call("lock", path=path, holder=holder, wait_s=0)
+    if not got["acquired"] and wait_s > 0:
+        on_event(f"{host.name} is busy ({describe_holder(got['holder'])}); waiting up to {wait_s:.0f}s")
+        got = host.call("lock", path=path, holder=holder, wait_s=wait_s)
+    if not got["acquired"]:
+        raise HostError(
+            f"{host.name} is busy: another orch session holds it ({describe_holder(got['holder'])}). "
+            "Use --wait SECONDS to queue behind it. (The lock goes away by itself when that session ends or "
+            "its connection drops.)"
+        )
+
+
+def describe_holder(holder: dict[str, Any]) -> str:
+    if not holder:
+        return "holder unknown"
+    return (
+        f"{holder.get('user', '?')}@{holder.get('machine', '?')} pid {holder.get('pid', '?')} since "
+        f"{holder.get('since', '?')}, experiment {holder.get('experiment_id', '?')}"
+    )
 
 
 def _run_arm(
@@ -177,6 +222,8 @@ def _run_arm(
             namespace=config.namespace,
             ready_timeout_s=config.ready_timeout_s,
             grace_s=config.grace_s,
+            gpu_wait_s=config.gpu_wait_s,
+            force=config.force,
             on_event=on_event,
             on_launch=launched,
             on_teardown=torn_down,
@@ -193,7 +240,17 @@ def _run_arm(
                 on_event(f"{profile.name}: {line}")
             if config.strict_env and not env.ok:
                 raise ServerError(f"{profile.name}: environment check failed (--strict-env); see above")
-            run_benchmark(srv.base_url, config.bench, on_run=record)
+
+            def recover(err: StreamBroken) -> bool:
+                on_event(f"{profile.name}: {err}; checking the connection and the server, then repeating the run")
+                host.ensure_connected()
+                if not host.call("alive", pid=srv.launch.pid)["alive"]:
+                    tail = host.call("log_tail", path=srv.launch.log_path, lines=20)
+                    on_event(f"{profile.name}: the server process is gone. Last lines of its log:\n{tail}")
+                    return False
+                return True
+
+            run_benchmark(srv.base_url, config.bench, on_run=record, recover=recover)
             ready_s = srv.ready_s
     except BaseException as e:
         if "launch" in state:

@@ -31,6 +31,10 @@ PROMPTS = (
 )
 
 
+class StreamBroken(BenchError):
+    """The connection to the server broke mid-request; the server itself may be fine (e.g. SSH dropped)."""
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """How to benchmark one server: the seed's defaults (2 warmups, 5 timed runs of 2048 tokens)."""
@@ -108,27 +112,45 @@ def stream_generate(
         raise BenchError(f"/generate timed out after {timeout_s:.0f}s ({type(e).__name__})") from e
     except httpx.TransportError as e:
         got = meta.get("completion_tokens", 0)
-        raise BenchError(f"the server dropped the stream after {got} tokens: {type(e).__name__}: {e}") from e
+        raise StreamBroken(f"the server dropped the stream after {got} tokens: {type(e).__name__}: {e}") from e
     if not done:
-        raise BenchError(f"the stream ended without [DONE] after {meta.get('completion_tokens', 0)} tokens")
+        raise StreamBroken(f"the stream ended without [DONE] after {meta.get('completion_tokens', 0)} tokens")
     if t_end is None:
         raise BenchError("/generate streamed no data")
     return int(meta.get("completion_tokens", 0)), t_end - t0, int(meta.get("prompt_tokens", 0)), ttft, meta
 
 
+MAX_RECOVERIES = 3
+
+
 def run_benchmark(
-    base_url: str, config: BenchConfig, on_run: Callable[[RunResult], None] | None = None
+    base_url: str,
+    config: BenchConfig,
+    on_run: Callable[[RunResult], None] | None = None,
+    recover: Callable[[StreamBroken], bool] | None = None,
 ) -> list[RunResult]:
-    """Warmups then timed runs, one stream at a time; `on_run` sees each run the moment it finishes."""
+    """Warmups then timed runs, one stream at a time; `on_run` sees each run the moment it finishes.
+
+    When a stream breaks, `recover` may restore the path to the server (reconnect SSH, check the server is
+    alive) and return True; the interrupted run is then repeated from the start, never stitched together.
+    """
     prompts = pick_prompts(config.seed, config.warmup + config.runs)
     results: list[RunResult] = []
+    recoveries = 0
     with httpx.Client(timeout=httpx.Timeout(config.request_timeout_s, connect=5.0)) as client:
         for i, prompt in enumerate(prompts):
             warm = i < config.warmup
             want = config.warmup_max_tokens if warm else config.max_tokens
-            tokens, seconds, prompt_tokens, ttft, meta = stream_generate(
-                client, base_url, prompt, want, config.request_timeout_s
-            )
+            while True:
+                try:
+                    tokens, seconds, prompt_tokens, ttft, meta = stream_generate(
+                        client, base_url, prompt, want, config.request_timeout_s
+                    )
+                    break
+                except StreamBroken as e:
+                    recoveries += 1
+                    if recover is None or recoveries > MAX_RECOVERIES or not recover(e):
+                        raise
             reason = None
             if tokens < want:
                 reason = f"{tokens} of {want} tokens (stopped early despite ignore_eos)"

@@ -20,7 +20,7 @@ from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig, RunResult
 from orchestrator.errors import OrchError, ProfileError
-from orchestrator.hosts import resolve_host
+from orchestrator.hosts import check_host, inventory_paths, load_inventory, resolve_host
 from orchestrator.report import SIM_BANNER, ab_json, ab_text, run_line
 from orchestrator.server import default_namespace
 from orchestrator.store import Store
@@ -97,9 +97,38 @@ def profiles_validate(files: tuple[str, ...]) -> None:
 # ---------------------------------------------------------------- running servers
 
 
+def _host_options() -> list[Callable[..., Any]]:
+    return [
+        click.option(
+            "--inventory",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="Host inventory file [default: ./hosts.yaml, then the user config dir; or $ORCH_HOSTS].",
+        ),
+        click.option(
+            "--accept-new-host-key",
+            is_flag=True,
+            help="Trust and remember an unknown SSH host key (like OpenSSH's accept-new). A changed key is "
+            "always refused.",
+        ),
+    ]
+
+
+def _with_host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed([click.option("--host", "host_spec", default="local", show_default=True), *_host_options()]):
+        fn = opt(fn)
+    return fn
+
+
 def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
-        click.option("--host", "host_spec", default="local", show_default=True, help="Where to run the servers."),
+        click.option(
+            "--host",
+            "host_spec",
+            default="local",
+            show_default=True,
+            help="local, a name from hosts.yaml, or user@address[:port] (ssh_config aliases work).",
+        ),
         click.option("--sim", is_flag=True, help="Run orch's SGLang simulator instead of sglang.launch_server."),
         click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 10000), help="Timed runs."),
         click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 1000), help="Warmup runs."),
@@ -133,6 +162,26 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option("--workdir", default=None, help="Where logs go on the host [default: the user state dir]."),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (progress → stderr)."),
+        click.option(
+            "--wait",
+            "lock_wait",
+            default=0.0,
+            type=click.FloatRange(0, 86400),
+            help="Seconds to queue behind another orch session holding the host [default: don't wait].",
+        ),
+        click.option(
+            "--force",
+            is_flag=True,
+            help="Kill a foreign process holding the profile's port, if the host's policy is kill-with-force.",
+        ),
+        click.option(
+            "--gpu-wait",
+            default=120.0,
+            show_default=True,
+            type=click.FloatRange(0, 3600),
+            help="After teardown, seconds to wait for GPU memory to return to idle.",
+        ),
+        *_host_options(),
     ]
     for opt in reversed(options):
         fn = opt(fn)
@@ -153,6 +202,11 @@ def _run(
     db: str | None,
     workdir: str | None,
     as_json: bool,
+    lock_wait: float,
+    force: bool,
+    gpu_wait: float,
+    inventory: str | None,
+    accept_new_host_key: bool,
 ) -> None:
     profiles = [profiles_mod.load(n) for n in profile_names]
     bench = BenchConfig(runs=runs, warmup=warmup, max_tokens=max_tokens, seed=seed)
@@ -163,6 +217,9 @@ def _run(
         ready_timeout_s=ready_timeout,
         grace_s=grace,
         strict_env=strict_env,
+        force=force,
+        lock_wait_s=lock_wait,
+        gpu_wait_s=gpu_wait,
     )
     out = sys.stderr if as_json else sys.stdout
 
@@ -177,7 +234,9 @@ def _run(
     store = Store(db)
     event(f"results database: {store.path}")
     try:
-        with resolve_host(host_spec, workdir=workdir) as host:
+        with resolve_host(
+            host_spec, workdir=workdir, inventory=inventory, accept_new_host_key=accept_new_host_key
+        ) as host:
             result = run_ab(host, profiles, config, store, on_event=event, on_run=on_run)
     finally:
         store.close()
@@ -193,7 +252,7 @@ def _run(
 def ab_cmd(profiles: tuple[str, ...], **kw: Any) -> None:
     """Compare PROFILES (the first is the baseline), each from a fresh, verified launch.
 
-    Example: orch ab baseline eagle3-3step --sim
+    Example: orch ab baseline eagle3-3step --sim   |   orch ab baseline eagle3-3step --host gpu-box
     """
     if len(profiles) < 2:
         raise click.UsageError("an A/B needs at least two profiles (use `orch bench` for one)")
@@ -209,11 +268,11 @@ def bench_cmd(profile: str, **kw: Any) -> None:
 
 
 @cli.command("down")
-@click.option("--host", "host_spec", default="local", show_default=True)
+@_with_host_options
 @click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0, 600))
-def down_cmd(host_spec: str, grace: float) -> None:
+def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, grace: float) -> None:
     """Stop every server orch launched on the host (found by its launch marker; nothing else is touched)."""
-    with resolve_host(host_spec) as host:
+    with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
         stopped = host.call("down", namespace=default_namespace(), grace_s=grace)
     if not stopped:
         click.echo(f"nothing launched by orch is running on {host_spec}")
@@ -225,15 +284,67 @@ def down_cmd(host_spec: str, grace: float) -> None:
 
 
 @cli.command("status")
-@click.option("--host", "host_spec", default="local", show_default=True)
-def status_cmd(host_spec: str) -> None:
-    """What orch launched on the host and is still running."""
-    with resolve_host(host_spec) as host:
-        procs = host.call("find", namespace=default_namespace())
+@_with_host_options
+def status_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool) -> None:
+    """What orch launched on the host and is still running, its ports, and GPU memory."""
+    with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
+        state = host.call("status", namespace=default_namespace(), nvidia_smi=host.config.nvidia_smi)
+    procs = state["processes"]
     if not procs:
         click.echo(f"nothing launched by orch is running on {host_spec}")
     for p in sorted(procs, key=lambda d: (d["launch_id"], d["pid"])):
-        click.echo(f"{p['launch_id']}  PID {p['pid']} (pgid {p['pgid']})  {p['cmdline']}")
+        ports = f" ports {','.join(map(str, p['ports']))}" if p["ports"] else ""
+        click.echo(f"{p['launch_id']}  PID {p['pid']} (pgid {p['pgid']}){ports}  {p['cmdline']}")
+    for line in gpu_lines(state["gpus"]):
+        click.echo(line)
+
+
+def gpu_lines(gpus: dict[str, Any]) -> list[str]:
+    if not gpus["available"]:
+        return [f"GPUs: unknown ({gpus['error']})"]
+    lines = [
+        f"GPU {g['index']}: {g.get('name')}, {g.get('memory.used')} / {g.get('memory.total')} MiB used"
+        for g in gpus["gpus"]
+    ]
+    lines += [
+        f"  GPU process PID {a['pid']} on GPU {a.get('gpu_index')}: {a.get('used_memory')} MiB, {a.get('cmdline')}"
+        + (f" (orch launch {a['launch_id']})" if a.get("launch_id") else " (not launched by orch)")
+        for a in gpus["apps"]
+    ]
+    return lines
+
+
+@cli.group("hosts")
+def hosts_group() -> None:
+    """The host inventory (hosts.yaml) and host checks."""
+
+
+@hosts_group.command("list")
+@click.option("--inventory", type=click.Path(dir_okay=False), default=None)
+def hosts_list(inventory: str | None) -> None:
+    """Hosts in the inventory."""
+    hosts = load_inventory(inventory)
+    if not hosts:
+        click.echo("no host inventory found in " + ", ".join(str(p) for p in inventory_paths(inventory)))
+    for name, h in sorted(hosts.items()):
+        where = "this machine" if h.is_local else f"{h.user + '@' if h.user else ''}{h.address}:{h.port or 22}"
+        click.echo(f"{name}  {where}  python={h.python or 'default'}  gpus={h.gpus}  [{h.source}]")
+
+
+@hosts_group.command("check")
+@click.argument("host_spec", metavar="HOST")
+@click.option("--inventory", type=click.Path(dir_okay=False), default=None)
+@click.option("--accept-new-host-key", is_flag=True)
+def hosts_check(host_spec: str, inventory: str | None, accept_new_host_key: bool) -> None:
+    """Connect and report what matters for a benchmark, one ok/warn/fail line each; exits 1 on any fail."""
+    with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
+        report = check_host(host, default_namespace())
+        calls = host.stats.calls
+    for level, text in report:
+        click.echo(f"{level:<4}  {text}")
+    click.echo(f"({calls} host-side calls)")
+    if any(level == "fail" for level, _ in report):
+        raise SystemExit(1)
 
 
 # ---------------------------------------------------------------- entry point

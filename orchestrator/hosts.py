@@ -1,19 +1,128 @@
-"""Hosts: one interface for running orch's host-side work locally or (later) over SSH."""
+"""Hosts: the inventory, and one interface for running orch's host-side work locally or over SSH."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import platformdirs
+import yaml
 
 from orchestrator import hostside
 from orchestrator.errors import HostError
+from orchestrator.fields import check_fields, choice, float_range, int_range, nonempty_str, str_list
+
+FOREIGN_PORT_POLICIES = ("refuse", "kill-with-force")
+HOST_FIELDS = {
+    "address": nonempty_str,
+    "user": nonempty_str,
+    "port": int_range(1, 65535),
+    "python": nonempty_str,
+    "workdir": nonempty_str,
+    "gpus": int_range(0, 1024),
+    "gpu_idle_mib": int_range(0, 10_000_000),
+    "nvidia_smi": nonempty_str,
+    "identity_file": str_list,
+    "foreign_port": choice(FOREIGN_PORT_POLICIES),
+    "connect_timeout_s": float_range(1.0, 600.0),
+    "reconnect_s": float_range(0.0, 3600.0),
+}
+TARGET_RE = re.compile(
+    r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<addr>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>\d+))?$"
+)
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """One host of the inventory (or a `user@addr[:port]` given on the command line)."""
+
+    name: str
+    address: str | None = None  # None: this machine
+    user: str | None = None
+    port: int | None = None
+    python: str | None = None  # None: python3 remotely, orch's own interpreter locally
+    workdir: str | None = None
+    gpus: int | None = None  # expected GPU count; None: don't check
+    gpu_idle_mib: int = 2048  # a GPU whose memory.used is at or below this counts as idle
+    nvidia_smi: str = "nvidia-smi"
+    identity_file: tuple[str, ...] = ()
+    foreign_port: str = "refuse"  # what to do about a port held by a process orch did not launch
+    connect_timeout_s: float = 10.0
+    reconnect_s: float = 60.0  # how long to keep trying after the connection drops
+    source: str = ""
+
+    @property
+    def is_local(self) -> bool:
+        return self.address is None
+
+
+def inventory_paths(explicit: str | None = None) -> list[Path]:
+    if explicit:
+        return [Path(explicit)]
+    env = os.environ.get("ORCH_HOSTS")
+    if env:
+        return [Path(env)]
+    return [Path.cwd() / "hosts.yaml", Path(platformdirs.user_config_dir("orch")) / "hosts.yaml"]
+
+
+def load_inventory(explicit: str | None = None) -> dict[str, HostConfig]:
+    """The first inventory file that exists, validated; {} when there is none."""
+    for path in inventory_paths(explicit):
+        if not path.is_file():
+            if explicit:
+                raise HostError(f"{path}: no such host inventory file")
+            continue
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark is not None else ""
+            raise HostError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from e
+        except OSError as e:
+            raise HostError(f"{path}: cannot read: {e.strerror or e}") from e
+        if not isinstance(data, dict) or set(data) - {"hosts"}:
+            raise HostError(f"{path}: expected a mapping with one key, 'hosts' (name: settings)")
+        hosts = data.get("hosts") or {}
+        if not isinstance(hosts, dict):
+            raise HostError(f"{path}: hosts: expected a mapping of host name to settings")
+        out = {}
+        for name, settings in hosts.items():
+            if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", name):
+                raise HostError(f"{path}: hosts.{name}: invalid host name (letters, digits, '.', '_', '-')")
+            if not isinstance(settings, dict):
+                raise HostError(f"{path}: hosts.{name}: expected a mapping of settings, got {settings!r}")
+            values = check_fields(settings, HOST_FIELDS, f"{path}: hosts.{name}", HostError)
+            if name != "local" and "address" not in values:
+                values["address"] = name  # like ssh: a name is also an address or ssh_config alias
+            if name == "local" and "address" in values:
+                raise HostError(f"{path}: hosts.local.address: 'local' is this machine; name the remote host otherwise")
+            out[name] = HostConfig(name=name, source=str(path), **values)
+        return out
+    return {}
+
+
+def parse_target(spec: str, inventory: dict[str, HostConfig]) -> HostConfig:
+    """`local`, an inventory name, or `[user@]address[:port]` (an ssh_config alias works as the address)."""
+    if spec in ("local", "localhost", ""):
+        return inventory.get("local", HostConfig(name="local"))
+    if spec in inventory:
+        return inventory[spec]
+    m = TARGET_RE.match(spec)
+    if not m:
+        raise HostError(f"--host {spec!r}: expected 'local', a name from the host inventory, or user@address[:port]")
+    return HostConfig(
+        name=spec,
+        address=m["addr"].strip("[]"),
+        user=m["user"],
+        port=int(m["port"]) if m["port"] else None,
+    )
 
 
 @dataclass
@@ -23,15 +132,19 @@ class CallStats:
     calls: int = 0
     seconds: float = 0.0
     by_op: dict[str, int] = field(default_factory=dict)
+    reconnects: int = 0
 
 
 class Host(ABC):
     """Where servers run. Every host-side action goes through `call`, so local and SSH share one code path."""
 
     name: str
+    config: HostConfig
     python: str
     workdir: str
     stats: CallStats
+    # PYTHONPATH that lets the host's Python import orchestrator.sim (None: it already can).
+    sim_pythonpath: str | None = None
 
     def call(self, op: str, **args: Any) -> Any:
         t0 = time.perf_counter()
@@ -51,10 +164,13 @@ class Host(ABC):
 
     @abstractmethod
     def url(self, port: int) -> str:
-        """Base URL at which orch reaches a server listening on `port` of this host."""
+        """Base URL at which orch reaches a server listening on `port` (127.0.0.1) of this host."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook: the local host holds nothing to release
-        """Release connections."""
+    def ensure_connected(self, force: bool = False) -> None:  # noqa: B027 - optional hook
+        """Re-establish the connection if it dropped (bounded); the local host is always there."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections, tunnels and the host lock."""
 
     def __enter__(self) -> Host:
         return self
@@ -66,10 +182,13 @@ class Host(ABC):
 class LocalHost(Host):
     """This machine. Requests still go through JSON so behaviour matches a remote agent exactly."""
 
-    def __init__(self, workdir: str | None = None, python: str | None = None) -> None:
+    def __init__(self, config: HostConfig | None = None, workdir: str | None = None) -> None:
+        self.config = config or HostConfig(name="local")
+        if workdir:
+            self.config = replace(self.config, workdir=workdir)
         self.name = "local"
-        self.python = python or sys.executable
-        self.workdir = workdir or str(Path(platformdirs.user_state_dir("orch")))
+        self.python = self.config.python or sys.executable
+        self.workdir = self.config.workdir or platformdirs.user_state_dir("orch")
         self.stats = CallStats()
 
     def _roundtrip(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -80,11 +199,80 @@ class LocalHost(Host):
     def url(self, port: int) -> str:
         return f"http://127.0.0.1:{port}"
 
+    def close(self) -> None:
+        # The lock of an in-process agent lives in this process; release it like a remote agent's exit would.
+        for path in list(hostside._LOCKS):
+            hostside.op_unlock(path)
 
-def resolve_host(spec: str, *, workdir: str | None = None) -> Host:
-    """`local` (the default) for now; SSH inventories and user@addr[:port] come with remote hosts."""
-    if spec in ("local", "localhost", ""):
-        return LocalHost(workdir=workdir)
-    raise HostError(
-        f"unknown host {spec!r}: only 'local' is supported in this version (SSH hosts are not implemented yet)"
+
+def resolve_host(
+    spec: str,
+    *,
+    workdir: str | None = None,
+    inventory: str | None = None,
+    accept_new_host_key: bool = False,
+) -> Host:
+    """Turn `--host` into a connected Host."""
+    hosts = load_inventory(inventory)
+    config = parse_target(spec, hosts)
+    if workdir:
+        config = replace(config, workdir=workdir)
+    if config.is_local:
+        return LocalHost(config)
+    from orchestrator.ssh import SSHHost  # paramiko is only imported when a remote host is used
+
+    return SSHHost(config, accept_new_host_key=accept_new_host_key)
+
+
+def check_host(host: Host, namespace: str) -> list[tuple[str, str]]:
+    """`orch hosts check`: one (ok|warn|fail, text) per fact that matters before benchmarking on this host."""
+    cfg = host.config
+    r = host.call("check", workdir=host.workdir, nvidia_smi=cfg.nvidia_smi)
+    out: list[tuple[str, str]] = [("ok", f"connected to {host.name} ({getattr(host, 'display', 'this machine')})")]
+    py = tuple(int(x) for x in r["python"].split(".")[:2])
+    out.append(("ok" if py >= (3, 8) else "fail", f"python {r['python']} at {r['python_executable']}"))
+    out.append(("ok", f"psutil {r['psutil']}"))
+    out.append(
+        ("ok", f"sglang {r['sglang']}")
+        if r["sglang"]
+        else ("warn", f"sglang is not installed for {r['python_executable']} (only --sim runs will work)")
     )
+    out.append(("ok", f"torch {r['torch']}") if r["torch"] else ("warn", "torch is not installed"))
+    gpus = r["gpus"]
+    if not gpus["available"]:
+        out.append(("fail" if cfg.gpus else "warn", f"GPUs: {gpus['error']}"))
+    else:
+        n = len(gpus["gpus"])
+        if cfg.gpus is not None and n != cfg.gpus:
+            out.append(("fail", f"{n} GPUs found, the inventory expects {cfg.gpus}"))
+        else:
+            out.append(("ok", f"{n} GPUs: {', '.join(sorted({str(g.get('name')) for g in gpus['gpus']}))}"))
+        for g in gpus["gpus"]:
+            used, total = g.get("memory.used"), g.get("memory.total")
+            busy = isinstance(used, int | float) and used > cfg.gpu_idle_mib
+            free = total - used if isinstance(total, int | float) and isinstance(used, int | float) else "?"
+            out.append(("warn" if busy else "ok", f"GPU {g['index']}: {free} MiB free of {total} MiB"))
+        for a in gpus["apps"]:
+            owner = f"orch launch {a['launch_id']}" if a.get("launch_id") else "not launched by orch"
+            out.append(
+                ("warn", f"GPU process PID {a['pid']} ({a.get('cmdline')}, {a.get('used_memory')} MiB): {owner}")
+            )
+    free_gib = r["disk_free_bytes"] / 2**30
+    out.append(("ok" if free_gib >= 1 else "warn", f"{free_gib:.1f} GiB free for the work dir {r['workdir']}"))
+    if not r["setsid"]:
+        out.append(("fail", "setsid is not installed (util-linux); orch cannot detach servers"))
+    if r["kill_user_processes"]:
+        out.append(
+            (
+                "warn",
+                "systemd-logind KillUserProcesses=yes: servers may die when the SSH session ends "
+                "(enable lingering: loginctl enable-linger USER)",
+            )
+        )
+    running = host.call("find", namespace=namespace)
+    launches = sorted({p["launch_id"] for p in running})
+    if launches:
+        out.append(("warn", f"orch launches still running: {', '.join(launches)} (orch down --host {host.name})"))
+    else:
+        out.append(("ok", "no orch launches running"))
+    return out

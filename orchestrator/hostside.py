@@ -6,11 +6,16 @@ The local host calls `dispatch()` in-process; a remote host runs this same file 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
 import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -100,26 +105,193 @@ def op_hello() -> dict[str, Any]:
     return {"protocol": PROTOCOL_VERSION, "python": sys.version.split()[0], "psutil": psutil.__version__}
 
 
-def op_facts() -> dict[str, Any]:
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def op_facts(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
     """Host facts for the fingerprint: what could make two sessions' numbers differ."""
     vm = psutil.virtual_memory()
+    gpus = op_gpus(nvidia_smi)
     return {
         "hostname": socket.gethostname(),
         "os": platform.system(),
         "kernel": platform.release(),
         "machine": platform.machine(),
         "python": sys.version.split()[0],
+        "python_executable": sys.executable,
         "psutil": psutil.__version__,
+        "sglang": _version("sglang"),
+        "torch": _version("torch"),
         "cpu_count": psutil.cpu_count(),
         "mem_total_bytes": vm.total,
         "boot_time": psutil.boot_time(),
+        "gpus": [
+            {k: g.get(k) for k in ("index", "name", "driver_version", "memory.total", "uuid")} for g in gpus["gpus"]
+        ],
+        "gpu_error": gpus["error"],
     }
+
+
+GPU_FIELDS = (
+    "index",
+    "name",
+    "driver_version",
+    "memory.total",
+    "memory.used",
+    "temperature.gpu",
+    "clocks.sm",
+    "power.draw",
+    "uuid",
+)
+APP_FIELDS = ("pid", "used_memory", "gpu_uuid")
+
+
+def _csv_query(nvidia_smi: str, query: str, fields: tuple[str, ...]) -> list[dict[str, Any]]:
+    cmd = [nvidia_smi, f"--query-{query}={','.join(fields)}", "--format=csv,noheader,nounits"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise HostSideError(f"{shlex.join(cmd)} exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()}")
+    rows = []
+    for line in proc.stdout.splitlines():
+        if not line.strip():
+            continue
+        values = [v.strip() for v in line.split(",")]
+        if len(values) != len(fields):
+            raise HostSideError(f"unexpected nvidia-smi output line: {line!r}")
+        rows.append({f: _number(v) for f, v in zip(fields, values, strict=True)})
+    return rows
+
+
+def _number(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return None if text in ("[N/A]", "N/A", "[Not Supported]") else text
+
+
+def op_gpus(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
+    """GPU state and GPU processes from nvidia-smi; each process annotated with its command and orch marker."""
+    if shutil.which(nvidia_smi) is None:
+        return {"available": False, "error": f"{nvidia_smi} not found on PATH", "gpus": [], "apps": []}
+    try:
+        gpus = _csv_query(nvidia_smi, "gpu", GPU_FIELDS)
+        apps = _csv_query(nvidia_smi, "compute-apps", APP_FIELDS)
+    except (HostSideError, OSError, subprocess.TimeoutExpired) as e:
+        return {"available": False, "error": str(e), "gpus": [], "apps": []}
+    index_of = {g["uuid"]: g["index"] for g in gpus}
+    for app in apps:
+        app["gpu_index"] = index_of.get(app.get("gpu_uuid"))
+        try:
+            proc = psutil.Process(int(app["pid"]))
+            app["cmdline"] = _cmdline(proc)
+            app["launch_id"] = (_environ(proc) or {}).get(MARKER)
+        except (psutil.NoSuchProcess, ValueError, TypeError):
+            app["cmdline"], app["launch_id"] = "?", None
+    return {"available": True, "error": None, "gpus": gpus, "apps": apps}
+
+
+def op_check(workdir: str, nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
+    """What `orch hosts check` reports: interpreter, packages, GPUs, disk, logind's process killing."""
+    target = workdir
+    while target and not os.path.exists(target):
+        target = os.path.dirname(target)
+    disk = shutil.disk_usage(target or "/")
+    return {
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "psutil": psutil.__version__,
+        "sglang": _version("sglang"),
+        "torch": _version("torch"),
+        "gpus": op_gpus(nvidia_smi),
+        "workdir": workdir,
+        "disk_free_bytes": disk.free,
+        "kill_user_processes": _logind_kills_user_processes(),
+        "setsid": shutil.which("setsid") is not None,
+    }
+
+
+def _logind_kills_user_processes() -> bool:
+    # With KillUserProcesses=yes logind kills even setsid'd servers when the SSH session ends.
+    for path in ("/etc/systemd/logind.conf", *sorted(_glob("/etc/systemd/logind.conf.d", ".conf"))):
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.strip().partition("=")
+                    if key.strip() == "KillUserProcesses" and value.strip().lower() in ("yes", "true", "1"):
+                        return True
+        except OSError:
+            continue
+    return False
+
+
+def _glob(directory: str, suffix: str) -> list[str]:
+    try:
+        return [os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(suffix)]
+    except OSError:
+        return []
+
+
+# One orch session per host: an flock held by the agent process for as long as it lives. If orch or its SSH
+# connection dies, the agent sees EOF and exits, and the kernel releases the lock: nothing stale to clean up.
+_LOCKS: dict[str, int] = {}
+
+
+def op_lock(path: str, holder: dict[str, Any], wait_s: float = 0.0) -> dict[str, Any]:
+    if path in _LOCKS:
+        return {"acquired": True, "holder": holder}
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                current: dict[str, Any] = {}
+                with contextlib.suppress(OSError, ValueError):
+                    current = json.loads(os.pread(fd, 65536, 0).decode() or "{}")
+                os.close(fd)
+                return {"acquired": False, "holder": current}
+            time.sleep(0.2)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps({**holder, "agent_pid": os.getpid()}).encode(), 0)
+    _LOCKS[path] = fd
+    return {"acquired": True, "holder": holder}
+
+
+def op_unlock(path: str) -> bool:
+    fd = _LOCKS.pop(path, None)
+    if fd is None:
+        return False
+    os.ftruncate(fd, 0)
+    os.close(fd)  # closing the last descriptor releases the flock
+    return True
 
 
 def op_find(namespace: str) -> list[dict[str, Any]]:
     """Every live process carrying an orch launch marker of this namespace."""
     prefix = namespace + ":"
     return [_describe(p, lid) for p, lid in _marked(lambda v: v.startswith(prefix))]
+
+
+def op_status(namespace: str, nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
+    """What orch launched here and still runs, the ports those processes listen on, and GPU state."""
+    procs = op_find(namespace)
+    pids = {p["pid"] for p in procs}
+    ports: dict[int, list[int]] = {}
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid is not None and conn.pid in pids and conn.laddr:
+            ports.setdefault(conn.pid, []).append(conn.laddr.port)
+    for p in procs:
+        p["ports"] = sorted(set(ports.get(p["pid"], [])))
+    return {"processes": procs, "gpus": op_gpus(nvidia_smi)}
 
 
 def op_port_owner(port: int) -> list[dict[str, Any]]:
@@ -305,6 +477,20 @@ def op_down(namespace: str, grace_s: float = 10.0) -> list[dict[str, Any]]:
     ]
 
 
+def op_kill_port_owner(port: int, pid: int, grace_s: float = 10.0) -> dict[str, Any]:
+    """Kill exactly the process that owns the port (opt-in: host policy kill-with-force plus --force)."""
+    owners = [o["pid"] for o in op_port_owner(port)]
+    if pid not in owners:
+        raise HostSideError(f"PID {pid} no longer owns port {port} (owners now: {owners}); nothing was killed")
+    proc = psutil.Process(pid)
+    _signal_procs([proc], signal.SIGTERM)
+    killed = []
+    if _wait_gone([proc], grace_s):
+        killed = _signal_procs([proc], signal.SIGKILL)
+        _wait_gone([proc], 10.0)
+    return {"pid": pid, "sigkill": bool(killed), "gone": _gone(proc)}
+
+
 def op_log_tail(path: str, lines: int = 40, max_bytes: int = 65536) -> str:
     try:
         with open(path, "rb") as f:
@@ -329,6 +515,12 @@ OPS: dict[str, Callable[..., Any]] = {
     "teardown": op_teardown,
     "down": op_down,
     "log_tail": op_log_tail,
+    "gpus": op_gpus,
+    "status": op_status,
+    "kill_port_owner": op_kill_port_owner,
+    "check": op_check,
+    "lock": op_lock,
+    "unlock": op_unlock,
 }
 
 
@@ -348,9 +540,26 @@ def dispatch(request: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "error": f"{op} failed: {e}"}
 
 
+def serve() -> None:
+    """One JSON request per line on stdin, one JSON reply per line on stdout, until EOF (the connection closed)."""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+        except json.JSONDecodeError as e:
+            reply: dict[str, Any] = {"ok": False, "error": f"request is not JSON: {e}"}
+        else:
+            reply = dispatch(request)
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
 def main() -> None:
-    request = json.load(sys.stdin)
-    json.dump(dispatch(request), sys.stdout)
+    if "--serve" in sys.argv[1:]:
+        serve()
+        return
+    json.dump(dispatch(json.load(sys.stdin)), sys.stdout)
     sys.stdout.write("\n")
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -14,6 +13,17 @@ import platformdirs
 import yaml
 
 from orchestrator.errors import ProfileError
+from orchestrator.fields import (
+    FieldError,
+    boolean,
+    choice,
+    did_you_mean,
+    float_range,
+    int_range,
+    nonempty_str,
+    str_list,
+    text,
+)
 from orchestrator.sim.knobs import KNOBS as SIM_KNOBS
 from orchestrator.sim.knobs import parse_fault
 
@@ -128,89 +138,25 @@ class Profile:
         }
 
 
-# ---------------------------------------------------------------- validation schema
-# Each field: (type name for messages, checker). A checker returns the normalised value or raises _Bad.
-
-
-class _Bad(Exception):
-    pass
-
-
-def _text(v: Any) -> str:
-    if not isinstance(v, str):
-        raise _Bad(f"expected text, got {v!r}")
-    return v
-
-
-def _str(v: Any) -> str:
-    if not isinstance(v, str) or not v.strip():
-        raise _Bad(f"expected a non-empty string, got {v!r}")
-    return v
-
-
-def _int_range(lo: int, hi: int) -> Any:
-    def check(v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise _Bad(f"expected an integer from {lo} to {hi}, got {v!r}")
-        if not lo <= v <= hi:
-            raise _Bad(f"expected an integer from {lo} to {hi}, got {v}")
-        return v
-
-    return check
-
-
-def _float_range(lo: float, hi: float, lo_open: bool = False) -> Any:
-    def check(v: Any) -> float:
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            raise _Bad(f"expected a number {'>' if lo_open else '>='} {lo} and <= {hi}, got {v!r}")
-        if (v <= lo if lo_open else v < lo) or v > hi:
-            raise _Bad(f"expected a number {'>' if lo_open else '>='} {lo} and <= {hi}, got {v}")
-        return float(v)
-
-    return check
-
-
-def _bool(v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise _Bad(f"expected true or false, got {v!r}")
-    return v
-
-
-def _choice(options: tuple[str, ...]) -> Any:
-    def check(v: Any) -> str:
-        if v not in options:
-            hint = _did_you_mean(str(v), options)
-            raise _Bad(f"expected one of {', '.join(options)}, got {v!r}{hint}")
-        return str(v)
-
-    return check
-
-
-def _str_list(v: Any) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, str | int | float) and not isinstance(x, bool) for x in v):
-        raise _Bad(f"expected a list of strings, got {v!r}")
-    return tuple(str(x) for x in v)
-
-
 TOP_FIELDS: dict[str, Any] = {
-    "description": _text,
-    "engine": _choice(ENGINES),
-    "model_path": _str,
-    "served_model_name": _str,
-    "tp_size": _int_range(1, 1024),
-    "host": _str,
-    "port": _int_range(1, 65535),
-    "trust_remote_code": _bool,
-    "mem_fraction_static": _float_range(0.0, 1.0, lo_open=True),
-    "server_args": _str_list,
-    "ready_timeout_s": _float_range(1.0, 86400.0),
+    "description": text,
+    "engine": choice(ENGINES),
+    "model_path": nonempty_str,
+    "served_model_name": nonempty_str,
+    "tp_size": int_range(1, 1024),
+    "host": nonempty_str,
+    "port": int_range(1, 65535),
+    "trust_remote_code": boolean,
+    "mem_fraction_static": float_range(0.0, 1.0, lo_open=True),
+    "server_args": str_list,
+    "ready_timeout_s": float_range(1.0, 86400.0),
 }
 SPEC_FIELDS: dict[str, Any] = {
-    "algorithm": _choice(SPEC_ALGORITHMS),
-    "draft_model_path": _str,
-    "num_steps": _int_range(1, 32),
-    "eagle_topk": _int_range(1, 64),
-    "num_draft_tokens": _int_range(1, 512),
+    "algorithm": choice(SPEC_ALGORITHMS),
+    "draft_model_path": nonempty_str,
+    "num_steps": int_range(1, 32),
+    "eagle_topk": int_range(1, 64),
+    "num_draft_tokens": int_range(1, 512),
 }
 ALL_TOP_KEYS = (*TOP_FIELDS, "extends", "env", "speculative", "sim")
 REQUIRED = ("engine", "model_path", "tp_size", "port")
@@ -235,11 +181,6 @@ MANAGED_FLAGS = {
 }
 
 
-def _did_you_mean(word: str, options: Any) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 # ---------------------------------------------------------------- loading
 
 
@@ -258,7 +199,7 @@ def resolve_path(name_or_path: str, cwd: Path | None = None) -> Path:
             if candidate.is_file():
                 return candidate
     known = sorted(available(cwd))
-    hint = _did_you_mean(name_or_path, known)
+    hint = did_you_mean(name_or_path, known)
     where = ", ".join(str(d) for d in search_dirs(cwd))
     raise ProfileError(f"no profile named {name_or_path!r}{hint}; looked in {where}")
 
@@ -298,7 +239,7 @@ def _check_raw_keys(path: Path, data: Mapping[str, Any]) -> None:
     """Unknown keys and the shape of nested sections, checked per file so errors name the file that has them."""
     for key in data:
         if key not in ALL_TOP_KEYS:
-            raise ProfileError(f"{path}: {key}: unknown field{_did_you_mean(str(key), ALL_TOP_KEYS)}")
+            raise ProfileError(f"{path}: {key}: unknown field{did_you_mean(str(key), ALL_TOP_KEYS)}")
     if "extends" in data and (not isinstance(data["extends"], str) or not data["extends"]):
         raise ProfileError(f"{path}: extends: expected a profile name, got {data['extends']!r}")
     for section, known in (("speculative", SPEC_FIELDS), ("sim", SIM_KNOBS)):
@@ -309,7 +250,7 @@ def _check_raw_keys(path: Path, data: Mapping[str, Any]) -> None:
             raise ProfileError(f"{path}: {section}: expected a mapping (or null), got {value!r}")
         for key in value:
             if key not in known:
-                raise ProfileError(f"{path}: {section}.{key}: unknown field{_did_you_mean(str(key), known)}")
+                raise ProfileError(f"{path}: {section}.{key}: unknown field{did_you_mean(str(key), known)}")
     env = data.get("env")
     if env is not None:
         if not isinstance(env, dict):
@@ -388,7 +329,7 @@ def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
         if key in data:
             try:
                 values[key] = checker(data[key])
-            except _Bad as e:
+            except FieldError as e:
                 raise ProfileError(f"{path}: {key}: {e}") from None
     for key in REQUIRED:
         if key not in values:
@@ -432,7 +373,7 @@ def _build_spec(path: Path, raw: Any) -> Speculative | None:
         if key in raw:
             try:
                 values[key] = checker(raw[key])
-            except _Bad as e:
+            except FieldError as e:
                 raise ProfileError(f"{path}: speculative.{key}: {e}") from None
     if "algorithm" not in values:
         raise ProfileError(

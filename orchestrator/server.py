@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -111,26 +113,88 @@ class EnvReport:
         }
 
 
-def preflight(host: Host, profile: Profile, namespace: str, on_event: EventFn = _quiet) -> dict[str, Any]:
-    """Make the host fresh for a launch: clean up earlier orch launches, refuse a foreign port owner."""
-    record: dict[str, Any] = {"cleaned": [], "port_owner": None}
+def preflight(
+    host: Host, profile: Profile, namespace: str, on_event: EventFn = _quiet, *, force: bool = False
+) -> dict[str, Any]:
+    """Make the host fresh for a launch and verify it: no earlier orch launch, the port free, the GPUs idle."""
+    record: dict[str, Any] = {"cleaned": [], "port_owner": None, "gpus": None}
     leftovers = host.call("find", namespace=namespace)
     for launch_id in sorted({p["launch_id"] for p in leftovers}):
         procs = [p for p in leftovers if p["launch_id"] == launch_id]
         leader = next((p for p in procs if p["pid"] == p["pgid"]), None)
         on_event(f"cleaning up {len(procs)} leftover process(es) of earlier orch launch {launch_id}")
-        td = host.call("teardown", launch_id=launch_id, pgid=leader["pgid"] if leader else None, port_wait_s=0)
+        td = host.call("teardown", launch_id=launch_id, pgid=leader["pgid"] if leader else None, port_wait_s=30)
         record["cleaned"].append({"launch_id": launch_id, "pids": [p["pid"] for p in procs], "teardown": td})
     owners = host.call("port_owner", port=profile.port)
     if owners:
         owner = owners[0]
         record["port_owner"] = owner
-        raise HostError(
-            f"port {profile.port} on {host.name} is in use by PID {owner['pid']} ({owner['cmdline']}), "
-            "which this orch did not launch; orch will not kill it. Stop it yourself or give the profile "
-            "another port."
-        )
+        if force and host.config.foreign_port == "kill-with-force" and owner["pid"] is not None:
+            on_event(
+                f"port {profile.port}: killing its owner PID {owner['pid']} ({owner['cmdline']}) "
+                "because the host's policy is kill-with-force and --force was given"
+            )
+            record["killed_port_owner"] = host.call("kill_port_owner", port=profile.port, pid=owner["pid"])
+        else:
+            how = (
+                "Stop it yourself or give the profile another port."
+                if host.config.foreign_port == "refuse"
+                else "Stop it yourself, or pass --force to let orch kill exactly that process."
+            )
+            raise HostError(
+                f"port {profile.port} on {host.name} is in use by PID {owner['pid']} ({owner['cmdline']}), "
+                f"which this orch did not launch; orch will not kill it. {how}"
+            )
+    record["gpus"] = check_gpus_idle(host, namespace)
     return record
+
+
+def _gpu_problems(state: dict[str, Any], idle_mib: int, expected: int | None) -> list[str]:
+    problems = []
+    if expected is not None and len(state["gpus"]) != expected:
+        problems.append(f"expected {expected} GPUs, nvidia-smi shows {len(state['gpus'])}")
+    for app in state["apps"]:
+        problems.append(
+            f"GPU {app.get('gpu_index')} is used by PID {app['pid']} ({app.get('cmdline', '?')}, "
+            f"{app.get('used_memory')} MiB)" + (f", launch {app['launch_id']}" if app.get("launch_id") else "")
+        )
+    for gpu in state["gpus"]:
+        used = gpu.get("memory.used")
+        if isinstance(used, int | float) and used > idle_mib:
+            problems.append(f"GPU {gpu['index']} has {used} MiB in use (idle means <= {idle_mib} MiB)")
+    return problems
+
+
+def check_gpus_idle(host: Host, namespace: str) -> dict[str, Any]:
+    """Refuse to launch on GPUs that someone is using; a host without nvidia-smi is recorded, not refused."""
+    cfg = host.config
+    state: dict[str, Any] = host.call("gpus", nvidia_smi=cfg.nvidia_smi)
+    if not state["available"]:
+        if cfg.gpus:
+            raise HostError(f"{host.name}: the inventory expects {cfg.gpus} GPUs but {state['error']}")
+        return state
+    problems = _gpu_problems(state, cfg.gpu_idle_mib, cfg.gpus)
+    if problems:
+        raise HostError(f"{host.name} is not idle; orch will not launch: " + "; ".join(problems))
+    return state
+
+
+def wait_gpus_idle(host: Host, timeout_s: float) -> dict[str, Any]:
+    """After teardown: GPU teardown can lag the process exit, so wait (bounded) for memory to come back."""
+    cfg = host.config
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state: dict[str, Any] = host.call("gpus", nvidia_smi=cfg.nvidia_smi)
+        if not state["available"]:
+            return {"idle": None, "waited_s": 0.0, "error": state["error"]}
+        problems = _gpu_problems(state, cfg.gpu_idle_mib, None)
+        if not problems or time.monotonic() >= deadline:
+            return {
+                "idle": not problems,
+                "problems": problems,
+                "waited_s": round(timeout_s - max(0.0, deadline - time.monotonic()), 2),
+            }
+        time.sleep(1.0)
 
 
 def launch(host: Host, profile: Profile, *, simulate: bool, namespace: str) -> Launch:
@@ -139,10 +203,18 @@ def launch(host: Host, profile: Profile, *, simulate: bool, namespace: str) -> L
     env = profile.env_dict()
     if simulate:
         env.update(profile.sim_env())
+        if host.sim_pythonpath:
+            env["PYTHONPATH"] = host.sim_pythonpath
     # SPT_NOENV stops setproctitle from overwriting /proc/PID/environ, which the env check reads.
     env.update({MARKER: launch_id, "SPT_NOENV": "1"})
     log_path = f"{host.workdir}/logs/{launch_id.replace(':', '_')}.log"
-    started = host.call("launch", argv=argv, env=env, log_path=log_path)
+    try:
+        started = host.call("launch", argv=argv, env=env, log_path=log_path)
+    except HostError:
+        # Whether it started is unknown (e.g. the connection dropped mid-call): the marker finds it if it did.
+        with contextlib.suppress(HostError):
+            host.call("teardown", launch_id=launch_id, grace_s=2.0, port_wait_s=0)
+        raise
     return Launch(
         launch_id=launch_id,
         profile=profile.name,
@@ -245,6 +317,25 @@ class RunningServer:
 
 
 @contextlib.contextmanager
+def _shielded(on_event: EventFn) -> Iterator[None]:
+    """Let a teardown finish even if the user presses Ctrl-C again (or cron sends SIGTERM) while it runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def later(signum: int, frame: object) -> None:
+        on_event("teardown in progress; orch exits as soon as the server is gone")
+
+    old_int = signal.signal(signal.SIGINT, later)
+    old_term = signal.signal(signal.SIGTERM, later)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
+
+
+@contextlib.contextmanager
 def running(
     host: Host,
     profile: Profile,
@@ -253,15 +344,18 @@ def running(
     namespace: str,
     ready_timeout_s: float | None = None,
     grace_s: float = 10.0,
+    gpu_wait_s: float = 120.0,
+    force: bool = False,
     on_event: EventFn = _quiet,
     on_launch: Callable[[Launch], None] | None = None,
     on_teardown: Callable[[RunningServer], None] | None = None,
 ) -> Iterator[RunningServer]:
     """Fresh launch → ready → env verified; the server is torn down however the block exits."""
-    pre = preflight(host, profile, namespace, on_event)
+    pre = preflight(host, profile, namespace, on_event, force=force)
     launched = launch(host, profile, simulate=simulate, namespace=namespace)
     on_event(f"{profile.name}: launched PID {launched.pid} ({launched.launch_id}), log {launched.log_path}")
     srv = RunningServer(launch=launched, base_url=host.url(profile.port), preflight=pre)
+    failed = True
     try:
         if on_launch is not None:
             on_launch(launched)
@@ -270,16 +364,32 @@ def running(
         on_event(f"{profile.name}: ready after {srv.ready_s:.1f}s")
         srv.env_report = verify_env(host, launched, profile)
         yield srv
+        failed = False
     finally:
-        srv.teardown = teardown(host, launched, grace_s=grace_s)
-        td = srv.teardown
-        left = td.get("remaining") or []
-        on_event(
-            f"{profile.name}: torn down in {td['seconds']:.1f}s"
-            + (f" (SIGKILL needed for {len(td['sigkill'])})" if td.get("sigkill") else "")
-            + (f" (killed {len(td['escaped'])} escaped by marker)" if td.get("escaped") else "")
-            + ("" if td.get("port_free", True) else f"; port {profile.port} still busy")
-            + (f"; {len(left)} process(es) would not die" if left else "")
-        )
-        if on_teardown is not None:
-            on_teardown(srv)
+        with _shielded(on_event):
+            try:
+                srv.teardown = teardown(host, launched, grace_s=grace_s)
+                srv.teardown["gpus_after"] = wait_gpus_idle(host, gpu_wait_s)
+            except HostError as e:
+                srv.teardown = {"error": str(e)}
+                on_event(f"{profile.name}: TEARDOWN FAILED: {e}")
+                if not failed:
+                    raise
+            else:
+                on_event(_teardown_line(profile, srv.teardown))
+            if on_teardown is not None:
+                on_teardown(srv)
+
+
+def _teardown_line(profile: Profile, td: dict[str, Any]) -> str:
+    left = td.get("remaining") or []
+    gpus = td.get("gpus_after") or {}
+    return (
+        f"{profile.name}: torn down in {td['seconds']:.1f}s"
+        + (f" (SIGKILL needed for {len(td['sigkill'])})" if td.get("sigkill") else "")
+        + (f" (killed {len(td['escaped'])} escaped by marker)" if td.get("escaped") else "")
+        + ("" if td.get("port_free", True) else f"; port {profile.port} still busy")
+        + (f"; {len(left)} process(es) would not die" if left else "")
+        + (f"; GPU memory idle after {gpus['waited_s']}s" if gpus.get("idle") else "")
+        + (f"; GPUs NOT idle: {'; '.join(gpus['problems'])}" if gpus.get("idle") is False else "")
+    )

@@ -1,0 +1,521 @@
+"""SSH hosts: paramiko with ssh_config, verified host keys, one reused connection, a shipped host-side agent."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import select
+import shlex
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from tenacity import (
+    Retrying,
+    before_sleep_log,
+    retry_if_exception_type,
+    retry_if_not_exception_type,
+    stop_after_attempt,
+    stop_before_delay,
+    wait_random_exponential,
+)
+
+from orchestrator import hostside
+from orchestrator.errors import HostError
+from orchestrator.hosts import TARGET_RE, CallStats, Host, HostConfig
+
+log = logging.getLogger("orch.ssh")
+PACKAGE_DIR = Path(__file__).resolve().parent
+# Slow operations get their own deadline on top of the arguments that make them slow.
+BASE_CALL_TIMEOUT_S = 60.0
+
+
+class ConnectionLost(Exception):
+    """The SSH transport or the agent channel went away; reconnecting may help."""
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def known_hosts_name(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Unknown keys are refused (with the fingerprint and how to accept), unless accept-new was asked for."""
+
+    def __init__(self, accept_new: bool, known_hosts: Path) -> None:
+        self.accept_new = accept_new
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        fp = fingerprint(key)
+        if not self.accept_new:
+            raise HostError(
+                f"unknown host key for {hostname}: {key.get_name()} {fp}. Check this fingerprint with the host's "
+                f"administrator, then accept it with --accept-new-host-key (adds it to {self.known_hosts}) or "
+                f"add it yourself, e.g. ssh-keyscan -p PORT HOST >> {self.known_hosts}"
+            )
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        with self.known_hosts.open("a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        log.warning("accepted new host key for %s: %s %s (saved to %s)", hostname, key.get_name(), fp, self.known_hosts)
+
+
+def agent_files() -> dict[str, bytes]:
+    """What a host needs to run orch's agent and simulator: stdlib + psutil code only."""
+    files = {
+        "hostside.py": (PACKAGE_DIR / "hostside.py").read_bytes(),
+        "orchestrator/__init__.py": (PACKAGE_DIR / "__init__.py").read_bytes(),
+    }
+    for path in sorted((PACKAGE_DIR / "sim").glob("*.py")):
+        files[f"orchestrator/sim/{path.name}"] = path.read_bytes()
+    return files
+
+
+def agent_version(files: dict[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for name, data in sorted(files.items()):
+        h.update(name.encode() + b"\0" + data + b"\0")
+    return h.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to connect, after applying ~/.ssh/config (paramiko parses it but never applies it)."""
+
+    hostname: str
+    user: str
+    port: int
+    identity_files: tuple[str, ...]
+    identities_only: bool
+    known_hosts: Path
+    proxy_jump: str | None
+    proxy_command: str | None
+
+    @property
+    def display(self) -> str:
+        return f"{self.user}@{self.hostname}:{self.port}"
+
+
+def resolve_endpoint(
+    cfg: paramiko.SSHConfig, alias: str, user: str | None, port: int | None, extra_identity_files: tuple[str, ...]
+) -> Endpoint:
+    entry = cfg.lookup(alias)
+    ids = [str(Path(f).expanduser()) for f in (*extra_identity_files, *entry.get("identityfile", []))]
+
+    def opt(name: str) -> str | None:
+        value = entry.get(name)
+        return None if value is None or str(value).lower() == "none" else str(value)
+
+    return Endpoint(
+        hostname=entry.get("hostname", alias),
+        user=user or entry.get("user") or os.environ.get("USER") or "root",
+        port=port or int(entry.get("port", 22)),
+        identity_files=tuple(f for f in ids if Path(f).is_file()),
+        identities_only=str(entry.get("identitiesonly", "no")).lower() == "yes",
+        known_hosts=Path(str(entry.get("userknownhostsfile", "~/.ssh/known_hosts")).split()[0]).expanduser(),
+        proxy_jump=opt("proxyjump"),
+        proxy_command=opt("proxycommand"),
+    )
+
+
+class SSHHost(Host):
+    """A remote host. One SSH connection for the session; the agent runs there as one long-lived process."""
+
+    def __init__(
+        self, config: HostConfig, *, accept_new_host_key: bool = False, ssh_config_path: str | None = None
+    ) -> None:
+        assert config.address is not None
+        self.config = config
+        self.name = config.name
+        self.stats = CallStats()
+        self.python = config.python or "python3"
+        self._accept_new = accept_new_host_key
+        self._io_lock = threading.RLock()
+        self._client: paramiko.SSHClient | None = None
+        self._jump: paramiko.SSHClient | None = None
+        self._agent: paramiko.Channel | None = None
+        self._buffer = b""
+        self._stderr: deque[str] = deque(maxlen=50)
+        self._tunnels: dict[int, _Tunnel] = {}
+        self._held_lock: tuple[str, dict[str, Any]] | None = None
+        self._closed = False
+        self._resolve_ssh_config(ssh_config_path or os.environ.get("ORCH_SSH_CONFIG") or "~/.ssh/config")
+        self.workdir = ""
+        self.agent_dir = ""
+        self.sim_pythonpath = None
+        self._connect_with_retry(attempts=3)
+
+    # ------------------------------------------------------------ connecting
+
+    def _resolve_ssh_config(self, path: str) -> None:
+        p = Path(path).expanduser()
+        self._ssh_config = paramiko.SSHConfig()
+        if p.is_file():
+            try:
+                self._ssh_config = paramiko.SSHConfig.from_path(str(p))
+            except (OSError, paramiko.ConfigParseError) as e:
+                raise HostError(f"{p}: cannot parse ssh config: {e}") from e
+        self.endpoint = resolve_endpoint(
+            self._ssh_config, self.config.address or "", self.config.user, self.config.port, self.config.identity_file
+        )
+        self.display = self.endpoint.display
+
+    def _connect_client(self, ep: Endpoint, sock: Any) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        with contextlib.suppress(OSError):
+            client.load_system_host_keys()
+        if ep.known_hosts.is_file():
+            try:
+                client.load_host_keys(str(ep.known_hosts))
+            except (OSError, paramiko.SSHException) as e:
+                raise HostError(f"{ep.known_hosts}: cannot read known hosts: {e}") from e
+        client.set_missing_host_key_policy(_HostKeyPolicy(self._accept_new, ep.known_hosts))
+        try:
+            client.connect(
+                ep.hostname,
+                port=ep.port,
+                username=ep.user,
+                key_filename=list(ep.identity_files) or None,  # type: ignore[arg-type]  # stubs lag: a list works
+                timeout=self.config.connect_timeout_s,
+                banner_timeout=15,
+                auth_timeout=30,
+                channel_timeout=30,
+                allow_agent=not ep.identities_only,
+                look_for_keys=not ep.identities_only,
+                sock=sock,
+            )
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            name = known_hosts_name(ep.hostname, ep.port)
+            raise HostError(
+                f"HOST KEY CHANGED for {name}: known_hosts has {fingerprint(e.expected_key)}, the server offered "
+                f"{fingerprint(e.key)}. orch refuses to connect (this is what a man-in-the-middle looks like). If the "
+                f"host was reinstalled, remove the old key: ssh-keygen -R '{name}' -f {ep.known_hosts}"
+            ) from e
+        except paramiko.AuthenticationException as e:
+            client.close()
+            tried = ", ".join(ep.identity_files) or "ssh-agent and default keys"
+            raise HostError(f"{ep.display}: authentication failed ({e}); tried {tried}") from e
+        except BaseException:
+            client.close()
+            raise
+        transport = client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(15)
+        return client
+
+    def _open_socket(self, ep: Endpoint) -> Any:
+        if ep.proxy_command:
+            return paramiko.ProxyCommand(ep.proxy_command)
+        if ep.proxy_jump:
+            # paramiko has no ProxyJump: connect to the jump host and tunnel a direct-tcpip channel through it.
+            m = TARGET_RE.match(ep.proxy_jump.split(",")[0].strip())
+            if not m:
+                raise HostError(f"ProxyJump {ep.proxy_jump!r} for {ep.display}: cannot parse it")
+            jump = resolve_endpoint(
+                self._ssh_config, m["addr"].strip("[]"), m["user"], int(m["port"]) if m["port"] else None, ()
+            )
+            self._jump = self._connect_client(jump, self._open_socket(jump))
+            transport = self._jump.get_transport()
+            assert transport is not None
+            return transport.open_channel("direct-tcpip", (ep.hostname, ep.port), ("127.0.0.1", 0), timeout=30)
+        return None
+
+    def _connect_with_retry(self, attempts: int | None = None) -> None:
+        stop = stop_after_attempt(attempts) if attempts else stop_before_delay(self.config.reconnect_s)
+        retrying = Retrying(
+            stop=stop,
+            wait=wait_random_exponential(multiplier=0.5, max=5),
+            # A name that does not resolve will not resolve on the next try either.
+            retry=retry_if_exception_type((OSError, EOFError, paramiko.SSHException, ConnectionLost))
+            & retry_if_not_exception_type(socket.gaierror),
+            before_sleep=before_sleep_log(log, logging.WARNING),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    self._connect()
+        except HostError:
+            raise
+        except (OSError, EOFError, paramiko.SSHException, ConnectionLost) as e:
+            hint = ""
+            if not self.config.source:
+                hint = f" ({self.config.name!r} is not in a host inventory, so it was used as an SSH address)"
+            raise HostError(f"cannot connect to {self.name} ({self.display}): {type(e).__name__}: {e}{hint}") from e
+
+    def _connect(self) -> None:
+        self._drop()
+        self._client = self._connect_client(self.endpoint, self._open_socket(self.endpoint))
+        self._install_agent()
+        self._start_agent()
+        if self._held_lock is not None:
+            path, holder = self._held_lock
+            got = self.call("lock", path=path, holder=holder, wait_s=0)
+            if not got["acquired"]:
+                self._held_lock = None
+                raise HostError(f"{self.name}: after reconnecting, the host lock is held by {got['holder']}")
+
+    def _drop(self) -> None:
+        for ch in (self._agent,):
+            if ch is not None:
+                with contextlib.suppress(Exception):
+                    ch.close()
+        for c in (self._client, self._jump):
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    c.close()
+        self._agent = self._client = self._jump = None
+        self._buffer = b""
+
+    def _transport(self) -> paramiko.Transport:
+        t = self._client.get_transport() if self._client else None
+        if t is None or not t.is_active():
+            raise ConnectionLost("the SSH transport is not active")
+        return t
+
+    def _install_agent(self) -> None:
+        """Copy the agent (and the simulator) to <workdir>/agent-<version>/ once per version, atomically."""
+        assert self._client is not None
+        files = agent_files()
+        version = agent_version(files)
+        sftp = self._client.open_sftp()
+        try:
+            home = sftp.normalize(".")
+            workdir = self.config.workdir or ".orch"
+            if workdir.startswith("~/"):
+                workdir = workdir[2:]
+            self.workdir = workdir if workdir.startswith("/") else f"{home}/{workdir}"
+            self.agent_dir = f"{self.workdir}/agent-{version}"
+            self.sim_pythonpath = self.agent_dir
+            _sftp_makedirs(sftp, self.workdir)
+            try:
+                sftp.stat(f"{self.agent_dir}/.complete")
+                return
+            except OSError:
+                pass
+            tmp = f"{self.agent_dir}.tmp-{uuid.uuid4().hex[:8]}"
+            for name, data in files.items():
+                _sftp_makedirs(sftp, os.path.dirname(f"{tmp}/{name}"))
+                sftp.putfo(io.BytesIO(data), f"{tmp}/{name}")
+            sftp.putfo(io.BytesIO(version.encode()), f"{tmp}/.complete")
+            # Fails only when another orch installed the same version meanwhile; ours stays behind as a temp dir.
+            with contextlib.suppress(OSError):
+                sftp.posix_rename(tmp, self.agent_dir)
+        finally:
+            sftp.close()
+
+    def _start_agent(self) -> None:
+        transport = self._transport()
+        channel = transport.open_session(timeout=30)
+        cmd = (
+            f"cd {shlex.quote(self.workdir)} && exec {shlex.quote(self.python)} "
+            f"{shlex.quote(self.agent_dir + '/hostside.py')} --serve"
+        )
+        channel.exec_command(cmd)
+        self._agent = channel
+        self._stderr.clear()
+        threading.Thread(target=self._drain_stderr, args=(channel,), daemon=True).start()
+        try:
+            hello = self._request({"op": "hello", "args": {}}, timeout=30)
+        except ConnectionLost as e:
+            time.sleep(0.2)
+            err = " ".join(self._stderr).strip()
+            raise HostError(
+                f"{self.name}: could not start orch's agent with {self.python!r} "
+                f"({err or e}); set the host's `python` in hosts.yaml to an interpreter with psutil"
+            ) from None
+        if not hello.get("ok") or hello["result"].get("protocol") != hostside.PROTOCOL_VERSION:
+            raise HostError(f"{self.name}: agent protocol mismatch: {hello}")
+
+    def _drain_stderr(self, channel: paramiko.Channel) -> None:
+        # Read stderr concurrently so a chatty agent can never fill the window and deadlock the channel.
+        with contextlib.suppress(Exception):
+            while True:
+                data = channel.recv_stderr(4096)
+                if not data:
+                    return
+                self._stderr.append(data.decode(errors="replace"))
+
+    # ------------------------------------------------------------ requests
+
+    def _request(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        channel = self._agent
+        if channel is None or channel.closed or channel.exit_status_ready():
+            raise ConnectionLost("the agent channel is closed")
+        try:
+            channel.sendall((json.dumps(request) + "\n").encode())
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise ConnectionLost(f"send failed: {e}") from e
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                # Our own deadline: paramiko's blocking calls would wait forever on a dead peer.
+                raise ConnectionLost(f"no answer to {request['op']} within {timeout:.0f}s")
+            channel.settimeout(min(remaining, 1.0))
+            try:
+                data = channel.recv(65536)
+            except TimeoutError:
+                self._transport()  # raises if the transport died meanwhile
+                continue
+            except (OSError, EOFError, paramiko.SSHException) as e:
+                raise ConnectionLost(f"receive failed: {e}") from e
+            if not data:
+                raise ConnectionLost("the agent closed the channel")
+            self._buffer += data
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def _roundtrip(self, request: dict[str, Any]) -> dict[str, Any]:
+        args = request.get("args", {})
+        timeout = (
+            BASE_CALL_TIMEOUT_S
+            + float(args.get("grace_s", 0))
+            + float(args.get("port_wait_s", 0))
+            + float(args.get("wait_s", 0))
+            + float(args.get("gpu_wait_s", 0))
+        )
+        with self._io_lock:
+            try:
+                reply = self._request(request, timeout)
+            except ConnectionLost as first:
+                if request["op"] == "launch":
+                    # Not repeatable: we cannot know whether it started. The marker will find it either way.
+                    raise HostError(f"{self.name}: connection lost while launching ({first})") from first
+                log.warning(
+                    "%s: connection lost (%s); reconnecting for up to %.0fs", self.name, first, self.config.reconnect_s
+                )
+                self.ensure_connected(force=True)
+                reply = self._request(request, timeout)
+        if request["op"] == "lock" and reply.get("ok") and reply["result"].get("acquired"):
+            self._held_lock = (args["path"], args["holder"])
+        if request["op"] == "unlock":
+            self._held_lock = None
+        return reply
+
+    def ensure_connected(self, force: bool = False) -> None:
+        with self._io_lock:
+            if not force:
+                try:
+                    self._transport()
+                    if self._agent is not None and not self._agent.closed:
+                        return
+                except ConnectionLost:
+                    pass
+            self.stats.reconnects += 1
+            try:
+                self._connect_with_retry()
+            except HostError as e:
+                raise HostError(
+                    f"lost the SSH connection to {self.name} and could not reconnect within "
+                    f"{self.config.reconnect_s:.0f}s ({e}). Servers orch started there keep running: stop them "
+                    f"with `orch down --host {self.name}` (the next orch run on that host also cleans them up)"
+                ) from e
+
+    # ------------------------------------------------------------ HTTP through the connection
+
+    def url(self, port: int) -> str:
+        tunnel = self._tunnels.get(port)
+        if tunnel is None:
+            tunnel = self._tunnels[port] = _Tunnel(self, port)
+        return f"http://127.0.0.1:{tunnel.local_port}"
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for tunnel in self._tunnels.values():
+            tunnel.close()
+        if self._held_lock is not None:
+            with contextlib.suppress(Exception):
+                self.call("unlock", path=self._held_lock[0])
+        self._drop()
+
+
+def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    parts = path.strip("/").split("/")
+    current = ""
+    for part in parts:
+        current += "/" + part
+        try:
+            sftp.stat(current)
+        except OSError:
+            with contextlib.suppress(OSError):
+                sftp.mkdir(current)
+
+
+class _Tunnel:
+    """A local port forwarded to 127.0.0.1:<port> on the host through `direct-tcpip` channels."""
+
+    def __init__(self, host: SSHHost, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.local_port = int(self.sock.getsockname()[1])
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True, name=f"tunnel-{port}").start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        try:
+            # The current transport: after a reconnect new connections use the new one.
+            channel = self.host._transport().open_channel(
+                "direct-tcpip", ("127.0.0.1", self.port), client.getpeername(), timeout=10
+            )
+        except Exception:
+            client.close()  # the HTTP client sees a refused/reset connection, as if the port were closed
+            return
+        try:
+            while True:
+                readable, _, _ = select.select([client, channel], [], [], 1.0)  # type: ignore[type-var]
+                if self.closed:
+                    return
+                if client in readable:
+                    data = client.recv(65536)
+                    if not data:
+                        return
+                    channel.sendall(data)
+                if channel in readable:
+                    data = channel.recv(65536)
+                    if not data:
+                        return
+                    client.sendall(data)
+        except (OSError, EOFError, paramiko.SSHException):
+            return
+        finally:
+            with contextlib.suppress(Exception):
+                channel.close()
+            client.close()
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.close()

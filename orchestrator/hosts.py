@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
@@ -133,6 +134,13 @@ class CallStats:
     seconds: float = 0.0
     by_op: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def record(self, op: str, seconds: float) -> None:
+        with self._lock:  # tunnels and the main thread may call concurrently
+            self.calls += 1
+            self.seconds += seconds
+            self.by_op[op] = self.by_op.get(op, 0) + 1
 
 
 class Host(ABC):
@@ -151,9 +159,7 @@ class Host(ABC):
         try:
             reply = self._roundtrip({"op": op, "args": args})
         finally:
-            self.stats.calls += 1
-            self.stats.seconds += time.perf_counter() - t0
-            self.stats.by_op[op] = self.stats.by_op.get(op, 0) + 1
+            self.stats.record(op, time.perf_counter() - t0)
         if not reply.get("ok"):
             raise HostError(f"{self.name}: {reply.get('error', 'host-side call failed')}")
         return reply.get("result")

@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""A fake `nvidia-smi` for tests: GPU usage derived from live processes read from /proc (stdlib only)."""
+
+# GPU users on this machine:
+#   (a) every live process whose environ has ORCH_LAUNCH_ID and whose command line has --multiprocessing-fork
+#       (the simulator's spawned workers): the k-th of a launch (by start time, then PID) holds GPU k mod gpus,
+#       WORKER_MIB each;
+#   (b) every live process whose environ has FAKE_GPU_MIB=<n> (a "foreign" user started by a test): n MiB on
+#       GPU FAKE_GPU_INDEX (default 0). FAKE_GPU_MIB wins over (a) for a process that has both.
+# An optional JSON state file (env FAKE_NVIDIA_SMI_STATE, else the path `install` baked into the wrapper) may
+# override: {"gpus": 8, "extra_used_mib": {"3": 50000}, "fail": "error text -> exit 1"}.
+# It only reads /proc; it never signals anything.
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MARKER = "ORCH_LAUNCH_ID"
+FORK_FLAG = b"--multiprocessing-fork"
+NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+DRIVER = "575.57.08"
+TOTAL_MIB = 97887
+IDLE_MIB = 4
+WORKER_MIB = 80000
+DEFAULT_GPUS = 8
+_UUID_NS = uuid.UUID("6f1c1f3e-8a52-4c64-9a8e-2b7f4f0f3c11")
+
+EXIT_FAIL = 1
+EXIT_UNSUPPORTED = 9  # what the brief asks for any invocation this fake doesn't implement
+
+
+def gpu_uuid(index: int) -> str:
+    """A stable, real-looking UUID for GPU `index`."""
+    return "GPU-" + str(uuid.uuid5(_UUID_NS, f"fake-gpu-{index}"))
+
+
+@dataclass
+class GpuProc:
+    pid: int
+    name: str
+    gpu: int
+    mib: int
+
+
+@dataclass
+class Gpu:
+    index: int
+    extra_mib: int = 0
+    procs: list[GpuProc] = field(default_factory=list)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.procs) or self.extra_mib > 0
+
+    @property
+    def used(self) -> int:
+        return min(TOTAL_MIB, IDLE_MIB + self.extra_mib + sum(p.mib for p in self.procs))
+
+
+# ---- /proc reading ---------------------------------------------------------------------------------------------
+
+
+def _read(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _stat_fields(pid: int) -> tuple[str, int] | None:
+    """(state, start time in clock ticks) from /proc/PID/stat, or None if gone."""
+    raw = _read(f"/proc/{pid}/stat")
+    if raw is None:
+        return None
+    # The comm field may hold spaces and parentheses: split after the last ')'.
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return rest[0].decode(), int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _scan(gpus: int) -> list[GpuProc]:
+    me = os.getpid()
+    # launch id -> [(start ticks, pid, name)]
+    workers: dict[str, list[tuple[int, int, str]]] = {}
+    out: list[GpuProc] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        if pid == me:
+            continue
+        env_raw = _read(f"/proc/{pid}/environ")
+        if not env_raw or (b"FAKE_GPU_MIB=" not in env_raw and MARKER.encode() not in env_raw):
+            continue
+        st = _stat_fields(pid)
+        if st is None or st[0] in ("Z", "X"):  # zombies and dead processes hold no GPU memory
+            continue
+        env: dict[str, str] = {}
+        for item in env_raw.split(b"\0"):
+            key, sep, value = item.partition(b"=")
+            if sep:
+                env[key.decode(errors="replace")] = value.decode(errors="replace")
+        cmd = _read(f"/proc/{pid}/cmdline") or b""
+        argv0 = cmd.split(b"\0", 1)[0].decode(errors="replace")
+        name = argv0 or "[unknown]"
+        if "FAKE_GPU_MIB" in env:
+            try:
+                mib = int(env["FAKE_GPU_MIB"])
+                index = int(env.get("FAKE_GPU_INDEX", "0"))
+            except ValueError:
+                continue
+            out.append(GpuProc(pid, name, index % gpus, mib))
+        elif MARKER in env and FORK_FLAG in cmd.split(b"\0"):
+            workers.setdefault(env[MARKER], []).append((st[1], pid, name))
+    for members in workers.values():
+        for k, (_, pid, name) in enumerate(sorted(members)):
+            out.append(GpuProc(pid, name, k % gpus, WORKER_MIB))
+    out.sort(key=lambda p: (p.gpu, p.pid))
+    return out
+
+
+# ---- state and formatting --------------------------------------------------------------------------------------
+
+
+def _load_state() -> dict[str, object]:
+    path = os.environ.get("FAKE_NVIDIA_SMI_STATE")
+    if not path:
+        return {}
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"fake nvidia-smi state {path} must be a JSON object")
+    return data
+
+
+def _gpus(state: dict[str, object]) -> list[Gpu]:
+    count = state.get("gpus", os.environ.get("FAKE_NVIDIA_SMI_GPUS", DEFAULT_GPUS))
+    n = int(count) if isinstance(count, (int, str)) else DEFAULT_GPUS
+    gpus = [Gpu(i) for i in range(n)]
+    extra = state.get("extra_used_mib") or {}
+    if isinstance(extra, dict):
+        for key, mib in extra.items():
+            i = int(key)
+            if 0 <= i < n:
+                gpus[i].extra_mib += int(mib)
+    for proc in _scan(n):
+        gpus[proc.gpu].procs.append(proc)
+    return gpus
+
+
+GPU_FIELDS: dict[str, Callable[[Gpu], str]] = {
+    "index": lambda g: str(g.index),
+    "name": lambda g: NAME,
+    "driver_version": lambda g: DRIVER,
+    "memory.total": lambda g: str(TOTAL_MIB),
+    "memory.used": lambda g: str(g.used),
+    "memory.free": lambda g: str(TOTAL_MIB - g.used),
+    "temperature.gpu": lambda g: "61" if g.busy else "34",
+    "clocks.sm": lambda g: "2430" if g.busy else "1410",
+    "power.draw": lambda g: "412.80" if g.busy else "62.15",
+    "uuid": lambda g: gpu_uuid(g.index),
+    "utilization.gpu": lambda g: "100" if g.procs else "0",
+}
+
+APP_FIELDS: dict[str, Callable[[GpuProc], str]] = {
+    "pid": lambda p: str(p.pid),
+    "process_name": lambda p: p.name,
+    "used_memory": lambda p: str(p.mib),
+    "gpu_uuid": lambda p: gpu_uuid(p.gpu),
+}
+
+
+def _unsupported(argv: Sequence[str], why: str) -> int:
+    print(f"{why}\nInvalid combination of input arguments ({' '.join(argv)!r}). Please run 'nvidia-smi -h' for help.")
+    return EXIT_UNSUPPORTED
+
+
+def main(argv: Sequence[str]) -> int:
+    """Answer one nvidia-smi invocation; returns the exit status."""
+    query: tuple[str, list[str]] | None = None
+    fmt: str | None = None
+    list_gpus = False
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key in ("--query-gpu", "--query-compute-apps") and value:
+            if query is not None:
+                return _unsupported(argv, "Only one query is supported.")
+            query = (key, [f.strip() for f in value.split(",")])
+        elif key == "--format" and value:
+            fmt = value
+        elif arg in ("-L", "--list-gpus"):
+            list_gpus = True
+        else:
+            return _unsupported(argv, f"Unsupported argument {arg!r} in the fake nvidia-smi.")
+    if list_gpus == (query is not None):
+        return _unsupported(argv, "Expected exactly one of -L or --query-gpu=/--query-compute-apps=.")
+    if query is not None and fmt != "csv,noheader,nounits":
+        return _unsupported(argv, "The fake nvidia-smi supports only --format=csv,noheader,nounits.")
+    table: dict[str, Callable[[Gpu], str]] | dict[str, Callable[[GpuProc], str]]
+    if query is not None:
+        table = GPU_FIELDS if query[0] == "--query-gpu" else APP_FIELDS
+        for name in query[1]:
+            if name not in table:
+                return _unsupported(argv, f'Field "{name}" is not a valid field to query.')
+
+    state = _load_state()
+    if state.get("fail"):
+        print(str(state["fail"]))
+        return EXIT_FAIL
+    gpus = _gpus(state)
+    lines: list[str] = []
+    if list_gpus:
+        lines = [f"GPU {g.index}: {NAME} (UUID: {gpu_uuid(g.index)})" for g in gpus]
+    elif query is not None and query[0] == "--query-gpu":
+        lines = [", ".join(GPU_FIELDS[f](g) for f in query[1]) for g in gpus]
+    elif query is not None:
+        lines = [", ".join(APP_FIELDS[f](p) for f in query[1]) for g in gpus for p in g.procs]
+    if lines:
+        sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def install(dir: Path, state: Path, gpus: int = DEFAULT_GPUS) -> Path:
+    """Write `dir/nvidia-smi`, a sh wrapper running this file with the installer's Python; returns `dir`.
+
+    The wrapper bakes in `state` (the JSON state path) and `gpus` as defaults; FAKE_NVIDIA_SMI_STATE and
+    FAKE_NVIDIA_SMI_GPUS in the caller's environment still win. The state file need not exist.
+    """
+    dir.mkdir(parents=True, exist_ok=True)
+    script = Path(__file__).resolve()
+    wrapper = dir / "nvidia-smi"
+
+    def q(value: object) -> str:
+        return "'" + str(value).replace("'", "'\"'\"'") + "'"
+
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'[ -n "${{FAKE_NVIDIA_SMI_STATE-}}" ] || FAKE_NVIDIA_SMI_STATE={q(state)}\n'
+        f'[ -n "${{FAKE_NVIDIA_SMI_GPUS-}}" ] || FAKE_NVIDIA_SMI_GPUS={int(gpus)}\n'
+        "export FAKE_NVIDIA_SMI_STATE FAKE_NVIDIA_SMI_GPUS\n"
+        f'exec {q(sys.executable)} {q(script)} "$@"\n'
+    )
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return dir
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except (ValueError, OSError) as exc:
+        print(f"fake nvidia-smi: {exc}", file=sys.stderr)
+        sys.exit(EXIT_FAIL)

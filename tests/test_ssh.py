@@ -1,0 +1,380 @@
+"""SSH hosts against a real OpenSSH server on 127.0.0.1: host keys, full A/B, dropped connections, Ctrl-C, lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import hostside
+from orchestrator.ab import ABConfig, run_ab
+from orchestrator.bench import BenchConfig
+from orchestrator.errors import HostError
+from orchestrator.hosts import HostConfig, load_inventory, parse_target
+from orchestrator.profile import load
+from orchestrator.ssh import SSHHost
+from orchestrator.store import Store
+from tests import fake_nvidia_smi
+from tests.conftest import NAMESPACE
+from tests.sshd import SSHD
+
+SimProfiles = Callable[..., dict[str, Path]]
+REPO = Path(__file__).resolve().parent.parent
+
+# CI installs openssh-server (.ci/run), so there a missing sshd is a failure, not a skip.
+pytestmark = pytest.mark.skipif(
+    not Path("/usr/sbin/sshd").exists() and not os.environ.get("CI"),
+    reason="openssh-server is not installed (apt-get install openssh-server)",
+)
+
+
+@pytest.fixture(scope="module")
+def fake_gpu_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("fakebin")
+    fake_nvidia_smi.install(d, d / "state.json", gpus=2)
+    return d
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory, fake_gpu_dir: Path) -> Iterator[SSHD]:
+    server = SSHD.start(tmp_path_factory.mktemp("sshd"), path_prepend=str(fake_gpu_dir))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def remote(sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HostConfig:
+    """The test sshd as an inventory host; ORCH_SSH_CONFIG makes `testbox` resolve like an ssh_config alias."""
+    monkeypatch.setenv("ORCH_SSH_CONFIG", str(sshd.ssh_config))
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        yaml.safe_dump(
+            {
+                "hosts": {
+                    "testbox": {
+                        "python": sys.executable,
+                        "workdir": str(tmp_path / "remote"),
+                        "reconnect_s": 20,
+                        "gpu_idle_mib": 1024,
+                    }
+                }
+            }
+        )
+    )
+    monkeypatch.setenv("ORCH_HOSTS", str(inventory))
+    return load_inventory()["testbox"]
+
+
+def _nothing_left() -> None:
+    assert hostside.op_find(NAMESPACE) == []
+
+
+def _bench(runs: int = 2, max_tokens: int = 24) -> BenchConfig:
+    return BenchConfig(runs=runs, warmup=1, max_tokens=max_tokens, warmup_max_tokens=4)
+
+
+def orch(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def _wait_for(proc: subprocess.Popen[str], needle: str, seen: list[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if needle in line:
+            return
+    raise AssertionError(f"{needle!r} never appeared:\n{''.join(seen)}")
+
+
+# ------------------------------------------------------------------ inventory
+
+
+def test_inventory_validation(tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("hosts:\n  gpu-box:\n    adress: 10.0.0.1\n")
+    with pytest.raises(
+        HostError, match=r"hosts\.yaml: hosts\.gpu-box\.adress: unknown field \(did you mean 'address'\?\)"
+    ):
+        load_inventory(str(inv))
+    inv.write_text("hosts:\n  gpu-box:\n    port: 99999\n")
+    with pytest.raises(HostError, match=r"hosts\.gpu-box\.port: expected an integer from 1 to 65535, got 99999"):
+        load_inventory(str(inv))
+    inv.write_text("hosts:\n  gpu-box:\n    foreign_port: nuke\n")
+    with pytest.raises(HostError, match=r"foreign_port: expected one of refuse, kill-with-force"):
+        load_inventory(str(inv))
+    inv.write_text("hosts:\n  gpu-box:\n    python: /root/ml-env/bin/python3\n    gpus: 8\n")
+    box = load_inventory(str(inv))["gpu-box"]
+    assert (box.address, box.python, box.gpus, box.foreign_port) == ("gpu-box", "/root/ml-env/bin/python3", 8, "refuse")
+    with pytest.raises(HostError, match="no such host inventory file"):
+        load_inventory(str(tmp_path / "missing.yaml"))
+
+
+def test_parse_target() -> None:
+    assert parse_target("local", {}).is_local
+    t = parse_target("alice@10.1.230.174:2222", {})
+    assert (t.user, t.address, t.port) == ("alice", "10.1.230.174", 2222)
+    assert parse_target("gpu-box", {}).address == "gpu-box"
+    with pytest.raises(HostError, match="expected 'local', a name from the host inventory"):
+        parse_target("bad host; rm -rf /", {})
+
+
+# ------------------------------------------------------------------ host keys
+
+
+def test_unknown_host_key_is_refused_then_accepted_on_request(
+    sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(sshd.ssh_config.read_text().replace(str(sshd.known_hosts), str(empty)))
+    monkeypatch.setenv("ORCH_SSH_CONFIG", str(cfg))
+    box = HostConfig(name="testbox", address="testbox", python=sys.executable, workdir=str(tmp_path / "w"))
+    with pytest.raises(
+        HostError,
+        match=rf"unknown host key for \[127\.0\.0\.1\]:{sshd.port}: ssh-ed25519 SHA256:\S+"
+        r".*--accept-new-host-key",
+    ):
+        SSHHost(box)
+    assert empty.read_text() == ""  # nothing was trusted silently
+    with SSHHost(box, accept_new_host_key=True) as host:
+        assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
+    assert f"[127.0.0.1]:{sshd.port} ssh-ed25519 " in empty.read_text()
+    with SSHHost(box) as host:  # now known: no opt-in needed
+        assert host.call("alive", pid=os.getpid())["alive"]
+
+
+def test_changed_host_key_is_always_refused(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = SSHD.start(tmp_path_factory.mktemp("sshd-rotate"))
+    try:
+        monkeypatch.setenv("ORCH_SSH_CONFIG", str(server.ssh_config))
+        box = HostConfig(name="testbox", address="testbox", python=sys.executable, workdir=str(tmp_path / "w"))
+        SSHHost(box).close()
+        server.rotate_host_key()
+        for accept in (False, True):
+            with pytest.raises(HostError, match=r"HOST KEY CHANGED for \[127\.0\.0\.1\]:\d+: known_hosts has SHA256:"):
+                SSHHost(box, accept_new_host_key=accept)
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------ full runs
+
+
+def test_full_ab_over_ssh_through_the_cli(remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    sim_profiles()
+    proc = orch(
+        "ab",
+        "baseline",
+        "eagle3",
+        "--host",
+        "testbox",
+        "--sim",
+        "--runs",
+        "2",
+        "--warmup",
+        "1",
+        "--max-tokens",
+        "32",
+        "--grace",
+        "2",
+        "--json",
+        "--db",
+        str(tmp_path / "r.db"),
+        cwd=tmp_path,
+    )
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    doc = json.loads(out[out.index("{\n") :])
+    assert doc["host"] == "testbox" and doc["simulated"] is True
+    assert [len(a["runs"]) for a in doc["arms"]] == [2, 2]
+    assert all(r["tokens"] == 32 for a in doc["arms"] for r in a["runs"])
+    assert doc["arms"][0]["env_check"]["ok"] and doc["arms"][1]["accept_length"] is not None
+    assert doc["host_facts"]["gpus"] and len(doc["host_facts"]["gpus"]) == 2  # the fake nvidia-smi on PATH
+    assert "GPU memory idle after" in out  # teardown waited for the (fake) GPU memory to come back
+    _nothing_left()
+
+
+def test_connection_dropped_mid_run_reconnects_and_finishes(
+    remote: HostConfig, sshd: SSHD, sim_profiles: SimProfiles, tmp_path: Path
+) -> None:
+    prof = load(str(sim_profiles()["baseline"]))
+    store = Store(tmp_path / "r.db")
+    events: list[str] = []
+    dropped: list[int] = []
+
+    def drop_after_first_run(name: str, run: object) -> None:
+        if not dropped and not getattr(run, "warmup", True):
+            dropped.extend(sshd.drop_connections())
+
+    with SSHHost(remote) as host:
+        cfg = ABConfig(bench=_bench(runs=3, max_tokens=40), simulate=True, namespace=NAMESPACE, grace_s=2)
+        result = run_ab(host, [prof], cfg, store, on_event=events.append, on_run=drop_after_first_run)
+        reconnects = host.stats.reconnects
+    assert dropped, "the test should have killed the sshd session processes"
+    assert reconnects >= 1
+    (arm,) = result.arms
+    assert len(arm.timed) == 3 and all(r.tokens == 40 for r in arm.timed)
+    _nothing_left()
+
+
+def test_connection_lost_for_good_exits_with_cleanup_advice_then_down_cleans(
+    remote: HostConfig, sshd: SSHD, sim_profiles: SimProfiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prof = load(str(sim_profiles()["baseline"]))
+    short = HostConfig(**{**remote.__dict__, "reconnect_s": 3.0})
+    store = Store(tmp_path / "r.db")
+    paused: list[bool] = []
+
+    def cut(name: str, run: object) -> None:
+        if not paused and not getattr(run, "warmup", True):
+            os.kill(sshd.pid, signal.SIGSTOP)  # the listener accepts nothing: reconnecting cannot succeed
+            paused.append(True)
+            sshd.drop_connections()
+
+    try:
+        with SSHHost(short) as host:
+            cfg = ABConfig(bench=_bench(runs=5, max_tokens=40), simulate=True, namespace=NAMESPACE, grace_s=2)
+            with pytest.raises(HostError, match=r"could not reconnect within 3s.*orch down --host testbox"):
+                run_ab(host, [prof], cfg, store, on_run=cut)
+        assert hostside.op_find(NAMESPACE), "the detached server survives the lost connection"
+    finally:
+        os.kill(sshd.pid, signal.SIGCONT)
+    assert store.experiments()[0]["status"] == "failed"
+    proc = orch("down", "--host", "testbox", "--grace", "2", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "stopped " in out, out
+    _nothing_left()
+
+
+def test_ctrl_c_over_ssh_tears_down_the_remote_server(
+    remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
+) -> None:
+    sim_profiles()
+    proc = orch(
+        "bench",
+        "baseline",
+        "--host",
+        "testbox",
+        "--sim",
+        "--runs",
+        "50",
+        "--warmup",
+        "0",
+        "--max-tokens",
+        "40",
+        "--grace",
+        "2",
+        "--db",
+        str(tmp_path / "r.db"),
+        cwd=tmp_path,
+    )
+    seen: list[str] = []
+    _wait_for(proc, "Run 1/50", seen)
+    assert hostside.op_find(NAMESPACE)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(seen) + out
+    assert "torn down" in out
+    _nothing_left()
+
+
+def test_two_sessions_on_one_host_are_serialised_by_the_lock(
+    remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
+) -> None:
+    sim_profiles()
+    common = ["--host", "testbox", "--sim", "--runs", "3", "--warmup", "0", "--max-tokens", "40", "--grace", "2"]
+    first = orch("bench", "baseline", *common, "--db", str(tmp_path / "1.db"), cwd=tmp_path)
+    seen: list[str] = []
+    _wait_for(first, "launched PID", seen)
+    busy = orch("bench", "baseline", *common, "--db", str(tmp_path / "2.db"), cwd=tmp_path)
+    busy_out, _ = busy.communicate(timeout=60)
+    assert busy.returncode == 1
+    assert re.search(rf"testbox is busy: another orch session holds it \(.*pid {first.pid} since .*--wait", busy_out)
+    queued = orch("bench", "baseline", *common, "--wait", "120", "--db", str(tmp_path / "3.db"), cwd=tmp_path)
+    first.communicate(timeout=120)
+    queued_out, _ = queued.communicate(timeout=120)
+    assert first.returncode == 0 and queued.returncode == 0, queued_out
+    assert "waiting up to 120s" in queued_out
+    first_end = sqlite3.connect(tmp_path / "1.db").execute("SELECT finished_at FROM experiments").fetchone()[0]
+    queued_start = sqlite3.connect(tmp_path / "3.db").execute("SELECT started_at FROM launches").fetchone()[0]
+    assert queued_start >= first_end - 0.5  # the queued session launched only after the first one was done
+    _nothing_left()
+
+
+# ------------------------------------------------------------------ GPU checks with the fake nvidia-smi
+
+
+def test_foreign_gpu_process_blocks_the_launch(remote: HostConfig, sim_profiles: SimProfiles) -> None:
+    prof = load(str(sim_profiles()["baseline"]))
+    foreign = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, "FAKE_GPU_MIB": "30000", "FAKE_GPU_INDEX": "1"},
+    )
+    try:
+        time.sleep(0.2)
+        with SSHHost(remote) as host:
+            cfg = ABConfig(bench=_bench(), simulate=True, namespace=NAMESPACE, grace_s=2)
+            with pytest.raises(
+                HostError, match=rf"testbox is not idle.*GPU 1 is used by PID {foreign.pid} .*30000 MiB"
+            ):
+                run_ab(host, [prof], cfg, Store(":memory:"))
+        assert foreign.poll() is None  # reported, never touched
+    finally:
+        foreign.kill()
+        foreign.wait()
+    _nothing_left()
+
+
+def test_hosts_check_and_status_over_ssh(remote: HostConfig, tmp_path: Path) -> None:
+    proc = orch("hosts", "check", "testbox", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert re.search(r"ok\s+connected to testbox \(root@127\.0\.0\.1:\d+\)", out)
+    assert re.search(r"ok\s+2 GPUs: ", out) and "warn  sglang is not installed" in out
+    assert "ok    no orch launches running" in out
+    proc = orch("status", "--host", "testbox", cwd=tmp_path)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "nothing launched by orch is running on testbox" in out and "GPU 0:" in out
+
+
+def test_concurrent_calls_share_one_agent_channel(remote: HostConfig) -> None:
+    # Calls from a second thread (e.g. a tunnel) and the main thread share one agent channel safely.
+    with SSHHost(remote) as host:
+        errors: list[BaseException] = []
+
+        def hammer() -> None:
+            try:
+                for _ in range(20):
+                    assert host.call("alive", pid=os.getpid())["alive"]
+            except BaseException as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and host.stats.by_op == {"alive": 80}

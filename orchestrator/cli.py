@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import signal
@@ -357,6 +358,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("ORCH_DEBUG") == "1"
+    # Retries and reconnects are logged as warnings; show them, briefly, unless debugging.
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="orch: %(message)s")
     try:
         cli.main(args=argv, prog_name="orch", standalone_mode=False)
     except click.ClickException as e:

@@ -36,6 +36,16 @@ from orchestrator.errors import HostError
 from orchestrator.hosts import TARGET_RE, CallStats, Host, HostConfig
 
 log = logging.getLogger("orch.ssh")
+
+
+class _QuietRefusedChannels(logging.Filter):
+    # While a server loads its port refuses connections; each tunnelled readiness poll then makes paramiko log
+    # "Secsh channel N open FAILED". That is the expected state, not an error worth showing.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "open FAILED" not in record.getMessage()
+
+
+logging.getLogger("paramiko.transport").addFilter(_QuietRefusedChannels())
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Slow operations get their own deadline on top of the arguments that make them slow.
 BASE_CALL_TIMEOUT_S = 60.0

@@ -378,3 +378,25 @@ def test_concurrent_calls_share_one_agent_channel(remote: HostConfig) -> None:
         for t in threads:
             t.join()
         assert not errors and host.stats.by_op == {"alive": 80}
+
+
+def test_lock_and_server_of_a_crashed_orch_are_recovered(
+    remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
+) -> None:
+    sim_profiles()
+    common = ["--host", "testbox", "--sim", "--warmup", "0", "--max-tokens", "24", "--grace", "2"]
+    crashed = orch("bench", "baseline", *common, "--runs", "50", "--db", str(tmp_path / "1.db"), cwd=tmp_path)
+    seen: list[str] = []
+    _wait_for(crashed, "Run 1/50", seen)
+    crashed.kill()  # no teardown, no unlock: the laptop died
+    crashed.wait()
+    assert hostside.op_find(NAMESPACE), "the detached server outlives the crashed orch"
+    # The agent saw its connection close and exited, so the kernel released the lock: no --wait needed.
+    # --wait only absorbs the moment sshd takes to notice; a stale lock would still fail after 30 s.
+    nxt = orch(
+        "bench", "baseline", *common, "--runs", "1", "--wait", "30", "--db", str(tmp_path / "2.db"), cwd=tmp_path
+    )
+    out, _ = nxt.communicate(timeout=120)
+    assert nxt.returncode == 0, out
+    assert re.search(r"cleaning up \d+ leftover process\(es\) of earlier orch launch", out)
+    _nothing_left()

@@ -162,12 +162,16 @@ class OpenAISink(_HttpSink):
         stream: bool,
         include_usage: bool,
         keep: bool,
+        continuous_usage: bool = False,
     ) -> None:
         super().__init__(reader, writer)
         self.server = server
         self.chat = chat
         self.stream = stream
         self.include_usage = include_usage
+        # stream_options.continuous_usage_stats (vLLM's name, also honoured by other OpenAI-compatible servers):
+        # every chunk carries the cumulative usage, so a client can count the tokens in a multi-token chunk.
+        self.continuous_usage = continuous_usage
         self.keep = keep
         self.created = int(time.time())
         self.role_sent = False
@@ -179,7 +183,7 @@ class OpenAISink(_HttpSink):
             "created": self.created,
             "model": self.server.cfg.served_model_name,
             "choices": [choice],
-            "usage": None,
+            "usage": self._usage(req) if self.continuous_usage else None,
         }
         return json.dumps(obj).encode()
 
@@ -863,8 +867,18 @@ class SimServer:
         stream = bool(body.get("stream", False))
         opts = body.get("stream_options") or {}
         include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
+        continuous = bool(opts.get("continuous_usage_stats")) if isinstance(opts, dict) else False
         keep = req.keep_alive
-        sink = OpenAISink(self, reader, writer, chat=chat, stream=stream, include_usage=include_usage, keep=keep)
+        sink = OpenAISink(
+            self,
+            reader,
+            writer,
+            chat=chat,
+            stream=stream,
+            include_usage=include_usage,
+            keep=keep,
+            continuous_usage=continuous,
+        )
         r = Req(
             prompt,
             max_new,

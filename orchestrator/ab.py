@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import __version__, server
-from orchestrator.bench import BenchConfig, RunResult, StreamBroken, run_benchmark
+from orchestrator.bench import BenchConfig, RunResult, host_runner, local_runner, run_benchmark
 from orchestrator.errors import HostError, OrchError, ServerError
-from orchestrator.hosts import Host
+from orchestrator.hosts import Host, connect_address
 from orchestrator.profile import Profile
 from orchestrator.stats import Summary, ratio, summarize
 from orchestrator.store import Store
@@ -47,19 +47,44 @@ class ArmResult:
     teardown: dict[str, Any]
 
     @property
+    def levels(self) -> list[int]:
+        """Concurrency levels in the order they ran."""
+        return list(dict.fromkeys(r.concurrency for r in self.runs if not r.warmup))
+
+    def timed_at(self, concurrency: int | None = None) -> list[RunResult]:
+        """Valid timed runs at one level (default: the first level, the headline)."""
+        level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
+        return [r for r in self.runs if not r.warmup and r.valid and r.concurrency == level]
+
+    @property
     def timed(self) -> list[RunResult]:
-        return [r for r in self.runs if not r.warmup and r.valid]
+        return self.timed_at()
+
+    def summary_at(self, concurrency: int | None = None) -> Summary | None:
+        """Per-stream tok/s over the level's valid timed runs."""
+        timed = self.timed_at(concurrency)
+        return summarize([r.tok_s for r in timed]) if timed else None
+
+    def aggregate_at(self, concurrency: int | None = None) -> Summary | None:
+        timed = self.timed_at(concurrency)
+        return summarize([r.aggregate_tok_s for r in timed]) if timed else None
 
     @property
     def summary(self) -> Summary | None:
-        timed = self.timed
-        return summarize([r.tok_s for r in timed]) if timed else None
+        return self.summary_at()
+
+    def accept_length_at(self, concurrency: int | None = None) -> float | None:
+        """Mean accept length over a level's valid timed runs, each from that run's own data (never lifetime)."""
+        values = [r.spec_accept_length for r in self.timed_at(concurrency) if r.spec_accept_length is not None]
+        return sum(values) / len(values) if values else None
 
     @property
     def accept_length(self) -> float | None:
-        """Mean accept length over the timed runs, from each run's own final meta_info (never lifetime)."""
-        values = [r.spec_accept_length for r in self.timed if r.spec_accept_length is not None]
-        return sum(values) / len(values) if values else None
+        return self.accept_length_at()
+
+    @property
+    def invalid_runs(self) -> list[RunResult]:
+        return [r for r in self.runs if not r.warmup and not r.valid]
 
 
 @dataclass(frozen=True)
@@ -67,6 +92,8 @@ class Comparison:
     arm: str
     vs: str
     ratio: float | None
+    concurrency: int = 1
+    aggregate_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -77,16 +104,29 @@ class ABResult:
     arms: tuple[ArmResult, ...]
     host_facts: dict[str, Any]
 
-    @property
-    def comparisons(self) -> list[Comparison]:
+    def comparisons_at(self, concurrency: int | None = None) -> list[Comparison]:
         base = self.arms[0]
+        level = concurrency if concurrency is not None else (base.levels[0] if base.levels else 1)
         out = []
         for arm in self.arms[1:]:
-            r = None
-            if arm.summary and base.summary:
-                r = ratio(arm.summary.median, base.summary.median)
-            out.append(Comparison(arm=arm.profile, vs=base.profile, ratio=r))
+            r = agg = None
+            s, bs = arm.summary_at(level), base.summary_at(level)
+            if s and bs:
+                r = ratio(s.median, bs.median)
+            a, ba = arm.aggregate_at(level), base.aggregate_at(level)
+            if a and ba and ba.median > 0:
+                agg = ratio(a.median, ba.median)
+            out.append(Comparison(arm=arm.profile, vs=base.profile, ratio=r, concurrency=level, aggregate_ratio=agg))
         return out
+
+    @property
+    def comparisons(self) -> list[Comparison]:
+        """Each arm against the first, at the first concurrency level (the headline)."""
+        return self.comparisons_at()
+
+
+# Names this orch process in the host lock, so after a silent network drop it can take its own lock back.
+SESSION = uuid.uuid4().hex
 
 
 def new_experiment_id() -> str:
@@ -115,7 +155,7 @@ def run_ab(
         host=host.name,
         arms=[p.name for p in profiles],
         config={
-            "bench": config.bench.__dict__,
+            "bench": config.bench.to_dict(),
             "host_facts": facts,
             "strict_env": config.strict_env,
             "ports": sorted(ports),
@@ -127,7 +167,7 @@ def run_ab(
         + (" (SIMULATED server)" if config.simulate else "")
     )
     arms: list[ArmResult] = []
-    lock_path = f"{host.workdir}/orch.lock"
+    lock_path = host.lock_path
     try:
         acquire_host_lock(host, lock_path, exp_id, config.lock_wait_s, on_event)
         try:
@@ -149,6 +189,7 @@ def run_ab(
 def acquire_host_lock(host: Host, path: str, exp_id: str, wait_s: float, on_event: Callable[[str], None]) -> None:
     """One orch session per host: two sessions launching on one box would measure each other."""
     holder = {
+        "session": SESSION,
         "user": getpass.getuser(),
         "machine": socket.gethostname(),
         "pid": os.getpid(),
@@ -241,16 +282,27 @@ def _run_arm(
             if config.strict_env and not env.ok:
                 raise ServerError(f"{profile.name}: environment check failed (--strict-env); see above")
 
-            def recover(err: StreamBroken) -> bool:
+            def recover(err: str) -> bool:
                 on_event(f"{profile.name}: {err}; checking the connection and the server, then repeating the run")
                 host.ensure_connected()
-                if not host.call("alive", pid=srv.launch.pid)["alive"]:
-                    tail = host.call("log_tail", path=srv.launch.log_path, lines=20)
-                    on_event(f"{profile.name}: the server process is gone. Last lines of its log:\n{tail}")
-                    return False
+                # A crashing server closes its port a moment before its process is gone: give it that moment, so
+                # a crash is reported as one, not retried as if the network had dropped.
+                for _ in range(15):
+                    if not host.call("alive", pid=srv.launch.pid)["alive"]:
+                        tail = host.call("log_tail", path=srv.launch.log_path, lines=20)
+                        on_event(f"{profile.name}: the server process is gone. Last lines of its log:\n{tail}")
+                        return False
+                    time.sleep(0.2)
                 return True
 
-            run_benchmark(srv.base_url, config.bench, on_run=record, recover=recover)
+            bench = config.bench
+            runner = (
+                host_runner(host, connect_address(profile.host), srv.launch.port, bench)
+                if bench.client == "host"
+                else local_runner(srv.base_url, bench)
+            )
+            model = profile.served_model_name or profile.model_path
+            run_benchmark(runner, bench, model=model, on_run=record, recover=recover)
             ready_s = srv.ready_s
     except BaseException as e:
         if "launch" in state:

@@ -1,43 +1,22 @@
-"""The benchmark client: streamed generations against a ready server, measured per run."""
+"""Benchmark runs: the workload (prompts, concurrency, endpoint), where the client runs, and each run's result."""
 
 from __future__ import annotations
 
-import json
-import random
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
-
+from orchestrator import client, prompts
 from orchestrator.errors import BenchError
 
-# Short, varied prompts like the seed's (26-34 tokens); the first-order workload is decode speed, so the
-# prompt only needs to be realistic, not long. Richer prompt sets come with the workload work.
-PROMPTS = (
-    "Explain, step by step, how a transformer decoder generates text one token at a time, and why the key-value "
-    "cache makes this faster than recomputing attention from scratch for every new token.",
-    "Write a Python function that merges two sorted lists into one sorted list without using the built-in sort, "
-    "then explain its time and memory complexity in plain words.",
-    "Summarise the main causes of the French Revolution for a high-school student, in a few clear paragraphs "
-    "that cover the economic, political and social pressures of the time.",
-    "A train leaves a station at 9:40 travelling at 72 km/h; a second train follows at 10:05 at 90 km/h. "
-    "When and where does the second train catch up? Show your reasoning.",
-    "Translate the following into French and then explain any idioms that do not carry over directly: "
-    "'We will cross that bridge when we come to it, but let us not burn any bridges today.'",
-    "Describe the trade-offs between tensor parallelism and pipeline parallelism when serving a very large "
-    "language model on eight GPUs connected by PCIe rather than NVLink.",
-)
-
-
-class StreamBroken(BenchError):
-    """The connection to the server broke mid-request; the server itself may be fine (e.g. SSH dropped)."""
+CLIENT_PLACES = ("host", "local")
+MAX_RECOVERIES = 3
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """How to benchmark one server: the seed's defaults (2 warmups, 5 timed runs of 2048 tokens)."""
+    """How to benchmark one server: by default the seed's (2 warmups, 5 timed runs of 2048 tokens, 1 stream)."""
 
     runs: int = 5
     warmup: int = 2
@@ -45,133 +24,172 @@ class BenchConfig:
     warmup_max_tokens: int = 64
     seed: int = 0
     request_timeout_s: float = 600.0
+    concurrency: tuple[int, ...] = (1,)
+    requests_per_stream: int = 1  # a run at concurrency c sends c × this many requests
+    endpoint: str = "generate"
+    prompts: str = "builtin"  # builtin | random | path to a JSONL file
+    input_len: int | None = None  # random prompts only
+    client: str = "host"  # where the client runs: next to the server, or on the orch machine
+    min_run_s: float = 1.0  # a timed run shorter than this is invalid (too short to measure)
+
+    def requests_per_run(self, concurrency: int) -> int:
+        return concurrency * self.requests_per_stream
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "concurrency": list(self.concurrency)}
 
 
 @dataclass(frozen=True)
 class RunResult:
-    """One streamed request; warmups are recorded too but never enter statistics."""
+    """One run (warmups included, never in statistics). At concurrency 1 the first six fields are the seed's."""
 
     index: int
     warmup: bool
     tokens: int
     seconds: float
-    tok_s: float
+    tok_s: float  # output tokens per second per stream (tokens / end-to-end time, averaged over requests)
     prompt_tokens: int
-    ttft_s: float | None
+    ttft_s: float | None  # median time to first token
     spec_accept_length: float | None = None
     spec_verify_ct: int | None = None
     valid: bool = True
     invalid_reason: str | None = None
+    concurrency: int = 1
+    aggregate_tok_s: float = 0.0  # output tokens per second, all streams, while all were busy
+    requests: int = 1
+    errors: int = 0
+    accept_source: str | None = None
+    token_source: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)  # ttft/itl/tpot/e2e distributions, chunk counts
+    per_request: tuple[dict[str, Any], ...] = ()
+
+    @classmethod
+    def from_summary(cls, index: int, warmup: bool, s: dict[str, Any]) -> RunResult:
+        return cls(
+            index=index,
+            warmup=warmup,
+            tokens=int(s["tokens"]),
+            seconds=float(s["seconds"]),
+            tok_s=float(s["tok_s"]),
+            prompt_tokens=int(s["prompt_tokens"]),
+            ttft_s=s["ttft_s"],
+            spec_accept_length=s["spec_accept_length"],
+            spec_verify_ct=s["spec_verify_ct"],
+            valid=bool(s["valid"]),
+            invalid_reason=s["invalid_reason"],
+            concurrency=int(s["concurrency"]),
+            aggregate_tok_s=float(s["aggregate_tok_s"]),
+            requests=int(s["requests"]),
+            errors=int(s["errors"]),
+            accept_source=s["accept_source"],
+            token_source=s["token_source"],
+            metrics={k: s[k] for k in ("ttft", "itl", "tpot", "e2e", "window_s", "chunks", "multi_token_chunks")},
+            per_request=tuple(s["per_request"]),
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = dict(self.__dict__)
+        d["per_request"] = list(self.per_request)
+        return d
 
 
-def pick_prompts(seed: int, n: int) -> list[str]:
-    """The request sequence: a pure function of the seed, so every arm receives the identical sequence."""
-    rng = random.Random(seed)
-    return [rng.choice(PROMPTS) for _ in range(n)]
+# A runner sends one run's requests (bodies, their max tokens, the concurrency) and returns client.summarize_run's dict.
+Runner = Callable[[list[dict[str, Any]], list[int], int], dict[str, Any]]
 
 
-def stream_generate(
-    client: httpx.Client, base_url: str, prompt: str, max_tokens: int, timeout_s: float
-) -> tuple[int, float, int, float | None, dict[str, Any]]:
-    """POST /generate (SGLang native, streamed, ignore_eos); returns tokens, seconds, prompt tokens, TTFT, meta."""
-    payload = {
-        "text": prompt,
-        "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0},
-        "stream": True,
-    }
-    meta: dict[str, Any] = {}
-    ttft: float | None = None
-    t_end: float | None = None
-    done = False
-    t0 = time.perf_counter()
-    try:
-        with client.stream("POST", base_url + "/generate", json=payload, timeout=timeout_s) as resp:
-            if resp.status_code != 200:
-                resp.read()
-                raise BenchError(f"/generate answered HTTP {resp.status_code}: {resp.text[:300]}")
-            for line in resp.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
-                    break
-                now = time.perf_counter()
-                try:
-                    chunk = json.loads(data)
-                except json.JSONDecodeError as e:
-                    raise BenchError(f"/generate sent a line that is not JSON: {data[:200]!r}") from e
-                meta = chunk.get("meta_info") or {}
-                if ttft is None and int(meta.get("completion_tokens", 0)) > 0:
-                    ttft = now - t0
-                t_end = now
-    except httpx.TimeoutException as e:
-        raise BenchError(f"/generate timed out after {timeout_s:.0f}s ({type(e).__name__})") from e
-    except httpx.TransportError as e:
-        got = meta.get("completion_tokens", 0)
-        raise StreamBroken(f"the server dropped the stream after {got} tokens: {type(e).__name__}: {e}") from e
-    if not done:
-        raise StreamBroken(f"the stream ended without [DONE] after {meta.get('completion_tokens', 0)} tokens")
-    if t_end is None:
-        raise BenchError("/generate streamed no data")
-    return int(meta.get("completion_tokens", 0)), t_end - t0, int(meta.get("prompt_tokens", 0)), ttft, meta
+def host_runner(host: Any, address: str, port: int, config: BenchConfig) -> Runner:
+    """The client runs on the host, through the host-side agent: no laptop network jitter in the numbers."""
+
+    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int) -> dict[str, Any]:
+        rounds = -(-len(bodies) // concurrency)
+        result: dict[str, Any] = host.call(
+            "bench_run",
+            call_timeout=60 + config.request_timeout_s * rounds,
+            address=address,
+            port=port,
+            endpoint=config.endpoint,
+            bodies=bodies,
+            max_tokens=max_tokens,
+            concurrency=concurrency,
+            timeout_s=config.request_timeout_s,
+            min_duration_s=0.0,
+        )
+        return result
+
+    return run
 
 
-MAX_RECOVERIES = 3
+def local_runner(base_url: str, config: BenchConfig) -> Runner:
+    """The client runs in this process against base_url (for a remote host: the SSH tunnel's local end)."""
+    parts = urlsplit(base_url)
+    if parts.hostname is None or parts.port is None:
+        raise BenchError(f"cannot benchmark {base_url!r}: expected http://HOST:PORT")
+    host, port = parts.hostname, parts.port
+
+    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int) -> dict[str, Any]:
+        return client.run(host, port, config.endpoint, bodies, max_tokens, concurrency, config.request_timeout_s)
+
+    return run
+
+
+def request_items(config: BenchConfig) -> list[dict[str, Any]]:
+    """Every input the benchmark will send, in order: identical for every arm (a pure function of the config)."""
+    total = config.warmup + sum(config.runs * config.requests_per_run(c) for c in config.concurrency)
+    return [
+        it.to_dict()
+        for it in prompts.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
+    ]
 
 
 def run_benchmark(
-    base_url: str,
+    runner: Runner,
     config: BenchConfig,
+    *,
+    model: str,
     on_run: Callable[[RunResult], None] | None = None,
-    recover: Callable[[StreamBroken], bool] | None = None,
+    recover: Callable[[str], bool] | None = None,
 ) -> list[RunResult]:
-    """Warmups then timed runs, one stream at a time; `on_run` sees each run the moment it finishes.
+    """Warmups, then timed runs at each concurrency level; `on_run` sees each run the moment it finishes.
 
-    When a stream breaks, `recover` may restore the path to the server (reconnect SSH, check the server is
-    alive) and return True; the interrupted run is then repeated from the start, never stitched together.
+    A run with failed requests calls `recover` (reconnect, check the server); if the server is alive the run is
+    repeated from the start (never stitched together), at most MAX_RECOVERIES times per benchmark, after which it
+    is recorded as invalid. If the server is gone, BenchError.
     """
-    prompts = pick_prompts(config.seed, config.warmup + config.runs)
+    items = request_items(config)
+    position = 0
     results: list[RunResult] = []
     recoveries = 0
-    with httpx.Client(timeout=httpx.Timeout(config.request_timeout_s, connect=5.0)) as client:
-        for i, prompt in enumerate(prompts):
-            warm = i < config.warmup
-            want = config.warmup_max_tokens if warm else config.max_tokens
-            while True:
-                try:
-                    tokens, seconds, prompt_tokens, ttft, meta = stream_generate(
-                        client, base_url, prompt, want, config.request_timeout_s
-                    )
-                    break
-                except StreamBroken as e:
-                    recoveries += 1
-                    if recover is None or recoveries > MAX_RECOVERIES or not recover(e):
-                        raise
-            reason = None
-            if tokens < want:
-                reason = f"{tokens} of {want} tokens (stopped early despite ignore_eos)"
-            verify = meta.get("spec_verify_ct")
-            accept = meta.get("spec_accept_length")
-            if accept is None and verify:
-                accept = tokens / verify
-            run = RunResult(
-                index=i if warm else i - config.warmup,
-                warmup=warm,
-                tokens=tokens,
-                seconds=seconds,
-                tok_s=tokens / seconds if seconds > 0 else 0.0,
-                prompt_tokens=prompt_tokens,
-                ttft_s=ttft,
-                spec_accept_length=float(accept) if accept is not None else None,
-                spec_verify_ct=int(verify) if verify is not None else None,
-                valid=reason is None,
-                invalid_reason=reason,
-            )
-            results.append(run)
-            if on_run is not None:
-                on_run(run)
+
+    def one(index: int, warm: bool, concurrency: int, n: int, max_tokens: int) -> None:
+        nonlocal position, recoveries
+        chunk = items[position : position + n]
+        position += n
+        bodies = [client.build_body(config.endpoint, it, max_tokens, model) for it in chunk]
+        while True:
+            summary = runner(bodies, [max_tokens] * n, concurrency)
+            if not summary["errors"] or recover is None:
+                break
+            first = next(r["error"] for r in summary["per_request"] if r["error"])
+            if not recover(first):
+                raise BenchError(f"the server is gone (run {index + 1} at concurrency {concurrency}: {first})")
+            if recoveries >= MAX_RECOVERIES:
+                break
+            recoveries += 1
+        if not warm and summary["window_s"] < config.min_run_s and summary["valid"]:
+            summary = {
+                **summary,
+                "valid": False,
+                "invalid_reason": f"run lasted {summary['window_s']:.2f}s, shorter than the minimum "
+                f"{config.min_run_s:.2f}s (raise --max-tokens or lower --min-run-s)",
+            }
+        run = RunResult.from_summary(index, warm, summary)
+        results.append(run)
+        if on_run is not None:
+            on_run(run)
+
+    for i in range(config.warmup):
+        one(i, True, 1, 1, config.warmup_max_tokens)
+    for c in config.concurrency:
+        for i in range(config.runs):
+            one(i, False, c, config.requests_per_run(c), config.max_tokens)
     return results

@@ -19,9 +19,10 @@ import yaml
 from orchestrator import __version__
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig, run_ab
-from orchestrator.bench import BenchConfig, RunResult
+from orchestrator.bench import BenchConfig, RunResult, request_items
 from orchestrator.errors import OrchError, ProfileError
 from orchestrator.hosts import check_host, inventory_paths, load_inventory, resolve_host
+from orchestrator.hostside import redact, redact_argv
 from orchestrator.report import SIM_BANNER, ab_json, ab_text, run_line
 from orchestrator.server import default_namespace
 from orchestrator.store import Store
@@ -75,8 +76,10 @@ def profiles_show(name: str, sim: bool, python: str) -> None:
     click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
     click.echo("\n# launch command" + (" (SIMULATOR)" if sim else ""))
     env = prof.env_dict() | (prof.sim_env() if sim else {})
-    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-    click.echo((prefix + " " if prefix else "") + shlex.join(prof.launch_argv(python, simulate=sim)))
+    # Secret-looking values are shown as digests: this output ends up in terminals, tickets and chat.
+    prefix = " ".join(f"{k}={shlex.quote(redact(k, v))}" for k, v in sorted(env.items()))
+    argv = redact_argv(prof.launch_argv(python, simulate=sim))
+    click.echo((prefix + " " if prefix else "") + shlex.join(argv))
 
 
 @profiles_group.command("validate")
@@ -96,6 +99,16 @@ def profiles_validate(files: tuple[str, ...]) -> None:
 
 
 # ---------------------------------------------------------------- running servers
+
+
+def _parse_levels(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers such as 1,8,32") from None
+    if not levels or any(n < 1 or n > 4096 for n in levels) or len(set(levels)) != len(levels):
+        raise click.BadParameter(f"{value!r}: expected distinct integers from 1 to 4096")
+    return levels
 
 
 def _host_options() -> list[Callable[..., Any]]:
@@ -140,7 +153,62 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             type=click.IntRange(1, 1_000_000),
             help="Output tokens per timed run (ignore_eos, so every run yields exactly this many).",
         ),
-        click.option("--seed", default=0, show_default=True, type=int, help="Seed of the prompt sequence."),
+        click.option(
+            "--seed",
+            default=0,
+            show_default=True,
+            type=int,
+            help="Seed of the request sequence (identical for every arm).",
+        ),
+        click.option(
+            "--concurrency",
+            default="1",
+            show_default=True,
+            callback=_parse_levels,
+            help="Comma-separated concurrency levels, e.g. 1,8,32: streams kept busy during a run.",
+        ),
+        click.option(
+            "--requests-per-stream",
+            default=1,
+            show_default=True,
+            type=click.IntRange(1, 10000),
+            help="A run at concurrency c sends c x this many requests.",
+        ),
+        click.option(
+            "--endpoint",
+            default="generate",
+            show_default=True,
+            type=click.Choice(["generate", "completions", "chat"]),
+            help="SGLang native /generate, or OpenAI /v1/completions or /v1/chat/completions.",
+        ),
+        click.option(
+            "--prompts",
+            "prompt_source",
+            default="builtin",
+            show_default=True,
+            help="builtin (varied task mix), random (token ids, see --input-len), or a JSONL file.",
+        ),
+        click.option(
+            "--input-len",
+            type=click.IntRange(1, 1_000_000),
+            default=None,
+            help="Prompt length in tokens for --prompts random [default: 128].",
+        ),
+        click.option(
+            "--client",
+            "client_place",
+            default="host",
+            show_default=True,
+            type=click.Choice(["host", "local"]),
+            help="Run the benchmark client on the host next to the server, or on this machine.",
+        ),
+        click.option(
+            "--min-run-s",
+            default=1.0,
+            show_default=True,
+            type=click.FloatRange(0, 86400),
+            help="A timed run shorter than this is invalid and excluded from statistics.",
+        ),
         click.option(
             "--ready-timeout",
             type=click.FloatRange(1, 86400),
@@ -197,6 +265,13 @@ def _run(
     warmup: int,
     max_tokens: int,
     seed: int,
+    concurrency: tuple[int, ...],
+    requests_per_stream: int,
+    endpoint: str,
+    prompt_source: str,
+    input_len: int | None,
+    client_place: str,
+    min_run_s: float,
     ready_timeout: float | None,
     grace: float,
     strict_env: bool,
@@ -210,7 +285,20 @@ def _run(
     accept_new_host_key: bool,
 ) -> None:
     profiles = [profiles_mod.load(n) for n in profile_names]
-    bench = BenchConfig(runs=runs, warmup=warmup, max_tokens=max_tokens, seed=seed)
+    bench = BenchConfig(
+        runs=runs,
+        warmup=warmup,
+        max_tokens=max_tokens,
+        seed=seed,
+        concurrency=concurrency,
+        requests_per_stream=requests_per_stream,
+        endpoint=endpoint,
+        prompts=prompt_source,
+        input_len=input_len,
+        client=client_place,
+        min_run_s=min_run_s,
+    )
+    request_items(bench)  # bad prompt files or options fail here, before any server starts
     config = ABConfig(
         bench=bench,
         simulate=sim,

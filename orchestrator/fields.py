@@ -20,6 +20,8 @@ def text(v: Any) -> str:
 def nonempty_str(v: Any) -> str:
     if not isinstance(v, str) or not v.strip():
         raise FieldError(f"expected a non-empty string, got {v!r}")
+    if "\0" in v:
+        raise FieldError("contains a NUL byte")
     return v
 
 
@@ -64,6 +66,8 @@ def choice(options: tuple[str, ...]) -> Any:
 def str_list(v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(x, str | int | float) and not isinstance(x, bool) for x in v):
         raise FieldError(f"expected a list of strings, got {v!r}")
+    if any("\0" in str(x) for x in v):
+        raise FieldError("an item contains a NUL byte")
     return tuple(str(x) for x in v)
 
 

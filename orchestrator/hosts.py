@@ -88,6 +88,8 @@ def load_inventory(explicit: str | None = None) -> dict[str, HostConfig]:
             raise HostError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from e
         except OSError as e:
             raise HostError(f"{path}: cannot read: {e.strerror or e}") from e
+        except UnicodeDecodeError as e:
+            raise HostError(f"{path}: not UTF-8 text (byte {e.start})") from e
         if not isinstance(data, dict) or set(data) - {"hosts"}:
             raise HostError(f"{path}: expected a mapping with one key, 'hosts' (name: settings)")
         hosts = data.get("hosts") or {}
@@ -154,10 +156,11 @@ class Host(ABC):
     # PYTHONPATH that lets the host's Python import orchestrator.sim (None: it already can).
     sim_pythonpath: str | None = None
 
-    def call(self, op: str, **args: Any) -> Any:
+    def call(self, op: str, *, call_timeout: float | None = None, **args: Any) -> Any:
+        """Run one host-side operation; `call_timeout` bounds a remote call that is expected to take long."""
         t0 = time.perf_counter()
         try:
-            reply = self._roundtrip({"op": op, "args": args})
+            reply = self._roundtrip({"op": op, "args": args}, call_timeout)
         finally:
             self.stats.record(op, time.perf_counter() - t0)
         if not reply.get("ok"):
@@ -165,12 +168,17 @@ class Host(ABC):
         return reply.get("result")
 
     @abstractmethod
-    def _roundtrip(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _roundtrip(self, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         """Send one request to the host-side agent and return its decoded reply."""
 
     @abstractmethod
-    def url(self, port: int) -> str:
-        """Base URL at which orch reaches a server listening on `port` (127.0.0.1) of this host."""
+    def url(self, port: int, address: str = "127.0.0.1") -> str:
+        """Base URL at which orch reaches a server listening on address:port of this host."""
+
+    @property
+    def lock_path(self) -> str:
+        """The host lock: one orch session per host at a time."""
+        return f"{self.workdir}/orch.lock"
 
     def ensure_connected(self, force: bool = False) -> None:  # noqa: B027 - optional hook
         """Re-establish the connection if it dropped (bounded); the local host is always there."""
@@ -197,18 +205,26 @@ class LocalHost(Host):
         self.workdir = self.config.workdir or platformdirs.user_state_dir("orch")
         self.stats = CallStats()
 
-    def _roundtrip(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _roundtrip(self, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         reply = hostside.dispatch(json.loads(json.dumps(request)))
         decoded: dict[str, Any] = json.loads(json.dumps(reply))
         return decoded
 
-    def url(self, port: int) -> str:
-        return f"http://127.0.0.1:{port}"
+    def url(self, port: int, address: str = "127.0.0.1") -> str:
+        return f"http://{_bracket(address)}:{port}"
 
     def close(self) -> None:
         # The lock of an in-process agent lives in this process; release it like a remote agent's exit would.
-        for path in list(hostside._LOCKS):
-            hostside.op_unlock(path)
+        hostside.op_unlock(self.lock_path)
+
+
+def _bracket(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def connect_address(bind: str) -> str:
+    """Where to connect to a server bound to `bind`: a wildcard bind is reached on loopback."""
+    return "127.0.0.1" if bind in ("0.0.0.0", "", "::", "[::]") else bind.strip("[]")
 
 
 def resolve_host(

@@ -1,7 +1,8 @@
-"""Host-side agent: the work orch does *on* a host (launch, find, inspect, kill), stdlib + psutil only, JSON in/out.
+"""Host-side agent: the work orch does *on* a host (launch, find, inspect, kill, benchmark), JSON in/out.
 
 The local host calls `dispatch()` in-process; a remote host runs this same file with the host's Python
-(`python3 hostside.py < request.json`). Keep it free of other orchestrator imports so it can be shipped alone.
+(`python3 hostside.py --serve`, one JSON request per line). It needs only the stdlib, psutil, and the shipped
+stdlib-only `orchestrator/client.py` and `orchestrator/sim/`: keep every other orchestrator import out of it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import platform
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -26,10 +28,12 @@ from typing import Any
 
 import psutil
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: request ids echoed, heartbeats while a request runs
 MARKER = "ORCH_LAUNCH_ID"
 # Names whose values must never leave the host in clear text.
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+# Flags are matched on their last word only: --api-key and --hf-token are secrets, --num-draft-tokens is not.
+SECRET_FLAG_RE = re.compile(r"^--(?:[\w-]*-)?(key|token|secret|password|passwd|credentials?)$", re.IGNORECASE)
 # Variables that change what an inference server does even when no profile set them.
 RELEVANT_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVIDIA_", "OMP_", "HF_", "TRITON_")
 
@@ -47,15 +51,32 @@ class HostSideError(Exception):
 
 def redact(name: str, value: str) -> str:
     """Hide secret-looking values but keep them comparable (same value → same digest)."""
-    if SECRET_NAME_RE.search(name):
-        return "<redacted sha256:" + hashlib.sha256(value.encode()).hexdigest()[:12] + ">"
-    return value
+    return _digest(value) if SECRET_NAME_RE.search(name) else value
+
+
+def _digest(value: str) -> str:
+    return "<redacted sha256:" + hashlib.sha256(value.encode()).hexdigest()[:12] + ">"
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """Hide the value after a secret-looking flag (`--api-key X`, `--api-key=X`), keeping it comparable."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if eq and SECRET_FLAG_RE.match(flag):
+            out.append(f"{flag}={_digest(value)}")
+        elif i > 0 and SECRET_FLAG_RE.match(argv[i - 1]):
+            out.append(_digest(arg))
+        else:
+            out.append(arg)
+    return out
 
 
 def _gone(proc: psutil.Process) -> bool:
-    # Orphans whose parent is a non-reaping PID 1 linger as zombies: for us they are dead.
+    # Orphans whose parent is a non-reaping PID 1 linger as zombies: for us they are dead. is_running() also
+    # compares the creation time, so a PID reused by a new process does not count as ours still running.
     try:
-        return proc.status() == psutil.STATUS_ZOMBIE
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return True
 
@@ -242,21 +263,28 @@ def _glob(directory: str, suffix: str) -> list[str]:
 _LOCKS: dict[str, int] = {}
 
 
-def op_lock(path: str, holder: dict[str, Any], wait_s: float = 0.0) -> dict[str, Any]:
+def op_lock(path: str, holder: dict[str, Any], wait_s: float = 0.0, reclaim: bool = False) -> dict[str, Any]:
+    """Take the host lock (waiting up to wait_s). With reclaim, a lock held by an older agent of the *same* orch
+    session (left behind by a silent network drop) is taken back by ending that agent."""
     if path in _LOCKS:
         return {"acquired": True, "holder": holder}
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     deadline = time.monotonic() + wait_s
+    reclaimed = False
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:
+            current: dict[str, Any] = {}
+            with contextlib.suppress(OSError, ValueError):
+                current = json.loads(os.pread(fd, 65536, 0).decode() or "{}")
+            if reclaim and not reclaimed and holder.get("session") and current.get("session") == holder["session"]:
+                reclaimed = True
+                _end_stale_agent(current.get("agent_pid"))
+                continue
             if time.monotonic() >= deadline:
-                current: dict[str, Any] = {}
-                with contextlib.suppress(OSError, ValueError):
-                    current = json.loads(os.pread(fd, 65536, 0).decode() or "{}")
                 os.close(fd)
                 return {"acquired": False, "holder": current}
             time.sleep(0.2)
@@ -264,6 +292,23 @@ def op_lock(path: str, holder: dict[str, Any], wait_s: float = 0.0) -> dict[str,
     os.pwrite(fd, json.dumps({**holder, "agent_pid": os.getpid()}).encode(), 0)
     _LOCKS[path] = fd
     return {"acquired": True, "holder": holder}
+
+
+def _end_stale_agent(pid: Any) -> None:
+    # Only a process that is verifiably an orch agent (this file in --serve mode, same user) is ever ended here.
+    if not isinstance(pid, int) or pid in (os.getpid(), os.getppid()) or pid <= 1:
+        return
+    try:
+        proc = psutil.Process(pid)
+        cmd = proc.cmdline()
+        if proc.uids().real != os.getuid() or "--serve" not in cmd or not any(a.endswith("hostside.py") for a in cmd):
+            return
+        proc.terminate()
+        if _wait_gone([proc], 5.0):
+            proc.kill()
+            _wait_gone([proc], 5.0)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return
 
 
 def op_unlock(path: str) -> bool:
@@ -439,8 +484,12 @@ def op_teardown(
     _signal_procs([p for p in procs if _pgid(p) != pgid], signal.SIGTERM)
     survivors = _wait_gone(procs, grace_s)
     if survivors:
-        _signal_group(pgid, signal.SIGKILL)
-        report["sigkill"] = _signal_procs(survivors, signal.SIGKILL)
+        # Re-check just before the group SIGKILL: if every marked member left the group meanwhile, the number
+        # may already belong to a new group of someone else's.
+        if pgid is not None and any(_pgid(p) == pgid for p, _ in _marked(lambda v: v == launch_id)):
+            _signal_group(pgid, signal.SIGKILL)
+        _signal_procs(survivors, signal.SIGKILL)  # those outside the group; the rest may already be gone
+        report["sigkill"] = [p.pid for p in survivors]
     # Processes started after our snapshot or reparented away from the group: found again by marker.
     late = [p for p, _ in _marked(lambda v: v == launch_id)]
     if late:
@@ -479,16 +528,37 @@ def op_down(namespace: str, grace_s: float = 10.0) -> list[dict[str, Any]]:
 
 def op_kill_port_owner(port: int, pid: int, grace_s: float = 10.0) -> dict[str, Any]:
     """Kill exactly the process that owns the port (opt-in: host policy kill-with-force plus --force)."""
+    if pid <= 1 or pid in (os.getpid(), os.getppid()):
+        raise HostSideError(f"refusing to kill PID {pid} (init, or orch's own agent and its parent)")
+    try:
+        proc = psutil.Process(pid)  # before the ownership check, so a PID reused afterwards is not signalled
+    except psutil.NoSuchProcess:
+        return {"pid": pid, "sigkill": False, "gone": True}
     owners = [o["pid"] for o in op_port_owner(port)]
     if pid not in owners:
         raise HostSideError(f"PID {pid} no longer owns port {port} (owners now: {owners}); nothing was killed")
-    proc = psutil.Process(pid)
     _signal_procs([proc], signal.SIGTERM)
     killed = []
     if _wait_gone([proc], grace_s):
         killed = _signal_procs([proc], signal.SIGKILL)
         _wait_gone([proc], 10.0)
     return {"pid": pid, "sigkill": bool(killed), "gone": _gone(proc)}
+
+
+def op_bench_run(
+    port: int,
+    endpoint: str,
+    bodies: list[dict[str, Any]],
+    max_tokens: list[int],
+    concurrency: int,
+    timeout_s: float = 600.0,
+    min_duration_s: float = 0.0,
+    address: str = "127.0.0.1",
+) -> dict[str, Any]:
+    """One benchmark run against address:port, measured here next to the server."""
+    from orchestrator import client  # shipped beside this file
+
+    return client.run(address, port, endpoint, bodies, max_tokens, concurrency, timeout_s, min_duration_s)
 
 
 def op_log_tail(path: str, lines: int = 40, max_bytes: int = 65536) -> str:
@@ -515,6 +585,7 @@ OPS: dict[str, Callable[..., Any]] = {
     "teardown": op_teardown,
     "down": op_down,
     "log_tail": op_log_tail,
+    "bench_run": op_bench_run,
     "gpus": op_gpus,
     "status": op_status,
     "kill_port_owner": op_kill_port_owner,
@@ -527,32 +598,75 @@ OPS: dict[str, Callable[..., Any]] = {
 def dispatch(request: dict[str, Any]) -> dict[str, Any]:
     """One request → one JSON-able answer; never raises, so a remote caller always gets a structured reply."""
     op = request.get("op")
+    reply = _dispatch(op, request.get("args", {}))
+    if "id" in request:
+        reply["id"] = request["id"]  # lets the caller drop a stale reply to a request it gave up on
+    return reply
+
+
+def _dispatch(op: Any, args: dict[str, Any]) -> dict[str, Any]:
     fn = OPS.get(str(op))
     if fn is None:
         return {"ok": False, "error": f"unknown host-side operation {op!r}"}
     try:
-        return {"ok": True, "result": fn(**request.get("args", {}))}
+        return {"ok": True, "result": fn(**args)}
     except HostSideError as e:
         return {"ok": False, "error": str(e)}
     except TypeError as e:
         return {"ok": False, "error": f"bad arguments for {op}: {e}"}
     except (OSError, psutil.Error) as e:
         return {"ok": False, "error": f"{op} failed: {e}"}
+    except Exception as e:  # a bug here must still come back as an answer, not kill the agent
+        return {"ok": False, "error": f"{op} failed unexpectedly: {type(e).__name__}: {e}"}
+
+
+HEARTBEAT_S = 5.0
 
 
 def serve() -> None:
-    """One JSON request per line on stdin, one JSON reply per line on stdout, until EOF (the connection closed)."""
-    for line in sys.stdin:
+    """One JSON request per line on stdin, one JSON reply per line on stdout, until EOF (the connection closed).
+
+    Each request runs in a worker thread while this loop (a) writes a heartbeat line every HEARTBEAT_S so orch can
+    tell a long benchmark run from a dead connection, and (b) watches stdin: requests come strictly one at a time,
+    so input during a request can only be EOF, and then the agent exits at once — a benchmark run orch gave up on
+    must not keep loading the server while orch repeats it.
+    """
+    import threading
+
+    fd = sys.stdin.fileno()
+    buffer = b""
+    while True:
+        while b"\n" not in buffer:
+            data = os.read(fd, 65536)
+            if not data:
+                return
+            buffer += data
+        line, buffer = buffer.split(b"\n", 1)
         if not line.strip():
             continue
         try:
             request = json.loads(line)
         except json.JSONDecodeError as e:
-            reply: dict[str, Any] = {"ok": False, "error": f"request is not JSON: {e}"}
-        else:
-            reply = dispatch(request)
-        sys.stdout.write(json.dumps(reply) + "\n")
-        sys.stdout.flush()
+            _write({"ok": False, "error": f"request is not JSON: {e}"})
+            continue
+        box: list[dict[str, Any]] = []
+        worker = threading.Thread(target=lambda b=box, r=request: b.append(dispatch(r)), daemon=True)
+        worker.start()
+        next_beat = time.monotonic() + HEARTBEAT_S
+        while worker.is_alive():
+            readable, _, _ = select.select([fd], [], [], 0.2)
+            if readable:
+                os._exit(0)
+            if time.monotonic() >= next_beat:
+                _write({"id": request.get("id"), "heartbeat": True})
+                next_beat += HEARTBEAT_S
+            worker.join(0.0)
+        _write(box[0] if box else {"ok": False, "error": "the request died without an answer", "id": request.get("id")})
+
+
+def _write(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:

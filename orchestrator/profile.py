@@ -24,6 +24,7 @@ from orchestrator.fields import (
     str_list,
     text,
 )
+from orchestrator.hostside import redact, redact_argv
 from orchestrator.sim.knobs import KNOBS as SIM_KNOBS
 from orchestrator.sim.knobs import parse_fault
 
@@ -130,8 +131,8 @@ class Profile:
             "trust_remote_code": self.trust_remote_code,
             "mem_fraction_static": self.mem_fraction_static,
             "speculative": None if spec is None else dict(spec.__dict__),
-            "server_args": list(self.server_args),
-            "env": dict(self.env),
+            "server_args": redact_argv(list(self.server_args)),
+            "env": {k: redact(k, v) for k, v in self.env},
             "sim": dict(self.sim),
             "ready_timeout_s": self.ready_timeout_s,
             "description": self.description,
@@ -221,6 +222,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise ProfileError(f"{path}: cannot read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{path}: not UTF-8 text (byte {e.start}); is this really a profile?") from e
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -265,6 +268,8 @@ def _check_raw_keys(path: Path, data: Mapping[str, Any]) -> None:
                 raise ProfileError(
                     f"{path}: env.{key}: expected a string or number (quote words like 'true'), got {value!r}"
                 )
+            if isinstance(value, str) and "\0" in value:
+                raise ProfileError(f"{path}: env.{key}: contains a NUL byte, which no environment can hold")
 
 
 def _merge(base: dict[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 
 from orchestrator.errors import HostError, ServerError
-from orchestrator.hosts import Host
-from orchestrator.hostside import MARKER, redact
+from orchestrator.hosts import Host, connect_address
+from orchestrator.hostside import MARKER, redact, redact_argv
 from orchestrator.profile import Profile
 
 NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -210,9 +210,10 @@ def launch(host: Host, profile: Profile, *, simulate: bool, namespace: str) -> L
     log_path = f"{host.workdir}/logs/{launch_id.replace(':', '_')}.log"
     try:
         started = host.call("launch", argv=argv, env=env, log_path=log_path)
-    except HostError:
-        # Whether it started is unknown (e.g. the connection dropped mid-call): the marker finds it if it did.
-        with contextlib.suppress(HostError):
+    except BaseException:
+        # Whether it started is unknown (the connection dropped, or Ctrl-C arrived mid-call): the marker finds it
+        # if it did, so tear down by marker before giving up.
+        with _shielded(_quiet), contextlib.suppress(HostError):
             host.call("teardown", launch_id=launch_id, grace_s=2.0, port_wait_s=0)
         raise
     return Launch(
@@ -222,7 +223,7 @@ def launch(host: Host, profile: Profile, *, simulate: bool, namespace: str) -> L
         pgid=started["pgid"],
         port=profile.port,
         log_path=log_path,
-        argv=tuple(argv),
+        argv=tuple(redact_argv(argv)),
         env={k: redact(k, v) for k, v in env.items()},
         simulated=simulate,
         started_at=started["started_at"],
@@ -240,7 +241,7 @@ def wait_ready(
 ) -> float:
     """Poll the health endpoint *and* the process; fail at once, with the log tail, if the process exits."""
     engine = ENGINES[profile.engine]
-    url = host.url(launch_.port) + engine.health_path
+    url = host.url(launch_.port, connect_address(profile.host)) + engine.health_path
     t0 = time.monotonic()
     phase = "loading"
     with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
@@ -354,7 +355,7 @@ def running(
     pre = preflight(host, profile, namespace, on_event, force=force)
     launched = launch(host, profile, simulate=simulate, namespace=namespace)
     on_event(f"{profile.name}: launched PID {launched.pid} ({launched.launch_id}), log {launched.log_path}")
-    srv = RunningServer(launch=launched, base_url=host.url(profile.port), preflight=pre)
+    srv = RunningServer(launch=launched, base_url=host.url(profile.port, connect_address(profile.host)), preflight=pre)
     failed = True
     try:
         if on_launch is not None:

@@ -49,6 +49,8 @@ logging.getLogger("paramiko.transport").addFilter(_QuietRefusedChannels())
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Slow operations get their own deadline on top of the arguments that make them slow.
 BASE_CALL_TIMEOUT_S = 60.0
+# The agent heartbeats every hostside.HEARTBEAT_S while a request runs; this much silence means a dead path.
+SILENCE_S = 6 * hostside.HEARTBEAT_S
 
 
 class ConnectionLost(Exception):
@@ -91,6 +93,7 @@ def agent_files() -> dict[str, bytes]:
     files = {
         "hostside.py": (PACKAGE_DIR / "hostside.py").read_bytes(),
         "orchestrator/__init__.py": (PACKAGE_DIR / "__init__.py").read_bytes(),
+        "orchestrator/client.py": (PACKAGE_DIR / "client.py").read_bytes(),
     }
     for path in sorted((PACKAGE_DIR / "sim").glob("*.py")):
         files[f"orchestrator/sim/{path.name}"] = path.read_bytes()
@@ -126,7 +129,15 @@ def resolve_endpoint(
     cfg: paramiko.SSHConfig, alias: str, user: str | None, port: int | None, extra_identity_files: tuple[str, ...]
 ) -> Endpoint:
     entry = cfg.lookup(alias)
+    for f in extra_identity_files:
+        if not Path(f).expanduser().is_file():
+            raise HostError(f"identity_file {f}: no such file (set in the host inventory for {alias})")
+    # Like ssh, IdentityFile entries from ssh_config that do not exist are skipped.
     ids = [str(Path(f).expanduser()) for f in (*extra_identity_files, *entry.get("identityfile", []))]
+    try:
+        config_port = int(entry.get("port", 22))
+    except ValueError:
+        raise HostError(f"ssh config: Port {entry.get('port')!r} for {alias} is not a number") from None
 
     def opt(name: str) -> str | None:
         value = entry.get(name)
@@ -135,7 +146,7 @@ def resolve_endpoint(
     return Endpoint(
         hostname=entry.get("hostname", alias),
         user=user or entry.get("user") or os.environ.get("USER") or "root",
-        port=port or int(entry.get("port", 22)),
+        port=port or config_port,
         identity_files=tuple(f for f in ids if Path(f).is_file()),
         identities_only=str(entry.get("identitiesonly", "no")).lower() == "yes",
         known_hosts=Path(str(entry.get("userknownhostsfile", "~/.ssh/known_hosts")).split()[0]).expanduser(),
@@ -162,9 +173,11 @@ class SSHHost(Host):
         self._agent: paramiko.Channel | None = None
         self._buffer = b""
         self._stderr: deque[str] = deque(maxlen=50)
-        self._tunnels: dict[int, _Tunnel] = {}
+        self._tunnels: dict[tuple[str, int], _Tunnel] = {}
         self._held_lock: tuple[str, dict[str, Any]] | None = None
         self._closed = False
+        self._lost: str | None = None  # set once reconnecting has failed for good
+        self._seq = 0
         self._resolve_ssh_config(ssh_config_path or os.environ.get("ORCH_SSH_CONFIG") or "~/.ssh/config")
         self.workdir = ""
         self.agent_dir = ""
@@ -276,11 +289,16 @@ class SSHHost(Host):
         self._install_agent()
         self._start_agent()
         if self._held_lock is not None:
+            # Re-take the host lock. After a silent drop our previous agent may still hold it; the lock file
+            # names this session, so the agent may end that one agent of ours (and nothing else) to get it back.
             path, holder = self._held_lock
-            got = self.call("lock", path=path, holder=holder, wait_s=0)
-            if not got["acquired"]:
+            reply = self._request(
+                {"op": "lock", "args": {"path": path, "holder": holder, "wait_s": 10, "reclaim": True}}, 60
+            )
+            if not reply.get("ok") or not reply["result"]["acquired"]:
                 self._held_lock = None
-                raise HostError(f"{self.name}: after reconnecting, the host lock is held by {got['holder']}")
+                held_by = reply.get("result", {}).get("holder") if reply.get("ok") else reply.get("error")
+                raise HostError(f"{self.name}: after reconnecting, the host lock is held by {held_by}")
 
     def _drop(self) -> None:
         for ch in (self._agent,):
@@ -344,13 +362,15 @@ class SSHHost(Host):
         threading.Thread(target=self._drain_stderr, args=(channel,), daemon=True).start()
         try:
             hello = self._request({"op": "hello", "args": {}}, timeout=30)
-        except ConnectionLost as e:
+        except ConnectionLost:
             time.sleep(0.2)
-            err = " ".join(self._stderr).strip()
-            raise HostError(
-                f"{self.name}: could not start orch's agent with {self.python!r} "
-                f"({err or e}); set the host's `python` in hosts.yaml to an interpreter with psutil"
-            ) from None
+            if channel.exit_status_ready() and channel.recv_exit_status() != 0:
+                err = " ".join(self._stderr).strip()
+                raise HostError(
+                    f"{self.name}: could not start orch's agent with {self.python!r} ({err or 'it exited'}); "
+                    "set the host's `python` in hosts.yaml to an interpreter with psutil"
+                ) from None
+            raise
         if not hello.get("ok") or hello["result"].get("protocol") != hostside.PROTOCOL_VERSION:
             raise HostError(f"{self.name}: agent protocol mismatch: {hello}")
 
@@ -366,44 +386,63 @@ class SSHHost(Host):
     # ------------------------------------------------------------ requests
 
     def _request(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one request and read its reply, by id, under our own deadlines (paramiko's would wait forever)."""
         channel = self._agent
         if channel is None or channel.closed or channel.exit_status_ready():
             raise ConnectionLost("the agent channel is closed")
+        self._seq += 1
+        rid = self._seq
         try:
-            channel.sendall((json.dumps(request) + "\n").encode())
-        except (OSError, EOFError, paramiko.SSHException) as e:
-            raise ConnectionLost(f"send failed: {e}") from e
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                # Our own deadline: paramiko's blocking calls would wait forever on a dead peer.
-                raise ConnectionLost(f"no answer to {request['op']} within {timeout:.0f}s")
-            channel.settimeout(min(remaining, 1.0))
             try:
-                data = channel.recv(65536)
-            except TimeoutError:
-                self._transport()  # raises if the transport died meanwhile
-                continue
+                channel.sendall((json.dumps({**request, "id": rid}) + "\n").encode())
             except (OSError, EOFError, paramiko.SSHException) as e:
-                raise ConnectionLost(f"receive failed: {e}") from e
-            if not data:
-                raise ConnectionLost("the agent closed the channel")
-            self._buffer += data
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        reply: dict[str, Any] = json.loads(line)
-        return reply
+                raise ConnectionLost(f"send failed: {e}") from e
+            deadline = time.monotonic() + timeout
+            heard = time.monotonic()
+            while True:
+                while b"\n" not in self._buffer:
+                    now = time.monotonic()
+                    if now >= deadline:
+                        raise ConnectionLost(f"no answer to {request['op']} within {timeout:.0f}s")
+                    if now - heard > SILENCE_S:
+                        # The agent heartbeats every few seconds while it works: silence means the path is dead
+                        # even if TCP has not noticed yet.
+                        raise ConnectionLost(f"nothing from the agent for {SILENCE_S:.0f}s during {request['op']}")
+                    channel.settimeout(min(deadline - now, 1.0))
+                    try:
+                        data = channel.recv(65536)
+                    except TimeoutError:
+                        self._transport()  # raises if the transport died meanwhile
+                        continue
+                    except (OSError, EOFError, paramiko.SSHException) as e:
+                        raise ConnectionLost(f"receive failed: {e}") from e
+                    if not data:
+                        raise ConnectionLost("the agent closed the channel")
+                    self._buffer += data
+                    heard = time.monotonic()
+                line, self._buffer = self._buffer.split(b"\n", 1)
+                reply: dict[str, Any] = json.loads(line)
+                if reply.get("id") != rid or reply.get("heartbeat"):
+                    continue  # a heartbeat, or the late answer to a request we gave up on
+                return reply
+        except BaseException:
+            # Ctrl-C or a lost path mid-request leaves a reply in flight; never let a later call read it. Dropping
+            # the connection also makes the agent exit (it sees EOF), so an abandoned benchmark run stops at once.
+            self._drop()
+            raise
 
-    def _roundtrip(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _roundtrip(self, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         args = request.get("args", {})
-        timeout = (
-            BASE_CALL_TIMEOUT_S
-            + float(args.get("grace_s", 0))
-            + float(args.get("port_wait_s", 0))
-            + float(args.get("wait_s", 0))
-            + float(args.get("gpu_wait_s", 0))
-        )
+        if timeout is None:
+            timeout = (
+                BASE_CALL_TIMEOUT_S
+                + float(args.get("grace_s", 0))
+                + float(args.get("port_wait_s", 0))
+                + float(args.get("wait_s", 0))
+            )
         with self._io_lock:
+            if self._lost is not None:
+                raise HostError(self._lost)  # fail fast: reconnecting already failed for the full bound
             try:
                 reply = self._request(request, timeout)
             except ConnectionLost as first:
@@ -430,22 +469,25 @@ class SSHHost(Host):
                         return
                 except ConnectionLost:
                     pass
+            if self._lost is not None:
+                raise HostError(self._lost)
             self.stats.reconnects += 1
             try:
                 self._connect_with_retry()
             except HostError as e:
-                raise HostError(
+                self._lost = (
                     f"lost the SSH connection to {self.name} and could not reconnect within "
                     f"{self.config.reconnect_s:.0f}s ({e}). Servers orch started there keep running: stop them "
                     f"with `orch down --host {self.name}` (the next orch run on that host also cleans them up)"
-                ) from e
+                )
+                raise HostError(self._lost) from e
 
     # ------------------------------------------------------------ HTTP through the connection
 
-    def url(self, port: int) -> str:
-        tunnel = self._tunnels.get(port)
+    def url(self, port: int, address: str = "127.0.0.1") -> str:
+        tunnel = self._tunnels.get((address, port))
         if tunnel is None:
-            tunnel = self._tunnels[port] = _Tunnel(self, port)
+            tunnel = self._tunnels[(address, port)] = _Tunnel(self, address, port)
         return f"http://127.0.0.1:{tunnel.local_port}"
 
     def close(self) -> None:
@@ -454,7 +496,8 @@ class SSHHost(Host):
         self._closed = True
         for tunnel in self._tunnels.values():
             tunnel.close()
-        if self._held_lock is not None:
+        self._tunnels.clear()
+        if self._held_lock is not None and self._lost is None:
             with contextlib.suppress(Exception):
                 self.call("unlock", path=self._held_lock[0])
         self._drop()
@@ -473,10 +516,11 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
 
 
 class _Tunnel:
-    """A local port forwarded to 127.0.0.1:<port> on the host through `direct-tcpip` channels."""
+    """A local port forwarded to address:port on the host through `direct-tcpip` channels."""
 
-    def __init__(self, host: SSHHost, port: int) -> None:
+    def __init__(self, host: SSHHost, address: str, port: int) -> None:
         self.host = host
+        self.address = address
         self.port = port
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -498,7 +542,7 @@ class _Tunnel:
         try:
             # The current transport: after a reconnect new connections use the new one.
             channel = self.host._transport().open_channel(
-                "direct-tcpip", ("127.0.0.1", self.port), client.getpeername(), timeout=10
+                "direct-tcpip", (self.address, self.port), client.getpeername(), timeout=10
             )
         except Exception:
             client.close()  # the HTTP client sees a refused/reset connection, as if the port were closed
@@ -527,5 +571,7 @@ class _Tunnel:
 
     def close(self) -> None:
         self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not on Linux
         with contextlib.suppress(OSError):
             self.sock.close()

@@ -65,6 +65,54 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX launches_by_experiment ON launches(experiment_id);
     """,
+    # 2: concurrency levels and richer run metrics; one run per (launch, warmup, concurrency, index);
+    # per-request summaries.
+    """
+    CREATE TABLE runs_new (
+        launch_id TEXT NOT NULL REFERENCES launches(launch_id),
+        idx INTEGER NOT NULL,
+        warmup INTEGER NOT NULL,
+        concurrency INTEGER NOT NULL DEFAULT 1,
+        tokens INTEGER NOT NULL,
+        seconds REAL NOT NULL,
+        tok_s REAL NOT NULL,
+        aggregate_tok_s REAL,
+        prompt_tokens INTEGER NOT NULL,
+        ttft_s REAL,
+        spec_accept_length REAL,
+        spec_verify_ct INTEGER,
+        accept_source TEXT,
+        token_source TEXT,
+        requests INTEGER NOT NULL DEFAULT 1,
+        errors INTEGER NOT NULL DEFAULT 0,
+        metrics_json TEXT,
+        valid INTEGER NOT NULL,
+        invalid_reason TEXT,
+        finished_at REAL NOT NULL,
+        PRIMARY KEY (launch_id, warmup, concurrency, idx)
+    );
+    INSERT INTO runs_new (launch_id, idx, warmup, concurrency, tokens, seconds, tok_s, aggregate_tok_s, prompt_tokens,
+                          ttft_s, spec_accept_length, spec_verify_ct, valid, invalid_reason, finished_at)
+        SELECT launch_id, idx, warmup, 1, tokens, seconds, tok_s, tok_s, prompt_tokens, ttft_s, spec_accept_length,
+               spec_verify_ct, valid, invalid_reason, finished_at FROM runs;
+    DROP TABLE runs;
+    ALTER TABLE runs_new RENAME TO runs;
+    CREATE TABLE requests (
+        launch_id TEXT NOT NULL REFERENCES launches(launch_id),
+        run_warmup INTEGER NOT NULL,
+        run_concurrency INTEGER NOT NULL,
+        run_idx INTEGER NOT NULL,
+        idx INTEGER NOT NULL,
+        tokens INTEGER NOT NULL,
+        prompt_tokens INTEGER,
+        ttft_s REAL,
+        e2e_s REAL,
+        chunks INTEGER,
+        accept_length REAL,
+        error TEXT,
+        PRIMARY KEY (launch_id, run_warmup, run_concurrency, run_idx, idx)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -186,27 +234,59 @@ class Store:
             c.execute(f"UPDATE launches SET {sets} WHERE launch_id = ?", (*values, launch_id))
 
     def add_run(self, launch_id: str, run: dict[str, Any]) -> None:
+        """One finished run and its per-request summaries, in one transaction."""
+        key = (launch_id, int(run["warmup"]), int(run.get("concurrency", 1)), int(run["index"]))
         with self._write() as c:
             c.execute(
-                "INSERT INTO runs (launch_id, idx, warmup, tokens, seconds, tok_s, prompt_tokens, ttft_s,"
-                " spec_accept_length, spec_verify_ct, valid, invalid_reason, finished_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO runs (launch_id, warmup, concurrency, idx, tokens, seconds, tok_s, aggregate_tok_s,"
+                " prompt_tokens, ttft_s, spec_accept_length, spec_verify_ct, accept_source, token_source, requests,"
+                " errors, metrics_json, valid, invalid_reason, finished_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
-                    launch_id,
-                    run["index"],
-                    int(run["warmup"]),
+                    *key,
                     run["tokens"],
                     run["seconds"],
                     run["tok_s"],
+                    run.get("aggregate_tok_s"),
                     run["prompt_tokens"],
                     run["ttft_s"],
                     run["spec_accept_length"],
                     run["spec_verify_ct"],
+                    run.get("accept_source"),
+                    run.get("token_source"),
+                    run.get("requests", 1),
+                    run.get("errors", 0),
+                    json.dumps(run.get("metrics") or {}),
                     int(run["valid"]),
                     run["invalid_reason"],
                     time.time(),
                 ),
             )
+            c.executemany(
+                "INSERT INTO requests (launch_id, run_warmup, run_concurrency, run_idx, idx, tokens, prompt_tokens,"
+                " ttft_s, e2e_s, chunks, accept_length, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        *key,
+                        r["index"],
+                        r["tokens"],
+                        r.get("prompt_tokens"),
+                        r.get("ttft_s"),
+                        r.get("e2e_s"),
+                        r.get("chunks"),
+                        r.get("accept_length"),
+                        r.get("error"),
+                    )
+                    for r in run.get("per_request") or []
+                ],
+            )
+
+    def requests(self, launch_id: str) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT * FROM requests WHERE launch_id = ? ORDER BY run_warmup DESC, run_concurrency, run_idx, idx",
+            (launch_id,),
+        ).fetchall()
+        return [dict(r) for r in rows]
 
     def experiment(self, exp_id: str) -> dict[str, Any] | None:
         row = self.conn.execute("SELECT * FROM experiments WHERE id = ?", (exp_id,)).fetchone()
@@ -220,7 +300,7 @@ class Store:
 
     def runs(self, launch_id: str) -> list[dict[str, Any]]:
         rows = self.conn.execute(
-            "SELECT * FROM runs WHERE launch_id = ? ORDER BY warmup DESC, idx", (launch_id,)
+            "SELECT * FROM runs WHERE launch_id = ? ORDER BY warmup DESC, concurrency, idx", (launch_id,)
         ).fetchall()
         return [dict(r) for r in rows]
 

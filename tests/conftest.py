@@ -26,6 +26,9 @@ def _private_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     base = tmp_path_factory.mktemp("xdg")
     for var in ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
         monkeypatch.setenv(var, str(base / var.lower()))
+    # A developer's own inventory or ~/.ssh/config must not change what the tests connect to.
+    monkeypatch.delenv("ORCH_HOSTS", raising=False)
+    monkeypatch.setenv("ORCH_SSH_CONFIG", str(base / "no-ssh-config"))
 
 
 @pytest.fixture(scope="session", autouse=True)

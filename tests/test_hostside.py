@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -154,3 +155,46 @@ def test_port_free_after_bind_close() -> None:
         s.listen()
         assert hostside._listening(port)
     assert not hostside._listening(port)
+
+
+def test_namespace_is_matched_exactly_not_as_a_prefix(tmp_path: Path) -> None:
+    longer = NAMESPACE + "x:20260101T000000-abcdef12"  # namespace "<ns>x" must not count as "<ns>"
+    info = hostside.op_launch([sys.executable, "-c", SLEEPER], {hostside.MARKER: longer}, str(tmp_path / "o.log"))
+    try:
+        assert all(p["launch_id"] != longer for p in hostside.op_find(NAMESPACE))
+        assert hostside.op_down(NAMESPACE, grace_s=1) == []
+        assert _alive(int(info["pid"]))
+    finally:
+        os.killpg(int(info["pid"]), signal.SIGKILL)
+
+
+def test_secret_values_are_redacted_but_comparable() -> None:
+    assert hostside.redact("HF_TOKEN", "hunter2") == hostside.redact("HF_TOKEN", "hunter2") != "hunter2"
+    assert hostside.redact("NCCL_PROTO", "LL") == "LL"
+    argv = ["python", "-m", "x", "--api-key", "s3cret", "--hf-token=abc", "--speculative-num-draft-tokens", "4"]
+    red = hostside.redact_argv(argv)
+    assert "s3cret" not in red and "--hf-token=abc" not in red and red[-2:] == ["--speculative-num-draft-tokens", "4"]
+
+
+def test_lock_is_exclusive_and_reclaimed_only_from_our_own_session(tmp_path: Path) -> None:
+    lock = str(tmp_path / "orch.lock")
+    agent = subprocess.Popen(
+        [sys.executable, hostside.__file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert agent.stdin is not None and agent.stdout is not None
+        req = {"op": "lock", "args": {"path": lock, "holder": {"session": "S1", "user": "alice"}}, "id": 1}
+        agent.stdin.write(json.dumps(req) + "\n")
+        agent.stdin.flush()
+        assert json.loads(agent.stdout.readline())["result"]["acquired"]
+        other = hostside.op_lock(lock, {"session": "S2"}, wait_s=0.3, reclaim=True)
+        assert not other["acquired"] and other["holder"]["user"] == "alice" and agent.poll() is None
+        # Same session (a reconnect after a silent drop): the stale agent of that session is ended, lock taken.
+        mine = hostside.op_lock(lock, {"session": "S1"}, wait_s=5, reclaim=True)
+        assert mine["acquired"]
+        assert agent.wait(timeout=10) is not None
+    finally:
+        hostside.op_unlock(lock)
+        if agent.poll() is None:
+            agent.kill()
+        agent.wait()

@@ -83,7 +83,7 @@ def _nothing_left() -> None:
 
 
 def _bench(runs: int = 2, max_tokens: int = 24) -> BenchConfig:
-    return BenchConfig(runs=runs, warmup=1, max_tokens=max_tokens, warmup_max_tokens=4)
+    return BenchConfig(min_run_s=0, runs=runs, warmup=1, max_tokens=max_tokens, warmup_max_tokens=4)
 
 
 def orch(*args: str, cwd: Path) -> subprocess.Popen[str]:
@@ -200,6 +200,8 @@ def test_full_ab_over_ssh_through_the_cli(remote: HostConfig, sim_profiles: SimP
         "32",
         "--grace",
         "2",
+        "--min-run-s",
+        "0",
         "--json",
         "--db",
         str(tmp_path / "r.db"),
@@ -287,6 +289,8 @@ def test_ctrl_c_over_ssh_tears_down_the_remote_server(
         "40",
         "--grace",
         "2",
+        "--min-run-s",
+        "0",
         "--db",
         str(tmp_path / "r.db"),
         cwd=tmp_path,
@@ -305,7 +309,21 @@ def test_two_sessions_on_one_host_are_serialised_by_the_lock(
     remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:
     sim_profiles()
-    common = ["--host", "testbox", "--sim", "--runs", "3", "--warmup", "0", "--max-tokens", "40", "--grace", "2"]
+    common = [
+        "--host",
+        "testbox",
+        "--sim",
+        "--runs",
+        "3",
+        "--warmup",
+        "0",
+        "--max-tokens",
+        "40",
+        "--grace",
+        "2",
+        "--min-run-s",
+        "0",
+    ]
     first = orch("bench", "baseline", *common, "--db", str(tmp_path / "1.db"), cwd=tmp_path)
     seen: list[str] = []
     _wait_for(first, "launched PID", seen)
@@ -384,7 +402,7 @@ def test_lock_and_server_of_a_crashed_orch_are_recovered(
     remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:
     sim_profiles()
-    common = ["--host", "testbox", "--sim", "--warmup", "0", "--max-tokens", "24", "--grace", "2"]
+    common = ["--host", "testbox", "--sim", "--warmup", "0", "--max-tokens", "24", "--grace", "2", "--min-run-s", "0"]
     crashed = orch("bench", "baseline", *common, "--runs", "50", "--db", str(tmp_path / "1.db"), cwd=tmp_path)
     seen: list[str] = []
     _wait_for(crashed, "Run 1/50", seen)
@@ -400,3 +418,28 @@ def test_lock_and_server_of_a_crashed_orch_are_recovered(
     assert nxt.returncode == 0, out
     assert re.search(r"cleaning up \d+ leftover process\(es\) of earlier orch launch", out)
     _nothing_left()
+
+
+def test_interrupted_call_never_hands_its_reply_to_the_next_call(remote: HostConfig, tmp_path: Path) -> None:
+    held = str(tmp_path / "held.lock")
+    assert hostside.op_lock(held, {"session": "other"})["acquired"]  # makes a remote lock call block
+    try:
+        with SSHHost(remote) as host:
+
+            def interrupt(signum: int, frame: object) -> None:
+                raise KeyboardInterrupt
+
+            old = signal.signal(signal.SIGALRM, interrupt)
+            signal.setitimer(signal.ITIMER_REAL, 0.5)
+            try:
+                with pytest.raises(KeyboardInterrupt):
+                    host.call("lock", path=held, holder={"session": "mine"}, wait_s=3)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+            # The abandoned lock reply must not be read as the answer to this call.
+            reply = host.call("alive", pid=os.getpid())
+            assert set(reply) == {"alive", "status"} and reply["alive"] is True
+            assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
+    finally:
+        hostside.op_unlock(held)

@@ -1,0 +1,175 @@
+"""Prompt sets and the seeded request sequence every arm of an experiment receives identically."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import BenchError
+
+# Written for orch, in the spirit of Spec-Bench's task mix: speculative decoding's acceptance differs by task
+# (translation and summarisation copy a lot, open chat much less), so one prompt type would flatter or punish it.
+BUILTIN: dict[str, tuple[str, ...]] = {
+    "chat": (
+        "I just moved to a new city and I don't know anyone. What are some realistic ways to make friends as an "
+        "adult who works from home?",
+        "My sourdough keeps coming out dense and flat. Walk me through the most likely causes and how to fix each.",
+        "Explain to a curious ten-year-old why the sky is blue and why sunsets are red.",
+        "What should I consider before adopting a dog if I live in a small apartment and travel twice a month?",
+        "Give me an honest comparison of learning the piano versus the guitar as a complete beginner at forty.",
+    ),
+    "coding": (
+        "Write a Python function that merges two sorted lists into one sorted list without using sort(), then "
+        "explain its time and memory complexity.",
+        "Implement an LRU cache class in Python with get and put in O(1), with type hints and a short docstring.",
+        "Here is a bug: a Go HTTP handler sometimes returns an empty body under load. List the usual causes "
+        "(shared buffers, missing flush, early return) and show how to test for each.",
+        "Write a bash script that finds the ten largest files under a directory, skipping .git folders, and "
+        "prints their sizes in human-readable form.",
+        "Explain the difference between a process and a thread in Linux, then show a small C example of each.",
+    ),
+    "math": (
+        "A train leaves at 9:40 at 72 km/h; a second leaves the same station at 10:05 at 90 km/h on the same "
+        "track. When and where does the second catch up? Show each step.",
+        "Prove that the square root of 2 is irrational, explaining every step for a first-year student.",
+        "A bag holds 5 red and 7 blue marbles. Three are drawn without replacement. What is the probability that "
+        "exactly two are red? Show the calculation.",
+        "Solve the system 3x + 2y = 16 and 5x - 4y = 2, and check the answer by substitution.",
+        "How many ways can 8 people sit around a round table if two of them refuse to sit next to each other?",
+    ),
+    "summarisation": (
+        "Summarise the following for a busy manager in three bullet points: The quarterly infrastructure review "
+        "found that GPU utilisation averaged 41 percent, mostly because benchmark jobs held whole nodes while "
+        "waiting for model weights to load from network storage. Moving weights to local NVMe cut load time from "
+        "nine minutes to ninety seconds in a pilot, and the team proposes rolling this out to all inference hosts "
+        "next quarter at a cost of about 40,000 dollars in drives.",
+        "Summarise the main causes of the French Revolution in one paragraph covering economic, political and "
+        "social pressures.",
+        "Condense this support ticket into a one-line title and a two-sentence description: Customer reports that "
+        "since the update on Tuesday the mobile app logs them out every time they switch to another app, even "
+        "though 'remember me' is enabled. Reinstalling did not help. They use Android 14 on a Pixel 7.",
+        "Summarise the plot of Romeo and Juliet in exactly five sentences.",
+        "Give a short abstract for a paper that shows randomized interleaving of benchmark runs reduces false "
+        "positives compared with running all baseline runs before all candidate runs.",
+    ),
+    "translation": (
+        "Translate into French, then explain any idiom that does not carry over: 'We will cross that bridge when "
+        "we come to it, but let us not burn any bridges today.'",
+        "Translate into German: 'The server restarts every night at two o'clock; please save your work before "
+        "then and do not start long jobs after midnight.'",
+        "Translate into Spanish, keeping the formal tone: 'Dear colleagues, the meeting planned for Thursday is "
+        "postponed until further notice. We apologise for the inconvenience.'",
+        "Translate this English proverb into Japanese and give a literal back-translation: 'Too many cooks spoil "
+        "the broth.'",
+        "Translate into Italian: 'The results are preliminary and should not be shared outside the team until "
+        "the second measurement confirms them.'",
+    ),
+    "rag": (
+        "Context: orch starts every arm of a comparison from a fresh server launch, reads back the environment of "
+        "each worker process, and stores each run as soon as it finishes. Question: why does orch relaunch the "
+        "server for the baseline instead of reusing an earlier measurement? Answer only from the context.",
+        "Context: The warranty covers manufacturing defects for 24 months from purchase. Damage from drops, "
+        "liquids or unauthorised repairs is excluded. Batteries are covered for 12 months. Question: my battery "
+        "died after 14 months; is it covered? Answer from the context and quote the relevant sentence.",
+        "Context: In speculative decoding a small draft model proposes several tokens, and the large model "
+        "verifies them in one forward pass; accepted tokens are kept and the first rejected one is replaced. "
+        "Question: why can speculative decoding be slower than normal decoding? Use the context.",
+        "Context: The library opens at 9:00 on weekdays and 10:00 on Saturdays, closes at 18:00 except Thursdays "
+        "(20:00), and is closed on Sundays and public holidays. Question: can I return a book at 19:00 on a "
+        "Thursday that is a public holiday?",
+        "Context: Tensor parallelism splits each layer's matrices across GPUs and needs an all-reduce per layer; "
+        "pipeline parallelism splits the layers into stages and passes activations between them. Question: "
+        "which one suffers more from slow PCIe links, and why?",
+    ),
+}
+PROMPT_SETS = ("builtin", "random")
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """One request's input: text, token ids (random prompts) or chat messages (from a file)."""
+
+    category: str
+    text: str | None = None
+    input_ids: tuple[int, ...] | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "category": self.category,
+            "text": self.text,
+            "input_ids": list(self.input_ids) if self.input_ids is not None else None,
+            "messages": list(self.messages) if self.messages is not None else None,
+        }
+
+
+def builtin_items() -> list[PromptItem]:
+    return [PromptItem(category=c, text=t) for c, texts in BUILTIN.items() for t in texts]
+
+
+def random_items(n: int, input_len: int, seed: int, vocab: int = 32000) -> list[PromptItem]:
+    """Random-token prompts of an exact length (ids above the special-token range)."""
+    rng = random.Random(f"random-prompts:{seed}:{input_len}")
+    return [
+        PromptItem(category="random", input_ids=tuple(rng.randrange(1000, vocab) for _ in range(input_len)))
+        for _ in range(n)
+    ]
+
+
+def load_jsonl(path: str) -> list[PromptItem]:
+    """A user prompt file: one JSON object per line with "prompt" (text) or "messages" (chat), "category" optional."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise BenchError(f"{path}: cannot read the prompt file: {e.strerror or e}") from e
+    items = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BenchError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise BenchError(f'{path}:{n}: expected an object with "prompt" or "messages"')
+        category = str(obj.get("category", "file"))
+        if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
+            items.append(PromptItem(category=category, text=obj["prompt"]))
+        elif (
+            isinstance(obj.get("messages"), list)
+            and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in obj["messages"]
+            )
+            and obj["messages"]
+        ):
+            items.append(PromptItem(category=category, messages=tuple(obj["messages"])))
+        else:
+            raise BenchError(f'{path}:{n}: needs "prompt" (non-empty text) or "messages" (a list of {{role, content}})')
+    if not items:
+        raise BenchError(f"{path}: no prompts in the file")
+    return items
+
+
+def request_sequence(source: str, n: int, *, seed: int, input_len: int | None = None) -> list[PromptItem]:
+    """The n inputs of a benchmark: a pure function of (source, n, seed, input_len), so every arm gets the same."""
+    if n <= 0:
+        return []
+    if source == "random":
+        return random_items(n, input_len or 128, seed)
+    if input_len is not None:
+        raise BenchError(
+            "--input-len applies to --prompts random only (builtin and file prompts have their own length)"
+        )
+    pool = builtin_items() if source == "builtin" else load_jsonl(source)
+    rng = random.Random(f"prompts:{seed}")
+    order: list[PromptItem] = []
+    while len(order) < n:
+        batch = pool[:]
+        rng.shuffle(batch)  # each pass visits every prompt once: categories stay balanced
+        order.extend(batch)
+    return order[:n]

@@ -28,8 +28,17 @@ lint: install
 	$(BIN)/ruff format --check orchestrator tests benchmarks
 	$(BIN)/mypy
 
-bench: install
+# Reproduces docs/performance.md: orchestration overhead (local vs SSH) and the client fidelity/capacity tables,
+# the latter side by side with the field's clients installed into their own venv (.venv-ref).
+REF := .venv-ref
+$(REF)/.installed: benchmarks/requirements-reference.txt
+	$(PYTHON) -m venv $(REF)
+	$(REF)/bin/pip install --quiet --no-deps -r benchmarks/requirements-reference.txt
+	touch $(REF)/.installed
+
+bench: install $(REF)/.installed
 	$(BIN)/python benchmarks/lifecycle_overhead.py
+	$(REF)/bin/python benchmarks/client_fidelity.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(REF) .pytest_cache .mypy_cache .ruff_cache

@@ -80,6 +80,7 @@ class Record:
     verify_ct: int | None = None
     accept_length: float | None = None
     token_source: str = "meta_info"
+    reported_tokens: int | None = None  # an OpenAI server's final usage total
     error: str | None = None
 
     @property
@@ -102,13 +103,13 @@ def _count_openai(event: dict[str, Any], rec: Record, text_chunks: list[int]) ->
     if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
         rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
         new = int(usage["completion_tokens"]) - rec.tokens
-        if not choices:  # the final usage-only chunk: it confirms the count, it brings no tokens
-            if new > 0:
-                rec.token_source = "usage (final chunk only: per-chunk counts estimated)"
+        if choices:
+            rec.token_source = "usage (per chunk)"
             return max(new, 0)
-        return max(new, 0)
+        # The final usage-only chunk: the true total, which may exceed the chunks counted one token each.
+        rec.reported_tokens = int(usage["completion_tokens"])
+        return 0
     if content:
-        rec.token_source = "usage (final chunk only: per-chunk counts estimated)"
         text_chunks.append(len(rec.arrivals))
         return 1
     return 0
@@ -127,10 +128,14 @@ async def fetch(host: str, port: int, path: str, body: dict[str, Any], rec: Reco
     finally:
         for w in streams:
             w.close()
-    if text_chunks and rec.chunks and rec.tokens != rec.chunks:
-        # Only the final usage told the true count: spread it evenly over the content chunks.
-        scale = rec.tokens / rec.chunks
+    if text_chunks and rec.chunks and rec.reported_tokens and rec.reported_tokens != rec.tokens:
+        # Only the final usage told the true count: spread it evenly over the content chunks, and say so.
+        scale = rec.reported_tokens / rec.tokens
         rec.arrivals = [(t, k * scale) for t, k in rec.arrivals]
+        rec.tokens = rec.reported_tokens
+        rec.token_source = "usage (final chunk only: per-chunk counts estimated)"
+    elif text_chunks and not rec.reported_tokens:
+        rec.token_source = "chunks (no usage from the server: 1 chunk counted as 1 token)"
 
 
 async def _stream(
@@ -185,10 +190,14 @@ async def _stream(
             if not piece:
                 break
         now = time.perf_counter() - t0
-        buffer += piece.replace(b"\r\n", b"\n")
+        if b"\r" in piece:
+            piece = piece.replace(b"\r\n", b"\n")
+        buffer = buffer + piece if buffer else piece  # no copy in the usual case: one event per chunk
         while b"\n\n" in buffer:
             event, buffer = buffer.split(b"\n\n", 1)
-            for line_b in event.split(b"\n"):
+            # /generate events are cumulative (they grow with every token): avoid copying them line by line.
+            lines = (event,) if b"\n" not in event else event.split(b"\n")
+            for line_b in lines:
                 if not line_b.startswith(b"data:"):
                     continue
                 data_b = line_b[5:].strip()
@@ -349,7 +358,15 @@ def summarize_run(
     e2e = [r.e2e for r in ok if r.e2e is not None]
     tpot = [(r.e2e - r.ttft) / (r.tokens - 1) for r in ok if r.e2e and r.ttft is not None and r.tokens > 1]
     per_stream = [r.tokens / r.e2e for r in ok if r.e2e]
-    in_window = sum(k for r in records for t, k in r.arrivals if t <= window)
+    # Steady state: from the moment the first c streams all have their first token (ramp-up over) to the moment
+    # the first stream runs out of work (drain begins). Tokens received inside it measure throughput at exactly
+    # concurrency c. A run too short to have such an interval falls back to [0, window].
+    first_wave = [r.first for r in records[:concurrency]]
+    start = max((t for t in first_wave if t is not None), default=0.0)
+    if any(t is None for t in first_wave) or start >= window:
+        start = 0.0
+    steady = window - start
+    in_window = sum(k for r in records for t, k in r.arrivals if start < t <= window)
     wall = max((r.end for r in records if r.end is not None), default=window)
     accept, source = None, None
     verified = [r for r in ok if r.verify_ct]
@@ -378,7 +395,8 @@ def summarize_run(
         "seconds": wall,
         "window_s": window,
         "tok_s": sum(per_stream) / len(per_stream) if per_stream else 0.0,
-        "aggregate_tok_s": in_window / window if window > 0 else 0.0,
+        "aggregate_tok_s": in_window / steady if steady > 0 else 0.0,
+        "steady_window_s": [start, window],
         "prompt_tokens": round(sum(r.prompt_tokens for r in ok) / len(ok)) if ok else 0,
         "ttft_s": percentile(ttft, 50),
         "ttft": _dist(ttft),

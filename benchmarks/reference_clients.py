@@ -1,0 +1,617 @@
+"""Reference benchmark clients (OpenAI SDK loop, SGLang's bench_serving) measured side by side against known truth."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import importlib.util
+import json
+import math
+import os
+import resource
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+REF_PYTHON = (
+    REPO / ".venv-ref" / "bin" / "python"
+)  # openai, sglang (--no-deps), transformers: requirements-reference.txt
+MAIN_PYTHON = REPO / ".venv" / "bin" / "python"  # runs the simulator
+DEFAULT_TOKENIZER_DIR = Path(tempfile.gettempdir()) / "orch-ref-tokenizer"
+# bench_serving must never reach a hub: there is none here, and a benchmark should not depend on one anyway.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
+BENCH_SERVING_MODULES = ("sglang.benchmark.serving", "sglang.bench_serving")  # newest layout first
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# statistics helpers
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    """Percentile with linear interpolation (numpy's default), so figures compare with bench_serving's np.percentile."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _ms_stats(prefix: str, seconds: Sequence[float]) -> dict[str, float]:
+    if not seconds:
+        return {f"mean_{prefix}_ms": math.nan, f"median_{prefix}_ms": math.nan, f"p99_{prefix}_ms": math.nan}
+    return {
+        f"mean_{prefix}_ms": 1000 * statistics.fmean(seconds),
+        f"median_{prefix}_ms": 1000 * statistics.median(seconds),
+        f"p99_{prefix}_ms": 1000 * _pct(seconds, 99),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. OpenAI SDK loop
+
+
+@dataclass
+class StreamRecord:
+    """What one streamed request looked like to the client."""
+
+    ttft_s: float = math.nan
+    e2e_s: float = math.nan
+    tokens: int = 0  # usage.completion_tokens at the end, else the number of content chunks
+    itl_s: list[float] = field(default_factory=list)  # token-weighted: a chunk of k tokens gives k samples of gap/k
+    content_chunks: int = 0  # naive count: one content chunk = one token
+    naive_itl_s: list[float] = field(default_factory=list)  # gaps between content chunks
+    usage_per_chunk: bool = False  # did the server send cumulative usage with the chunks (continuous_usage_stats)?
+    max_tokens_per_chunk: int = 0
+    error: str | None = None
+
+
+def get_model_id(base_url: str, timeout_s: float = 10.0) -> str:
+    """First model id from `GET /v1/models` (what bench_serving does too)."""
+    with urllib.request.urlopen(f"{base_url.rstrip('/')}/v1/models", timeout=timeout_s) as r:
+        data = json.load(r)
+    return str(data["data"][0]["id"])
+
+
+async def _openai_one(
+    client: Any, model: str, endpoint: str, prompt: str, output_len: int, sem: asyncio.Semaphore | None
+) -> StreamRecord:
+    rec = StreamRecord()
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    extra = {"ignore_eos": True}
+    async with sem if sem is not None else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        try:
+            if endpoint == "chat":
+                stream = await client.chat.completions.create(
+                    model=model,
+                    messages=[{"role": "user", "content": prompt}],
+                    max_tokens=output_len,
+                    temperature=0.0,
+                    stream=True,
+                    stream_options=opts,
+                    extra_body=extra,
+                )
+            else:
+                stream = await client.completions.create(
+                    model=model,
+                    prompt=prompt,
+                    max_tokens=output_len,
+                    temperature=0.0,
+                    stream=True,
+                    stream_options=opts,
+                    extra_body=extra,
+                )
+            last_ct = 0  # cumulative usage.completion_tokens seen so far
+            pending = 0  # tokens reported by usage but not yet attributed to a content chunk (e.g. the chat role chunk)
+            prev: float | None = None  # arrival of the previous token-carrying chunk
+            prev_naive: float | None = None
+            async for chunk in stream:
+                now = time.perf_counter()
+                usage = getattr(chunk, "usage", None)
+                ct = getattr(usage, "completion_tokens", None) if usage is not None else None
+                text = ""
+                if chunk.choices:
+                    c0 = chunk.choices[0]
+                    text = (c0.delta.content or "") if endpoint == "chat" else (c0.text or "")
+                if ct is not None:
+                    pending += max(0, ct - last_ct)
+                    last_ct = max(last_ct, ct)
+                    if chunk.choices:
+                        rec.usage_per_chunk = True
+                if not text:
+                    continue  # role chunk, finish chunk, usage-only chunk: no token arrives with it
+                # naive view: every content chunk is one token
+                rec.content_chunks += 1
+                if prev_naive is not None:
+                    rec.naive_itl_s.append(now - prev_naive)
+                prev_naive = now
+                # token-weighted view
+                k = pending if ct is not None else 1
+                pending = 0
+                if k <= 0:
+                    continue
+                rec.max_tokens_per_chunk = max(rec.max_tokens_per_chunk, k)
+                if prev is None:
+                    rec.ttft_s = now - t0
+                else:
+                    rec.itl_s.extend([(now - prev) / k] * k)
+                prev = now
+            rec.e2e_s = time.perf_counter() - t0
+            rec.tokens = last_ct if last_ct > 0 else rec.content_chunks
+        except Exception as e:  # a failed request is reported, not fatal for the run
+            rec.error = f"{type(e).__name__}: {e}"
+            rec.e2e_s = time.perf_counter() - t0
+    return rec
+
+
+async def _run_openai_async(
+    base_url: str, concurrency: int, num_requests: int, output_len: int, prompt: str, endpoint: str, warmup: int
+) -> dict[str, Any]:
+    from openai import AsyncOpenAI  # imported lazily: lives in .venv-ref, not in orch's own venv
+
+    model = get_model_id(base_url)
+    client = AsyncOpenAI(base_url=f"{base_url.rstrip('/')}/v1", api_key="EMPTY", max_retries=0, timeout=3600.0)
+    try:
+        for _ in range(warmup):  # like bench_serving: one short request first, not counted
+            await _openai_one(client, model, endpoint, prompt, min(output_len, 32), None)
+        sem = asyncio.Semaphore(concurrency)
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        recs = await asyncio.gather(
+            *(_openai_one(client, model, endpoint, prompt, output_len, sem) for _ in range(num_requests))
+        )
+        wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    finally:
+        await client.close()
+
+    ok = [r for r in recs if r.error is None]
+    tokens = sum(r.tokens for r in ok)
+    chunks = sum(r.content_chunks for r in ok)
+    itl = [x for r in ok for x in r.itl_s]
+    naive_itl = [x for r in ok for x in r.naive_itl_s]
+    out: dict[str, Any] = {
+        "client": f"openai-sdk ({endpoint})",
+        "completed": len(ok),
+        "errors": [r.error for r in recs if r.error is not None][:5],
+        "wall_s": wall,
+        "total_output_tokens": tokens,
+        "output_throughput": tokens / wall if wall > 0 else math.nan,
+        "per_stream_tok_s": statistics.fmean(r.tokens / r.e2e_s for r in ok) if ok else math.nan,
+        **_ms_stats("itl", itl),
+        **_ms_stats("ttft", [r.ttft_s for r in ok]),
+        **_ms_stats("e2e", [r.e2e_s for r in ok]),
+        "usage_per_chunk": all(r.usage_per_chunk for r in ok) if ok else False,
+        "max_tokens_per_chunk": max((r.max_tokens_per_chunk for r in ok), default=0),
+        "cpu_s": cpu,
+        "cpu_s_per_token": cpu / tokens if tokens else math.nan,
+        # what a client that equates one streamed chunk with one token reports
+        "naive": {
+            "total_output_tokens": chunks,
+            "output_throughput": chunks / wall if wall > 0 else math.nan,
+            "per_stream_tok_s": statistics.fmean(r.content_chunks / r.e2e_s for r in ok) if ok else math.nan,
+            **_ms_stats("itl", naive_itl),
+        },
+    }
+    return out
+
+
+def run_openai(
+    base_url: str,
+    *,
+    concurrency: int,
+    num_requests: int,
+    output_len: int,
+    prompt: str = "Tell me a long story about a server.",
+    endpoint: str = "completions",
+    warmup: int = 1,
+) -> dict[str, Any]:
+    """Stream `num_requests` requests, `concurrency` at a time, through the official `openai` AsyncOpenAI client.
+
+    Returns aggregate output tok/s (tokens / wall), mean per-stream tok/s (tokens / e2e, averaged), mean/median/p99
+    ITL (token-weighted via usage deltas), TTFT and E2E in ms, client CPU time (`time.process_time()` over the timed
+    phase, all threads) and its per-token cost, and under "naive" the same figures counting one chunk as one token.
+    """
+    if endpoint not in ("completions", "chat"):
+        raise ValueError(f"endpoint must be 'completions' or 'chat', not {endpoint!r}")
+    return asyncio.run(_run_openai_async(base_url, concurrency, num_requests, output_len, prompt, endpoint, warmup))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. SGLang's bench_serving
+
+
+def _sim_words() -> list[str]:
+    """The simulator's output vocabulary (one word = one token), so bench_serving's re-tokenisation counts right."""
+    sys.path.insert(0, str(REPO))
+    try:
+        from orchestrator.sim.engine import WORDS  # stdlib-only module
+
+        return list(WORDS)
+    finally:
+        sys.path.remove(str(REPO))
+
+
+def make_tokenizer(path: Path) -> None:
+    """Write a word-level fast tokenizer (`save_pretrained` layout) that `AutoTokenizer.from_pretrained` loads offline.
+
+    Vocabulary: <unk>=0, <s>=1, </s>=2 (the simulator's EOS id) and the simulator's output words. No post-processor,
+    so `num_special_tokens_to_add()` is 0; decoding joins words with spaces, which the simulator counts one per word.
+    Needs `tokenizers` and `transformers` (the reference venv).
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab: dict[str, int] = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for w in _sim_words():
+        vocab.setdefault(w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", model_max_length=131072
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(path))
+
+
+def ensure_tokenizer(path: Path = DEFAULT_TOKENIZER_DIR, python: Path = REF_PYTHON) -> Path:
+    """Create the local tokenizer directory if missing, in the reference venv's interpreter (works from any venv)."""
+    if not (path / "tokenizer.json").is_file():
+        cmd = [str(python), str(Path(__file__).resolve()), "make-tokenizer", str(path)]
+        proc = subprocess.run(cmd, env=_offline_env(), capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"making the tokenizer failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return path
+
+
+def _bench_serving_module(python: Path) -> str:
+    for mod in BENCH_SERVING_MODULES:
+        probe = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({mod!r}) else 1)"
+        if subprocess.run([str(python), "-c", probe], capture_output=True).returncode == 0:
+            return mod
+    raise RuntimeError(f"neither of {BENCH_SERVING_MODULES} is importable by {python}")
+
+
+def _child_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _offline_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(OFFLINE_ENV)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+# Runs bench_serving unmodified, as `python -m MODULE ARGS` would, but first imports it so that the CPU time of the
+# benchmark itself (tokenizer load, prompt generation, warmup request, the run, metrics) can be told apart from the
+# ~2 s of importing transformers/datasets/aiohttp. Writes that CPU time (time.process_time, all threads) to a file.
+_WRAPPER = """\
+import importlib, runpy, sys, time, warnings
+mod, out = sys.argv[1], sys.argv[2]
+importlib.import_module(mod)
+sys.argv = [mod, *sys.argv[3:]]
+warnings.filterwarnings("ignore", category=RuntimeWarning, module="runpy")
+t = time.process_time()
+try:
+    runpy.run_module(mod, run_name="__main__", alter_sys=True)
+finally:
+    with open(out, "w") as f:
+        f.write(repr(time.process_time() - t))
+"""
+
+
+def run_bench_serving(
+    base_url: str,
+    *,
+    concurrency: int,
+    num_requests: int,
+    output_len: int,
+    input_len: int,
+    backend: str = "sglang",
+    python: Path = REF_PYTHON,
+    tokenizer_dir: Path | None = None,
+    timeout_s: float = 900.0,
+) -> dict[str, Any]:
+    """Run `python -m sglang.bench_serving` (or `sglang.benchmark.serving`) from the reference venv as a subprocess.
+
+    Fixed-length random-ids prompts (no dataset download), `--random-range-ratio 1`, `--max-concurrency`, request
+    rate inf, one warmup request (its default), ignore_eos (its default). Returns its JSONL result plus `cpu_s`
+    (RUSAGE_CHILDREN delta: the whole child, imports included), `cpu_s_run` (the child's CPU after its imports: the
+    benchmark incl. tokenizer load, prompt generation and warmup) and `cpu_s_per_token` = cpu_s_run / output tokens.
+    """
+    tok = ensure_tokenizer(tokenizer_dir or DEFAULT_TOKENIZER_DIR, python)
+    module = _bench_serving_module(python)
+    with tempfile.TemporaryDirectory(prefix="orch-bench-serving-") as tmp:
+        out_file, cpu_file = Path(tmp) / "result.jsonl", Path(tmp) / "cpu_s"
+        cmd = [
+            str(python), "-c", _WRAPPER, module, str(cpu_file),
+            "--backend", backend,
+            "--base-url", base_url.rstrip("/"),
+            "--tokenizer", str(tok),
+            "--dataset-name", "random-ids",
+            "--random-input-len", str(input_len),
+            "--random-output-len", str(output_len),
+            "--random-range-ratio", "1",
+            "--num-prompts", str(num_requests),
+            "--max-concurrency", str(concurrency),
+            "--output-file", str(out_file),
+            "--output-details",
+            "--disable-tqdm",
+            "--seed", "1",
+        ]  # fmt: skip
+        before, t0 = _child_cpu_s(), time.perf_counter()
+        proc = subprocess.run(cmd, cwd=tmp, env=_offline_env(), capture_output=True, text=True, timeout=timeout_s)
+        wall, cpu = time.perf_counter() - t0, _child_cpu_s() - before
+        log = (proc.stdout or "") + (proc.stderr or "")
+        if proc.returncode != 0 or not out_file.is_file():
+            raise RuntimeError(f"bench_serving failed (exit {proc.returncode}):\n{log[-4000:]}")
+        res: dict[str, Any] = json.loads(out_file.read_text().strip().splitlines()[-1])
+        cpu_run = float(cpu_file.read_text()) if cpu_file.is_file() else math.nan
+
+    tokens = int(res.get("total_output_tokens") or 0)
+    output_lens = res.get("output_lens") or []
+    itls = [x for per_req in res.get("itls") or [] for x in per_req]
+    errors = [e for e in res.get("errors") or [] if e]
+    mean_e2e_ms = res.get("mean_e2e_latency_ms")
+    mean_len = statistics.fmean(output_lens) if output_lens else math.nan
+    return {
+        "client": f"sglang.bench_serving --backend {backend}",
+        "module": module,
+        "completed": res.get("completed"),
+        "errors": errors[:5],
+        "duration_s": res.get("duration"),
+        "process_wall_s": wall,
+        "total_output_tokens": tokens,
+        "total_output_tokens_retokenized": res.get("total_output_tokens_retokenized"),
+        "output_throughput": res.get("output_throughput"),
+        # bench_serving reports no per-stream rate; mean length / mean E2E is the closest honest reading of it
+        "per_stream_tok_s": mean_len / (mean_e2e_ms / 1000) if mean_e2e_ms else math.nan,
+        "mean_tpot_ms": res.get("mean_tpot_ms"),
+        "mean_itl_ms": res.get("mean_itl_ms"),
+        "median_itl_ms": res.get("median_itl_ms"),
+        "p99_itl_ms": res.get("p99_itl_ms"),
+        "itl_samples": len(itls),
+        "mean_ttft_ms": res.get("mean_ttft_ms"),
+        "median_ttft_ms": res.get("median_ttft_ms"),
+        "p99_ttft_ms": res.get("p99_ttft_ms"),
+        "mean_e2e_ms": mean_e2e_ms,
+        "accept_length": res.get("accept_length"),
+        "cpu_s": cpu,
+        "cpu_s_run": cpu_run,
+        "cpu_s_per_token": cpu_run / tokens if tokens else math.nan,
+        "cpu_s_per_token_incl_imports": cpu / tokens if tokens else math.nan,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. the simulator and the side-by-side demo
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sim_env(decode_ms: float, seed: int = 1) -> dict[str, str]:
+    """Knobs that make the simulator exact: per-stream tok/s = 1000 / decode_ms, ITL = decode_ms, TTFT ≈ 0."""
+    return {
+        "ORCH_SIM_LOAD_S": "0",
+        "ORCH_SIM_WARMUP_S": "0",
+        "ORCH_SIM_DECODE_MS": str(decode_ms),
+        "ORCH_SIM_JITTER": "0",
+        "ORCH_SIM_LAUNCH_NOISE": "0",
+        "ORCH_SIM_BATCH_SLOPE": "0",
+        "ORCH_SIM_PREFILL_MS": "0",
+        "ORCH_SIM_PREFILL_PER_TOKEN_MS": "0",
+        "ORCH_SIM_SEED": str(seed),
+    }
+
+
+def _http_status(url: str, timeout_s: float) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return int(e.code)
+    except OSError:
+        return 0
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """utime + stime of one process from /proc (Linux); NaN elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return math.nan
+
+
+def sim_late_iterations(base_url: str) -> tuple[int, float]:
+    """The simulator's own count of decode iterations that ran late (its CPU could not keep up) and the worst."""
+    with urllib.request.urlopen(f"{base_url}/server_info", timeout=10) as r:
+        info = json.load(r)
+    sim = info.get("orch_sim", {})
+    return int(sim.get("late_iterations", 0)), float(sim.get("max_late_s", 0.0))
+
+
+@contextlib.contextmanager
+def simulator(
+    decode_ms: float, *, extra_args: Sequence[str] = (), log_path: Path | None = None, ready_timeout_s: float = 60.0
+) -> Iterator[tuple[str, int]]:
+    """Start orch-sim on a free 127.0.0.1 port in its own session; yield (base_url, pid); kill its group at the end."""
+    port = free_port()
+    env = dict(os.environ)
+    env.update(sim_env(decode_ms))
+    log = open(log_path or os.devnull, "ab")  # noqa: SIM115 - closed in finally
+    proc = subprocess.Popen(
+        [str(MAIN_PYTHON), "-m", "orchestrator.sim", "--model-path", "/m", "--host", "127.0.0.1", "--port", str(port),
+         *extra_args],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while _http_status(f"{base_url}/health_generate", 5) != 200:
+            if proc.poll() is not None:
+                raise RuntimeError(f"simulator exited with {proc.returncode} before it was ready")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"simulator not ready after {ready_timeout_s} s")
+            time.sleep(0.2)
+        yield base_url, proc.pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)  # start_new_session: its group id is its pid
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+        # workers leave with the main process (pdeathsig / pipe EOF); make sure nothing of the group lingers
+        time.sleep(0.5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _fmt(x: Any, nd: int = 1) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.{nd}f}"
+
+
+def _print_case(title: str, truth: dict[str, float], rows: list[dict[str, Any]]) -> None:
+    print(f"\n=== {title}")
+    print(
+        f"truth: aggregate {truth['aggregate']:,.1f} tok/s (steady state), per stream {truth['per_stream']:.1f} tok/s, "
+        f"ITL {truth['itl_ms']:.3f} ms, TTFT ≈ 0 ms (prefill costs 0)"
+    )
+    hdr = (
+        f"{'client':<42} {'agg tok/s':>10} {'stream tok/s':>12} {'ITL mean':>9} {'ITL med':>8} {'ITL p99':>8} "
+        f"{'TTFT mean':>9} {'TTFT p99':>8} {'cpu s':>7} {'cpu µs/tok':>10} {'sim late':>9}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        if "failed" in r:
+            print(f"{r['client']:<42} FAILED: {r['failed']}")
+            continue
+        cpu = r.get("cpu_s_run", r["cpu_s"])
+        print(
+            f"{r['client']:<42} {_fmt(r['output_throughput']):>10} {_fmt(r['per_stream_tok_s']):>12} "
+            f"{_fmt(r['mean_itl_ms'], 3):>9} {_fmt(r['median_itl_ms'], 3):>8} {_fmt(r['p99_itl_ms'], 3):>8} "
+            f"{_fmt(r['mean_ttft_ms'], 2):>9} {_fmt(r['p99_ttft_ms'], 2):>8} {_fmt(cpu, 2):>7} "
+            f"{_fmt(1e6 * r['cpu_s_per_token']):>10} {r.get('sim_late', '—')!s:>9}"
+        )
+        if "naive" in r:
+            n = r["naive"]
+            print(
+                f"{'  ↳ same run, naive (1 chunk = 1 token)':<42} {_fmt(n['output_throughput']):>10} "
+                f"{_fmt(n['per_stream_tok_s']):>12} {_fmt(n['mean_itl_ms'], 3):>9} {_fmt(n['median_itl_ms'], 3):>8} "
+                f"{_fmt(n['p99_itl_ms'], 3):>8}"
+            )
+        if r.get("errors"):
+            print(f"  errors: {r['errors']}")
+        if r.get("cpu_s_run") is not None:
+            print(
+                f"  (cpu s / µs/tok: bench_serving after its imports; whole child incl. imports {r['cpu_s']:.2f} s; "
+                f"accept_length={r.get('accept_length')})"
+            )
+
+
+def _measure(name: str, fn: Callable[[], dict[str, Any]], base_url: str, sim_pid: int) -> dict[str, Any]:
+    late0, _ = sim_late_iterations(base_url)
+    sim_cpu0 = _proc_cpu_s(sim_pid)
+    try:
+        r: dict[str, Any] = fn()
+    except Exception as e:
+        return {"client": name, "failed": f"{type(e).__name__}: {str(e)[-2000:]}"}
+    late1, worst = sim_late_iterations(base_url)
+    r["sim_late"] = late1 - late0
+    r["sim_max_late_ms"] = 1000 * worst
+    r["sim_main_cpu_s"] = _proc_cpu_s(sim_pid) - sim_cpu0
+    return r
+
+
+def demo(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--json-out", type=Path, help="also write every result as JSON here")
+    p.add_argument("--requests-c1", type=int, default=4, help="requests at concurrency 1 (256 tokens each)")
+    p.add_argument("--requests-c64", type=int, default=128, help="requests at concurrency 64 (512 tokens each)")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--stream-interval", type=int, default=1, help="sim --stream-interval: >1 gives multi-token chunks")
+    p.add_argument("--skip-bench-serving", action="store_true")
+    p.add_argument("--sim-log", type=Path, help="append the simulator's log here")
+    args = p.parse_args(argv)
+
+    cases = [
+        ("concurrency 1, output 256, decode 12.195 ms", 1, args.requests_c1, 256, 12.195),
+        ("concurrency 64, output 512, decode 3.2 ms", 64, args.requests_c64, 512, 3.2),
+    ]
+    prompt = " ".join(["the"] * args.input_len)
+    if not args.skip_bench_serving:
+        ensure_tokenizer()
+    results: list[dict[str, Any]] = []
+    for title, conc, n, out_len, decode_ms in cases:
+        truth = {"per_stream": 1000 / decode_ms, "aggregate": conc * 1000 / decode_ms, "itl_ms": decode_ms}
+        extra = ["--stream-interval", str(args.stream_interval)] if args.stream_interval > 1 else []
+        rows: list[dict[str, Any]] = []
+        with simulator(decode_ms, extra_args=extra, log_path=args.sim_log) as (url, pid):
+            common = {"concurrency": conc, "num_requests": n, "output_len": out_len}
+            clients: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+                ("openai-sdk (completions)", functools.partial(run_openai, url, prompt=prompt, **common)),
+                ("openai-sdk (chat)", functools.partial(run_openai, url, prompt=prompt, endpoint="chat", **common)),
+            ]
+            if not args.skip_bench_serving:
+                for backend in ("sglang", "sglang-oai"):
+                    bench = functools.partial(
+                        run_bench_serving, url, input_len=args.input_len, backend=backend, **common
+                    )
+                    clients.append((f"sglang.bench_serving --backend {backend}", bench))
+            for name, fn in clients:
+                rows.append(_measure(name, fn, url, pid))
+        label = f"{title}, {n} requests" + (f", stream-interval {args.stream_interval}" if extra else "")
+        _print_case(label, truth, rows)
+        results.append({"case": label, "truth": truth, "results": rows})
+    print(
+        "\nNotes: aggregate truth is the steady state (all streams decoding); a finite run includes ramp-up/tail and "
+        "client overhead. 'sim late' counts simulator decode iterations that ran late because this host's CPU was "
+        "busy — non-zero means the server side, not only the client, fell behind."
+    )
+    if args.json_out:
+        args.json_out.write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["make-tokenizer"] and len(argv) == 2:
+        make_tokenizer(Path(argv[1]))
+        return 0
+    if importlib.util.find_spec("openai") is None and REF_PYTHON.exists():  # e.g. started with orch's own .venv
+        os.execv(REF_PYTHON, [str(REF_PYTHON), str(Path(__file__).resolve()), *argv])
+    return demo(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

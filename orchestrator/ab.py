@@ -18,7 +18,7 @@ from orchestrator.bench import BenchConfig, RunResult, host_runner, local_runner
 from orchestrator.errors import HostError, OrchError, ServerError
 from orchestrator.hosts import Host, connect_address
 from orchestrator.profile import Profile
-from orchestrator.stats import Summary, ratio, summarize
+from orchestrator.stats import BreakEven, Summary, ratio, spec_from_run, summarize
 from orchestrator.store import Store
 
 
@@ -33,6 +33,7 @@ class ABConfig:
     force: bool = False  # kill a foreign port owner when the host's policy allows it
     lock_wait_s: float = 0.0  # how long to queue behind another orch session on the host
     gpu_wait_s: float = 120.0  # after teardown, how long GPU memory may take to return to idle
+    target_tps: float | None = None  # for the speculative explanation: what would reaching this take
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class ArmResult:
     ready_s: float
     env_report: dict[str, Any]
     teardown: dict[str, Any]
+    spec_steps: int | None = None  # draft steps when the arm uses speculative decoding
 
     @property
     def levels(self) -> list[int]:
@@ -103,6 +105,7 @@ class ABResult:
     host: str
     arms: tuple[ArmResult, ...]
     host_facts: dict[str, Any]
+    target_tps: float | None = None
 
     def comparisons_at(self, concurrency: int | None = None) -> list[Comparison]:
         base = self.arms[0]
@@ -123,6 +126,20 @@ class ABResult:
     def comparisons(self) -> list[Comparison]:
         """Each arm against the first, at the first concurrency level (the headline)."""
         return self.comparisons_at()
+
+    def speculation(self) -> list[tuple[str, BreakEven]]:
+        """For each speculative arm compared with a non-speculative baseline: the break-even arithmetic."""
+        base = self.arms[0]
+        bs = base.summary
+        if bs is None or base.spec_steps is not None:
+            return []
+        out = []
+        for arm in self.arms[1:]:
+            s, tau = arm.summary, arm.accept_length
+            if arm.spec_steps is None or s is None or tau is None:
+                continue
+            out.append((arm.profile, spec_from_run(bs.median, s.median, tau, arm.spec_steps, self.target_tps)))
+        return out
 
 
 # Names this orch process in the host lock, so after a silent network drop it can take its own lock back.
@@ -183,7 +200,7 @@ def run_ab(
         store.finish_experiment(exp_id, "failed", str(e) or type(e).__name__)
         raise
     store.finish_experiment(exp_id, "complete")
-    return ABResult(exp_id, config.simulate, host.name, tuple(arms), facts)
+    return ABResult(exp_id, config.simulate, host.name, tuple(arms), facts, config.target_tps)
 
 
 def acquire_host_lock(host: Host, path: str, exp_id: str, wait_s: float, on_event: Callable[[str], None]) -> None:
@@ -317,6 +334,8 @@ def _run_arm(
         ready_s,
         env.to_dict(),
         state.get("teardown", {}),
+        # SGLang picks (3, 1, 4) when num_steps is unset
+        spec_steps=None if profile.speculative is None else (profile.speculative.num_steps or 3),
     )
 
 

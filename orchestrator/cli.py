@@ -16,14 +16,14 @@ from typing import Any, NoReturn
 import click
 import yaml
 
-from orchestrator import __version__
+from orchestrator import __version__, stats
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig, RunResult, request_items
 from orchestrator.errors import OrchError, ProfileError
 from orchestrator.hosts import check_host, inventory_paths, load_inventory, resolve_host
 from orchestrator.hostside import redact, redact_argv
-from orchestrator.report import SIM_BANNER, ab_json, ab_text, run_line
+from orchestrator.report import SIM_BANNER, ab_json, ab_text, breakeven_lines, run_line
 from orchestrator.server import default_namespace
 from orchestrator.store import Store
 
@@ -203,6 +203,12 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Run the benchmark client on the host next to the server, or on this machine.",
         ),
         click.option(
+            "--target-tps",
+            type=click.FloatRange(min=0, min_open=True),
+            default=None,
+            help="With a speculative arm: also say what accept length reaching this tok/s would need.",
+        ),
+        click.option(
             "--min-run-s",
             default=1.0,
             show_default=True,
@@ -272,6 +278,7 @@ def _run(
     input_len: int | None,
     client_place: str,
     min_run_s: float,
+    target_tps: float | None,
     ready_timeout: float | None,
     grace: float,
     strict_env: bool,
@@ -309,6 +316,7 @@ def _run(
         force=force,
         lock_wait_s=lock_wait,
         gpu_wait_s=gpu_wait,
+        target_tps=target_tps,
     )
     out = sys.stderr if as_json else sys.stdout
 
@@ -401,6 +409,44 @@ def gpu_lines(gpus: dict[str, Any]) -> list[str]:
         for a in gpus["apps"]
     ]
     return lines
+
+
+@cli.command("breakeven")
+@click.option(
+    "--baseline-tps",
+    type=click.FloatRange(min=0, min_open=True),
+    required=True,
+    help="The baseline's single-stream tok/s (re-measured, not remembered).",
+)
+@click.option(
+    "--cycle-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    required=True,
+    help="One speculative cycle: draft steps + verify, in ms.",
+)
+@click.option("--steps", type=click.IntRange(1, 64), required=True, help="Draft steps per cycle (k).")
+@click.option(
+    "--accept-length",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="A measured accept length, to compare with the break-even.",
+)
+@click.option(
+    "--target-tps",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Also say what a target tok/s would need.",
+)
+def breakeven_cmd(
+    baseline_tps: float, cycle_ms: float, steps: int, accept_length: float | None, target_tps: float | None
+) -> None:
+    """Speculative decoding arithmetic: the accept length (and per-token acceptance) needed to break even.
+
+    Example (the seed's): orch breakeven --baseline-tps 82.2 --cycle-ms 30 --steps 3 --target-tps 150
+    """
+    be = stats.breakeven(baseline_tps, cycle_ms, steps, measured_tau=accept_length, target_tps=target_tps)
+    for line in breakeven_lines(be):
+        click.echo(line)
 
 
 @cli.group("hosts")

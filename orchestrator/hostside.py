@@ -634,6 +634,7 @@ def serve() -> None:
     import threading
 
     fd = sys.stdin.fileno()
+    done_r, done_w = os.pipe()
     buffer = b""
     while True:
         while b"\n" not in buffer:
@@ -650,17 +651,27 @@ def serve() -> None:
             _write({"ok": False, "error": f"request is not JSON: {e}"})
             continue
         box: list[dict[str, Any]] = []
-        worker = threading.Thread(target=lambda b=box, r=request: b.append(dispatch(r)), daemon=True)
+
+        def work(b: list[dict[str, Any]] = box, r: dict[str, Any] = request) -> None:
+            try:
+                b.append(dispatch(r))
+            finally:
+                os.write(done_w, b"x")  # wakes the loop below at once: no polling latency per request
+
+        worker = threading.Thread(target=work, daemon=True)
         worker.start()
         next_beat = time.monotonic() + HEARTBEAT_S
-        while worker.is_alive():
-            readable, _, _ = select.select([fd], [], [], 0.2)
-            if readable:
+        while True:
+            readable, _, _ = select.select([fd, done_r], [], [], max(0.0, next_beat - time.monotonic()))
+            if done_r in readable:
+                os.read(done_r, 1)
+                break
+            if fd in readable:
                 os._exit(0)
             if time.monotonic() >= next_beat:
                 _write({"id": request.get("id"), "heartbeat": True})
                 next_beat += HEARTBEAT_S
-            worker.join(0.0)
+        worker.join()
         _write(box[0] if box else {"ok": False, "error": "the request died without an answer", "id": request.get("id")})
 
 

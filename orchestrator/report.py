@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestrator.ab import ABResult, ArmResult
 from orchestrator.bench import BenchConfig, RunResult
+from orchestrator.stats import BreakEven
 
 SIM_BANNER = "SIMULATED: these numbers come from orch's SGLang simulator, not from a real server on a GPU."
 
@@ -40,6 +41,33 @@ def _ms(value: float | None) -> str:
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def breakeven_lines(be: BreakEven, indent: str = "") -> list[str]:
+    """The speculative-decoding explanation, in words a person checks with a calculator."""
+
+    def alpha(a: float | None, tau: float) -> str:
+        if a is None:
+            return f"NOT reachable with {be.steps} draft steps (at most {be.steps + 1} tokens per cycle)"
+        return f"needs per-token acceptance α ≥ {a:.3f} (chain model, {be.steps} steps)"
+
+    lines = [
+        f"baseline: {be.baseline_tps:.1f} tok/s = {be.baseline_token_ms:.2f} ms per token",
+        f"speculative cycle: {be.cycle_ms:.1f} ms (draft + verify)",
+        f"break-even accept length: {be.cycle_ms:.1f} / {be.baseline_token_ms:.2f} = {be.breakeven_tau:.3f} tokens "
+        f"per cycle; {alpha(be.breakeven_alpha, be.breakeven_tau)}",
+    ]
+    if be.measured_tau is not None:
+        verdict = "above" if be.measured_tau > be.breakeven_tau else "below"
+        lines.append(
+            f"measured accept length: {be.measured_tau:.2f} ({verdict} break-even"
+            + (f"; α ≈ {be.measured_alpha:.3f})" if be.measured_alpha is not None else ")")
+        )
+    if be.target_tps is not None and be.target_tau is not None:
+        lines.append(
+            f"for {be.target_tps:.0f} tok/s: accept length {be.target_tau:.2f}; {alpha(be.target_alpha, be.target_tau)}"
+        )
+    return [indent + line for line in lines]
 
 
 def _table(rows: list[list[str]]) -> list[str]:
@@ -118,6 +146,12 @@ def ab_text(result: ABResult) -> str:
                     "restart-to-restart noise is not estimated)"
                 )
         lines.append("")
+    for spec_arm, be in result.speculation():
+        lines.append(
+            f"  why {spec_arm} runs at this speed (speculative decoding vs {base.profile}, concurrency "
+            f"{base.levels[0] if base.levels else 1}):"
+        )
+        lines += breakeven_lines(be, indent="    ")
     for arm in result.arms:
         for r in arm.invalid_runs:
             lines.append(f"  excluded: {arm.profile} run {r.index + 1} @ {r.concurrency}: {r.invalid_reason}")
@@ -188,6 +222,7 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "host_facts": result.host_facts,
         "arms": [_arm_json(a) for a in result.arms],
         "comparisons": [{"arm": c.arm, "vs": c.vs, "ratio": c.ratio} for c in result.comparisons],
+        "speculation": [{"arm": arm, **be.to_dict()} for arm, be in result.speculation()],
         "comparisons_by_concurrency": [
             {
                 "arm": c.arm,

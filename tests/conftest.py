@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -102,3 +104,29 @@ def sim_profiles(write_profile: WriteProfile) -> Callable[..., dict[str, Path]]:
         return {"base": base, "baseline": baseline, "eagle3": eagle}
 
     return make
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_orch(*args: str, cwd: Path, merge_stderr: bool = False) -> subprocess.Popen[str]:
+    """`orch ARGS` as a real subprocess (signals, exit codes, stdout/stderr as a user sees them)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def wait_for_line(proc: subprocess.Popen[str], needle: str, seen: list[str] | None = None) -> None:
+    """Read proc's stdout until a line contains needle (fails with everything read if it never does)."""
+    seen = [] if seen is None else seen
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        seen.append(line)
+        if needle in line:
+            return
+    raise AssertionError(f"{needle!r} never appeared:\n{''.join(seen)}")

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,22 +14,14 @@ import pytest
 
 from orchestrator import hostside
 from orchestrator.cli import main
-from tests.conftest import NAMESPACE, WriteProfile
+from tests.conftest import NAMESPACE, WriteProfile, run_orch, wait_for_line
 
 SimProfiles = Callable[..., dict[str, Path]]
 REPO = Path(__file__).resolve().parent.parent
 
 
-def orch(*args: str, cwd: Path, **kw: object) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=cwd,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        **kw,  # type: ignore[arg-type]
-    )
+def orch(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return run_orch(*args, cwd=cwd)
 
 
 def test_ab_json_end_to_end_in_a_subprocess(sim_profiles: SimProfiles, tmp_path: Path) -> None:
@@ -73,6 +63,9 @@ def test_ab_json_end_to_end_in_a_subprocess(sim_profiles: SimProfiles, tmp_path:
     assert cmp["arm"] == "eagle3" and cmp["vs"] == "baseline"
     assert cmp["ratio"] == pytest.approx(doc["arms"][1]["median_tok_s"] / doc["arms"][0]["median_tok_s"])
     assert "SIMULATED" in err and "Run 1/2: 48 tokens in" in err and "env check ok" in err
+    (spec,) = doc["speculation"]  # eagle3 vs a non-speculative baseline: explained, with the break-even
+    assert spec["arm"] == "eagle3" and spec["steps"] == 3 and spec["measured_tau"] == doc["arms"][1]["accept_length"]
+    assert spec["breakeven_tau"] == pytest.approx(spec["cycle_ms"] / spec["baseline_token_ms"])
     rows = sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0]
     assert rows == 6
     assert hostside.op_find(NAMESPACE) == []
@@ -135,10 +128,7 @@ def test_ctrl_c_tears_down_and_marks_interrupted(sim_profiles: SimProfiles, tmp_
         str(db),
         cwd=tmp_path,
     )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "Run 1/50" in line:
-            break
+    wait_for_line(proc, "Run 1/50")
     assert hostside.op_find(NAMESPACE), "the server should be running mid-benchmark"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -171,10 +161,7 @@ def test_sigterm_to_orch_also_tears_down(sim_profiles: SimProfiles, tmp_path: Pa
         str(tmp_path / "r.db"),
         cwd=tmp_path,
     )
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "Run 1/50" in line:
-            break
+    wait_for_line(proc, "Run 1/50")
     proc.terminate()
     proc.communicate(timeout=60)
     assert proc.returncode == 130

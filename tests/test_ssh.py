@@ -26,7 +26,7 @@ from orchestrator.profile import load
 from orchestrator.ssh import SSHHost
 from orchestrator.store import Store
 from tests import fake_nvidia_smi
-from tests.conftest import NAMESPACE
+from tests.conftest import NAMESPACE, run_orch, wait_for_line
 from tests.sshd import SSHD
 
 SimProfiles = Callable[..., dict[str, Path]]
@@ -87,23 +87,7 @@ def _bench(runs: int = 2, max_tokens: int = 24) -> BenchConfig:
 
 
 def orch(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=cwd,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-
-
-def _wait_for(proc: subprocess.Popen[str], needle: str, seen: list[str]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        seen.append(line)
-        if needle in line:
-            return
-    raise AssertionError(f"{needle!r} never appeared:\n{''.join(seen)}")
+    return run_orch(*args, cwd=cwd, merge_stderr=True)
 
 
 # ------------------------------------------------------------------ inventory
@@ -296,7 +280,7 @@ def test_ctrl_c_over_ssh_tears_down_the_remote_server(
         cwd=tmp_path,
     )
     seen: list[str] = []
-    _wait_for(proc, "Run 1/50", seen)
+    wait_for_line(proc, "Run 1/50", seen)
     assert hostside.op_find(NAMESPACE)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
@@ -326,7 +310,7 @@ def test_two_sessions_on_one_host_are_serialised_by_the_lock(
     ]
     first = orch("bench", "baseline", *common, "--db", str(tmp_path / "1.db"), cwd=tmp_path)
     seen: list[str] = []
-    _wait_for(first, "launched PID", seen)
+    wait_for_line(first, "launched PID", seen)
     busy = orch("bench", "baseline", *common, "--db", str(tmp_path / "2.db"), cwd=tmp_path)
     busy_out, _ = busy.communicate(timeout=60)
     assert busy.returncode == 1
@@ -405,7 +389,7 @@ def test_lock_and_server_of_a_crashed_orch_are_recovered(
     common = ["--host", "testbox", "--sim", "--warmup", "0", "--max-tokens", "24", "--grace", "2", "--min-run-s", "0"]
     crashed = orch("bench", "baseline", *common, "--runs", "50", "--db", str(tmp_path / "1.db"), cwd=tmp_path)
     seen: list[str] = []
-    _wait_for(crashed, "Run 1/50", seen)
+    wait_for_line(crashed, "Run 1/50", seen)
     crashed.kill()  # no teardown, no unlock: the laptop died
     crashed.wait()
     assert hostside.op_find(NAMESPACE), "the detached server outlives the crashed orch"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -137,3 +138,170 @@ def spec_from_run(
         raise ValueError("the speculative arm's tok/s and accept length must be positive")
     cycle_ms = 1000.0 * accept_length / spec_tps
     return breakeven(baseline_tps, cycle_ms, steps, measured_tau=accept_length, target_tps=target_tps)
+
+
+# ---------------------------------------------------------------- launch-level comparison (the unit is a launch)
+
+Z_975 = 1.959963984540054  # two-sided 95 %
+# Student t 0.975 quantiles for 1..30 degrees of freedom (beyond: the normal's 1.96 is within 2 %).
+T_975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
+
+
+def t_975(df: int) -> float:
+    return T_975[df - 1] if df <= len(T_975) else Z_975
+
+
+Z_80 = 0.8416212335729143  # 80 % power
+VERDICTS = ("faster", "slower", "no difference", "inconclusive")
+
+
+@dataclass(frozen=True)
+class RatioEstimate:
+    """An arm against the baseline: geometric-mean ratio over blocks with a bootstrap 95 % CI."""
+
+    ratio: float
+    lo: float
+    hi: float
+    blocks: int
+    method: str
+    log_sd: float | None  # spread of the per-block log-ratios (None with one block)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def launch_value(runs: Sequence[float]) -> float:
+    """One launch reduced to one number: the median of its valid timed runs."""
+    if not runs:
+        raise ValueError("a launch without valid runs has no value")
+    return statistics.median(runs)
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    pos = (len(sorted_values) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def ratio_ci(
+    base: Sequence[Sequence[float]],
+    arm: Sequence[Sequence[float]],
+    *,
+    n_boot: int = 4000,
+    seed: int = 0,
+    hierarchical: bool | None = None,
+) -> RatioEstimate:
+    """base[b] and arm[b] are the run values of the two launches in block b.
+
+    The estimate is exp(mean over blocks of log(arm launch value / base launch value)). The CI resamples blocks
+    with replacement; with few blocks (< 5, or when asked) it also resamples runs within each launch, so the
+    interval carries both levels of noise. Runs are never pooled across launches as if independent.
+    """
+    if len(base) != len(arm) or not base:
+        raise ValueError("need the same number (>= 1) of blocks for both arms")
+    if any(not b for b in base) or any(not a for a in arm):
+        raise ValueError("every launch needs at least one valid run")
+    n = len(base)
+    logs = [math.log(launch_value(a) / launch_value(b)) for b, a in zip(base, arm, strict=True)]
+    point = math.exp(statistics.fmean(logs))
+    hier = n < 5 if hierarchical is None else hierarchical
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(n_boot):
+        total = 0.0
+        for _ in range(n):
+            i = rng.randrange(n)
+            if hier:
+                b = [rng.choice(base[i]) for _ in base[i]]
+                a = [rng.choice(arm[i]) for _ in arm[i]]
+                total += math.log(statistics.median(a) / statistics.median(b))
+            else:
+                total += logs[i]
+        draws.append(total / n)
+    draws.sort()
+    lo, hi = _quantile(draws, 0.025), _quantile(draws, 0.975)
+    method = "bootstrap over blocks" + (" + runs within launches" if hier else "")
+    sd = statistics.stdev(logs) if n > 1 else None
+    if sd is not None:
+        # With few blocks a percentile bootstrap is too narrow (2 blocks have 3 distinct resamples). The interval is
+        # never narrower than Student's t on the block log-ratios: the top level's degrees of freedom decide.
+        mean = statistics.fmean(logs)
+        half = t_975(n - 1) * sd / math.sqrt(n)
+        if mean - half < lo or mean + half > hi:
+            lo, hi = min(lo, mean - half), max(hi, mean + half)
+            method += ", widened to Student's t on blocks"
+    return RatioEstimate(ratio=point, lo=math.exp(lo), hi=math.exp(hi), blocks=n, method=method, log_sd=sd)
+
+
+def verdict(est: RatioEstimate, min_effect: float = 0.02) -> str:
+    """faster/slower only when the CI excludes 1 and the effect is at least min_effect; no difference when the CI
+    lies inside ±min_effect; otherwise inconclusive. One block can never separate restart noise: inconclusive."""
+    if est.blocks < 2:
+        return "inconclusive"
+    if est.lo > 1.0 and est.ratio - 1.0 >= min_effect:
+        return "faster"
+    if est.hi < 1.0 and 1.0 - est.ratio >= min_effect:
+        return "slower"
+    if est.lo >= 1.0 - min_effect and est.hi <= 1.0 + min_effect:
+        return "no difference"
+    return "inconclusive"
+
+
+def minimal_detectable_effect(est: RatioEstimate) -> float | None:
+    """The relative effect this many blocks detect with 80 % power at 95 % for the observed block-to-block noise."""
+    if est.log_sd is None:
+        return None
+    return math.exp((t_975(est.blocks - 1) + Z_80) * est.log_sd / math.sqrt(est.blocks)) - 1.0
+
+
+def blocks_needed(est: RatioEstimate, min_effect: float = 0.02) -> int | None:
+    """Blocks needed for the minimal detectable effect to reach min_effect, at the observed noise."""
+    if est.log_sd is None:
+        return None
+    goal = math.log(1.0 + min_effect)
+    for n in range(2, 100_000):
+        if (t_975(n - 1) + Z_80) * est.log_sd / math.sqrt(n) <= goal:
+            return n
+    return None
+
+
+def mad_outliers(values: Sequence[float], threshold: float = 3.5) -> list[int]:
+    """Indices whose modified z-score (0.6745 (x − median) / MAD) exceeds threshold: warned about, never dropped."""
+    if len(values) < 3:
+        return []
+    med = statistics.median(values)
+    mad = statistics.median(abs(v - med) for v in values)
+    if mad == 0:
+        return [i for i, v in enumerate(values) if v != med] if len(set(values)) > 1 else []
+    return [i for i, v in enumerate(values) if abs(0.6745 * (v - med) / mad) > threshold]

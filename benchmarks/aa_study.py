@@ -1,0 +1,70 @@
+"""How often orch's launch-level verdict is wrong (A/A) and how often it finds a real effect (power).
+
+Monte Carlo with synthetic launches whose noise is the simulator's: each launch draws a lognormal speed factor
+(sigma = restart noise, default 1 %, the simulator's launch_noise) and each run a small jitter (0.2 %). For each
+number of blocks: the share of A/A experiments that end in `faster`/`slower` (false verdicts), and the share of
+experiments with a true +3 % / +5 % effect that end in `faster` (power). Results go into docs/statistics.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from orchestrator.stats import ratio_ci, verdict
+
+
+def experiment(
+    rng: random.Random, blocks: int, effect: float, restart_sd: float, run_sd: float, runs: int
+) -> tuple[list[list[float]], list[list[float]]]:
+    def launch(mean: float) -> list[float]:
+        factor = math.exp(rng.gauss(0.0, restart_sd))
+        return [mean * factor * math.exp(rng.gauss(0.0, run_sd)) for _ in range(runs)]
+
+    return [launch(82.0) for _ in range(blocks)], [launch(82.0 * (1 + effect)) for _ in range(blocks)]
+
+
+def shares(rng: random.Random, blocks: int, effect: float, args: argparse.Namespace) -> dict[str, float]:
+    counts = {"faster": 0, "slower": 0, "no difference": 0, "inconclusive": 0}
+    for _ in range(args.experiments):
+        base, arm = experiment(rng, blocks, effect, args.restart_sd, args.run_sd, args.runs)
+        counts[verdict(ratio_ci(base, arm, n_boot=args.boot, seed=rng.randrange(2**31)), args.min_effect)] += 1
+    return {k: v / args.experiments for k, v in counts.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--experiments", type=int, default=200)
+    ap.add_argument("--boot", type=int, default=500)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--restart-sd", type=float, default=0.01)
+    ap.add_argument("--run-sd", type=float, default=0.002)
+    ap.add_argument("--min-effect", type=float, default=0.02)
+    ap.add_argument("--blocks", default="2,3,5,8,12")
+    ap.add_argument("--seed", type=int, default=1)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    print(
+        f"{args.experiments} experiments per cell; restart noise {args.restart_sd:.1%}, run noise "
+        f"{args.run_sd:.1%}, {args.runs} runs per launch, minimum effect {args.min_effect:.0%}, "
+        f"{args.boot} bootstrap resamples\n"
+    )
+    print("| blocks | A/A faster or slower (false) | A/A no difference | A/A inconclusive | power +3 % | power +5 % |")
+    print("|---|---|---|---|---|---|")
+    for blocks in (int(b) for b in args.blocks.split(",")):
+        aa = shares(rng, blocks, 0.0, args)
+        p3 = shares(rng, blocks, 0.03, args)["faster"]
+        p5 = shares(rng, blocks, 0.05, args)["faster"]
+        print(
+            f"| {blocks} | {aa['faster'] + aa['slower']:.1%} | {aa['no difference']:.1%} | "
+            f"{aa['inconclusive']:.1%} | {p3:.1%} | {p5:.1%} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

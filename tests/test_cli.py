@@ -166,6 +166,8 @@ def test_sigterm_to_orch_also_tears_down(sim_profiles: SimProfiles, tmp_path: Pa
     proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert hostside.op_find(NAMESPACE) == []
+    status = sqlite3.connect(tmp_path / "r.db").execute("SELECT status FROM experiments").fetchone()[0]
+    assert status == "interrupted"
 
 
 def test_profiles_commands(

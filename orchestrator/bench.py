@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from orchestrator import client, prompts
 from orchestrator.errors import BenchError
+from orchestrator.hosts import Host
 
 CLIENT_PLACES = ("host", "local")
 MAX_RECOVERIES = 3
@@ -97,7 +98,7 @@ class RunResult:
 Runner = Callable[[list[dict[str, Any]], list[int], int], dict[str, Any]]
 
 
-def host_runner(host: Any, address: str, port: int, config: BenchConfig) -> Runner:
+def host_runner(host: Host, address: str, port: int, config: BenchConfig) -> Runner:
     """The client runs on the host, through the host-side agent: no laptop network jitter in the numbers."""
 
     def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int) -> dict[str, Any]:

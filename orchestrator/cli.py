@@ -16,10 +16,10 @@ from typing import Any, NoReturn
 import click
 import yaml
 
-from orchestrator import __version__, stats
+from orchestrator import __version__, client, stats
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig, run_ab
-from orchestrator.bench import BenchConfig, RunResult, request_items
+from orchestrator.bench import CLIENT_PLACES, BenchConfig, RunResult, request_items
 from orchestrator.errors import OrchError, ProfileError
 from orchestrator.hosts import check_host, inventory_paths, load_inventory, resolve_host
 from orchestrator.hostside import redact, redact_argv
@@ -178,7 +178,7 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--endpoint",
             default="generate",
             show_default=True,
-            type=click.Choice(["generate", "completions", "chat"]),
+            type=click.Choice(list(client.ENDPOINTS)),
             help="SGLang native /generate, or OpenAI /v1/completions or /v1/chat/completions.",
         ),
         click.option(
@@ -199,7 +199,7 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "client_place",
             default="host",
             show_default=True,
-            type=click.Choice(["host", "local"]),
+            type=click.Choice(list(CLIENT_PLACES)),
             help="Run the benchmark client on the host next to the server, or on this machine.",
         ),
         click.option(

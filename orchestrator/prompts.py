@@ -85,7 +85,6 @@ BUILTIN: dict[str, tuple[str, ...]] = {
         "which one suffers more from slow PCIe links, and why?",
     ),
 }
-PROMPT_SETS = ("builtin", "random")
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,6 @@ def t_975(df: int) -> float:
 
 
 Z_80 = 0.8416212335729143  # 80 % power
-VERDICTS = ("faster", "slower", "no difference", "inconclusive")
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import json
+import math
 import os
+import random
 import socket
+import statistics
 import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any
 
 from orchestrator import __version__, server
@@ -18,7 +23,25 @@ from orchestrator.bench import BenchConfig, RunResult, host_runner, local_runner
 from orchestrator.errors import HostError, OrchError, ServerError
 from orchestrator.hosts import Host, connect_address
 from orchestrator.profile import Profile
-from orchestrator.stats import BreakEven, Summary, ratio, spec_from_run, summarize
+from orchestrator.stats import (
+    DEFAULT_MIN_EFFECT,
+    ArmSpread,
+    BreakEven,
+    RatioEstimate,
+    Summary,
+    arm_spread,
+    blocks_needed,
+    launch_value,
+    minimal_detectable_effect,
+    outliers,
+    ratio_ci,
+    relative_range,
+    schedule,
+    slow_first_run,
+    spec_from_run,
+    summarize,
+    verdict,
+)
 from orchestrator.store import Store
 
 
@@ -34,11 +57,15 @@ class ABConfig:
     lock_wait_s: float = 0.0  # how long to queue behind another orch session on the host
     gpu_wait_s: float = 120.0  # after teardown, how long GPU memory may take to return to idle
     target_tps: float | None = None  # for the speculative explanation: what would reaching this take
+    blocks: int = 1  # each block launches every arm once
+    order: str = "random"  # random | fixed | abba
+    order_seed: int | None = None  # None: drawn at random, then recorded with the experiment
+    min_effect: float = DEFAULT_MIN_EFFECT  # the smallest relative difference worth calling
 
 
 @dataclass(frozen=True)
-class ArmResult:
-    """One arm = one launch (for now) and its runs, with what was verified about it."""
+class LaunchResult:
+    """One launch of one arm (in one block) and its runs, with what was verified about it."""
 
     profile: str
     launch_id: str
@@ -47,6 +74,10 @@ class ArmResult:
     env_report: dict[str, Any]
     teardown: dict[str, Any]
     spec_steps: int | None = None  # draft steps when the arm uses speculative decoding
+    block: int = 0
+    position: int = 0  # place in its block's launch order
+    arm_index: int = 0
+    gpus: dict[str, Any] | None = None  # nvidia-smi under load, after the timed runs
 
     @property
     def levels(self) -> list[int]:
@@ -67,16 +98,79 @@ class ArmResult:
         timed = self.timed_at(concurrency)
         return summarize([r.tok_s for r in timed]) if timed else None
 
-    def aggregate_at(self, concurrency: int | None = None) -> Summary | None:
+    def value_at(self, concurrency: int | None = None, metric: str = "tok_s") -> float | None:
+        """The launch-level value: the median of its valid timed runs."""
+        values = [float(getattr(r, metric)) for r in self.timed_at(concurrency)]
+        return launch_value(values) if values else None
+
+    def accept_length_at(self, concurrency: int | None = None) -> float | None:
+        """Mean accept length over a level's valid timed runs, each from that run's own data (never lifetime)."""
+        values = [r.spec_accept_length for r in self.timed_at(concurrency) if r.spec_accept_length is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def invalid_runs(self) -> list[RunResult]:
+        return [r for r in self.runs if not r.warmup and not r.valid]
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm (profile) across all its launches; the launch, not the run, is the unit of replication."""
+
+    profile: str
+    launches: tuple[LaunchResult, ...]
+    spec_steps: int | None = None
+
+    @property
+    def launch_id(self) -> str | None:
+        return self.launches[0].launch_id if self.launches else None
+
+    @property
+    def runs(self) -> list[RunResult]:
+        return [r for launch in self.launches for r in launch.runs]
+
+    @property
+    def levels(self) -> list[int]:
+        return list(dict.fromkeys(level for launch in self.launches for level in launch.levels))
+
+    def _level(self, concurrency: int | None) -> int:
+        return concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
+
+    def timed_at(self, concurrency: int | None = None) -> list[RunResult]:
+        level = self._level(concurrency)
+        return [r for launch in self.launches for r in launch.timed_at(level)]
+
+    @property
+    def timed(self) -> list[RunResult]:
+        return self.timed_at()
+
+    def per_launch_at(self, concurrency: int | None = None, metric: str = "tok_s") -> list[list[float]]:
+        level = self._level(concurrency)
+        return [[float(getattr(r, metric)) for r in launch.timed_at(level)] for launch in self.launches]
+
+    def spread_at(self, concurrency: int | None = None, metric: str = "tok_s") -> ArmSpread | None:
+        """Launches, runs, median of launch values, CV within and across launches."""
+        per_launch = [v for v in self.per_launch_at(concurrency, metric) if v]
+        return arm_spread(per_launch) if per_launch else None
+
+    def summary_at(self, concurrency: int | None = None) -> Summary | None:
+        """Per-stream tok/s over every valid timed run of every launch (for min/max; comparisons use launches)."""
         timed = self.timed_at(concurrency)
-        return summarize([r.aggregate_tok_s for r in timed]) if timed else None
+        return summarize([r.tok_s for r in timed]) if timed else None
+
+    def aggregate_at(self, concurrency: int | None = None) -> ArmSpread | None:
+        return self.spread_at(concurrency, "aggregate_tok_s")
 
     @property
     def summary(self) -> Summary | None:
         return self.summary_at()
 
+    def median_at(self, concurrency: int | None = None) -> float | None:
+        """The arm's headline number: the median of its launch values."""
+        spread = self.spread_at(concurrency)
+        return spread.median if spread else None
+
     def accept_length_at(self, concurrency: int | None = None) -> float | None:
-        """Mean accept length over a level's valid timed runs, each from that run's own data (never lifetime)."""
         values = [r.spec_accept_length for r in self.timed_at(concurrency) if r.spec_accept_length is not None]
         return sum(values) / len(values) if values else None
 
@@ -88,14 +182,87 @@ class ArmResult:
     def invalid_runs(self) -> list[RunResult]:
         return [r for r in self.runs if not r.warmup and not r.valid]
 
+    @property
+    def env_ok(self) -> bool:
+        return all(launch.env_report.get("ok", True) for launch in self.launches)
+
+
+@dataclass(frozen=True)
+class Design:
+    """How the launches of an experiment are arranged: every block launches every arm once, in a recorded order."""
+
+    blocks: int = 1
+    order: str = "fixed"
+    seed: int = 0
+    schedule: tuple[tuple[int, ...], ...] = ((0,),)
+
+    @classmethod
+    def make(cls, arms: int, blocks: int, order: str, seed: int) -> Design:
+        return cls(blocks, order, seed, tuple(tuple(b) for b in schedule(arms, blocks, order, seed)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "blocks": self.blocks,
+            "order": self.order,
+            "seed": self.seed,
+            "schedule": [list(b) for b in self.schedule],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Design:
+        return cls(
+            int(d["blocks"]), str(d["order"]), int(d["seed"]), tuple(tuple(int(i) for i in b) for b in d["schedule"])
+        )
+
+    def slots(self) -> list[tuple[int, int, int]]:
+        """(block, position, arm index) for every launch, in execution order."""
+        return [(b, pos, arm) for b, order in enumerate(self.schedule) for pos, arm in enumerate(order)]
+
 
 @dataclass(frozen=True)
 class Comparison:
     arm: str
     vs: str
-    ratio: float | None
+    ratio: float | None  # geometric mean over blocks of the launch-value ratios
     concurrency: int = 1
     aggregate_ratio: float | None = None
+    estimate: RatioEstimate | None = None
+    verdict: str | None = None  # faster | slower | no difference | inconclusive; None without paired launches
+    mde: float | None = None
+    blocks_needed: int | None = None
+    min_effect: float = DEFAULT_MIN_EFFECT
+
+    def to_dict(self) -> dict[str, Any]:
+        est = self.estimate
+        return {
+            "arm": self.arm,
+            "vs": self.vs,
+            "concurrency": self.concurrency,
+            "ratio": self.ratio,
+            "aggregate_ratio": self.aggregate_ratio,
+            "blocks": est.blocks if est else 0,
+            "ci95": [est.lo, est.hi] if est else None,
+            "ci_method": est.method if est else None,
+            "verdict": self.verdict,
+            "min_effect": self.min_effect,
+            "mde": self.mde,
+            "blocks_needed": self.blocks_needed,
+        }
+
+
+def _paired(base: ArmResult, arm: ArmResult, level: int, metric: str) -> tuple[list[list[float]], list[list[float]]]:
+    """Run values of the two arms' launches, block by block, for the blocks where both have valid runs."""
+    base_by_block = {launch.block: launch for launch in base.launches}
+    arm_by_block = {launch.block: launch for launch in arm.launches}
+    b_runs: list[list[float]] = []
+    a_runs: list[list[float]] = []
+    for block in sorted(set(base_by_block) & set(arm_by_block)):
+        b = [float(getattr(r, metric)) for r in base_by_block[block].timed_at(level)]
+        a = [float(getattr(r, metric)) for r in arm_by_block[block].timed_at(level)]
+        if b and a and all(v > 0 for v in b + a):
+            b_runs.append(b)
+            a_runs.append(a)
+    return b_runs, a_runs
 
 
 @dataclass(frozen=True)
@@ -103,23 +270,68 @@ class ABResult:
     experiment_id: str
     simulated: bool
     host: str
-    arms: tuple[ArmResult, ...]
+    profiles: tuple[str, ...]
+    launches: tuple[LaunchResult, ...]  # in execution order
     host_facts: dict[str, Any]
     target_tps: float | None = None
+    design: Design = field(default_factory=Design)
+    min_effect: float = DEFAULT_MIN_EFFECT
+    status: str = "complete"
+    notes: tuple[str, ...] = ()  # things worth saying that are not about the numbers (e.g. discarded launches)
+
+    @cached_property
+    def arms(self) -> tuple[ArmResult, ...]:
+        out = []
+        for i, name in enumerate(self.profiles):
+            mine = tuple(launch for launch in self.launches if launch.arm_index == i)
+            steps = next((launch.spec_steps for launch in mine), None)
+            out.append(ArmResult(name, mine, steps))
+        return tuple(out)
+
+    @property
+    def blocks(self) -> int:
+        """Blocks in which every arm has a launch."""
+        per_arm = [{launch.block for launch in arm.launches} for arm in self.arms]
+        return len(set.intersection(*per_arm)) if per_arm else 0
+
+    @property
+    def levels(self) -> list[int]:
+        return self.arms[0].levels if self.arms else []
 
     def comparisons_at(self, concurrency: int | None = None) -> list[Comparison]:
         base = self.arms[0]
         level = concurrency if concurrency is not None else (base.levels[0] if base.levels else 1)
         out = []
         for arm in self.arms[1:]:
-            r = agg = None
-            s, bs = arm.summary_at(level), base.summary_at(level)
-            if s and bs:
-                r = ratio(s.median, bs.median)
-            a, ba = arm.aggregate_at(level), base.aggregate_at(level)
-            if a and ba and ba.median > 0:
-                agg = ratio(a.median, ba.median)
-            out.append(Comparison(arm=arm.profile, vs=base.profile, ratio=r, concurrency=level, aggregate_ratio=agg))
+            b_runs, a_runs = _paired(base, arm, level, "tok_s")
+            if not b_runs:
+                out.append(Comparison(arm.profile, base.profile, None, level, min_effect=self.min_effect))
+                continue
+            est = ratio_ci(b_runs, a_runs, seed=self.design.seed)
+            b_agg, a_agg = _paired(base, arm, level, "aggregate_tok_s")
+            agg = (
+                math.exp(
+                    statistics.fmean(
+                        math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True)
+                    )
+                )
+                if b_agg
+                else None
+            )
+            out.append(
+                Comparison(
+                    arm=arm.profile,
+                    vs=base.profile,
+                    ratio=est.ratio,
+                    concurrency=level,
+                    aggregate_ratio=agg,
+                    estimate=est,
+                    verdict=verdict(est, self.min_effect),
+                    mde=minimal_detectable_effect(est),
+                    blocks_needed=blocks_needed(est, self.min_effect),
+                    min_effect=self.min_effect,
+                )
+            )
         return out
 
     @property
@@ -130,16 +342,86 @@ class ABResult:
     def speculation(self) -> list[tuple[str, BreakEven]]:
         """For each speculative arm compared with a non-speculative baseline: the break-even arithmetic."""
         base = self.arms[0]
-        bs = base.summary
-        if bs is None or base.spec_steps is not None:
+        base_tps = base.median_at()
+        if base_tps is None or base.spec_steps is not None:
             return []
         out = []
         for arm in self.arms[1:]:
-            s, tau = arm.summary, arm.accept_length
-            if arm.spec_steps is None or s is None or tau is None:
+            tps, tau = arm.median_at(), arm.accept_length
+            if arm.spec_steps is None or tps is None or tau is None:
                 continue
-            out.append((arm.profile, spec_from_run(bs.median, s.median, tau, arm.spec_steps, self.target_tps)))
+            out.append((arm.profile, spec_from_run(base_tps, tps, tau, arm.spec_steps, self.target_tps)))
         return out
+
+    def warnings(self) -> list[str]:
+        """What a careful reader should know before trusting the numbers; printed, never raised."""
+        out: list[str] = []
+        if self.blocks < 2:
+            out.append(
+                "one launch per arm: restart-to-restart noise (the kind that once turned 82 tok/s into 89) is not "
+                "estimated, so no verdict is possible; use --blocks 3 or more"
+            )
+        for launch in self.launches:
+            where = f"{launch.profile} (block {launch.block + 1})"
+            for level in launch.levels:
+                timed = launch.timed_at(level)
+                values = [r.tok_s for r in timed]
+                at = f" @ {level}" if len(self.levels) > 1 else ""
+                med = statistics.median(values) if values else 0.0
+                for i in outliers(values):
+                    out.append(
+                        f"outlier run: {where} run {timed[i].index + 1}{at}: {values[i]:.1f} tok/s vs the launch's "
+                        f"median {med:.1f} (median-absolute-deviation z > 3.5); kept in the statistics"
+                    )
+                in_order = [r.tok_s for r in sorted(timed, key=lambda r: r.index)]
+                if slow_first_run(in_order):
+                    out.append(
+                        f"slow first run: {where}{at}: run 1 gave {in_order[0]:.1f} tok/s, the others "
+                        f"{statistics.median(in_order[1:]):.1f}: warmup may be too short (raise --warmup)"
+                    )
+        for arm in self.arms:
+            for level in arm.levels:
+                launches = [launch for launch in arm.launches if launch.timed_at(level)]
+                values = [launch.value_at(level) or 0.0 for launch in launches]
+                for i in outliers(values, min_rel=0.03, min_n=3):
+                    out.append(
+                        f"far launch: {arm.profile} block {launches[i].block + 1}"
+                        + (f" @ {level}" if len(self.levels) > 1 else "")
+                        + f": {values[i]:.1f} tok/s vs the arm's median launch {statistics.median(values):.1f}; "
+                        "something differed in that launch (host state, another job?)"
+                    )
+        out += gpu_drift_warnings(self.launches)
+        bad_env = [arm.profile for arm in self.arms if not arm.env_ok]
+        if bad_env:
+            out.append(f"environment mismatches in {', '.join(bad_env)} (see the env check lines)")
+        return out
+
+
+def gpu_drift_warnings(launches: Sequence[LaunchResult], clock_rel: float = 0.05, temp_c: float = 10.0) -> list[str]:
+    """GPU SM clocks or temperatures under load that moved between launches: throttling makes launches unequal."""
+    per_gpu: dict[Any, list[tuple[str, float | None, float | None]]] = {}
+    for launch in launches:
+        gpus = (launch.gpus or {}).get("gpus") or []
+        for g in gpus:
+            clock, temp = g.get("clocks.sm"), g.get("temperature.gpu")
+            per_gpu.setdefault(g.get("index"), []).append(
+                (
+                    f"{launch.profile}/block {launch.block + 1}",
+                    float(clock) if isinstance(clock, (int, float)) else None,
+                    float(temp) if isinstance(temp, (int, float)) else None,
+                )
+            )
+    out = []
+    for index, readings in sorted(per_gpu.items(), key=lambda kv: str(kv[0])):
+        clocks = [c for _, c, _ in readings if c is not None]
+        temps = [t for _, _, t in readings if t is not None]
+        if clocks and relative_range(clocks) > clock_rel:
+            detail = ", ".join(f"{w} {c:.0f}" for w, c, _ in readings if c is not None)
+            out.append(f"GPU {index} SM clock under load changed between launches (MHz: {detail})")
+        if temps and max(temps) - min(temps) > temp_c:
+            detail = ", ".join(f"{w} {t:.0f}" for w, _, t in readings if t is not None)
+            out.append(f"GPU {index} temperature under load changed between launches (°C: {detail})")
+    return out
 
 
 # Names this orch process in the host lock, so after a silent network drop it can take its own lock back.
@@ -150,6 +432,54 @@ def new_experiment_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
+def comparable_profile(profile: Profile) -> dict[str, Any]:
+    """What must not change between the sessions of one resumed experiment (where the file lives may)."""
+    d = profile.to_dict()
+    for key in ("source", "description"):
+        d.pop(key, None)
+    return d
+
+
+def experiment_config(
+    profiles: Sequence[Profile], config: ABConfig, host_spec: str, facts: dict[str, Any]
+) -> dict[str, Any]:
+    """Everything a resume (and later `orch reproduce`) needs to run the same experiment again."""
+    return {
+        "bench": config.bench.to_dict(),
+        "host_facts": facts,
+        "host_spec": host_spec,
+        "strict_env": config.strict_env,
+        "ports": sorted({p.port for p in profiles}),
+        "profiles": [comparable_profile(p) for p in profiles],
+        "min_effect": config.min_effect,
+        "target_tps": config.target_tps,
+    }
+
+
+def bench_config_from(stored: dict[str, Any]) -> BenchConfig:
+    known = {f.name for f in fields(BenchConfig)}
+    data = {k: v for k, v in stored.items() if k in known}
+    data["concurrency"] = tuple(data.get("concurrency", (1,)))
+    return BenchConfig(**data)
+
+
+def check_resumable(exp: dict[str, Any], profiles: Sequence[Profile]) -> None:
+    """Refuse to resume what cannot be continued as the same experiment."""
+    if exp["status"] == "complete":
+        raise OrchError(f"experiment {exp['id']} is already complete (`orch show {exp['id']}` prints it)")
+    if exp["kind"] != "ab" or not exp.get("design_json"):
+        raise OrchError(f"experiment {exp['id']} was stored by an older orch without a design; it cannot be resumed")
+    stored = json.loads(exp["config_json"]).get("profiles") or []
+    for want, prof in zip(stored, profiles, strict=True):
+        now = comparable_profile(prof)
+        changed = sorted(k for k in set(want) | set(now) if want.get(k) != now.get(k))
+        if changed:
+            raise OrchError(
+                f"profile {prof.name!r} changed since experiment {exp['id']} started (fields: {', '.join(changed)}); "
+                "a resumed experiment must run the same configuration: restore the profile or start a new experiment"
+            )
+
+
 def run_ab(
     host: Host,
     profiles: Sequence[Profile],
@@ -158,49 +488,191 @@ def run_ab(
     *,
     on_event: Callable[[str], None] = lambda _: None,
     on_run: Callable[[str, RunResult], None] = lambda _p, _r: None,
+    resume: str | None = None,
+    host_spec: str | None = None,
 ) -> ABResult:
-    """Run every arm in order from a fresh launch; persist as we go; tear down whatever happens."""
+    """Run every launch of the design from fresh state; persist as we go; tear down whatever happens.
+
+    With `resume`, continue that stored experiment: its completed launches stand, the rest of its schedule runs
+    (same seed, same order); launches cut short earlier are kept in the store but left out of the statistics.
+    """
     if not profiles:
         raise OrchError("an A/B needs at least one profile")
-    ports = {p.port for p in profiles}
-    exp_id = new_experiment_id()
     facts = host.call("facts", nvidia_smi=host.config.nvidia_smi)
-    store.create_experiment(
-        exp_id,
-        kind="ab",
-        simulated=config.simulate,
-        host=host.name,
-        arms=[p.name for p in profiles],
-        config={
-            "bench": config.bench.to_dict(),
-            "host_facts": facts,
-            "strict_env": config.strict_env,
-            "ports": sorted(ports),
-        },
-        orch_version=__version__,
-    )
+    notes: list[str] = []
+    if resume is not None:
+        exp = store.find_experiment(resume)
+        exp_id = exp["id"]
+        check_resumable(exp, profiles)
+        design = Design.from_dict(json.loads(exp["design_json"]))
+        changed = facts_changed(json.loads(exp["config_json"]).get("host_facts") or {}, facts)
+        if changed:
+            notes.append(f"host facts changed since the experiment started: {', '.join(changed)}")
+            on_event(f"NOTE: {notes[-1]}")
+        store.reopen_experiment(exp_id)
+    else:
+        exp_id = new_experiment_id()
+        seed = config.order_seed if config.order_seed is not None else random.SystemRandom().randrange(2**31)
+        design = Design.make(len(profiles), config.blocks, config.order, seed)
+        store.create_experiment(
+            exp_id,
+            kind="ab",
+            simulated=config.simulate,
+            host=host.name,
+            arms=[p.name for p in profiles],
+            config=experiment_config(profiles, config, host_spec or host.name, facts),
+            orch_version=__version__,
+            design=design.to_dict(),
+        )
     on_event(
-        f"experiment {exp_id} on {host.name}: {' vs '.join(p.name for p in profiles)}"
-        + (" (SIMULATED server)" if config.simulate else "")
+        f"experiment {exp_id} on {host.name}: {' vs '.join(p.name for p in profiles)}, {design.blocks} block(s), "
+        f"order {design.order} (seed {design.seed})" + (" (SIMULATED server)" if config.simulate else "")
     )
-    arms: list[ArmResult] = []
+    if design.blocks < 2 and len(profiles) > 1:
+        on_event("NOTE: one launch per arm cannot separate restart noise from a real difference; use --blocks 3+")
+    launches: list[LaunchResult] = []
     lock_path = host.lock_path
     try:
         acquire_host_lock(host, lock_path, exp_id, config.lock_wait_s, on_event)
         try:
-            for index, profile in enumerate(profiles):
-                arms.append(_run_arm(host, profile, index, exp_id, config, store, on_event, on_run))
+            if resume is not None:  # read after taking the lock: another session may have resumed it meanwhile
+                launches, discarded = stored_launches(store, exp_id)
+                if discarded:
+                    notes.append(f"{discarded} launch(es) cut short earlier were discarded and run again")
+                on_event(f"resuming {exp_id}: {len(launches)} of {len(design.slots())} launches already complete")
+            done = {(launch.block, launch.arm_index) for launch in launches}
+            todo = [slot for slot in design.slots() if (slot[0], slot[2]) not in done]
+            for n, (block, position, arm) in enumerate(todo, start=len(done) + 1):
+                on_event(f"launch {n}/{len(design.slots())}: block {block + 1}/{design.blocks}, {profiles[arm].name}")
+                launches.append(
+                    _run_launch(host, profiles[arm], arm, block, position, exp_id, config, store, on_event, on_run)
+                )
         finally:
             with contextlib.suppress(HostError):
                 host.call("unlock", path=lock_path)
     except KeyboardInterrupt:
         store.finish_experiment(exp_id, "interrupted", "interrupted by the user")
+        on_event(f"experiment {exp_id} interrupted; continue it with: orch ab --resume {exp_id}")
         raise
     except BaseException as e:
         store.finish_experiment(exp_id, "failed", str(e) or type(e).__name__)
+        on_event(f"experiment {exp_id} failed; after fixing the cause, continue it with: orch ab --resume {exp_id}")
         raise
     store.finish_experiment(exp_id, "complete")
-    return ABResult(exp_id, config.simulate, host.name, tuple(arms), facts, config.target_tps)
+    return ABResult(
+        exp_id,
+        config.simulate,
+        host.name,
+        tuple(p.name for p in profiles),
+        tuple(launches),
+        facts,
+        config.target_tps,
+        design,
+        config.min_effect,
+        notes=tuple(notes),
+    )
+
+
+# Host facts that legitimately differ between two sessions on the same host.
+_VOLATILE_FACTS = {"time", "uptime_s", "load", "loadavg", "mem_available_bytes", "disk_free_bytes", "pid"}
+
+
+def facts_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
+    return sorted(k for k in set(before) | set(after) if k not in _VOLATILE_FACTS and before.get(k) != after.get(k))
+
+
+def _run_from_row(row: dict[str, Any]) -> RunResult:
+    metrics = json.loads(row.get("metrics_json") or "{}")
+    return RunResult(
+        index=int(row["idx"]),
+        warmup=bool(row["warmup"]),
+        tokens=int(row["tokens"]),
+        seconds=float(row["seconds"]),
+        tok_s=float(row["tok_s"]),
+        prompt_tokens=int(row["prompt_tokens"]),
+        ttft_s=row["ttft_s"],
+        spec_accept_length=row["spec_accept_length"],
+        spec_verify_ct=row["spec_verify_ct"],
+        valid=bool(row["valid"]),
+        invalid_reason=row["invalid_reason"],
+        concurrency=int(row.get("concurrency") or 1),
+        aggregate_tok_s=float(row["aggregate_tok_s"] if row.get("aggregate_tok_s") is not None else row["tok_s"]),
+        requests=int(row.get("requests") or 1),
+        errors=int(row.get("errors") or 0),
+        accept_source=row.get("accept_source"),
+        token_source=row.get("token_source"),
+        metrics=metrics,
+    )
+
+
+def _spec_steps(profile_dict: dict[str, Any]) -> int | None:
+    spec = profile_dict.get("speculative")
+    if not spec:
+        return None
+    return int(spec.get("num_steps") or 3)  # SGLang picks (3, 1, 4) when num_steps is unset
+
+
+def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], int]:
+    """The experiment's completed launches (in execution order), and how many others were cut short."""
+    out: list[LaunchResult] = []
+    discarded = 0
+    for row in store.launches(exp_id):
+        if row["status"] != "complete":
+            discarded += 1
+            continue
+        out.append(
+            LaunchResult(
+                profile=row["profile"],
+                launch_id=row["launch_id"],
+                runs=tuple(_run_from_row(r) for r in store.runs(row["launch_id"])),
+                ready_s=float(row["ready_s"] or 0.0),
+                env_report=json.loads(row["env_report_json"] or "{}"),
+                teardown=json.loads(row["teardown_json"] or "{}"),
+                spec_steps=_spec_steps(json.loads(row["profile_json"])),
+                block=int(row.get("block") or 0),
+                position=int(row["position"] if row.get("position") is not None else row["arm_index"]),
+                arm_index=int(row["arm_index"]),
+                gpus=json.loads(row["gpus_json"]) if row.get("gpus_json") else None,
+            )
+        )
+    return out, discarded
+
+
+def load_result(
+    store: Store, ref: str, *, min_effect: float | None = None, target_tps: float | None = None
+) -> ABResult:
+    """A stored experiment, finished or not, as the same ABResult a live run returns (for show/export)."""
+    exp = store.find_experiment(ref)
+    config = json.loads(exp["config_json"])
+    launches, discarded = stored_launches(store, exp["id"])
+    design = (
+        Design.from_dict(json.loads(exp["design_json"]))
+        if exp.get("design_json")
+        else Design(1, "fixed", 0, (tuple(range(len(json.loads(exp["arms_json"])))),))
+    )
+    notes = []
+    if exp["status"] != "complete":
+        total = len(design.slots())
+        notes.append(
+            f"experiment {exp['status']} after {len(launches)} of {total} launches"
+            + (f" ({exp['error']})" if exp.get("error") and exp["status"] != "interrupted" else "")
+            + (f"; continue it with: orch ab --resume {exp['id']}" if exp.get("design_json") else "")
+        )
+    if discarded:
+        notes.append(f"{discarded} launch(es) cut short are stored but left out of the statistics")
+    return ABResult(
+        experiment_id=exp["id"],
+        simulated=bool(exp["simulated"]),
+        host=exp["host"],
+        profiles=tuple(json.loads(exp["arms_json"])),
+        launches=tuple(launches),
+        host_facts=config.get("host_facts") or {},
+        target_tps=target_tps if target_tps is not None else config.get("target_tps"),
+        design=design,
+        min_effect=min_effect if min_effect is not None else float(config.get("min_effect", DEFAULT_MIN_EFFECT)),
+        status=exp["status"],
+        notes=tuple(notes),
+    )
 
 
 def acquire_host_lock(host: Host, path: str, exp_id: str, wait_s: float, on_event: Callable[[str], None]) -> None:
@@ -235,16 +707,18 @@ def describe_holder(holder: dict[str, Any]) -> str:
     )
 
 
-def _run_arm(
+def _run_launch(
     host: Host,
     profile: Profile,
     index: int,
+    block: int,
+    position: int,
     exp_id: str,
     config: ABConfig,
     store: Store,
     on_event: Callable[[str], None],
     on_run: Callable[[str, RunResult], None],
-) -> ArmResult:
+) -> LaunchResult:
     runs: list[RunResult] = []
     state: dict[str, Any] = {}
 
@@ -254,6 +728,8 @@ def _run_arm(
             launch.launch_id,
             experiment_id=exp_id,
             arm_index=index,
+            block=block,
+            position=position,
             profile=profile.name,
             profile_dict=profile.to_dict(),
             argv=list(launch.argv),
@@ -271,7 +747,6 @@ def _run_arm(
         store.add_run(state["launch"].launch_id, run.to_dict())
         on_run(profile.name, run)
 
-    on_event(f"arm {index + 1}: {profile.name}")
     try:
         with server.running(
             host,
@@ -321,21 +796,28 @@ def _run_arm(
             model = profile.served_model_name or profile.model_path
             run_benchmark(runner, bench, model=model, on_run=record, recover=recover)
             ready_s = srv.ready_s
+            # Under load, before teardown: clocks and temperatures that drift between launches make them unequal.
+            gpus = host.call("gpus", nvidia_smi=host.config.nvidia_smi)
+            gpus = gpus if gpus.get("available") else None
+            store.update_launch(srv.launch.launch_id, gpus_json=gpus)
     except BaseException as e:
         if "launch" in state:
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
             store.update_launch(state["launch"].launch_id, status=status, error=str(e) or type(e).__name__)
         raise
     store.update_launch(state["launch"].launch_id, status="complete")
-    return ArmResult(
+    return LaunchResult(
         profile.name,
         state["launch"].launch_id,
         tuple(runs),
         ready_s,
         env.to_dict(),
         state.get("teardown", {}),
-        # SGLang picks (3, 1, 4) when num_steps is unset
-        spec_steps=None if profile.speculative is None else (profile.speculative.num_steps or 3),
+        spec_steps=_spec_steps(profile.to_dict()),
+        block=block,
+        position=position,
+        arm_index=index,
+        gpus=gpus,
     )
 
 

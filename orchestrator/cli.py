@@ -8,24 +8,27 @@ import os
 import shlex
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
 import click
 import yaml
 
-from orchestrator import __version__, client, stats
+from orchestrator import __version__, ab, client, stats
 from orchestrator import profile as profiles_mod
-from orchestrator.ab import ABConfig, run_ab
+from orchestrator.ab import ABConfig
 from orchestrator.bench import CLIENT_PLACES, BenchConfig, RunResult, request_items
-from orchestrator.errors import OrchError, ProfileError
+from orchestrator.errors import OrchError, ProfileError, StoreError
 from orchestrator.hosts import check_host, inventory_paths, load_inventory, resolve_host
 from orchestrator.hostside import redact, redact_argv
-from orchestrator.report import SIM_BANNER, ab_json, ab_text, breakeven_lines, run_line
+from orchestrator.report import SIM_BANNER, ab_csv, ab_json, ab_markdown, ab_text, breakeven_lines, run_line
 from orchestrator.server import default_namespace
 from orchestrator.store import Store
+from orchestrator.store import default_path as default_db_path
 
 EXIT_INTERRUPTED = 130
 
@@ -109,6 +112,17 @@ def _parse_levels(ctx: click.Context, param: click.Parameter, value: str) -> tup
     if not levels or any(n < 1 or n > 4096 for n in levels) or len(set(levels)) != len(levels):
         raise click.BadParameter(f"{value!r}: expected distinct integers from 1 to 4096")
     return levels
+
+
+def _parse_effect(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    text = str(value).strip()
+    try:
+        effect = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected a percentage such as 2% or a fraction such as 0.02") from None
+    if not 0 < effect < 0.5:
+        raise click.BadParameter(f"{value!r}: expected more than 0% and less than 50%")
+    return effect
 
 
 def _host_options() -> list[Callable[..., Any]]:
@@ -209,6 +223,33 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="With a speculative arm: also say what accept length reaching this tok/s would need.",
         ),
         click.option(
+            "--blocks",
+            default=1,
+            show_default=True,
+            type=click.IntRange(1, 1000),
+            help="Launches per arm: each block launches every arm once. One block gives no verdict; use 3 or more.",
+        ),
+        click.option(
+            "--order",
+            default="random",
+            show_default=True,
+            type=click.Choice(list(stats.ORDERS)),
+            help="Launch order within blocks: seeded random (recorded), fixed, or abba (alternating).",
+        ),
+        click.option(
+            "--order-seed",
+            type=click.IntRange(0, 2**31 - 1),
+            default=None,
+            help="Seed of the random launch order [default: drawn, then recorded with the experiment].",
+        ),
+        click.option(
+            "--min-effect",
+            default="2%",
+            show_default=True,
+            callback=_parse_effect,
+            help="The smallest difference worth calling, e.g. 2% or 0.02: a CI inside ± this is 'no difference'.",
+        ),
+        click.option(
             "--min-run-s",
             default=1.0,
             show_default=True,
@@ -263,62 +304,122 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def _run(
-    profile_names: tuple[str, ...],
-    host_spec: str,
-    sim: bool,
-    runs: int,
-    warmup: int,
-    max_tokens: int,
-    seed: int,
-    concurrency: tuple[int, ...],
-    requests_per_stream: int,
-    endpoint: str,
-    prompt_source: str,
-    input_len: int | None,
-    client_place: str,
-    min_run_s: float,
-    target_tps: float | None,
-    ready_timeout: float | None,
-    grace: float,
-    strict_env: bool,
-    db: str | None,
-    workdir: str | None,
-    as_json: bool,
-    lock_wait: float,
-    force: bool,
-    gpu_wait: float,
-    inventory: str | None,
-    accept_new_host_key: bool,
-) -> None:
+# What a resumed experiment takes from its stored record: giving any of these with --resume is an error.
+MEASUREMENT_OPTIONS = (
+    "sim",
+    "runs",
+    "warmup",
+    "max_tokens",
+    "seed",
+    "concurrency",
+    "requests_per_stream",
+    "endpoint",
+    "prompt_source",
+    "input_len",
+    "client_place",
+    "min_run_s",
+    "blocks",
+    "order",
+    "order_seed",
+    "strict_env",
+)
+
+
+def _given(name: str) -> bool:
+    ctx = click.get_current_context()
+    return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def _run(profile_names: tuple[str, ...], resume: str | None = None, **kw: Any) -> None:
+    store = Store(kw["db"])
+    try:
+        if resume is not None:
+            _resume(store, resume, profile_names, kw)
+        else:
+            _start(store, profile_names, kw)
+    finally:
+        store.close()
+
+
+def _start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> None:
     profiles = [profiles_mod.load(n) for n in profile_names]
     bench = BenchConfig(
-        runs=runs,
-        warmup=warmup,
-        max_tokens=max_tokens,
-        seed=seed,
-        concurrency=concurrency,
-        requests_per_stream=requests_per_stream,
-        endpoint=endpoint,
-        prompts=prompt_source,
-        input_len=input_len,
-        client=client_place,
-        min_run_s=min_run_s,
+        runs=kw["runs"],
+        warmup=kw["warmup"],
+        max_tokens=kw["max_tokens"],
+        seed=kw["seed"],
+        concurrency=kw["concurrency"],
+        requests_per_stream=kw["requests_per_stream"],
+        endpoint=kw["endpoint"],
+        prompts=kw["prompt_source"],
+        input_len=kw["input_len"],
+        client=kw["client_place"],
+        min_run_s=kw["min_run_s"],
     )
     request_items(bench)  # bad prompt files or options fail here, before any server starts
+    _execute(store, profiles, bench, kw["sim"], kw["strict_env"], kw["host_spec"], kw, None)
+
+
+def _resume(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str, Any]) -> None:
+    exp = store.find_experiment(ref)
+    given = [name for name in MEASUREMENT_OPTIONS if _given(name) and not (name == "sim" and exp["simulated"])]
+    if given:
+        flags = ", ".join(
+            "--" + ("prompts" if n == "prompt_source" else "client" if n == "client_place" else n).replace("_", "-")
+            for n in given
+        )
+        raise click.UsageError(
+            f"--resume continues experiment {exp['id']} with its own settings; drop {flags} (or start a new experiment)"
+        )
+    stored = json.loads(exp["config_json"])
+    arms = json.loads(exp["arms_json"])
+    if profile_names and list(profile_names) != arms:
+        raise click.UsageError(
+            f"experiment {exp['id']} compares {' '.join(arms)}; give no profiles with --resume (or exactly those)"
+        )
+    host_spec = stored.get("host_spec", exp["host"])
+    if _given("host_spec") and kw["host_spec"] != host_spec:
+        raise click.UsageError(
+            f"experiment {exp['id']} ran on {host_spec!r}; it must be resumed there, not on {kw['host_spec']!r}"
+        )
+    profiles = [profiles_mod.load(n) for n in arms]
+    ab.check_resumable(exp, profiles)
+    bench = ab.bench_config_from(stored["bench"])
+    request_items(bench)
+    if not _given("min_effect") and "min_effect" in stored:
+        kw["min_effect"] = float(stored["min_effect"])
+    if not _given("target_tps") and stored.get("target_tps") is not None:
+        kw["target_tps"] = float(stored["target_tps"])
+    _execute(store, profiles, bench, bool(exp["simulated"]), bool(stored.get("strict_env")), host_spec, kw, exp["id"])
+
+
+def _execute(
+    store: Store,
+    profiles: list[profiles_mod.Profile],
+    bench: BenchConfig,
+    sim: bool,
+    strict_env: bool,
+    host_spec: str,
+    kw: dict[str, Any],
+    resume: str | None,
+) -> None:
     config = ABConfig(
         bench=bench,
         simulate=sim,
         namespace=default_namespace(),
-        ready_timeout_s=ready_timeout,
-        grace_s=grace,
+        ready_timeout_s=kw["ready_timeout"],
+        grace_s=kw["grace"],
         strict_env=strict_env,
-        force=force,
-        lock_wait_s=lock_wait,
-        gpu_wait_s=gpu_wait,
-        target_tps=target_tps,
+        force=kw["force"],
+        lock_wait_s=kw["lock_wait"],
+        gpu_wait_s=kw["gpu_wait"],
+        target_tps=kw["target_tps"],
+        blocks=kw["blocks"],
+        order=kw["order"],
+        order_seed=kw["order_seed"],
+        min_effect=kw["min_effect"],
     )
-    out = sys.stderr if as_json else sys.stdout
+    out = sys.stderr if kw["as_json"] else sys.stdout
 
     def event(msg: str) -> None:
         click.echo(msg, file=out)
@@ -328,40 +429,175 @@ def _run(
 
     if sim:
         event(SIM_BANNER)
-    store = Store(db)
     event(f"results database: {store.path}")
-    try:
-        with resolve_host(
-            host_spec, workdir=workdir, inventory=inventory, accept_new_host_key=accept_new_host_key
-        ) as host:
-            result = run_ab(host, profiles, config, store, on_event=event, on_run=on_run)
-    finally:
-        store.close()
-    if as_json:
+    with resolve_host(
+        host_spec,
+        workdir=kw["workdir"],
+        inventory=kw["inventory"],
+        accept_new_host_key=kw["accept_new_host_key"],
+    ) as host:
+        result = ab.run_ab(
+            host, profiles, config, store, on_event=event, on_run=on_run, resume=resume, host_spec=host_spec
+        )
+    if kw["as_json"]:
         click.echo(json.dumps(ab_json(result), indent=2))
     else:
         click.echo(ab_text(result))
 
 
 @cli.command("ab")
-@click.argument("profiles", nargs=-1, required=True)
+@click.argument("profiles", nargs=-1)
+@click.option(
+    "--resume",
+    metavar="ID",
+    default=None,
+    help="Continue an interrupted or failed experiment (id, unique prefix, or 'last') with its own seed, order "
+    "and settings; its completed launches stand.",
+)
 @_bench_options
-def ab_cmd(profiles: tuple[str, ...], **kw: Any) -> None:
-    """Compare PROFILES (the first is the baseline), each from a fresh, verified launch.
+def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
+    """Compare PROFILES (the first is the baseline), each launch from fresh, verified state.
 
-    Example: orch ab baseline eagle3-3step --sim   |   orch ab baseline eagle3-3step --host gpu-box
+    With --blocks N every arm is launched N times (each block launches every arm once, in a recorded order), and
+    each arm gets a 95% confidence interval against the baseline and a verdict: faster, slower, no difference or
+    inconclusive.
+
+    Example: orch ab baseline eagle3-3step --sim --blocks 3   |   orch ab baseline eagle3-3step --host gpu-box
     """
-    if len(profiles) < 2:
+    if resume is None and len(profiles) < 2:
         raise click.UsageError("an A/B needs at least two profiles (use `orch bench` for one)")
-    _run(profiles, **kw)
+    _run(profiles, resume, **kw)
 
 
 @cli.command("bench")
 @click.argument("profile")
 @_bench_options
 def bench_cmd(profile: str, **kw: Any) -> None:
-    """Benchmark one profile from a fresh, verified launch."""
-    _run((profile,), **kw)
+    """Benchmark one profile from a fresh, verified launch (--blocks N: N launches, with the spread across them)."""
+    _run((profile,), None, **kw)
+
+
+# ---------------------------------------------------------------- stored experiments
+
+
+def _db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--db", type=click.Path(dir_okay=False), default=None, help="SQLite results file [default: the user data dir]."
+    )(fn)
+
+
+def _open_existing(db: str | None) -> Store:
+    path = Path(db) if db else default_db_path()
+    if not path.exists():
+        raise StoreError(f"{path}: no results database here yet (run `orch ab` first, or pass --db)")
+    return Store(path)
+
+
+@cli.command("list")
+@_db_option
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100000))
+def list_cmd(db: str | None, limit: int) -> None:
+    """Stored experiments, newest first: id, when, status, host, arms, launches done of planned."""
+    store = _open_existing(db)
+    try:
+        rows = store.experiments(limit)
+    finally:
+        store.close()
+    if not rows:
+        click.echo(f"no experiments in {store.path}")
+        return
+    table = [["id", "started", "status", "host", "arms", "launches", "blocks", ""]]
+    for r in rows:
+        design = json.loads(r["design_json"]) if r.get("design_json") else None
+        arms = json.loads(r["arms_json"])
+        planned = len(arms) * (design["blocks"] if design else 1)
+        table.append(
+            [
+                r["id"],
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"])),
+                r["status"],
+                r["host"],
+                " vs ".join(arms),
+                f"{r['launches_complete']}/{planned}",
+                str(design["blocks"] if design else 1),
+                "SIMULATED" if r["simulated"] else "",
+            ]
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+@cli.command("show")
+@click.argument("experiment", metavar="ID")
+@_db_option
+@click.option("--json", "as_json", is_flag=True, help="The same JSON document as `orch ab --json`.")
+@click.option(
+    "--min-effect",
+    default=None,
+    callback=lambda c, p, v: None if v is None else _parse_effect(c, p, v),
+    help="Judge against another minimum effect than the experiment's.",
+)
+def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float | None) -> None:
+    """An experiment's report from the store (ID: an id, a unique prefix, or 'last'); partial ones too."""
+    store = _open_existing(db)
+    try:
+        result = ab.load_result(store, experiment, min_effect=min_effect)
+    finally:
+        store.close()
+    _require_launches(result)
+    click.echo(json.dumps(ab_json(result), indent=2) if as_json else ab_text(result).lstrip("\n"))
+
+
+@cli.command("export")
+@click.argument("experiment", metavar="ID")
+@_db_option
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "csv", "md"]),
+    default="json",
+    show_default=True,
+    help="json: the `ab --json` document; csv: one row per timed run; md: the report as Markdown.",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write to this file instead of stdout.",
+)
+def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) -> None:
+    """Export a stored experiment as JSON, CSV or Markdown."""
+    store = _open_existing(db)
+    try:
+        result = ab.load_result(store, experiment)
+    finally:
+        store.close()
+    _require_launches(result)
+    text = {
+        "json": lambda: json.dumps(ab_json(result), indent=2) + "\n",
+        "csv": lambda: ab_csv(result),
+        "md": lambda: ab_markdown(result),
+    }[fmt]()
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    tmp = Path(output).with_name(Path(output).name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(output)  # never a half-written export
+    except OSError as e:
+        raise StoreError(f"{output}: cannot write the export: {e.strerror or e}") from e
+    click.echo(f"wrote {output} ({fmt}, {len(result.launches)} launches)", err=True)
+
+
+def _require_launches(result: ab.ABResult) -> None:
+    if not result.launches:
+        note = "; ".join(result.notes)
+        raise StoreError(
+            f"experiment {result.experiment_id} has no completed launch yet" + (f" ({note})" if note else "")
+        )
 
 
 @cli.command("down")

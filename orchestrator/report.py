@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import statistics
 from typing import Any
 
-from orchestrator.ab import ABResult, ArmResult
+from orchestrator.ab import ABResult, ArmResult, Comparison, LaunchResult
 from orchestrator.bench import BenchConfig, RunResult
 from orchestrator.stats import BreakEven
 
@@ -81,90 +83,151 @@ def _table(rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+HEADER = [
+    "arm",
+    "launches",
+    "runs",
+    "median",
+    "min",
+    "max",
+    "CV in",
+    "CV across",
+    "aggregate",
+    "TTFT ms",
+    "ITL p50",
+    "ITL p99",
+    "accept",
+]
+
+
+def _arm_row(result: ABResult, arm: ArmResult, level: int, vs: str) -> list[str]:
+    """One arm at one level. median = median of launch values; min/max over runs; CVs within/across launches."""
+    spread, s = arm.spread_at(level), arm.summary_at(level)
+    timed = arm.timed_at(level)
+    agg = arm.aggregate_at(level)
+    accept = arm.accept_length_at(level)
+    ttft = _median([r.ttft_s for r in timed if r.ttft_s is not None])
+    itl50 = _median([r.metrics["itl"]["p50"] for r in timed if r.metrics.get("itl", {}).get("p50")])
+    itl99 = _median([r.metrics["itl"]["p99"] for r in timed if r.metrics.get("itl", {}).get("p99")])
+    return [
+        arm.profile,
+        str(len(arm.launches)),
+        str(len(timed)),
+        _f(spread.median if spread else None),
+        _f(s.min if s else None),
+        _f(s.max if s else None),
+        _pct(spread.cv_within if spread else None),
+        _pct(spread.cv_across if spread else None),
+        "-" if agg is None else f"{agg.median:.0f}",
+        _ms(ttft),
+        _ms(itl50),
+        _ms(itl99),
+        _f(accept, 2),
+        vs,
+    ]
+
+
+def comparison_line(c: Comparison) -> str:
+    """One arm against the baseline: the ratio, its 95 % CI over blocks, and what may be concluded from it."""
+    head = f"{c.arm} vs {c.vs} @ {c.concurrency}: "
+    est = c.estimate
+    if c.ratio is None or est is None:
+        return head + "no block in which both have valid runs: nothing to compare"
+    pct = abs(c.ratio - 1) * 100
+    word = "faster" if c.ratio >= 1 else "slower"
+    if est.blocks < 2:
+        return (
+            head + f"{c.ratio:.3f}x ({pct:.1f}% {word} in one block) -> inconclusive: one launch per arm cannot "
+            "separate restart noise from a real difference (use --blocks 3 or more)"
+        )
+    line = head + f"{c.ratio:.3f}x, 95% CI [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks -> "
+    me = c.min_effect * 100
+    if c.verdict in ("faster", "slower"):
+        line += f"{c.verdict.upper()} by {pct:.1f}%"
+    elif c.verdict == "no difference":
+        line += f"no difference (the CI lies within ±{me:.1f}%)"
+    else:
+        line += f"inconclusive (the CI is too wide to call ±{me:.1f}%)"
+        if c.blocks_needed is not None and c.blocks_needed > est.blocks:
+            line += f"; about {c.blocks_needed} blocks would detect ±{me:.1f}% at this noise"
+    if c.mde is not None:
+        line += f"; minimal detectable effect {c.mde * 100:.1f}%"
+    return line
+
+
+def _design_lines(result: ABResult) -> list[str]:
+    d = result.design
+    head = f"  design: {d.blocks} block(s), launch order {d.order}" + (
+        f" (seed {d.seed})" if d.order == "random" else ""
+    )
+    lines = [head]
+    if d.blocks < 2 and len(result.arms) < 2:
+        return lines
+    by_slot = {(launch.block, launch.arm_index): launch for launch in result.launches}
+    level = result.levels[0] if result.levels else 1
+    for b, order in enumerate(d.schedule):
+        cells = []
+        for arm in order:
+            launch = by_slot.get((b, arm))
+            value = launch.value_at(level) if launch else None
+            cells.append(f"{result.profiles[arm]} {'not run' if launch is None else _f(value)}")
+        lines.append(f"    block {b + 1}: " + ", ".join(cells))
+    return lines
+
+
 def ab_text(result: ABResult) -> str:
     lines = ["", f"========== A/B results ({result.experiment_id}, host {result.host}) =========="]
     if result.simulated:
         lines.append(SIM_BANNER)
+    for note in result.notes:
+        lines.append(f"  NOTE: {note}")
+    lines += _design_lines(result)
     base = result.arms[0]
-    for level in base.levels or [1]:
+    for level in result.levels or [1]:
         ratios = {c.arm: c for c in result.comparisons_at(level)}
-        rows = [
-            [
-                "arm",
-                "runs",
-                "mean",
-                "median",
-                "min",
-                "max",
-                "stdev",
-                "aggregate",
-                "TTFT ms",
-                "ITL p50",
-                "ITL p99",
-                "accept",
-                "vs " + base.profile,
-            ]
-        ]
+        rows = [[*HEADER, "vs " + base.profile]]
         for i, arm in enumerate(result.arms):
-            s = arm.summary_at(level)
-            timed = arm.timed_at(level)
-            agg = arm.aggregate_at(level)
-            accept = arm.accept_length_at(level)
             cmp = ratios.get(arm.profile)
             vs = "1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-")
-            ttft = _median([r.ttft_s for r in timed if r.ttft_s is not None])
-            itl50 = _median([r.metrics["itl"]["p50"] for r in timed if r.metrics.get("itl", {}).get("p50")])
-            itl99 = _median([r.metrics["itl"]["p99"] for r in timed if r.metrics.get("itl", {}).get("p99")])
-            cells = (
-                ["-"] * 5
-                if s is None
-                else [f"{s.mean:.1f}", f"{s.median:.1f}", f"{s.min:.1f}", f"{s.max:.1f}", f"{s.stdev:.2f}"]
-            )
-            rows.append(
-                [
-                    arm.profile,
-                    str(len(timed)),
-                    *cells,
-                    "-" if agg is None else f"{agg.median:.0f}",
-                    _ms(ttft),
-                    _ms(itl50),
-                    _ms(itl99),
-                    "-" if accept is None else f"{accept:.2f}",
-                    vs,
-                ]
-            )
-        lines.append(f"  tok/s per stream at concurrency {level}" + (" (simulated)" if result.simulated else ""))
+            rows.append(_arm_row(result, arm, level, vs))
+        lines.append(
+            f"  tok/s per stream at concurrency {level}" + (" (simulated)" if result.simulated else "") + ": median "
+            "of launch medians; min/max over runs; CV within and across launches"
+        )
         lines += _table(rows)
         for c in result.comparisons_at(level):
-            if c.ratio is None:
-                lines.append(f"  {c.arm} vs {c.vs} @ {level}: no valid runs to compare")
-            else:
-                pct = (c.ratio - 1) * 100
-                word = "faster" if pct >= 0 else "slower"
-                lines.append(
-                    f"  {c.arm} vs {c.vs} @ {level}: {c.ratio:.3f}x ({abs(pct):.1f}% {word}, one launch per arm: "
-                    "restart-to-restart noise is not estimated)"
-                )
+            lines.append("  " + comparison_line(c))
         lines.append("")
     for spec_arm, be in result.speculation():
         lines.append(
             f"  why {spec_arm} runs at this speed (speculative decoding vs {base.profile}, concurrency "
-            f"{base.levels[0] if base.levels else 1}):"
+            f"{result.levels[0] if result.levels else 1}):"
         )
         lines += breakeven_lines(be, indent="    ")
     for arm in result.arms:
-        for r in arm.invalid_runs:
-            lines.append(f"  excluded: {arm.profile} run {r.index + 1} @ {r.concurrency}: {r.invalid_reason}")
+        for launch in arm.launches:
+            for r in launch.invalid_runs:
+                lines.append(
+                    f"  excluded: {arm.profile} block {launch.block + 1} run {r.index + 1} @ {r.concurrency}: "
+                    f"{r.invalid_reason}"
+                )
         sources = {r.accept_source for r in arm.timed_at() if r.accept_source}
         if sources:
             lines.append(f"  {arm.profile}: accept length from {', '.join(sorted(sources))}")
-    env_bad = [a.profile for a in result.arms if not a.env_report.get("ok", True)]
-    if env_bad:
-        lines.append(f"  WARNING: environment mismatches in {', '.join(env_bad)} (see above)")
+    for warning in result.warnings():
+        lines.append(f"  WARNING: {warning}")
     return "\n".join(lines).rstrip()
 
 
-def _run_json(run: RunResult) -> dict[str, Any]:
+def _run_json(run: RunResult, launch: LaunchResult | None = None) -> dict[str, Any]:
     return {
         "tokens": run.tokens,
         "seconds": run.seconds,
@@ -181,57 +244,184 @@ def _run_json(run: RunResult) -> dict[str, Any]:
         "errors": run.errors,
         "accept_source": run.accept_source,
         "token_source": run.token_source,
+        "index": run.index,
+        **({"launch_id": launch.launch_id, "block": launch.block} if launch else {}),
         **{k: run.metrics.get(k) for k in ("ttft", "itl", "tpot", "e2e", "chunks", "multi_token_chunks")},
     }
 
 
 def _level_json(arm: ArmResult, level: int) -> dict[str, Any]:
-    s, agg = arm.summary_at(level), arm.aggregate_at(level)
+    s, spread, agg = arm.summary_at(level), arm.spread_at(level), arm.aggregate_at(level)
     return {
         "concurrency": level,
-        "median_tok_s": s.median if s else None,
+        "median_tok_s": spread.median if spread else None,
         "median_aggregate_tok_s": agg.median if agg else None,
         "summary": s.to_dict() if s else None,
+        "spread": spread.to_dict() if spread else None,
+        "launch_values": [launch.value_at(level) for launch in arm.launches],
         "accept_length": arm.accept_length_at(level),
     }
 
 
 def _arm_json(arm: ArmResult) -> dict[str, Any]:
-    s = arm.summary
+    s, spread = arm.summary, arm.spread_at()
+    first = arm.launches[0] if arm.launches else None
     return {
         "profile": arm.profile,
         "launch_id": arm.launch_id,
-        "runs": [_run_json(r) for r in arm.runs if not r.warmup],
-        "warmup_runs": [_run_json(r) for r in arm.runs if r.warmup],
-        "median_tok_s": s.median if s else None,
+        "launch_ids": [launch.launch_id for launch in arm.launches],
+        "launches": len(arm.launches),
+        "runs": [_run_json(r, launch) for launch in arm.launches for r in launch.runs if not r.warmup],
+        "warmup_runs": [_run_json(r, launch) for launch in arm.launches for r in launch.runs if r.warmup],
+        "median_tok_s": spread.median if spread else None,
         "summary": s.to_dict() if s else None,
+        "spread": spread.to_dict() if spread else None,
         "accept_length": arm.accept_length,
         "by_concurrency": [_level_json(arm, level) for level in arm.levels],
-        "ready_s": arm.ready_s,
-        "env_check": arm.env_report,
+        "ready_s": first.ready_s if first else None,
+        "env_check": next(
+            (launch.env_report for launch in arm.launches if not launch.env_report.get("ok", True)),
+            first.env_report if first else None,
+        ),
+    }
+
+
+def _launch_json(result: ABResult, launch: LaunchResult) -> dict[str, Any]:
+    return {
+        "profile": launch.profile,
+        "launch_id": launch.launch_id,
+        "block": launch.block,
+        "position": launch.position,
+        "ready_s": launch.ready_s,
+        "env_ok": launch.env_report.get("ok", True),
+        "values": [
+            {
+                "concurrency": level,
+                "tok_s": launch.value_at(level),
+                "aggregate_tok_s": launch.value_at(level, "aggregate_tok_s"),
+                "runs": len(launch.timed_at(level)),
+            }
+            for level in launch.levels
+        ],
+        "gpus": launch.gpus,
     }
 
 
 def ab_json(result: ABResult) -> dict[str, Any]:
     """The `--json` document. Field names are a contract with cron users: add, never rename."""
-    levels = result.arms[0].levels or [1]
+    levels = result.levels or [1]
     return {
         "experiment_id": result.experiment_id,
         "simulated": result.simulated,
+        "status": result.status,
         "host": result.host,
         "host_facts": result.host_facts,
+        "blocks": result.blocks,
+        "design": result.design.to_dict(),
+        "min_effect": result.min_effect,
         "arms": [_arm_json(a) for a in result.arms],
-        "comparisons": [{"arm": c.arm, "vs": c.vs, "ratio": c.ratio} for c in result.comparisons],
+        "launches": [_launch_json(result, launch) for launch in result.launches],
+        "comparisons": [c.to_dict() for c in result.comparisons],
         "speculation": [{"arm": arm, **be.to_dict()} for arm, be in result.speculation()],
-        "comparisons_by_concurrency": [
-            {
-                "arm": c.arm,
-                "vs": c.vs,
-                "concurrency": c.concurrency,
-                "ratio": c.ratio,
-                "aggregate_ratio": c.aggregate_ratio,
-            }
-            for level in levels
-            for c in result.comparisons_at(level)
-        ],
+        "comparisons_by_concurrency": [c.to_dict() for level in levels for c in result.comparisons_at(level)],
+        "warnings": result.warnings(),
+        "notes": list(result.notes),
     }
+
+
+CSV_FIELDS = (
+    "experiment_id",
+    "simulated",
+    "profile",
+    "block",
+    "position",
+    "launch_id",
+    "concurrency",
+    "run",
+    "valid",
+    "tok_s",
+    "aggregate_tok_s",
+    "tokens",
+    "seconds",
+    "ttft_s",
+    "accept_length",
+    "invalid_reason",
+)
+
+
+def ab_csv(result: ABResult) -> str:
+    """One row per timed run (invalid ones included, flagged): the raw data for a spreadsheet or pandas."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(CSV_FIELDS)
+    for launch in result.launches:
+        for r in launch.runs:
+            if r.warmup:
+                continue
+            writer.writerow(
+                [
+                    result.experiment_id,
+                    int(result.simulated),
+                    launch.profile,
+                    launch.block + 1,
+                    launch.position + 1,
+                    launch.launch_id,
+                    r.concurrency,
+                    r.index + 1,
+                    int(r.valid),
+                    f"{r.tok_s:.4f}",
+                    f"{r.aggregate_tok_s:.4f}",
+                    r.tokens,
+                    f"{r.seconds:.4f}",
+                    "" if r.ttft_s is None else f"{r.ttft_s:.6f}",
+                    "" if r.spec_accept_length is None else f"{r.spec_accept_length:.4f}",
+                    r.invalid_reason or "",
+                ]
+            )
+    return buf.getvalue()
+
+
+def _md_table(rows: list[list[str]]) -> list[str]:
+    out = [
+        "| " + " | ".join(rows[0]) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(rows[0]))) + "|",
+    ]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows[1:]]
+    return out
+
+
+def ab_markdown(result: ABResult) -> str:
+    """The report as Markdown, for a ticket or a pull request."""
+    lines = [f"# A/B {result.experiment_id} on {result.host}", ""]
+    if result.simulated:
+        lines += [f"**{SIM_BANNER}**", ""]
+    d = result.design
+    lines.append(
+        f"Status: {result.status}. Design: {d.blocks} block(s), launch order {d.order}"
+        + (f" (seed {d.seed})" if d.order == "random" else "")
+        + f"; minimum effect of interest ±{result.min_effect * 100:.1f}%."
+    )
+    lines += [f"> NOTE: {n}" for n in result.notes]
+    base = result.arms[0]
+    for level in result.levels or [1]:
+        ratios = {c.arm: c for c in result.comparisons_at(level)}
+        rows = [[*HEADER, "vs " + base.profile]]
+        for i, arm in enumerate(result.arms):
+            cmp = ratios.get(arm.profile)
+            rows.append(
+                _arm_row(result, arm, level, "1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-"))
+            )
+        lines += ["", f"## tok/s per stream at concurrency {level}", ""]
+        lines += _md_table(rows)
+        lines.append("")
+        lines += [f"- {comparison_line(c)}" for c in result.comparisons_at(level)]
+    spec = result.speculation()
+    if spec:
+        lines += ["", "## Speculative decoding", ""]
+        for arm_name, be in spec:
+            lines.append(f"{arm_name}:")
+            lines += [f"- {line}" for line in breakeven_lines(be)]
+    warnings = result.warnings()
+    if warnings:
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]
+    return "\n".join(lines) + "\n"

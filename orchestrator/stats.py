@@ -183,6 +183,7 @@ def t_975(df: int) -> float:
 
 
 Z_80 = 0.8416212335729143  # 80 % power
+DEFAULT_MIN_EFFECT = 0.02  # differences smaller than 2 % are "no difference" unless the user says otherwise
 
 
 @dataclass(frozen=True)
@@ -263,7 +264,7 @@ def ratio_ci(
     return RatioEstimate(ratio=point, lo=math.exp(lo), hi=math.exp(hi), blocks=n, method=method, log_sd=sd)
 
 
-def verdict(est: RatioEstimate, min_effect: float = 0.02) -> str:
+def verdict(est: RatioEstimate, min_effect: float = DEFAULT_MIN_EFFECT) -> str:
     """faster/slower only when the CI excludes 1 and the effect is at least min_effect; no difference when the CI
     lies inside ±min_effect; otherwise inconclusive. One block can never separate restart noise: inconclusive."""
     if est.blocks < 2:
@@ -284,7 +285,7 @@ def minimal_detectable_effect(est: RatioEstimate) -> float | None:
     return math.exp((t_975(est.blocks - 1) + Z_80) * est.log_sd / math.sqrt(est.blocks)) - 1.0
 
 
-def blocks_needed(est: RatioEstimate, min_effect: float = 0.02) -> int | None:
+def blocks_needed(est: RatioEstimate, min_effect: float = DEFAULT_MIN_EFFECT) -> int | None:
     """Blocks needed for the minimal detectable effect to reach min_effect, at the observed noise."""
     if est.log_sd is None:
         return None
@@ -304,3 +305,96 @@ def mad_outliers(values: Sequence[float], threshold: float = 3.5) -> list[int]:
     if mad == 0:
         return [i for i, v in enumerate(values) if v != med] if len(set(values)) > 1 else []
     return [i for i, v in enumerate(values) if abs(0.6745 * (v - med) / mad) > threshold]
+
+
+# ---------------------------------------------------------------- per-arm spread and warnings
+
+
+@dataclass(frozen=True)
+class ArmSpread:
+    """One arm across its launches: the launch is the unit, runs within a launch are its measurement error."""
+
+    launches: int
+    runs: int
+    median: float  # median of the launch values
+    launch_min: float
+    launch_max: float
+    cv_within: float | None  # root-mean-square of the per-launch CVs (launches with >= 2 runs)
+    cv_across: float | None  # CV of the launch values (>= 2 launches)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def arm_spread(per_launch: Sequence[Sequence[float]]) -> ArmSpread:
+    """per_launch[i] holds the valid timed run values of launch i."""
+    launches = [list(v) for v in per_launch if v]
+    if not launches:
+        raise ValueError("an arm without valid runs has no spread")
+    values = [launch_value(v) for v in launches]
+    cvs = [summarize(v).cv for v in launches if len(v) > 1]
+    return ArmSpread(
+        launches=len(values),
+        runs=sum(len(v) for v in launches),
+        median=statistics.median(values),
+        launch_min=min(values),
+        launch_max=max(values),
+        cv_within=math.sqrt(statistics.fmean(c * c for c in cvs)) if cvs else None,
+        cv_across=summarize(values).cv if len(values) > 1 else None,
+    )
+
+
+def outliers(values: Sequence[float], *, threshold: float = 3.5, min_rel: float = 0.01, min_n: int = 5) -> list[int]:
+    """MAD outliers that are also at least min_rel away from the median: a run 0.3 % off in a launch whose runs agree
+    to 0.01 % has a huge z-score but is not worth a warning. Below min_n values the MAD is too crude (with three,
+    it is the smaller of two deviations), so nothing is flagged."""
+    if len(values) < max(3, min_n):
+        return []
+    med = statistics.median(values)
+    return [i for i in mad_outliers(values, threshold) if med and abs(values[i] - med) / abs(med) >= min_rel]
+
+
+def slow_first_run(values: Sequence[float], *, threshold: float = 3.5, min_rel: float = 0.01) -> bool:
+    """True when the first timed run (values in run order) is clearly slower than the rest: warmup was too short.
+    Needs four runs: against only two others the MAD cannot tell a cold start from ordinary spread."""
+    if len(values) < 4:
+        return False
+    first, rest = values[0], values[1:]
+    med = statistics.median(rest)
+    if med <= 0 or (med - first) / med < min_rel:
+        return False
+    mad = statistics.median(abs(v - med) for v in rest)
+    return mad == 0 or 0.6745 * (med - first) / mad > threshold
+
+
+def relative_range(values: Sequence[float]) -> float:
+    """max / min − 1 (0 for fewer than two values): how far apart repeated readings are."""
+    vals = [v for v in values if v > 0]
+    return max(vals) / min(vals) - 1.0 if len(vals) > 1 else 0.0
+
+
+# ---------------------------------------------------------------- experimental design
+
+ORDERS = ("random", "fixed", "abba")
+
+
+def schedule(arms: int, blocks: int, order: str, seed: int) -> list[list[int]]:
+    """The launch order of every block: each block launches every arm once.
+
+    random: a seeded shuffle per block (drift and warm-up effects average out, and the order is recorded);
+    fixed: 0, 1, … every block; abba: forward, then reversed, alternately (cancels a linear drift in pairs).
+    """
+    if arms < 1 or blocks < 1:
+        raise ValueError("need at least one arm and one block")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+    rng = random.Random(seed)
+    out = []
+    for b in range(blocks):
+        seq = list(range(arms))
+        if order == "random":
+            rng.shuffle(seq)
+        elif order == "abba" and b % 2 == 1:
+            seq.reverse()
+        out.append(seq)
+    return out

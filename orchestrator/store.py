@@ -113,6 +113,15 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (launch_id, run_warmup, run_concurrency, run_idx, idx)
     );
     """,
+    # 3: blocked designs. An experiment records its design (blocks, order, seed, schedule) and each launch its block
+    # and position in it, plus the GPUs' state under load (clock/temperature drift between launches).
+    """
+    ALTER TABLE experiments ADD COLUMN design_json TEXT;
+    ALTER TABLE launches ADD COLUMN block INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE launches ADD COLUMN position INTEGER;
+    ALTER TABLE launches ADD COLUMN gpus_json TEXT;
+    UPDATE launches SET position = arm_index;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -169,11 +178,12 @@ class Store:
         arms: list[str],
         config: dict[str, Any],
         orch_version: str,
+        design: dict[str, Any] | None = None,
     ) -> None:
         with self._write() as c:
             c.execute(
                 "INSERT INTO experiments (id, kind, created_at, status, simulated, host, arms_json, config_json,"
-                " orch_version) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?)",
+                " orch_version, design_json) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?)",
                 (
                     exp_id,
                     kind,
@@ -183,7 +193,15 @@ class Store:
                     json.dumps(arms),
                     json.dumps(config),
                     orch_version,
+                    None if design is None else json.dumps(design),
                 ),
+            )
+
+    def reopen_experiment(self, exp_id: str) -> None:
+        """A resumed experiment is running again; its earlier end (and why) is no longer its state."""
+        with self._write() as c:
+            c.execute(
+                "UPDATE experiments SET status = 'running', finished_at = NULL, error = NULL WHERE id = ?", (exp_id,)
             )
 
     def finish_experiment(self, exp_id: str, status: str, error: str | None = None) -> None:
@@ -205,15 +223,19 @@ class Store:
         env: dict[str, str],
         pid: int,
         started_at: float,
+        block: int = 0,
+        position: int | None = None,
     ) -> None:
         with self._write() as c:
             c.execute(
-                "INSERT INTO launches (launch_id, experiment_id, arm_index, profile, profile_json, argv_json,"
-                " env_json, pid, started_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'running')",
+                "INSERT INTO launches (launch_id, experiment_id, arm_index, block, position, profile, profile_json,"
+                " argv_json, env_json, pid, started_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running')",
                 (
                     launch_id,
                     experiment_id,
                     arm_index,
+                    block,
+                    arm_index if position is None else position,
                     profile,
                     json.dumps(profile_dict),
                     json.dumps(argv),
@@ -224,7 +246,7 @@ class Store:
             )
 
     def update_launch(self, launch_id: str, **fields: Any) -> None:
-        allowed = {"ready_s", "preflight_json", "env_report_json", "teardown_json", "status", "error"}
+        allowed = {"ready_s", "preflight_json", "env_report_json", "teardown_json", "gpus_json", "status", "error"}
         bad = set(fields) - allowed
         if bad:
             raise StoreError(f"cannot update launch fields {sorted(bad)}")
@@ -305,5 +327,33 @@ class Store:
         return [dict(r) for r in rows]
 
     def experiments(self, limit: int = 20) -> list[dict[str, Any]]:
-        rows = self.conn.execute("SELECT * FROM experiments ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+        """The newest experiments first, each with how many of its launches completed."""
+        rows = self.conn.execute(
+            "SELECT e.*, (SELECT COUNT(*) FROM launches l WHERE l.experiment_id = e.id AND l.status = 'complete')"
+            " AS launches_complete FROM experiments e ORDER BY created_at DESC LIMIT ?",
+            (limit,),
+        ).fetchall()
         return [dict(r) for r in rows]
+
+    def find_experiment(self, ref: str) -> dict[str, Any]:
+        """An experiment by id, unique id prefix, or `last`; StoreError naming the candidates otherwise."""
+        if ref == "last":
+            rows = self.conn.execute("SELECT * FROM experiments ORDER BY created_at DESC LIMIT 1").fetchall()
+            if not rows:
+                raise StoreError(f"{self.path}: no experiments stored yet")
+            return dict(rows[0])
+        exact = self.experiment(ref)
+        if exact is not None:
+            return exact
+        pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self.conn.execute(
+            "SELECT * FROM experiments WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC LIMIT 6", (pattern,)
+        ).fetchall()
+        if len(rows) == 1:
+            return dict(rows[0])
+        if not rows:
+            raise StoreError(f"no experiment {ref!r} in {self.path} (`orch list` shows the stored ones)")
+        ids = ", ".join(r["id"] for r in rows[:5])
+        raise StoreError(
+            f"{ref!r} matches several experiments ({ids}{', ...' if len(rows) > 5 else ''}); give more of the id"
+        )

@@ -221,3 +221,101 @@ def test_status_and_down(sim_profiles: SimProfiles, tmp_path: Path, capsys: pyte
     assert hostside.op_find(NAMESPACE) == []
     assert main(["status"]) == 0
     assert "nothing launched by orch is running" in capsys.readouterr().out
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return out, err or ""
+
+
+def test_blocks_interrupted_then_resumed_with_the_same_order(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    """Ctrl-C in block 2 of 2, then `--resume`: the completed launches stand, the rest of the recorded schedule
+    runs, and list/show/export read the result back from the store."""
+    from orchestrator.stats import schedule
+
+    sim_profiles()
+    db = str(tmp_path / "r.db")
+    common = ["--runs", "2", "--warmup", "1", "--max-tokens", "40", "--grace", "2", "--min-run-s", "0", "--db", db]
+    proc = orch("ab", "baseline", "eagle3", "--sim", "--blocks", "2", "--order-seed", "3", *common, cwd=tmp_path)
+    seen: list[str] = []
+    wait_for_line(proc, "launch 3/4: block 2/2", seen)
+    wait_for_line(proc, "Run 1/2", seen)  # mid-benchmark in the first launch of block 2
+    proc.send_signal(signal.SIGINT)
+    out, err = _finish(proc, 60)
+    assert proc.returncode == 130, "".join(seen) + out + err
+    c = sqlite3.connect(db)
+    exp_id, status = c.execute("SELECT id, status FROM experiments").fetchone()
+    assert status == "interrupted"
+    assert f"continue it with: orch ab --resume {exp_id}" in out
+    statuses = [r[0] for r in c.execute("SELECT status FROM launches ORDER BY started_at")]
+    assert statuses == ["complete", "complete", "interrupted"]
+    assert hostside.op_find(NAMESPACE) == []
+
+    # A partial experiment can be shown (and says how to continue it).
+    proc = orch("show", exp_id[:12], "--db", db, cwd=tmp_path)
+    out, err = _finish(proc)
+    assert proc.returncode == 0, err
+    assert f"interrupted after 2 of 4 launches; continue it with: orch ab --resume {exp_id}" in out
+
+    # The workload comes from the experiment: changing it on resume is refused before anything starts.
+    proc = orch("ab", "--resume", exp_id, "--runs", "3", "--db", db, cwd=tmp_path)
+    out, err = _finish(proc)
+    assert proc.returncode == 2 and "drop --runs" in err, err
+
+    proc = orch("ab", "--resume", exp_id, "--grace", "2", "--json", "--db", db, cwd=tmp_path)
+    out, err = _finish(proc)
+    assert proc.returncode == 0, err
+    assert f"resuming {exp_id}: 2 of 4 launches already complete" in err
+    doc = json.loads(out)
+    assert doc["experiment_id"] == exp_id and doc["status"] == "complete"
+    assert doc["blocks"] == 2 and doc["design"]["seed"] == 3 and doc["design"]["order"] == "random"
+    assert doc["design"]["schedule"] == schedule(2, 2, "random", 3)
+    assert sorted((la["block"], la["profile"]) for la in doc["launches"]) == [
+        (0, "baseline"),
+        (0, "eagle3"),
+        (1, "baseline"),
+        (1, "eagle3"),
+    ]
+    (cmp,) = doc["comparisons"]
+    assert cmp["verdict"] in ("slower", "inconclusive")  # eagle3 at accept length ~2 is ~25 % slower
+    assert cmp["ci95"][0] <= cmp["ratio"] <= cmp["ci95"][1] and cmp["mde"] is not None
+    assert any("cut short earlier were discarded" in n for n in doc["notes"])
+    # The resumed block ran in the recorded order: positions in the store follow the schedule.
+    rows = c.execute(
+        "SELECT block, position, arm_index FROM launches WHERE status = 'complete' ORDER BY started_at"
+    ).fetchall()
+    assert [(b, p) for b, p, _ in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [arm for _, _, arm in rows] == [a for block in schedule(2, 2, "random", 3) for a in block]
+    assert c.execute("SELECT status FROM experiments").fetchone()[0] == "complete"
+    assert hostside.op_find(NAMESPACE) == []
+
+    proc = orch("ab", "--resume", exp_id, "--db", db, cwd=tmp_path)
+    out, err = _finish(proc)
+    assert proc.returncode == 1 and "already complete" in err
+
+    proc = orch("list", "--db", db, cwd=tmp_path)
+    out, _ = _finish(proc)
+    assert exp_id in out and "complete" in out and "4/4" in out and "SIMULATED" in out
+
+    csv_path = tmp_path / "runs.csv"
+    proc = orch("export", exp_id, "--format", "csv", "-o", str(csv_path), "--db", db, cwd=tmp_path)
+    _, err = _finish(proc)
+    assert proc.returncode == 0, err
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("experiment_id,simulated,profile,block") and len(lines) == 1 + 4 * 2
+    proc = orch("export", "last", "--format", "md", "--db", db, cwd=tmp_path)
+    out, _ = _finish(proc)
+    assert out.startswith(f"# A/B {exp_id}") and "eagle3 vs baseline @ 1: " in out
+    proc = orch("show", exp_id, "--json", "--db", db, cwd=tmp_path)
+    out, _ = _finish(proc)
+    shown = json.loads(out)
+    assert shown["comparisons"] == doc["comparisons"]  # the stored result reads back as the live one
+
+
+def test_stored_experiment_commands_fail_cleanly(tmp_path: Path) -> None:
+    proc = orch("list", "--db", str(tmp_path / "none.db"), cwd=tmp_path)
+    _, err = _finish(proc)
+    assert proc.returncode == 1 and "no results database here yet" in err and "Traceback" not in err
+    proc = orch("ab", "baseline", "x", "--min-effect", "70%", cwd=tmp_path)
+    _, err = _finish(proc)
+    assert proc.returncode == 2 and "expected more than 0% and less than 50%" in err

@@ -167,6 +167,7 @@ def test_ab_end_to_end_tells_the_seed_story(sim_profiles: SimProfiles, tmp_path:
         simulate=True,
         namespace=NAMESPACE,
         grace_s=2,
+        order="fixed",
     )
     result = run_ab(LocalHost(), profiles, cfg, store, on_run=lambda p, r: seen.append((p, r.index, r.warmup)))
     assert seen == [

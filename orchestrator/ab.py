@@ -100,7 +100,7 @@ class LaunchResult:
 
     def value_at(self, concurrency: int | None = None, metric: str = "tok_s") -> float | None:
         """The launch-level value: the median of its valid timed runs."""
-        values = [float(getattr(r, metric)) for r in self.timed_at(concurrency)]
+        values = [float(v) for r in self.timed_at(concurrency) if (v := getattr(r, metric)) is not None]
         return launch_value(values) if values else None
 
     def accept_length_at(self, concurrency: int | None = None) -> float | None:
@@ -120,6 +120,11 @@ class ArmResult:
     profile: str
     launches: tuple[LaunchResult, ...]
     spec_steps: int | None = None
+    label: str = ""  # the profile name, or "name#2" when one profile is two arms (an A/A test)
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.profile)
 
     @property
     def launch_id(self) -> str | None:
@@ -285,7 +290,8 @@ class ABResult:
         for i, name in enumerate(self.profiles):
             mine = tuple(launch for launch in self.launches if launch.arm_index == i)
             steps = next((launch.spec_steps for launch in mine), None)
-            out.append(ArmResult(name, mine, steps))
+            label = f"{name}#{i + 1}" if self.profiles.count(name) > 1 else name
+            out.append(ArmResult(name, mine, steps, label))
         return tuple(out)
 
     @property
@@ -305,7 +311,7 @@ class ABResult:
         for arm in self.arms[1:]:
             b_runs, a_runs = _paired(base, arm, level, "tok_s")
             if not b_runs:
-                out.append(Comparison(arm.profile, base.profile, None, level, min_effect=self.min_effect))
+                out.append(Comparison(arm.label, base.label, None, level, min_effect=self.min_effect))
                 continue
             est = ratio_ci(b_runs, a_runs, seed=self.design.seed)
             b_agg, a_agg = _paired(base, arm, level, "aggregate_tok_s")
@@ -320,8 +326,8 @@ class ABResult:
             )
             out.append(
                 Comparison(
-                    arm=arm.profile,
-                    vs=base.profile,
+                    arm=arm.label,
+                    vs=base.label,
                     ratio=est.ratio,
                     concurrency=level,
                     aggregate_ratio=agg,
@@ -350,19 +356,19 @@ class ABResult:
             tps, tau = arm.median_at(), arm.accept_length
             if arm.spec_steps is None or tps is None or tau is None:
                 continue
-            out.append((arm.profile, spec_from_run(base_tps, tps, tau, arm.spec_steps, self.target_tps)))
+            out.append((arm.label, spec_from_run(base_tps, tps, tau, arm.spec_steps, self.target_tps)))
         return out
 
     def warnings(self) -> list[str]:
         """What a careful reader should know before trusting the numbers; printed, never raised."""
         out: list[str] = []
-        if self.blocks < 2:
+        if self.blocks < 2 and len(self.arms) > 1:
             out.append(
                 "one launch per arm: restart-to-restart noise (the kind that once turned 82 tok/s into 89) is not "
                 "estimated, so no verdict is possible; use --blocks 3 or more"
             )
         for launch in self.launches:
-            where = f"{launch.profile} (block {launch.block + 1})"
+            where = f"{self.arms[launch.arm_index].label} (block {launch.block + 1})"
             for level in launch.levels:
                 timed = launch.timed_at(level)
                 values = [r.tok_s for r in timed]
@@ -385,19 +391,21 @@ class ABResult:
                 values = [launch.value_at(level) or 0.0 for launch in launches]
                 for i in outliers(values, min_rel=0.03, min_n=3):
                     out.append(
-                        f"far launch: {arm.profile} block {launches[i].block + 1}"
+                        f"far launch: {arm.label} block {launches[i].block + 1}"
                         + (f" @ {level}" if len(self.levels) > 1 else "")
                         + f": {values[i]:.1f} tok/s vs the arm's median launch {statistics.median(values):.1f}; "
                         "something differed in that launch (host state, another job?)"
                     )
-        out += gpu_drift_warnings(self.launches)
-        bad_env = [arm.profile for arm in self.arms if not arm.env_ok]
+        out += gpu_drift_warnings(self.launches, [arm.label for arm in self.arms])
+        bad_env = [arm.label for arm in self.arms if not arm.env_ok]
         if bad_env:
             out.append(f"environment mismatches in {', '.join(bad_env)} (see the env check lines)")
         return out
 
 
-def gpu_drift_warnings(launches: Sequence[LaunchResult], clock_rel: float = 0.05, temp_c: float = 10.0) -> list[str]:
+def gpu_drift_warnings(
+    launches: Sequence[LaunchResult], labels: Sequence[str], clock_rel: float = 0.05, temp_c: float = 10.0
+) -> list[str]:
     """GPU SM clocks or temperatures under load that moved between launches: throttling makes launches unequal."""
     per_gpu: dict[Any, list[tuple[str, float | None, float | None]]] = {}
     for launch in launches:
@@ -406,7 +414,7 @@ def gpu_drift_warnings(launches: Sequence[LaunchResult], clock_rel: float = 0.05
             clock, temp = g.get("clocks.sm"), g.get("temperature.gpu")
             per_gpu.setdefault(g.get("index"), []).append(
                 (
-                    f"{launch.profile}/block {launch.block + 1}",
+                    f"{labels[launch.arm_index]}/block {launch.block + 1}",
                     float(clock) if isinstance(clock, (int, float)) else None,
                     float(temp) if isinstance(temp, (int, float)) else None,
                 )

@@ -84,7 +84,7 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.1f}%"
+    return "-" if value is None else f"{value * 100:.2f}%"
 
 
 def _f(value: float | None, digits: int = 1) -> str:
@@ -118,7 +118,7 @@ def _arm_row(result: ABResult, arm: ArmResult, level: int, vs: str) -> list[str]
     itl50 = _median([r.metrics["itl"]["p50"] for r in timed if r.metrics.get("itl", {}).get("p50")])
     itl99 = _median([r.metrics["itl"]["p99"] for r in timed if r.metrics.get("itl", {}).get("p99")])
     return [
-        arm.profile,
+        arm.label,
         str(len(arm.launches)),
         str(len(timed)),
         _f(spread.median if spread else None),
@@ -178,7 +178,7 @@ def _design_lines(result: ABResult) -> list[str]:
         for arm in order:
             launch = by_slot.get((b, arm))
             value = launch.value_at(level) if launch else None
-            cells.append(f"{result.profiles[arm]} {'not run' if launch is None else _f(value)}")
+            cells.append(f"{result.arms[arm].label} {'not run' if launch is None else _f(value)}")
         lines.append(f"    block {b + 1}: " + ", ".join(cells))
     return lines
 
@@ -193,9 +193,9 @@ def ab_text(result: ABResult) -> str:
     base = result.arms[0]
     for level in result.levels or [1]:
         ratios = {c.arm: c for c in result.comparisons_at(level)}
-        rows = [[*HEADER, "vs " + base.profile]]
+        rows = [[*HEADER, "vs " + base.label]]
         for i, arm in enumerate(result.arms):
-            cmp = ratios.get(arm.profile)
+            cmp = ratios.get(arm.label)
             vs = "1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-")
             rows.append(_arm_row(result, arm, level, vs))
         lines.append(
@@ -208,7 +208,7 @@ def ab_text(result: ABResult) -> str:
         lines.append("")
     for spec_arm, be in result.speculation():
         lines.append(
-            f"  why {spec_arm} runs at this speed (speculative decoding vs {base.profile}, concurrency "
+            f"  why {spec_arm} runs at this speed (speculative decoding vs {base.label}, concurrency "
             f"{result.levels[0] if result.levels else 1}):"
         )
         lines += breakeven_lines(be, indent="    ")
@@ -216,12 +216,12 @@ def ab_text(result: ABResult) -> str:
         for launch in arm.launches:
             for r in launch.invalid_runs:
                 lines.append(
-                    f"  excluded: {arm.profile} block {launch.block + 1} run {r.index + 1} @ {r.concurrency}: "
+                    f"  excluded: {arm.label} block {launch.block + 1} run {r.index + 1} @ {r.concurrency}: "
                     f"{r.invalid_reason}"
                 )
         sources = {r.accept_source for r in arm.timed_at() if r.accept_source}
         if sources:
-            lines.append(f"  {arm.profile}: accept length from {', '.join(sorted(sources))}")
+            lines.append(f"  {arm.label}: accept length from {', '.join(sorted(sources))}")
     for warning in result.warnings():
         lines.append(f"  WARNING: {warning}")
     return "\n".join(lines).rstrip()
@@ -268,6 +268,7 @@ def _arm_json(arm: ArmResult) -> dict[str, Any]:
     first = arm.launches[0] if arm.launches else None
     return {
         "profile": arm.profile,
+        "label": arm.label,
         "launch_id": arm.launch_id,
         "launch_ids": [launch.launch_id for launch in arm.launches],
         "launches": len(arm.launches),
@@ -299,6 +300,7 @@ def _launch_json(result: ABResult, launch: LaunchResult) -> dict[str, Any]:
                 "concurrency": level,
                 "tok_s": launch.value_at(level),
                 "aggregate_tok_s": launch.value_at(level, "aggregate_tok_s"),
+                "ttft_s": launch.value_at(level, "ttft_s"),
                 "runs": len(launch.timed_at(level)),
             }
             for level in launch.levels
@@ -405,9 +407,9 @@ def ab_markdown(result: ABResult) -> str:
     base = result.arms[0]
     for level in result.levels or [1]:
         ratios = {c.arm: c for c in result.comparisons_at(level)}
-        rows = [[*HEADER, "vs " + base.profile]]
+        rows = [[*HEADER, "vs " + base.label]]
         for i, arm in enumerate(result.arms):
-            cmp = ratios.get(arm.profile)
+            cmp = ratios.get(arm.label)
             rows.append(
                 _arm_row(result, arm, level, "1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-"))
             )

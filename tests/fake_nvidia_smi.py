@@ -8,7 +8,8 @@
 #   (b) every live process whose environ has FAKE_GPU_MIB=<n> (a "foreign" user started by a test): n MiB on
 #       GPU FAKE_GPU_INDEX (default 0). FAKE_GPU_MIB wins over (a) for a process that has both.
 # An optional JSON state file (env FAKE_NVIDIA_SMI_STATE, else the path `install` baked into the wrapper) may
-# override: {"gpus": 8, "extra_used_mib": {"3": 50000}, "fail": "error text -> exit 1"}.
+# override: {"gpus": 8, "extra_used_mib": {"3": 50000}, "fail": "error text -> exit 1",
+# "busy_clock_mhz": {"0": 1980}} (the SM clock a busy GPU reports, e.g. a throttled one; default 2430).
 # It only reads /proc; it never signals anything.
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Gpu:
     index: int
     extra_mib: int = 0
     procs: list[GpuProc] = field(default_factory=list)
+    busy_clock_mhz: int = 2430
 
     @property
     def busy(self) -> bool:
@@ -155,6 +157,11 @@ def _gpus(state: dict[str, object]) -> list[Gpu]:
             i = int(key)
             if 0 <= i < n:
                 gpus[i].extra_mib += int(mib)
+    clocks = state.get("busy_clock_mhz") or {}
+    if isinstance(clocks, dict):
+        for key, mhz in clocks.items():
+            if 0 <= int(key) < n:
+                gpus[int(key)].busy_clock_mhz = int(mhz)
     for proc in _scan(n):
         gpus[proc.gpu].procs.append(proc)
     return gpus
@@ -168,7 +175,7 @@ GPU_FIELDS: dict[str, Callable[[Gpu], str]] = {
     "memory.used": lambda g: str(g.used),
     "memory.free": lambda g: str(TOTAL_MIB - g.used),
     "temperature.gpu": lambda g: "61" if g.busy else "34",
-    "clocks.sm": lambda g: "2430" if g.busy else "1410",
+    "clocks.sm": lambda g: str(g.busy_clock_mhz) if g.busy else "1410",
     "power.draw": lambda g: "412.80" if g.busy else "62.15",
     "uuid": lambda g: gpu_uuid(g.index),
     "utilization.gpu": lambda g: "100" if g.procs else "0",

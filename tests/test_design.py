@@ -321,3 +321,32 @@ def test_migration_from_version_2_keeps_old_experiments_readable(tmp_path: Path)
     assert not any("resume" in n for n in result.notes)  # complete, and an old one cannot be resumed anyway
     assert json.loads(json.dumps(ab_json(result)))["blocks"] == 1
     store.close()
+
+
+def test_resume_refuses_changed_profiles_and_finished_experiments(tmp_path: Path, write_profile: Any) -> None:
+    from orchestrator.ab import ABConfig, bench_config_from, check_resumable, experiment_config, facts_changed
+    from orchestrator.bench import BenchConfig
+    from orchestrator.errors import OrchError
+    from orchestrator.profile import load
+
+    path = write_profile("arm", engine="sglang", model_path="/m", tp_size=1, port=8123, env={"NCCL_PROTO": "LL"})
+    prof = load(str(path))
+    bench = BenchConfig(runs=3, concurrency=(1, 8), prompts="random", input_len=64)
+    config = experiment_config([prof], ABConfig(bench=bench), "local", {"python": "3.12"})
+    assert bench_config_from(config["bench"]) == bench  # the workload survives the JSON round trip exactly
+    exp = {
+        "id": "e",
+        "kind": "ab",
+        "status": "interrupted",
+        "design_json": json.dumps(Design.make(1, 2, "random", 1).to_dict()),
+        "config_json": json.dumps(config),
+    }
+    check_resumable(exp, [prof])  # unchanged: fine
+    path.write_text(path.read_text().replace("LL", "Simple"))
+    with pytest.raises(OrchError, match=r"profile 'arm' changed since experiment e started \(fields: env\)"):
+        check_resumable(exp, [load(str(path))])
+    with pytest.raises(OrchError, match="already complete"):
+        check_resumable({**exp, "status": "complete"}, [prof])
+    with pytest.raises(OrchError, match="older orch without a design"):
+        check_resumable({**exp, "design_json": None}, [prof])
+    assert facts_changed({"python": "3.12", "boot_time": 1}, {"python": "3.13", "boot_time": 1}) == ["python"]

@@ -427,3 +427,58 @@ def test_interrupted_call_never_hands_its_reply_to_the_next_call(remote: HostCon
             assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
     finally:
         hostside.op_unlock(held)
+
+
+def test_blocks_over_ssh_interrupted_resumed_and_gpu_clock_drift_warned(
+    remote: HostConfig, sim_profiles: SimProfiles, fake_gpu_dir: Path, tmp_path: Path
+) -> None:
+    """The blocked design over SSH: Ctrl-C in block 2, `--resume` on the same host finishes the schedule, and a
+    GPU whose clock under load dropped between launches (throttling, per the fake nvidia-smi) is warned about."""
+    sim_profiles()
+    db = str(tmp_path / "r.db")
+    state = fake_gpu_dir / "state.json"
+    assert not state.exists()
+    common = ["--runs", "2", "--warmup", "1", "--max-tokens", "32", "--grace", "2", "--min-run-s", "0", "--db", db]
+    proc = orch(
+        "ab",
+        "baseline",
+        "eagle3",
+        "--host",
+        "testbox",
+        "--sim",
+        "--blocks",
+        "2",
+        "--order",
+        "abba",
+        *common,
+        cwd=tmp_path,
+    )
+    seen: list[str] = []
+    try:
+        wait_for_line(proc, "launch 3/4: block 2/2, eagle3", seen)  # abba: block 2 starts with the second arm
+        state.write_text(json.dumps({"busy_clock_mhz": {"0": 1980}}))
+        wait_for_line(proc, "Run 1/2", seen)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130, "".join(seen) + out
+        _nothing_left()
+        exp_id = sqlite3.connect(db).execute("SELECT id FROM experiments").fetchone()[0]
+        proc = orch("ab", "--resume", exp_id, "--grace", "2", "--json", "--db", db, cwd=tmp_path)
+        out, _ = proc.communicate(timeout=180)
+        assert proc.returncode == 0, out
+    finally:
+        state.unlink(missing_ok=True)
+    doc = json.loads(out[out.index("{\n") :])
+    assert doc["host"] == "testbox" and doc["status"] == "complete" and doc["blocks"] == 2
+    assert doc["design"]["schedule"] == [[0, 1], [1, 0]]
+    assert [(la["block"], la["profile"]) for la in doc["launches"]] == [
+        (0, "baseline"),
+        (0, "eagle3"),
+        (1, "eagle3"),
+        (1, "baseline"),
+    ]
+    assert all(la["gpus"] and la["gpus"]["gpus"] for la in doc["launches"])  # nvidia-smi under load, per launch
+    assert doc["comparisons"][0]["verdict"] in ("slower", "inconclusive")
+    assert any("GPU 0 SM clock under load changed between launches" in w and "1980" in w for w in doc["warnings"])
+    assert not any("GPU 1" in w for w in doc["warnings"])
+    _nothing_left()

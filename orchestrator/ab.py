@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import hashlib
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from functools import cached_property
 from typing import Any
 
 from orchestrator import __version__, server
-from orchestrator.bench import BenchConfig, RunResult, host_runner, local_runner, run_benchmark
+from orchestrator.bench import BenchConfig, RunResult, host_runner, local_runner, request_items, run_benchmark
 from orchestrator.errors import HostError, OrchError, ServerError
 from orchestrator.hosts import Host, connect_address
 from orchestrator.profile import Profile
@@ -226,7 +227,7 @@ class Design:
 
 @dataclass(frozen=True)
 class Comparison:
-    arm: str
+    arm: str  # profile names (the JSON contract); labels tell two arms of one profile apart
     vs: str
     ratio: float | None  # geometric mean over blocks of the launch-value ratios
     concurrency: int = 1
@@ -236,17 +237,25 @@ class Comparison:
     mde: float | None = None
     blocks_needed: int | None = None
     min_effect: float = DEFAULT_MIN_EFFECT
+    arm_label: str = ""
+    vs_label: str = ""
+    arm_index: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         est = self.estimate
         return {
             "arm": self.arm,
             "vs": self.vs,
+            "arm_label": self.arm_label or self.arm,
+            "vs_label": self.vs_label or self.vs,
+            "arm_index": self.arm_index,
             "concurrency": self.concurrency,
             "ratio": self.ratio,
             "aggregate_ratio": self.aggregate_ratio,
             "blocks": est.blocks if est else 0,
-            "ci95": [est.lo, est.hi] if est else None,
+            # One block's interval holds only run-to-run noise: publishing it would invite the very mistake
+            # (trusting one launch per arm) that orch exists to prevent.
+            "ci95": [est.lo, est.hi] if est and est.blocks >= 2 else None,
             "ci_method": est.method if est else None,
             "verdict": self.verdict,
             "min_effect": self.min_effect,
@@ -302,16 +311,18 @@ class ABResult:
 
     @property
     def levels(self) -> list[int]:
-        return self.arms[0].levels if self.arms else []
+        """Concurrency levels in the order they ran, over every launch (a partial experiment may lack an arm)."""
+        return list(dict.fromkeys(level for launch in self.launches for level in launch.levels))
 
     def comparisons_at(self, concurrency: int | None = None) -> list[Comparison]:
         base = self.arms[0]
-        level = concurrency if concurrency is not None else (base.levels[0] if base.levels else 1)
+        level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
         out = []
-        for arm in self.arms[1:]:
+        for index, arm in enumerate(self.arms[1:], start=1):
+            names: dict[str, Any] = {"arm_label": arm.label, "vs_label": base.label, "arm_index": index}
             b_runs, a_runs = _paired(base, arm, level, "tok_s")
             if not b_runs:
-                out.append(Comparison(arm.label, base.label, None, level, min_effect=self.min_effect))
+                out.append(Comparison(arm.profile, base.profile, None, level, min_effect=self.min_effect, **names))
                 continue
             est = ratio_ci(b_runs, a_runs, seed=self.design.seed)
             b_agg, a_agg = _paired(base, arm, level, "aggregate_tok_s")
@@ -326,8 +337,8 @@ class ABResult:
             )
             out.append(
                 Comparison(
-                    arm=arm.label,
-                    vs=base.label,
+                    arm=arm.profile,
+                    vs=base.profile,
                     ratio=est.ratio,
                     concurrency=level,
                     aggregate_ratio=agg,
@@ -336,6 +347,7 @@ class ABResult:
                     mde=minimal_detectable_effect(est),
                     blocks_needed=blocks_needed(est, self.min_effect),
                     min_effect=self.min_effect,
+                    **names,
                 )
             )
         return out
@@ -345,7 +357,7 @@ class ABResult:
         """Each arm against the first, at the first concurrency level (the headline)."""
         return self.comparisons_at()
 
-    def speculation(self) -> list[tuple[str, BreakEven]]:
+    def speculation(self) -> list[tuple[ArmResult, BreakEven]]:
         """For each speculative arm compared with a non-speculative baseline: the break-even arithmetic."""
         base = self.arms[0]
         base_tps = base.median_at()
@@ -356,17 +368,23 @@ class ABResult:
             tps, tau = arm.median_at(), arm.accept_length
             if arm.spec_steps is None or tps is None or tau is None:
                 continue
-            out.append((arm.label, spec_from_run(base_tps, tps, tau, arm.spec_steps, self.target_tps)))
+            out.append((arm, spec_from_run(base_tps, tps, tau, arm.spec_steps, self.target_tps)))
         return out
 
     def warnings(self) -> list[str]:
         """What a careful reader should know before trusting the numbers; printed, never raised."""
         out: list[str] = []
         if self.blocks < 2 and len(self.arms) > 1:
-            out.append(
-                "one launch per arm: restart-to-restart noise (the kind that once turned 82 tok/s into 89) is not "
-                "estimated, so no verdict is possible; use --blocks 3 or more"
-            )
+            if self.design.blocks < 2:
+                out.append(
+                    "one launch per arm: restart-to-restart noise (the kind that once turned 82 tok/s into 89) is "
+                    "not estimated, so no verdict is possible; use --blocks 3 or more"
+                )
+            else:
+                out.append(
+                    f"only {self.blocks} of {self.design.blocks} blocks complete: no verdict until at least two are "
+                    f"(orch ab --resume {self.experiment_id})"
+                )
         for launch in self.launches:
             where = f"{self.arms[launch.arm_index].label} (block {launch.block + 1})"
             for level in launch.levels:
@@ -379,17 +397,24 @@ class ABResult:
                         f"outlier run: {where} run {timed[i].index + 1}{at}: {values[i]:.1f} tok/s vs the launch's "
                         f"median {med:.1f} (median-absolute-deviation z > 3.5); kept in the statistics"
                     )
-                in_order = [r.tok_s for r in sorted(timed, key=lambda r: r.index)]
+                ordered = sorted(timed, key=lambda r: r.index)
+                in_order = [r.tok_s for r in ordered]
                 if slow_first_run(in_order):
                     out.append(
-                        f"slow first run: {where}{at}: run 1 gave {in_order[0]:.1f} tok/s, the others "
-                        f"{statistics.median(in_order[1:]):.1f}: warmup may be too short (raise --warmup)"
+                        f"slow first run: {where}{at}: run {ordered[0].index + 1} gave {in_order[0]:.1f} tok/s, the "
+                        f"others {statistics.median(in_order[1:]):.1f}: "
+                        + (
+                            "warmup may be too short (raise --warmup)"
+                            if level == 1
+                            else "the level's first run warms it up (warmups run at concurrency 1)"
+                        )
                     )
         for arm in self.arms:
             for level in arm.levels:
                 launches = [launch for launch in arm.launches if launch.timed_at(level)]
                 values = [launch.value_at(level) or 0.0 for launch in launches]
-                for i in outliers(values, min_rel=0.03, min_n=3):
+                # 5 %: with three launches the MAD is crude, and 2-3 % restart noise is ordinary on a busy host.
+                for i in outliers(values, min_rel=0.05, min_n=3):
                     out.append(
                         f"far launch: {arm.label} block {launches[i].block + 1}"
                         + (f" @ {level}" if len(self.levels) > 1 else "")
@@ -409,8 +434,12 @@ def gpu_drift_warnings(
     """GPU SM clocks or temperatures under load that moved between launches: throttling makes launches unequal."""
     per_gpu: dict[Any, list[tuple[str, float | None, float | None]]] = {}
     for launch in launches:
-        gpus = (launch.gpus or {}).get("gpus") or []
-        for g in gpus:
+        state = launch.gpus or {}
+        # Only the GPUs this launch used, when nvidia-smi says which (an idle GPU's clock says nothing).
+        used = {a.get("gpu_index") for a in state.get("apps") or [] if a.get("launch_id") == launch.launch_id}
+        for g in state.get("gpus") or []:
+            if used and g.get("index") not in used:
+                continue
             clock, temp = g.get("clocks.sm"), g.get("temperature.gpu")
             per_gpu.setdefault(g.get("index"), []).append(
                 (
@@ -448,19 +477,26 @@ def comparable_profile(profile: Profile) -> dict[str, Any]:
     return d
 
 
+def requests_digest(bench: BenchConfig) -> str:
+    """A fingerprint of every request the workload sends (an edited prompts file changes it)."""
+    return hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest()
+
+
 def experiment_config(
-    profiles: Sequence[Profile], config: ABConfig, host_spec: str, facts: dict[str, Any]
+    profiles: Sequence[Profile], config: ABConfig, facts: dict[str, Any], provenance: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Everything a resume (and later `orch reproduce`) needs to run the same experiment again."""
     return {
         "bench": config.bench.to_dict(),
+        "requests_sha256": requests_digest(config.bench),
         "host_facts": facts,
-        "host_spec": host_spec,
         "strict_env": config.strict_env,
         "ports": sorted({p.port for p in profiles}),
         "profiles": [comparable_profile(p) for p in profiles],
+        "profile_sources": [p.source for p in profiles],
         "min_effect": config.min_effect,
         "target_tps": config.target_tps,
+        **(provenance or {}),
     }
 
 
@@ -471,13 +507,16 @@ def bench_config_from(stored: dict[str, Any]) -> BenchConfig:
     return BenchConfig(**data)
 
 
-def check_resumable(exp: dict[str, Any], profiles: Sequence[Profile]) -> None:
+def check_resumable(exp: dict[str, Any], profiles: Sequence[Profile], bench: BenchConfig | None = None) -> None:
     """Refuse to resume what cannot be continued as the same experiment."""
     if exp["status"] == "complete":
         raise OrchError(f"experiment {exp['id']} is already complete (`orch show {exp['id']}` prints it)")
     if exp["kind"] != "ab" or not exp.get("design_json"):
         raise OrchError(f"experiment {exp['id']} was stored by an older orch without a design; it cannot be resumed")
-    stored = json.loads(exp["config_json"]).get("profiles") or []
+    config = json.loads(exp["config_json"])
+    stored = config.get("profiles") or []
+    if len(stored) != len(profiles):
+        raise OrchError(f"experiment {exp['id']} has {len(stored)} arms, not {len(profiles)}")
     for want, prof in zip(stored, profiles, strict=True):
         now = comparable_profile(prof)
         changed = sorted(k for k in set(want) | set(now) if want.get(k) != now.get(k))
@@ -486,6 +525,29 @@ def check_resumable(exp: dict[str, Any], profiles: Sequence[Profile]) -> None:
                 f"profile {prof.name!r} changed since experiment {exp['id']} started (fields: {', '.join(changed)}); "
                 "a resumed experiment must run the same configuration: restore the profile or start a new experiment"
             )
+    if bench is not None and config.get("requests_sha256") not in (None, requests_digest(bench)):
+        raise OrchError(
+            f"the requests of experiment {exp['id']} changed since it started (was the prompts file "
+            f"{bench.prompts!r} edited?); a resumed experiment must send the same requests"
+        )
+
+
+def check_same_machine(exp_id: str, before: dict[str, Any], after: dict[str, Any]) -> None:
+    """A resume must run where the experiment started: launches on two machines are not one experiment."""
+
+    def gpu_ids(facts: dict[str, Any]) -> list[Any]:
+        return [g.get("uuid") for g in facts.get("gpus") or []]
+
+    if before.get("hostname") and before.get("hostname") != after.get("hostname"):
+        raise OrchError(
+            f"experiment {exp_id} ran on machine {before['hostname']!r}; this host is {after.get('hostname')!r}. "
+            "A resumed experiment must run on the same machine"
+        )
+    if gpu_ids(before) and gpu_ids(after) and gpu_ids(before) != gpu_ids(after):
+        raise OrchError(
+            f"experiment {exp_id} ran on GPUs {gpu_ids(before)}; this host has {gpu_ids(after)}. "
+            "A resumed experiment must run on the same GPUs"
+        )
 
 
 def run_ab(
@@ -497,81 +559,86 @@ def run_ab(
     on_event: Callable[[str], None] = lambda _: None,
     on_run: Callable[[str, RunResult], None] = lambda _p, _r: None,
     resume: str | None = None,
-    host_spec: str | None = None,
+    provenance: dict[str, Any] | None = None,
 ) -> ABResult:
     """Run every launch of the design from fresh state; persist as we go; tear down whatever happens.
 
     With `resume`, continue that stored experiment: its completed launches stand, the rest of its schedule runs
     (same seed, same order); launches cut short earlier are kept in the store but left out of the statistics.
+    `provenance` (how it was started: the --host given, the workdir) is stored with a new experiment.
     """
     if not profiles:
         raise OrchError("an A/B needs at least one profile")
     facts = host.call("facts", nvidia_smi=host.config.nvidia_smi)
-    notes: list[str] = []
-    if resume is not None:
-        exp = store.find_experiment(resume)
-        exp_id = exp["id"]
-        check_resumable(exp, profiles)
-        design = Design.from_dict(json.loads(exp["design_json"]))
-        changed = facts_changed(json.loads(exp["config_json"]).get("host_facts") or {}, facts)
-        if changed:
-            notes.append(f"host facts changed since the experiment started: {', '.join(changed)}")
-            on_event(f"NOTE: {notes[-1]}")
-        store.reopen_experiment(exp_id)
-    else:
-        exp_id = new_experiment_id()
-        seed = config.order_seed if config.order_seed is not None else random.SystemRandom().randrange(2**31)
-        design = Design.make(len(profiles), config.blocks, config.order, seed)
-        store.create_experiment(
-            exp_id,
-            kind="ab",
-            simulated=config.simulate,
-            host=host.name,
-            arms=[p.name for p in profiles],
-            config=experiment_config(profiles, config, host_spec or host.name, facts),
-            orch_version=__version__,
-            design=design.to_dict(),
-        )
-    on_event(
-        f"experiment {exp_id} on {host.name}: {' vs '.join(p.name for p in profiles)}, {design.blocks} block(s), "
-        f"order {design.order} (seed {design.seed})" + (" (SIMULATED server)" if config.simulate else "")
-    )
-    if design.blocks < 2 and len(profiles) > 1:
-        on_event("NOTE: one launch per arm cannot separate restart noise from a real difference; use --blocks 3+")
-    launches: list[LaunchResult] = []
+    exp_id = store.find_experiment(resume)["id"] if resume is not None else new_experiment_id()
     lock_path = host.lock_path
+    # The host lock comes before any write: a session that cannot have the host changes nothing in the store.
+    acquire_host_lock(host, lock_path, exp_id, config.lock_wait_s, on_event)
     try:
-        acquire_host_lock(host, lock_path, exp_id, config.lock_wait_s, on_event)
+        notes: list[str] = []
+        launches: list[LaunchResult] = []
+        if resume is not None:
+            exp = store.find_experiment(exp_id)  # read again under the lock: another session may have resumed it
+            check_resumable(exp, profiles, config.bench)
+            stored = json.loads(exp["config_json"])
+            check_same_machine(exp_id, stored.get("host_facts") or {}, facts)
+            design = Design.from_dict(json.loads(exp["design_json"]))
+            changed = facts_changed(stored.get("host_facts") or {}, facts)
+            if changed:
+                notes.append(f"host facts changed since the experiment started: {', '.join(changed)}")
+                on_event(f"NOTE: {notes[-1]}")
+            launches, discarded = stored_launches(store, exp_id)
+            if discarded:
+                notes.append(f"{discarded} launch(es) cut short are kept in the store but left out of the statistics")
+            store.reopen_experiment(exp_id)
+        else:
+            seed = config.order_seed if config.order_seed is not None else random.SystemRandom().randrange(2**31)
+            design = Design.make(len(profiles), config.blocks, config.order, seed)
+            store.create_experiment(
+                exp_id,
+                kind="ab",
+                simulated=config.simulate,
+                host=host.name,
+                arms=[p.name for p in profiles],
+                config=experiment_config(profiles, config, facts, provenance),
+                orch_version=__version__,
+                design=design.to_dict(),
+            )
+        names = [p.name for p in profiles]
+        on_event(
+            f"experiment {exp_id} on {host.name}: {' vs '.join(names)}, {design.blocks} block(s), order "
+            f"{design.order} (seed {design.seed})" + (" (SIMULATED server)" if config.simulate else "")
+        )
+        if design.blocks < 2 and len(profiles) > 1:
+            on_event("NOTE: one launch per arm cannot separate restart noise from a real difference; use --blocks 3+")
+        if resume is not None:
+            on_event(f"resuming {exp_id}: {len(launches)} of {len(design.slots())} launches already complete")
         try:
-            if resume is not None:  # read after taking the lock: another session may have resumed it meanwhile
-                launches, discarded = stored_launches(store, exp_id)
-                if discarded:
-                    notes.append(f"{discarded} launch(es) cut short earlier were discarded and run again")
-                on_event(f"resuming {exp_id}: {len(launches)} of {len(design.slots())} launches already complete")
             done = {(launch.block, launch.arm_index) for launch in launches}
             todo = [slot for slot in design.slots() if (slot[0], slot[2]) not in done]
             for n, (block, position, arm) in enumerate(todo, start=len(done) + 1):
-                on_event(f"launch {n}/{len(design.slots())}: block {block + 1}/{design.blocks}, {profiles[arm].name}")
+                label = f"{names[arm]}#{arm + 1}" if names.count(names[arm]) > 1 else names[arm]
+                on_event(f"launch {n}/{len(design.slots())}: block {block + 1}/{design.blocks}, {label}")
                 launches.append(
                     _run_launch(host, profiles[arm], arm, block, position, exp_id, config, store, on_event, on_run)
                 )
-        finally:
-            with contextlib.suppress(HostError):
-                host.call("unlock", path=lock_path)
-    except KeyboardInterrupt:
-        store.finish_experiment(exp_id, "interrupted", "interrupted by the user")
-        on_event(f"experiment {exp_id} interrupted; continue it with: orch ab --resume {exp_id}")
-        raise
-    except BaseException as e:
-        store.finish_experiment(exp_id, "failed", str(e) or type(e).__name__)
-        on_event(f"experiment {exp_id} failed; after fixing the cause, continue it with: orch ab --resume {exp_id}")
-        raise
-    store.finish_experiment(exp_id, "complete")
+        except KeyboardInterrupt:
+            store.finish_experiment(exp_id, "interrupted", "interrupted by the user")
+            on_event(f"experiment {exp_id} interrupted; continue it with: orch ab --resume {exp_id}")
+            raise
+        except BaseException as e:
+            store.finish_experiment(exp_id, "failed", str(e) or type(e).__name__)
+            on_event(f"experiment {exp_id} failed; after fixing the cause, continue it with: orch ab --resume {exp_id}")
+            raise
+        store.finish_experiment(exp_id, "complete")
+    finally:
+        with contextlib.suppress(HostError):
+            host.call("unlock", path=lock_path)
     return ABResult(
         exp_id,
         config.simulate,
         host.name,
-        tuple(p.name for p in profiles),
+        tuple(names),
         tuple(launches),
         facts,
         config.target_tps,
@@ -799,14 +866,13 @@ def _run_launch(
             runner = (
                 host_runner(host, connect_address(profile.host), srv.launch.port, bench)
                 if bench.client == "host"
-                else local_runner(srv.base_url, bench)
+                else local_runner(srv.base_url, bench, host)
             )
             model = profile.served_model_name or profile.model_path
             run_benchmark(runner, bench, model=model, on_run=record, recover=recover)
             ready_s = srv.ready_s
-            # Under load, before teardown: clocks and temperatures that drift between launches make them unequal.
-            gpus = host.call("gpus", nvidia_smi=host.config.nvidia_smi)
-            gpus = gpus if gpus.get("available") else None
+            # Read during the first timed run: clocks and temperatures that drift between launches make them unequal.
+            gpus = next((r.gpus for r in runs if r.gpus and r.gpus.get("available")), None)
             store.update_launch(srv.launch.launch_id, gpus_json=gpus)
     except BaseException as e:
         if "launch" in state:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 from orchestrator import client, prompts
-from orchestrator.errors import BenchError
+from orchestrator.errors import BenchError, OrchError
 from orchestrator.hosts import Host
 
 CLIENT_PLACES = ("host", "local")
+GPU_PROBE_AFTER_S = 0.2  # into the run: the GPUs are busy, and even short test runs last longer
 MAX_RECOVERIES = 3
 
 
@@ -63,6 +66,7 @@ class RunResult:
     token_source: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)  # ttft/itl/tpot/e2e distributions, chunk counts
     per_request: tuple[dict[str, Any], ...] = ()
+    gpus: dict[str, Any] | None = None  # nvidia-smi read during this run, when it was probed
 
     @classmethod
     def from_summary(cls, index: int, warmup: bool, s: dict[str, Any]) -> RunResult:
@@ -86,6 +90,7 @@ class RunResult:
             token_source=s["token_source"],
             metrics={k: s[k] for k in ("ttft", "itl", "tpot", "e2e", "window_s", "chunks", "multi_token_chunks")},
             per_request=tuple(s["per_request"]),
+            gpus=s.get("gpus"),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -95,13 +100,14 @@ class RunResult:
 
 
 # A runner sends one run's requests (bodies, their max tokens, the concurrency) and returns client.summarize_run's dict.
-Runner = Callable[[list[dict[str, Any]], list[int], int], dict[str, Any]]
+# With probe_gpus=True it also reads the GPUs' state during the run (summary["gpus"]; None if the run was too short).
+Runner = Callable[[list[dict[str, Any]], list[int], int, bool], dict[str, Any]]
 
 
 def host_runner(host: Host, address: str, port: int, config: BenchConfig) -> Runner:
     """The client runs on the host, through the host-side agent: no laptop network jitter in the numbers."""
 
-    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int) -> dict[str, Any]:
+    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
         rounds = -(-len(bodies) // concurrency)
         result: dict[str, Any] = host.call(
             "bench_run",
@@ -114,21 +120,44 @@ def host_runner(host: Host, address: str, port: int, config: BenchConfig) -> Run
             concurrency=concurrency,
             timeout_s=config.request_timeout_s,
             min_duration_s=0.0,
+            gpu_probe=host.config.nvidia_smi if probe_gpus else None,
         )
         return result
 
     return run
 
 
-def local_runner(base_url: str, config: BenchConfig) -> Runner:
-    """The client runs in this process against base_url (for a remote host: the SSH tunnel's local end)."""
+def local_runner(base_url: str, config: BenchConfig, host: Host | None = None) -> Runner:
+    """The client runs in this process against base_url (for a remote host: the SSH tunnel's local end).
+    GPU probes go to `host` from a second thread (the agent is idle while this process measures)."""
     parts = urlsplit(base_url)
     if parts.hostname is None or parts.port is None:
         raise BenchError(f"cannot benchmark {base_url!r}: expected http://HOST:PORT")
-    host, port = parts.hostname, parts.port
+    address, port, gpu_host = parts.hostname, parts.port, host
 
-    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int) -> dict[str, Any]:
-        return client.run(host, port, config.endpoint, bodies, max_tokens, concurrency, config.request_timeout_s)
+    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
+        reading: list[dict[str, Any]] = []
+        probe = None
+        if probe_gpus and gpu_host is not None:
+            target = gpu_host
+
+            def read() -> None:
+                with contextlib.suppress(OrchError):  # a probe is a nicety: it never fails a run
+                    reading.append(target.call("gpus", nvidia_smi=target.config.nvidia_smi))
+
+            probe = threading.Timer(GPU_PROBE_AFTER_S, read)
+            probe.daemon = True
+            probe.start()
+        try:
+            result = client.run(
+                address, port, config.endpoint, bodies, max_tokens, concurrency, config.request_timeout_s
+            )
+        finally:
+            if probe is not None:
+                probe.cancel()
+                probe.join(timeout=60)
+        result["gpus"] = reading[0] if reading else None
+        return result
 
     return run
 
@@ -167,7 +196,9 @@ def run_benchmark(
         position += n
         bodies = [client.build_body(config.endpoint, it, max_tokens, model) for it in chunk]
         while True:
-            summary = runner(bodies, [max_tokens] * n, concurrency)
+            # The GPUs are read once per launch, during its first timed run, so launches compare like for like.
+            probe = not warm and index == 0 and concurrency == config.concurrency[0]
+            summary = runner(bodies, [max_tokens] * n, concurrency, probe)
             if not summary["errors"] or recover is None:
                 break
             first = next(r["error"] for r in summary["per_request"] if r["error"])

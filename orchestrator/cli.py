@@ -331,7 +331,7 @@ def _given(name: str) -> bool:
 
 
 def _run(profile_names: tuple[str, ...], resume: str | None = None, **kw: Any) -> None:
-    store = Store(kw["db"])
+    store = Store(kw["db"]) if resume is None else _open_existing(kw["db"])
     try:
         if resume is not None:
             _resume(store, resume, profile_names, kw)
@@ -373,19 +373,29 @@ def _resume(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str
         )
     stored = json.loads(exp["config_json"])
     arms = json.loads(exp["arms_json"])
-    if profile_names and list(profile_names) != arms:
-        raise click.UsageError(
-            f"experiment {exp['id']} compares {' '.join(arms)}; give no profiles with --resume (or exactly those)"
-        )
+    if profile_names:
+        profiles = [profiles_mod.load(n) for n in profile_names]
+        if [p.name for p in profiles] != arms:
+            raise click.UsageError(
+                f"experiment {exp['id']} compares {' '.join(arms)}; give no profiles with --resume (or exactly those)"
+            )
+    else:
+        # Where each arm's profile was loaded from, if that file is still there (profiles given by path included).
+        sources = stored.get("profile_sources") or [None] * len(arms)
+        profiles = [
+            profiles_mod.load(src if src and Path(src).is_file() else name)
+            for name, src in zip(arms, sources, strict=True)
+        ]
     host_spec = stored.get("host_spec", exp["host"])
     if _given("host_spec") and kw["host_spec"] != host_spec:
         raise click.UsageError(
             f"experiment {exp['id']} ran on {host_spec!r}; it must be resumed there, not on {kw['host_spec']!r}"
         )
-    profiles = [profiles_mod.load(n) for n in arms]
-    ab.check_resumable(exp, profiles)
     bench = ab.bench_config_from(stored["bench"])
     request_items(bench)
+    ab.check_resumable(exp, profiles, bench)
+    if not _given("workdir") and stored.get("workdir"):
+        kw["workdir"] = stored["workdir"]
     if not _given("min_effect") and "min_effect" in stored:
         kw["min_effect"] = float(stored["min_effect"])
     if not _given("target_tps") and stored.get("target_tps") is not None:
@@ -436,8 +446,9 @@ def _execute(
         inventory=kw["inventory"],
         accept_new_host_key=kw["accept_new_host_key"],
     ) as host:
+        provenance = {"host_spec": host_spec, "workdir": kw["workdir"]}
         result = ab.run_ab(
-            host, profiles, config, store, on_event=event, on_run=on_run, resume=resume, host_spec=host_spec
+            host, profiles, config, store, on_event=event, on_run=on_run, resume=resume, provenance=provenance
         )
     if kw["as_json"]:
         click.echo(json.dumps(ab_json(result), indent=2))

@@ -554,11 +554,32 @@ def op_bench_run(
     timeout_s: float = 600.0,
     min_duration_s: float = 0.0,
     address: str = "127.0.0.1",
+    gpu_probe: str | None = None,
+    gpu_probe_after_s: float = 0.2,
 ) -> dict[str, Any]:
-    """One benchmark run against address:port, measured here next to the server."""
+    """One benchmark run against address:port, measured here next to the server.
+
+    With gpu_probe (the nvidia-smi to run), GPU clocks and temperatures are read once, gpu_probe_after_s into the
+    run: while the GPUs work. Read after the run they would already be falling back to idle.
+    """
+    import threading
+
     from orchestrator import client  # shipped beside this file
 
-    return client.run(address, port, endpoint, bodies, max_tokens, concurrency, timeout_s, min_duration_s)
+    reading: list[dict[str, Any]] = []
+    probe = None
+    if gpu_probe:
+        probe = threading.Timer(gpu_probe_after_s, lambda: reading.append(op_gpus(gpu_probe)))
+        probe.daemon = True
+        probe.start()
+    try:
+        result = client.run(address, port, endpoint, bodies, max_tokens, concurrency, timeout_s, min_duration_s)
+    finally:
+        if probe is not None:
+            probe.cancel()
+            probe.join(timeout=35)  # a probe already running finishes (nvidia-smi is bounded at 30 s)
+    result["gpus"] = reading[0] if reading else None
+    return result
 
 
 def op_log_tail(path: str, lines: int = 40, max_bytes: int = 65536) -> str:

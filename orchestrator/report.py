@@ -137,7 +137,7 @@ def _arm_row(result: ABResult, arm: ArmResult, level: int, vs: str) -> list[str]
 
 def comparison_line(c: Comparison) -> str:
     """One arm against the baseline: the ratio, its 95 % CI over blocks, and what may be concluded from it."""
-    head = f"{c.arm} vs {c.vs} @ {c.concurrency}: "
+    head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {c.concurrency}: "
     est = c.estimate
     if c.ratio is None or est is None:
         return head + "no block in which both have valid runs: nothing to compare"
@@ -192,15 +192,15 @@ def ab_text(result: ABResult) -> str:
     lines += _design_lines(result)
     base = result.arms[0]
     for level in result.levels or [1]:
-        ratios = {c.arm: c for c in result.comparisons_at(level)}
+        ratios = {c.arm_index: c for c in result.comparisons_at(level)}
         rows = [[*HEADER, "vs " + base.label]]
         for i, arm in enumerate(result.arms):
-            cmp = ratios.get(arm.label)
+            cmp = ratios.get(i)
             vs = "1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-")
             rows.append(_arm_row(result, arm, level, vs))
         lines.append(
             f"  tok/s per stream at concurrency {level}" + (" (simulated)" if result.simulated else "") + ": median "
-            "of launch medians; min/max over runs; CV within and across launches"
+            "of launch medians; min/max over runs; CV within and across launches; vs: mean per-block ratio"
         )
         lines += _table(rows)
         for c in result.comparisons_at(level):
@@ -208,7 +208,7 @@ def ab_text(result: ABResult) -> str:
         lines.append("")
     for spec_arm, be in result.speculation():
         lines.append(
-            f"  why {spec_arm} runs at this speed (speculative decoding vs {base.label}, concurrency "
+            f"  why {spec_arm.label} runs at this speed (speculative decoding vs {base.label}, concurrency "
             f"{result.levels[0] if result.levels else 1}):"
         )
         lines += breakeven_lines(be, indent="    ")
@@ -290,6 +290,8 @@ def _arm_json(arm: ArmResult) -> dict[str, Any]:
 def _launch_json(result: ABResult, launch: LaunchResult) -> dict[str, Any]:
     return {
         "profile": launch.profile,
+        "arm_index": launch.arm_index,
+        "label": result.arms[launch.arm_index].label,
         "launch_id": launch.launch_id,
         "block": launch.block,
         "position": launch.position,
@@ -324,7 +326,9 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "arms": [_arm_json(a) for a in result.arms],
         "launches": [_launch_json(result, launch) for launch in result.launches],
         "comparisons": [c.to_dict() for c in result.comparisons],
-        "speculation": [{"arm": arm, **be.to_dict()} for arm, be in result.speculation()],
+        "speculation": [
+            {"arm": arm.profile, "arm_label": arm.label, **be.to_dict()} for arm, be in result.speculation()
+        ],
         "comparisons_by_concurrency": [c.to_dict() for level in levels for c in result.comparisons_at(level)],
         "warnings": result.warnings(),
         "notes": list(result.notes),
@@ -335,6 +339,8 @@ CSV_FIELDS = (
     "experiment_id",
     "simulated",
     "profile",
+    "arm_index",
+    "label",
     "block",
     "position",
     "launch_id",
@@ -365,6 +371,8 @@ def ab_csv(result: ABResult) -> str:
                     result.experiment_id,
                     int(result.simulated),
                     launch.profile,
+                    launch.arm_index,
+                    result.arms[launch.arm_index].label,
                     launch.block + 1,
                     launch.position + 1,
                     launch.launch_id,
@@ -406,10 +414,10 @@ def ab_markdown(result: ABResult) -> str:
     lines += [f"> NOTE: {n}" for n in result.notes]
     base = result.arms[0]
     for level in result.levels or [1]:
-        ratios = {c.arm: c for c in result.comparisons_at(level)}
+        ratios = {c.arm_index: c for c in result.comparisons_at(level)}
         rows = [[*HEADER, "vs " + base.label]]
         for i, arm in enumerate(result.arms):
-            cmp = ratios.get(arm.label)
+            cmp = ratios.get(i)
             rows.append(
                 _arm_row(result, arm, level, "1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-"))
             )
@@ -420,8 +428,8 @@ def ab_markdown(result: ABResult) -> str:
     spec = result.speculation()
     if spec:
         lines += ["", "## Speculative decoding", ""]
-        for arm_name, be in spec:
-            lines.append(f"{arm_name}:")
+        for spec_arm, be in spec:
+            lines.append(f"{spec_arm.label}:")
             lines += [f"- {line}" for line in breakeven_lines(be)]
     warnings = result.warnings()
     if warnings:

@@ -322,7 +322,9 @@ class Store:
 
     def runs(self, launch_id: str) -> list[dict[str, Any]]:
         rows = self.conn.execute(
-            "SELECT * FROM runs WHERE launch_id = ? ORDER BY warmup DESC, concurrency, idx", (launch_id,)
+            # rowid: the order the runs finished in, so concurrency levels read back in the order they ran
+            "SELECT * FROM runs WHERE launch_id = ? ORDER BY warmup DESC, rowid",
+            (launch_id,),
         ).fetchall()
         return [dict(r) for r in rows]
 
@@ -337,6 +339,8 @@ class Store:
 
     def find_experiment(self, ref: str) -> dict[str, Any]:
         """An experiment by id, unique id prefix, or `last`; StoreError naming the candidates otherwise."""
+        if not ref.strip():
+            raise StoreError("an experiment id (or a unique prefix of one, or `last`) is needed")
         if ref == "last":
             rows = self.conn.execute("SELECT * FROM experiments ORDER BY created_at DESC LIMIT 1").fetchall()
             if not rows:

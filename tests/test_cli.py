@@ -279,7 +279,7 @@ def test_blocks_interrupted_then_resumed_with_the_same_order(sim_profiles: SimPr
     (cmp,) = doc["comparisons"]
     assert cmp["verdict"] in ("slower", "inconclusive")  # eagle3 at accept length ~2 is ~25 % slower
     assert cmp["ci95"][0] <= cmp["ratio"] <= cmp["ci95"][1] and cmp["mde"] is not None
-    assert any("cut short earlier were discarded" in n for n in doc["notes"])
+    assert any("1 launch(es) cut short are kept in the store but left out" in n for n in doc["notes"])
     # The resumed block ran in the recorded order: positions in the store follow the schedule.
     rows = c.execute(
         "SELECT block, position, arm_index FROM launches WHERE status = 'complete' ORDER BY started_at"
@@ -302,7 +302,7 @@ def test_blocks_interrupted_then_resumed_with_the_same_order(sim_profiles: SimPr
     _, err = _finish(proc)
     assert proc.returncode == 0, err
     lines = csv_path.read_text().splitlines()
-    assert lines[0].startswith("experiment_id,simulated,profile,block") and len(lines) == 1 + 4 * 2
+    assert lines[0].startswith("experiment_id,simulated,profile,arm_index,label,block") and len(lines) == 1 + 4 * 2
     proc = orch("export", "last", "--format", "md", "--db", db, cwd=tmp_path)
     out, _ = _finish(proc)
     assert out.startswith(f"# A/B {exp_id}") and "eagle3 vs baseline @ 1: " in out

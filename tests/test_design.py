@@ -164,7 +164,7 @@ def test_one_block_is_never_a_verdict_and_says_why() -> None:
     assert cmp.verdict == "inconclusive" and cmp.ratio == pytest.approx(94.1 / 82.2)
     assert any("one launch per arm" in w for w in result.warnings())
     assert "one launch per arm cannot separate restart noise" in ab_text(result)
-    assert ab_json(result)["comparisons"][0]["ci95"] is not None
+    assert ab_json(result)["comparisons"][0]["ci95"] is None  # one block's interval holds only run noise
 
 
 def test_only_complete_blocks_are_paired() -> None:
@@ -216,6 +216,7 @@ def test_csv_and_markdown_exports() -> None:
     rows = list(csv.DictReader(io.StringIO(ab_csv(result))))
     assert len(rows) == 8  # timed runs only; warmups are not data
     assert rows[0]["profile"] == "baseline" and rows[0]["block"] == "1" and rows[0]["run"] == "1"
+    assert rows[0]["label"] == "baseline" and rows[-1]["arm_index"] == "1"
     assert float(rows[-1]["tok_s"]) == 61.5
     md = ab_markdown(result)
     assert md.startswith("# A/B exp on local")
@@ -332,7 +333,8 @@ def test_resume_refuses_changed_profiles_and_finished_experiments(tmp_path: Path
     path = write_profile("arm", engine="sglang", model_path="/m", tp_size=1, port=8123, env={"NCCL_PROTO": "LL"})
     prof = load(str(path))
     bench = BenchConfig(runs=3, concurrency=(1, 8), prompts="random", input_len=64)
-    config = experiment_config([prof], ABConfig(bench=bench), "local", {"python": "3.12"})
+    config = experiment_config([prof], ABConfig(bench=bench), {"python": "3.12"}, {"host_spec": "local"})
+    assert config["host_spec"] == "local" and config["profile_sources"] == [str(path)]
     assert bench_config_from(config["bench"]) == bench  # the workload survives the JSON round trip exactly
     exp = {
         "id": "e",
@@ -350,3 +352,48 @@ def test_resume_refuses_changed_profiles_and_finished_experiments(tmp_path: Path
     with pytest.raises(OrchError, match="older orch without a design"):
         check_resumable({**exp, "design_json": None}, [prof])
     assert facts_changed({"python": "3.12", "boot_time": 1}, {"python": "3.13", "boot_time": 1}) == ["python"]
+    check_resumable(exp, [prof], bench)  # same requests
+    with pytest.raises(OrchError, match="the requests of experiment e changed"):
+        check_resumable(exp, [prof], BenchConfig(runs=3, concurrency=(1, 8), prompts="random", input_len=65))
+
+
+def test_resume_must_run_on_the_same_machine() -> None:
+    from orchestrator.ab import check_same_machine
+    from orchestrator.errors import OrchError
+
+    box = {"hostname": "gpu-box", "gpus": [{"uuid": "GPU-a"}, {"uuid": "GPU-b"}]}
+    check_same_machine("e", box, {**box, "boot_time": 5})
+    with pytest.raises(OrchError, match="ran on machine 'gpu-box'; this host is 'other'"):
+        check_same_machine("e", box, {**box, "hostname": "other"})
+    with pytest.raises(OrchError, match="must run on the same GPUs"):
+        check_same_machine("e", box, {**box, "gpus": [{"uuid": "GPU-c"}, {"uuid": "GPU-b"}]})
+
+
+def test_levels_keep_their_run_order_and_partial_experiments_say_so(tmp_path: Path) -> None:
+    def launch(arm: int, block: int, levels: tuple[int, ...]) -> LaunchResult:
+        runs = tuple(_run(i, 50.0 * c if c > 1 else 80.0 + i, level=c) for c in levels for i in range(2))
+        return LaunchResult(f"p{arm}", f"L{block}{arm}", runs, 1.0, {"ok": True}, {}, block=block, arm_index=arm)
+
+    # Interrupted after one launch, which was the second arm's: the levels still come from what ran.
+    partial = ABResult(
+        "exp", True, "local", ("p0", "p1"), (launch(1, 0, (8, 1)),), {}, design=Design.make(2, 3, "random", 0)
+    )
+    assert partial.levels == [8, 1]
+    assert any(
+        "only 0 of 3 blocks complete: no verdict until at least two are (orch ab --resume exp)" in w
+        for w in partial.warnings()
+    )
+    assert not any("use --blocks 3" in w for w in partial.warnings())
+    text = ab_text(partial)
+    assert "tok/s per stream at concurrency 8" in text
+    # The store hands runs back in the order they ran, so a stored result has the live result's headline level.
+    store = Store(tmp_path / "r.db")
+    store.create_experiment("e", kind="ab", simulated=True, host="local", arms=["p0"], config={}, orch_version="t")
+    store.add_launch(
+        "l", experiment_id="e", arm_index=0, profile="p0", profile_dict={}, argv=[], env={}, pid=1, started_at=0.0
+    )
+    for r in launch(0, 0, (8, 1)).runs:
+        store.add_run("l", r.to_dict())
+    store.update_launch("l", status="complete")
+    assert load_result(store, "e").levels == [8, 1]
+    store.close()

@@ -656,30 +656,6 @@ def facts_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(before) | set(after) if k not in _VOLATILE_FACTS and before.get(k) != after.get(k))
 
 
-def _run_from_row(row: dict[str, Any]) -> RunResult:
-    metrics = json.loads(row.get("metrics_json") or "{}")
-    return RunResult(
-        index=int(row["idx"]),
-        warmup=bool(row["warmup"]),
-        tokens=int(row["tokens"]),
-        seconds=float(row["seconds"]),
-        tok_s=float(row["tok_s"]),
-        prompt_tokens=int(row["prompt_tokens"]),
-        ttft_s=row["ttft_s"],
-        spec_accept_length=row["spec_accept_length"],
-        spec_verify_ct=row["spec_verify_ct"],
-        valid=bool(row["valid"]),
-        invalid_reason=row["invalid_reason"],
-        concurrency=int(row.get("concurrency") or 1),
-        aggregate_tok_s=float(row["aggregate_tok_s"] if row.get("aggregate_tok_s") is not None else row["tok_s"]),
-        requests=int(row.get("requests") or 1),
-        errors=int(row.get("errors") or 0),
-        accept_source=row.get("accept_source"),
-        token_source=row.get("token_source"),
-        metrics=metrics,
-    )
-
-
 def _spec_steps(profile_dict: dict[str, Any]) -> int | None:
     spec = profile_dict.get("speculative")
     if not spec:
@@ -699,7 +675,7 @@ def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], int]
             LaunchResult(
                 profile=row["profile"],
                 launch_id=row["launch_id"],
-                runs=tuple(_run_from_row(r) for r in store.runs(row["launch_id"])),
+                runs=tuple(RunResult.from_row(r) for r in store.runs(row["launch_id"])),
                 ready_s=float(row["ready_s"] or 0.0),
                 env_report=json.loads(row["env_report_json"] or "{}"),
                 teardown=json.loads(row["teardown_json"] or "{}"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,6 +92,31 @@ class RunResult:
             metrics={k: s[k] for k in ("ttft", "itl", "tpot", "e2e", "window_s", "chunks", "multi_token_chunks")},
             per_request=tuple(s["per_request"]),
             gpus=s.get("gpus"),
+        )
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RunResult:
+        """A run as the store keeps it (older rows may lack the later columns)."""
+        metrics = json.loads(row.get("metrics_json") or "{}")
+        return cls(
+            index=int(row["idx"]),
+            warmup=bool(row["warmup"]),
+            tokens=int(row["tokens"]),
+            seconds=float(row["seconds"]),
+            tok_s=float(row["tok_s"]),
+            prompt_tokens=int(row["prompt_tokens"]),
+            ttft_s=row["ttft_s"],
+            spec_accept_length=row["spec_accept_length"],
+            spec_verify_ct=row["spec_verify_ct"],
+            valid=bool(row["valid"]),
+            invalid_reason=row["invalid_reason"],
+            concurrency=int(row.get("concurrency") or 1),
+            aggregate_tok_s=float(row["aggregate_tok_s"] if row.get("aggregate_tok_s") is not None else row["tok_s"]),
+            requests=int(row.get("requests") or 1),
+            errors=int(row.get("errors") or 0),
+            accept_source=row.get("accept_source"),
+            token_source=row.get("token_source"),
+            metrics=metrics,
         )
 
     def to_dict(self) -> dict[str, Any]:

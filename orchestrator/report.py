@@ -108,7 +108,7 @@ HEADER = [
 ]
 
 
-def _arm_row(result: ABResult, arm: ArmResult, level: int, vs: str) -> list[str]:
+def _arm_row(arm: ArmResult, level: int, vs: str) -> list[str]:
     """One arm at one level. median = median of launch values; min/max over runs; CVs within/across launches."""
     spread, s = arm.spread_at(level), arm.summary_at(level)
     timed = arm.timed_at(level)
@@ -133,6 +133,16 @@ def _arm_row(result: ABResult, arm: ArmResult, level: int, vs: str) -> list[str]
         _f(accept, 2),
         vs,
     ]
+
+
+def _level_rows(result: ABResult, level: int) -> list[list[str]]:
+    """The header and one row per arm at one concurrency level (text and Markdown share them)."""
+    ratios = {c.arm_index: c for c in result.comparisons_at(level)}
+    rows = [[*HEADER, "vs " + result.arms[0].label]]
+    for i, arm in enumerate(result.arms):
+        cmp = ratios.get(i)
+        rows.append(_arm_row(arm, level, "1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-")))
+    return rows
 
 
 def comparison_line(c: Comparison) -> str:
@@ -192,12 +202,7 @@ def ab_text(result: ABResult) -> str:
     lines += _design_lines(result)
     base = result.arms[0]
     for level in result.levels or [1]:
-        ratios = {c.arm_index: c for c in result.comparisons_at(level)}
-        rows = [[*HEADER, "vs " + base.label]]
-        for i, arm in enumerate(result.arms):
-            cmp = ratios.get(i)
-            vs = "1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-")
-            rows.append(_arm_row(result, arm, level, vs))
+        rows = _level_rows(result, level)
         lines.append(
             f"  tok/s per stream at concurrency {level}" + (" (simulated)" if result.simulated else "") + ": median "
             "of launch medians; min/max over runs; CV within and across launches; vs: mean per-block ratio"
@@ -412,15 +417,8 @@ def ab_markdown(result: ABResult) -> str:
         + f"; minimum effect of interest ±{result.min_effect * 100:.1f}%."
     )
     lines += [f"> NOTE: {n}" for n in result.notes]
-    base = result.arms[0]
     for level in result.levels or [1]:
-        ratios = {c.arm_index: c for c in result.comparisons_at(level)}
-        rows = [[*HEADER, "vs " + base.label]]
-        for i, arm in enumerate(result.arms):
-            cmp = ratios.get(i)
-            rows.append(
-                _arm_row(result, arm, level, "1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-"))
-            )
+        rows = _level_rows(result, level)
         lines += ["", f"## tok/s per stream at concurrency {level}", ""]
         lines += _md_table(rows)
         lines.append("")

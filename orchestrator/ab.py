@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__, server
@@ -435,10 +436,12 @@ def gpu_drift_warnings(
     per_gpu: dict[Any, list[tuple[str, float | None, float | None]]] = {}
     for launch in launches:
         state = launch.gpus or {}
-        # Only the GPUs this launch used, when nvidia-smi says which (an idle GPU's clock says nothing).
+        # Only the GPUs this launch used (an idle GPU's clock says nothing): by its processes when nvidia-smi can name
+        # them (in a container it reports host PIDs), else the GPUs that were busy at the reading.
         used = {a.get("gpu_index") for a in state.get("apps") or [] if a.get("launch_id") == launch.launch_id}
         for g in state.get("gpus") or []:
-            if used and g.get("index") not in used:
+            util = g.get("utilization.gpu")
+            if (used and g.get("index") not in used) or (not used and isinstance(util, (int, float)) and util <= 0):
                 continue
             clock, temp = g.get("clocks.sm"), g.get("temperature.gpu")
             per_gpu.setdefault(g.get("index"), []).append(
@@ -493,7 +496,7 @@ def experiment_config(
         "strict_env": config.strict_env,
         "ports": sorted({p.port for p in profiles}),
         "profiles": [comparable_profile(p) for p in profiles],
-        "profile_sources": [p.source for p in profiles],
+        "profile_sources": [str(Path(p.source).resolve()) for p in profiles],  # a resume may run from elsewhere
         "min_effect": config.min_effect,
         "target_tps": config.target_tps,
         **(provenance or {}),
@@ -538,15 +541,18 @@ def check_same_machine(exp_id: str, before: dict[str, Any], after: dict[str, Any
     def gpu_ids(facts: dict[str, Any]) -> list[Any]:
         return [g.get("uuid") for g in facts.get("gpus") or []]
 
-    if before.get("hostname") and before.get("hostname") != after.get("hostname"):
+    if gpu_ids(before):
+        # GPU UUIDs identify the machine even where hostnames do not (a container gets a new one per run).
+        if gpu_ids(before) != gpu_ids(after):
+            now = gpu_ids(after) or f"none readable ({after.get('gpu_error') or 'nvidia-smi gave no GPUs'})"
+            raise OrchError(
+                f"experiment {exp_id} ran on GPUs {gpu_ids(before)}; this host has {now}. "
+                "A resumed experiment must run on the same GPUs"
+            )
+    elif before.get("hostname") and before.get("hostname") != after.get("hostname"):
         raise OrchError(
             f"experiment {exp_id} ran on machine {before['hostname']!r}; this host is {after.get('hostname')!r}. "
             "A resumed experiment must run on the same machine"
-        )
-    if gpu_ids(before) and gpu_ids(after) and gpu_ids(before) != gpu_ids(after):
-        raise OrchError(
-            f"experiment {exp_id} ran on GPUs {gpu_ids(before)}; this host has {gpu_ids(after)}. "
-            "A resumed experiment must run on the same GPUs"
         )
 
 
@@ -605,15 +611,17 @@ def run_ab(
                 design=design.to_dict(),
             )
         names = [p.name for p in profiles]
-        on_event(
-            f"experiment {exp_id} on {host.name}: {' vs '.join(names)}, {design.blocks} block(s), order "
-            f"{design.order} (seed {design.seed})" + (" (SIMULATED server)" if config.simulate else "")
-        )
-        if design.blocks < 2 and len(profiles) > 1:
-            on_event("NOTE: one launch per arm cannot separate restart noise from a real difference; use --blocks 3+")
-        if resume is not None:
-            on_event(f"resuming {exp_id}: {len(launches)} of {len(design.slots())} launches already complete")
-        try:
+        try:  # from here on the stored experiment ends interrupted, failed or complete, whatever happens
+            on_event(
+                f"experiment {exp_id} on {host.name}: {' vs '.join(names)}, {design.blocks} block(s), order "
+                f"{design.order} (seed {design.seed})" + (" (SIMULATED server)" if config.simulate else "")
+            )
+            if design.blocks < 2 and len(profiles) > 1:
+                on_event(
+                    "NOTE: one launch per arm cannot separate restart noise from a real difference; use --blocks 3+"
+                )
+            if resume is not None:
+                on_event(f"resuming {exp_id}: {len(launches)} of {len(design.slots())} launches already complete")
             done = {(launch.block, launch.arm_index) for launch in launches}
             todo = [slot for slot in design.slots() if (slot[0], slot[2]) not in done]
             for n, (block, position, arm) in enumerate(todo, start=len(done) + 1):
@@ -632,7 +640,8 @@ def run_ab(
             raise
         store.finish_experiment(exp_id, "complete")
     finally:
-        with contextlib.suppress(HostError):
+        # Never let a failed unlock hide why we are here; the lock also goes when the agent's connection closes.
+        with contextlib.suppress(Exception):
             host.call("unlock", path=lock_path)
     return ABResult(
         exp_id,

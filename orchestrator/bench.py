@@ -11,11 +11,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from orchestrator import client, prompts
-from orchestrator.errors import BenchError, OrchError
+from orchestrator.errors import BenchError
 from orchestrator.hosts import Host
 
 CLIENT_PLACES = ("host", "local")
 GPU_PROBE_AFTER_S = 0.2  # into the run: the GPUs are busy, and even short test runs last longer
+GPU_PROBE_TIMEOUT_S = 90.0  # op_gpus runs nvidia-smi twice, each bounded at 30 s
 MAX_RECOVERIES = 3
 
 
@@ -168,8 +169,10 @@ def local_runner(base_url: str, config: BenchConfig, host: Host | None = None) -
             target = gpu_host
 
             def read() -> None:
-                with contextlib.suppress(OrchError):  # a probe is a nicety: it never fails a run
-                    reading.append(target.call("gpus", nvidia_smi=target.config.nvidia_smi))
+                # A probe is a nicety: it never fails a run, and never prints a thread traceback into one.
+                with contextlib.suppress(Exception):
+                    smi = target.config.nvidia_smi
+                    reading.append(target.call("gpus", call_timeout=GPU_PROBE_TIMEOUT_S, nvidia_smi=smi))
 
             probe = threading.Timer(GPU_PROBE_AFTER_S, read)
             probe.daemon = True
@@ -181,7 +184,7 @@ def local_runner(base_url: str, config: BenchConfig, host: Host | None = None) -
         finally:
             if probe is not None:
                 probe.cancel()
-                probe.join(timeout=60)
+                probe.join(timeout=GPU_PROBE_TIMEOUT_S)
         result["gpus"] = reading[0] if reading else None
         return result
 
@@ -222,8 +225,12 @@ def run_benchmark(
         position += n
         bodies = [client.build_body(config.endpoint, it, max_tokens, model) for it in chunk]
         while True:
-            # The GPUs are read once per launch, during its first timed run, so launches compare like for like.
-            probe = not warm and index == 0 and concurrency == config.concurrency[0]
+            # The GPUs are read once per launch, at the same point of every launch so launches compare like for like:
+            # during the last warmup (busy GPUs, and nvidia-smi never disturbs a measured run), or without warmups
+            # during the first timed run.
+            probe = (warm and index == config.warmup - 1) or (
+                config.warmup == 0 and not warm and index == 0 and concurrency == config.concurrency[0]
+            )
             summary = runner(bodies, [max_tokens] * n, concurrency, probe)
             if not summary["errors"] or recover is None:
                 break

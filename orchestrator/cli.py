@@ -394,7 +394,10 @@ def _resume(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str
     bench = ab.bench_config_from(stored["bench"])
     request_items(bench)
     ab.check_resumable(exp, profiles, bench)
-    if not _given("workdir") and stored.get("workdir"):
+    if _given("workdir") and stored.get("workdir") and kw["workdir"] != stored["workdir"]:
+        # The host lock lives in the workdir: another one would not keep out a session using the first.
+        raise click.UsageError(f"experiment {exp['id']} used --workdir {stored['workdir']}; resume it with that one")
+    if stored.get("workdir"):
         kw["workdir"] = stored["workdir"]
     if not _given("min_effect") and "min_effect" in stored:
         kw["min_effect"] = float(stored["min_effect"])

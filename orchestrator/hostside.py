@@ -167,6 +167,7 @@ GPU_FIELDS = (
     "clocks.sm",
     "power.draw",
     "uuid",
+    "utilization.gpu",
 )
 APP_FIELDS = ("pid", "used_memory", "gpu_uuid")
 
@@ -568,8 +569,14 @@ def op_bench_run(
 
     reading: list[dict[str, Any]] = []
     probe = None
+
+    def read(nvidia_smi: str) -> None:
+        # A probe never fails a run, nor prints a thread traceback into the agent's stderr.
+        with contextlib.suppress(Exception):
+            reading.append(op_gpus(nvidia_smi))
+
     if gpu_probe:
-        probe = threading.Timer(gpu_probe_after_s, lambda: reading.append(op_gpus(gpu_probe)))
+        probe = threading.Timer(gpu_probe_after_s, read, args=(gpu_probe,))
         probe.daemon = True
         probe.start()
     try:
@@ -577,7 +584,7 @@ def op_bench_run(
     finally:
         if probe is not None:
             probe.cancel()
-            probe.join(timeout=35)  # a probe already running finishes (nvidia-smi is bounded at 30 s)
+            probe.join(timeout=65)  # a probe already running finishes (op_gpus: two nvidia-smi calls, 30 s each)
     result["gpus"] = reading[0] if reading else None
     return result
 

@@ -4,6 +4,7 @@ JSON/CSV/Markdown outputs and the store round trip (migrations included). No ser
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -210,6 +211,24 @@ def test_warnings_outlier_slow_first_far_launch_gpu_drift() -> None:
     assert "candidate/block 2 1980" in text
     assert "GPU 0 temperature under load changed" in text
 
+    # Only the GPUs a launch used count: by its processes, else by utilization at the reading.
+    def on_gpu1(launch: LaunchResult, clock0: int) -> LaunchResult:
+        state = {
+            "available": True,
+            "gpus": [{"index": 0, "clocks.sm": clock0, "utilization.gpu": 0}, {"index": 1, "clocks.sm": 2430}],
+            "apps": [{"gpu_index": 1, "launch_id": launch.launch_id}],
+        }
+        return dataclasses.replace(launch, gpus=state)
+
+    idle_gpu_moves = tuple(on_gpu1(la, 1410 if i else 210) for i, la in enumerate(steady))
+    assert not [
+        w for w in ABResult("e", True, "h", ok.profiles, idle_gpu_moves, {}, design=ok.design).warnings() if "GPU" in w
+    ]
+    no_apps = tuple(dataclasses.replace(la, gpus={**(la.gpus or {}), "apps": []}) for la in idle_gpu_moves)
+    assert not [
+        w for w in ABResult("e", True, "h", ok.profiles, no_apps, {}, design=ok.design).warnings() if "GPU" in w
+    ]
+
 
 def test_csv_and_markdown_exports() -> None:
     result = _result([([82.0, 82.1], [61.0, 60.0]), ([82.2, 82.3], [60.5, 61.5])])
@@ -334,7 +353,7 @@ def test_resume_refuses_changed_profiles_and_finished_experiments(tmp_path: Path
     prof = load(str(path))
     bench = BenchConfig(runs=3, concurrency=(1, 8), prompts="random", input_len=64)
     config = experiment_config([prof], ABConfig(bench=bench), {"python": "3.12"}, {"host_spec": "local"})
-    assert config["host_spec"] == "local" and config["profile_sources"] == [str(path)]
+    assert config["host_spec"] == "local" and config["profile_sources"] == [str(path.resolve())]
     assert bench_config_from(config["bench"]) == bench  # the workload survives the JSON round trip exactly
     exp = {
         "id": "e",
@@ -363,10 +382,15 @@ def test_resume_must_run_on_the_same_machine() -> None:
 
     box = {"hostname": "gpu-box", "gpus": [{"uuid": "GPU-a"}, {"uuid": "GPU-b"}]}
     check_same_machine("e", box, {**box, "boot_time": 5})
-    with pytest.raises(OrchError, match="ran on machine 'gpu-box'; this host is 'other'"):
-        check_same_machine("e", box, {**box, "hostname": "other"})
+    check_same_machine("e", box, {**box, "hostname": "container-2"})  # the GPUs say it is the same machine
     with pytest.raises(OrchError, match="must run on the same GPUs"):
         check_same_machine("e", box, {**box, "gpus": [{"uuid": "GPU-c"}, {"uuid": "GPU-b"}]})
+    with pytest.raises(OrchError, match=r"this host has none readable \(nvidia-smi not found\)"):
+        check_same_machine("e", box, {"hostname": "gpu-box", "gpus": [], "gpu_error": "nvidia-smi not found"})
+    cpu = {"hostname": "laptop", "gpus": []}
+    check_same_machine("e", cpu, {**cpu})
+    with pytest.raises(OrchError, match="ran on machine 'laptop'; this host is 'other'"):
+        check_same_machine("e", cpu, {**cpu, "hostname": "other"})
 
 
 def test_levels_keep_their_run_order_and_partial_experiments_say_so(tmp_path: Path) -> None:
@@ -396,4 +420,27 @@ def test_levels_keep_their_run_order_and_partial_experiments_say_so(tmp_path: Pa
         store.add_run("l", r.to_dict())
     store.update_launch("l", status="complete")
     assert load_result(store, "e").levels == [8, 1]
+    store.close()
+
+
+def test_interrupt_right_after_the_experiment_is_stored_still_marks_it(tmp_path: Path, write_profile: Any) -> None:
+    """No window in which Ctrl-C leaves an experiment `running` for ever (nothing is launched here)."""
+    from orchestrator.ab import ABConfig, run_ab
+    from orchestrator.hosts import LocalHost
+    from orchestrator.profile import load
+
+    prof = load(str(write_profile("arm", engine="sglang", model_path="/m", tp_size=1, port=8123)))
+    store = Store(tmp_path / "r.db")
+
+    def interrupt(msg: str) -> None:
+        if msg.startswith("experiment "):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_ab(LocalHost(), [prof, prof], ABConfig(simulate=True), store, on_event=interrupt)
+    (exp,) = store.experiments()
+    assert exp["status"] == "interrupted"
+    host = LocalHost()
+    assert host.call("lock", path=host.lock_path, holder={"session": "other"}, wait_s=0)["acquired"]  # released
+    host.call("unlock", path=host.lock_path)
     store.close()

@@ -265,19 +265,25 @@ class Comparison:
         }
 
 
-def _paired(base: ArmResult, arm: ArmResult, level: int, metric: str) -> tuple[list[list[float]], list[list[float]]]:
-    """Run values of the two arms' launches, block by block, for the blocks where both have valid runs."""
+Paired = dict[str, tuple[list[list[float]], list[list[float]]]]
+
+
+def _paired(base: ArmResult, arm: ArmResult, level: int, metrics: Sequence[str]) -> Paired:
+    """Per metric, the run values of the two arms' launches block by block, over the same blocks for every metric:
+    those where both launches have valid runs with positive values."""
     base_by_block = {launch.block: launch for launch in base.launches}
     arm_by_block = {launch.block: launch for launch in arm.launches}
-    b_runs: list[list[float]] = []
-    a_runs: list[list[float]] = []
+    out: Paired = {m: ([], []) for m in metrics}
     for block in sorted(set(base_by_block) & set(arm_by_block)):
-        b = [float(getattr(r, metric)) for r in base_by_block[block].timed_at(level)]
-        a = [float(getattr(r, metric)) for r in arm_by_block[block].timed_at(level)]
-        if b and a and all(v > 0 for v in b + a):
-            b_runs.append(b)
-            a_runs.append(a)
-    return b_runs, a_runs
+        b_timed, a_timed = base_by_block[block].timed_at(level), arm_by_block[block].timed_at(level)
+        values = {
+            m: ([float(getattr(r, m)) for r in b_timed], [float(getattr(r, m)) for r in a_timed]) for m in metrics
+        }
+        if b_timed and a_timed and all(v > 0 for b, a in values.values() for v in b + a):
+            for m, (b, a) in values.items():
+                out[m][0].append(b)
+                out[m][1].append(a)
+    return out
 
 
 @dataclass(frozen=True)
@@ -321,20 +327,15 @@ class ABResult:
         out = []
         for index, arm in enumerate(self.arms[1:], start=1):
             names: dict[str, Any] = {"arm_label": arm.label, "vs_label": base.label, "arm_index": index}
-            b_runs, a_runs = _paired(base, arm, level, "tok_s")
+            paired = _paired(base, arm, level, ("tok_s", "aggregate_tok_s"))
+            b_runs, a_runs = paired["tok_s"]
             if not b_runs:
                 out.append(Comparison(arm.profile, base.profile, None, level, min_effect=self.min_effect, **names))
                 continue
             est = ratio_ci(b_runs, a_runs, seed=self.design.seed)
-            b_agg, a_agg = _paired(base, arm, level, "aggregate_tok_s")
-            agg = (
-                math.exp(
-                    statistics.fmean(
-                        math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True)
-                    )
-                )
-                if b_agg
-                else None
+            b_agg, a_agg = paired["aggregate_tok_s"]
+            agg = math.exp(
+                statistics.fmean(math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True))
             )
             out.append(
                 Comparison(
@@ -592,6 +593,10 @@ def run_ab(
             changed = facts_changed(stored.get("host_facts") or {}, facts)
             if changed:
                 notes.append(f"host facts changed since the experiment started: {', '.join(changed)}")
+                on_event(f"NOTE: {notes[-1]}")
+            if stored.get("namespace") not in (None, config.namespace):
+                # Cleanup before each launch only sees its own namespace: leftovers of the other would be "foreign".
+                notes.append(f"started in namespace {stored['namespace']!r}, resumed in {config.namespace!r}")
                 on_event(f"NOTE: {notes[-1]}")
             launches, discarded = stored_launches(store, exp_id)
             if discarded:

@@ -449,7 +449,7 @@ def _execute(
         inventory=kw["inventory"],
         accept_new_host_key=kw["accept_new_host_key"],
     ) as host:
-        provenance = {"host_spec": host_spec, "workdir": kw["workdir"]}
+        provenance = {"host_spec": host_spec, "workdir": kw["workdir"], "namespace": config.namespace}
         result = ab.run_ab(
             host, profiles, config, store, on_event=event, on_run=on_run, resume=resume, provenance=provenance
         )

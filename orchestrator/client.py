@@ -8,10 +8,14 @@ and a chunk of k tokens after a gap g contributes k inter-token latencies of g/k
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -438,5 +442,32 @@ def run(
     min_duration_s: float = 0.0,
 ) -> dict[str, Any]:
     """One benchmark run, measured and summarised where this code runs (the host, or the orch machine)."""
-    records, window, deltas = asyncio.run(run_requests(host, port, endpoint, bodies, max_tokens, concurrency, timeout))
+    with _plain_ctrl_c():
+        records, window, deltas = asyncio.run(
+            run_requests(host, port, endpoint, bodies, max_tokens, concurrency, timeout)
+        )
     return summarize_run(records, window, concurrency, deltas, min_duration_s)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _plain_ctrl_c() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt at once, as outside the event loop.
+
+    From Python 3.11 asyncio.run turns the first SIGINT into a cancellation of the main task, and
+    asyncio.wait_for can swallow a cancellation that races with its inner task finishing: the run then ends
+    normally and the user's Ctrl-C is lost. asyncio leaves a SIGINT handler that is not the default alone.
+    """
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

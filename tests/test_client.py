@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -263,3 +264,43 @@ def test_bad_workload_options_fail_before_any_launch(tmp_path: Path, monkeypatch
     from orchestrator import hostside
 
     assert hostside.op_find(NAMESPACE) == []
+
+
+def test_ctrl_c_during_a_run_is_never_swallowed_by_asyncio() -> None:
+    """From Python 3.11 asyncio turns SIGINT into a task cancellation that asyncio.wait_for can swallow; the client
+    keeps Ctrl-C a plain KeyboardInterrupt, raised at once, and restores the handler afterwards."""
+    import signal as _signal
+    import socket as _socket
+    import threading as _threading
+
+    from orchestrator import client
+
+    seen: list[object] = []
+    srv = _socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _addr = srv.accept()
+            request = conn.recv(65536)
+            if request.startswith(b"GET /metrics"):
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                conn.close()
+                continue
+            seen.append(_signal.getsignal(_signal.SIGINT))  # what the client installed for its run
+            os.kill(os.getpid(), _signal.SIGINT)  # the user presses Ctrl-C mid-request
+            time.sleep(5)
+            conn.close()
+
+    thread = _threading.Thread(target=serve, daemon=True)
+    thread.start()
+    before = _signal.getsignal(_signal.SIGINT)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        client.run("127.0.0.1", port, "generate", [{"text": "x", "stream": True}], [8], 1, timeout=30)
+    assert time.monotonic() - started < 4  # raised at once, not after the request
+    assert seen == [client._interrupt]
+    assert _signal.getsignal(_signal.SIGINT) is before
+    srv.close()

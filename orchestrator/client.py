@@ -8,16 +8,15 @@ and a chunk of k tokens after a gap g contributes k inter-token latencies of g/k
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 ENDPOINTS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # The last "completion_tokens" in a /generate event is meta_info's (text and output_ids come first); reading it
@@ -442,32 +441,59 @@ def run(
     min_duration_s: float = 0.0,
 ) -> dict[str, Any]:
     """One benchmark run, measured and summarised where this code runs (the host, or the orch machine)."""
-    with _plain_ctrl_c():
-        records, window, deltas = asyncio.run(
-            run_requests(host, port, endpoint, bodies, max_tokens, concurrency, timeout)
-        )
+    records, window, deltas = _run_interruptibly(
+        run_requests(host, port, endpoint, bodies, max_tokens, concurrency, timeout)
+    )
     return summarize_run(records, window, concurrency, deltas, min_duration_s)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+T = TypeVar("T")
 
 
-@contextlib.contextmanager
-def _plain_ctrl_c() -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt at once, as outside the event loop.
+def _run_interruptibly(coro: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run, except that Ctrl-C always ends the run promptly with KeyboardInterrupt.
 
-    From Python 3.11 asyncio.run turns the first SIGINT into a cancellation of the main task, and
-    asyncio.wait_for can swallow a cancellation that races with its inner task finishing: the run then ends
-    normally and the user's Ctrl-C is lost. asyncio leaves a SIGINT handler that is not the default alone.
+    From Python 3.11 asyncio.run turns the first SIGINT into one cancellation of the main task, and
+    asyncio.wait_for swallows a cancellation that races with its inner task finishing (seen in CI: a Ctrl-C at the
+    start of a run was lost and the benchmark went on). Here a Ctrl-C cancels the run again every 50 ms until it
+    ends, and the run then always ends in KeyboardInterrupt, whatever the coroutine made of the cancellation.
+    Raising inside the loop instead would leave tasks holding a KeyboardInterrupt nobody retrieves.
     """
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, _interrupt)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(coro)
+    interrupted = False
+
+    def keep_cancelling() -> None:
+        if not task.done():
+            task.cancel()
+            loop.call_later(0.05, keep_cancelling)
+
+    def on_sigint(signum: int, frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+        loop.call_soon_threadsafe(keep_cancelling)
+
+    install = threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    )
+    previous = signal.signal(signal.SIGINT, on_sigint) if install else None
     try:
-        yield
+        try:
+            result = loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if interrupted:
+                raise KeyboardInterrupt from None
+            raise
+        if interrupted:
+            raise KeyboardInterrupt
+        return result
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

@@ -91,28 +91,25 @@ class LaunchResult:
         level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
         return [r for r in self.runs if not r.warmup and r.valid and r.concurrency == level]
 
-    @property
-    def timed(self) -> list[RunResult]:
-        return self.timed_at()
-
-    def summary_at(self, concurrency: int | None = None) -> Summary | None:
-        """Per-stream tok/s over the level's valid timed runs."""
-        timed = self.timed_at(concurrency)
-        return summarize([r.tok_s for r in timed]) if timed else None
-
     def value_at(self, concurrency: int | None = None, metric: str = "tok_s") -> float | None:
         """The launch-level value: the median of its valid timed runs."""
         values = [float(v) for r in self.timed_at(concurrency) if (v := getattr(r, metric)) is not None]
         return launch_value(values) if values else None
 
-    def accept_length_at(self, concurrency: int | None = None) -> float | None:
-        """Mean accept length over a level's valid timed runs, each from that run's own data (never lifetime)."""
-        values = [r.spec_accept_length for r in self.timed_at(concurrency) if r.spec_accept_length is not None]
-        return sum(values) / len(values) if values else None
-
     @property
     def invalid_runs(self) -> list[RunResult]:
         return [r for r in self.runs if not r.warmup and not r.valid]
+
+
+def mean_accept_length(runs: Sequence[RunResult]) -> float | None:
+    """Mean accept length over runs, each from that run's own data (never the server's lifetime average)."""
+    values = [r.spec_accept_length for r in runs if r.spec_accept_length is not None]
+    return sum(values) / len(values) if values else None
+
+
+def arm_label(names: Sequence[str], index: int) -> str:
+    """The profile name, or "name#2" when one profile is two arms (an A/A test)."""
+    return f"{names[index]}#{index + 1}" if list(names).count(names[index]) > 1 else names[index]
 
 
 @dataclass(frozen=True)
@@ -178,16 +175,11 @@ class ArmResult:
         return spread.median if spread else None
 
     def accept_length_at(self, concurrency: int | None = None) -> float | None:
-        values = [r.spec_accept_length for r in self.timed_at(concurrency) if r.spec_accept_length is not None]
-        return sum(values) / len(values) if values else None
+        return mean_accept_length(self.timed_at(concurrency))
 
     @property
     def accept_length(self) -> float | None:
         return self.accept_length_at()
-
-    @property
-    def invalid_runs(self) -> list[RunResult]:
-        return [r for r in self.runs if not r.warmup and not r.valid]
 
     @property
     def env_ok(self) -> bool:
@@ -306,8 +298,7 @@ class ABResult:
         for i, name in enumerate(self.profiles):
             mine = tuple(launch for launch in self.launches if launch.arm_index == i)
             steps = next((launch.spec_steps for launch in mine), None)
-            label = f"{name}#{i + 1}" if self.profiles.count(name) > 1 else name
-            out.append(ArmResult(name, mine, steps, label))
+            out.append(ArmResult(name, mine, steps, arm_label(self.profiles, i)))
         return tuple(out)
 
     @property
@@ -630,8 +621,9 @@ def run_ab(
             done = {(launch.block, launch.arm_index) for launch in launches}
             todo = [slot for slot in design.slots() if (slot[0], slot[2]) not in done]
             for n, (block, position, arm) in enumerate(todo, start=len(done) + 1):
-                label = f"{names[arm]}#{arm + 1}" if names.count(names[arm]) > 1 else names[arm]
-                on_event(f"launch {n}/{len(design.slots())}: block {block + 1}/{design.blocks}, {label}")
+                on_event(
+                    f"launch {n}/{len(design.slots())}: block {block + 1}/{design.blocks}, {arm_label(names, arm)}"
+                )
                 launches.append(
                     _run_launch(host, profiles[arm], arm, block, position, exp_id, config, store, on_event, on_run)
                 )

@@ -364,10 +364,8 @@ def _resume(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str
     exp = store.find_experiment(ref)
     given = [name for name in MEASUREMENT_OPTIONS if _given(name) and not (name == "sim" and exp["simulated"])]
     if given:
-        flags = ", ".join(
-            "--" + ("prompts" if n == "prompt_source" else "client" if n == "client_place" else n).replace("_", "-")
-            for n in given
-        )
+        flag = {p.name: p.opts[0] for p in click.get_current_context().command.params}
+        flags = ", ".join(flag[n] for n in given)
         raise click.UsageError(
             f"--resume continues experiment {exp['id']} with its own settings; drop {flags} (or start a new experiment)"
         )
@@ -392,8 +390,7 @@ def _resume(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str
             f"experiment {exp['id']} ran on {host_spec!r}; it must be resumed there, not on {kw['host_spec']!r}"
         )
     bench = ab.bench_config_from(stored["bench"])
-    request_items(bench)
-    ab.check_resumable(exp, profiles, bench)
+    request_items(bench)  # run_ab checks the experiment can be resumed, under the host lock
     if _given("workdir") and stored.get("workdir") and kw["workdir"] != stored["workdir"]:
         # The host lock lives in the workdir: another one would not keep out a session using the first.
         raise click.UsageError(f"experiment {exp['id']} used --workdir {stored['workdir']}; resume it with that one")

@@ -7,30 +7,9 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-
-def mean_accept_length(alpha: float, k: int) -> float:
-    """Expected tokens per verify under the chain model: tau = (1 - alpha^(k+1)) / (1 - alpha)."""
-    if k < 0:
-        raise ValueError(f"draft depth must be >= 0, got {k}")
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
-    if alpha == 1.0:
-        return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-def alpha_for_accept_length(tau: float, k: int) -> float:
-    """The alpha whose chain-model mean accept length at depth k is tau (bisection)."""
-    if k < 1 or not 1.0 <= tau <= k + 1:
-        raise ValueError(f"accept length must be in [1, {k + 1}] for depth {k}, got {tau}")
-    lo, hi = 0.0, 1.0
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        if mean_accept_length(mid, k) < tau:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+# One chain model for orch's break-even arithmetic and its simulator (stats.py is stdlib-only and ships with it).
+from orchestrator.stats import alpha_for_accept_length as alpha_for_accept_length
+from orchestrator.stats import chain_accept_length as mean_accept_length
 
 
 def sample_accept_length(rng: random.Random, alpha: float, k: int) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -122,6 +123,12 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE launches ADD COLUMN gpus_json TEXT;
     UPDATE launches SET position = arm_index;
     """,
+    # 4: who owns a running experiment (so a later session can tell a killed orch from a live one), and store-wide
+    # settings such as the key of the secret digests.
+    """
+    ALTER TABLE experiments ADD COLUMN owner_json TEXT;
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -159,6 +166,18 @@ class Store:
 
     def close(self) -> None:
         self.conn.close()
+
+    @property
+    def redaction_key(self) -> bytes:
+        """The random key of this store's secret digests (HMAC): a digest cannot be confirmed by guessing without it."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key = 'redaction_key'").fetchone()
+        if row is None:
+            with self._write() as c:
+                c.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('redaction_key', ?)", (secrets.token_hex(32),)
+                )
+            row = self.conn.execute("SELECT value FROM meta WHERE key = 'redaction_key'").fetchone()
+        return bytes.fromhex(row[0])
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:

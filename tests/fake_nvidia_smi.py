@@ -7,6 +7,9 @@
 #       WORKER_MIB each;
 #   (b) every live process whose environ has FAKE_GPU_MIB=<n> (a "foreign" user started by a test): n MiB on
 #       GPU FAKE_GPU_INDEX (default 0). FAKE_GPU_MIB wins over (a) for a process that has both.
+# Only processes of its own test session count (hermetic: another orch or test run on this machine is invisible):
+# with FAKE_NVIDIA_SMI_SCOPE=<namespace> (baked in by `install`), (a) needs a marker of that namespace and (b) needs
+# FAKE_GPU_SCOPE=<namespace> in its environ.
 # An optional JSON state file (env FAKE_NVIDIA_SMI_STATE, else the path `install` baked into the wrapper) may
 # override: {"gpus": 8, "extra_used_mib": {"3": 50000}, "fail": "error text -> exit 1",
 # "busy_clock_mhz": {"0": 1980}} (the SM clock a busy GPU reports, e.g. a throttled one; default 2430).
@@ -92,6 +95,7 @@ def _stat_fields(pid: int) -> tuple[str, int] | None:
 
 def _scan(gpus: int) -> list[GpuProc]:
     me = os.getpid()
+    scope = os.environ.get("FAKE_NVIDIA_SMI_SCOPE") or None
     # launch id -> [(start ticks, pid, name)]
     workers: dict[str, list[tuple[int, int, str]]] = {}
     out: list[GpuProc] = []
@@ -116,13 +120,15 @@ def _scan(gpus: int) -> list[GpuProc]:
         argv0 = cmd.split(b"\0", 1)[0].decode(errors="replace")
         name = argv0 or "[unknown]"
         if "FAKE_GPU_MIB" in env:
+            if scope is not None and env.get("FAKE_GPU_SCOPE") != scope:
+                continue
             try:
                 mib = int(env["FAKE_GPU_MIB"])
                 index = int(env.get("FAKE_GPU_INDEX", "0"))
             except ValueError:
                 continue
             out.append(GpuProc(pid, name, index % gpus, mib))
-        elif MARKER in env and FORK_FLAG in cmd.split(b"\0"):
+        elif MARKER in env and FORK_FLAG in cmd.split(b"\0") and (scope is None or env[MARKER].startswith(scope + ":")):
             workers.setdefault(env[MARKER], []).append((st[1], pid, name))
     for members in workers.values():
         for k, (_, pid, name) in enumerate(sorted(members)):
@@ -243,8 +249,10 @@ def install(dir: Path, state: Path, gpus: int = DEFAULT_GPUS) -> Path:
     """Write `dir/nvidia-smi`, a sh wrapper running this file with the installer's Python; returns `dir`.
 
     The wrapper bakes in `state` (the JSON state path) and `gpus` as defaults; FAKE_NVIDIA_SMI_STATE and
-    FAKE_NVIDIA_SMI_GPUS in the caller's environment still win. The state file need not exist.
+    FAKE_NVIDIA_SMI_GPUS in the caller's environment still win. The state file need not exist. It also bakes in
+    the caller's ORCH_NAMESPACE as its scope: it sees only that namespace's launches and FAKE_GPU_SCOPE'd users.
     """
+    scope = os.environ.get("ORCH_NAMESPACE", "")
     dir.mkdir(parents=True, exist_ok=True)
     script = Path(__file__).resolve()
     wrapper = dir / "nvidia-smi"
@@ -256,7 +264,8 @@ def install(dir: Path, state: Path, gpus: int = DEFAULT_GPUS) -> Path:
         "#!/bin/sh\n"
         f'[ -n "${{FAKE_NVIDIA_SMI_STATE-}}" ] || FAKE_NVIDIA_SMI_STATE={q(state)}\n'
         f'[ -n "${{FAKE_NVIDIA_SMI_GPUS-}}" ] || FAKE_NVIDIA_SMI_GPUS={int(gpus)}\n'
-        "export FAKE_NVIDIA_SMI_STATE FAKE_NVIDIA_SMI_GPUS\n"
+        f'[ -n "${{FAKE_NVIDIA_SMI_SCOPE-}}" ] || FAKE_NVIDIA_SMI_SCOPE={q(scope)}\n'
+        "export FAKE_NVIDIA_SMI_STATE FAKE_NVIDIA_SMI_GPUS FAKE_NVIDIA_SMI_SCOPE\n"
         f'exec {q(sys.executable)} {q(script)} "$@"\n'
     )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)

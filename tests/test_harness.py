@@ -137,7 +137,7 @@ def gpu_snapshot(fake_bin: Path) -> tuple[dict[int, tuple[int, int]], dict[int, 
 
 def foreign_gpu_user(mib: int, index: int) -> subprocess.Popen[bytes]:
     """A stand-in for somebody else's job on a GPU."""
-    env = {**os.environ, "FAKE_GPU_MIB": str(mib), "FAKE_GPU_INDEX": str(index)}
+    env = {**os.environ, "FAKE_GPU_MIB": str(mib), "FAKE_GPU_INDEX": str(index), "FAKE_GPU_SCOPE": NAMESPACE}
     return subprocess.Popen(["sleep", "60"], env=env, stdin=subprocess.DEVNULL)
 
 
@@ -361,6 +361,34 @@ def test_foreign_gpu_user_appears_and_goes(fake_bin: Path) -> None:
         assert zombie.pid not in apps_by_pid(fake_bin)
     finally:
         kill_child(zombie)
+
+
+def test_fake_sees_only_its_own_session(fake_bin: Path) -> None:
+    """Hermetic: another orch session's workers and another test run's GPU users are invisible to this fake."""
+    other = f"other-{os.getpid()}"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_GPU_")}
+    strangers = [
+        subprocess.Popen(
+            ["sleep", "60", "--multiprocessing-fork"],
+            env={**base, "ORCH_LAUNCH_ID": f"{other}:x"},
+            stdin=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            ["sleep", "60"],
+            env={**base, "FAKE_GPU_MIB": "30000", "FAKE_GPU_SCOPE": other},
+            stdin=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(["sleep", "60"], env={**base, "FAKE_GPU_MIB": "30000"}, stdin=subprocess.DEVNULL),
+    ]
+    mine = foreign_gpu_user(1000, 2)
+    try:
+        time.sleep(0.05)
+        apps = apps_by_pid(fake_bin)
+        assert mine.pid in apps
+        assert not {p.pid for p in strangers} & set(apps)
+    finally:
+        for p in [*strangers, mine]:
+            kill_child(p)
 
 
 def test_simulator_workers_hold_gpus(fake_bin: Path, tmp_path: Path) -> None:

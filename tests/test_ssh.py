@@ -333,7 +333,7 @@ def test_foreign_gpu_process_blocks_the_launch(remote: HostConfig, sim_profiles:
     prof = load(str(sim_profiles()["baseline"]))
     foreign = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)"],
-        env={**os.environ, "FAKE_GPU_MIB": "30000", "FAKE_GPU_INDEX": "1"},
+        env={**os.environ, "FAKE_GPU_MIB": "30000", "FAKE_GPU_INDEX": "1", "FAKE_GPU_SCOPE": NAMESPACE},
     )
     try:
         time.sleep(0.2)

@@ -732,8 +732,11 @@ def load_result(
     )
 
 
-def acquire_host_lock(host: Host, path: str, exp_id: str, wait_s: float, on_event: Callable[[str], None]) -> None:
-    """One orch session per host: two sessions launching on one box would measure each other."""
+def acquire_host_lock(
+    host: Host, path: str, exp_id: str, wait_s: float, on_event: Callable[[str], None], *, purpose: str = "run"
+) -> None:
+    """One orch session per host: two sessions launching on one box would measure each other (or, for `orch down`,
+    stop each other's servers)."""
     holder = {
         "session": SESSION,
         "user": getpass.getuser(),
@@ -748,6 +751,11 @@ def acquire_host_lock(host: Host, path: str, exp_id: str, wait_s: float, on_even
         on_event(f"{host.name} is busy ({describe_holder(got['holder'])}); waiting up to {wait_s:.0f}s")
         got = host.call("lock", path=path, holder=holder, wait_s=wait_s)
     if not got["acquired"]:
+        if purpose == "orch down":
+            raise HostError(
+                f"{host.name} is in use by a live orch session ({describe_holder(got['holder'])}); orch down "
+                "leaves its servers alone. Wait for it to finish, or pass --force to stop its servers anyway."
+            )
         raise HostError(
             f"{host.name} is busy: another orch session holds it ({describe_holder(got['holder'])}). "
             "Use --wait SECONDS to queue behind it. (The lock goes away by itself when that session ends or "

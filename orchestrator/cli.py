@@ -23,10 +23,9 @@ from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
 from orchestrator.bench import CLIENT_PLACES, BenchConfig, RunResult, request_items
 from orchestrator.errors import OrchError, ProfileError, StoreError
-from orchestrator.hosts import check_host, inventory_paths, load_inventory, resolve_host
+from orchestrator.hosts import check_host, default_namespace, inventory_paths, load_inventory, resolve_host
 from orchestrator.hostside import redact, redact_argv
 from orchestrator.report import SIM_BANNER, ab_csv, ab_json, ab_markdown, ab_text, breakeven_lines, run_line
-from orchestrator.server import default_namespace
 from orchestrator.store import Store
 from orchestrator.store import default_path as default_db_path
 
@@ -614,17 +613,39 @@ def _require_launches(result: ab.ABResult) -> None:
 @cli.command("down")
 @_with_host_options
 @click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0, 600))
-def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, grace: float) -> None:
-    """Stop every server orch launched on the host (found by its launch marker; nothing else is touched)."""
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Also stop the servers of an orch session that is still running on the host (it will fail).",
+)
+def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, grace: float, force: bool) -> None:
+    """Stop every server orch launched on the host (found by its launch marker; nothing else is touched).
+
+    A live orch session's servers are left alone unless --force: down takes the host lock like a run does.
+    """
     with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
-        stopped = host.call("down", namespace=default_namespace(), grace_s=grace)
-    if not stopped:
+        if not force:
+            ab.acquire_host_lock(host, host.lock_path, "orch down", 0.0, lambda _: None, purpose="orch down")
+        try:
+            result = host.call("down", namespace=default_namespace(), grace_s=grace, force=force)
+        finally:
+            if not force:
+                host.call("unlock", path=host.lock_path)
+    stopped, live = result["stopped"], result["live"]
+    if not stopped and not live:
         click.echo(f"nothing launched by orch is running on {host_spec}")
     for item in stopped:
         click.echo(
             f"stopped {item['launch_id']}: {len(item['found'])} process(es)"
             + (f", {len(item['remaining'])} would not die" if item["remaining"] else "")
         )
+    for item in live:
+        click.echo(
+            f"left {item['launch_id']} running: it belongs to a live orch session (process "
+            f"{str(item['owner']).split(':')[0]} on the host); `orch down --force` stops it anyway"
+        )
+    if live:
+        raise SystemExit(1)
 
 
 @cli.command("status")

@@ -35,9 +35,25 @@ HOST_FIELDS = {
     "connect_timeout_s": float_range(1.0, 600.0),
     "reconnect_s": float_range(0.0, 3600.0),
 }
+NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# The host lock's directory: host-wide, so HOME and --workdir cannot give two sessions two locks.
+LOCK_DIR = "/tmp"
 TARGET_RE = re.compile(
     r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<addr>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>\d+))?$"
 )
+
+
+def default_namespace() -> str:
+    """Which launches this orch may clean up: its own namespace only (tests use a private one)."""
+    ns = os.environ.get("ORCH_NAMESPACE", "default")
+    if not NAMESPACE_RE.match(ns):
+        raise HostError(f"ORCH_NAMESPACE={ns!r} is invalid: use 1-64 letters, digits, '_', '.' or '-'")
+    return ns
+
+
+def host_lock_path(namespace: str) -> str:
+    """One orch session per host (and namespace), whatever HOME or --workdir each session uses."""
+    return f"{LOCK_DIR}/orch-{namespace}.lock"
 
 
 @dataclass(frozen=True)
@@ -178,7 +194,7 @@ class Host(ABC):
     @property
     def lock_path(self) -> str:
         """The host lock: one orch session per host at a time."""
-        return f"{self.workdir}/orch.lock"
+        return host_lock_path(default_namespace())
 
     def ensure_connected(self, force: bool = False) -> None:  # noqa: B027 - optional hook
         """Re-establish the connection if it dropped (bounded); the local host is always there."""

@@ -30,6 +30,10 @@ import psutil
 
 PROTOCOL_VERSION = 2  # 2: request ids echoed, heartbeats while a request runs
 MARKER = "ORCH_LAUNCH_ID"
+# Which orch session a launch belongs to: "<pid>:<start time>" of the process that launched it on the host (orch
+# itself for the local host, the agent over SSH; the agent exits when orch or its connection dies). A launch whose
+# owner is alive belongs to a live session, and no other session may tear it down.
+OWNER = "ORCH_OWNER"
 # Names whose values must never leave the host in clear text.
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 # Flags are matched on their last word only: --api-key and --hf-token are secrets, --num-draft-tokens is not.
@@ -117,6 +121,27 @@ def _describe(proc: psutil.Process, launch_id: str | None = None) -> dict[str, A
     except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
         ppid, pgid = None, None
     return {"pid": proc.pid, "ppid": ppid, "pgid": pgid, "cmdline": _cmdline(proc), "launch_id": launch_id}
+
+
+def _self_owner() -> str:
+    return f"{os.getpid()}:{psutil.Process().create_time():.3f}"
+
+
+def owner_state(owner: str | None) -> str:
+    """`me` (this process launched it), `alive` (another live orch session), `dead`, or `unknown` (no owner)."""
+    if not owner:
+        return "unknown"
+    if owner == _self_owner():
+        return "me"
+    pid_text, _, created = owner.partition(":")
+    try:
+        proc = psutil.Process(int(pid_text))
+        same = abs(proc.create_time() - float(created)) < 0.01  # a reused PID is another process
+        return "alive" if same and not _gone(proc) else "dead"
+    except (psutil.NoSuchProcess, ValueError):
+        return "dead"
+    except psutil.AccessDenied:
+        return "alive"  # another user's live process: certainly not ours to judge dead
 
 
 # ---------------------------------------------------------------- operations
@@ -269,8 +294,7 @@ def op_lock(path: str, holder: dict[str, Any], wait_s: float = 0.0, reclaim: boo
     session (left behind by a silent network drop) is taken back by ending that agent."""
     if path in _LOCKS:
         return {"acquired": True, "holder": holder}
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock_file(path)
     deadline = time.monotonic() + wait_s
     reclaimed = False
     while True:
@@ -293,6 +317,24 @@ def op_lock(path: str, holder: dict[str, Any], wait_s: float = 0.0, reclaim: boo
     os.pwrite(fd, json.dumps({**holder, "agent_pid": os.getpid()}).encode(), 0)
     _LOCKS[path] = fd
     return {"acquired": True, "holder": holder}
+
+
+def _open_lock_file(path: str) -> int:
+    # The lock lives in a host-wide directory (/tmp) so that every session on the host meets it, whatever its
+    # HOME or workdir, other users' included: created world-writable, and opened without O_CREAT when it exists
+    # (fs.protected_regular refuses O_CREAT on another user's file in a sticky directory).
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    try:
+        return os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        pass
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return os.open(path, os.O_RDWR)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o666)  # the umask must not lock other users out
+    return fd
 
 
 def _end_stale_agent(pid: Any) -> None:
@@ -322,9 +364,16 @@ def op_unlock(path: str) -> bool:
 
 
 def op_find(namespace: str) -> list[dict[str, Any]]:
-    """Every live process carrying an orch launch marker of this namespace."""
+    """Every live process carrying an orch launch marker of this namespace, with its owning session's state."""
     prefix = namespace + ":"
-    return [_describe(p, lid) for p, lid in _marked(lambda v: v.startswith(prefix))]
+    out = []
+    states: dict[str | None, str] = {}
+    for proc, lid in _marked(lambda v: v.startswith(prefix)):
+        owner = (_environ(proc) or {}).get(OWNER)
+        if owner not in states:
+            states[owner] = owner_state(owner)
+        out.append({**_describe(proc, lid), "owner": owner, "owner_state": states[owner]})
+    return out
 
 
 def op_status(namespace: str, nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
@@ -372,6 +421,7 @@ def op_launch(argv: list[str], env: dict[str, str], log_path: str, cwd: str | No
         os.unlink(pidfile)
     full_env = dict(os.environ)
     full_env.update(env)
+    full_env[OWNER] = _self_owner()
     try:
         subprocess.run(
             ["sh", "-c", _LAUNCH_SH, "sh", pidfile, log_path, *argv],
@@ -514,17 +564,25 @@ def _pgid(proc: psutil.Process) -> int | None:
         return None
 
 
-def op_down(namespace: str, grace_s: float = 10.0) -> list[dict[str, Any]]:
-    """Stop everything orch launched in this namespace on this host (`orch down`)."""
+def op_down(namespace: str, grace_s: float = 10.0, force: bool = False) -> dict[str, Any]:
+    """Stop everything orch launched in this namespace on this host (`orch down`); launches of a live orch session
+    are left alone (listed under "live") unless force."""
     by_launch: dict[str, int | None] = {}
-    for proc, lid in _marked(lambda v: v.startswith(namespace + ":")):
+    live: dict[str, dict[str, Any]] = {}
+    for proc in op_find(namespace):
+        lid, pid, pg = proc["launch_id"], proc["pid"], proc["pgid"]
+        if proc["owner_state"] == "alive" and not force:
+            live.setdefault(lid, {"launch_id": lid, "owner": proc["owner"], "pids": []})["pids"].append(pid)
+            continue
         # The launch's leader is the member whose PGID equals its PID.
-        pg = _pgid(proc)
-        if lid not in by_launch or pg == proc.pid:
-            by_launch[lid] = pg if pg == proc.pid else by_launch.get(lid)
-    return [
-        {"launch_id": lid, **op_teardown(lid, pgid=pg, grace_s=grace_s, port_wait_s=0)} for lid, pg in by_launch.items()
+        if lid not in by_launch or pg == pid:
+            by_launch[lid] = pg if pg == pid else by_launch.get(lid)
+    stopped = [
+        {"launch_id": lid, **op_teardown(lid, pgid=pg, grace_s=grace_s, port_wait_s=0)}
+        for lid, pg in by_launch.items()
+        if lid not in live
     ]
+    return {"stopped": stopped, "live": list(live.values())}
 
 
 def op_kill_port_owner(port: int, pid: int, grace_s: float = 10.0) -> dict[str, Any]:

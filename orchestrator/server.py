@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 import signal
 import threading
 import time
@@ -20,7 +18,6 @@ from orchestrator.hosts import Host, connect_address
 from orchestrator.hostside import MARKER, redact, redact_argv
 from orchestrator.profile import Profile
 
-NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 EventFn = Callable[[str], None]
 
 
@@ -52,14 +49,6 @@ ENGINES = {
         },
     )
 }
-
-
-def default_namespace() -> str:
-    """Which launches this orch may clean up: its own namespace only (tests use a private one)."""
-    ns = os.environ.get("ORCH_NAMESPACE", "default")
-    if not NAMESPACE_RE.match(ns):
-        raise HostError(f"ORCH_NAMESPACE={ns!r} is invalid: use 1-64 letters, digits, '_', '.' or '-'")
-    return ns
 
 
 def new_launch_id(namespace: str) -> str:
@@ -119,6 +108,14 @@ def preflight(
     """Make the host fresh for a launch and verify it: no earlier orch launch, the port free, the GPUs idle."""
     record: dict[str, Any] = {"cleaned": [], "port_owner": None, "gpus": None}
     leftovers = host.call("find", namespace=namespace)
+    live = sorted({(p["launch_id"], p.get("owner")) for p in leftovers if p.get("owner_state") == "alive"})
+    if live:
+        # The host lock keeps a second session out; this is the last line of defence should anything slip past it.
+        raise HostError(
+            f"{host.name}: orch launch {live[0][0]} belongs to another orch session that is still running "
+            f"(process {live[0][1].split(':')[0]} on the host); orch never tears down a live session's server. "
+            "Wait for it to finish, or stop it with `orch down --force` if you are sure."
+        )
     for launch_id in sorted({p["launch_id"] for p in leftovers}):
         procs = [p for p in leftovers if p["launch_id"] == launch_id]
         leader = next((p for p in procs if p["pid"] == p["pgid"]), None)

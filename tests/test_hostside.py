@@ -125,7 +125,7 @@ def test_down_only_touches_its_namespace(tmp_path: Path) -> None:
     other = int(info["pid"])
     try:
         mine_lid, mine = _launch(tmp_path, SLEEPER)
-        stopped = hostside.op_down(NAMESPACE, grace_s=2)
+        stopped = hostside.op_down(NAMESPACE, grace_s=2)["stopped"]
         assert [s["launch_id"] for s in stopped] == [mine_lid]
         assert not _alive(int(mine["pid"])) and _alive(other)  # type: ignore[call-overload]
     finally:
@@ -162,7 +162,7 @@ def test_namespace_is_matched_exactly_not_as_a_prefix(tmp_path: Path) -> None:
     info = hostside.op_launch([sys.executable, "-c", SLEEPER], {hostside.MARKER: longer}, str(tmp_path / "o.log"))
     try:
         assert all(p["launch_id"] != longer for p in hostside.op_find(NAMESPACE))
-        assert hostside.op_down(NAMESPACE, grace_s=1) == []
+        assert hostside.op_down(NAMESPACE, grace_s=1) == {"stopped": [], "live": []}
         assert _alive(int(info["pid"]))
     finally:
         os.killpg(int(info["pid"]), signal.SIGKILL)

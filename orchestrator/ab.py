@@ -22,7 +22,7 @@ from typing import Any
 
 from orchestrator import __version__, server
 from orchestrator.bench import BenchConfig, RunResult, host_runner, local_runner, request_items, run_benchmark
-from orchestrator.errors import HostError, OrchError, ServerError
+from orchestrator.errors import BenchError, HostError, OrchError, ServerError
 from orchestrator.hosts import Host, connect_address
 from orchestrator.profile import Profile
 from orchestrator.stats import (
@@ -45,6 +45,19 @@ from orchestrator.stats import (
     verdict,
 )
 from orchestrator.store import Store
+
+
+class StrictEnvError(ServerError):
+    """--strict-env and the workers did not get the profile's environment (a resume cannot fix that)."""
+
+
+class NoValidRunsError(BenchError):
+    """An arm has no valid timed run, so the experiment has nothing to compare."""
+
+
+def _has_valid_run(launches: Sequence[LaunchResult], arm_index: int) -> bool:
+    mine = [launch for launch in launches if launch.arm_index == arm_index]
+    return any(launch.timed_at(level) for launch in mine for level in launch.levels)
 
 
 @dataclass(frozen=True)
@@ -257,6 +270,15 @@ class Comparison:
         }
 
 
+@dataclass(frozen=True)
+class CutShort:
+    """A launch that started but did not complete: kept in the store, left out of the statistics."""
+
+    block: int
+    arm_index: int
+    status: str  # interrupted | failed | running (an older orch killed mid-launch)
+
+
 Paired = dict[str, tuple[list[list[float]], list[list[float]]]]
 
 
@@ -291,6 +313,7 @@ class ABResult:
     min_effect: float = DEFAULT_MIN_EFFECT
     status: str = "complete"
     notes: tuple[str, ...] = ()  # things worth saying that are not about the numbers (e.g. discarded launches)
+    cut_short: tuple[CutShort, ...] = ()  # launches that started but did not complete (not in the statistics)
 
     @cached_property
     def arms(self) -> tuple[ArmResult, ...]:
@@ -589,8 +612,9 @@ def run_ab(
                 # Cleanup before each launch only sees its own namespace: leftovers of the other would be "foreign".
                 notes.append(f"started in namespace {stored['namespace']!r}, resumed in {config.namespace!r}")
                 on_event(f"NOTE: {notes[-1]}")
-            launches, discarded = stored_launches(store, exp_id)
-            if discarded:
+            launches, cut = stored_launches(store, exp_id)
+            if cut:
+                discarded = len(cut)
                 notes.append(f"{discarded} launch(es) cut short are kept in the store but left out of the statistics")
             store.reopen_experiment(exp_id)
         else:
@@ -627,13 +651,23 @@ def run_ab(
                 launches.append(
                     _run_launch(host, profiles[arm], arm, block, position, exp_id, config, store, on_event, on_run)
                 )
+            empty = [arm_label(names, i) for i in range(len(profiles)) if not _has_valid_run(launches, i)]
+            if empty:
+                raise NoValidRunsError(
+                    f"no valid timed run in {', '.join(empty)}: every run was invalid (`orch show {exp_id}` lists "
+                    "each run's reason); nothing can be compared"
+                )
         except KeyboardInterrupt:
             store.finish_experiment(exp_id, "interrupted", "interrupted by the user")
-            on_event(f"experiment {exp_id} interrupted; continue it with: orch ab --resume {exp_id}")
+            if len(profiles) > 1:
+                on_event(f"experiment {exp_id} interrupted; continue it with: orch ab --resume {exp_id}")
             raise
         except BaseException as e:
             store.finish_experiment(exp_id, "failed", str(e) or type(e).__name__)
-            on_event(f"experiment {exp_id} failed; after fixing the cause, continue it with: orch ab --resume {exp_id}")
+            if len(profiles) > 1 and not isinstance(e, (StrictEnvError, NoValidRunsError)):
+                on_event(
+                    f"experiment {exp_id} failed; after fixing the cause, continue it with: orch ab --resume {exp_id}"
+                )
             raise
         store.finish_experiment(exp_id, "complete")
     finally:
@@ -669,13 +703,13 @@ def _spec_steps(profile_dict: dict[str, Any]) -> int | None:
     return int(spec.get("num_steps") or 3)  # SGLang picks (3, 1, 4) when num_steps is unset
 
 
-def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], int]:
-    """The experiment's completed launches (in execution order), and how many others were cut short."""
+def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], list[CutShort]]:
+    """The experiment's completed launches (in execution order), and those that were cut short."""
     out: list[LaunchResult] = []
-    discarded = 0
+    discarded: list[CutShort] = []
     for row in store.launches(exp_id):
         if row["status"] != "complete":
-            discarded += 1
+            discarded.append(CutShort(int(row.get("block") or 0), int(row["arm_index"]), str(row["status"])))
             continue
         out.append(
             LaunchResult(
@@ -695,13 +729,24 @@ def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], int]
     return out, discarded
 
 
+def _resumable(exp: dict[str, Any]) -> bool:
+    """Whether `orch ab --resume` could continue a stored, unfinished experiment (so whether to suggest it)."""
+    error = exp.get("error") or ""
+    return (
+        bool(exp.get("design_json"))
+        and len(json.loads(exp["arms_json"])) > 1
+        and "--strict-env" not in error
+        and "no valid timed run" not in error
+    )
+
+
 def load_result(
     store: Store, ref: str, *, min_effect: float | None = None, target_tps: float | None = None
 ) -> ABResult:
     """A stored experiment, finished or not, as the same ABResult a live run returns (for show/export)."""
     exp = store.find_experiment(ref)
     config = json.loads(exp["config_json"])
-    launches, discarded = stored_launches(store, exp["id"])
+    launches, cut = stored_launches(store, exp["id"])
     design = (
         Design.from_dict(json.loads(exp["design_json"]))
         if exp.get("design_json")
@@ -713,10 +758,10 @@ def load_result(
         notes.append(
             f"experiment {exp['status']} after {len(launches)} of {total} launches"
             + (f" ({exp['error']})" if exp.get("error") and exp["status"] != "interrupted" else "")
-            + (f"; continue it with: orch ab --resume {exp['id']}" if exp.get("design_json") else "")
+            + (f"; continue it with: orch ab --resume {exp['id']}" if _resumable(exp) else "")
         )
-    if discarded:
-        notes.append(f"{discarded} launch(es) cut short are stored but left out of the statistics")
+    if cut:
+        notes.append(f"{len(cut)} launch(es) cut short are stored but left out of the statistics")
     return ABResult(
         experiment_id=exp["id"],
         simulated=bool(exp["simulated"]),
@@ -729,6 +774,7 @@ def load_result(
         min_effect=min_effect if min_effect is not None else float(config.get("min_effect", DEFAULT_MIN_EFFECT)),
         status=exp["status"],
         notes=tuple(notes),
+        cut_short=tuple(cut),
     )
 
 
@@ -837,19 +883,19 @@ def _run_launch(
             for line in describe_env(env):
                 on_event(f"{profile.name}: {line}")
             if config.strict_env and not env.ok:
-                raise ServerError(f"{profile.name}: environment check failed (--strict-env); see above")
+                raise StrictEnvError(
+                    f"{profile.name}: environment check failed (--strict-env); see above. Fix the profile or the "
+                    "host's environment and start a new experiment"
+                )
 
             def recover(err: str) -> bool:
-                on_event(f"{profile.name}: {err}; checking the connection and the server, then repeating the run")
+                on_event(f"{profile.name}: {err}; checking the connection and the server before repeating the run")
                 host.ensure_connected()
-                # A crashing server closes its port a moment before its process is gone: give it that moment, so
-                # a crash is reported as one, not retried as if the network had dropped.
-                for _ in range(15):
-                    if not host.call("alive", pid=srv.launch.pid)["alive"]:
-                        tail = host.call("log_tail", path=srv.launch.log_path, lines=20)
-                        on_event(f"{profile.name}: the server process is gone. Last lines of its log:\n{tail}")
-                        return False
-                    time.sleep(0.2)
+                problem = server_problem(host, srv, profile)
+                if problem is not None:
+                    tail = host.call("log_tail", path=srv.launch.log_path, lines=20)
+                    on_event(f"{profile.name}: {problem}; not repeating the run. Last lines of its log:\n{tail}")
+                    return False
                 return True
 
             bench = config.bench
@@ -883,6 +929,24 @@ def _run_launch(
         arm_index=index,
         gpus=gpus,
     )
+
+
+def server_problem(host: Host, srv: server.RunningServer, profile: Profile) -> str | None:
+    """Why a server that failed requests should not be used again, or None if it is whole and answers its health
+    check. A run is only ever repeated against a healthy server: repeating it against a hung one only waits again."""
+    # A crashing server closes its port a moment before its processes are gone: give it that moment, so a crash is
+    # reported as one, not retried as if the network had dropped.
+    for _ in range(15):
+        problem = srv.problem(host)
+        if problem is None and not host.call("alive", pid=srv.launch.pid)["alive"]:
+            problem = f"the server process {srv.launch.pid} exited"
+        if problem is not None:
+            return problem
+        time.sleep(0.2)
+    return server.health_problem(srv.base_url, profile, timeout_s=HEALTH_TIMEOUT_S)
+
+
+HEALTH_TIMEOUT_S = 5.0
 
 
 def describe_env(report: server.EnvReport) -> list[str]:

@@ -210,9 +210,10 @@ def run_benchmark(
 ) -> list[RunResult]:
     """Warmups, then timed runs at each concurrency level; `on_run` sees each run the moment it finishes.
 
-    A run with failed requests calls `recover` (reconnect, check the server); if the server is alive the run is
-    repeated from the start (never stitched together), at most MAX_RECOVERIES times per benchmark, after which it
-    is recorded as invalid. If the server is gone, BenchError.
+    A run with failed requests calls `recover` (reconnect, check the server); if the server is whole and healthy the
+    run is repeated from the start (never stitched together), at most MAX_RECOVERIES times per benchmark, after
+    which it is recorded as invalid. If the server is gone or unhealthy, BenchError (recorded as an invalid run
+    first, so it is stored).
     """
     items = request_items(config)
     position = 0
@@ -236,7 +237,14 @@ def run_benchmark(
                 break
             first = next(r["error"] for r in summary["per_request"] if r["error"])
             if not recover(first):
-                raise BenchError(f"the server is gone (run {index + 1} at concurrency {concurrency}: {first})")
+                failed = RunResult.from_summary(index, warm, summary)
+                results.append(failed)
+                if on_run is not None:
+                    on_run(failed)  # the failed run is stored too: it is the evidence of what happened
+                raise BenchError(
+                    f"the server failed during run {index + 1} at concurrency {concurrency} ({first}); "
+                    "the launch was torn down and the run not repeated. Its log is named above"
+                )
             if recoveries >= MAX_RECOVERIES:
                 break
             recoveries += 1

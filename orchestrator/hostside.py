@@ -472,6 +472,55 @@ def op_environ(launch_id: str, keys: list[str]) -> list[dict[str, Any]]:
     return out
 
 
+def op_launch_procs(launch_id: str, pid: int) -> list[dict[str, Any]]:
+    """Every process of a launch now: those carrying its marker and every descendant of its main process (which
+    finds a worker that re-exec'd without the marker). Recorded once the server is ready, so that liveness checks
+    and teardown know the whole launch even if a member later drops the marker."""
+    procs = {p.pid: p for p, _ in _marked(lambda v: v == launch_id)}
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+        main = psutil.Process(pid)
+        procs.setdefault(main.pid, main)
+        for child in main.children(recursive=True):
+            procs.setdefault(child.pid, child)
+    out = []
+    for proc in procs.values():
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            if not _gone(proc):
+                out.append({"pid": proc.pid, "create_time": proc.create_time(), "cmdline": _cmdline(proc, 120)})
+    return sorted(out, key=lambda d: d["pid"])
+
+
+def _recorded(procs: Iterable[dict[str, Any]]) -> tuple[list[psutil.Process], list[dict[str, Any]]]:
+    """The recorded processes that are still the same processes (PID and start time), and those that are gone."""
+    alive, gone = [], []
+    for rec in procs:
+        try:
+            proc = psutil.Process(int(rec["pid"]))
+            if abs(proc.create_time() - float(rec["create_time"])) < 0.01 and not _gone(proc):
+                alive.append(proc)
+                continue
+        except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, TypeError, ValueError):
+            pass
+        gone.append(rec)
+    return alive, gone
+
+
+def launch_problem(procs: list[dict[str, Any]]) -> str | None:
+    """Why a launch is no longer whole (a recorded process exited), or None while every one still runs."""
+    _, gone = _recorded(procs)
+    if not gone:
+        return None
+    first = gone[0]
+    more = f" and {len(gone) - 1} more" if len(gone) > 1 else ""
+    return f"process {first['pid']} of the launch ({first.get('cmdline', '?')}){more} exited"
+
+
+def op_launch_health(procs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether every recorded process of a launch still runs."""
+    problem = launch_problem(procs)
+    return {"ok": problem is None, "problem": problem}
+
+
 def _signal_group(pgid: int | None, sig: signal.Signals) -> bool:
     if pgid is None or pgid <= 1:
         return False
@@ -516,14 +565,25 @@ def op_teardown(
     port: int | None = None,
     grace_s: float = 10.0,
     port_wait_s: float = 30.0,
+    known: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """SIGTERM the group, wait, SIGKILL the group, SIGKILL any process still carrying the marker, wait for the port.
 
-    Only processes in the recorded process group or carrying this exact launch marker are ever signalled.
+    Only processes in the recorded process group, carrying this exact launch marker, or recorded as this launch's
+    (`known`: PID and start time, so a reused PID is never mistaken for ours) are ever signalled.
     """
     t0 = time.monotonic()
     procs = [p for p, _ in _marked(lambda v: v == launch_id)]
-    report: dict[str, Any] = {"found": [p.pid for p in procs], "sigterm": False, "sigkill": [], "escaped": []}
+    # Recorded members that no longer carry the marker (a worker that re-exec'd with a clean environment).
+    unmarked = [p for p in _recorded(known or [])[0] if p.pid not in {q.pid for q in procs}]
+    procs += unmarked
+    report: dict[str, Any] = {
+        "found": [p.pid for p in procs],
+        "unmarked": [p.pid for p in unmarked],
+        "sigterm": False,
+        "sigkill": [],
+        "escaped": [],
+    }
     # A recorded PGID is only trusted while a member still carries our marker: after the launch died the number
     # may belong to someone else's process group.
     if pgid is not None and any(_pgid(p) == pgid for p in procs):
@@ -542,9 +602,9 @@ def op_teardown(
         _signal_procs(survivors, signal.SIGKILL)  # those outside the group; the rest may already be gone
         report["sigkill"] = [p.pid for p in survivors]
     # Processes started after our snapshot or reparented away from the group: found again by marker.
-    late = [p for p, _ in _marked(lambda v: v == launch_id)]
+    late = [p for p, _ in _marked(lambda v: v == launch_id)] + _recorded(known or [])[0]
     if late:
-        report["escaped"] = _signal_procs(late, signal.SIGKILL)
+        report["escaped"] = sorted(set(_signal_procs(late, signal.SIGKILL)))
     remaining = _wait_gone(procs + late, 10.0)
     report["remaining"] = [_describe(p, launch_id) for p in remaining]
     port_free = True
@@ -552,6 +612,9 @@ def op_teardown(
         deadline = time.monotonic() + port_wait_s
         while (port_free := not _listening(port)) is False and time.monotonic() < deadline:
             time.sleep(0.1)
+        if not port_free:
+            # Whoever still holds the port carries neither our marker nor a recorded PID: say so, never kill it.
+            report["port_owner"] = op_port_owner(port)
     report["port_free"] = port_free
     report["seconds"] = round(time.monotonic() - t0, 3)
     return report
@@ -669,6 +732,8 @@ OPS: dict[str, Callable[..., Any]] = {
     "alive": op_alive,
     "environ": op_environ,
     "teardown": op_teardown,
+    "launch_procs": op_launch_procs,
+    "launch_health": op_launch_health,
     "down": op_down,
     "log_tail": op_log_tail,
     "bench_run": op_bench_run,

@@ -182,13 +182,19 @@ def _design_lines(result: ABResult) -> list[str]:
     if d.blocks < 2 and len(result.arms) < 2:
         return lines
     by_slot = {(launch.block, launch.arm_index): launch for launch in result.launches}
+    cut = {(c.block, c.arm_index): c.status for c in result.cut_short}
     level = result.levels[0] if result.levels else 1
     for b, order in enumerate(d.schedule):
         cells = []
         for arm in order:
             launch = by_slot.get((b, arm))
-            value = launch.value_at(level) if launch else None
-            cells.append(f"{result.arms[arm].label} {'not run' if launch is None else _f(value)}")
+            if launch is not None:
+                state = _f(launch.value_at(level))
+            elif (b, arm) in cut:
+                state = f"cut short ({cut[(b, arm)]}; not in the statistics)"
+            else:
+                state = "not run"
+            cells.append(f"{result.arms[arm].label} {state}")
         lines.append(f"    block {b + 1}: " + ", ".join(cells))
     return lines
 

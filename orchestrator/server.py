@@ -269,6 +269,20 @@ def wait_ready(
             time.sleep(poll_s)
 
 
+def health_problem(base_url: str, profile: Profile, *, timeout_s: float) -> str | None:
+    """None if the health endpoint answers 200 within timeout_s, else what it did instead."""
+    path = ENGINES[profile.engine].health_path
+    try:
+        resp = httpx.get(base_url + path, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 2.0)))
+    except httpx.TimeoutException:
+        return f"the server is not healthy: {path} gave no answer within {timeout_s:.0f}s"
+    except httpx.TransportError as e:
+        return f"the server is not healthy: {path} unreachable ({type(e).__name__})"
+    if resp.status_code != 200:
+        return f"the server is not healthy: {path} answered HTTP {resp.status_code}"
+    return None
+
+
 def verify_env(host: Host, launch_: Launch, profile: Profile) -> EnvReport:
     """Read every process's environment back and compare with the profile."""
     engine = ENGINES[profile.engine]
@@ -290,7 +304,17 @@ def verify_env(host: Host, launch_: Launch, profile: Profile) -> EnvReport:
     return EnvReport(processes=len(procs), mismatches=tuple(mismatches), inherited=inherited)
 
 
-def teardown(host: Host, launch_: Launch, *, grace_s: float = 10.0, port_wait_s: float = 60.0) -> dict[str, Any]:
+def teardown(
+    host: Host,
+    launch_: Launch,
+    *,
+    grace_s: float = 10.0,
+    port_wait_s: float = 60.0,
+    known: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    if known:
+        args["known"] = known  # only sent when there is something: older agents do not take it
     report: dict[str, Any] = host.call(
         "teardown",
         launch_id=launch_.launch_id,
@@ -298,6 +322,7 @@ def teardown(host: Host, launch_: Launch, *, grace_s: float = 10.0, port_wait_s:
         port=launch_.port,
         grace_s=grace_s,
         port_wait_s=port_wait_s,
+        **args,
     )
     return report
 
@@ -312,6 +337,16 @@ class RunningServer:
     ready_s: float = 0.0
     env_report: EnvReport | None = None
     teardown: dict[str, Any] | None = None
+    # Every process of the launch once it was ready (PID, start time): for liveness checks during runs and for a
+    # teardown that also finds members which dropped the marker.
+    processes: list[dict[str, Any]] = field(default_factory=list)
+
+    def problem(self, host: Host) -> str | None:
+        """Why the launch is no longer healthy, or None: a recorded process exited."""
+        if not self.processes:
+            return None
+        state: dict[str, Any] = host.call("launch_health", procs=self.processes)
+        return None if state["ok"] else str(state["problem"])
 
 
 @contextlib.contextmanager
@@ -361,12 +396,13 @@ def running(
         srv.ready_s = wait_ready(host, launched, profile, timeout_s=timeout, on_event=on_event)
         on_event(f"{profile.name}: ready after {srv.ready_s:.1f}s")
         srv.env_report = verify_env(host, launched, profile)
+        srv.processes = host.call("launch_procs", launch_id=launched.launch_id, pid=launched.pid)
         yield srv
         failed = False
     finally:
         with _shielded(on_event):
             try:
-                srv.teardown = teardown(host, launched, grace_s=grace_s)
+                srv.teardown = teardown(host, launched, grace_s=grace_s, known=srv.processes)
                 srv.teardown["gpus_after"] = wait_gpus_idle(host, gpu_wait_s)
             except HostError as e:
                 srv.teardown = {"error": str(e)}
@@ -379,14 +415,26 @@ def running(
                 on_teardown(srv)
 
 
+def _owners(td: dict[str, Any]) -> str:
+    owners = td.get("port_owner") or []
+    if not owners:
+        return ""
+    o = owners[0]
+    return (
+        f", held by PID {o.get('pid')} ({o.get('cmdline')}) which carries no marker of this launch and was not "
+        "recorded as one of its processes: it escaped orch's tracking, and orch will not kill it"
+    )
+
+
 def _teardown_line(profile: Profile, td: dict[str, Any]) -> str:
     left = td.get("remaining") or []
     gpus = td.get("gpus_after") or {}
     return (
         f"{profile.name}: torn down in {td['seconds']:.1f}s"
         + (f" (SIGKILL needed for {len(td['sigkill'])})" if td.get("sigkill") else "")
-        + (f" (killed {len(td['escaped'])} escaped by marker)" if td.get("escaped") else "")
-        + ("" if td.get("port_free", True) else f"; port {profile.port} still busy")
+        + (f" (killed {len(td['escaped'])} escaped from its process group)" if td.get("escaped") else "")
+        + (f" ({len(td['unmarked'])} had dropped the launch marker)" if td.get("unmarked") else "")
+        + ("" if td.get("port_free", True) else f"; port {profile.port} still busy{_owners(td)}")
         + (f"; {len(left)} process(es) would not die" if left else "")
         + (f"; GPU memory idle after {gpus['waited_s']}s" if gpus.get("idle") else "")
         + (f"; GPUs NOT idle: {'; '.join(gpus['problems'])}" if gpus.get("idle") is False else "")

@@ -121,12 +121,14 @@ def test_server_dying_mid_benchmark_is_an_error_and_runs_so_far_are_kept(
     cfg = ABConfig(
         bench=BenchConfig(min_run_s=0, runs=3, warmup=0, max_tokens=16), simulate=True, namespace=NAMESPACE, grace_s=2
     )
-    with pytest.raises(BenchError, match=r"the server is gone \(run 3 at concurrency 1: "):
+    with pytest.raises(BenchError, match=r"the server failed during run 3 at concurrency 1 \("):
         run_ab(LocalHost(), [prof], cfg, store)
     exp = store.experiments()[0]
     launch = store.launches(exp["id"])[0]
     assert launch["status"] == "failed"
-    assert len(store.runs(launch["launch_id"])) == 2  # the two runs that finished before the crash
+    runs = store.runs(launch["launch_id"])
+    assert [r["valid"] for r in runs] == [1, 1, 0]  # the two runs before the crash, and the failed one as evidence
+    assert "requests failed" in runs[2]["invalid_reason"]
     _nothing_left()
 
 

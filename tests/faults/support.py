@@ -83,7 +83,9 @@ def port_free(port: int, wait_s: float = 3.0) -> bool:
 
 
 def assert_plain(text: str) -> None:
-    assert "Traceback" not in text and "unexpected" not in text, text
+    """No Python traceback of orch's own and no "unexpected" error (a server's log tail may quote its own)."""
+    assert not any(line.startswith("Traceback") for line in text.splitlines()), text
+    assert "Error: unexpected" not in text, text
 
 
 def assert_nothing_left(port: int | None = None) -> None:

@@ -195,3 +195,88 @@ def test_orch_interrupted_mid_run(sim_profiles: SimProfiles, tmp_path: Path, sig
     show = run("show", "last", "--db", str(db), cwd=tmp_path)
     assert show.rc == 1  # no launch completed yet: nothing to report, and it says so
     assert "no completed launch yet" in show.err
+
+
+def test_orch_killed_mid_run(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    """SIGKILL: nothing runs in orch any more, so the next session cleans up after it."""
+    port = _baseline(sim_profiles)
+    db = tmp_path / "r.db"
+    proc = start("bench", "baseline", "--sim", "--runs", "50", "--max-tokens", "40", *FAST, "--db", str(db),
+                 cwd=tmp_path)  # fmt: skip
+    seen: list[str] = []
+    try:
+        read_until(proc, "Run 2/50", seen)
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert hostside.op_find(NAMESPACE), "the killed orch's server should still be running"
+    listing = run("list", "--db", str(db), cwd=tmp_path)
+    assert listing.rc == 0 and "interrupted" in listing.out and "running" not in listing.out, listing.text
+    assert stored(db, "SELECT status FROM launches") == [("interrupted",)]
+    assert "orch was killed" in str(stored(db, "SELECT error FROM experiments")[0][0])
+    assert stored(db, "SELECT COUNT(*) FROM runs WHERE valid = 1")[0][0] >= 2
+    # The next session finds the owner dead and the lock free: it cleans the leftover up and runs.
+    out, _ = _bench(tmp_path, runs=1)
+    assert out.rc == 0, out.text
+    assert "cleaning up" in out.out
+    assert_nothing_left(port)
+
+
+def test_worker_hangs_mid_run(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    """A dead worker leaves the main process and its port up: no token ever comes. Reported within seconds."""
+    port = _baseline(sim_profiles, fault="worker-hang-after-tokens:40")
+    t0 = time.monotonic()
+    out, db = _bench(tmp_path, "--stall-timeout", "5", runs=5)
+    took = time.monotonic() - t0
+    assert out.rc == 1, out.text
+    assert took < 30, f"took {took:.0f}s"
+    assert "exited" in out.err and "not repeated" in out.err
+    assert_plain(out.text)
+    assert_nothing_left(port)
+    assert stored(db, "SELECT valid FROM runs ORDER BY rowid")[:2] == [(1,), (1,)]
+    assert stored(db, "SELECT status FROM launches") == [("failed",)]
+
+
+def test_stall_without_a_dead_process_is_bounded_too(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    """Without the watchdog's help (no process died that orch recorded), the stall timeout ends the wait."""
+    port = _baseline(sim_profiles, fault="worker-hang-after-tokens:40")
+    t0 = time.monotonic()
+    out, _ = _bench(tmp_path, "--stall-timeout", "2", "--client", "local", runs=5)
+    assert out.rc == 1, out.text
+    assert time.monotonic() - t0 < 40
+    assert_plain(out.text)
+    assert_nothing_left(port)
+
+
+def test_worker_escapes_with_a_double_fork(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    port = _baseline(sim_profiles, fault="escape-double-fork")
+    out, _ = _bench(tmp_path)
+    assert out.rc == 0, out.text
+    escaped = _pid_in_log(out.out, r"FAULT escape-double-fork: pid (\d+)")
+    assert not _alive(escaped)
+    assert_nothing_left(port)
+
+
+def test_worker_reexecs_without_the_marker(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    port = _baseline(sim_profiles, fault="reexec-no-marker")
+    out, _ = _bench(tmp_path)
+    assert out.rc == 0, out.text
+    assert "dropped the launch marker" in out.out
+    escaped = _pid_in_log(out.out, r"FAULT reexec-no-marker: this detokenizer \(pid (\d+)\)")
+    assert not _alive(escaped)
+    assert_nothing_left(port)
+
+
+def _alive(pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return False
+        except psutil.NoSuchProcess:
+            return False
+        time.sleep(0.1)
+    return True

@@ -124,8 +124,8 @@ def _hide_match(m: re.Match[str]) -> str:
     if value.startswith("<redacted") or value.strip("'\"") in ("", "None", "null"):
         return m.group(0)  # nothing secret to hide: keep `api_key=None` readable
     quote = value[0] if value[0] in "'\"" and value[-1] == value[0] and len(value) > 1 else ""
-    if not quote and "=" not in m.group("sep") and m.group("name").lower() in ("key", "token"):
-        return m.group(0)  # prose such as "first token: 0.5 s", not an assignment
+    if m.re is _ASSIGN_RE and not quote and "=" not in m.group("sep") and not re.search(r"[_.-]", m.group("name")):
+        return m.group(0)  # prose such as "first token: 0.5 s" or "secret: ready after 2 s", not an assignment
     return f"{m.group('name')}{m.group('sep')}{quote}{REDACTED}{quote}"
 
 

@@ -255,6 +255,11 @@ def test_redact_argv_edge_cases(argv: list[str], hidden: list[int]) -> None:
         ),
         # Prose and counts are left alone.
         ("first token: 0.5 s after 12 tokens, monkey=3", "first token: 0.5 s after 12 tokens, monkey=3"),
+        ("secret: ready after 2.1s; password: see docs", "secret: ready after 2.1s; password: see docs"),
+        (
+            "api-key: abc, X-Api-Key: abc, token: 'abc'",
+            "api-key: <redacted>, X-Api-Key: <redacted>, token: '<redacted>'",
+        ),
         ("max_total_tokens=8 num_draft_tokens: 4", "max_total_tokens=8 num_draft_tokens: 4"),
         ("api_key=<redacted hmac:0123456789abcdef>", "api_key=<redacted hmac:0123456789abcdef>"),
     ],

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sqlite3
 import subprocess
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from orchestrator import hostside, server
+from orchestrator.ab import ABConfig, run_ab
+from orchestrator.bench import BenchConfig
+from orchestrator.cli import main
+from orchestrator.errors import ServerError
 from orchestrator.hosts import LocalHost
 from orchestrator.profile import load
+from orchestrator.store import Store
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port, run_orch
 
 DIGEST_RE = re.compile(r"<redacted hmac:[0-9a-f]{16}>")
@@ -145,3 +154,55 @@ def test_a_successful_run_and_status_leak_no_secret(write_profile: WriteProfile,
     assert json.loads(env_report)["ok"] is True
     assert json.loads(config)["profiles"][0]["server_args"] == ["--api-key", digest]
     assert hostside.op_find(NAMESPACE) == []
+
+
+def test_a_server_dying_mid_run_prints_its_log_tail_scrubbed(write_profile: WriteProfile, tmp_path: Path) -> None:
+    api_key, hf_token = _secrets()
+    _secret_profile(write_profile, api_key, hf_token, fault="die-after-tokens:4")
+    proc = _bench(tmp_path / "r.db", tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    # The recovery check prints the dead server's log tail (its args dump in it) as an event: scrubbed.
+    assert "the server process is gone" in out and "api_key='<redacted>'" in out, out
+    assert api_key not in out + err and hf_token not in out + err
+
+
+def test_errors_are_scrubbed_before_they_are_stored(
+    write_profile: WriteProfile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api_key, hf_token = _secrets()
+    prof = load(str(_secret_profile(write_profile, api_key, hf_token)))
+
+    def leaky(*args: Any, **kwargs: Any) -> None:
+        # Any error text, not only a log tail, may quote a secret: the store gets it scrubbed.
+        raise ServerError(f"health check said: bad key {api_key}; HF_TOKEN={hf_token} Authorization: Bearer x1y2")
+
+    monkeypatch.setattr(server, "verify_env", leaky)
+    store = Store(tmp_path / "r.db")
+    events: list[str] = []
+    config = ABConfig(bench=BenchConfig(min_run_s=0, runs=1, warmup=0, max_tokens=8), simulate=True, grace_s=2)
+    try:
+        with pytest.raises(ServerError):
+            run_ab(LocalHost(), [prof], replace(config, namespace=NAMESPACE), store, on_event=events.append)
+        (exp,) = store.experiments()
+        (launch,) = store.launches(exp["id"])
+    finally:
+        store.close()
+    for error in (exp["error"], launch["error"]):
+        assert api_key not in error and hf_token not in error and "x1y2" not in error
+        assert "bad key <redacted>" in error and "Bearer <redacted>" in error
+    assert not any(api_key in e for e in events)
+
+
+def test_profiles_show_has_keyed_digests_only(
+    write_profile: WriteProfile, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api_key, hf_token = _secrets()
+    path = _secret_profile(write_profile, api_key, hf_token)
+    assert main(["profiles", "show", str(path), "--sim"]) == 0
+    out = capsys.readouterr().out
+    assert api_key not in out and hf_token not in out
+    assert "--api-key '<redacted hmac:" in out and "HF_TOKEN: <redacted hmac:" in out
+    # No bare SHA-256 of the value (which a guess could confirm) in any form.
+    for secret in (api_key, hf_token):
+        assert hashlib.sha256(secret.encode()).hexdigest()[:12] not in out

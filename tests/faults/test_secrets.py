@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import sqlite3
 import subprocess
+import sys
+import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -18,10 +21,11 @@ from orchestrator import hostside, server
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.cli import main
-from orchestrator.errors import ServerError
+from orchestrator.errors import HostError, ServerError
 from orchestrator.hosts import LocalHost
 from orchestrator.profile import load
 from orchestrator.store import Store
+from tests import fake_nvidia_smi
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port, run_orch
 
 DIGEST_RE = re.compile(r"<redacted hmac:[0-9a-f]{16}>")
@@ -206,3 +210,31 @@ def test_profiles_show_has_keyed_digests_only(
     # No bare SHA-256 of the value (which a guess could confirm) in any form.
     for secret in (api_key, hf_token):
         assert hashlib.sha256(secret.encode()).hexdigest()[:12] not in out
+
+
+def test_gpu_process_lines_are_masked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api_key, hf_token = _secrets()
+    fake_bin = fake_nvidia_smi.install(tmp_path / "bin", tmp_path / "state.json")
+    monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+    env = {**os.environ, "FAKE_GPU_MIB": "30000", "FAKE_GPU_SCOPE": NAMESPACE}
+    env.pop(hostside.MARKER, None)
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "--api-key", api_key, f"--hf-token={hf_token}"]
+    user = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not (apps := hostside.op_gpus()["apps"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (app,) = apps
+        assert app["pid"] == user.pid and "--api-key <redacted> --hf-token=<redacted>" in app["cmdline"]
+        with pytest.raises(HostError, match="is not idle") as e:
+            server.check_gpus_idle(LocalHost(), NAMESPACE)
+        assert "--api-key <redacted>" in str(e.value)
+        main(["hosts", "check", "local"])
+        shown = capsys.readouterr()
+        assert f"GPU process PID {user.pid}" in shown.out + shown.err
+        assert api_key not in str(e.value) + shown.out + shown.err and hf_token not in shown.out + shown.err
+    finally:
+        user.kill()
+        user.wait()

@@ -24,6 +24,7 @@ from orchestrator import __version__, server
 from orchestrator.bench import BenchConfig, RunResult, host_runner, local_runner, request_items, run_benchmark
 from orchestrator.errors import BenchError, HostError, OrchError, ServerError
 from orchestrator.hosts import Host, connect_address
+from orchestrator.hostside import scrub
 from orchestrator.profile import Profile
 from orchestrator.stats import (
     DEFAULT_MIN_EFFECT,
@@ -487,9 +488,9 @@ def new_experiment_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-def comparable_profile(profile: Profile) -> dict[str, Any]:
+def comparable_profile(profile: Profile, redaction_key: bytes | None = None) -> dict[str, Any]:
     """What must not change between the sessions of one resumed experiment (where the file lives may)."""
-    d = profile.to_dict()
+    d = profile.to_dict(redaction_key=redaction_key)
     for key in ("source", "description"):
         d.pop(key, None)
     return d
@@ -501,7 +502,11 @@ def requests_digest(bench: BenchConfig) -> str:
 
 
 def experiment_config(
-    profiles: Sequence[Profile], config: ABConfig, facts: dict[str, Any], provenance: dict[str, Any] | None = None
+    profiles: Sequence[Profile],
+    config: ABConfig,
+    facts: dict[str, Any],
+    provenance: dict[str, Any] | None = None,
+    redaction_key: bytes | None = None,
 ) -> dict[str, Any]:
     """Everything a resume (and later `orch reproduce`) needs to run the same experiment again."""
     return {
@@ -510,7 +515,7 @@ def experiment_config(
         "host_facts": facts,
         "strict_env": config.strict_env,
         "ports": sorted({p.port for p in profiles}),
-        "profiles": [comparable_profile(p) for p in profiles],
+        "profiles": [comparable_profile(p, redaction_key) for p in profiles],
         "profile_sources": [str(Path(p.source).resolve()) for p in profiles],  # a resume may run from elsewhere
         "min_effect": config.min_effect,
         "target_tps": config.target_tps,
@@ -525,7 +530,13 @@ def bench_config_from(stored: dict[str, Any]) -> BenchConfig:
     return BenchConfig(**data)
 
 
-def check_resumable(exp: dict[str, Any], profiles: Sequence[Profile], bench: BenchConfig | None = None) -> None:
+def check_resumable(
+    exp: dict[str, Any],
+    profiles: Sequence[Profile],
+    bench: BenchConfig | None = None,
+    *,
+    redaction_key: bytes | None = None,
+) -> None:
     """Refuse to resume what cannot be continued as the same experiment."""
     if exp["status"] == "complete":
         raise OrchError(f"experiment {exp['id']} is already complete (`orch show {exp['id']}` prints it)")
@@ -536,7 +547,7 @@ def check_resumable(exp: dict[str, Any], profiles: Sequence[Profile], bench: Ben
     if len(stored) != len(profiles):
         raise OrchError(f"experiment {exp['id']} has {len(stored)} arms, not {len(profiles)}")
     for want, prof in zip(stored, profiles, strict=True):
-        now = comparable_profile(prof)
+        now = comparable_profile(prof, redaction_key)
         changed = sorted(k for k in set(want) | set(now) if want.get(k) != now.get(k))
         if changed:
             raise OrchError(
@@ -590,6 +601,10 @@ def run_ab(
     """
     if not profiles:
         raise OrchError("an A/B needs at least one profile")
+    # Secret values are stored as digests keyed per store; errors and printed log tails are scrubbed of them.
+    key = store.redaction_key
+    secrets = [v for p in profiles for v in server.profile_secrets(p)]
+    on_event = _scrubbing(on_event, secrets)
     facts = host.call("facts", nvidia_smi=host.config.nvidia_smi)
     exp_id = store.find_experiment(resume)["id"] if resume is not None else new_experiment_id()
     lock_path = host.lock_path
@@ -600,7 +615,7 @@ def run_ab(
         launches: list[LaunchResult] = []
         if resume is not None:
             exp = store.find_experiment(exp_id)  # read again under the lock: another session may have resumed it
-            check_resumable(exp, profiles, config.bench)
+            check_resumable(exp, profiles, config.bench, redaction_key=key)
             stored = json.loads(exp["config_json"])
             check_same_machine(exp_id, stored.get("host_facts") or {}, facts)
             design = Design.from_dict(json.loads(exp["design_json"]))
@@ -626,7 +641,7 @@ def run_ab(
                 simulated=config.simulate,
                 host=host.name,
                 arms=[p.name for p in profiles],
-                config=experiment_config(profiles, config, facts, provenance),
+                config=experiment_config(profiles, config, facts, provenance, redaction_key=key),
                 orch_version=__version__,
                 design=design.to_dict(),
             )
@@ -649,7 +664,7 @@ def run_ab(
                     f"launch {n}/{len(design.slots())}: block {block + 1}/{design.blocks}, {arm_label(names, arm)}"
                 )
                 launches.append(
-                    _run_launch(host, profiles[arm], arm, block, position, exp_id, config, store, on_event, on_run)
+                    _run_launch(host, profiles[arm], arm, block, position, exp_id, config, store, on_event, on_run, key)
                 )
             empty = [arm_label(names, i) for i in range(len(profiles)) if not _has_valid_run(launches, i)]
             if empty:
@@ -663,7 +678,7 @@ def run_ab(
                 on_event(f"experiment {exp_id} interrupted; continue it with: orch ab --resume {exp_id}")
             raise
         except BaseException as e:
-            store.finish_experiment(exp_id, "failed", str(e) or type(e).__name__)
+            store.finish_experiment(exp_id, "failed", scrub(str(e), secrets) or type(e).__name__)
             if len(profiles) > 1 and not isinstance(e, (StrictEnvError, NoValidRunsError)):
                 on_event(
                     f"experiment {exp_id} failed; after fixing the cause, continue it with: orch ab --resume {exp_id}"
@@ -686,6 +701,11 @@ def run_ab(
         config.min_effect,
         notes=tuple(notes),
     )
+
+
+def _scrubbing(on_event: Callable[[str], None], secrets: list[str]) -> Callable[[str], None]:
+    """on_event, printing no secret: events can carry a server's log tail (which has its args in clear)."""
+    return lambda msg: on_event(scrub(msg, secrets))
 
 
 # Host facts that legitimately differ between two sessions on the same host.
@@ -829,6 +849,7 @@ def _run_launch(
     store: Store,
     on_event: Callable[[str], None],
     on_run: Callable[[str, RunResult], None],
+    redaction_key: bytes | None = None,
 ) -> LaunchResult:
     runs: list[RunResult] = []
     state: dict[str, Any] = {}
@@ -842,7 +863,7 @@ def _run_launch(
             block=block,
             position=position,
             profile=profile.name,
-            profile_dict=profile.to_dict(),
+            profile_dict=profile.to_dict(redaction_key=redaction_key),
             argv=list(launch.argv),
             env=launch.env,
             pid=launch.pid,
@@ -871,6 +892,7 @@ def _run_launch(
             on_event=on_event,
             on_launch=launched,
             on_teardown=torn_down,
+            redaction_key=redaction_key,
         ) as srv:
             env = srv.env_report
             assert env is not None
@@ -913,7 +935,8 @@ def _run_launch(
     except BaseException as e:
         if "launch" in state:
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
-            store.update_launch(state["launch"].launch_id, status=status, error=str(e) or type(e).__name__)
+            error = scrub(str(e), server.profile_secrets(profile)) or type(e).__name__
+            store.update_launch(state["launch"].launch_id, status=status, error=error)
         raise
     store.update_launch(state["launch"].launch_id, status="complete")
     return LaunchResult(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import hmac
 import importlib.metadata
 import json
 import os
@@ -37,7 +38,24 @@ OWNER = "ORCH_OWNER"
 # Names whose values must never leave the host in clear text.
 SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 # Flags are matched on their last word only: --api-key and --hf-token are secrets, --num-draft-tokens is not.
-SECRET_FLAG_RE = re.compile(r"^--(?:[\w-]*-)?(key|token|secret|password|passwd|credentials?)$", re.IGNORECASE)
+_SECRET_WORD = r"(?:key|token|secret|password|passwd|credentials?)"
+SECRET_FLAG_RE = re.compile(rf"^--(?:[\w-]*[-_])?{_SECRET_WORD}$", re.IGNORECASE)
+REDACTED = "<redacted>"
+# Secrets shorter than this are not replaced by value in free text: every "1" or "ab" in a log would go with them.
+MIN_SECRET_LEN = 4
+# In free text (log tails, errors): `api_key='x'`, `HF_TOKEN=x`, `"password": "x"`, `--api-key x`, `Bearer x`.
+_VALUE = r"(?P<value><redacted[^>]*>|'[^']*'|\"[^\"]*\"|[^\s,;)}\]'\"]+)"
+_ASSIGN_RE = re.compile(
+    rf"(?P<name>(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_.-])*{_SECRET_WORD}(?![A-Za-z0-9]))(?P<sep>['\"]?\s*[=:]\s*){_VALUE}",
+    re.IGNORECASE,
+)
+_FLAG_VALUE_RE = re.compile(
+    rf"(?P<name>(?<![\w-])--(?:[\w]+[-_])*{_SECRET_WORD})(?P<sep>\s+)(?!-){_VALUE}", re.IGNORECASE
+)
+_BEARER_RE = re.compile(r"\b(?P<name>Bearer|Basic)(?P<sep>\s+)(?P<value>[A-Za-z0-9._~+/=-]+)", re.IGNORECASE)
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Digests made without a store's key (commands with no store) use this one: comparable within one process only.
+_PROCESS_KEY = os.urandom(32)
 # Variables that change what an inference server does even when no profile set them.
 RELEVANT_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVIDIA_", "OMP_", "HF_", "TRITON_")
 
@@ -53,27 +71,66 @@ class HostSideError(Exception):
     """A failure the caller should show to the user as a HostError."""
 
 
-def redact(name: str, value: str) -> str:
-    """Hide secret-looking values but keep them comparable (same value → same digest)."""
-    return _digest(value) if SECRET_NAME_RE.search(name) else value
+def redact(name: str, value: str, key: bytes | None = None) -> str:
+    """Hide secret-looking values but keep them comparable (same value and key → same digest)."""
+    return _digest(value, key) if SECRET_NAME_RE.search(name) else value
 
 
-def _digest(value: str) -> str:
-    return "<redacted sha256:" + hashlib.sha256(value.encode()).hexdigest()[:12] + ">"
+def _digest(value: str, key: bytes | None = None) -> str:
+    # Keyed (HMAC), not a bare hash: without the store's key a guessed secret cannot be confirmed from its digest.
+    mac = hmac.new(key or _PROCESS_KEY, value.encode(), hashlib.sha256).hexdigest()
+    return f"<redacted hmac:{mac[:16]}>"
 
 
-def redact_argv(argv: list[str]) -> list[str]:
+def redact_argv(argv: list[str], key: bytes | None = None) -> list[str]:
     """Hide the value after a secret-looking flag (`--api-key X`, `--api-key=X`), keeping it comparable."""
+    return _hide_argv(argv, lambda value: _digest(value, key))
+
+
+def _hide_argv(argv: list[str], hide: Callable[[str], str]) -> list[str]:
     out: list[str] = []
     for i, arg in enumerate(argv):
         flag, eq, value = arg.partition("=")
-        if eq and SECRET_FLAG_RE.match(flag):
-            out.append(f"{flag}={_digest(value)}")
-        elif i > 0 and SECRET_FLAG_RE.match(argv[i - 1]):
-            out.append(_digest(arg))
+        if eq and (SECRET_FLAG_RE.match(flag) or (_ENV_NAME_RE.match(flag) and SECRET_NAME_RE.search(flag))):
+            out.append(f"{flag}={hide(value)}")  # --api-key=X, or HF_TOKEN=X as given to env(1)
+        elif i > 0 and SECRET_FLAG_RE.match(argv[i - 1]) and not arg.startswith("--"):
+            # argparse never takes a value starting with "--" in this form: such an arg is the next flag.
+            out.append(hide(arg))
         else:
             out.append(arg)
     return out
+
+
+def secret_values(argv: list[str], env: dict[str, str]) -> list[str]:
+    """The values redact_argv/redact hide: what scrub() must also remove from free text such as log tails."""
+    found: list[str] = []
+
+    def collect(value: str) -> str:
+        found.append(value)
+        return value
+
+    _hide_argv(argv, collect)
+    found += [v for k, v in env.items() if SECRET_NAME_RE.search(k)]
+    return [v for v in dict.fromkeys(found) if v]
+
+
+def scrub(text: str, secret_values: Iterable[str] = ()) -> str:
+    """Free text (a log tail, an error) without the known secret values nor anything that looks like one."""
+    for value in sorted({v for v in secret_values if len(v) >= MIN_SECRET_LEN}, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    for pattern in (_BEARER_RE, _FLAG_VALUE_RE, _ASSIGN_RE):
+        text = pattern.sub(_hide_match, text)
+    return text
+
+
+def _hide_match(m: re.Match[str]) -> str:
+    value = m.group("value")
+    if value.startswith("<redacted") or value.strip("'\"") in ("", "None", "null"):
+        return m.group(0)  # nothing secret to hide: keep `api_key=None` readable
+    quote = value[0] if value[0] in "'\"" and value[-1] == value[0] and len(value) > 1 else ""
+    if m.re is _ASSIGN_RE and not quote and "=" not in m.group("sep") and not re.search(r"[_.-]", m.group("name")):
+        return m.group(0)  # prose such as "first token: 0.5 s" or "secret: ready after 2 s", not an assignment
+    return f"{m.group('name')}{m.group('sep')}{quote}{REDACTED}{quote}"
 
 
 def _gone(proc: psutil.Process) -> bool:
@@ -94,7 +151,8 @@ def _environ(proc: psutil.Process) -> dict[str, str] | None:
 
 def _cmdline(proc: psutil.Process, limit: int = 300) -> str:
     try:
-        text = " ".join(proc.cmdline()) or proc.name()
+        # Display only (status, port owners, GPU processes): a plain mask, no digest, so no key is needed here.
+        text = scrub(" ".join(_hide_argv(proc.cmdline(), lambda _: REDACTED))) or proc.name()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return "?"
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -458,15 +516,20 @@ def op_alive(pid: int) -> dict[str, Any]:
     return {"alive": status != psutil.STATUS_ZOMBIE, "status": status}
 
 
-def op_environ(launch_id: str, keys: list[str]) -> list[dict[str, Any]]:
-    """For each process of the launch: the requested variables (None when missing) and other relevant ones."""
+def op_environ(launch_id: str, keys: list[str], digest_key: str | None = None) -> list[dict[str, Any]]:
+    """For each process of the launch: the requested variables (None when missing) and other relevant ones.
+
+    Secret-looking values are digested here, on the host, with digest_key (hex; the caller's store key) so they
+    never cross the wire in clear and still compare equal to the caller's own digests of the profile's values.
+    """
+    key = bytes.fromhex(digest_key) if digest_key else None
     out = []
     for proc, _ in _marked(lambda v: v == launch_id):
         env = _environ(proc)
         if env is None:
             continue
-        wanted = {k: (redact(k, env[k]) if k in env else None) for k in keys}
-        extra = {k: redact(k, v) for k, v in env.items() if k not in wanted and k.startswith(RELEVANT_PREFIXES)}
+        wanted = {k: (redact(k, env[k], key) if k in env else None) for k in keys}
+        extra = {k: redact(k, v, key) for k, v in env.items() if k not in wanted and k.startswith(RELEVANT_PREFIXES)}
         out.append({**_describe(proc, launch_id), "env": wanted, "other_env": extra})
     out.sort(key=lambda d: d["pid"])
     return out

@@ -115,8 +115,9 @@ class Profile:
         module = "orchestrator.sim" if simulate else "sglang.launch_server"
         return [python, "-m", module, *self.server_flags()]
 
-    def to_dict(self) -> dict[str, Any]:
-        """The resolved profile as plain data, for provenance in results."""
+    def to_dict(self, *, redaction_key: bytes | None = None) -> dict[str, Any]:
+        """The resolved profile as plain data, for provenance in results; secret values as digests keyed with
+        redaction_key (a store's key: equal within that store), or with a per-process key when none is given."""
         spec = self.speculative
         return {
             "name": self.name,
@@ -131,8 +132,8 @@ class Profile:
             "trust_remote_code": self.trust_remote_code,
             "mem_fraction_static": self.mem_fraction_static,
             "speculative": None if spec is None else dict(spec.__dict__),
-            "server_args": redact_argv(list(self.server_args)),
-            "env": {k: redact(k, v) for k, v in self.env},
+            "server_args": redact_argv(list(self.server_args), redaction_key),
+            "env": {k: redact(k, v, redaction_key) for k, v in self.env},
             "sim": dict(self.sim),
             "ready_timeout_s": self.ready_timeout_s,
             "description": self.description,

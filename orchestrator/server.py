@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -15,7 +16,7 @@ import httpx
 
 from orchestrator.errors import HostError, ServerError
 from orchestrator.hosts import Host, connect_address
-from orchestrator.hostside import MARKER, redact, redact_argv
+from orchestrator.hostside import MARKER, redact, redact_argv, scrub, secret_values
 from orchestrator.profile import Profile
 
 EventFn = Callable[[str], None]
@@ -194,7 +195,16 @@ def wait_gpus_idle(host: Host, timeout_s: float) -> dict[str, Any]:
         time.sleep(1.0)
 
 
-def launch(host: Host, profile: Profile, *, simulate: bool, namespace: str) -> Launch:
+def profile_secrets(profile: Profile) -> list[str]:
+    """The secret values a profile passes (secret flags' values, secret-named env values), for scrub()."""
+    return secret_values(profile.server_flags(), profile.env_dict())
+
+
+def launch(
+    host: Host, profile: Profile, *, simulate: bool, namespace: str, redaction_key: bytes | None = None
+) -> Launch:
+    """Start the server detached; the returned Launch (which gets stored) holds its argv and env with digests
+    (keyed with redaction_key) in place of secret values."""
     launch_id = new_launch_id(namespace)
     argv = profile.launch_argv(host.python, simulate=simulate)
     env = profile.env_dict()
@@ -220,8 +230,8 @@ def launch(host: Host, profile: Profile, *, simulate: bool, namespace: str) -> L
         pgid=started["pgid"],
         port=profile.port,
         log_path=log_path,
-        argv=tuple(redact_argv(argv)),
-        env={k: redact(k, v) for k, v in env.items()},
+        argv=tuple(redact_argv(argv, redaction_key)),
+        env={k: redact(k, v, redaction_key) for k, v in env.items()},
         simulated=simulate,
         started_at=started["started_at"],
     )
@@ -245,7 +255,8 @@ def wait_ready(
         while True:
             state = host.call("alive", pid=launch_.pid)
             if not state["alive"]:
-                tail = host.call("log_tail", path=launch_.log_path, lines=30)
+                # The server's own startup dump (`server_args=ServerArgs(... api_key='…')`) is in it: scrub.
+                tail = scrub(host.call("log_tail", path=launch_.log_path, lines=30), profile_secrets(profile))
                 raise ServerError(
                     f"{profile.name}: server process {launch_.pid} exited during startup "
                     f"after {time.monotonic() - t0:.1f}s. Last lines of {launch_.log_path}:\n{tail}"
@@ -261,7 +272,7 @@ def wait_ready(
                 on_event(f"{profile.name}: port {launch_.port} answers; {engine.health_path} says {new_phase}")
                 phase = new_phase
             if time.monotonic() - t0 > timeout_s:
-                tail = host.call("log_tail", path=launch_.log_path, lines=30)
+                tail = scrub(host.call("log_tail", path=launch_.log_path, lines=30), profile_secrets(profile))
                 raise ServerError(
                     f"{profile.name}: not ready after {timeout_s:.0f}s (still {phase}). "
                     f"Last lines of {launch_.log_path}:\n{tail}"
@@ -283,11 +294,13 @@ def health_problem(base_url: str, profile: Profile, *, timeout_s: float) -> str 
     return None
 
 
-def verify_env(host: Host, launch_: Launch, profile: Profile) -> EnvReport:
-    """Read every process's environment back and compare with the profile."""
+def verify_env(host: Host, launch_: Launch, profile: Profile, *, redaction_key: bytes | None = None) -> EnvReport:
+    """Read every process's environment back and compare with the profile (secrets as keyed digests)."""
     engine = ENGINES[profile.engine]
-    expected = {k: redact(k, v) for k, v in profile.env_dict().items()}
-    procs = host.call("environ", launch_id=launch_.launch_id, keys=sorted(expected))
+    # The host digests with the same key, so equal values compare equal without leaving the host in clear.
+    key = redaction_key or os.urandom(32)
+    expected = {k: redact(k, v, key) for k, v in profile.env_dict().items()}
+    procs = host.call("environ", launch_id=launch_.launch_id, keys=sorted(expected), digest_key=key.hex())
     if not procs:
         raise ServerError(f"{profile.name}: no process carrying launch marker {launch_.launch_id} was found")
     mismatches = []
@@ -382,10 +395,13 @@ def running(
     on_event: EventFn = _quiet,
     on_launch: Callable[[Launch], None] | None = None,
     on_teardown: Callable[[RunningServer], None] | None = None,
+    redaction_key: bytes | None = None,
 ) -> Iterator[RunningServer]:
-    """Fresh launch → ready → env verified; the server is torn down however the block exits."""
+    """Fresh launch → ready → env verified; the server is torn down however the block exits.
+
+    redaction_key: the store's key for the digests of secret values in what gets recorded (none: a random one)."""
     pre = preflight(host, profile, namespace, on_event, force=force)
-    launched = launch(host, profile, simulate=simulate, namespace=namespace)
+    launched = launch(host, profile, simulate=simulate, namespace=namespace, redaction_key=redaction_key)
     on_event(f"{profile.name}: launched PID {launched.pid} ({launched.launch_id}), log {launched.log_path}")
     srv = RunningServer(launch=launched, base_url=host.url(profile.port, connect_address(profile.host)), preflight=pre)
     failed = True
@@ -395,7 +411,7 @@ def running(
         timeout = ready_timeout_s if ready_timeout_s is not None else profile.ready_timeout_s
         srv.ready_s = wait_ready(host, launched, profile, timeout_s=timeout, on_event=on_event)
         on_event(f"{profile.name}: ready after {srv.ready_s:.1f}s")
-        srv.env_report = verify_env(host, launched, profile)
+        srv.env_report = verify_env(host, launched, profile, redaction_key=redaction_key)
         srv.processes = host.call("launch_procs", launch_id=launched.launch_id, pid=launched.pid)
         yield srv
         failed = False

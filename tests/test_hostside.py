@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import signal
@@ -46,13 +48,24 @@ def _launch(tmp_path: Path, code: str, extra_env: dict[str, str] | None = None) 
 @pytest.fixture
 def foreign() -> Iterator[subprocess.Popen[bytes]]:
     """A process this test owns but orch did not launch (no marker): orch must never signal it."""
+    yield from _foreign([])
+
+
+@pytest.fixture
+def foreign_with_secrets() -> Iterator[subprocess.Popen[bytes]]:
+    """The same, with secrets on its command line (as a foreign SGLang server would have)."""
+    yield from _foreign(["--api-key", "sk-SECRET-1", "--hf-token=hf_SECRET-2", "--max-total-tokens", "8"])
+
+
+def _foreign(extra_argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
     port = free_port()
     code = (
         f"import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
         f"s.bind(('127.0.0.1', {port}))\ns.listen()\nprint('up', flush=True)\ntime.sleep(120)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != hostside.MARKER}
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True, env=env)
+    argv = [sys.executable, "-c", code, *extra_argv]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True, env=env)
     assert proc.stdout is not None and proc.stdout.readline().strip() == b"up"
     proc.port = port  # type: ignore[attr-defined]
     try:
@@ -71,7 +84,11 @@ def test_launch_is_detached_found_by_marker_and_torn_down(tmp_path: Path) -> Non
     assert [p["pid"] for p in found if p["launch_id"] == lid] == [pid]
     env = hostside.op_environ(lid, ["NCCL_PROTO", "NCCL_ALGO", "HF_TOKEN"])
     assert env[0]["env"]["NCCL_PROTO"] == "LL" and env[0]["env"]["NCCL_ALGO"] is None
-    assert "hunter2" not in str(env) and env[0]["env"]["HF_TOKEN"].startswith("<redacted sha256:")
+    assert "hunter2" not in str(env) and env[0]["env"]["HF_TOKEN"].startswith("<redacted hmac:")
+    # Digested on the host with the caller's key: equal to the caller's own digest of the value, per key.
+    key = os.urandom(32)
+    (keyed,) = hostside.op_environ(lid, ["HF_TOKEN"], digest_key=key.hex())
+    assert keyed["env"]["HF_TOKEN"] == hostside.redact("HF_TOKEN", "hunter2", key) != env[0]["env"]["HF_TOKEN"]
     report = hostside.op_teardown(lid, pgid=pid, grace_s=5)
     assert report["sigterm"] and not report["sigkill"] and not report["remaining"]
     assert not _alive(pid)
@@ -174,6 +191,106 @@ def test_secret_values_are_redacted_but_comparable() -> None:
     argv = ["python", "-m", "x", "--api-key", "s3cret", "--hf-token=abc", "--speculative-num-draft-tokens", "4"]
     red = hostside.redact_argv(argv)
     assert "s3cret" not in red and "--hf-token=abc" not in red and red[-2:] == ["--speculative-num-draft-tokens", "4"]
+
+
+def test_digests_are_keyed_hmacs_not_bare_hashes() -> None:
+    k1, k2 = os.urandom(32), os.urandom(32)
+    d1 = hostside.redact("HF_TOKEN", "hunter2", k1)
+    assert d1 == hostside.redact("HF_TOKEN", "hunter2", k1) == hostside.redact_argv(["--hf-token", "hunter2"], k1)[1]
+    assert d1 != hostside.redact("HF_TOKEN", "hunter2", k2) != hostside.redact("HF_TOKEN", "hunter3", k1)
+    # A guess cannot be confirmed without the key: no bare SHA-256 prefix of the value anywhere in the digest.
+    bare = hashlib.sha256(b"hunter2").hexdigest()
+    assert all(bare[i : i + 8] not in d1 for i in range(0, 56, 4))
+    mac = hmac.new(k1, b"hunter2", hashlib.sha256).hexdigest()
+    assert d1 == f"<redacted hmac:{mac[:16]}>"
+
+
+@pytest.mark.parametrize(
+    ("argv", "hidden"),
+    [
+        (["--api-key", "S1"], [1]),
+        (["--api-key=S1"], [0]),
+        (["--hf-token", "S1", "--admin-api-key=S2"], [1, 2]),
+        (["--api_key", "S1", "--db-password", "S2", "--client-secret", "S3", "--aws-credentials", "S4"], [1, 3, 5, 7]),
+        (["--ssl-passwd=S1", "--key", "S2", "--credential", "S3"], [0, 2, 4]),
+        (["env", "HF_TOKEN=S1", "MY_API_KEY=S2", "NCCL_PROTO=LL", "python"], [1, 2]),
+        # Counts and paths whose last word is not a secret word stay as they are.
+        (["--speculative-num-draft-tokens", "4", "--max-total-tokens", "8", "--max-prefill-tokens=9"], []),
+        (["--tokenizer-path", "/t", "--keyfile", "/k", "--monkey", "3", "--token-budget", "5"], []),
+        # A secret flag followed by another flag has no value to hide (argparse refuses it anyway), nor at the end.
+        (["--api-key", "--port", "1", "--api-key"], []),
+    ],
+)
+def test_redact_argv_edge_cases(argv: list[str], hidden: list[int]) -> None:
+    key = os.urandom(32)
+    red = hostside.redact_argv(argv, key)
+    for i, (before, after) in enumerate(zip(argv, red, strict=True)):
+        if i not in hidden:
+            assert after == before
+        elif "=" in before:
+            name, _, value = before.partition("=")
+            assert after == f"{name}={hostside.redact('TOKEN', value, key)}"
+        else:
+            assert after == hostside.redact("TOKEN", before, key)
+    assert hostside.secret_values(argv, {}) == [a.partition("=")[2] or a for i, a in enumerate(argv) if i in hidden]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "server_args=ServerArgs(model_path='m', api_key='sk-1', max_total_tokens=8, hf_token=None)",
+            "server_args=ServerArgs(model_path='m', api_key='<redacted>', max_total_tokens=8, hf_token=None)",
+        ),
+        (
+            '{"api_key": "sk-1", "speculative_num_draft_tokens": 4}',
+            '{"api_key": "<redacted>", "speculative_num_draft_tokens": 4}',
+        ),
+        ("api_key=sk-1 token=abc password=hunter2", "api_key=<redacted> token=<redacted> password=<redacted>"),
+        ("HF_TOKEN=hf_1; x", "HF_TOKEN=<redacted>; x"),
+        ("Authorization: Bearer abc.def-1", "Authorization: Bearer <redacted>"),
+        (
+            "python -m x --api-key sk-1 --hf-token=t1 --port 1",
+            "python -m x --api-key <redacted> --hf-token=<redacted> --port 1",
+        ),
+        # Prose and counts are left alone.
+        ("first token: 0.5 s after 12 tokens, monkey=3", "first token: 0.5 s after 12 tokens, monkey=3"),
+        ("secret: ready after 2.1s; password: see docs", "secret: ready after 2.1s; password: see docs"),
+        (
+            "api-key: abc, X-Api-Key: abc, token: 'abc'",
+            "api-key: <redacted>, X-Api-Key: <redacted>, token: '<redacted>'",
+        ),
+        ("max_total_tokens=8 num_draft_tokens: 4", "max_total_tokens=8 num_draft_tokens: 4"),
+        ("api_key=<redacted hmac:0123456789abcdef>", "api_key=<redacted hmac:0123456789abcdef>"),
+    ],
+)
+def test_scrub_patterns(text: str, expected: str) -> None:
+    assert hostside.scrub(text) == expected
+
+
+def test_scrub_removes_known_secret_values_anywhere() -> None:
+    text = "loading with key sk-SECRET-1 (x=sk-SECRET-1)\nhf_SECRET-2 rejected; ab ab"
+    out = hostside.scrub(text, ["sk-SECRET-1", "hf_SECRET-2", "ab", ""])
+    assert "SECRET" not in out and out.count("<redacted>") == 3
+    assert out.endswith("ab ab")  # too short to be replaced in free text without garbling it
+    # A longer secret containing a shorter one is replaced whole.
+    assert hostside.scrub("abcdefgh", ["abcd", "abcdefgh"]) == "<redacted>"
+
+
+def test_cmdlines_shown_from_the_host_are_masked(
+    foreign_with_secrets: subprocess.Popen[bytes], write_profile: WriteProfile
+) -> None:
+    port = foreign_with_secrets.port  # type: ignore[attr-defined]
+    (owner,) = hostside.op_port_owner(port)
+    assert "SECRET" not in owner["cmdline"] and "--api-key <redacted>" in owner["cmdline"]
+    assert "--hf-token=<redacted>" in owner["cmdline"] and "--max-total-tokens 8" in owner["cmdline"]
+    # The same masked line in preflight's refusal, and in what `orch status`/teardown reports list (_describe).
+    prof = load(str(write_profile("p", engine="sglang", model_path="/m", tp_size=1, port=port)))
+    with pytest.raises(HostError, match=rf"(?s)in use by PID {foreign_with_secrets.pid} \(.*--api-key <redacted>") as e:
+        server.preflight(LocalHost(), prof, NAMESPACE)
+    assert "SECRET" not in str(e.value)
+    described = hostside._describe(psutil.Process(foreign_with_secrets.pid))
+    assert "SECRET" not in described["cmdline"] and "<redacted>" in described["cmdline"]
 
 
 def test_lock_is_exclusive_and_reclaimed_only_from_our_own_session(tmp_path: Path) -> None:

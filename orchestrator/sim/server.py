@@ -955,7 +955,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs.log(note)
     for warning in cfg.warnings:
         logs.log(warning, "warning")
-    logs.log(f"server_args={json.dumps(cfg.resolved, sort_keys=True)}")
+    # As SGLang's launch_server logs it: every resolved setting, secrets (--api-key) included, in clear.
+    logs.log("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in cfg.resolved.items()) + ")")
     shown = ", ".join(f"{k}={v}" for k, v in knobs.items() if v is not None)
     logs.log(f"simulator knobs: {shown}")
     faults = knob_faults(knobs)

@@ -362,6 +362,41 @@ def test_hosts_check_and_status_over_ssh(remote: HostConfig, tmp_path: Path) -> 
     assert proc.returncode == 0 and "nothing launched by orch is running on testbox" in out and "GPU 0:" in out
 
 
+def _fake_engine_packages(root: Path) -> Path:
+    """sglang and torch importable from root, with __version__ but no dist-info (metadata cannot see them)."""
+    (root / "sglang").mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text('__version__ = "0.5.9"\n')
+    (root / "torch").mkdir()
+    # Real packages may print while importing; the probe must not be confused by it.
+    (root / "torch" / "__init__.py").write_text('print("torch says hello")\n__version__ = "2.9.1+cu128"\n')
+    return root
+
+
+def test_hosts_check_finds_sglang_by_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from orchestrator.cli import main
+
+    fake = _fake_engine_packages(tmp_path / "site")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), str(REPO)]))
+    monkeypatch.chdir(tmp_path)
+    assert main(["hosts", "check", "local"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"ok\s+sglang 0\.5\.9\n", out) and re.search(r"ok\s+torch 2\.9\.1\+cu128\n", out), out
+    facts = hostside.op_facts()
+    assert facts["sglang"] == "0.5.9" and facts["torch"] == "2.9.1+cu128"
+    assert "sglang" not in sys.modules, "the agent must not import sglang itself"
+    # Installed per metadata but broken on import: still reported, with a warning saying why.
+    (fake / "sglang" / "__init__.py").write_text("raise ImportError('libcuda.so.1: cannot open shared object')\n")
+    dist = fake / "sglang-0.5.8.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.8\n")
+    assert main(["hosts", "check", "local"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"ok\s+sglang 0\.5\.8\n", out)
+    assert "warn  sglang is installed but `import sglang` fails" in out and "libcuda.so.1" in out
+
+
 def test_concurrent_calls_share_one_agent_channel(remote: HostConfig) -> None:
     # Calls from a second thread (e.g. a tunnel) and the main thread share one agent channel safely.
     with SSHHost(remote) as host:

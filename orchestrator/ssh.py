@@ -156,6 +156,24 @@ def resolve_endpoint(
     )
 
 
+def load_ssh_config(path: str | None = None) -> paramiko.SSHConfig:
+    """The ssh_config orch applies: `path`, else $ORCH_SSH_CONFIG, else ~/.ssh/config (empty if it does not exist)."""
+    p = Path(path or os.environ.get("ORCH_SSH_CONFIG") or "~/.ssh/config").expanduser()
+    if not p.is_file():
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(str(p))
+    except (OSError, paramiko.ConfigParseError) as e:
+        raise HostError(f"{p}: cannot parse ssh config: {e}") from e
+
+
+def effective_endpoint(config: HostConfig, ssh_config_path: str | None = None) -> Endpoint:
+    """Where orch would connect for this inventory host: its own user/port, else ssh_config's, else defaults."""
+    return resolve_endpoint(
+        load_ssh_config(ssh_config_path), config.address or config.name, config.user, config.port, config.identity_file
+    )
+
+
 class SSHHost(Host):
     """A remote host. One SSH connection for the session; the agent runs there as one long-lived process."""
 
@@ -179,7 +197,7 @@ class SSHHost(Host):
         self._closed = False
         self._lost: str | None = None  # set once reconnecting has failed for good
         self._seq = 0
-        self._resolve_ssh_config(ssh_config_path or os.environ.get("ORCH_SSH_CONFIG") or "~/.ssh/config")
+        self._resolve_ssh_config(ssh_config_path)
         self.workdir = ""
         self.agent_dir = ""
         self.sim_pythonpath = None
@@ -187,14 +205,8 @@ class SSHHost(Host):
 
     # ------------------------------------------------------------ connecting
 
-    def _resolve_ssh_config(self, path: str) -> None:
-        p = Path(path).expanduser()
-        self._ssh_config = paramiko.SSHConfig()
-        if p.is_file():
-            try:
-                self._ssh_config = paramiko.SSHConfig.from_path(str(p))
-            except (OSError, paramiko.ConfigParseError) as e:
-                raise HostError(f"{p}: cannot parse ssh config: {e}") from e
+    def _resolve_ssh_config(self, path: str | None) -> None:
+        self._ssh_config = load_ssh_config(path)
         self.endpoint = resolve_endpoint(
             self._ssh_config, self.config.address or "", self.config.user, self.config.port, self.config.identity_file
         )

@@ -362,6 +362,31 @@ def test_hosts_check_and_status_over_ssh(remote: HostConfig, tmp_path: Path) -> 
     assert proc.returncode == 0 and "nothing launched by orch is running on testbox" in out and "GPU 0:" in out
 
 
+def test_hosts_list_shows_ssh_config_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from orchestrator.cli import main
+
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host gpu-alias\n  HostName 10.9.8.7\n  Port 2299\n  User alice\n")
+    monkeypatch.setenv("ORCH_SSH_CONFIG", str(cfg))
+    inv = tmp_path / "hosts.yaml"
+    hosts = {
+        "aliased": {"address": "gpu-alias"},
+        "pinned": {"address": "gpu-alias", "port": 2200, "user": "bob"},
+        "plain": {"address": "10.1.1.1"},
+        "broken": {"address": "gpu-alias", "identity_file": [str(tmp_path / "missing-key")]},
+    }
+    inv.write_text(yaml.safe_dump({"hosts": hosts}))
+    monkeypatch.setenv("USER", "carol")
+    assert main(["hosts", "list", "--inventory", str(inv)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "alice@10.9.8.7:2299 (ssh_config Host gpu-alias)" in lines["aliased"]
+    assert "bob@10.9.8.7:2200 (ssh_config Host gpu-alias)" in lines["pinned"]  # the inventory wins
+    assert "carol@10.1.1.1:22 " in lines["plain"]
+    assert "missing-key: no such file" in lines["broken"] and "Traceback" not in lines["broken"]
+
+
 def _fake_engine_packages(root: Path) -> Path:
     """sglang and torch importable from root, with __version__ but no dist-info (metadata cannot see them)."""
     (root / "sglang").mkdir(parents=True)

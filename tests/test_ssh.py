@@ -286,7 +286,18 @@ def test_ctrl_c_over_ssh_tears_down_the_remote_server(
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(seen) + out
     assert "torn down" in out
+    # orch dropped the connection on purpose: nothing may look like a network failure.
+    assert "connection lost" not in out.lower() and "reconnect" not in out.lower(), out
     _nothing_left()
+
+
+def test_a_call_after_close_is_refused_not_reconnected(remote: HostConfig, caplog: pytest.LogCaptureFixture) -> None:
+    host = SSHHost(remote)
+    host.close()
+    with pytest.raises(HostError, match="closed by orch"):
+        host.call("hello")
+    assert not any("connection lost" in r.getMessage() for r in caplog.records)
+    assert host.stats.reconnects == 0
 
 
 def test_two_sessions_on_one_host_are_serialised_by_the_lock(

@@ -726,11 +726,22 @@ def hosts_group() -> None:
 @click.option("--inventory", type=click.Path(dir_okay=False), default=None)
 def hosts_list(inventory: str | None) -> None:
     """Hosts in the inventory."""
+    from orchestrator.ssh import effective_endpoint  # paramiko is slow to import; only this command needs it
+
     hosts = load_inventory(inventory)
     if not hosts:
         click.echo("no host inventory found in " + ", ".join(str(p) for p in inventory_paths(inventory)))
     for name, h in sorted(hosts.items()):
-        where = "this machine" if h.is_local else f"{h.user + '@' if h.user else ''}{h.address}:{h.port or 22}"
+        if h.is_local:
+            where = "this machine"
+        else:
+            # What orch will really connect to: ssh_config fills in what the inventory leaves unset.
+            try:
+                ep = effective_endpoint(h)
+                alias = "" if ep.hostname == h.address else f" (ssh_config Host {h.address})"
+                where = ep.display + alias
+            except OrchError as e:
+                where = f"{h.address} ({e})"
         click.echo(f"{name}  {where}  python={h.python or 'default'}  gpus={h.gpus}  [{h.source}]")
 
 

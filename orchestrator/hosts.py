@@ -276,6 +276,9 @@ def check_host(host: Host, namespace: str) -> list[tuple[str, str]]:
         else ("warn", f"sglang is not installed for {r['python_executable']} (only --sim runs will work)")
     )
     out.append(("ok", f"torch {r['torch']}") if r["torch"] else ("warn", "torch is not installed"))
+    # An older agent does not send import_errors.
+    for name, error in (r.get("import_errors") or {}).items():
+        out.append(("warn", f"{name} is installed but `import {name}` fails with {r['python_executable']}: {error}"))
     gpus = r["gpus"]
     if not gpus["available"]:
         out.append(("fail" if cfg.gpus else "warn", f"GPUs: {gpus['error']}"))

@@ -209,11 +209,74 @@ def op_hello() -> dict[str, Any]:
     return {"protocol": PROTOCOL_VERSION, "python": sys.version.split()[0], "psutil": psutil.__version__}
 
 
-def _version(dist: str) -> str | None:
+# Run by the host's Python: what `import NAME` gives (its __version__, or why the import failed) and what the
+# package metadata says, both as that interpreter with this environment sees them.
+_IMPORT_PROBE = """\
+import importlib, json, sys
+try:
+    import importlib.metadata as md
+except ImportError:
+    md = None
+out = {}
+for name in sys.argv[1:]:
+    r = out[name] = {}
     try:
-        return importlib.metadata.version(dist)
+        v = getattr(importlib.import_module(name), "__version__", None)
+        r["version"] = None if v is None else str(v)
+    except BaseException as e:
+        r["error"] = (type(e).__name__ + ": " + str(e))[:300]
+    try:
+        r["metadata"] = md.version(name) if md else None
+    except Exception:
+        r["metadata"] = None
+sys.stdout.write("\\nORCH_PROBE " + json.dumps(out) + "\\n")
+"""
+# Importing sglang pulls in torch (seconds, more on a cold disk); it must stay well inside the agent call's
+# own 60 s deadline.
+IMPORT_PROBE_TIMEOUT_S = 30.0
+
+
+def _import_probe(names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """{name: {"version", "error", "metadata"}} as a child of this Python sees them; {} if the child failed."""
+    try:
+        # A separate process: importing torch/sglang into the agent would cost memory for the whole session and
+        # could initialise CUDA in a process that must stay light. Not cached: it runs once per experiment.
+        done = subprocess.run(
+            [sys.executable, "-c", _IMPORT_PROBE, *names],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            timeout=IMPORT_PROBE_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    # Packages may print while importing; only the probe's own last line counts.
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("ORCH_PROBE ")]
+    try:
+        result: dict[str, dict[str, Any]] = json.loads(lines[-1][len("ORCH_PROBE ") :]) if lines else {}
+    except ValueError:
+        result = {}
+    return result
+
+
+def _version(name: str, probe: dict[str, dict[str, Any]] | None = None) -> str | None:
+    """The version `import name` gives (its __version__), else the installed distribution's metadata."""
+    found = (probe if probe is not None else _import_probe((name,))).get(name)
+    if found is not None:
+        return str(found.get("version") or found.get("metadata") or "") or None
+    try:  # the probe itself failed (e.g. timed out): the agent's own view of the metadata is all there is
+        return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def _engine_versions() -> dict[str, Any]:
+    probe = _import_probe(("sglang", "torch"))
+    out: dict[str, Any] = {"sglang": _version("sglang", probe), "torch": _version("torch", probe)}
+    # Installed but not importable is worth saying: the server would fail the same way.
+    out["import_errors"] = {n: r["error"] for n, r in probe.items() if r.get("error") and out.get(n)}
+    return out
 
 
 def op_facts(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
@@ -228,8 +291,7 @@ def op_facts(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "psutil": psutil.__version__,
-        "sglang": _version("sglang"),
-        "torch": _version("torch"),
+        **{k: v for k, v in _engine_versions().items() if k != "import_errors"},
         "cpu_count": psutil.cpu_count(),
         "mem_total_bytes": vm.total,
         "boot_time": psutil.boot_time(),
@@ -311,8 +373,7 @@ def op_check(workdir: str, nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "psutil": psutil.__version__,
-        "sglang": _version("sglang"),
-        "torch": _version("torch"),
+        **_engine_versions(),
         "gpus": op_gpus(nvidia_smi),
         "workdir": workdir,
         "disk_free_bytes": disk.free,

@@ -22,8 +22,8 @@ from typing import Any
 
 import paramiko
 from tenacity import (
+    RetryCallState,
     Retrying,
-    before_sleep_log,
     retry_if_exception_type,
     retry_if_not_exception_type,
     stop_after_attempt,
@@ -60,6 +60,17 @@ class ConnectionLost(Exception):
 def fingerprint(key: paramiko.PKey) -> str:
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def _connect_failure(e: Exception) -> str:
+    """What went wrong while connecting, in words (paramiko's NoValidConnectionsError hides the errno)."""
+    if isinstance(e, paramiko.ssh_exception.NoValidConnectionsError):
+        errnos = {getattr(x, "errno", None) for x in e.errors.values()}
+        if errnos <= {111, 61}:  # ECONNREFUSED (Linux, BSD)
+            return "connection refused (nothing listens on that port)"
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused (nothing listens on that port)"
+    return f"{type(e).__name__}: {e}"
 
 
 def known_hosts_name(host: str, port: int) -> str:
@@ -156,6 +167,24 @@ def resolve_endpoint(
     )
 
 
+def load_ssh_config(path: str | None = None) -> paramiko.SSHConfig:
+    """The ssh_config orch applies: `path`, else $ORCH_SSH_CONFIG, else ~/.ssh/config (empty if it does not exist)."""
+    p = Path(path or os.environ.get("ORCH_SSH_CONFIG") or "~/.ssh/config").expanduser()
+    if not p.is_file():
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(str(p))
+    except (OSError, paramiko.ConfigParseError) as e:
+        raise HostError(f"{p}: cannot parse ssh config: {e}") from e
+
+
+def effective_endpoint(config: HostConfig, ssh_config_path: str | None = None) -> Endpoint:
+    """Where orch would connect for this inventory host: its own user/port, else ssh_config's, else defaults."""
+    return resolve_endpoint(
+        load_ssh_config(ssh_config_path), config.address or config.name, config.user, config.port, config.identity_file
+    )
+
+
 class SSHHost(Host):
     """A remote host. One SSH connection for the session; the agent runs there as one long-lived process."""
 
@@ -177,9 +206,11 @@ class SSHHost(Host):
         self._tunnels: dict[tuple[str, int], _Tunnel] = {}
         self._held_lock: tuple[str, dict[str, Any]] | None = None
         self._closed = False
+        self._agent_abandoned = False  # orch closed the agent channel on purpose (Ctrl-C mid-request)
+        self._closing = False
         self._lost: str | None = None  # set once reconnecting has failed for good
         self._seq = 0
-        self._resolve_ssh_config(ssh_config_path or os.environ.get("ORCH_SSH_CONFIG") or "~/.ssh/config")
+        self._resolve_ssh_config(ssh_config_path)
         self.workdir = ""
         self.agent_dir = ""
         self.sim_pythonpath = None
@@ -187,14 +218,8 @@ class SSHHost(Host):
 
     # ------------------------------------------------------------ connecting
 
-    def _resolve_ssh_config(self, path: str) -> None:
-        p = Path(path).expanduser()
-        self._ssh_config = paramiko.SSHConfig()
-        if p.is_file():
-            try:
-                self._ssh_config = paramiko.SSHConfig.from_path(str(p))
-            except (OSError, paramiko.ConfigParseError) as e:
-                raise HostError(f"{p}: cannot parse ssh config: {e}") from e
+    def _resolve_ssh_config(self, path: str | None) -> None:
+        self._ssh_config = load_ssh_config(path)
         self.endpoint = resolve_endpoint(
             self._ssh_config, self.config.address or "", self.config.user, self.config.port, self.config.identity_file
         )
@@ -235,7 +260,11 @@ class SSHHost(Host):
         except paramiko.AuthenticationException as e:
             client.close()
             tried = ", ".join(ep.identity_files) or "ssh-agent and default keys"
-            raise HostError(f"{ep.display}: authentication failed ({e}); tried {tried}") from e
+            raise HostError(
+                f"{ep.display}: authentication failed ({e}); tried {tried}. Put the public key of one of them in "
+                f"~{ep.user}/.ssh/authorized_keys on the host, or name the right key with `identity_file` in "
+                "hosts.yaml (or IdentityFile in ssh_config)"
+            ) from e
         except BaseException:
             client.close()
             raise
@@ -269,7 +298,7 @@ class SSHHost(Host):
             # A name that does not resolve will not resolve on the next try either.
             retry=retry_if_exception_type((OSError, EOFError, paramiko.SSHException, ConnectionLost))
             & retry_if_not_exception_type(socket.gaierror),
-            before_sleep=before_sleep_log(log, logging.WARNING),
+            before_sleep=self._log_retry,
             reraise=True,
         )
         try:
@@ -282,13 +311,39 @@ class SSHHost(Host):
             hint = ""
             if not self.config.source:
                 hint = f" ({self.config.name!r} is not in a host inventory, so it was used as an SSH address)"
-            raise HostError(f"cannot connect to {self.name} ({self.display}): {type(e).__name__}: {e}{hint}") from e
+            raise HostError(
+                f"cannot connect to {self.name} ({self.display}): {_connect_failure(e)}{hint}. "
+                + self._connect_advice(e)
+            ) from e
+
+    def _log_retry(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        what = _connect_failure(exc) if isinstance(exc, Exception) else "failed"
+        log.warning("%s: cannot connect to %s yet (%s); trying again in %.1fs", self.name, self.display, what, wait)
+
+    def _connect_advice(self, e: BaseException) -> str:
+        ep = self.endpoint
+        if isinstance(e, socket.gaierror):
+            return f"Check the address {ep.hostname!r} (hosts.yaml `address`, or HostName in ssh_config)"
+        if isinstance(e, TimeoutError | socket.timeout):
+            return (
+                f"Check that {ep.hostname} is up and reachable from here (no firewall dropping port {ep.port}); "
+                f"connect_timeout_s in hosts.yaml is {self.config.connect_timeout_s:g}s"
+            )
+        return (
+            f"Check that {ep.hostname} is up and its sshd listens on port {ep.port} "
+            f"(try: ssh -p {ep.port} {ep.user}@{ep.hostname}), or set `port` in hosts.yaml / Port in ssh_config"
+        )
 
     def _connect(self) -> None:
         self._drop()
         self._client = self._connect_client(self.endpoint, self._open_socket(self.endpoint))
         self._install_agent()
         self._start_agent()
+        self._retake_lock()
+
+    def _retake_lock(self) -> None:
         if self._held_lock is not None:
             # Re-take the host lock. After a silent drop our previous agent may still hold it; the lock file
             # names this session, so the agent may end that one agent of ours (and nothing else) to get it back.
@@ -426,11 +481,34 @@ class SSHHost(Host):
                 if reply.get("id") != rid or reply.get("heartbeat"):
                     continue  # a heartbeat, or the late answer to a request we gave up on
                 return reply
-        except BaseException:
-            # Ctrl-C or a lost path mid-request leaves a reply in flight; never let a later call read it. Dropping
-            # the connection also makes the agent exit (it sees EOF), so an abandoned benchmark run stops at once.
+        except ConnectionLost:
             self._drop()
             raise
+        except BaseException:
+            # Ctrl-C (or any other error of ours) mid-request leaves a reply in flight; never let a later call read
+            # it. Closing the agent's channel makes that agent exit (it sees EOF), so an abandoned benchmark run
+            # stops at once. The SSH connection itself is fine: keep it, so the next call (the teardown) quietly
+            # starts a fresh agent on it instead of looking like, and being handled as, a network failure.
+            self._abandon_agent()
+            raise
+
+    def _abandon_agent(self) -> None:
+        if self._agent is not None:
+            with contextlib.suppress(Exception):
+                self._agent.close()
+        self._agent = None
+        self._buffer = b""
+        self._agent_abandoned = True
+
+    def _restart_abandoned_agent(self) -> None:
+        """After _abandon_agent: a new agent on the same connection (one try; no reconnect loop, no warning)."""
+        self._agent_abandoned = False
+        try:
+            self._transport()
+        except ConnectionLost:
+            return  # the network did fail meanwhile: the caller's normal loss handling says so and reconnects
+        self._start_agent()
+        self._retake_lock()
 
     def _roundtrip(self, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         args = request.get("args", {})
@@ -442,9 +520,14 @@ class SSHHost(Host):
                 + float(args.get("wait_s", 0))
             )
         with self._io_lock:
+            if self._closed:
+                # A call after close() (e.g. from a late tunnel thread) is our doing, not a network failure.
+                raise HostError(f"{self.name}: the SSH connection was closed by orch; no more host-side calls")
             if self._lost is not None:
                 raise HostError(self._lost)  # fail fast: reconnecting already failed for the full bound
             try:
+                if self._agent_abandoned:
+                    self._restart_abandoned_agent()
                 reply = self._request(request, timeout)
             except ConnectionLost as first:
                 if request["op"] == "launch":
@@ -463,6 +546,11 @@ class SSHHost(Host):
 
     def ensure_connected(self, force: bool = False) -> None:
         with self._io_lock:
+            if self._closed:
+                raise HostError(f"{self.name}: the SSH connection was closed by orch")
+            if not force and self._agent_abandoned:
+                with contextlib.suppress(ConnectionLost):
+                    self._restart_abandoned_agent()
             if not force:
                 try:
                     self._transport()
@@ -492,15 +580,16 @@ class SSHHost(Host):
         return f"http://127.0.0.1:{tunnel.local_port}"
 
     def close(self) -> None:
-        if self._closed:
+        if self._closed or self._closing:
             return
-        self._closed = True
+        self._closing = True
         for tunnel in self._tunnels.values():
             tunnel.close()
         self._tunnels.clear()
-        if self._held_lock is not None and self._lost is None:
+        if self._held_lock is not None and self._lost is None and not self._agent_abandoned:
             with contextlib.suppress(Exception):
                 self.call("unlock", path=self._held_lock[0])
+        self._closed = True
         self._drop()
 
 

@@ -6,6 +6,7 @@ import itertools
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -113,6 +114,9 @@ def test_knobs_defaults_and_env_names() -> None:
         ({"ORCH_SIM_FAULT": "die-after-tokens:x"}, "not an integer"),
         ({"ORCH_SIM_FAULT": "ignore-sigterm:3"}, "takes no argument"),
         ({"ORCH_SIM_FAULT": "exit-during-load,hang-during-load"}, "cannot be combined"),
+        ({"ORCH_SIM_FAULT": "die-after-tokens:5,worker-hang-after-tokens:9"}, "cannot be combined"),
+        ({"ORCH_SIM_FAULT": "worker-hang-after-tokens"}, "needs a token count"),
+        ({"ORCH_SIM_FAULT": "reexec-no-marker:2"}, "takes no argument"),
         ({"ORCH_SIM_DROP_ENV": "OK,not-a-name"}, "'not-a-name'"),
     ],
 )
@@ -468,6 +472,123 @@ def test_fault_escape_setsid(tmp_path: Path) -> None:
             with suppress(ProcessLookupError, PermissionError):
                 os.kill(escaped[0], signal.SIGKILL)
         assert _wait_dead(escaped, 5) == []
+
+
+def _environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+def _marker_env() -> dict[str, str]:
+    # The session's namespace, so the conftest sweep would catch (and fail on) anything these tests leak.
+    return {"ORCH_LAUNCH_ID": f"{os.environ['ORCH_NAMESPACE']}:simfault-{os.getpid()}-{time.monotonic_ns()}"}
+
+
+def test_fault_worker_hang_after_tokens(tmp_path: Path) -> None:
+    knobs = {"fault": "worker-hang-after-tokens:25", "decode_ms": "5"}
+    env = {"SGLANG_HEALTH_CHECK_TIMEOUT": "2"}
+    with sim(tmp_path, "--tp-size", "2", knobs=knobs, env=env) as s:
+        _wait_healthy(s)
+        rank0 = [w.pid for w in s.workers() if w.name() == "sim:sched_TP0"]
+        assert len(rank0) == 1
+        others = [p for p in s.descendants() if p not in rank0]
+        body = {"text": "a", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}, "stream": True}
+        # A short read timeout stands in for orch's wait: the stream stays open but goes silent.
+        with httpx.Client(timeout=httpx.Timeout(30, read=2.0)) as c:
+            seen, done = 0, False
+            with pytest.raises(httpx.ReadTimeout), c.stream("POST", s.url("/generate"), json=body) as r:
+                for line in r.iter_lines():
+                    done = done or line == "data: [DONE]"
+                    if line.startswith("data: {"):
+                        seen = json.loads(line[6:])["meta_info"]["completion_tokens"]
+            assert seen == 25 and not done
+            assert _wait_dead(rank0, 5) == []
+            assert s.proc.poll() is None and all(_alive(p) for p in others)
+            # A new request is accepted but never gets a token.
+            tokens: list[str] = []
+            with pytest.raises(httpx.ReadTimeout), c.stream("POST", s.url("/generate"), json=body) as r:
+                assert r.status_code == 200
+                tokens.extend(line for line in r.iter_lines() if line.startswith("data: {"))
+            assert tokens == []
+        t0 = time.monotonic()
+        health = httpx.get(s.url("/health_generate"), timeout=15)
+        assert health.status_code == 503 and 1.5 < time.monotonic() - t0 < 10
+        log = s.log()
+        assert "FAULT worker-hang-after-tokens" in log and "Child process unexpectedly failed" in log
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(10) == 0
+        assert _wait_dead(others, 5) == []
+
+
+def _escaped_pid(s: Sim, pattern: str, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(pattern, s.log())
+        if m:
+            return int(m.group(1))
+        time.sleep(0.05)
+    raise AssertionError(f"{pattern!r} never logged:\n{s.log()}")
+
+
+def test_fault_escape_double_fork(tmp_path: Path) -> None:
+    from orchestrator import hostside
+
+    marker = _marker_env()
+    knobs = {"fault": "escape-double-fork", "escape_linger_s": "4"}
+    with sim(tmp_path, "--tp-size", "2", knobs=knobs, env=marker) as s:
+        started = time.monotonic()
+        pid = _escaped_pid(s, r"FAULT escape-double-fork: pid (\d+)")
+        try:
+            _wait_port(s)
+            assert pid not in s.descendants() and psutil.Process(pid).ppid() not in [s.proc.pid, *s.descendants()]
+            # Its session is the one the intermediate child created (a session leader cannot be the escapee).
+            assert os.getpgid(pid) != s.proc.pid and os.getsid(pid) not in (os.getsid(s.proc.pid), pid)
+            assert _environ_of(pid)["ORCH_LAUNCH_ID"] == marker["ORCH_LAUNCH_ID"]
+            assert pid in [p["pid"] for p in hostside.op_find(os.environ["ORCH_NAMESPACE"])]
+            os.kill(pid, signal.SIGTERM)
+            os.killpg(s.proc.pid, signal.SIGKILL)
+            s.proc.wait(10)
+            time.sleep(0.5)
+            assert _alive(pid), "the grandchild should ignore SIGTERM and outlive the server's group"
+            # ...but not its linger time.
+            assert _wait_dead([pid], 4 + 5 - (time.monotonic() - started)) == []
+        finally:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_fault_reexec_no_marker(tmp_path: Path) -> None:
+    from orchestrator import hostside
+    from orchestrator.sim.workers import REEXEC_TAG
+
+    marker = _marker_env()
+    knobs = {"fault": "reexec-no-marker", "escape_linger_s": "3"}
+    with sim(tmp_path, knobs=knobs, env=marker) as s:
+        _wait_port(s)
+        detok = [w for w in s.workers() if w.name() == "sim:detok"]
+        assert len(detok) == 1
+        pid, created = detok[0].pid, detok[0].create_time()
+        assert _environ_of(pid)["ORCH_LAUNCH_ID"] == marker["ORCH_LAUNCH_ID"]
+        try:
+            os.killpg(s.proc.pid, signal.SIGTERM)  # how orch starts a teardown
+            assert s.proc.wait(10) == 0
+            deadline = time.monotonic() + 5
+            while REEXEC_TAG not in " ".join(psutil.Process(pid).cmdline()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc = psutil.Process(pid)
+            assert REEXEC_TAG in proc.cmdline() and proc.create_time() == created  # same process, new program
+            reexeced = time.monotonic()
+            assert "ORCH_LAUNCH_ID" not in _environ_of(pid)
+            assert os.getpgid(pid) == pid != s.proc.pid and os.getsid(pid) == pid
+            assert pid not in [p["pid"] for p in hostside.op_find(os.environ["ORCH_NAMESPACE"])]
+            assert f"pid {pid}" in s.log() and "FAULT reexec-no-marker" in s.log()
+            os.kill(pid, signal.SIGTERM)
+            time.sleep(0.5)
+            assert _alive(pid), "the re-exec'd program ignores SIGTERM"
+            assert _wait_dead([pid], 3 + 5 - (time.monotonic() - reexeced)) == []
+        finally:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_knob_and_arg_errors_exit_codes(tmp_path: Path) -> None:

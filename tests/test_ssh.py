@@ -286,7 +286,18 @@ def test_ctrl_c_over_ssh_tears_down_the_remote_server(
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(seen) + out
     assert "torn down" in out
+    # orch dropped the connection on purpose: nothing may look like a network failure.
+    assert "connection lost" not in out.lower() and "reconnect" not in out.lower(), out
     _nothing_left()
+
+
+def test_a_call_after_close_is_refused_not_reconnected(remote: HostConfig, caplog: pytest.LogCaptureFixture) -> None:
+    host = SSHHost(remote)
+    host.close()
+    with pytest.raises(HostError, match="closed by orch"):
+        host.call("hello")
+    assert not any("connection lost" in r.getMessage() for r in caplog.records)
+    assert host.stats.reconnects == 0
 
 
 def test_two_sessions_on_one_host_are_serialised_by_the_lock(
@@ -360,6 +371,66 @@ def test_hosts_check_and_status_over_ssh(remote: HostConfig, tmp_path: Path) -> 
     proc = orch("status", "--host", "testbox", cwd=tmp_path)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "nothing launched by orch is running on testbox" in out and "GPU 0:" in out
+
+
+def test_hosts_list_shows_ssh_config_endpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from orchestrator.cli import main
+
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text("Host gpu-alias\n  HostName 10.9.8.7\n  Port 2299\n  User alice\n")
+    monkeypatch.setenv("ORCH_SSH_CONFIG", str(cfg))
+    inv = tmp_path / "hosts.yaml"
+    hosts = {
+        "aliased": {"address": "gpu-alias"},
+        "pinned": {"address": "gpu-alias", "port": 2200, "user": "bob"},
+        "plain": {"address": "10.1.1.1"},
+        "broken": {"address": "gpu-alias", "identity_file": [str(tmp_path / "missing-key")]},
+    }
+    inv.write_text(yaml.safe_dump({"hosts": hosts}))
+    monkeypatch.setenv("USER", "carol")
+    assert main(["hosts", "list", "--inventory", str(inv)]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "alice@10.9.8.7:2299 (ssh_config Host gpu-alias)" in lines["aliased"]
+    assert "bob@10.9.8.7:2200 (ssh_config Host gpu-alias)" in lines["pinned"]  # the inventory wins
+    assert "carol@10.1.1.1:22 " in lines["plain"]
+    assert "missing-key: no such file" in lines["broken"] and "Traceback" not in lines["broken"]
+
+
+def _fake_engine_packages(root: Path) -> Path:
+    """sglang and torch importable from root, with __version__ but no dist-info (metadata cannot see them)."""
+    (root / "sglang").mkdir(parents=True)
+    (root / "sglang" / "__init__.py").write_text('__version__ = "0.5.9"\n')
+    (root / "torch").mkdir()
+    # Real packages may print while importing; the probe must not be confused by it.
+    (root / "torch" / "__init__.py").write_text('print("torch says hello")\n__version__ = "2.9.1+cu128"\n')
+    return root
+
+
+def test_hosts_check_finds_sglang_by_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from orchestrator.cli import main
+
+    fake = _fake_engine_packages(tmp_path / "site")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake), str(REPO)]))
+    monkeypatch.chdir(tmp_path)
+    assert main(["hosts", "check", "local"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"ok\s+sglang 0\.5\.9\n", out) and re.search(r"ok\s+torch 2\.9\.1\+cu128\n", out), out
+    facts = hostside.op_facts()
+    assert facts["sglang"] == "0.5.9" and facts["torch"] == "2.9.1+cu128"
+    assert "sglang" not in sys.modules, "the agent must not import sglang itself"
+    # Installed per metadata but broken on import: still reported, with a warning saying why.
+    (fake / "sglang" / "__init__.py").write_text("raise ImportError('libcuda.so.1: cannot open shared object')\n")
+    dist = fake / "sglang-0.5.8.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.8\n")
+    assert main(["hosts", "check", "local"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"ok\s+sglang 0\.5\.8\n", out)
+    assert "warn  sglang is installed but `import sglang` fails" in out and "libcuda.so.1" in out
 
 
 def test_concurrent_calls_share_one_agent_channel(remote: HostConfig) -> None:

@@ -71,7 +71,14 @@ _KNOB_LIST: tuple[Knob, ...] = (
     Knob("seed", int, None, "seeds every random draw; unset: drawn at random and logged", 0.0, float(2**63 - 1)),
     Knob("fault", str, None, "comma-separated faults to inject (see FAULTS)"),
     Knob("drop_env", str, None, "comma-separated env var names removed from the workers' environment"),
-    Knob("escape_linger_s", float, 600.0, "max lifetime of a worker escaped by the escape-setsid fault", 0.0, 86400.0),
+    Knob(
+        "escape_linger_s",
+        float,
+        600.0,
+        "max lifetime of a process escaped by the escape-setsid, escape-double-fork or reexec-no-marker fault",
+        0.0,
+        86400.0,
+    ),
 )
 
 KNOBS: dict[str, Knob] = {k.name: k for k in _KNOB_LIST}
@@ -83,9 +90,22 @@ FAULTS: dict[str, tuple[bool, str]] = {
     "die-after-tokens": (True, "the server process hard-exits after N generated tokens in total (mid-stream)"),
     "ignore-sigterm": (False, "the main process ignores SIGTERM; only SIGKILL stops it"),
     "escape-setsid": (False, "one scheduler calls setsid() and outlives the server (until SIGKILL or escape_linger_s)"),
+    "worker-hang-after-tokens": (
+        True,
+        "scheduler rank 0 hard-exits after N generated tokens; the server keeps its port but never generates again",
+    ),
+    "escape-double-fork": (
+        False,
+        "scheduler rank 0 double-forks a setsid'd grandchild (reparented, marker kept) that ignores SIGTERM",
+    ),
+    "reexec-no-marker": (
+        False,
+        "when told to stop, the detokenizer setsid()s and re-execs without ORCH_LAUNCH_ID, keeping its PID",
+    ),
 }
 
-_CONFLICTS = ({"exit-during-load", "hang-during-load"},)
+# Both *-after-tokens faults decide how the token stream ends; together the outcome would hinge on which N is lower.
+_CONFLICTS = ({"exit-during-load", "hang-during-load"}, {"die-after-tokens", "worker-hang-after-tokens"})
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

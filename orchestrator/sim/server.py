@@ -12,7 +12,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -91,6 +91,21 @@ def rewrite_env(
             del env[name]
             changes.append(f"{name} removed (drop_env)")
     return changes
+
+
+def health_check_timeout(environ: Mapping[str, str]) -> float:
+    """SGLang's SGLANG_HEALTH_CHECK_TIMEOUT (seconds health waits for output before 503), default 20."""
+    raw = environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "").strip()
+    if not raw:
+        return HEALTH_CHECK_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (0 < value < 86400):
+        logs.log(f"SGLANG_HEALTH_CHECK_TIMEOUT={raw!r} is not a positive number of seconds; using 20", "warning")
+        return HEALTH_CHECK_TIMEOUT_S
+    return value
 
 
 def _openai_error(message: str, status: int = 400) -> dict[str, Any]:
@@ -317,6 +332,7 @@ class SimServer:
         self.speed_factor = speed_factor
         self.env_changes = env_changes
         self.faults = knob_faults(knobs)
+        self.health_timeout_s = health_check_timeout(os.environ)
         self.phase = LOADING
         self.workers: list[_Worker] = []
         self.conns: set[asyncio.StreamWriter] = set()
@@ -374,7 +390,8 @@ class SimServer:
             return 1
         self.phase = STARTING
         logs.log(f"Uvicorn running on http://{self.cfg.host}:{self.cfg.port} (simulated server; Press CTRL+C to quit)")
-        die_after = self.faults.get("die-after-tokens")
+        # The two *-after-tokens faults cannot be combined (knobs), so at most one of them sets the count.
+        die_after = self.faults.get("die-after-tokens") or self.faults.get("worker-hang-after-tokens")
         self.engine = Engine(
             self.model,
             random.Random(f"{self.seed}:engine"),
@@ -383,7 +400,7 @@ class SimServer:
             decode_log_interval=self.cfg.decode_log_interval,
             cuda_graph=not self.cfg.disable_cuda_graph,
             cuda_graph_max_bs=self.cfg.cuda_graph_max_bs,
-            die_after_tokens=die_after if "die-after-tokens" in self.faults else None,
+            die_after_tokens=die_after,
             on_crash=self._crash,
         )
         engine_task = asyncio.ensure_future(self.engine.run())
@@ -405,11 +422,31 @@ class SimServer:
             self._drain_deadline = 0.0
 
     def _crash(self, tokens: int) -> None:
+        if "worker-hang-after-tokens" in self.faults:
+            self._hang(tokens)
+            return
         logs.log(
             f"FAULT die-after-tokens: {tokens} tokens generated; the server process hard-exits now (simulated crash)",
             "error",
         )
         os._exit(1)
+
+    def _hang(self, tokens: int) -> None:
+        # A dead TP rank means no scheduler iteration can complete: nothing more is generated from this moment,
+        # not only after the main process notices the death (that takes WORKER_DEATH_GRACE_S).
+        assert self.engine is not None
+        self.engine.broken = True
+        self.engine.crash_pending = False
+        victim = next(w for w in self.workers if w.spec.role == "scheduler" and w.spec.rank == 0)
+        logs.log(
+            f"FAULT worker-hang-after-tokens: {tokens} tokens generated; {victim.label} (pid {victim.proc.pid}) "
+            "hard-exits now; the HTTP port stays open but nothing is generated any more (no watchdog)",
+            "error",
+        )
+        try:
+            victim.conn.send("die")
+        except (OSError, ValueError):
+            victim.proc.kill()
 
     async def _warmup(self) -> None:
         assert self.engine is not None
@@ -446,11 +483,12 @@ class SimServer:
                 fault_exit=rank == 0 and "exit-during-load" in self.faults,
                 fault_hang=rank == 0 and "hang-during-load" in self.faults,
                 escape=rank == self.cfg.tp_size - 1 and "escape-setsid" in self.faults,
+                double_fork=rank == 0 and "escape-double-fork" in self.faults,
                 **common,
             )
             for rank in range(self.cfg.tp_size)
         ]
-        specs.append(WorkerSpec("detokenizer", 0, **common))
+        specs.append(WorkerSpec("detokenizer", 0, reexec="reexec-no-marker" in self.faults, **common))
         for spec in specs:
             parent_conn, child_conn = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=run_worker, args=(spec, child_conn), name=spec.title, daemon=False)
@@ -507,10 +545,17 @@ class SimServer:
 
     async def _stop_workers(self, kill: bool = False) -> None:
         loop = asyncio.get_running_loop()
-        keep = [w for w in self.workers if not w.spec.escape]
+        # A reexec-no-marker worker answers "stop" by becoming another program: waiting for it (and then
+        # SIGKILLing it) would undo the fault, so unless this is a kill it only gets the message.
+        reexec = [] if kill else [w for w in self.workers if w.spec.reexec]
+        keep = [w for w in self.workers if not w.spec.escape and w not in reexec]
         for w in self.workers:
             with contextlib.suppress(ValueError, OSError):
                 loop.remove_reader(w.conn.fileno())
+        for w in reexec:
+            logs.log(f"FAULT reexec-no-marker: telling the {w.label} (pid {w.proc.pid}) to stop; it re-execs instead")
+            with contextlib.suppress(OSError, ValueError, BrokenPipeError):
+                w.conn.send("stop")
         for w in keep:
             if kill:
                 with contextlib.suppress(OSError, ValueError):
@@ -626,7 +671,7 @@ class SimServer:
         if not engine.busy():
             # A busy scheduler answers health through its normal output, as SGLang's does.
             engine.submit(Req(1, 1, kind="health", rid=f"HEALTH_CHECK_{time.time()}"))
-        while time.monotonic() < tic + HEALTH_CHECK_TIMEOUT_S:
+        while time.monotonic() < tic + self.health_timeout_s:
             await asyncio.sleep(1)
             if self.phase == SHUTTING_DOWN:
                 break
@@ -638,7 +683,7 @@ class SimServer:
         if self.phase != SHUTTING_DOWN:
             logs.log(
                 "Health check failed. Server couldn't get a response from detokenizer for last "
-                f"{HEALTH_CHECK_TIMEOUT_S:g} seconds.",
+                f"{self.health_timeout_s:g} seconds.",
                 "error",
             )
             self.phase = UNHEALTHY

@@ -10,11 +10,25 @@ import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import NoReturn
 
 from orchestrator.sim import logs
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
+# orch's launch marker (hostside.MARKER); named here because the simulator must not import the agent.
+LAUNCH_MARKER = "ORCH_LAUNCH_ID"
+REEXEC_TAG = "orch-sim:reexec-no-marker"
+
+# The program the reexec-no-marker worker becomes: stdlib only (the new environment need not find orchestrator),
+# deaf to SIGTERM/SIGHUP/SIGINT like a wedged helper, and gone by itself after its linger time.
+_REEXEC_CODE = """\
+import os, signal, sys, time
+for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(s, signal.SIG_IGN)
+time.sleep(float(sys.argv[2]))
+sys.stderr.write("[orch-sim] FAULT reexec-no-marker: pid %d reached escape_linger_s and exits\\n" % os.getpid())
+"""
 
 
 @dataclass(frozen=True)
@@ -31,6 +45,8 @@ class WorkerSpec:
     fault_hang: bool = False
     escape: bool = False
     escape_linger_s: float = 600.0
+    double_fork: bool = False
+    reexec: bool = False
 
     @property
     def title(self) -> str:
@@ -66,8 +82,8 @@ class _Stop(Exception):
     pass
 
 
-def _wait(conn: Connection, seconds: float | None, escape: bool) -> None:
-    """Wait up to seconds (None: forever) while honouring 'stop' messages and parent EOF."""
+def _wait(conn: Connection, seconds: float | None, escape: bool, prefix: str = "") -> None:
+    """Wait up to seconds (None: forever) while honouring 'stop'/'die' messages and parent EOF."""
     deadline = None if seconds is None else time.monotonic() + seconds
     while True:
         remaining = None if deadline is None else deadline - time.monotonic()
@@ -77,6 +93,10 @@ def _wait(conn: Connection, seconds: float | None, escape: bool) -> None:
         try:
             if conn.poll(step):
                 msg = conn.recv()
+                if msg == "die":
+                    # worker-hang-after-tokens: a TP worker crashing mid-generation (no cleanup, no goodbye).
+                    logs.log("FAULT worker-hang-after-tokens: this scheduler hard-exits now", "error", prefix)
+                    os._exit(1)
                 if msg == "stop" and not escape:
                     raise _Stop
         except (EOFError, OSError):
@@ -104,17 +124,25 @@ def run_worker(spec: WorkerSpec, conn: Connection) -> None:
             "warning",
             spec.prefix,
         )
+    elif spec.reexec:
+        # No parent-death signal: it survives exec, and the point of this fault is a process that outlives the
+        # server under another program; SIGTERM (e.g. orch signalling the group) is when it escapes.
+        signal.signal(signal.SIGTERM, lambda _sig, _frame: _reexec(spec))
     else:
         # SIG_IGN survives exec, so a main process deaf to SIGTERM (fault) would otherwise pass that on.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         set_pdeathsig()
-        if os.getppid() != spec.parent_pid:
-            # The parent died before the death signal was armed.
-            os._exit(0)
+    if not spec.escape and os.getppid() != spec.parent_pid:
+        # The parent died before the death signal was armed.
+        os._exit(0)
     set_comm_name(spec.title)
+    if spec.double_fork:
+        _double_fork(spec, conn)
     try:
         _run(spec, conn)
     except _Stop:
+        if spec.reexec:
+            _reexec(spec)
         return
     if spec.escape:
         left = spec.escape_linger_s - (time.monotonic() - started)
@@ -124,11 +152,56 @@ def run_worker(spec: WorkerSpec, conn: Connection) -> None:
         logs.log("FAULT escape-setsid: escaped scheduler reached escape_linger_s and exits", "warning", spec.prefix)
 
 
+def _double_fork(spec: WorkerSpec, conn: Connection) -> None:
+    """escape-double-fork: leave a grandchild in its own session, reparented away from this worker's tree."""
+    worker_pid = os.getpid()
+    child = os.fork()
+    if child:
+        # The intermediate child exits at once; reap it so nothing of it lingers as a zombie.
+        os.waitpid(child, 0)
+        return
+    try:
+        os.setsid()
+        if os.fork():
+            os._exit(0)
+        conn.close()
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        set_comm_name("sim:escaped")
+        logs.log(
+            f"FAULT escape-double-fork: pid {os.getpid()}, a grandchild of this scheduler (pid {worker_pid}) "
+            "reparented away from it, runs in its own session with the launch marker, ignores SIGTERM and lingers "
+            f"until SIGKILL or {spec.escape_linger_s:g} s",
+            "warning",
+            spec.prefix,
+        )
+        time.sleep(spec.escape_linger_s)
+        logs.log("FAULT escape-double-fork: escaped grandchild reached escape_linger_s and exits", "warning")
+    finally:
+        os._exit(0)
+
+
+def _reexec(spec: WorkerSpec) -> NoReturn:
+    """reexec-no-marker: become another long-running program, same PID, new session, environment unmarked."""
+    env = {k: v for k, v in os.environ.items() if k != LAUNCH_MARKER}
+    logs.log(
+        f"FAULT reexec-no-marker: this {spec.role} (pid {os.getpid()}) calls setsid() and re-execs "
+        f"{sys.executable} without {LAUNCH_MARKER}; it ignores SIGTERM and lingers until SIGKILL or "
+        f"{spec.escape_linger_s:g} s",
+        "warning",
+        spec.prefix,
+    )
+    with contextlib.suppress(OSError):
+        os.setsid()
+    argv = [sys.executable, "-c", _REEXEC_CODE, REEXEC_TAG, repr(spec.escape_linger_s)]
+    os.execve(sys.executable, argv, env)
+
+
 def _run(spec: WorkerSpec, conn: Connection) -> None:
     p = spec.prefix
     if spec.role == "detokenizer":
         conn.send({"status": "ready", "pid": os.getpid(), "role": spec.role, "rank": spec.rank})
-        _wait(conn, None, escape=False)
+        _wait(conn, None, escape=False, prefix=p)
         return
     logs.log(f"Load weight begin (simulated: sleeping load_s={spec.load_s:g} s instead of loading)", prefix=p)
     if spec.fault_exit:
@@ -151,4 +224,4 @@ def _run(spec: WorkerSpec, conn: Connection) -> None:
         logs.log("Capture cuda graph end. (simulated)", prefix=p)
     conn.send({"status": "ready", "pid": os.getpid(), "role": spec.role, "rank": spec.rank})
     if not spec.escape:
-        _wait(conn, None, escape=False)
+        _wait(conn, None, escape=False, prefix=p)

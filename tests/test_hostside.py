@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -315,3 +316,45 @@ def test_lock_is_exclusive_and_reclaimed_only_from_our_own_session(tmp_path: Pat
         if agent.poll() is None:
             agent.kill()
         agent.wait()
+
+
+# Starts a helper that leaves the group and re-execs with the launch marker removed (a compile daemon, say), then
+# prints its PID: only the PIDs recorded for the launch can find it again.
+UNMARKER = (
+    "import os, subprocess, sys, time\n"
+    "env = {k: v for k, v in os.environ.items() if k != 'ORCH_LAUNCH_ID'}\n"
+    "code = 'import signal, time\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\ntime.sleep(60)'\n"
+    "p = subprocess.Popen([sys.executable, '-c', code], env=env, start_new_session=True)\n"
+    "print(p.pid, flush=True)\n"
+    "while True: time.sleep(0.1)\n"
+)
+
+
+def test_teardown_kills_recorded_processes_that_dropped_the_marker(tmp_path: Path) -> None:
+    lid, info = _launch(tmp_path, UNMARKER)
+    log = tmp_path / "logs" / "x.log"
+    deadline = time.monotonic() + 10
+    while not log.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    helper = int(log.read_text().split()[0])
+    try:
+        recorded = hostside.op_launch_procs(lid, int(info["pid"]))  # type: ignore[call-overload]
+        assert helper in [p["pid"] for p in recorded]
+        assert helper not in [p["pid"] for p in hostside.op_find(NAMESPACE)]  # the marker cannot find it
+        assert hostside.op_launch_health(recorded)["ok"]
+        report = hostside.op_teardown(lid, pgid=int(info["pgid"]), grace_s=1, known=recorded)  # type: ignore[call-overload]
+        assert report["unmarked"] == [helper]
+        assert not _alive(helper)
+        assert not hostside.op_launch_health(recorded)["ok"]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(helper, signal.SIGKILL)
+
+
+def test_recorded_pids_are_matched_with_their_start_time() -> None:
+    """A PID reused by another process is never taken for a recorded member of a launch."""
+    me = psutil.Process()
+    same = {"pid": me.pid, "create_time": me.create_time()}
+    other = {"pid": me.pid, "create_time": me.create_time() - 100}
+    assert hostside._recorded([same])[0] == [me]
+    assert hostside._recorded([other])[0] == [] and hostside._recorded([other])[1] == [other]

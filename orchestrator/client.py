@@ -48,12 +48,10 @@ class BadAnswer(ValueError):
 
 def _whole(value: Any, what: str, limit: int) -> int:
     """value as a whole number in [0, limit]; BadAnswer naming what the server sent otherwise."""
-    if isinstance(value, bytes):
-        value = value.decode("ascii", "replace")
-        if value.isdigit() and len(value) < 4000:  # int() refuses longer digit strings
-            value = int(value)
+    raw, value = value, _from_bytes(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadAnswer(f"server sent {what}={str(value)[:40]!r}, not a whole number")
+        shown = raw.decode("ascii", "replace") if isinstance(raw, bytes) else json.dumps(value, default=str)
+        raise BadAnswer(f"server sent {what}={shown[:40]}, not a whole number")
     if value < 0:
         raise BadAnswer(f"server sent {what}={value}, a negative count")
     if value > limit:
@@ -61,14 +59,21 @@ def _whole(value: Any, what: str, limit: int) -> int:
     return value
 
 
+def _from_bytes(value: Any) -> Any:
+    """A number the fast path cut out of an event, as JSON would read it (digits only; anything else as text)."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+        if value.isdigit() and len(value) < 4000:  # int() refuses longer digit strings
+            return int(value)
+    return value
+
+
 def _tokens(value: Any, rec: Record) -> int:
     """A completion-token count from the server, bounded by what rec's max_tokens allows."""
-    try:
-        return _whole(value, "completion_tokens", token_limit(rec.max_tokens))
-    except BadAnswer as e:
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            raise BadAnswer(f"server claimed {value} tokens for max_tokens {rec.max_tokens}") from e
-        raise
+    number = _from_bytes(value)
+    if isinstance(number, int) and not isinstance(number, bool) and number > token_limit(rec.max_tokens):
+        raise BadAnswer(f"server claimed {number} tokens for max_tokens {rec.max_tokens}")
+    return _whole(value, "completion_tokens", token_limit(rec.max_tokens))
 
 
 def build_body(endpoint: str, item: dict[str, Any], max_tokens: int, model: str) -> dict[str, Any]:
@@ -209,8 +214,11 @@ class _Guard:
             deadline, why = rec.start + self.timeout, f"timed out after {self.timeout:.0f}s with {rec.tokens} tokens"
         if now >= deadline:
             self.stop(why)
-        else:
-            self._handle = self._loop.call_later(deadline - now, self.check)
+            return
+        # A stall deadline only moves later as tokens arrive, except for the first token, which may bring it
+        # forward (stall_s < first_token_s): until then look again within stall_s.
+        wake = deadline if rec.arrivals else min(deadline, now + self.stall_s)
+        self._handle = self._loop.call_later(wake - now, self.check)
 
     def stop(self, reason: str) -> None:
         if self.reason is None and not self.task.done():
@@ -284,6 +292,9 @@ async def fetch(
             guards.discard(guard)
         for w in streams:
             w.close()
+    if rec.error is None and rec.first is None:
+        # Left unflagged, a request without a single token would be neither measured nor counted as failed.
+        rec.error = "the server finished the stream without sending a token"
     if rec.error is not None:
         return
     if text_chunks and rec.chunks and rec.reported_tokens and rec.reported_tokens != rec.tokens:
@@ -404,7 +415,9 @@ async def _stream(
             ):
                 rec.accept_length = float(accept)
             else:
-                raise BadAnswer(f"server sent spec_accept_length={str(accept)[:40]!r}, not a plausible length")
+                raise BadAnswer(
+                    f"server sent spec_accept_length={json.dumps(accept, default=str)[:40]}, not a plausible length"
+                )
 
 
 def _meta_info(event: Any) -> dict[str, Any]:

@@ -371,3 +371,10 @@ def test_bounds_must_be_finite_and_positive(server: Loopback, name: str, bad: fl
     with pytest.raises(ValueError, match=f"{name} must be a finite number of seconds above 0"):
         bounds: dict[str, Any] = {name: bad}
         run(server, **bounds)
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "completions"])
+def test_a_stream_without_any_token_fails_its_request(server: Loopback, endpoint: str) -> None:
+    server.handler = stream()  # 200, then [DONE] at once
+    s = run(server, endpoint)
+    assert not s["valid"] and s["per_request"][0]["error"] == "the server finished the stream without sending a token"

@@ -8,21 +8,72 @@ and a chunk of k tokens after a gap g contributes k inter-token latencies of g/k
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import re
 import signal
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 ENDPOINTS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
 # The last "completion_tokens" in a /generate event is meta_info's (text and output_ids come first); reading it
 # with a regex instead of parsing the whole cumulative event keeps the client's cost per token flat.
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+# The value is captured up to the next delimiter, not as digits only: `1e18` or `-5` must be seen whole and refused,
+# not read as 1 or 5.
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*([^,}\]\s]+)')
 _FINISH_NULL = re.compile(rb'"finish_reason"\s*:\s*null')
+
+
+# A server's numbers are checked before they are used: a token count drives per-token lists, so a lying server
+# (`completion_tokens: 1e18`) would otherwise exhaust memory. Speculative decoding may overshoot max_tokens by a
+# few draft tokens; more than this slack is a lie.
+def token_limit(max_tokens: int) -> int:
+    """The most tokens a request for max_tokens may plausibly report."""
+    return max_tokens + 16 + max_tokens // 8
+
+
+# No SSE event (and no chunk) orch needs is this large; a server sending one is broken or hostile.
+MAX_EVENT_BYTES = 64 * 1024 * 1024
+# Prompt token counts above this are not believed (no model has such a context).
+MAX_PROMPT_TOKENS = 1 << 31
+
+
+class BadAnswer(ValueError):
+    """The server answered something the client cannot believe; the request fails with this message."""
+
+
+def _whole(value: Any, what: str, limit: int) -> int:
+    """value as a whole number in [0, limit]; BadAnswer naming what the server sent otherwise."""
+    raw, value = value, _from_bytes(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        shown = raw.decode("ascii", "replace") if isinstance(raw, bytes) else json.dumps(value, default=str)
+        raise BadAnswer(f"server sent {what}={shown[:40]}, not a whole number")
+    if value < 0:
+        raise BadAnswer(f"server sent {what}={value}, a negative count")
+    if value > limit:
+        raise BadAnswer(f"server claimed {value} for {what} (more than {limit} is impossible)")
+    return value
+
+
+def _from_bytes(value: Any) -> Any:
+    """A number the fast path cut out of an event, as JSON would read it (digits only; anything else as text)."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+        if value.isdigit() and len(value) < 4000:  # int() refuses longer digit strings
+            return int(value)
+    return value
+
+
+def _tokens(value: Any, rec: Record) -> int:
+    """A completion-token count from the server, bounded by what rec's max_tokens allows."""
+    number = _from_bytes(value)
+    if isinstance(number, int) and not isinstance(number, bool) and number > token_limit(rec.max_tokens):
+        raise BadAnswer(f"server claimed {number} tokens for max_tokens {rec.max_tokens}")
+    return _whole(value, "completion_tokens", token_limit(rec.max_tokens))
 
 
 def build_body(endpoint: str, item: dict[str, Any], max_tokens: int, model: str) -> dict[str, Any]:
@@ -95,42 +146,157 @@ class Record:
         return None if self.end is None else self.end - self.start
 
 
-def _count_openai(event: dict[str, Any], rec: Record, text_chunks: list[int]) -> int:
+def _count_openai(event: Any, rec: Record, text_chunks: list[int]) -> int:
     """Tokens this OpenAI chunk added: from cumulative usage when the server sends it per chunk, else 1 per delta."""
+    if not isinstance(event, dict):
+        raise BadAnswer(f"server sent a JSON {type(event).__name__} where an object was expected")
     usage = event.get("usage")
     choices = event.get("choices") or []
-    content = ""
+    if not isinstance(choices, list):
+        raise BadAnswer(f"server sent choices of type {type(choices).__name__}, not a list")
+    content: Any = ""
     if choices:
         c = choices[0]
-        content = c.get("text") or (c.get("delta") or {}).get("content") or ""
+        if not isinstance(c, dict):
+            raise BadAnswer(f"server sent a choice of type {type(c).__name__}, not an object")
+        delta = c.get("delta") or {}
+        content = c.get("text") or (delta.get("content") if isinstance(delta, dict) else None) or ""
     if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-        rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
-        new = int(usage["completion_tokens"]) - rec.tokens
+        if usage.get("prompt_tokens") is not None:
+            rec.prompt_tokens = _whole(usage["prompt_tokens"], "prompt_tokens", MAX_PROMPT_TOKENS)
+        total = _tokens(usage["completion_tokens"], rec)
         if choices:
             rec.token_source = "usage (per chunk)"
-            return max(new, 0)
+            return max(total - rec.tokens, 0)
         # The final usage-only chunk: the true total, which may exceed the chunks counted one token each.
-        rec.reported_tokens = int(usage["completion_tokens"])
+        rec.reported_tokens = total
         return 0
     if content:
         text_chunks.append(len(rec.arrivals))
+        if rec.tokens >= token_limit(rec.max_tokens):
+            raise BadAnswer(f"server sent more than {rec.tokens} chunks for max_tokens {rec.max_tokens}")
         return 1
     return 0
 
 
-async def fetch(host: str, port: int, path: str, body: dict[str, Any], rec: Record, t0: float, timeout: float) -> None:
-    """Stream one request, filling rec; errors are recorded on rec, never raised."""
+class _Guard:
+    """Cancels one request's stream when it stalls, misses its first token, runs past its timeout or is aborted.
+
+    One timer per request, re-armed only when it fires: checking progress costs nothing per token.
+    """
+
+    def __init__(
+        self,
+        task: asyncio.Task[None],
+        rec: Record,
+        t0: float,
+        *,
+        timeout: float,
+        stall_s: float,
+        first_token_s: float,
+    ) -> None:
+        self.task, self.rec, self.t0 = task, rec, t0
+        self.timeout, self.stall_s, self.first_token_s = timeout, stall_s, first_token_s
+        self.reason: str | None = None
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_soon(self.check)
+
+    def check(self) -> None:
+        rec = self.rec
+        now = time.perf_counter() - self.t0
+        if rec.arrivals:
+            deadline = rec.arrivals[-1][0] + self.stall_s
+            why = f"stalled: no token for {self.stall_s:g}s after {rec.tokens} tokens"
+        else:
+            deadline = rec.start + self.first_token_s
+            why = f"stalled: no first token within {self.first_token_s:g}s"
+        if rec.start + self.timeout < deadline:
+            deadline, why = rec.start + self.timeout, f"timed out after {self.timeout:.0f}s with {rec.tokens} tokens"
+        if now >= deadline:
+            self.stop(why)
+            return
+        # A stall deadline only moves later as tokens arrive, except for the first token, which may bring it
+        # forward (stall_s < first_token_s): until then look again within stall_s.
+        wake = deadline if rec.arrivals else min(deadline, now + self.stall_s)
+        self._handle = self._loop.call_later(wake - now, self.check)
+
+    def stop(self, reason: str) -> None:
+        if self.reason is None and not self.task.done():
+            self.reason = reason
+            self.task.cancel()
+
+    def close(self) -> None:
+        self._handle.cancel()
+
+
+def _describe(exc: BaseException, rec: Record) -> str:
+    """A request's error from what ended its stream: what the server did wrong, and how far it got."""
+    if isinstance(exc, BadAnswer):
+        return f"{exc} (after {rec.tokens} tokens)"
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return f"the connection closed mid-chunk after {rec.tokens} tokens"
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc} after {rec.tokens} tokens"
+    # Anything else came from parsing what the server sent (bad JSON, wrong types, absurd sizes).
+    return f"unreadable answer from the server ({type(exc).__name__}: {str(exc)[:200]}) after {rec.tokens} tokens"
+
+
+def check_bounds(**bounds: float) -> None:
+    """Each named bound (seconds) must be finite and positive."""
+    for name, value in bounds.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{name} must be a finite number of seconds above 0, not {value!r}")
+
+
+async def fetch(
+    host: str,
+    port: int,
+    path: str,
+    body: dict[str, Any],
+    rec: Record,
+    t0: float,
+    timeout: float,
+    *,
+    stall_s: float = 60.0,
+    first_token_s: float = 180.0,
+    guards: set[_Guard] | None = None,
+) -> None:
+    """Stream one request, filling rec; errors are recorded on rec, never raised.
+
+    The request fails when no token arrives for stall_s (a server whose worker died keeps its socket open and goes
+    silent), when the first token takes longer than first_token_s, or after timeout in all. `guards` collects the
+    request's guard while it runs, so the run can abort it.
+    """
+    check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s)
     text_chunks: list[int] = []
     streams: list[asyncio.StreamWriter] = []
+    inner = asyncio.get_running_loop().create_task(_stream(host, port, path, body, rec, t0, streams, text_chunks))
+    guard = _Guard(inner, rec, t0, timeout=timeout, stall_s=stall_s, first_token_s=first_token_s)
+    if guards is not None:
+        guards.add(guard)
     try:
-        await asyncio.wait_for(_stream(host, port, path, body, rec, t0, streams, text_chunks), timeout)
-    except asyncio.TimeoutError:  # an alias of TimeoutError from 3.11 on; distinct on 3.10
-        rec.error = f"timed out after {timeout:.0f}s with {rec.tokens} tokens"
-    except (OSError, asyncio.IncompleteReadError, ValueError) as e:
-        rec.error = f"{type(e).__name__}: {e} after {rec.tokens} tokens"
+        try:
+            # asyncio.wait, not await: a cancellation of this request by its guard must not look like (or swallow)
+            # a cancellation of the whole run by Ctrl-C.
+            await asyncio.wait({inner})
+        except asyncio.CancelledError:
+            inner.cancel()
+            raise
+        if inner.cancelled():
+            rec.error = guard.reason or f"cancelled after {rec.tokens} tokens"
+        elif (exc := inner.exception()) is not None:
+            rec.error = _describe(exc, rec)
     finally:
+        guard.close()
+        if guards is not None:
+            guards.discard(guard)
         for w in streams:
             w.close()
+    if rec.error is None and rec.first is None:
+        # Left unflagged, a request without a single token would be neither measured nor counted as failed.
+        rec.error = "the server finished the stream without sending a token"
+    if rec.error is not None:
+        return
     if text_chunks and rec.chunks and rec.reported_tokens and rec.reported_tokens != rec.tokens:
         # Only the final usage told the true count: spread it evenly over the content chunks, and say so.
         scale = rec.reported_tokens / rec.tokens
@@ -162,7 +328,7 @@ async def _stream(
     )
     status_line = await reader.readline()
     parts = status_line.split()
-    status = int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() else 0
+    status = int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() and len(parts[1]) == 3 else 0
     chunked = False
     while True:
         line = await reader.readline()
@@ -173,7 +339,8 @@ async def _stream(
             chunked = True
     if status != 200:
         text = (await reader.read(2000)).decode(errors="replace")
-        rec.error = f"HTTP {status}: {text.strip()[:300]}"
+        what = f"HTTP {status}" if status else f"not an HTTP answer ({status_line[:60]!r})"
+        rec.error = f"{what}: {text.strip()[:300]}"
         return
     buffer = b""
     done = False
@@ -186,6 +353,8 @@ async def _stream(
             size = int(size_line.split(b";")[0].strip() or b"0", 16)
             if size == 0:
                 break
+            if size > MAX_EVENT_BYTES:
+                raise BadAnswer(f"server announced a chunk of {size} bytes")
             data = await reader.readexactly(size + 2)
             piece = data[:-2]
         else:
@@ -196,6 +365,8 @@ async def _stream(
         if b"\r" in piece:
             piece = piece.replace(b"\r\n", b"\n")
         buffer = buffer + piece if buffer else piece  # no copy in the usual case: one event per chunk
+        if len(buffer) > MAX_EVENT_BYTES:
+            raise BadAnswer(f"server sent an event longer than {MAX_EVENT_BYTES} bytes")
         while b"\n\n" in buffer:
             event, buffer = buffer.split(b"\n\n", 1)
             # /generate events are cumulative (they grow with every token): avoid copying them line by line.
@@ -213,10 +384,10 @@ async def _stream(
                     matches = _COMPLETION_TOKENS.findall(data_b, max(0, len(data_b) - 4096))
                     if not matches or not _FINISH_NULL.search(data_b, max(0, len(data_b) - 4096)):
                         # The final event (or an unusual one): parse it fully.
-                        final_meta = json.loads(data_b).get("meta_info") or {}
-                        cumulative = int(final_meta.get("completion_tokens", rec.tokens))
+                        final_meta = _meta_info(json.loads(data_b))
+                        cumulative = _tokens(final_meta.get("completion_tokens", rec.tokens), rec)
                     else:
-                        cumulative = int(matches[-1])
+                        cumulative = _tokens(matches[-1], rec)
                     added = cumulative - rec.tokens
                 if added > 0:
                     if rec.first is None:
@@ -230,23 +401,58 @@ async def _stream(
     if not done:
         rec.error = f"the stream ended without [DONE] after {rec.tokens} tokens"
     if final_meta is not None:
-        rec.prompt_tokens = int(final_meta.get("prompt_tokens", 0))
+        rec.prompt_tokens = _whole(final_meta.get("prompt_tokens", 0), "prompt_tokens", MAX_PROMPT_TOKENS)
         if final_meta.get("spec_verify_ct"):
-            rec.verify_ct = int(final_meta["spec_verify_ct"])
-            rec.accept_length = float(final_meta.get("spec_accept_length") or rec.tokens / rec.verify_ct)
+            rec.verify_ct = _whole(final_meta["spec_verify_ct"], "spec_verify_ct", max(rec.tokens, 1))
+            accept = final_meta.get("spec_accept_length")
+            if accept is None or accept == 0:
+                rec.accept_length = rec.tokens / rec.verify_ct if rec.verify_ct else None
+            elif (
+                isinstance(accept, int | float)
+                and not isinstance(accept, bool)
+                and math.isfinite(accept)
+                and 0 < accept <= token_limit(rec.max_tokens)
+            ):
+                rec.accept_length = float(accept)
+            else:
+                raise BadAnswer(
+                    f"server sent spec_accept_length={json.dumps(accept, default=str)[:40]}, not a plausible length"
+                )
+
+
+def _meta_info(event: Any) -> dict[str, Any]:
+    """A /generate event's meta_info, checked to be an object."""
+    if not isinstance(event, dict):
+        raise BadAnswer(f"server sent a JSON {type(event).__name__} where an object was expected")
+    meta = event.get("meta_info") or {}
+    if not isinstance(meta, dict):
+        raise BadAnswer(f"server sent meta_info of type {type(meta).__name__}, not an object")
+    return meta
 
 
 async def _scrape(host: str, port: int) -> dict[str, float] | None:
-    """Counters from /metrics (only with --enable-metrics); None when there is no such endpoint."""
+    """Counters from /metrics (only with --enable-metrics); None when there is no such endpoint or it is not
+    Prometheus text (garbage there must not end a run: the counters only add an accept-length source)."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=5)
-        writer.write(f"GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        raw = await asyncio.wait_for(reader.read(), timeout=10)
-        writer.close()
+        try:
+            writer.write(f"GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            raw = await asyncio.wait_for(reader.read(MAX_EVENT_BYTES), timeout=10)
+        finally:
+            writer.close()
     except (OSError, asyncio.TimeoutError):
         return None
+    try:
+        return _parse_metrics(raw)
+    except (ValueError, IndexError):
+        return None
+
+
+def _parse_metrics(raw: bytes) -> dict[str, float] | None:
+    """Prometheus text exposition → summed values per metric name; None unless it is a 200 answer."""
     head, _, text = raw.partition(b"\r\n\r\n")
-    if b" 200 " not in head.split(b"\r\n")[0]:
+    status = head.split(b"\r\n")[0].split()
+    if len(status) < 2 or status[1] != b"200":
         return None
     if b"chunked" in head.lower():
         text = _dechunk(text)
@@ -254,11 +460,16 @@ async def _scrape(host: str, port: int) -> dict[str, float] | None:
     for line in text.decode(errors="replace").splitlines():
         if line.startswith("#") or not line.strip():
             continue
-        name = line.split("{")[0].split()[0]
+        words = line.split("{")[0].split()
+        fields = line.rsplit(None, 1)
+        if not words or len(fields) < 2:
+            continue
         try:
-            out[name] = out.get(name, 0.0) + float(line.rsplit(None, 1)[-1])
+            value = float(fields[-1])
         except ValueError:
             continue
+        if math.isfinite(value):
+            out[words[0]] = out.get(words[0], 0.0) + value
     return out
 
 
@@ -274,6 +485,32 @@ def _dechunk(data: bytes) -> bytes:
     return out
 
 
+def _in_thread(fn: Callable[[], str | None]) -> asyncio.Future[str | None]:
+    """fn() in a daemon thread: a slow check never stalls the event loop, and a hung one never blocks exit."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[str | None] = loop.create_future()
+
+    def work() -> None:
+        try:
+            result, error = fn(), None
+        except Exception as e:
+            result, error = None, e
+
+        def settle() -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
+        with contextlib.suppress(RuntimeError):  # the run ended and its loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle)
+
+    threading.Thread(target=work, name="orch-client-watchdog", daemon=True).start()
+    return fut
+
+
 async def run_requests(
     host: str,
     port: int,
@@ -282,23 +519,40 @@ async def run_requests(
     max_tokens: list[int],
     concurrency: int,
     timeout: float,
-) -> tuple[list[Record], float, dict[str, Any]]:
-    """c workers take requests in order until none is left. Returns records, the busy window and metric deltas.
+    *,
+    stall_s: float = 60.0,
+    first_token_s: float = 180.0,
+    watchdog: Callable[[], str | None] | None = None,
+    watchdog_every_s: float = 1.0,
+) -> tuple[list[Record], float, dict[str, Any], str | None]:
+    """c workers take requests in order until none is left. Returns records, the busy window, metric deltas and
+    why the run was aborted (None unless the watchdog said so).
 
     The busy window ends when the first worker finds no request left: until then all c streams were busy, so
-    tokens received inside it measure throughput at concurrency c, without the drain at the end.
+    tokens received inside it measure throughput at concurrency c, without the drain at the end. `watchdog` is
+    called every watchdog_every_s while the run is in flight (in a thread); a reason from it cancels every request
+    in flight or queued, each recorded with that reason.
     """
+    check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     path = ENDPOINTS[endpoint]
     before = await _scrape(host, port)
     t0 = time.perf_counter()
     records = [Record(index=i, start=0.0, max_tokens=max_tokens[i]) for i in range(len(bodies))]
     next_index = 0
     window_end: float | None = None
+    aborted: str | None = None
+    guards: set[_Guard] = set()
+
+    def abort(reason: str) -> None:
+        nonlocal aborted
+        aborted = reason
+        for g in list(guards):
+            g.stop(f"aborted: {reason}")
 
     async def worker() -> None:
         nonlocal next_index, window_end
         while True:
-            if next_index >= len(bodies):
+            if next_index >= len(bodies) or aborted is not None:
                 if window_end is None:
                     window_end = time.perf_counter() - t0
                 return
@@ -306,14 +560,46 @@ async def run_requests(
             next_index += 1
             rec = records[i]
             rec.start = time.perf_counter() - t0
-            await fetch(host, port, path, bodies[i], rec, t0, timeout)
+            await fetch(
+                host,
+                port,
+                path,
+                bodies[i],
+                rec,
+                t0,
+                timeout,
+                stall_s=stall_s,
+                first_token_s=first_token_s,
+                guards=guards,
+            )
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
-    after = await _scrape(host, port) if before is not None else None
+    async def watch(check: Callable[[], str | None]) -> None:
+        while True:
+            await asyncio.sleep(watchdog_every_s)
+            try:
+                reason = await _in_thread(check)
+            except Exception as e:
+                reason = f"the watchdog check failed: {type(e).__name__}: {e}"
+            if reason:
+                abort(str(reason))
+                return
+
+    watcher = asyncio.get_running_loop().create_task(watch(watchdog)) if watchdog is not None else None
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+    if aborted is not None:
+        for rec in records[next_index:]:
+            rec.error = f"aborted: {aborted} (not sent)"
+    # After an abort the server may be the reason: do not wait on its /metrics.
+    after = await _scrape(host, port) if before is not None and aborted is None else None
     deltas: dict[str, Any] = {}
     if before is not None and after is not None:
         deltas = {k: after[k] - before.get(k, 0.0) for k in after if k.startswith("sglang:") and k.endswith("_total")}
-    return records, window_end if window_end is not None else time.perf_counter() - t0, deltas
+    return records, window_end if window_end is not None else time.perf_counter() - t0, deltas, aborted
 
 
 # ---------------------------------------------------------------- pure summaries
@@ -348,9 +634,15 @@ def _dist(values: list[float]) -> dict[str, float | None]:
 
 
 def summarize_run(
-    records: list[Record], window: float, concurrency: int, deltas: dict[str, Any], min_duration_s: float
+    records: list[Record],
+    window: float,
+    concurrency: int,
+    deltas: dict[str, Any],
+    min_duration_s: float,
+    aborted: str | None = None,
 ) -> dict[str, Any]:
-    """Reduce one run to its metrics and validity; what is stored and compared."""
+    """Reduce one run to its metrics and validity; what is stored and compared. `aborted`: why the run was cut
+    short (the watchdog's reason), if it was."""
     ok = [r for r in records if r.error is None and r.end is not None]
     errors = [r for r in records if r.error is not None]
     short = [r for r in ok if r.tokens < r.max_tokens]
@@ -379,7 +671,7 @@ def summarize_run(
     elif deltas.get("sglang:spec_verify_calls_total"):
         accept = deltas.get("sglang:generation_tokens_total", 0.0) / deltas["sglang:spec_verify_calls_total"]
         source = "metrics (counter deltas across this run)"
-    reasons = []
+    reasons = [f"aborted: {aborted}"] if aborted else []
     if errors:
         reasons.append(f"{len(errors)} of {len(records)} requests failed (first: {errors[0].error})")
     if short:
@@ -414,6 +706,7 @@ def summarize_run(
         "accept_source": source,
         "valid": not reasons,
         "invalid_reason": "; ".join(reasons) or None,
+        "aborted": aborted or None,
         "per_request": [
             {
                 "index": r.index,
@@ -439,12 +732,34 @@ def run(
     concurrency: int,
     timeout: float = 600.0,
     min_duration_s: float = 0.0,
+    *,
+    stall_s: float = 60.0,
+    first_token_s: float = 180.0,
+    watchdog: Callable[[], str | None] | None = None,
+    watchdog_every_s: float = 1.0,
 ) -> dict[str, Any]:
-    """One benchmark run, measured and summarised where this code runs (the host, or the orch machine)."""
-    records, window, deltas = _run_interruptibly(
-        run_requests(host, port, endpoint, bodies, max_tokens, concurrency, timeout)
+    """One benchmark run, measured and summarised where this code runs (the host, or the orch machine).
+
+    A request fails when no token arrives for stall_s after its first (or none within first_token_s); `watchdog`,
+    polled every watchdog_every_s, aborts the whole run by returning a reason. See docs/client.md.
+    """
+    check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
+    records, window, deltas, aborted = _run_interruptibly(
+        run_requests(
+            host,
+            port,
+            endpoint,
+            bodies,
+            max_tokens,
+            concurrency,
+            timeout,
+            stall_s=stall_s,
+            first_token_s=first_token_s,
+            watchdog=watchdog,
+            watchdog_every_s=watchdog_every_s,
+        )
     )
-    return summarize_run(records, window, concurrency, deltas, min_duration_s)
+    return summarize_run(records, window, concurrency, deltas, min_duration_s, aborted)
 
 
 T = TypeVar("T")

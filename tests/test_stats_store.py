@@ -82,7 +82,7 @@ def test_store_refuses_newer_schema_and_garbage(tmp_path: Path) -> None:
         Store(db)
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"this is not sqlite" * 100)
-    with pytest.raises(StoreError, match=r"junk\.db: cannot open the results database"):
+    with pytest.raises(StoreError, match=r"junk\.db is not an SQLite database"):
         Store(junk)
 
 

@@ -922,9 +922,9 @@ def _run_launch(
 
             bench = config.bench
             runner = (
-                host_runner(host, connect_address(profile.host), srv.launch.port, bench)
+                host_runner(host, connect_address(profile.host), srv.launch.port, bench, srv.processes)
                 if bench.client == "host"
-                else local_runner(srv.base_url, bench, host)
+                else local_runner(srv.base_url, bench, host, srv.processes)
             )
             model = profile.served_model_name or profile.model_path
             run_benchmark(runner, bench, model=model, on_run=record, recover=recover)

@@ -37,6 +37,8 @@ class BenchConfig:
     input_len: int | None = None  # random prompts only
     client: str = "host"  # where the client runs: next to the server, or on the orch machine
     min_run_s: float = 1.0  # a timed run shorter than this is invalid (too short to measure)
+    stall_timeout_s: float = 60.0  # a request with no new token for this long fails (the server hangs)
+    first_token_timeout_s: float = 180.0  # ... and with no first token within this long
 
     def requests_per_run(self, concurrency: int) -> int:
         return concurrency * self.requests_per_stream
@@ -131,8 +133,11 @@ class RunResult:
 Runner = Callable[[list[dict[str, Any]], list[int], int, bool], dict[str, Any]]
 
 
-def host_runner(host: Host, address: str, port: int, config: BenchConfig) -> Runner:
-    """The client runs on the host, through the host-side agent: no laptop network jitter in the numbers."""
+def host_runner(
+    host: Host, address: str, port: int, config: BenchConfig, watch: list[dict[str, Any]] | None = None
+) -> Runner:
+    """The client runs on the host, through the host-side agent: no laptop network jitter in the numbers.
+    `watch` (the launch's recorded processes) is checked there once a second: a run stops the moment one exits."""
 
     def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
         rounds = -(-len(bodies) // concurrency)
@@ -148,15 +153,20 @@ def host_runner(host: Host, address: str, port: int, config: BenchConfig) -> Run
             timeout_s=config.request_timeout_s,
             min_duration_s=0.0,
             gpu_probe=host.config.nvidia_smi if probe_gpus else None,
+            stall_s=config.stall_timeout_s,
+            first_token_s=config.first_token_timeout_s,
+            watch=watch,
         )
         return result
 
     return run
 
 
-def local_runner(base_url: str, config: BenchConfig, host: Host | None = None) -> Runner:
+def local_runner(
+    base_url: str, config: BenchConfig, host: Host | None = None, watch: list[dict[str, Any]] | None = None
+) -> Runner:
     """The client runs in this process against base_url (for a remote host: the SSH tunnel's local end).
-    GPU probes go to `host` from a second thread (the agent is idle while this process measures)."""
+    GPU probes and the liveness checks of `watch` go to `host` from other threads (the agent is idle meanwhile)."""
     parts = urlsplit(base_url)
     if parts.hostname is None or parts.port is None:
         raise BenchError(f"cannot benchmark {base_url!r}: expected http://HOST:PORT")
@@ -177,9 +187,26 @@ def local_runner(base_url: str, config: BenchConfig, host: Host | None = None) -
             probe = threading.Timer(GPU_PROBE_AFTER_S, read)
             probe.daemon = True
             probe.start()
+        watchdog = None
+        if watch and gpu_host is not None:
+            checked = gpu_host
+
+            def watchdog() -> str | None:
+                state: dict[str, Any] = checked.call("launch_health", procs=watch)
+                return None if state["ok"] else str(state["problem"])
+
         try:
             result = client.run(
-                address, port, config.endpoint, bodies, max_tokens, concurrency, config.request_timeout_s
+                address,
+                port,
+                config.endpoint,
+                bodies,
+                max_tokens,
+                concurrency,
+                config.request_timeout_s,
+                stall_s=config.stall_timeout_s,
+                first_token_s=config.first_token_timeout_s,
+                watchdog=watchdog,
             )
         finally:
             if probe is not None:
@@ -233,6 +260,16 @@ def run_benchmark(
                 config.warmup == 0 and not warm and index == 0 and concurrency == config.concurrency[0]
             )
             summary = runner(bodies, [max_tokens] * n, concurrency, probe)
+            if summary.get("aborted"):
+                # The watchdog saw the launch break (a process exited): nothing to check or repeat.
+                stopped = RunResult.from_summary(index, warm, summary)
+                results.append(stopped)
+                if on_run is not None:
+                    on_run(stopped)
+                raise BenchError(
+                    f"the launch broke during run {index + 1} at concurrency {concurrency}: {summary['aborted']}; "
+                    "the run was stopped at once and not repeated. The server's log is named above"
+                )
             if not summary["errors"] or recover is None:
                 break
             first = next(r["error"] for r in summary["per_request"] if r["error"])

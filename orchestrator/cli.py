@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -256,6 +257,23 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="A timed run shorter than this is invalid and excluded from statistics.",
         ),
         click.option(
+            "--stall-timeout",
+            "stall_timeout",
+            default=60.0,
+            show_default=True,
+            type=click.FloatRange(0.5, 86400),
+            help="A request with no new token for this many seconds fails, and the run is not repeated against "
+            "a server that is not healthy.",
+        ),
+        click.option(
+            "--first-token-timeout",
+            "first_token_timeout",
+            default=180.0,
+            show_default=True,
+            type=click.FloatRange(0.5, 86400),
+            help="A request with no first token within this many seconds fails.",
+        ),
+        click.option(
             "--ready-timeout",
             type=click.FloatRange(1, 86400),
             default=None,
@@ -354,6 +372,8 @@ def _start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> 
         input_len=kw["input_len"],
         client=kw["client_place"],
         min_run_s=kw["min_run_s"],
+        stall_timeout_s=kw["stall_timeout"],
+        first_token_timeout_s=kw["first_token_timeout"],
     )
     request_items(bench)  # bad prompt files or options fail here, before any server starts
     _execute(store, profiles, bench, kw["sim"], kw["strict_env"], kw["host_spec"], kw, None)
@@ -389,9 +409,13 @@ def _resume(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str
             f"experiment {exp['id']} ran on {host_spec!r}; it must be resumed there, not on {kw['host_spec']!r}"
         )
     bench = ab.bench_config_from(stored["bench"])
+    # How long to wait for a hung server is not part of what is measured: a resume may change it.
+    for option, name in (("stall_timeout", "stall_timeout_s"), ("first_token_timeout", "first_token_timeout_s")):
+        if _given(option):
+            bench = dataclasses.replace(bench, **{name: kw[option]})
     request_items(bench)  # run_ab checks the experiment can be resumed, under the host lock
     if _given("workdir") and stored.get("workdir") and kw["workdir"] != stored["workdir"]:
-        # The host lock lives in the workdir: another one would not keep out a session using the first.
+        # Its logs (and the launches' log paths stored with the experiment) live in the workdir.
         raise click.UsageError(f"experiment {exp['id']} used --workdir {stored['workdir']}; resume it with that one")
     if stored.get("workdir"):
         kw["workdir"] = stored["workdir"]

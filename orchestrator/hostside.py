@@ -802,6 +802,9 @@ def op_bench_run(
     address: str = "127.0.0.1",
     gpu_probe: str | None = None,
     gpu_probe_after_s: float = 0.2,
+    stall_s: float = 60.0,
+    first_token_s: float = 180.0,
+    watch: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One benchmark run against address:port, measured here next to the server.
 
@@ -825,7 +828,20 @@ def op_bench_run(
         probe.daemon = True
         probe.start()
     try:
-        result = client.run(address, port, endpoint, bodies, max_tokens, concurrency, timeout_s, min_duration_s)
+        result = client.run(
+            address,
+            port,
+            endpoint,
+            bodies,
+            max_tokens,
+            concurrency,
+            timeout_s,
+            min_duration_s,
+            stall_s=stall_s,
+            first_token_s=first_token_s,
+            # Every recorded process of the launch, checked here next to it: a dead worker stops the run at once.
+            watchdog=(lambda: launch_problem(watch)) if watch else None,
+        )
     finally:
         if probe is not None:
             probe.cancel()

@@ -17,7 +17,12 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator import hostside
+from orchestrator import hostside, server
+from orchestrator.ab import HEALTH_TIMEOUT_S, server_problem
+from orchestrator.bench import BenchConfig, local_runner, run_benchmark
+from orchestrator.errors import BenchError
+from orchestrator.hosts import LocalHost
+from orchestrator.profile import load
 from tests.conftest import NAMESPACE
 from tests.faults.support import (
     FAST,
@@ -240,15 +245,25 @@ def test_worker_hangs_mid_run(sim_profiles: SimProfiles, tmp_path: Path) -> None
     assert stored(db, "SELECT status FROM launches") == [("failed",)]
 
 
-def test_stall_without_a_dead_process_is_bounded_too(sim_profiles: SimProfiles, tmp_path: Path) -> None:
-    """Without the watchdog's help (no process died that orch recorded), the stall timeout ends the wait."""
-    port = _baseline(sim_profiles, fault="worker-hang-after-tokens:40")
-    t0 = time.monotonic()
-    out, _ = _bench(tmp_path, "--stall-timeout", "2", "--client", "local", runs=5)
-    assert out.rc == 1, out.text
-    assert time.monotonic() - t0 < 40
-    assert_plain(out.text)
-    assert_nothing_left(port)
+def test_a_stall_alone_is_bounded_and_never_retried(sim_profiles: SimProfiles) -> None:
+    """Without the watchdog's help (no recorded process known to have died), the stall timeout ends the wait and
+    the health check refuses a repeat: a hung server is not asked again."""
+    prof = load(str(sim_profiles(sim={"fault": "worker-hang-after-tokens:40"})["baseline"]))
+    host = LocalHost()
+    cfg = BenchConfig(min_run_s=0, runs=5, warmup=0, max_tokens=16, stall_timeout_s=2.0)
+    with server.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2, gpu_wait_s=0) as srv:
+        srv.processes = []  # as if the dead worker had never been recorded
+        t0 = time.monotonic()
+        with pytest.raises(BenchError, match="the server failed during run 3") as failure:
+            run_benchmark(
+                local_runner(srv.base_url, cfg),
+                cfg,
+                model="m",
+                recover=lambda err: server_problem(host, srv, prof) is None,
+            )
+        assert time.monotonic() - t0 < 2 + HEALTH_TIMEOUT_S + 6
+        assert "stalled: no token for 2s" in str(failure.value)
+    assert_nothing_left()
 
 
 def test_worker_escapes_with_a_double_fork(sim_profiles: SimProfiles, tmp_path: Path) -> None:

@@ -745,7 +745,7 @@ def run(
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     records, window, deltas, aborted = _run_interruptibly(
-        run_requests(
+        lambda: run_requests(
             host,
             port,
             endpoint,
@@ -765,50 +765,63 @@ def run(
 T = TypeVar("T")
 
 
-def _run_interruptibly(coro: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run, except that Ctrl-C always ends the run promptly with KeyboardInterrupt.
+def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """asyncio.run, except that Ctrl-C (and orch's SIGTERM) always ends the run promptly with KeyboardInterrupt.
 
     From Python 3.11 asyncio.run turns the first SIGINT into one cancellation of the main task, and
     asyncio.wait_for swallows a cancellation that races with its inner task finishing (seen in CI: a Ctrl-C at the
     start of a run was lost and the benchmark went on). Here a Ctrl-C cancels the run again every 50 ms until it
     ends, and the run then always ends in KeyboardInterrupt, whatever the coroutine made of the cancellation.
-    Raising inside the loop instead would leave tasks holding a KeyboardInterrupt nobody retrieves.
+    Raising inside the loop instead would leave tasks holding a KeyboardInterrupt nobody retrieves. The handlers are
+    in place before the loop is built and until it is closed: a signal raising KeyboardInterrupt half-way through
+    building or closing a loop leaves a broken object whose destructor prints a traceback (seen with SIGTERM).
     """
-    loop = asyncio.new_event_loop()
-    task = loop.create_task(coro)
     interrupted = False
+    state: dict[str, Any] = {}
 
     def keep_cancelling() -> None:
-        if not task.done():
+        task = state.get("task")
+        if task is not None and not task.done():
             task.cancel()
-            loop.call_later(0.05, keep_cancelling)
+            state["loop"].call_later(0.05, keep_cancelling)
 
-    def on_sigint(signum: int, frame: object) -> None:
+    def on_signal(signum: int, frame: object) -> None:
         nonlocal interrupted
         interrupted = True
-        loop.call_soon_threadsafe(keep_cancelling)
+        if "loop" in state:
+            state["loop"].call_soon_threadsafe(keep_cancelling)
 
-    install = threading.current_thread() is threading.main_thread() and (
-        signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    )
-    previous = signal.signal(signal.SIGINT, on_sigint) if install else None
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            current = signal.getsignal(sig)
+            # Only handlers that would raise in the middle of the loop (Python's for SIGINT, orch's for SIGTERM).
+            if current is signal.default_int_handler or (callable(current) and sig == signal.SIGTERM):
+                previous[sig] = signal.signal(sig, on_signal)
     try:
+        loop = state["loop"] = asyncio.new_event_loop()
         try:
-            result = loop.run_until_complete(task)
-        except asyncio.CancelledError:
             if interrupted:
-                raise KeyboardInterrupt from None
-            raise
-        if interrupted:
-            raise KeyboardInterrupt
-        return result
+                raise KeyboardInterrupt
+            task: asyncio.Task[T] = loop.create_task(make())
+            state["task"] = task
+            try:
+                result = loop.run_until_complete(task)
+            except asyncio.CancelledError:
+                if interrupted:
+                    raise KeyboardInterrupt from None
+                raise
+            if interrupted:
+                raise KeyboardInterrupt
+            return result
+        finally:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        for t in pending:
-            t.cancel()
-        if pending:
-            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

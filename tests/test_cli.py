@@ -256,6 +256,7 @@ def test_blocks_interrupted_then_resumed_with_the_same_order(sim_profiles: SimPr
     out, err = _finish(proc)
     assert proc.returncode == 0, err
     assert f"interrupted after 2 of 4 launches; continue it with: orch ab --resume {exp_id}" in out
+    assert "cut short (interrupted; not in the statistics)" in out and "not run" in out  # block 2: one each
 
     # The workload comes from the experiment: changing it on resume is refused before anything starts.
     proc = orch("ab", "--resume", exp_id, "--runs", "3", "--db", db, cwd=tmp_path)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from orchestrator import hostside, server
-from orchestrator.ab import ABConfig, describe_env, run_ab
+from orchestrator.ab import ABConfig, describe_env, load_result, run_ab
 from orchestrator.bench import BenchConfig, local_runner, run_benchmark
 from orchestrator.errors import BenchError, ServerError
 from orchestrator.hosts import LocalHost
@@ -105,11 +105,15 @@ def test_strict_env_fails_the_arm(sim_profiles: SimProfiles, tmp_path: Path) -> 
         strict_env=True,
         grace_s=2,
     )
+    events: list[str] = []
     with pytest.raises(ServerError, match="environment check failed"):
-        run_ab(LocalHost(), [prof], cfg, store)
+        run_ab(LocalHost(), [prof, prof], cfg, store, on_event=events.append)
     exp = store.experiments()[0]
     assert exp["status"] == "failed"
     assert store.launches(exp["id"])[0]["status"] == "failed"
+    # A resume would run the same profile again and fail the same way: orch does not suggest one.
+    assert not any("--resume" in e for e in events), events
+    assert not any("--resume" in n for n in load_result(store, exp["id"]).notes)
     _nothing_left()
 
 

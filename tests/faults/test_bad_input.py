@@ -69,9 +69,10 @@ def test_bench_float_options_refuse_non_finite(
     option: str, value: str, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    rc = main(["bench", "baseline", "--sim", f"{option}={value}"])
+    # Options are parsed before the profile is looked up, so a missing profile shows which check refused.
+    rc = main(["bench", "no-such-profile", "--sim", f"{option}={value}"])
     text = _no_crash(capsys, rc, (2,))
-    assert option in text
+    assert option in text and "no profile named" not in text
 
 
 @pytest.mark.parametrize(
@@ -205,14 +206,16 @@ def test_bad_simulator_knobs_are_refused_at_load(
     extra: dict[str, Any],
     message: str,
 ) -> None:
-    path = write_profile("knob", **BASE, **extra)
+    path = write_profile("knob", **{**BASE, "port": free_port()}, **extra)
     with pytest.raises(ProfileError, match=r"knob\.yaml: " + message):
         P.load(str(path))
     assert main(["profiles", "validate", str(path)]) == 2
     assert "knob.yaml" in capsys.readouterr().out
     monkeypatch.chdir(tmp_path)
     # `orch ab` refuses before any server starts.
-    text = _no_crash(capsys, main(["ab", str(path), str(path), "--sim", "--runs", "1", "--warmup", "0"]), (2,))
+    text = _no_crash(
+        capsys, main(["ab", str(path), str(path), "--sim", "--runs", "1", "--warmup", "0", "--max-tokens", "8"]), (2,)
+    )
     assert "knob.yaml" in text and "results database" not in text
     _no_orch_launches()
 
@@ -225,10 +228,12 @@ def test_two_different_profiles_with_one_name_are_refused(
 ) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    (tmp_path / "a" / "x.yaml").write_text(yaml.safe_dump({**BASE, "sim": FAST_SIM}))
-    (tmp_path / "b" / "x.yaml").write_text(yaml.safe_dump({**BASE, "tp_size": 2, "sim": FAST_SIM}))
+    port = free_port()
+    (tmp_path / "a" / "x.yaml").write_text(yaml.safe_dump({**BASE, "port": port, "sim": FAST_SIM}))
+    (tmp_path / "b" / "x.yaml").write_text(yaml.safe_dump({**BASE, "port": port, "tp_size": 2, "sim": FAST_SIM}))
     monkeypatch.chdir(tmp_path)
-    text = _no_crash(capsys, main(["ab", "a/x.yaml", "b/x.yaml", "--sim"]), (2,))
+    # A missing prompt file would fail later: what the error says shows which check refused the experiment.
+    text = _no_crash(capsys, main(["ab", "a/x.yaml", "b/x.yaml", "--sim", "--prompts", "none.jsonl"]), (2,))
     assert "a/x.yaml and b/x.yaml are both named 'x' but differ in tp_size" in text and "Rename one" in text
     _no_orch_launches()
 
@@ -241,10 +246,10 @@ def test_the_same_profile_twice_is_still_an_a_a_test(
     (tmp_path / "a" / "x.yaml").write_text(yaml.safe_dump({**BASE, "description": "one"}))
     (tmp_path / "b" / "x.yaml").write_text(yaml.safe_dump({**BASE, "description": "a copy"}))
     monkeypatch.chdir(tmp_path)
-    # An absurd workload stops the run right after the name check: what it says shows which check refused it.
     for args in (["a/x.yaml", "a/x.yaml"], ["a/x.yaml", "b/x.yaml"]):
-        text = _no_crash(capsys, main(["ab", *args, "--sim", "--runs", "10000", "--concurrency", "4096"]), (2,))
-        assert "over the limit" in text and "both named" not in text
+        text = _no_crash(capsys, main(["ab", *args, "--sim", "--prompts", "none.jsonl"]), (2,))
+        assert "none.jsonl: cannot read the prompt file" in text and "both named" not in text
+    _no_orch_launches()
 
 
 # ---------------------------------------------------------------- 7. absurd workloads
@@ -258,7 +263,7 @@ def test_an_absurd_workload_is_refused_before_the_request_sequence_is_built(
 ) -> None:
     from orchestrator import bench, cli
 
-    path = write_profile("p", **BASE, sim=FAST_SIM)
+    path = write_profile("p", **{**BASE, "port": free_port()}, sim=FAST_SIM)
     built: list[object] = []
     monkeypatch.setattr(cli, "request_items", lambda config: built.append(config))
     monkeypatch.setattr(bench.prompts, "request_sequence", lambda *a, **k: built.append(a))

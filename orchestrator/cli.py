@@ -22,7 +22,17 @@ import yaml
 from orchestrator import __version__, ab, client, stats
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
-from orchestrator.bench import CLIENT_PLACES, BenchConfig, RunResult, assumed_speed, plan, request_items, sim_speed
+from orchestrator.bench import (
+    CLIENT_PLACES,
+    MAX_OUTPUT_TOKENS_PER_LAUNCH,
+    MAX_REQUESTS_PER_LAUNCH,
+    BenchConfig,
+    RunResult,
+    assumed_speed,
+    plan,
+    request_items,
+    sim_speed,
+)
 from orchestrator.errors import InputError, OrchError, ProfileError, StoreError
 from orchestrator.hosts import check_host, inventory_paths, load_inventory, resolve_host
 from orchestrator.hostside import redact, redact_argv
@@ -174,7 +184,14 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="local, a name from hosts.yaml, or user@address[:port] (ssh_config aliases work).",
         ),
         click.option("--sim", is_flag=True, help="Run orch's SGLang simulator instead of sglang.launch_server."),
-        click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 10000), help="Timed runs."),
+        click.option(
+            "--runs",
+            default=5,
+            show_default=True,
+            type=click.IntRange(1, 10000),
+            help=f"Timed runs per concurrency level. A launch may send at most {MAX_REQUESTS_PER_LAUNCH:,} requests "
+            f"and {MAX_OUTPUT_TOKENS_PER_LAUNCH:,} output tokens; the plan is printed before anything starts.",
+        ),
         click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 1000), help="Warmup runs."),
         click.option(
             "--max-tokens",

@@ -75,7 +75,7 @@ def inventory_paths(explicit: str | None = None) -> list[Path]:
 def load_inventory(explicit: str | None = None) -> dict[str, HostConfig]:
     """The first inventory file that exists, validated; {} when there is none."""
     for path in inventory_paths(explicit):
-        if not path.is_file():
+        if not yamlfile.is_file(path):
             if explicit:
                 raise InventoryError(f"{path}: no such host inventory file")
             continue

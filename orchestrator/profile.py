@@ -194,7 +194,7 @@ def resolve_path(name_or_path: str, cwd: Path | None = None) -> Path:
     """A path if it names a file, else NAME looked up in search_dirs()."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        if p.is_file():
+        if yamlfile.is_file(p):
             return p
         raise ProfileError(f"{name_or_path}: no such profile file")
     if not NAME_RE.match(name_or_path):
@@ -202,7 +202,7 @@ def resolve_path(name_or_path: str, cwd: Path | None = None) -> Path:
     for d in search_dirs(cwd):
         for ext in (".yaml", ".yml"):
             candidate = d / f"{name_or_path}{ext}"
-            if candidate.is_file():
+            if yamlfile.is_file(candidate):
                 return candidate
     known = sorted(available(cwd))
     hint = did_you_mean(name_or_path, known)
@@ -347,7 +347,7 @@ def _resolve_parent(child: Path, parent: str, cwd: Path | None) -> Path:
     # A parent beside the child wins, so a directory of profiles is self-contained wherever it lives.
     for ext in (".yaml", ".yml"):
         sibling = child.parent / f"{parent}{ext}"
-        if NAME_RE.match(parent) and sibling.is_file():
+        if NAME_RE.match(parent) and yamlfile.is_file(sibling):
             return sibling
     return resolve_path(parent, cwd)
 
@@ -493,6 +493,6 @@ def check_distinct_names(profiles: list[Profile]) -> None:
 def validate_file(path: str) -> Profile:
     """Validate one file as a profile (the CLI's `profiles validate`)."""
     p = Path(path)
-    if not p.is_file():
+    if not yamlfile.is_file(p):
         raise ProfileError(f"{path}: no such file")
     return load(str(p) if (p.suffix in (".yaml", ".yml") or os.sep in path) else f"./{path}")

@@ -63,6 +63,14 @@ class StrictLoader(yaml.SafeLoader):
         return mapping
 
 
+def is_file(path: Path) -> bool:
+    """Path.is_file() that answers False instead of raising for names the OS refuses (too long, NUL bytes)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def load(path: Path, error: type[InputError], what: str) -> Any:
     """Parse one YAML file; every problem is `error` naming the file (and the line where YAML knows it)."""
     try:

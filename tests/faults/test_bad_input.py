@@ -465,3 +465,15 @@ def test_shell_metacharacters_never_run_end_to_end(tmp_path: Path) -> None:
     assert "Traceback" not in out + err and "unexpected" not in err, out + err
     assert not canary.exists(), out + err
     assert proc.returncode == 0, out + err  # the payloads really went through a launch, a run and a report
+
+
+def test_a_name_too_long_for_the_filesystem_is_a_clear_error(
+    write_profile: WriteProfile, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Found by test_fuzz_profiles: Path.is_file() raises ENAMETOOLONG instead of answering False.
+    long = "x" * 5000
+    child = write_profile("child", **BASE, extends=long)
+    with pytest.raises(ProfileError, match=r"child\.yaml: extends: no profile named 'x+'"):
+        P.load(str(child))
+    _no_crash(capsys, main(["profiles", "show", long]), (2,))
+    _no_crash(capsys, main(["hosts", "list", "--inventory", str(tmp_path / (long + ".yaml"))]), (2,))

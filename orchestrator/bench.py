@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -13,6 +14,9 @@ from urllib.parse import urlsplit
 from orchestrator import client, prompts
 from orchestrator.errors import BenchError
 from orchestrator.hosts import Host
+from orchestrator.sim.args import SimArgError, parse_server_args
+from orchestrator.sim.knobs import knob_float, read_knobs
+from orchestrator.sim.timing import TimingModel
 
 CLIENT_PLACES = ("host", "local")
 GPU_PROBE_AFTER_S = 0.2  # into the run: the GPUs are busy, and even short test runs last longer
@@ -303,3 +307,113 @@ def run_benchmark(
         for i in range(config.runs):
             one(i, False, c, config.requests_per_run(c), config.max_tokens)
     return results
+
+
+# ---------------------------------------------------------------- the plan, before anything runs
+
+# Limits on one launch's workload. Beyond them a benchmark is a typo (or days of GPU time), and merely building
+# its request sequence pins a CPU and fills memory with no output.
+MAX_REQUESTS_PER_LAUNCH = 100_000
+MAX_OUTPUT_TOKENS_PER_LAUNCH = 100_000_000
+MAX_PROMPT_TOKEN_IDS = 20_000_000  # --prompts random holds requests x input_len token ids in memory
+# Without calibration the time is a lower bound: few real servers decode one stream faster than this.
+ASSUMED_MAX_STREAM_TPS = 1000.0
+
+# Per-stream output tok/s at a concurrency level, and the fixed seconds of one launch (loading, warmup).
+ArmSpeed = tuple[Callable[[int], float], float]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The work an experiment will do, computed from the options alone (nothing generated, nothing launched)."""
+
+    launches: int
+    runs_per_launch: int
+    requests_per_launch: int
+    output_tokens_per_launch: int
+    prompt_token_ids_per_launch: int
+    seconds: float
+    calibrated: bool
+
+    def line(self) -> str:
+        if self.calibrated:
+            when = f"about {_duration(self.seconds)} (simulator calibration)"
+        else:
+            when = (
+                f"at least {_duration(self.seconds)} (lower bound: assumes {ASSUMED_MAX_STREAM_TPS:.0f} tok/s per "
+                "stream and instant loading; real servers are usually slower)"
+            )
+        return (
+            f"plan: {self.launches} launch(es) x {self.runs_per_launch} runs, {self.requests_per_launch} requests "
+            f"and {self.output_tokens_per_launch} output tokens per launch; time {when}"
+        )
+
+    def refusal(self) -> str | None:
+        """Why this plan is refused (the limit and how to get under it), or None."""
+        if self.requests_per_launch > MAX_REQUESTS_PER_LAUNCH:
+            return (
+                f"{self.requests_per_launch} requests per launch is over the limit of {MAX_REQUESTS_PER_LAUNCH} "
+                "(warmups + runs x sum of --concurrency levels x --requests-per-stream); lower --runs, "
+                "--concurrency or --requests-per-stream"
+            )
+        if self.output_tokens_per_launch > MAX_OUTPUT_TOKENS_PER_LAUNCH:
+            return (
+                f"{self.output_tokens_per_launch} output tokens per launch is over the limit of "
+                f"{MAX_OUTPUT_TOKENS_PER_LAUNCH}; lower --max-tokens or the number of requests"
+            )
+        if self.prompt_token_ids_per_launch > MAX_PROMPT_TOKEN_IDS:
+            return (
+                f"{self.prompt_token_ids_per_launch} random prompt tokens per launch is over the limit of "
+                f"{MAX_PROMPT_TOKEN_IDS}; lower --input-len or the number of requests"
+            )
+        return None
+
+
+def plan(config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrated: bool) -> Plan:
+    """What `config` asks of each launch, and a time estimate from each arm's speed; pure arithmetic."""
+    timed = sum(config.requests_per_run(c) for c in config.concurrency) * config.runs
+    requests = config.warmup + timed
+    tokens = config.warmup * config.warmup_max_tokens + timed * config.max_tokens
+    prompt_ids = requests * (config.input_len or 128) if config.prompts == "random" else 0
+    seconds = 0.0
+    for speed, setup_s in arms:
+        seconds += setup_s + config.warmup * config.warmup_max_tokens / speed(1)
+        for c in config.concurrency:
+            # The c streams run side by side; each sends requests_per_stream requests one after another.
+            seconds += config.runs * config.requests_per_stream * config.max_tokens / speed(c)
+    return Plan(
+        launches=len(arms) * blocks,
+        runs_per_launch=config.warmup + config.runs * len(config.concurrency),
+        requests_per_launch=requests,
+        output_tokens_per_launch=tokens,
+        prompt_token_ids_per_launch=prompt_ids,
+        seconds=seconds * blocks,
+        calibrated=calibrated,
+    )
+
+
+def assumed_speed() -> ArmSpeed:
+    return (lambda c: ASSUMED_MAX_STREAM_TPS), 0.0
+
+
+def sim_speed(env: Mapping[str, str], server_flags: Sequence[str]) -> ArmSpeed | None:
+    """The simulator's calibrated speed for a launch with this env and these flags (None: it would not start)."""
+    try:
+        # argparse reports a bad flag on stderr and exits; the launch itself will say so properly.
+        with contextlib.redirect_stderr(io.StringIO()):
+            cfg = parse_server_args(list(server_flags))
+        knobs = read_knobs(env)
+    except (SimArgError, ValueError, SystemExit):
+        return None
+    model = TimingModel.from_knobs(knobs, cfg.spec, 1.0, cfg.chunked_prefill_size)
+    return model.steady_tokens_per_s, knob_float(knobs, "load_s") + knob_float(knobs, "warmup_s")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -22,8 +23,18 @@ import yaml
 from orchestrator import __version__, ab, client, stats
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
-from orchestrator.bench import CLIENT_PLACES, BenchConfig, RunResult, request_items
-from orchestrator.errors import OrchError, ProfileError, StoreError
+from orchestrator.bench import (
+    CLIENT_PLACES,
+    MAX_OUTPUT_TOKENS_PER_LAUNCH,
+    MAX_REQUESTS_PER_LAUNCH,
+    BenchConfig,
+    RunResult,
+    assumed_speed,
+    plan,
+    request_items,
+    sim_speed,
+)
+from orchestrator.errors import InputError, OrchError, ProfileError, StoreError
 from orchestrator.hosts import check_host, default_namespace, inventory_paths, load_inventory, resolve_host
 from orchestrator.hostside import redact, redact_argv
 from orchestrator.report import SIM_BANNER, ab_csv, ab_json, ab_markdown, ab_text, breakeven_lines, run_line
@@ -31,6 +42,21 @@ from orchestrator.store import Store
 from orchestrator.store import default_path as default_db_path
 
 EXIT_INTERRUPTED = 130
+MAX_TPS = 1e7  # tok/s options: far above any server, low enough that the arithmetic cannot overflow
+EXIT_USAGE = 2  # click's code for usage errors; invalid input files (InputError) get it too
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option within a range that also refuses nan and inf (every comparison with nan is false, so a
+    plain FloatRange lets `--ready-timeout nan` through, and then readiness waits forever)."""
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
@@ -88,7 +114,7 @@ def profiles_show(name: str, sim: bool, python: str) -> None:
 @profiles_group.command("validate")
 @click.argument("files", nargs=-1, required=True)
 def profiles_validate(files: tuple[str, ...]) -> None:
-    """Check profile files; prints one line per file and exits 1 if any is invalid."""
+    """Check profile files; prints one line per file and exits 2 (invalid input) if any is invalid."""
     bad = 0
     for f in files:
         try:
@@ -98,7 +124,7 @@ def profiles_validate(files: tuple[str, ...]) -> None:
             bad += 1
             click.echo(f"invalid {e}")
     if bad:
-        raise SystemExit(1)
+        raise SystemExit(EXIT_USAGE)
 
 
 # ---------------------------------------------------------------- running servers
@@ -158,7 +184,14 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="local, a name from hosts.yaml, or user@address[:port] (ssh_config aliases work).",
         ),
         click.option("--sim", is_flag=True, help="Run orch's SGLang simulator instead of sglang.launch_server."),
-        click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 10000), help="Timed runs."),
+        click.option(
+            "--runs",
+            default=5,
+            show_default=True,
+            type=click.IntRange(1, 10000),
+            help=f"Timed runs per concurrency level. A launch may send at most {MAX_REQUESTS_PER_LAUNCH:,} requests "
+            f"and {MAX_OUTPUT_TOKENS_PER_LAUNCH:,} output tokens; the plan is printed before anything starts.",
+        ),
         click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 1000), help="Warmup runs."),
         click.option(
             "--max-tokens",
@@ -218,7 +251,7 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--target-tps",
-            type=click.FloatRange(min=0, min_open=True),
+            type=FiniteFloat(min=0, max=MAX_TPS, min_open=True),
             default=None,
             help="With a speculative arm: also say what accept length reaching this tok/s would need.",
         ),
@@ -253,7 +286,7 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--min-run-s",
             default=1.0,
             show_default=True,
-            type=click.FloatRange(0, 86400),
+            type=FiniteFloat(0, 86400),
             help="A timed run shorter than this is invalid and excluded from statistics.",
         ),
         click.option(
@@ -261,7 +294,7 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "stall_timeout",
             default=60.0,
             show_default=True,
-            type=click.FloatRange(0.5, 86400),
+            type=FiniteFloat(0.5, 86400),
             help="A request with no new token for this many seconds fails, and the run is not repeated against "
             "a server that is not healthy.",
         ),
@@ -270,12 +303,12 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "first_token_timeout",
             default=180.0,
             show_default=True,
-            type=click.FloatRange(0.5, 86400),
+            type=FiniteFloat(0.5, 86400),
             help="A request with no first token within this many seconds fails.",
         ),
         click.option(
             "--ready-timeout",
-            type=click.FloatRange(1, 86400),
+            type=FiniteFloat(1, 86400),
             default=None,
             help="Seconds to wait for readiness [default: the profile's ready_timeout_s].",
         ),
@@ -283,7 +316,7 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--grace",
             default=10.0,
             show_default=True,
-            type=click.FloatRange(0, 600),
+            type=FiniteFloat(0, 600),
             help="Seconds between SIGTERM and SIGKILL at teardown.",
         ),
         click.option("--strict-env", is_flag=True, help="Fail an arm whose workers did not get the profile's env."),
@@ -299,7 +332,7 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--wait",
             "lock_wait",
             default=0.0,
-            type=click.FloatRange(0, 86400),
+            type=FiniteFloat(0, 86400),
             help="Seconds to queue behind another orch session holding the host [default: don't wait].",
         ),
         click.option(
@@ -311,7 +344,7 @@ def _bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "--gpu-wait",
             default=120.0,
             show_default=True,
-            type=click.FloatRange(0, 3600),
+            type=FiniteFloat(0, 3600),
             help="After teardown, seconds to wait for GPU memory to return to idle.",
         ),
         *_host_options(),
@@ -360,6 +393,7 @@ def _run(profile_names: tuple[str, ...], resume: str | None = None, **kw: Any) -
 
 def _start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> None:
     profiles = [profiles_mod.load(n) for n in profile_names]
+    profiles_mod.check_distinct_names(profiles)
     bench = BenchConfig(
         runs=kw["runs"],
         warmup=kw["warmup"],
@@ -375,6 +409,15 @@ def _start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> 
         stall_timeout_s=kw["stall_timeout"],
         first_token_timeout_s=kw["first_token_timeout"],
     )
+    # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built.
+    speeds = [sim_speed(p.env_dict() | p.sim_env(), p.server_flags()) for p in profiles] if kw["sim"] else []
+    calibrated = bool(speeds) and all(s is not None for s in speeds)
+    arms = [s for s in speeds if s is not None] if calibrated else [assumed_speed()] * len(profiles)
+    work = plan(bench, arms, blocks=kw["blocks"], calibrated=calibrated)
+    click.echo(work.line(), file=sys.stderr if kw["as_json"] else sys.stdout)
+    refusal = work.refusal()
+    if refusal:
+        raise click.UsageError(refusal)
     request_items(bench)  # bad prompt files or options fail here, before any server starts
     _execute(store, profiles, bench, kw["sim"], kw["strict_env"], kw["host_spec"], kw, None)
 
@@ -636,7 +679,7 @@ def _require_launches(result: ab.ABResult) -> None:
 
 @cli.command("down")
 @_with_host_options
-@click.option("--grace", default=10.0, show_default=True, type=click.FloatRange(0, 600))
+@click.option("--grace", default=10.0, show_default=True, type=FiniteFloat(0, 600))
 @click.option(
     "--force",
     is_flag=True,
@@ -706,26 +749,26 @@ def gpu_lines(gpus: dict[str, Any]) -> list[str]:
 @cli.command("breakeven")
 @click.option(
     "--baseline-tps",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, max=MAX_TPS, min_open=True),
     required=True,
     help="The baseline's single-stream tok/s (re-measured, not remembered).",
 )
 @click.option(
     "--cycle-ms",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, max=1e6, min_open=True),
     required=True,
     help="One speculative cycle: draft steps + verify, in ms.",
 )
 @click.option("--steps", type=click.IntRange(1, 64), required=True, help="Draft steps per cycle (k).")
 @click.option(
     "--accept-length",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, max=65, min_open=True),
     default=None,
     help="A measured accept length, to compare with the break-even.",
 )
 @click.option(
     "--target-tps",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, max=MAX_TPS, min_open=True),
     default=None,
     help="Also say what a target tok/s would need.",
 )
@@ -817,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         click.echo(f"Error: {e}", err=True)
-        return 1
+        return EXIT_USAGE if isinstance(e, InputError) else 1
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 1
     except Exception as e:  # a bug in orch: still no traceback unless asked for

@@ -7,12 +7,20 @@ class OrchError(Exception):
     """Base class; the CLI prints `Error: <message>` and exits non-zero."""
 
 
-class ProfileError(OrchError):
+class InputError(OrchError):
+    """Invalid user input (a profile, the host inventory, a prompt file): the CLI exits 2, like a usage error."""
+
+
+class ProfileError(InputError):
     """A profile (or profile file) is missing, malformed or invalid."""
 
 
 class HostError(OrchError):
     """Something about the host: a foreign port owner, a failed host-side call, an unreachable host."""
+
+
+class InventoryError(HostError, InputError):
+    """The host inventory file (hosts.yaml) is missing, malformed or invalid; still a HostError for old callers."""
 
 
 class ServerError(OrchError):
@@ -21,6 +29,10 @@ class ServerError(OrchError):
 
 class BenchError(OrchError):
     """A benchmark request failed or returned something that cannot be measured."""
+
+
+class PromptFileError(BenchError, InputError):
+    """A prompt file (--prompts FILE.jsonl) is missing, malformed or empty; still a BenchError for old callers."""
 
 
 class StoreError(OrchError):

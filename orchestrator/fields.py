@@ -3,8 +3,27 @@
 from __future__ import annotations
 
 import difflib
+import math
+import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any
+
+# Messages quote the offending value; a 1 MB string or an alias bomb must not become a 1 MB (or endless) message.
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlevel = 3
+
+
+def show(v: Any) -> str:
+    """repr(v), bounded in length and depth, for error messages."""
+    return _REPR.repr(v)
+
+
+def key_name(k: Any) -> str:
+    """A mapping key as it appears in a field path (`env.NAME`), bounded like show()."""
+    if isinstance(k, str):
+        return k if len(k) <= 80 else k[:77] + "..."
+    return show(k)
 
 
 class FieldError(Exception):
@@ -13,13 +32,13 @@ class FieldError(Exception):
 
 def text(v: Any) -> str:
     if not isinstance(v, str):
-        raise FieldError(f"expected text, got {v!r}")
+        raise FieldError(f"expected text, got {show(v)}")
     return v
 
 
 def nonempty_str(v: Any) -> str:
     if not isinstance(v, str) or not v.strip():
-        raise FieldError(f"expected a non-empty string, got {v!r}")
+        raise FieldError(f"expected a non-empty string, got {show(v)}")
     if "\0" in v:
         raise FieldError("contains a NUL byte")
     return v
@@ -28,20 +47,26 @@ def nonempty_str(v: Any) -> str:
 def int_range(lo: int, hi: int) -> Any:
     def check(v: Any) -> int:
         if isinstance(v, bool) or not isinstance(v, int):
-            raise FieldError(f"expected an integer from {lo} to {hi}, got {v!r}")
+            raise FieldError(f"expected an integer from {lo} to {hi}, got {show(v)}")
         if not lo <= v <= hi:
-            raise FieldError(f"expected an integer from {lo} to {hi}, got {v}")
+            raise FieldError(f"expected an integer from {lo} to {hi}, got {show(v)}")
         return v
 
     return check
 
 
 def float_range(lo: float, hi: float, lo_open: bool = False) -> Any:
+    """A finite number in [lo, hi] (or (lo, hi]); NaN and infinities are refused: every comparison with NaN is
+    false, so a NaN timeout would pass a range check and then wait forever."""
+    expected = f"a number {'>' if lo_open else '>='} {lo} and <= {hi}"
+
     def check(v: Any) -> float:
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise FieldError(f"expected a number {'>' if lo_open else '>='} {lo} and <= {hi}, got {v!r}")
+            raise FieldError(f"expected {expected}, got {show(v)}")
+        if not math.isfinite(v):
+            raise FieldError(f"expected {expected}, got {show(v)} (not a finite number)")
         if (v <= lo if lo_open else v < lo) or v > hi:
-            raise FieldError(f"expected a number {'>' if lo_open else '>='} {lo} and <= {hi}, got {v}")
+            raise FieldError(f"expected {expected}, got {show(v)}")
         return float(v)
 
     return check
@@ -49,15 +74,15 @@ def float_range(lo: float, hi: float, lo_open: bool = False) -> Any:
 
 def boolean(v: Any) -> bool:
     if not isinstance(v, bool):
-        raise FieldError(f"expected true or false, got {v!r}")
+        raise FieldError(f"expected true or false, got {show(v)}")
     return v
 
 
 def choice(options: tuple[str, ...]) -> Any:
     def check(v: Any) -> str:
         if v not in options:
-            hint = did_you_mean(str(v), options)
-            raise FieldError(f"expected one of {', '.join(options)}, got {v!r}{hint}")
+            hint = did_you_mean(str(v), options) if isinstance(v, str) else ""
+            raise FieldError(f"expected one of {', '.join(options)}, got {show(v)}{hint}")
         return str(v)
 
     return check
@@ -65,7 +90,7 @@ def choice(options: tuple[str, ...]) -> Any:
 
 def str_list(v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not all(isinstance(x, str | int | float) and not isinstance(x, bool) for x in v):
-        raise FieldError(f"expected a list of strings, got {v!r}")
+        raise FieldError(f"expected a list of strings, got {show(v)}")
     if any("\0" in str(x) for x in v):
         raise FieldError("an item contains a NUL byte")
     return tuple(str(x) for x in v)
@@ -84,11 +109,11 @@ def check_fields(
     for key, value in data.items():
         checker = schema.get(str(key))
         if checker is None:
-            raise error(f"{where}.{key}: unknown field{did_you_mean(str(key), schema)}")
+            raise error(f"{where}.{key_name(key)}: unknown field{did_you_mean(str(key), schema)}")
         if value is None:
             continue
         try:
             out[str(key)] = checker(value)
         except FieldError as e:
-            raise error(f"{where}.{key}: {e}") from None
+            raise error(f"{where}.{key_name(key)}: {e}") from None
     return out

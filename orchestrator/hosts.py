@@ -14,11 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-import yaml
 
-from orchestrator import hostside
-from orchestrator.errors import HostError
-from orchestrator.fields import check_fields, choice, float_range, int_range, nonempty_str, str_list
+from orchestrator import hostside, yamlfile
+from orchestrator.errors import HostError, InventoryError
+from orchestrator.fields import check_fields, choice, float_range, int_range, key_name, nonempty_str, show, str_list
 
 FOREIGN_PORT_POLICIES = ("refuse", "kill-with-force")
 HOST_FIELDS = {
@@ -92,36 +91,31 @@ def inventory_paths(explicit: str | None = None) -> list[Path]:
 def load_inventory(explicit: str | None = None) -> dict[str, HostConfig]:
     """The first inventory file that exists, validated; {} when there is none."""
     for path in inventory_paths(explicit):
-        if not path.is_file():
+        if not yamlfile.is_file(path):
             if explicit:
-                raise HostError(f"{path}: no such host inventory file")
+                raise InventoryError(f"{path}: no such host inventory file")
             continue
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" (line {mark.line + 1})" if mark is not None else ""
-            raise HostError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from e
-        except OSError as e:
-            raise HostError(f"{path}: cannot read: {e.strerror or e}") from e
-        except UnicodeDecodeError as e:
-            raise HostError(f"{path}: not UTF-8 text (byte {e.start})") from e
+        data = yamlfile.load(path, InventoryError, "host inventory") or {}
         if not isinstance(data, dict) or set(data) - {"hosts"}:
-            raise HostError(f"{path}: expected a mapping with one key, 'hosts' (name: settings)")
+            raise InventoryError(f"{path}: expected a mapping with one key, 'hosts' (name: settings)")
         hosts = data.get("hosts") or {}
         if not isinstance(hosts, dict):
-            raise HostError(f"{path}: hosts: expected a mapping of host name to settings")
+            raise InventoryError(f"{path}: hosts: expected a mapping of host name to settings")
         out = {}
         for name, settings in hosts.items():
             if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", name):
-                raise HostError(f"{path}: hosts.{name}: invalid host name (letters, digits, '.', '_', '-')")
+                raise InventoryError(
+                    f"{path}: hosts.{key_name(name)}: invalid host name (letters, digits, '.', '_', '-')"
+                )
             if not isinstance(settings, dict):
-                raise HostError(f"{path}: hosts.{name}: expected a mapping of settings, got {settings!r}")
-            values = check_fields(settings, HOST_FIELDS, f"{path}: hosts.{name}", HostError)
+                raise InventoryError(f"{path}: hosts.{name}: expected a mapping of settings, got {show(settings)}")
+            values = check_fields(settings, HOST_FIELDS, f"{path}: hosts.{name}", InventoryError)
             if name != "local" and "address" not in values:
                 values["address"] = name  # like ssh: a name is also an address or ssh_config alias
             if name == "local" and "address" in values:
-                raise HostError(f"{path}: hosts.local.address: 'local' is this machine; name the remote host otherwise")
+                raise InventoryError(
+                    f"{path}: hosts.local.address: 'local' is this machine; name the remote host otherwise"
+                )
             out[name] = HostConfig(name=name, source=str(path), **values)
         return out
     return {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -10,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-import yaml
 
+from orchestrator import yamlfile
 from orchestrator.errors import ProfileError
 from orchestrator.fields import (
     FieldError,
@@ -20,13 +22,16 @@ from orchestrator.fields import (
     did_you_mean,
     float_range,
     int_range,
+    key_name,
     nonempty_str,
+    show,
     str_list,
     text,
 )
 from orchestrator.hostside import redact, redact_argv
+from orchestrator.sim.knobs import ENV_PREFIX as SIM_ENV_PREFIX
 from orchestrator.sim.knobs import KNOBS as SIM_KNOBS
-from orchestrator.sim.knobs import parse_fault
+from orchestrator.sim.knobs import read_knobs
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -190,7 +195,7 @@ def resolve_path(name_or_path: str, cwd: Path | None = None) -> Path:
     """A path if it names a file, else NAME looked up in search_dirs()."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        if p.is_file():
+        if yamlfile.is_file(p):
             return p
         raise ProfileError(f"{name_or_path}: no such profile file")
     if not NAME_RE.match(name_or_path):
@@ -198,7 +203,7 @@ def resolve_path(name_or_path: str, cwd: Path | None = None) -> Path:
     for d in search_dirs(cwd):
         for ext in (".yaml", ".yml"):
             candidate = d / f"{name_or_path}{ext}"
-            if candidate.is_file():
+            if yamlfile.is_file(candidate):
                 return candidate
     known = sorted(available(cwd))
     hint = did_you_mean(name_or_path, known)
@@ -219,19 +224,7 @@ def available(cwd: Path | None = None) -> dict[str, Path]:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise ProfileError(f"{path}: cannot read: {e.strerror or e}") from e
-    except UnicodeDecodeError as e:
-        raise ProfileError(f"{path}: not UTF-8 text (byte {e.start}); is this really a profile?") from e
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ProfileError(f"{path}: not valid YAML{where}: {problem}") from e
+    data = yamlfile.load(path, ProfileError, "profile")
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -239,38 +232,76 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def reserved_env(name: str) -> str | None:
+    """Why a profile may not set this environment variable, or None if it may."""
+    if name == "SPT_NOENV" or (name.startswith("ORCH_") and not name.startswith(SIM_ENV_PREFIX)):
+        return (
+            "reserved: orch sets ORCH_* variables (the launch marker ORCH_LAUNCH_ID and its other bookkeeping) "
+            "and SPT_NOENV itself on every launch, and finds and stops its servers by them; "
+            f"only the simulator's {SIM_ENV_PREFIX}* knobs may be set here"
+        )
+    return None
+
+
 def _check_raw_keys(path: Path, data: Mapping[str, Any]) -> None:
-    """Unknown keys and the shape of nested sections, checked per file so errors name the file that has them."""
+    """Every layer is checked on its own, so errors name the file that has them and the merge only ever sees
+    values of the right shape (a YAML alias bomb never reaches it)."""
     for key in data:
         if key not in ALL_TOP_KEYS:
-            raise ProfileError(f"{path}: {key}: unknown field{did_you_mean(str(key), ALL_TOP_KEYS)}")
+            raise ProfileError(f"{path}: {key_name(key)}: unknown field{did_you_mean(str(key), ALL_TOP_KEYS)}")
     if "extends" in data and (not isinstance(data["extends"], str) or not data["extends"]):
-        raise ProfileError(f"{path}: extends: expected a profile name, got {data['extends']!r}")
+        raise ProfileError(f"{path}: extends: expected a profile name, got {show(data['extends'])}")
+    for key, checker in TOP_FIELDS.items():
+        if data.get(key) is not None:
+            try:
+                checker(data[key])
+            except FieldError as e:
+                raise ProfileError(f"{path}: {key}: {e}") from None
     for section, known in (("speculative", SPEC_FIELDS), ("sim", SIM_KNOBS)):
         value = data.get(section)
         if value is None:
             continue
         if not isinstance(value, dict):
-            raise ProfileError(f"{path}: {section}: expected a mapping (or null), got {value!r}")
-        for key in value:
+            raise ProfileError(f"{path}: {section}: expected a mapping (or null), got {show(value)}")
+        for key, item in value.items():
             if key not in known:
-                raise ProfileError(f"{path}: {section}.{key}: unknown field{did_you_mean(str(key), known)}")
+                raise ProfileError(f"{path}: {section}.{key_name(key)}: unknown field{did_you_mean(str(key), known)}")
+            if item is None:
+                continue
+            if section == "sim":
+                _sim_value(f"{path}: sim.{key}", key, item)
+                continue
+            try:
+                SPEC_FIELDS[key](item)
+            except FieldError as e:
+                raise ProfileError(f"{path}: speculative.{key}: {e}") from None
     env = data.get("env")
     if env is not None:
         if not isinstance(env, dict):
-            raise ProfileError(f"{path}: env: expected a mapping of NAME: value, got {env!r}")
+            raise ProfileError(f"{path}: env: expected a mapping of NAME: value, got {show(env)}")
         for key, value in env.items():
             if not isinstance(key, str) or not ENV_NAME_RE.match(key):
                 raise ProfileError(
-                    f"{path}: env.{key}: invalid environment variable name "
+                    f"{path}: env.{key_name(key)}: invalid environment variable name "
                     "(letters, digits and '_', not starting with a digit)"
                 )
+            why = reserved_env(key)
+            if why:
+                raise ProfileError(f"{path}: env.{key}: {why}")
             if isinstance(value, bool) or not (value is None or isinstance(value, str | int | float)):
                 raise ProfileError(
-                    f"{path}: env.{key}: expected a string or number (quote words like 'true'), got {value!r}"
+                    f"{path}: env.{key}: expected a string or number (quote words like 'true'), got {show(value)}"
                 )
             if isinstance(value, str) and "\0" in value:
                 raise ProfileError(f"{path}: env.{key}: contains a NUL byte, which no environment can hold")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ProfileError(f"{path}: env.{key}: expected a finite number or a string, got {value}")
+            if key.startswith(SIM_ENV_PREFIX) and value is not None:
+                # Checked by the simulator's own parser now, not when a launch is already under way.
+                try:
+                    read_knobs({key: _env_value(value)})
+                except ValueError as e:
+                    raise ProfileError(f"{path}: env.{key}: {e}") from None
 
 
 def _merge(base: dict[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
@@ -317,7 +348,7 @@ def _resolve_parent(child: Path, parent: str, cwd: Path | None) -> Path:
     # A parent beside the child wins, so a directory of profiles is self-contained wherever it lives.
     for ext in (".yaml", ".yml"):
         sibling = child.parent / f"{parent}{ext}"
-        if NAME_RE.match(parent) and sibling.is_file():
+        if NAME_RE.match(parent) and yamlfile.is_file(sibling):
             return sibling
     return resolve_path(parent, cwd)
 
@@ -343,13 +374,13 @@ def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
 
     spec = _build_spec(path, data.get("speculative"))
     env = tuple(sorted((k, _env_value(v)) for k, v in (data.get("env") or {}).items() if v is not None))
-    sim = _build_sim(path, data.get("sim") or {})
+    sim = _build_sim(path, data.get("sim") or {}, dict(env))
 
     for i, arg in enumerate(values.get("server_args", ())):
         flag = arg.split("=", 1)[0]
         if flag in MANAGED_FLAGS:
             raise ProfileError(
-                f"{path}: server_args[{i}]: {flag} is set by the field {MANAGED_FLAGS[flag]!r}; "
+                f"{path}: server_args[{i}]: {key_name(flag)} is set by the field {MANAGED_FLAGS[flag]!r}; "
                 "set that field instead of passing the flag"
             )
     return Profile(
@@ -405,38 +436,64 @@ def _build_spec(path: Path, raw: Any) -> Speculative | None:
     return spec
 
 
-def _build_sim(path: Path, raw: Mapping[str, Any]) -> tuple[tuple[str, float | int | str], ...]:
+def _sim_value(where: str, key: str, value: Any) -> float | int | str:
+    """One `sim:` knob, checked by the simulator's own parser (bounds, fault specs) so it fails at load."""
+    knob = SIM_KNOBS[key]
+    if knob.type is str:
+        if not isinstance(value, str):
+            raise ProfileError(f"{where}: expected text, got {show(value)}")
+    else:
+        numeric_ok = isinstance(value, int) if knob.type is int else isinstance(value, int | float)
+        if isinstance(value, bool) or not numeric_ok:
+            raise ProfileError(f"{where}: expected {knob.describe_valid()}, got {show(value)}")
+    try:
+        read_knobs({knob.env: _env_value(value)})
+    except ValueError as e:
+        raise ProfileError(f"{where}: {e}") from None
+    typed: float | int | str = value if knob.type is str else knob.type(value)
+    return typed
+
+
+def _build_sim(path: Path, raw: Mapping[str, Any], env: Mapping[str, str]) -> tuple[tuple[str, float | int | str], ...]:
     out: list[tuple[str, float | int | str]] = []
     for key, value in raw.items():
         if value is None:
             continue
         knob = SIM_KNOBS[key]
-        where = f"{path}: sim.{key}"
-        if knob.type is str:
-            if not isinstance(value, str):
-                raise ProfileError(f"{where}: expected text, got {value!r}")
-            if key == "fault":
-                try:
-                    parse_fault(value)
-                except ValueError as e:
-                    raise ProfileError(f"{where}: {e}") from None
-            out.append((key, value))
-            continue
-        numeric_ok = isinstance(value, int) if knob.type is int else isinstance(value, int | float)
-        if isinstance(value, bool) or not numeric_ok:
-            kind = "an integer" if knob.type is int else "a number"
-            raise ProfileError(f"{where}: expected {kind}, got {value!r}")
-        if knob.minimum is not None and value < knob.minimum:
-            raise ProfileError(f"{where}: must be >= {knob.minimum}, got {value}")
-        if knob.maximum is not None and value > knob.maximum:
-            raise ProfileError(f"{where}: must be <= {knob.maximum}, got {value}")
-        out.append((key, knob.type(value)))
+        if knob.env in env:
+            # The sim block would silently win over env at launch; one place per knob keeps the profile honest.
+            raise ProfileError(f"{path}: env.{knob.env}: the same simulator knob as sim.{key}; set it in one place")
+        out.append((key, _sim_value(f"{path}: sim.{key}", key, value)))
     return tuple(sorted(out))
+
+
+# What does not change the server that runs: where the profile came from and its prose.
+_PROVENANCE = ("name", "source", "chain", "description", "raw")
+
+
+def differing_fields(a: Profile, b: Profile) -> list[str]:
+    """The fields in which two profiles would launch different servers (empty: the same server)."""
+    names = [f.name for f in dataclasses.fields(Profile) if f.name not in _PROVENANCE]
+    return [n for n in names if getattr(a, n) != getattr(b, n)]
+
+
+def check_distinct_names(profiles: list[Profile]) -> None:
+    """Arms are labelled by file stem; two different servers under one name would read as an A/A test."""
+    first: dict[str, Profile] = {}
+    for prof in profiles:
+        other = first.setdefault(prof.name, prof)
+        diff = differing_fields(other, prof)
+        if diff:
+            raise ProfileError(
+                f"{other.source} and {prof.source} are both named {prof.name!r} but differ in "
+                f"{', '.join(diff)}; an experiment labels arms by name, so this would look like an A/A test. "
+                "Rename one of the files (the same profile twice is a real A/A test and is fine)"
+            )
 
 
 def validate_file(path: str) -> Profile:
     """Validate one file as a profile (the CLI's `profiles validate`)."""
     p = Path(path)
-    if not p.is_file():
+    if not yamlfile.is_file(p):
         raise ProfileError(f"{path}: no such file")
     return load(str(p) if (p.suffix in (".yaml", ".yml") or os.sep in path) else f"./{path}")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import BenchError
+from orchestrator.errors import BenchError, PromptFileError
 
 # Written for orch, in the spirit of Spec-Bench's task mix: speculative decoding's acceptance differs by task
 # (translation and summarisation copy a lot, open chat much less), so one prompt type would flatter or punish it.
@@ -124,7 +124,9 @@ def load_jsonl(path: str) -> list[PromptItem]:
     try:
         lines = p.read_text(encoding="utf-8").splitlines()
     except OSError as e:
-        raise BenchError(f"{path}: cannot read the prompt file: {e.strerror or e}") from e
+        raise PromptFileError(f"{path}: cannot read the prompt file: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise PromptFileError(f"{path}: not UTF-8 text (byte {e.start}); expected JSON lines") from None
     items = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -132,9 +134,11 @@ def load_jsonl(path: str) -> list[PromptItem]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise BenchError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+            raise PromptFileError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise PromptFileError(f"{path}:{n}: JSON nested too deeply") from None
         if not isinstance(obj, dict):
-            raise BenchError(f'{path}:{n}: expected an object with "prompt" or "messages"')
+            raise PromptFileError(f'{path}:{n}: expected an object with "prompt" or "messages"')
         category = str(obj.get("category", "file"))
         if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
             items.append(PromptItem(category=category, text=obj["prompt"]))
@@ -148,9 +152,11 @@ def load_jsonl(path: str) -> list[PromptItem]:
         ):
             items.append(PromptItem(category=category, messages=tuple(obj["messages"])))
         else:
-            raise BenchError(f'{path}:{n}: needs "prompt" (non-empty text) or "messages" (a list of {{role, content}})')
+            raise PromptFileError(
+                f'{path}:{n}: needs "prompt" (non-empty text) or "messages" (a list of {{role, content}})'
+            )
     if not items:
-        raise BenchError(f"{path}: no prompts in the file")
+        raise PromptFileError(f"{path}: no prompts in the file")
     return items
 
 

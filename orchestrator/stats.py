@@ -112,6 +112,9 @@ def breakeven(
     τ > cycle_ms / baseline token time. 82.2 tok/s and a 30 ms cycle need τ ≈ 2.46."""
     if baseline_tps <= 0 or cycle_ms <= 0:
         raise ValueError("baseline tok/s and cycle time must be positive")
+    if not all(math.isfinite(x) for x in (baseline_tps, cycle_ms, measured_tau or 0.0, target_tps or 0.0)):
+        # An infinite baseline makes its token time 0 and the break-even a division by zero.
+        raise ValueError("baseline tok/s, cycle time, accept length and target tok/s must be finite")
     token_ms = 1000.0 / baseline_tps
     tau = cycle_ms / token_ms
     target_tau = target_tps * cycle_ms / 1000.0 if target_tps else None

@@ -186,7 +186,7 @@ def test_profiles_commands(
         assert name in listing
     good = REPO / "profiles" / "baseline.yaml"
     bad = write_profile("bad", engine="sglang", model_path="/m", tp_sise=8, port=1)
-    assert main(["profiles", "validate", str(good), str(bad)]) == 1
+    assert main(["profiles", "validate", str(good), str(bad)]) == 2  # invalid input
     out = capsys.readouterr().out
     assert f"ok      {good}" in out
     assert "bad.yaml: tp_sise: unknown field (did you mean 'tp_size'?)" in out
@@ -196,7 +196,7 @@ def test_errors_are_one_line_without_traceback(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    assert main(["ab", "baseline", "no-such-profile", "--sim"]) == 1
+    assert main(["ab", "baseline", "no-such-profile", "--sim"]) == 2  # invalid input
     err = capsys.readouterr().err
     assert err.startswith("Error: no profile named 'no-such-profile'") and "Traceback" not in err
     assert main(["ab", "baseline"]) == 2

@@ -258,7 +258,7 @@ def test_bad_workload_options_fail_before_any_launch(tmp_path: Path, monkeypatch
     from orchestrator.cli import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["bench", "baseline", "--sim", "--prompts", str(tmp_path / "nope.jsonl")]) == 1
+    assert main(["bench", "baseline", "--sim", "--prompts", str(tmp_path / "nope.jsonl")]) == 2  # invalid input
     assert main(["bench", "baseline", "--sim", "--concurrency", "1,x"]) == 2
     assert main(["bench", "baseline", "--sim", "--input-len", "64"]) == 1
     from orchestrator import hostside

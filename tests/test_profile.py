@@ -113,7 +113,7 @@ def test_env_merges_by_key_and_null_removes(write_profile: WriteProfile) -> None
         ({"server_args": ["--tp-size", "4"]}, r"server_args\[0\]: --tp-size is set by the field 'tp_size'"),
         ({"server_args": "--foo"}, r"server_args: expected a list of strings"),
         ({"sim": {"decode_msec": 3}}, r"sim\.decode_msec: unknown field \(did you mean 'decode_ms'\?\)"),
-        ({"sim": {"decode_ms": "fast"}}, r"sim\.decode_ms: expected a number, got 'fast'"),
+        ({"sim": {"decode_ms": "fast"}}, r"sim\.decode_ms: expected a number between 0.01 and 10000, got 'fast'"),
         ({"sim": {"fault": "explode"}}, r"sim\.fault: "),
     ],
 )

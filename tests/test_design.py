@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.ab import ABResult, Design, LaunchResult, load_result, stored_launches
+from orchestrator.ab import ABResult, CutShort, Design, LaunchResult, load_result, stored_launches
 from orchestrator.bench import RunResult
 from orchestrator.errors import StoreError
 from orchestrator.report import ab_csv, ab_json, ab_markdown, ab_text
@@ -299,7 +299,7 @@ def test_load_result_round_trips_and_reports_partial_experiments(tmp_path: Path)
     )
     assert any("1 launch(es) cut short" in n for n in result.notes)
     launches, discarded = stored_launches(store, "20261129-1")
-    assert discarded == 1 and launches[1].runs[1].tok_s == 61.0
+    assert discarded == [CutShort(1, 1, "interrupted")] and launches[1].runs[1].tok_s == 61.0
     _store_experiment(store, "20261129-2", {(0, 0): [82.0], (0, 1): [60.0]}, "complete")
     with pytest.raises(StoreError, match="matches several experiments"):
         store.find_experiment("20261129")

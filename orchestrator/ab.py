@@ -24,8 +24,8 @@ from orchestrator import __version__, server
 from orchestrator.bench import BenchConfig, RunResult, host_runner, local_runner, request_items, run_benchmark
 from orchestrator.errors import BenchError, HostError, OrchError, ServerError
 from orchestrator.hosts import Host, connect_address
-from orchestrator.hostside import scrub
 from orchestrator.profile import Profile
+from orchestrator.redaction import scrub
 from orchestrator.stats import (
     DEFAULT_MIN_EFFECT,
     ArmSpread,

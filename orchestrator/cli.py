@@ -36,7 +36,7 @@ from orchestrator.bench import (
 )
 from orchestrator.errors import InputError, OrchError, ProfileError, StoreError
 from orchestrator.hosts import check_host, default_namespace, inventory_paths, load_inventory, resolve_host
-from orchestrator.hostside import redact, redact_argv
+from orchestrator.redaction import redact, redact_argv
 from orchestrator.report import SIM_BANNER, ab_csv, ab_json, ab_markdown, ab_text, breakeven_lines, run_line
 from orchestrator.store import Store
 from orchestrator.store import default_path as default_db_path

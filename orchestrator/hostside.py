@@ -2,20 +2,18 @@
 
 The local host calls `dispatch()` in-process; a remote host runs this same file with the host's Python
 (`python3 hostside.py --serve`, one JSON request per line). It needs only the stdlib, psutil, and the shipped
-stdlib-only `orchestrator/client.py` and `orchestrator/sim/`: keep every other orchestrator import out of it.
+stdlib-only `orchestrator/redaction.py`, `orchestrator/client.py` and `orchestrator/sim/` (`ssh.agent_files()`):
+keep every other orchestrator import out of it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
-import hmac
 import importlib.metadata
 import json
 import os
 import platform
-import re
 import select
 import shlex
 import shutil
@@ -29,33 +27,14 @@ from typing import Any
 
 import psutil
 
+from orchestrator.redaction import REDACTED, hide_argv, redact, scrub
+
 PROTOCOL_VERSION = 2  # 2: request ids echoed, heartbeats while a request runs
 MARKER = "ORCH_LAUNCH_ID"
 # Which orch session a launch belongs to: "<pid>:<start time>" of the process that launched it on the host (orch
 # itself for the local host, the agent over SSH; the agent exits when orch or its connection dies). A launch whose
 # owner is alive belongs to a live session, and no other session may tear it down.
 OWNER = "ORCH_OWNER"
-# Names whose values must never leave the host in clear text.
-SECRET_NAME_RE = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
-# Flags are matched on their last word only: --api-key and --hf-token are secrets, --num-draft-tokens is not.
-_SECRET_WORD = r"(?:key|token|secret|password|passwd|credentials?)"
-SECRET_FLAG_RE = re.compile(rf"^--(?:[\w-]*[-_])?{_SECRET_WORD}$", re.IGNORECASE)
-REDACTED = "<redacted>"
-# Secrets shorter than this are not replaced by value in free text: every "1" or "ab" in a log would go with them.
-MIN_SECRET_LEN = 4
-# In free text (log tails, errors): `api_key='x'`, `HF_TOKEN=x`, `"password": "x"`, `--api-key x`, `Bearer x`.
-_VALUE = r"(?P<value><redacted[^>]*>|'[^']*'|\"[^\"]*\"|[^\s,;)}\]'\"]+)"
-_ASSIGN_RE = re.compile(
-    rf"(?P<name>(?<![A-Za-z0-9])(?:[A-Za-z0-9]+[_.-])*{_SECRET_WORD}(?![A-Za-z0-9]))(?P<sep>['\"]?\s*[=:]\s*){_VALUE}",
-    re.IGNORECASE,
-)
-_FLAG_VALUE_RE = re.compile(
-    rf"(?P<name>(?<![\w-])--(?:[\w]+[-_])*{_SECRET_WORD})(?P<sep>\s+)(?!-){_VALUE}", re.IGNORECASE
-)
-_BEARER_RE = re.compile(r"\b(?P<name>Bearer|Basic)(?P<sep>\s+)(?P<value>[A-Za-z0-9._~+/=-]+)", re.IGNORECASE)
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# Digests made without a store's key (commands with no store) use this one: comparable within one process only.
-_PROCESS_KEY = os.urandom(32)
 # Variables that change what an inference server does even when no profile set them.
 RELEVANT_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVIDIA_", "OMP_", "HF_", "TRITON_")
 
@@ -69,68 +48,6 @@ _LAUNCH_SH = (
 
 class HostSideError(Exception):
     """A failure the caller should show to the user as a HostError."""
-
-
-def redact(name: str, value: str, key: bytes | None = None) -> str:
-    """Hide secret-looking values but keep them comparable (same value and key → same digest)."""
-    return _digest(value, key) if SECRET_NAME_RE.search(name) else value
-
-
-def _digest(value: str, key: bytes | None = None) -> str:
-    # Keyed (HMAC), not a bare hash: without the store's key a guessed secret cannot be confirmed from its digest.
-    mac = hmac.new(key or _PROCESS_KEY, value.encode(), hashlib.sha256).hexdigest()
-    return f"<redacted hmac:{mac[:16]}>"
-
-
-def redact_argv(argv: list[str], key: bytes | None = None) -> list[str]:
-    """Hide the value after a secret-looking flag (`--api-key X`, `--api-key=X`), keeping it comparable."""
-    return _hide_argv(argv, lambda value: _digest(value, key))
-
-
-def _hide_argv(argv: list[str], hide: Callable[[str], str]) -> list[str]:
-    out: list[str] = []
-    for i, arg in enumerate(argv):
-        flag, eq, value = arg.partition("=")
-        if eq and (SECRET_FLAG_RE.match(flag) or (_ENV_NAME_RE.match(flag) and SECRET_NAME_RE.search(flag))):
-            out.append(f"{flag}={hide(value)}")  # --api-key=X, or HF_TOKEN=X as given to env(1)
-        elif i > 0 and SECRET_FLAG_RE.match(argv[i - 1]) and not arg.startswith("--"):
-            # argparse never takes a value starting with "--" in this form: such an arg is the next flag.
-            out.append(hide(arg))
-        else:
-            out.append(arg)
-    return out
-
-
-def secret_values(argv: list[str], env: dict[str, str]) -> list[str]:
-    """The values redact_argv/redact hide: what scrub() must also remove from free text such as log tails."""
-    found: list[str] = []
-
-    def collect(value: str) -> str:
-        found.append(value)
-        return value
-
-    _hide_argv(argv, collect)
-    found += [v for k, v in env.items() if SECRET_NAME_RE.search(k)]
-    return [v for v in dict.fromkeys(found) if v]
-
-
-def scrub(text: str, secret_values: Iterable[str] = ()) -> str:
-    """Free text (a log tail, an error) without the known secret values nor anything that looks like one."""
-    for value in sorted({v for v in secret_values if len(v) >= MIN_SECRET_LEN}, key=len, reverse=True):
-        text = text.replace(value, REDACTED)
-    for pattern in (_BEARER_RE, _FLAG_VALUE_RE, _ASSIGN_RE):
-        text = pattern.sub(_hide_match, text)
-    return text
-
-
-def _hide_match(m: re.Match[str]) -> str:
-    value = m.group("value")
-    if value.startswith("<redacted") or value.strip("'\"") in ("", "None", "null"):
-        return m.group(0)  # nothing secret to hide: keep `api_key=None` readable
-    quote = value[0] if value[0] in "'\"" and value[-1] == value[0] and len(value) > 1 else ""
-    if m.re is _ASSIGN_RE and not quote and "=" not in m.group("sep") and not re.search(r"[_.-]", m.group("name")):
-        return m.group(0)  # prose such as "first token: 0.5 s" or "secret: ready after 2 s", not an assignment
-    return f"{m.group('name')}{m.group('sep')}{quote}{REDACTED}{quote}"
 
 
 def _gone(proc: psutil.Process) -> bool:
@@ -152,7 +69,7 @@ def _environ(proc: psutil.Process) -> dict[str, str] | None:
 def _cmdline(proc: psutil.Process, limit: int = 300) -> str:
     try:
         # Display only (status, port owners, GPU processes): a plain mask, no digest, so no key is needed here.
-        text = scrub(" ".join(_hide_argv(proc.cmdline(), lambda _: REDACTED))) or proc.name()
+        text = scrub(" ".join(hide_argv(proc.cmdline(), lambda _: REDACTED))) or proc.name()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return "?"
     return text if len(text) <= limit else text[: limit - 3] + "..."

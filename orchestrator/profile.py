@@ -28,7 +28,7 @@ from orchestrator.fields import (
     str_list,
     text,
 )
-from orchestrator.hostside import redact, redact_argv
+from orchestrator.redaction import redact, redact_argv
 from orchestrator.sim.knobs import ENV_PREFIX as SIM_ENV_PREFIX
 from orchestrator.sim.knobs import KNOBS as SIM_KNOBS
 from orchestrator.sim.knobs import read_knobs

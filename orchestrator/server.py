@@ -16,8 +16,9 @@ import httpx
 
 from orchestrator.errors import HostError, ServerError
 from orchestrator.hosts import Host, connect_address
-from orchestrator.hostside import MARKER, redact, redact_argv, scrub, secret_values
+from orchestrator.hostside import MARKER
 from orchestrator.profile import Profile
+from orchestrator.redaction import redact, redact_argv, scrub, secret_values
 
 EventFn = Callable[[str], None]
 

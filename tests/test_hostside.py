@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator import hostside, server
+from orchestrator import hostside, redaction, server
 from orchestrator.errors import HostError
 from orchestrator.hosts import LocalHost
 from orchestrator.profile import load
@@ -89,7 +89,7 @@ def test_launch_is_detached_found_by_marker_and_torn_down(tmp_path: Path) -> Non
     # Digested on the host with the caller's key: equal to the caller's own digest of the value, per key.
     key = os.urandom(32)
     (keyed,) = hostside.op_environ(lid, ["HF_TOKEN"], digest_key=key.hex())
-    assert keyed["env"]["HF_TOKEN"] == hostside.redact("HF_TOKEN", "hunter2", key) != env[0]["env"]["HF_TOKEN"]
+    assert keyed["env"]["HF_TOKEN"] == redaction.redact("HF_TOKEN", "hunter2", key) != env[0]["env"]["HF_TOKEN"]
     report = hostside.op_teardown(lid, pgid=pid, grace_s=5)
     assert report["sigterm"] and not report["sigkill"] and not report["remaining"]
     assert not _alive(pid)
@@ -187,18 +187,18 @@ def test_namespace_is_matched_exactly_not_as_a_prefix(tmp_path: Path) -> None:
 
 
 def test_secret_values_are_redacted_but_comparable() -> None:
-    assert hostside.redact("HF_TOKEN", "hunter2") == hostside.redact("HF_TOKEN", "hunter2") != "hunter2"
-    assert hostside.redact("NCCL_PROTO", "LL") == "LL"
+    assert redaction.redact("HF_TOKEN", "hunter2") == redaction.redact("HF_TOKEN", "hunter2") != "hunter2"
+    assert redaction.redact("NCCL_PROTO", "LL") == "LL"
     argv = ["python", "-m", "x", "--api-key", "s3cret", "--hf-token=abc", "--speculative-num-draft-tokens", "4"]
-    red = hostside.redact_argv(argv)
+    red = redaction.redact_argv(argv)
     assert "s3cret" not in red and "--hf-token=abc" not in red and red[-2:] == ["--speculative-num-draft-tokens", "4"]
 
 
 def test_digests_are_keyed_hmacs_not_bare_hashes() -> None:
     k1, k2 = os.urandom(32), os.urandom(32)
-    d1 = hostside.redact("HF_TOKEN", "hunter2", k1)
-    assert d1 == hostside.redact("HF_TOKEN", "hunter2", k1) == hostside.redact_argv(["--hf-token", "hunter2"], k1)[1]
-    assert d1 != hostside.redact("HF_TOKEN", "hunter2", k2) != hostside.redact("HF_TOKEN", "hunter3", k1)
+    d1 = redaction.redact("HF_TOKEN", "hunter2", k1)
+    assert d1 == redaction.redact("HF_TOKEN", "hunter2", k1) == redaction.redact_argv(["--hf-token", "hunter2"], k1)[1]
+    assert d1 != redaction.redact("HF_TOKEN", "hunter2", k2) != redaction.redact("HF_TOKEN", "hunter3", k1)
     # A guess cannot be confirmed without the key: no bare SHA-256 prefix of the value anywhere in the digest.
     bare = hashlib.sha256(b"hunter2").hexdigest()
     assert all(bare[i : i + 8] not in d1 for i in range(0, 56, 4))
@@ -224,16 +224,16 @@ def test_digests_are_keyed_hmacs_not_bare_hashes() -> None:
 )
 def test_redact_argv_edge_cases(argv: list[str], hidden: list[int]) -> None:
     key = os.urandom(32)
-    red = hostside.redact_argv(argv, key)
+    red = redaction.redact_argv(argv, key)
     for i, (before, after) in enumerate(zip(argv, red, strict=True)):
         if i not in hidden:
             assert after == before
         elif "=" in before:
             name, _, value = before.partition("=")
-            assert after == f"{name}={hostside.redact('TOKEN', value, key)}"
+            assert after == f"{name}={redaction.redact('TOKEN', value, key)}"
         else:
-            assert after == hostside.redact("TOKEN", before, key)
-    assert hostside.secret_values(argv, {}) == [a.partition("=")[2] or a for i, a in enumerate(argv) if i in hidden]
+            assert after == redaction.redact("TOKEN", before, key)
+    assert redaction.secret_values(argv, {}) == [a.partition("=")[2] or a for i, a in enumerate(argv) if i in hidden]
 
 
 @pytest.mark.parametrize(
@@ -266,16 +266,16 @@ def test_redact_argv_edge_cases(argv: list[str], hidden: list[int]) -> None:
     ],
 )
 def test_scrub_patterns(text: str, expected: str) -> None:
-    assert hostside.scrub(text) == expected
+    assert redaction.scrub(text) == expected
 
 
 def test_scrub_removes_known_secret_values_anywhere() -> None:
     text = "loading with key sk-SECRET-1 (x=sk-SECRET-1)\nhf_SECRET-2 rejected; ab ab"
-    out = hostside.scrub(text, ["sk-SECRET-1", "hf_SECRET-2", "ab", ""])
+    out = redaction.scrub(text, ["sk-SECRET-1", "hf_SECRET-2", "ab", ""])
     assert "SECRET" not in out and out.count("<redacted>") == 3
     assert out.endswith("ab ab")  # too short to be replaced in free text without garbling it
     # A longer secret containing a shorter one is replaced whole.
-    assert hostside.scrub("abcdefgh", ["abcd", "abcdefgh"]) == "<redacted>"
+    assert redaction.scrub("abcdefgh", ["abcd", "abcdefgh"]) == "<redacted>"
 
 
 def test_cmdlines_shown_from_the_host_are_masked(
@@ -358,3 +358,29 @@ def test_recorded_pids_are_matched_with_their_start_time() -> None:
     other = {"pid": me.pid, "create_time": me.create_time() - 100}
     assert hostside._recorded([same])[0] == [me]
     assert hostside._recorded([other])[0] == [] and hostside._recorded([other])[1] == [other]
+
+
+def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> None:
+    """A host gets only ssh.agent_files(): the agent must import from those alone (no stray orchestrator import)."""
+    from orchestrator.ssh import agent_files
+
+    for name, data in agent_files().items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    agent = subprocess.Popen(
+        [sys.executable, "-I", str(tmp_path / "hostside.py"), "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
+    assert agent.stdin is not None and agent.stdout is not None
+    replies = []
+    for i, op in enumerate(({"op": "hello"}, {"op": "find", "args": {"namespace": "none"}})):
+        agent.stdin.write(json.dumps({**op, "id": i}) + "\n")
+        agent.stdin.flush()
+        replies.append(json.loads(agent.stdout.readline()))
+    _, err = agent.communicate(timeout=30)
+    assert [(r["ok"], r["id"]) for r in replies] == [(True, 0), (True, 1)], err

@@ -367,14 +367,16 @@ def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> 
     for name, data in agent_files().items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_bytes(data)
+    # -S: no site processing, so not the editable install of orch either; psutil's directory is named by hand.
+    site = str(Path(psutil.__file__).resolve().parent.parent)
     agent = subprocess.Popen(
-        [sys.executable, "-I", str(tmp_path / "hostside.py"), "--serve"],
+        [sys.executable, "-S", str(tmp_path / "hostside.py"), "--serve"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=tmp_path,
-        env={"PATH": os.environ.get("PATH", "")},
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": site},
     )
     assert agent.stdin is not None and agent.stdout is not None
     replies = []

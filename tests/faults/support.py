@@ -63,15 +63,6 @@ def run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float
     return Outcome(proc.returncode, proc.stdout, proc.stderr)
 
 
-def read_until(proc: subprocess.Popen[str], needle: str, seen: list[str]) -> None:
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        seen.append(line)
-        if needle in line:
-            return
-    raise AssertionError(f"{needle!r} never appeared:\n{''.join(seen)}")
-
-
 def port_free(port: int, wait_s: float = 3.0) -> bool:
     """Nothing listens on it (TIME_WAIT leftovers of closed connections don't count: a server can bind again)."""
     deadline = time.monotonic() + wait_s

@@ -23,12 +23,11 @@ from orchestrator.bench import BenchConfig, local_runner, run_benchmark
 from orchestrator.errors import BenchError
 from orchestrator.hosts import LocalHost
 from orchestrator.profile import load
-from tests.conftest import NAMESPACE
+from tests.conftest import NAMESPACE, wait_for_line
 from tests.faults.support import (
     FAST,
     assert_nothing_left,
     assert_plain,
-    read_until,
     run,
     start,
     stored,
@@ -183,7 +182,7 @@ def test_orch_interrupted_mid_run(sim_profiles: SimProfiles, tmp_path: Path, sig
                  cwd=tmp_path)  # fmt: skip
     seen: list[str] = []
     try:
-        read_until(proc, "Run 2/50", seen)
+        wait_for_line(proc, "Run 2/50", seen)
         proc.send_signal(sig)
         out, _ = proc.communicate(timeout=60)
     finally:
@@ -210,7 +209,7 @@ def test_orch_killed_mid_run(sim_profiles: SimProfiles, tmp_path: Path) -> None:
                  cwd=tmp_path)  # fmt: skip
     seen: list[str] = []
     try:
-        read_until(proc, "Run 2/50", seen)
+        wait_for_line(proc, "Run 2/50", seen)
         proc.kill()
         proc.wait(10)
     finally:
@@ -266,21 +265,22 @@ def test_a_stall_alone_is_bounded_and_never_retried(sim_profiles: SimProfiles) -
     assert_nothing_left()
 
 
-def test_worker_escapes_with_a_double_fork(sim_profiles: SimProfiles, tmp_path: Path) -> None:
-    port = _baseline(sim_profiles, fault="escape-double-fork")
+@pytest.mark.parametrize(
+    ("fault", "pid_pattern"),
+    [
+        # Reparented to init, in its own session, still marked: the marker sweep finds it.
+        ("escape-double-fork", r"FAULT escape-double-fork: pid (\d+)"),
+        # Same PID under another program, outside the group, unmarked: found by the PIDs recorded at readiness.
+        ("reexec-no-marker", r"FAULT reexec-no-marker: this detokenizer \(pid (\d+)\)"),
+    ],
+)
+def test_an_escaping_worker_is_still_killed(
+    sim_profiles: SimProfiles, tmp_path: Path, fault: str, pid_pattern: str
+) -> None:
+    port = _baseline(sim_profiles, fault=fault)
     out, _ = _bench(tmp_path)
     assert out.rc == 0, out.text
-    escaped = _pid_in_log(out.out, r"FAULT escape-double-fork: pid (\d+)")
-    assert not _alive(escaped)
-    assert_nothing_left(port)
-
-
-def test_worker_reexecs_without_the_marker(sim_profiles: SimProfiles, tmp_path: Path) -> None:
-    port = _baseline(sim_profiles, fault="reexec-no-marker")
-    out, _ = _bench(tmp_path)
-    assert out.rc == 0, out.text
-    escaped = _pid_in_log(out.out, r"FAULT reexec-no-marker: this detokenizer \(pid (\d+)\)")
-    assert not _alive(escaped)
+    assert not _alive(_pid_in_log(out.out, pid_pattern))
     assert_nothing_left(port)
 
 

@@ -15,8 +15,8 @@ from orchestrator import hostside, server
 from orchestrator.errors import HostError
 from orchestrator.hosts import LocalHost
 from orchestrator.profile import load
-from tests.conftest import NAMESPACE, REPO
-from tests.faults.support import FAST, assert_nothing_left, assert_plain, orch_env, read_until, run, start, stored
+from tests.conftest import NAMESPACE, REPO, wait_for_line
+from tests.faults.support import FAST, assert_nothing_left, assert_plain, orch_env, run, start, stored
 
 SimProfiles = Callable[..., dict[str, Path]]
 
@@ -30,7 +30,7 @@ def test_a_second_session_and_orch_down_never_touch_a_live_run(sim_profiles: Sim
     )
     seen: list[str] = []
     try:
-        read_until(first, "Run 1/40", seen)
+        wait_for_line(first, "Run 1/40", seen)
         # Another user-like session: its own HOME (so its own state dir, results and default workdir) and --workdir.
         other = orch_env(home=tmp_path / "other-home")
         second = run(
@@ -45,7 +45,7 @@ def test_a_second_session_and_orch_down_never_touch_a_live_run(sim_profiles: Sim
         assert down.rc == 1, down.text
         assert "in use by a live orch session" in down.err and "--force" in down.err
         # The first run carries on, unharmed.
-        read_until(first, "Run 3/40", seen)
+        wait_for_line(first, "Run 3/40", seen)
         forced = run("down", "--force", "--grace", "2", cwd=tmp_path, env=other)
         assert forced.rc == 0 and "stopped " in forced.out, forced.text
         out, _ = first.communicate(timeout=60)

@@ -6,17 +6,14 @@ import contextlib
 import getpass
 import hashlib
 import json
-import math
 import os
 import random
 import socket
-import statistics
 import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +23,17 @@ from orchestrator.errors import BenchError, HostError, OrchError, ServerError
 from orchestrator.hosts import Host, connect_address
 from orchestrator.profile import Profile
 from orchestrator.redaction import scrub
+from orchestrator.results import (
+    ABResult,
+    Design,
+    LaunchResult,
+    arm_label,
+    has_valid_run,
+    spec_steps,
+    stored_launches,
+)
 from orchestrator.stats import (
     DEFAULT_MIN_EFFECT,
-    ArmSpread,
-    BreakEven,
-    RatioEstimate,
-    Summary,
-    arm_spread,
-    blocks_needed,
-    launch_value,
-    minimal_detectable_effect,
-    outliers,
-    ratio_ci,
-    relative_range,
-    schedule,
-    slow_first_run,
-    spec_from_run,
-    summarize,
-    verdict,
 )
 from orchestrator.store import Store
 
@@ -54,11 +44,6 @@ class StrictEnvError(ServerError):
 
 class NoValidRunsError(BenchError):
     """An arm has no valid timed run, so the experiment has nothing to compare."""
-
-
-def _has_valid_run(launches: Sequence[LaunchResult], arm_index: int) -> bool:
-    mine = [launch for launch in launches if launch.arm_index == arm_index]
-    return any(launch.timed_at(level) for launch in mine for level in launch.levels)
 
 
 @dataclass(frozen=True)
@@ -77,407 +62,6 @@ class ABConfig:
     order: str = "random"  # random | fixed | abba
     order_seed: int | None = None  # None: drawn at random, then recorded with the experiment
     min_effect: float = DEFAULT_MIN_EFFECT  # the smallest relative difference worth calling
-
-
-@dataclass(frozen=True)
-class LaunchResult:
-    """One launch of one arm (in one block) and its runs, with what was verified about it."""
-
-    profile: str
-    launch_id: str
-    runs: tuple[RunResult, ...]
-    ready_s: float
-    env_report: dict[str, Any]
-    teardown: dict[str, Any]
-    spec_steps: int | None = None  # draft steps when the arm uses speculative decoding
-    block: int = 0
-    position: int = 0  # place in its block's launch order
-    arm_index: int = 0
-    gpus: dict[str, Any] | None = None  # nvidia-smi under load, after the timed runs
-
-    @property
-    def levels(self) -> list[int]:
-        """Concurrency levels in the order they ran."""
-        return list(dict.fromkeys(r.concurrency for r in self.runs if not r.warmup))
-
-    def timed_at(self, concurrency: int | None = None) -> list[RunResult]:
-        """Valid timed runs at one level (default: the first level, the headline)."""
-        level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
-        return [r for r in self.runs if not r.warmup and r.valid and r.concurrency == level]
-
-    def value_at(self, concurrency: int | None = None, metric: str = "tok_s") -> float | None:
-        """The launch-level value: the median of its valid timed runs."""
-        values = [float(v) for r in self.timed_at(concurrency) if (v := getattr(r, metric)) is not None]
-        return launch_value(values) if values else None
-
-    @property
-    def invalid_runs(self) -> list[RunResult]:
-        return [r for r in self.runs if not r.warmup and not r.valid]
-
-
-def mean_accept_length(runs: Sequence[RunResult]) -> float | None:
-    """Mean accept length over runs, each from that run's own data (never the server's lifetime average)."""
-    values = [r.spec_accept_length for r in runs if r.spec_accept_length is not None]
-    return sum(values) / len(values) if values else None
-
-
-def arm_label(names: Sequence[str], index: int) -> str:
-    """The profile name, or "name#2" when one profile is two arms (an A/A test)."""
-    return f"{names[index]}#{index + 1}" if list(names).count(names[index]) > 1 else names[index]
-
-
-@dataclass(frozen=True)
-class ArmResult:
-    """One arm (profile) across all its launches; the launch, not the run, is the unit of replication."""
-
-    profile: str
-    launches: tuple[LaunchResult, ...]
-    spec_steps: int | None = None
-    label: str = ""  # the profile name, or "name#2" when one profile is two arms (an A/A test)
-
-    def __post_init__(self) -> None:
-        if not self.label:
-            object.__setattr__(self, "label", self.profile)
-
-    @property
-    def launch_id(self) -> str | None:
-        return self.launches[0].launch_id if self.launches else None
-
-    @property
-    def runs(self) -> list[RunResult]:
-        return [r for launch in self.launches for r in launch.runs]
-
-    @property
-    def levels(self) -> list[int]:
-        return list(dict.fromkeys(level for launch in self.launches for level in launch.levels))
-
-    def _level(self, concurrency: int | None) -> int:
-        return concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
-
-    def timed_at(self, concurrency: int | None = None) -> list[RunResult]:
-        level = self._level(concurrency)
-        return [r for launch in self.launches for r in launch.timed_at(level)]
-
-    @property
-    def timed(self) -> list[RunResult]:
-        return self.timed_at()
-
-    def per_launch_at(self, concurrency: int | None = None, metric: str = "tok_s") -> list[list[float]]:
-        level = self._level(concurrency)
-        return [[float(getattr(r, metric)) for r in launch.timed_at(level)] for launch in self.launches]
-
-    def spread_at(self, concurrency: int | None = None, metric: str = "tok_s") -> ArmSpread | None:
-        """Launches, runs, median of launch values, CV within and across launches."""
-        per_launch = [v for v in self.per_launch_at(concurrency, metric) if v]
-        return arm_spread(per_launch) if per_launch else None
-
-    def summary_at(self, concurrency: int | None = None) -> Summary | None:
-        """Per-stream tok/s over every valid timed run of every launch (for min/max; comparisons use launches)."""
-        timed = self.timed_at(concurrency)
-        return summarize([r.tok_s for r in timed]) if timed else None
-
-    def aggregate_at(self, concurrency: int | None = None) -> ArmSpread | None:
-        return self.spread_at(concurrency, "aggregate_tok_s")
-
-    @property
-    def summary(self) -> Summary | None:
-        return self.summary_at()
-
-    def median_at(self, concurrency: int | None = None) -> float | None:
-        """The arm's headline number: the median of its launch values."""
-        spread = self.spread_at(concurrency)
-        return spread.median if spread else None
-
-    def accept_length_at(self, concurrency: int | None = None) -> float | None:
-        return mean_accept_length(self.timed_at(concurrency))
-
-    @property
-    def accept_length(self) -> float | None:
-        return self.accept_length_at()
-
-    @property
-    def env_ok(self) -> bool:
-        return all(launch.env_report.get("ok", True) for launch in self.launches)
-
-
-@dataclass(frozen=True)
-class Design:
-    """How the launches of an experiment are arranged: every block launches every arm once, in a recorded order."""
-
-    blocks: int = 1
-    order: str = "fixed"
-    seed: int = 0
-    schedule: tuple[tuple[int, ...], ...] = ((0,),)
-
-    @classmethod
-    def make(cls, arms: int, blocks: int, order: str, seed: int) -> Design:
-        return cls(blocks, order, seed, tuple(tuple(b) for b in schedule(arms, blocks, order, seed)))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "blocks": self.blocks,
-            "order": self.order,
-            "seed": self.seed,
-            "schedule": [list(b) for b in self.schedule],
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Design:
-        return cls(
-            int(d["blocks"]), str(d["order"]), int(d["seed"]), tuple(tuple(int(i) for i in b) for b in d["schedule"])
-        )
-
-    def slots(self) -> list[tuple[int, int, int]]:
-        """(block, position, arm index) for every launch, in execution order."""
-        return [(b, pos, arm) for b, order in enumerate(self.schedule) for pos, arm in enumerate(order)]
-
-
-@dataclass(frozen=True)
-class Comparison:
-    arm: str  # profile names (the JSON contract); labels tell two arms of one profile apart
-    vs: str
-    ratio: float | None  # geometric mean over blocks of the launch-value ratios
-    concurrency: int = 1
-    aggregate_ratio: float | None = None
-    estimate: RatioEstimate | None = None
-    verdict: str | None = None  # faster | slower | no difference | inconclusive; None without paired launches
-    mde: float | None = None
-    blocks_needed: int | None = None
-    min_effect: float = DEFAULT_MIN_EFFECT
-    arm_label: str = ""
-    vs_label: str = ""
-    arm_index: int = 1
-
-    def to_dict(self) -> dict[str, Any]:
-        est = self.estimate
-        return {
-            "arm": self.arm,
-            "vs": self.vs,
-            "arm_label": self.arm_label or self.arm,
-            "vs_label": self.vs_label or self.vs,
-            "arm_index": self.arm_index,
-            "concurrency": self.concurrency,
-            "ratio": self.ratio,
-            "aggregate_ratio": self.aggregate_ratio,
-            "blocks": est.blocks if est else 0,
-            # One block's interval holds only run-to-run noise: publishing it would invite the very mistake
-            # (trusting one launch per arm) that orch exists to prevent.
-            "ci95": [est.lo, est.hi] if est and est.blocks >= 2 else None,
-            "ci_method": est.method if est else None,
-            "verdict": self.verdict,
-            "min_effect": self.min_effect,
-            "mde": self.mde,
-            "blocks_needed": self.blocks_needed,
-        }
-
-
-@dataclass(frozen=True)
-class CutShort:
-    """A launch that started but did not complete: kept in the store, left out of the statistics."""
-
-    block: int
-    arm_index: int
-    status: str  # interrupted | failed | running (an older orch killed mid-launch)
-
-
-Paired = dict[str, tuple[list[list[float]], list[list[float]]]]
-
-
-def _paired(base: ArmResult, arm: ArmResult, level: int, metrics: Sequence[str]) -> Paired:
-    """Per metric, the run values of the two arms' launches block by block, over the same blocks for every metric:
-    those where both launches have valid runs with positive values."""
-    base_by_block = {launch.block: launch for launch in base.launches}
-    arm_by_block = {launch.block: launch for launch in arm.launches}
-    out: Paired = {m: ([], []) for m in metrics}
-    for block in sorted(set(base_by_block) & set(arm_by_block)):
-        b_timed, a_timed = base_by_block[block].timed_at(level), arm_by_block[block].timed_at(level)
-        values = {
-            m: ([float(getattr(r, m)) for r in b_timed], [float(getattr(r, m)) for r in a_timed]) for m in metrics
-        }
-        if b_timed and a_timed and all(v > 0 for b, a in values.values() for v in b + a):
-            for m, (b, a) in values.items():
-                out[m][0].append(b)
-                out[m][1].append(a)
-    return out
-
-
-@dataclass(frozen=True)
-class ABResult:
-    experiment_id: str
-    simulated: bool
-    host: str
-    profiles: tuple[str, ...]
-    launches: tuple[LaunchResult, ...]  # in execution order
-    host_facts: dict[str, Any]
-    target_tps: float | None = None
-    design: Design = field(default_factory=Design)
-    min_effect: float = DEFAULT_MIN_EFFECT
-    status: str = "complete"
-    notes: tuple[str, ...] = ()  # things worth saying that are not about the numbers (e.g. discarded launches)
-    cut_short: tuple[CutShort, ...] = ()  # launches that started but did not complete (not in the statistics)
-
-    @cached_property
-    def arms(self) -> tuple[ArmResult, ...]:
-        out = []
-        for i, name in enumerate(self.profiles):
-            mine = tuple(launch for launch in self.launches if launch.arm_index == i)
-            steps = next((launch.spec_steps for launch in mine), None)
-            out.append(ArmResult(name, mine, steps, arm_label(self.profiles, i)))
-        return tuple(out)
-
-    @property
-    def blocks(self) -> int:
-        """Blocks in which every arm has a launch."""
-        per_arm = [{launch.block for launch in arm.launches} for arm in self.arms]
-        return len(set.intersection(*per_arm)) if per_arm else 0
-
-    @property
-    def levels(self) -> list[int]:
-        """Concurrency levels in the order they ran, over every launch (a partial experiment may lack an arm)."""
-        return list(dict.fromkeys(level for launch in self.launches for level in launch.levels))
-
-    def comparisons_at(self, concurrency: int | None = None) -> list[Comparison]:
-        base = self.arms[0]
-        level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
-        out = []
-        for index, arm in enumerate(self.arms[1:], start=1):
-            names: dict[str, Any] = {"arm_label": arm.label, "vs_label": base.label, "arm_index": index}
-            paired = _paired(base, arm, level, ("tok_s", "aggregate_tok_s"))
-            b_runs, a_runs = paired["tok_s"]
-            if not b_runs:
-                out.append(Comparison(arm.profile, base.profile, None, level, min_effect=self.min_effect, **names))
-                continue
-            est = ratio_ci(b_runs, a_runs, seed=self.design.seed)
-            b_agg, a_agg = paired["aggregate_tok_s"]
-            agg = math.exp(
-                statistics.fmean(math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True))
-            )
-            out.append(
-                Comparison(
-                    arm=arm.profile,
-                    vs=base.profile,
-                    ratio=est.ratio,
-                    concurrency=level,
-                    aggregate_ratio=agg,
-                    estimate=est,
-                    verdict=verdict(est, self.min_effect),
-                    mde=minimal_detectable_effect(est),
-                    blocks_needed=blocks_needed(est, self.min_effect),
-                    min_effect=self.min_effect,
-                    **names,
-                )
-            )
-        return out
-
-    @property
-    def comparisons(self) -> list[Comparison]:
-        """Each arm against the first, at the first concurrency level (the headline)."""
-        return self.comparisons_at()
-
-    def speculation(self) -> list[tuple[ArmResult, BreakEven]]:
-        """For each speculative arm compared with a non-speculative baseline: the break-even arithmetic."""
-        base = self.arms[0]
-        base_tps = base.median_at()
-        if base_tps is None or base.spec_steps is not None:
-            return []
-        out = []
-        for arm in self.arms[1:]:
-            tps, tau = arm.median_at(), arm.accept_length
-            if arm.spec_steps is None or tps is None or tau is None:
-                continue
-            out.append((arm, spec_from_run(base_tps, tps, tau, arm.spec_steps, self.target_tps)))
-        return out
-
-    def warnings(self) -> list[str]:
-        """What a careful reader should know before trusting the numbers; printed, never raised."""
-        out: list[str] = []
-        if self.blocks < 2 and len(self.arms) > 1:
-            if self.design.blocks < 2:
-                out.append(
-                    "one launch per arm: restart-to-restart noise (the kind that once turned 82 tok/s into 89) is "
-                    "not estimated, so no verdict is possible; use --blocks 3 or more"
-                )
-            else:
-                out.append(
-                    f"only {self.blocks} of {self.design.blocks} blocks complete: no verdict until at least two are "
-                    f"(orch ab --resume {self.experiment_id})"
-                )
-        for launch in self.launches:
-            where = f"{self.arms[launch.arm_index].label} (block {launch.block + 1})"
-            for level in launch.levels:
-                timed = launch.timed_at(level)
-                values = [r.tok_s for r in timed]
-                at = f" @ {level}" if len(self.levels) > 1 else ""
-                med = statistics.median(values) if values else 0.0
-                for i in outliers(values):
-                    out.append(
-                        f"outlier run: {where} run {timed[i].index + 1}{at}: {values[i]:.1f} tok/s vs the launch's "
-                        f"median {med:.1f} (median-absolute-deviation z > 3.5); kept in the statistics"
-                    )
-                ordered = sorted(timed, key=lambda r: r.index)
-                in_order = [r.tok_s for r in ordered]
-                if slow_first_run(in_order):
-                    out.append(
-                        f"slow first run: {where}{at}: run {ordered[0].index + 1} gave {in_order[0]:.1f} tok/s, the "
-                        f"others {statistics.median(in_order[1:]):.1f}: "
-                        + (
-                            "warmup may be too short (raise --warmup)"
-                            if level == 1
-                            else "the level's first run warms it up (warmups run at concurrency 1)"
-                        )
-                    )
-        for arm in self.arms:
-            for level in arm.levels:
-                launches = [launch for launch in arm.launches if launch.timed_at(level)]
-                values = [launch.value_at(level) or 0.0 for launch in launches]
-                # 5 %: with three launches the MAD is crude, and 2-3 % restart noise is ordinary on a busy host.
-                for i in outliers(values, min_rel=0.05, min_n=3):
-                    out.append(
-                        f"far launch: {arm.label} block {launches[i].block + 1}"
-                        + (f" @ {level}" if len(self.levels) > 1 else "")
-                        + f": {values[i]:.1f} tok/s vs the arm's median launch {statistics.median(values):.1f}; "
-                        "something differed in that launch (host state, another job?)"
-                    )
-        out += gpu_drift_warnings(self.launches, [arm.label for arm in self.arms])
-        bad_env = [arm.label for arm in self.arms if not arm.env_ok]
-        if bad_env:
-            out.append(f"environment mismatches in {', '.join(bad_env)} (see the env check lines)")
-        return out
-
-
-def gpu_drift_warnings(
-    launches: Sequence[LaunchResult], labels: Sequence[str], clock_rel: float = 0.05, temp_c: float = 10.0
-) -> list[str]:
-    """GPU SM clocks or temperatures under load that moved between launches: throttling makes launches unequal."""
-    per_gpu: dict[Any, list[tuple[str, float | None, float | None]]] = {}
-    for launch in launches:
-        state = launch.gpus or {}
-        # Only the GPUs this launch used (an idle GPU's clock says nothing): by its processes when nvidia-smi can name
-        # them (in a container it reports host PIDs), else the GPUs that were busy at the reading.
-        used = {a.get("gpu_index") for a in state.get("apps") or [] if a.get("launch_id") == launch.launch_id}
-        for g in state.get("gpus") or []:
-            util = g.get("utilization.gpu")
-            if (used and g.get("index") not in used) or (not used and isinstance(util, (int, float)) and util <= 0):
-                continue
-            clock, temp = g.get("clocks.sm"), g.get("temperature.gpu")
-            per_gpu.setdefault(g.get("index"), []).append(
-                (
-                    f"{labels[launch.arm_index]}/block {launch.block + 1}",
-                    float(clock) if isinstance(clock, (int, float)) else None,
-                    float(temp) if isinstance(temp, (int, float)) else None,
-                )
-            )
-    out = []
-    for index, readings in sorted(per_gpu.items(), key=lambda kv: str(kv[0])):
-        clocks = [c for _, c, _ in readings if c is not None]
-        temps = [t for _, _, t in readings if t is not None]
-        if clocks and relative_range(clocks) > clock_rel:
-            detail = ", ".join(f"{w} {c:.0f}" for w, c, _ in readings if c is not None)
-            out.append(f"GPU {index} SM clock under load changed between launches (MHz: {detail})")
-        if temps and max(temps) - min(temps) > temp_c:
-            detail = ", ".join(f"{w} {t:.0f}" for w, _, t in readings if t is not None)
-            out.append(f"GPU {index} temperature under load changed between launches (°C: {detail})")
-    return out
 
 
 # Names this orch process in the host lock, so after a silent network drop it can take its own lock back.
@@ -666,7 +250,7 @@ def run_ab(
                 launches.append(
                     _run_launch(host, profiles[arm], arm, block, position, exp_id, config, store, on_event, on_run, key)
                 )
-            empty = [arm_label(names, i) for i in range(len(profiles)) if not _has_valid_run(launches, i)]
+            empty = [arm_label(names, i) for i in range(len(profiles)) if not has_valid_run(launches, i)]
             if empty:
                 raise NoValidRunsError(
                     f"no valid timed run in {', '.join(empty)}: every run was invalid (`orch show {exp_id}` lists "
@@ -714,88 +298,6 @@ _VOLATILE_FACTS = {"time", "uptime_s", "load", "loadavg", "mem_available_bytes",
 
 def facts_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(before) | set(after) if k not in _VOLATILE_FACTS and before.get(k) != after.get(k))
-
-
-def _spec_steps(profile_dict: dict[str, Any]) -> int | None:
-    spec = profile_dict.get("speculative")
-    if not spec:
-        return None
-    return int(spec.get("num_steps") or 3)  # SGLang picks (3, 1, 4) when num_steps is unset
-
-
-def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], list[CutShort]]:
-    """The experiment's completed launches (in execution order), and those that were cut short."""
-    out: list[LaunchResult] = []
-    discarded: list[CutShort] = []
-    for row in store.launches(exp_id):
-        if row["status"] != "complete":
-            discarded.append(CutShort(int(row.get("block") or 0), int(row["arm_index"]), str(row["status"])))
-            continue
-        out.append(
-            LaunchResult(
-                profile=row["profile"],
-                launch_id=row["launch_id"],
-                runs=tuple(RunResult.from_row(r) for r in store.runs(row["launch_id"])),
-                ready_s=float(row["ready_s"] or 0.0),
-                env_report=json.loads(row["env_report_json"] or "{}"),
-                teardown=json.loads(row["teardown_json"] or "{}"),
-                spec_steps=_spec_steps(json.loads(row["profile_json"])),
-                block=int(row.get("block") or 0),
-                position=int(row["position"] if row.get("position") is not None else row["arm_index"]),
-                arm_index=int(row["arm_index"]),
-                gpus=json.loads(row["gpus_json"]) if row.get("gpus_json") else None,
-            )
-        )
-    return out, discarded
-
-
-def _resumable(exp: dict[str, Any]) -> bool:
-    """Whether `orch ab --resume` could continue a stored, unfinished experiment (so whether to suggest it)."""
-    error = exp.get("error") or ""
-    return (
-        bool(exp.get("design_json"))
-        and len(json.loads(exp["arms_json"])) > 1
-        and "--strict-env" not in error
-        and "no valid timed run" not in error
-    )
-
-
-def load_result(
-    store: Store, ref: str, *, min_effect: float | None = None, target_tps: float | None = None
-) -> ABResult:
-    """A stored experiment, finished or not, as the same ABResult a live run returns (for show/export)."""
-    exp = store.find_experiment(ref)
-    config = json.loads(exp["config_json"])
-    launches, cut = stored_launches(store, exp["id"])
-    design = (
-        Design.from_dict(json.loads(exp["design_json"]))
-        if exp.get("design_json")
-        else Design(1, "fixed", 0, (tuple(range(len(json.loads(exp["arms_json"])))),))
-    )
-    notes = []
-    if exp["status"] != "complete":
-        total = len(design.slots())
-        notes.append(
-            f"experiment {exp['status']} after {len(launches)} of {total} launches"
-            + (f" ({exp['error']})" if exp.get("error") and exp["status"] != "interrupted" else "")
-            + (f"; continue it with: orch ab --resume {exp['id']}" if _resumable(exp) else "")
-        )
-    if cut:
-        notes.append(f"{len(cut)} launch(es) cut short are stored but left out of the statistics")
-    return ABResult(
-        experiment_id=exp["id"],
-        simulated=bool(exp["simulated"]),
-        host=exp["host"],
-        profiles=tuple(json.loads(exp["arms_json"])),
-        launches=tuple(launches),
-        host_facts=config.get("host_facts") or {},
-        target_tps=target_tps if target_tps is not None else config.get("target_tps"),
-        design=design,
-        min_effect=min_effect if min_effect is not None else float(config.get("min_effect", DEFAULT_MIN_EFFECT)),
-        status=exp["status"],
-        notes=tuple(notes),
-        cut_short=tuple(cut),
-    )
 
 
 def acquire_host_lock(
@@ -946,7 +448,7 @@ def _run_launch(
         ready_s,
         env.to_dict(),
         state.get("teardown", {}),
-        spec_steps=_spec_steps(profile.to_dict()),
+        spec_steps=spec_steps(profile.to_dict()),
         block=block,
         position=position,
         arm_index=index,

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 import click
 import yaml
 
-from orchestrator import __version__, ab, client, stats
+from orchestrator import __version__, ab, client, results, stats
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
 from orchestrator.bench import (
@@ -619,7 +619,7 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
     """An experiment's report from the store (ID: an id, a unique prefix, or 'last'); partial ones too."""
     store = _open_existing(db)
     try:
-        result = ab.load_result(store, experiment, min_effect=min_effect)
+        result = results.load_result(store, experiment, min_effect=min_effect)
     finally:
         store.close()
     _require_launches(result)
@@ -648,7 +648,7 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
     """Export a stored experiment as JSON, CSV or Markdown."""
     store = _open_existing(db)
     try:
-        result = ab.load_result(store, experiment)
+        result = results.load_result(store, experiment)
     finally:
         store.close()
     _require_launches(result)
@@ -669,7 +669,7 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
     click.echo(f"wrote {output} ({fmt}, {len(result.launches)} launches)", err=True)
 
 
-def _require_launches(result: ab.ABResult) -> None:
+def _require_launches(result: results.ABResult) -> None:
     if not result.launches:
         note = "; ".join(result.notes)
         raise StoreError(

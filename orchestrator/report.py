@@ -7,8 +7,8 @@ import io
 import statistics
 from typing import Any
 
-from orchestrator.ab import ABResult, ArmResult, Comparison, LaunchResult
 from orchestrator.bench import BenchConfig, RunResult
+from orchestrator.results import ABResult, ArmResult, Comparison, LaunchResult
 from orchestrator.stats import BreakEven
 
 SIM_BANNER = "SIMULATED: these numbers come from orch's SGLang simulator, not from a real server on a GPU."

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator.ab import ABResult, CutShort, Design, LaunchResult, load_result, stored_launches
 from orchestrator.bench import RunResult
 from orchestrator.errors import StoreError
 from orchestrator.report import ab_csv, ab_json, ab_markdown, ab_text
+from orchestrator.results import ABResult, CutShort, Design, LaunchResult, load_result, stored_launches
 from orchestrator.stats import arm_spread, outliers, relative_range, schedule, slow_first_run
 from orchestrator.store import MIGRATIONS, SCHEMA_VERSION, Store
 

@@ -10,11 +10,12 @@ import httpx
 import pytest
 
 from orchestrator import hostside, server
-from orchestrator.ab import ABConfig, describe_env, load_result, run_ab
+from orchestrator.ab import ABConfig, describe_env, run_ab
 from orchestrator.bench import BenchConfig, local_runner, run_benchmark
 from orchestrator.errors import BenchError, ServerError
 from orchestrator.hosts import LocalHost
 from orchestrator.profile import Profile, load
+from orchestrator.results import load_result
 from orchestrator.store import Store
 from tests.conftest import NAMESPACE
 

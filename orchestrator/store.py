@@ -133,6 +133,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE experiments ADD COLUMN owner_json TEXT;
     CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
     """,
+    # 5: each launch's fingerprint (host, GPUs, the server's software, profile and workload digests): what a
+    # reproduction or a comparison needs to explain a difference.
+    """
+    ALTER TABLE launches ADD COLUMN fingerprint_json TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -481,7 +486,16 @@ class Store:
             )
 
     def update_launch(self, launch_id: str, **fields: Any) -> None:
-        allowed = {"ready_s", "preflight_json", "env_report_json", "teardown_json", "gpus_json", "status", "error"}
+        allowed = {
+            "ready_s",
+            "preflight_json",
+            "env_report_json",
+            "teardown_json",
+            "gpus_json",
+            "fingerprint_json",
+            "status",
+            "error",
+        }
         bad = set(fields) - allowed
         if bad:
             raise StoreError(f"cannot update launch fields {sorted(bad)}")

@@ -63,6 +63,19 @@ class Speculative:
 
 
 @dataclass(frozen=True)
+class Expect:
+    """A claim that comes with a profile ("this gives 94 tok/s on our box"): what `orch reproduce PROFILE` judges.
+    Never inherited through `extends`: a claim is about one file's configuration."""
+
+    tok_s: float | None = None  # claimed single-stream tok/s (at concurrency 1)
+    ratio: float | None = None  # claimed ratio against `vs`
+    vs: str | None = None  # the baseline profile the ratio (and the side-by-side run) is against
+    host: str | None = None  # where the claim was measured (informational)
+    date: str | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
 class Profile:
     """A resolved profile: every `extends` applied, every value validated."""
 
@@ -84,6 +97,7 @@ class Profile:
     ready_timeout_s: float = 900.0
     description: str = ""
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    expect: Expect | None = field(default=None, compare=False)
 
     def env_dict(self) -> dict[str, str]:
         return dict(self.env)
@@ -165,7 +179,15 @@ SPEC_FIELDS: dict[str, Any] = {
     "eagle_topk": int_range(1, 64),
     "num_draft_tokens": int_range(1, 512),
 }
-ALL_TOP_KEYS = (*TOP_FIELDS, "extends", "env", "speculative", "sim")
+EXPECT_FIELDS: dict[str, Any] = {
+    "tok_s": float_range(0.0, 1e7, lo_open=True),
+    "ratio": float_range(0.0, 1e3, lo_open=True),
+    "vs": nonempty_str,
+    "host": text,
+    "date": text,
+    "note": text,
+}
+ALL_TOP_KEYS = (*TOP_FIELDS, "extends", "env", "speculative", "sim", "expect")
 REQUIRED = ("engine", "model_path", "tp_size", "port")
 # Flags the profile owns through its fields; repeating them in server_args would make two sources of truth.
 MANAGED_FLAGS = {
@@ -257,7 +279,7 @@ def _check_raw_keys(path: Path, data: Mapping[str, Any]) -> None:
                 checker(data[key])
             except FieldError as e:
                 raise ProfileError(f"{path}: {key}: {e}") from None
-    for section, known in (("speculative", SPEC_FIELDS), ("sim", SIM_KNOBS)):
+    for section, known in (("speculative", SPEC_FIELDS), ("sim", SIM_KNOBS), ("expect", EXPECT_FIELDS)):
         value = data.get(section)
         if value is None:
             continue
@@ -272,9 +294,9 @@ def _check_raw_keys(path: Path, data: Mapping[str, Any]) -> None:
                 _sim_value(f"{path}: sim.{key}", key, item)
                 continue
             try:
-                SPEC_FIELDS[key](item)
+                (SPEC_FIELDS if section == "speculative" else EXPECT_FIELDS)[key](item)
             except FieldError as e:
-                raise ProfileError(f"{path}: speculative.{key}: {e}") from None
+                raise ProfileError(f"{path}: {section}.{key}: {e}") from None
     env = data.get("env")
     if env is not None:
         if not isinstance(env, dict):
@@ -340,7 +362,10 @@ def _load_chain(path: Path, cwd: Path | None) -> tuple[dict[str, Any], list[Path
             raise ProfileError(f"{current}: extends: {e}") from e
     merged: dict[str, Any] = {}
     for layer in reversed(layers):
-        merged = _merge(merged, {k: v for k, v in layer.items() if k != "extends"})
+        # A claim (`expect`) belongs to the file that makes it, never to the profiles extending it.
+        merged = _merge(
+            merged, {k: v for k, v in layer.items() if k != "extends" and (k != "expect" or layer is layers[0])}
+        )
     return merged, chain
 
 
@@ -383,6 +408,10 @@ def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
                 f"{path}: server_args[{i}]: {key_name(flag)} is set by the field {MANAGED_FLAGS[flag]!r}; "
                 "set that field instead of passing the flag"
             )
+    expect_raw = data.get("expect") or {}
+    expect = Expect(**{k: EXPECT_FIELDS[k](v) for k, v in expect_raw.items() if v is not None}) if expect_raw else None
+    if expect is not None and expect.ratio is not None and expect.vs is None:
+        raise ProfileError(f"{path}: expect.ratio: a claimed ratio needs expect.vs, the profile it is against")
     return Profile(
         name=path.stem,
         source=str(path),
@@ -391,6 +420,7 @@ def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
         env=env,
         sim=sim,
         raw=data,
+        expect=expect,
         **values,
     )
 

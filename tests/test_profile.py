@@ -175,3 +175,20 @@ def test_sim_section_becomes_env_and_is_ignored_by_real_launch(write_profile: Wr
     prof = P.load(str(path))
     assert prof.sim_env() == {"ORCH_SIM_DECODE_MS": "10.0", "ORCH_SIM_FAULT": "hang-during-load"}
     assert not any("sim" in a for a in prof.launch_argv("python3", simulate=False)[1:])
+
+
+def test_expect_block_is_a_claim_of_its_own_file_only(write_profile: WriteProfile) -> None:
+    base = write_profile(
+        "claimed", engine="sglang", model_path="/m", tp_size=1, port=8000, expect={"tok_s": 94, "vs": "baseline"}
+    )
+    prof = P.load(str(base))
+    assert prof.expect is not None and prof.expect.tok_s == 94.0 and prof.expect.vs == "baseline"
+    assert "expect" not in prof.to_dict()  # a claim is not configuration: never part of what a resume compares
+    child = P.load(str(write_profile("child", extends="claimed")))
+    assert child.expect is None
+    with pytest.raises(ProfileError, match=r"expect\.ratio: a claimed ratio needs expect\.vs"):
+        P.load(str(write_profile("bad1", extends="claimed", expect={"ratio": 1.06})))
+    with pytest.raises(ProfileError, match=r"expect\.tok_s:"):
+        P.load(str(write_profile("bad2", extends="claimed", expect={"tok_s": float("nan")})))
+    with pytest.raises(ProfileError, match=r"expect\.tokens: unknown field"):
+        P.load(str(write_profile("bad3", extends="claimed", expect={"tokens": 3})))

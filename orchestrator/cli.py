@@ -34,8 +34,9 @@ from orchestrator.bench import (
     request_items,
     sim_speed,
 )
+from orchestrator.connect import resolve_host
 from orchestrator.errors import InputError, OrchError, ProfileError, StoreError
-from orchestrator.hosts import check_host, default_namespace, inventory_paths, load_inventory, resolve_host
+from orchestrator.hosts import check_host, default_namespace, inventory_paths, load_inventory
 from orchestrator.redaction import redact, redact_argv
 from orchestrator.report import SIM_BANNER, ab_csv, ab_json, ab_markdown, ab_text, breakeven_lines, run_line
 from orchestrator.store import Store

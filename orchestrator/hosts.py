@@ -237,25 +237,6 @@ def connect_address(bind: str) -> str:
     return "127.0.0.1" if bind in ("0.0.0.0", "", "::", "[::]") else bind.strip("[]")
 
 
-def resolve_host(
-    spec: str,
-    *,
-    workdir: str | None = None,
-    inventory: str | None = None,
-    accept_new_host_key: bool = False,
-) -> Host:
-    """Turn `--host` into a connected Host."""
-    hosts = load_inventory(inventory)
-    config = parse_target(spec, hosts)
-    if workdir:
-        config = replace(config, workdir=workdir)
-    if config.is_local:
-        return LocalHost(config)
-    from orchestrator.ssh import SSHHost  # paramiko is only imported when a remote host is used
-
-    return SSHHost(config, accept_new_host_key=accept_new_host_key)
-
-
 def check_host(host: Host, namespace: str) -> list[tuple[str, str]]:
     """`orch hosts check`: one (ok|warn|fail, text) per fact that matters before benchmarking on this host."""
     cfg = host.config

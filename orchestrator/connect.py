@@ -1,0 +1,26 @@
+"""Turning `--host` into a connected Host: this machine, or an SSH host (the one module that knows both)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchestrator.hosts import Host, LocalHost, load_inventory, parse_target
+
+
+def resolve_host(
+    spec: str,
+    *,
+    workdir: str | None = None,
+    inventory: str | None = None,
+    accept_new_host_key: bool = False,
+) -> Host:
+    """Turn `--host` into a connected Host."""
+    hosts = load_inventory(inventory)
+    config = parse_target(spec, hosts)
+    if workdir:
+        config = replace(config, workdir=workdir)
+    if config.is_local:
+        return LocalHost(config)
+    from orchestrator.ssh import SSHHost  # paramiko is only imported when a remote host is used
+
+    return SSHHost(config, accept_new_host_key=accept_new_host_key)

@@ -59,6 +59,10 @@ def test_not_reproduced_needs_a_real_difference_beyond_the_tolerance() -> None:
     assert v.status == "not reproduced" and v.change == pytest.approx(60.8 / 94 - 1)
     assert "35.3% lower" in v.reason and "beyond ±3.0%" in v.reason
     # Beyond the tolerance but the CI includes no change: inconclusive, never "not reproduced".
+    # A certain difference inside the tolerance whose CI still reaches beyond it: not "not reproduced" either.
+    near = reproduction_verdict(100.0, _arm(102.5, 0.004, 4), 0.03)
+    assert near.ci is not None and near.ci[0] > 1.0 and near.ci90 is not None and near.ci90[1] > 1.03
+    assert near.status == "inconclusive"
     noisy = reproduction_verdict(100.0, _arm(103.5, 0.02, 4), 0.03)
     assert noisy.status == "inconclusive" and noisy.ci is not None and noisy.ci[0] < 1 < noisy.ci[1]
 

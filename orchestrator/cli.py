@@ -34,11 +34,13 @@ from orchestrator.bench import (
     request_items,
     sim_speed,
 )
+from orchestrator.compare import claim_verdict
 from orchestrator.connect import resolve_host
 from orchestrator.errors import InputError, OrchError, ProfileError, StoreError
 from orchestrator.hosts import check_host, default_namespace, inventory_paths, load_inventory
 from orchestrator.redaction import redact, redact_argv
 from orchestrator.report import SIM_BANNER, ab_csv, ab_json, ab_markdown, ab_text, breakeven_lines, run_line
+from orchestrator.report_compare import claim_json, claim_text
 from orchestrator.store import Store
 from orchestrator.store import default_path as default_db_path
 
@@ -384,15 +386,20 @@ def _given(name: str) -> bool:
 def _run(profile_names: tuple[str, ...], resume: str | None = None, **kw: Any) -> None:
     store = Store(kw["db"]) if resume is None else _open_existing(kw["db"])
     try:
-        if resume is not None:
-            _resume(store, resume, profile_names, kw)
-        else:
-            _start(store, profile_names, kw)
+        result = _resume(store, resume, profile_names, kw) if resume is not None else _start(store, profile_names, kw)
     finally:
         store.close()
+    _print_result(result, kw["as_json"])
 
 
-def _start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> None:
+def _print_result(result: results.ABResult, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(ab_json(result), indent=2))
+    else:
+        click.echo(ab_text(result))
+
+
+def _start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> results.ABResult:
     profiles = [profiles_mod.load(n) for n in profile_names]
     profiles_mod.check_distinct_names(profiles)
     bench = BenchConfig(
@@ -420,10 +427,10 @@ def _start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> 
     if refusal:
         raise click.UsageError(refusal)
     request_items(bench)  # bad prompt files or options fail here, before any server starts
-    _execute(store, profiles, bench, kw["sim"], kw["strict_env"], kw["host_spec"], kw, None)
+    return _execute(store, profiles, bench, kw["sim"], kw["strict_env"], kw["host_spec"], kw, None)
 
 
-def _resume(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str, Any]) -> None:
+def _resume(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str, Any]) -> results.ABResult:
     exp = store.find_experiment(ref)
     given = [name for name in MEASUREMENT_OPTIONS if _given(name) and not (name == "sim" and exp["simulated"])]
     if given:
@@ -467,7 +474,9 @@ def _resume(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str
         kw["min_effect"] = float(stored["min_effect"])
     if not _given("target_tps") and stored.get("target_tps") is not None:
         kw["target_tps"] = float(stored["target_tps"])
-    _execute(store, profiles, bench, bool(exp["simulated"]), bool(stored.get("strict_env")), host_spec, kw, exp["id"])
+    return _execute(
+        store, profiles, bench, bool(exp["simulated"]), bool(stored.get("strict_env")), host_spec, kw, exp["id"]
+    )
 
 
 def _execute(
@@ -479,7 +488,8 @@ def _execute(
     host_spec: str,
     kw: dict[str, Any],
     resume: str | None,
-) -> None:
+    provenance: dict[str, Any] | None = None,
+) -> results.ABResult:
     config = ABConfig(
         bench=bench,
         simulate=sim,
@@ -513,14 +523,8 @@ def _execute(
         inventory=kw["inventory"],
         accept_new_host_key=kw["accept_new_host_key"],
     ) as host:
-        provenance = {"host_spec": host_spec, "workdir": kw["workdir"], "namespace": config.namespace}
-        result = ab.run_ab(
-            host, profiles, config, store, on_event=event, on_run=on_run, resume=resume, provenance=provenance
-        )
-    if kw["as_json"]:
-        click.echo(json.dumps(ab_json(result), indent=2))
-    else:
-        click.echo(ab_text(result))
+        where = {"host_spec": host_spec, "workdir": kw["workdir"], "namespace": config.namespace, **(provenance or {})}
+        return ab.run_ab(host, profiles, config, store, on_event=event, on_run=on_run, resume=resume, provenance=where)
 
 
 @cli.command("ab")
@@ -545,6 +549,71 @@ def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
     if resume is None and len(profiles) < 2:
         raise click.UsageError("an A/B needs at least two profiles (use `orch bench` for one)")
     _run(profiles, resume, **kw)
+
+
+def _parse_tolerance(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    text = str(value).strip()
+    try:
+        tol = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected a percentage such as 3% or a fraction such as 0.03") from None
+    if not 0 < tol < 0.5:
+        raise click.BadParameter(f"{value!r}: expected more than 0% and less than 50% (3% is usual)")
+    return tol
+
+
+@cli.command("reproduce")
+@click.argument("target")
+@click.option("--claim", "claim_tps", type=FiniteFloat(min=0, max=1e7, min_open=True), default=None,
+              help="The claimed single-stream tok/s of the profile [default: its expect.tok_s].")  # fmt: skip
+@click.option("--claim-ratio", type=FiniteFloat(min=0, max=1e3, min_open=True), default=None,
+              help="The claimed ratio against --vs [default: its expect.ratio].")  # fmt: skip
+@click.option("--vs", "vs_name", default=None, metavar="PROFILE",
+              help="The baseline run beside it [default: expect.vs, else a profile named 'baseline'].")  # fmt: skip
+@click.option("--tolerance", default="3%", show_default=True, callback=_parse_tolerance,
+              help="How far a value may be from the recorded one and still count as reproduced.")  # fmt: skip
+@_bench_options
+def reproduce_cmd(
+    target: str, claim_tps: float | None, claim_ratio: float | None, vs_name: str | None, tolerance: float, **kw: Any
+) -> None:
+    """Re-run a colleague's claim from fresh state and judge it: REPRODUCED (exit 0), NOT REPRODUCED (exit 3) or
+    INCONCLUSIVE (exit 4, with how many blocks would decide).
+
+    TARGET is a profile (name or file) whose claim comes from --claim/--claim-ratio or its expect: block; it runs
+    with its baseline beside it (3 blocks unless --blocks is given).
+
+    Example (the seed's): orch reproduce eagle3-3step --sim --claim 94
+    """
+    prof = profiles_mod.load(target)
+    expect = prof.expect
+    claimed_tps = claim_tps if claim_tps is not None else (expect.tok_s if expect else None)
+    claimed_ratio = claim_ratio if claim_ratio is not None else (expect.ratio if expect else None)
+    if claimed_tps is None and claimed_ratio is None:
+        raise click.UsageError(
+            f"nothing to judge in {prof.source}: give --claim TOK_S (and/or --claim-ratio R --vs BASELINE), or add "
+            "an expect: block (tok_s, ratio, vs) to the profile"
+        )
+    vs = vs_name or (expect.vs if expect else None)
+    if vs is None and prof.name != "baseline" and "baseline" in profiles_mod.available():
+        vs = "baseline"
+    if claimed_ratio is not None and vs is None:
+        raise click.UsageError("a claimed ratio needs a baseline: give --vs PROFILE (or expect.vs in the profile)")
+    if not _given("blocks"):
+        kw["blocks"] = 3  # a verdict needs the launch-to-launch spread: one launch per arm cannot give one
+    store = Store(kw["db"])
+    try:
+        result = _start(store, (vs, target) if vs else (target,), kw)
+    finally:
+        store.close()
+    verdict = claim_verdict(result, result.arms[-1].label, claimed_tps=claimed_tps, claimed_ratio=claimed_ratio,
+                            tolerance=tolerance)  # fmt: skip
+    if kw["as_json"]:
+        click.echo(json.dumps({**ab_json(result), "claim": claim_json(verdict)}, indent=2))
+    else:
+        click.echo(ab_text(result))
+        click.echo("")
+        click.echo(claim_text(verdict))
+    raise SystemExit(verdict.exit_code)
 
 
 @cli.command("bench")

@@ -180,7 +180,7 @@ def make_bundle(store: Store, ref: str) -> dict[str, Any]:
         "config": config,
         "design": _loads(exp.get("design_json")),
         "profiles": _profiles(exp["id"], arms, config, launch_rows),
-        "prompts": _prompt_set(config),
+        "prompts": prompt_set(config),
         "launches": launches,
     }
     imported = _loads(exp.get("imported_json")) or {}
@@ -240,11 +240,11 @@ def bench_config(config: Mapping[str, Any]) -> BenchConfig:
     return BenchConfig(**data)
 
 
-def _requests_sha256(bench: BenchConfig) -> str:
+def requests_sha256(bench: BenchConfig) -> str:
     return hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest()
 
 
-def _prompt_set(config: dict[str, Any]) -> dict[str, Any]:
+def prompt_set(config: dict[str, Any]) -> dict[str, Any]:
     """Built-in and random prompts are generated from the config; a prompt file travels with the bundle itself
     (if it is small enough and still the file the experiment sent), else as its digest and where it was."""
     recorded = config.get("requests_sha256")
@@ -258,7 +258,7 @@ def _prompt_set(config: dict[str, Any]) -> dict[str, Any]:
             out["note"] = f"the file is {size} bytes, over the {MAX_PROMPT_BYTES}-byte limit for bundling"
             return out
         items = prompts.load_jsonl(source)
-        if recorded is not None and _requests_sha256(bench_config(config)) != recorded:
+        if recorded is not None and requests_sha256(bench_config(config)) != recorded:
             out["note"] = "the file changed since the experiment ran; only its digest is bundled"
             return out
     except (OSError, InputError, KeyError, TypeError, ValueError) as e:

@@ -21,6 +21,7 @@ import click
 import yaml
 
 from orchestrator import __version__, ab, client, results, stats
+from orchestrator import bundle as bundle_mod
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
 from orchestrator.bench import (
@@ -675,8 +676,19 @@ def list_cmd(db: str | None, limit: int) -> None:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
+def _stored_result(ref: str, db: str | None, min_effect: float | None = None) -> results.ABResult:
+    """ID, prefix or `last` from the store; a path that exists is a result bundle, read without importing it."""
+    if Path(ref).exists():
+        return bundle_mod.result_from_bundle(bundle_mod.read_bundle(ref), min_effect=min_effect)
+    store = _open_existing(db)
+    try:
+        return results.load_result(store, ref, min_effect=min_effect)
+    finally:
+        store.close()
+
+
 @cli.command("show")
-@click.argument("experiment", metavar="ID")
+@click.argument("experiment", metavar="ID|FILE")
 @_db_option
 @click.option("--json", "as_json", is_flag=True, help="The same JSON document as `orch ab --json`.")
 @click.option(
@@ -686,41 +698,39 @@ def list_cmd(db: str | None, limit: int) -> None:
     help="Judge against another minimum effect than the experiment's.",
 )
 def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float | None) -> None:
-    """An experiment's report from the store (ID: an id, a unique prefix, or 'last'); partial ones too."""
-    store = _open_existing(db)
-    try:
-        result = results.load_result(store, experiment, min_effect=min_effect)
-    finally:
-        store.close()
+    """An experiment's report from the store (ID: an id, a unique prefix, or 'last'); partial ones too.
+
+    FILE: a result bundle (`orch export ID --format bundle`), shown without importing it."""
+    result = _stored_result(experiment, db, min_effect)
     _require_launches(result)
     click.echo(json.dumps(ab_json(result), indent=2) if as_json else ab_text(result).lstrip("\n"))
 
 
 @cli.command("export")
-@click.argument("experiment", metavar="ID")
+@click.argument("experiment", metavar="ID|FILE")
 @_db_option
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["json", "csv", "md"]),
+    type=click.Choice(["json", "csv", "md", "bundle"]),
     default="json",
     show_default=True,
-    help="json: the `ab --json` document; csv: one row per timed run; md: the report as Markdown.",
+    help="json: the `ab --json` document; csv: one row per timed run; md: the report as Markdown; bundle: one "
+    "self-contained file to re-run and judge the experiment elsewhere (`orch import`, `orch show FILE`).",
 )
 @click.option(
     "-o",
     "--output",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
-    help="Write to this file instead of stdout.",
+    help="Write to this file instead of stdout (a bundle: default <id>.orch.json in the current directory).",
 )
 def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) -> None:
-    """Export a stored experiment as JSON, CSV or Markdown."""
-    store = _open_existing(db)
-    try:
-        result = results.load_result(store, experiment)
-    finally:
-        store.close()
+    """Export a stored experiment (or a result bundle FILE) as JSON, CSV, Markdown or a result bundle."""
+    if fmt == "bundle":
+        _export_bundle(experiment, db, output)
+        return
+    result = _stored_result(experiment, db)
     _require_launches(result)
     text = {
         "json": lambda: json.dumps(ab_json(result), indent=2) + "\n",
@@ -737,6 +747,47 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
     except OSError as e:
         raise StoreError(f"{output}: cannot write the export: {e.strerror or e}") from e
     click.echo(f"wrote {output} ({fmt}, {len(result.launches)} launches)", err=True)
+
+
+def _export_bundle(ref: str, db: str | None, output: str | None) -> None:
+    if Path(ref).exists():
+        bundle = bundle_mod.read_bundle(ref)  # checked, then written again as it is
+    else:
+        store = _open_existing(db)
+        try:
+            bundle = bundle_mod.make_bundle(store, ref)
+        finally:
+            store.close()
+    content = bundle["content"]
+    target = output or f"{content['experiment']['id']}.orch.json"
+    bundle_mod.write_bundle(bundle, target)
+    withheld = bundle_mod.WITHHELD in json.dumps(content)
+    click.echo(
+        f"wrote {target} (result bundle, {len(content['launches'])} launches"
+        + ("; secret values withheld, the receiver provides their own" if withheld else "")
+        + ")",
+        err=True,
+    )
+
+
+@cli.command("import")
+@click.argument("file", type=click.Path(dir_okay=False))
+@_db_option
+def import_cmd(file: str, db: str | None) -> None:
+    """Put a result bundle (`orch export ID --format bundle`) into the local store under its own id."""
+    bundle = bundle_mod.read_bundle(file)
+    store = Store(db)
+    try:
+        exp_id = bundle_mod.import_bundle(store, bundle, source=str(Path(file).resolve()))
+        path = store.path
+    except bundle_mod.AlreadyImported as e:
+        click.echo(str(e))
+        return
+    finally:
+        store.close()
+    launches = len(bundle["content"]["launches"])
+    click.echo(f"imported experiment {exp_id} ({launches} launches) into {path}")
+    click.echo(f"next: orch show {exp_id}    orch export {exp_id} --format md")
 
 
 def _require_launches(result: results.ABResult) -> None:

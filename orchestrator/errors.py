@@ -37,3 +37,7 @@ class PromptFileError(BenchError, InputError):
 
 class StoreError(OrchError):
     """The results database cannot be opened, migrated or written."""
+
+
+class BundleError(InputError):
+    """A result bundle file is not JSON, truncated, not a bundle, of a newer version, tampered with or incomplete."""

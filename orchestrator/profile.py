@@ -385,6 +385,37 @@ def load(name_or_path: str, cwd: Path | None = None) -> Profile:
     return _build(path, merged, chain)
 
 
+# What Profile.to_dict() writes besides the fields a profile file has.
+_RESOLVED_ONLY = ("name", "source", "extends_chain")
+
+
+def from_resolved(data: Mapping[str, Any], source: str) -> Profile:
+    """A resolved profile as stored with an experiment (`Profile.to_dict()`, e.g. from a result bundle) back as a
+    Profile, through the same validation as a file; errors name `source` and the field."""
+    where = Path(source)
+    if not isinstance(data, Mapping):
+        raise ProfileError(f"{source}: expected a mapping of profile fields, got {show(data)}")
+    known = (*_RESOLVED_ONLY, *(k for k in ALL_TOP_KEYS if k != "extends"))
+    for key in data:
+        if key not in known:
+            raise ProfileError(f"{source}: {key_name(key)}: unknown field{did_you_mean(str(key), known)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise ProfileError(
+            f"{source}: name: expected a profile name (letters, digits, '.', '_', '-'), got {show(name)}"
+        )
+    chain = data.get("extends_chain", [name])
+    if not isinstance(chain, list) or not all(isinstance(c, str) for c in chain):
+        raise ProfileError(f"{source}: extends_chain: expected a list of profile names, got {show(chain)}")
+    # to_dict() writes every field, unset ones as null: a file would leave them out.
+    raw = {k: v for k, v in data.items() if k not in _RESOLVED_ONLY and v is not None}
+    if isinstance(raw.get("speculative"), Mapping):
+        raw["speculative"] = {k: v for k, v in raw["speculative"].items() if v is not None}
+    _check_raw_keys(where, raw)
+    built = _build(where, raw, [])
+    return dataclasses.replace(built, name=name, source=source, chain=tuple(chain))
+
+
 def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
     values: dict[str, Any] = {}
     for key, checker in TOP_FIELDS.items():

@@ -138,6 +138,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE launches ADD COLUMN fingerprint_json TEXT;
     """,
+    # 6: an experiment imported from a result bundle records where it came from (file, when, the bundle's digests),
+    # so importing the same bundle again is recognised and a different one under the same id is refused.
+    """
+    ALTER TABLE experiments ADD COLUMN imported_json TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -450,6 +455,44 @@ class Store:
                 "UPDATE experiments SET status = ?, finished_at = ?, error = ? WHERE id = ?",
                 (status, time.time(), error, exp_id),
             )
+
+    def import_experiment(
+        self,
+        experiment: dict[str, Any],
+        launches: list[dict[str, Any]],
+        runs: list[dict[str, Any]],
+        requests: list[dict[str, Any]],
+    ) -> None:
+        """Rows of an experiment recorded elsewhere (a result bundle), all in one transaction: all or nothing."""
+        schema = expected_schema(SCHEMA_VERSION)
+        with self._write("importing an experiment") as c:
+            for table, rows in (("experiments", [experiment]), ("launches", launches), ("runs", runs)):
+                for row in rows:
+                    self._insert(c, schema, table, row)
+            for row in requests:
+                self._insert(c, schema, "requests", row)
+
+    @staticmethod
+    def _insert(c: sqlite3.Connection, schema: dict[str, set[str]], table: str, row: dict[str, Any]) -> None:
+        unknown = set(row) - schema[table]
+        if unknown:  # column names come from orch's own code, never from a file: this is a bug, not bad input
+            raise StoreError(f"cannot import into {table}: unknown columns {sorted(unknown)}")
+        names = sorted(row)
+        c.execute(
+            f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})",
+            tuple(row[n] for n in names),
+        )
+
+    def launch_ids_taken(self, launch_ids: list[str]) -> list[str]:
+        """Which of these launch ids this store already holds (launch ids are unique across experiments)."""
+        taken: list[str] = []
+        for i in range(0, len(launch_ids), 500):
+            chunk = launch_ids[i : i + 500]
+            rows = self._query(
+                f"SELECT launch_id FROM launches WHERE launch_id IN ({', '.join('?' for _ in chunk)})", tuple(chunk)
+            )
+            taken += [r[0] for r in rows]
+        return taken
 
     def add_launch(
         self,

@@ -1,0 +1,235 @@
+"""Result bundles: export → import elsewhere → the same report; secrets withheld; profiles back; bad files refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator import bundle as bundle_mod
+from orchestrator import profile as profiles_mod
+from orchestrator.bench import BenchConfig
+from orchestrator.cli import main
+from orchestrator.errors import InputError, ProfileError
+from tests.conftest import FAST_SIM, REPO, free_port
+
+API_KEY, HF_TOKEN = "sk-SECRET-api-value", "hf_SECRETtokenvalue"
+SECRETS = {"ORCH_SECRET_API_KEY": API_KEY, "HF_TOKEN": HF_TOKEN}
+
+
+def _env(xdg: Path) -> dict[str, str]:
+    # Module-scoped work runs before the per-test private dirs exist: give every orch its own, explicitly.
+    dirs = {v: str(xdg / v.lower()) for v in ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")}
+    return {**os.environ, **dirs, "PYTHONPATH": str(REPO)}
+
+
+def _orch(*args: str, cwd: Path, xdg: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        env=_env(xdg),
+        text=True,
+        capture_output=True,
+        timeout=180,
+    )
+
+
+@pytest.fixture(scope="module")
+def sent(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One real simulator experiment whose profiles carry an argv secret and an env secret, exported as a bundle."""
+    root = tmp_path_factory.mktemp("sender")
+    profiles = root / "profiles"
+    profiles.mkdir()
+    base = {
+        "engine": "sglang",
+        "model_path": "/models/test-model",
+        "tp_size": 2,
+        "port": free_port(),
+        "ready_timeout_s": 30,
+        "server_args": ["--api-key", API_KEY],
+        "env": {"NCCL_PROTO": "LL", "HF_TOKEN": HF_TOKEN},
+        "sim": FAST_SIM,
+    }
+    (profiles / "base.yaml").write_text(yaml.safe_dump(base))
+    (profiles / "baseline.yaml").write_text("extends: base\n")
+    eagle = {"extends": "base", "port": free_port(), "speculative": {"algorithm": "NGRAM", "num_steps": 3}}
+    (profiles / "ngram.yaml").write_text(yaml.safe_dump(eagle))
+    xdg = root / "xdg-sender"
+    run = _orch(
+        *("ab", "baseline", "ngram", "--sim", "--blocks", "2", "--runs", "2", "--warmup", "0"),
+        *("--max-tokens", "16", "--min-run-s", "0", "--grace", "2"),
+        cwd=root,
+        xdg=xdg,
+    )
+    assert run.returncode == 0, run.stderr
+    shown = _orch("show", "last", cwd=root, xdg=xdg)
+    assert shown.returncode == 0, shown.stderr
+    exported = _orch("export", "last", "--format", "bundle", cwd=root, xdg=xdg)
+    assert exported.returncode == 0, exported.stderr
+    (path,) = root.glob("*.orch.json")  # the default name: <id>.orch.json
+    assert "secret values withheld" in exported.stderr
+    return {"root": root, "xdg": xdg, "path": path, "report": shown.stdout, "profiles": profiles}
+
+
+def test_import_into_another_store_shows_the_same_report(sent: dict[str, Any], tmp_path: Path) -> None:
+    path: Path = sent["path"]
+    exp_id = path.name.removesuffix(".orch.json")
+    receiver = tmp_path / "xdg-receiver"
+    imported = _orch("import", str(path), cwd=tmp_path, xdg=receiver)
+    assert imported.returncode == 0, imported.stderr
+    assert f"imported experiment {exp_id} (4 launches)" in imported.stdout and f"orch show {exp_id}" in imported.stdout
+    shown = _orch("show", exp_id, cwd=tmp_path, xdg=receiver)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == sent["report"]
+    again = _orch("import", str(path), cwd=tmp_path, xdg=receiver)
+    assert again.returncode == 0 and "already in" in again.stdout and "imported from" in again.stdout
+    # The sender's own store holds the original: importing it there is a no-op too, not a duplicate.
+    home = _orch("import", str(path), cwd=tmp_path, xdg=sent["xdg"])
+    assert home.returncode == 0 and "recorded here" in home.stdout
+    # export works unchanged on the imported experiment, and re-exporting gives the same content.
+    md = _orch("export", exp_id, "--format", "md", cwd=tmp_path, xdg=receiver)
+    assert md.returncode == 0 and f"# A/B {exp_id}" in md.stdout
+    out = tmp_path / "again.orch.json"
+    assert _orch("export", exp_id, "--format", "bundle", "-o", str(out), cwd=tmp_path, xdg=receiver).returncode == 0
+    first, second = bundle_mod.read_bundle(path), bundle_mod.read_bundle(out)
+    assert first["content"] == second["content"] and second["exported"]["imported_from"] == str(path.resolve())
+
+
+def test_show_and_export_read_a_bundle_file_without_importing(sent: dict[str, Any], tmp_path: Path) -> None:
+    fresh = tmp_path / "xdg-nobody"
+    shown = _orch("show", str(sent["path"]), cwd=tmp_path, xdg=fresh)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == sent["report"]
+    as_json = _orch("export", str(sent["path"]), "--format", "json", cwd=tmp_path, xdg=fresh)
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)["experiment_id"] in sent["path"].name
+    assert not fresh.exists()  # nothing was imported, no store created
+
+
+def test_secrets_are_withheld_not_digested(sent: dict[str, Any]) -> None:
+    text = sent["path"].read_text()
+    assert API_KEY not in text and HF_TOKEN not in text
+    assert "redacted hmac" not in text
+    bundle = json.loads(text)
+    for prof in bundle["content"]["profiles"]:
+        assert prof["env"]["HF_TOKEN"] == bundle_mod.WITHHELD
+        assert prof["server_args"] == ["--api-key", bundle_mod.WITHHELD]
+    launch = bundle["content"]["launches"][0]
+    assert launch["env"]["HF_TOKEN"] == bundle_mod.WITHHELD
+    assert launch["argv"][launch["argv"].index("--api-key") + 1] == bundle_mod.WITHHELD
+
+
+def test_profiles_from_bundle_round_trip(sent: dict[str, Any]) -> None:
+    bundle = bundle_mod.read_bundle(sent["path"])
+    got = bundle_mod.profiles_from_bundle(bundle, environ=SECRETS)
+    originals = [profiles_mod.load(str(sent["profiles"] / f"{n}.yaml")) for n in ("baseline", "ngram")]
+    assert [p.name for p in got] == ["baseline", "ngram"]
+    for mine, theirs in zip(got, originals, strict=True):
+        assert profiles_mod.differing_fields(mine, theirs) == []
+        assert mine.chain == theirs.chain and mine.env_dict()["HF_TOKEN"] == HF_TOKEN
+    with pytest.raises(InputError, match=r"set HF_TOKEN, ORCH_SECRET_API_KEY in orch's environment"):
+        bundle_mod.profiles_from_bundle(bundle, environ={})
+
+
+def test_from_resolved_validates_like_a_file() -> None:
+    good = {"name": "x", "engine": "sglang", "model_path": "/m", "tp_size": 1, "port": 8000, "speculative": None}
+    assert profiles_mod.from_resolved(good, "b.json: profiles[0]").port == 8000
+    with pytest.raises(ProfileError, match=r"b.json: profiles\[0\]: tp_size: .*got 0"):
+        profiles_mod.from_resolved({**good, "tp_size": 0}, "b.json: profiles[0]")
+    with pytest.raises(ProfileError, match=r"portt: unknown field \(did you mean 'port'"):
+        profiles_mod.from_resolved({**good, "portt": 1}, "b.json: profiles[0]")
+    with pytest.raises(ProfileError, match=r"env\.ORCH_LAUNCH_ID: reserved"):
+        profiles_mod.from_resolved({**good, "env": {"ORCH_LAUNCH_ID": "x"}}, "b.json: profiles[0]")
+
+
+def _resealed(bundle: dict[str, Any]) -> dict[str, Any]:
+    bundle["digest"] = bundle_mod.digest_of(bundle)
+    return bundle
+
+
+def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, str]]:
+    """name → (file text, what the error must say)."""
+    newer = json.loads(text)
+    newer["version"] = bundle_mod.BUNDLE_VERSION + 1
+    tampered = json.loads(text)
+    tampered["content"]["launches"][0]["runs"][0]["tok_s"] *= 1.5
+    missing = json.loads(text)
+    del missing["content"]["launches"][1]["runs"][0]["tok_s"]
+    ill = json.loads(text)
+    ill["content"]["launches"][0]["arm_index"] = "first"
+    return {
+        "not json": ("this is not json {", "not JSON"),
+        "truncated": (text[: len(text) // 2], "truncated"),
+        "empty": ("", "empty"),
+        "wrong format": (json.dumps({"format": "something-else", "version": 1}), "not an orch result bundle"),
+        "json export": (json.dumps({"experiment_id": "x", "comparisons": []}), "`orch export --format json` output"),
+        "newer": (json.dumps(newer), f"bundle version {bundle_mod.BUNDLE_VERSION + 1} is newer"),
+        "tampered": (json.dumps(tampered), "does not match its digest"),
+        "missing field": (json.dumps(_resealed(missing)), "content.launches[1].runs[0].tok_s: required field"),
+        "ill-typed": (json.dumps(_resealed(ill)), "content.launches[0].arm_index: expected an integer"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "not json",
+        "truncated",
+        "empty",
+        "wrong format",
+        "json export",
+        "newer",
+        "tampered",
+        "missing field",
+        "ill-typed",
+    ],
+)
+def test_bad_bundles_exit_2_with_one_clear_line(
+    sent: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    text = sent["path"].read_text()
+    content, expected = _bad_bundles(json.loads(text), text)[case]
+    bad = tmp_path / "bad.orch.json"
+    bad.write_text(content)
+    db = tmp_path / "r.db"
+    for command in (["import", str(bad), "--db", str(db)], ["show", str(bad)], ["export", str(bad)]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"Error: {bad}: ") and expected in err, err
+        assert err.count("\n") == 1 and "Traceback" not in err
+    assert not db.exists()  # refused before anything was written
+
+
+def test_a_different_experiment_under_the_same_id_is_refused(sent: dict[str, Any], tmp_path: Path) -> None:
+    other = json.loads(sent["path"].read_text())
+    other["content"]["launches"][0]["runs"][0]["tok_s"] += 1.0
+    forged = tmp_path / "other.orch.json"
+    bundle_mod.write_bundle(_resealed(other), forged)
+    result = _orch("import", str(forged), cwd=tmp_path, xdg=sent["xdg"])
+    assert result.returncode == 1
+    assert "already holds a different experiment" in result.stderr and "recorded here" in result.stderr
+    assert str(forged) in result.stderr
+
+
+def test_a_prompt_file_travels_with_the_bundle(tmp_path: Path) -> None:
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "one"}\n{"messages": [{"role": "user", "content": "two"}], "category": "chat"}\n')
+    bench = BenchConfig(runs=3, warmup=1, prompts=str(prompts))
+    config = {"bench": bench.to_dict(), "requests_sha256": bundle_mod.requests_sha256(bench)}
+    shipped = bundle_mod.prompt_set(config)
+    assert shipped["source"] == "file" and len(shipped["items"]) == 2
+    copy = tmp_path / "received.jsonl"
+    text = bundle_mod.prompt_file_text({"content": {"prompts": shipped}})
+    assert text is not None
+    copy.write_text(text)
+    # The receiver's copy sends the very same requests.
+    assert bundle_mod.requests_sha256(BenchConfig(runs=3, warmup=1, prompts=str(copy))) == config["requests_sha256"]
+    prompts.write_text('{"prompt": "edited since"}\n')
+    changed = bundle_mod.prompt_set(config)
+    assert changed["items"] is None and "changed" in changed["note"] and changed["path"] == str(prompts)
+    assert bundle_mod.prompt_set({"bench": BenchConfig().to_dict(), "requests_sha256": "x"})["generated"] is True

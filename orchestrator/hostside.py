@@ -383,19 +383,20 @@ def _fingerprint_gpus(nvidia_smi: str, unreadable: list[dict[str, str]]) -> dict
         rows = _csv_query(nvidia_smi, "gpu", fields)
     except (HostSideError, OSError, subprocess.TimeoutExpired) as e:
         # An older driver refuses the whole query for one unknown field: ask field by field to say which.
-        rows, why = [], str(e)
+        rows, why, failed = [], str(e), []
         for name in fields:
             try:
                 column = _csv_query(nvidia_smi, "gpu", (name,))
             except (HostSideError, OSError, subprocess.TimeoutExpired) as e1:
-                unreadable.append({"field": f"gpus.{FINGERPRINT_GPU_FIELDS[name]}", "why": str(e1)[:300]})
+                failed.append({"field": f"gpus.{FINGERPRINT_GPU_FIELDS[name]}", "why": str(e1)[:600]})
                 continue
             rows = rows or [{} for _ in column]
             for row, value in zip(rows, column, strict=False):
                 row.update(value)
-        if not rows:
-            unreadable.append({"field": "gpus", "why": why[:300]})
+        if not rows:  # nothing answers: one reason, not one per field
+            unreadable.append({"field": "gpus", "why": why[:600]})
             return None
+        unreadable.extend(failed)
     out: dict[str, Any] = {"count": len(rows)}
     for name, key in FINGERPRINT_GPU_FIELDS.items():
         values = [row.get(name) for row in rows]

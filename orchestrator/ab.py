@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__, server
+from orchestrator import __version__, fingerprint, server
 from orchestrator.bench import BenchConfig, RunResult, host_runner, local_runner, request_items, run_benchmark
 from orchestrator.errors import BenchError, HostError, OrchError, ServerError
 from orchestrator.hosts import Host, connect_address
@@ -404,6 +404,15 @@ def _run_launch(
                 preflight_json=srv.preflight,
                 env_report_json=env.to_dict(),
             )
+            fp = fingerprint.collect(
+                host,
+                srv,
+                profile,
+                workload_digest=fingerprint.workload_digest(config.bench),
+                redaction_key=redaction_key,
+                orch_version=__version__,
+            )
+            store.update_launch(srv.launch.launch_id, fingerprint_json=fp)
             for line in describe_env(env):
                 on_event(f"{profile.name}: {line}")
             if config.strict_env and not env.ok:
@@ -453,6 +462,7 @@ def _run_launch(
         position=position,
         arm_index=index,
         gpus=gpus,
+        fingerprint=fp,
     )
 
 

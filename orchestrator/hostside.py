@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import select
 import shlex
 import shutil
@@ -153,13 +154,16 @@ sys.stdout.write("\\nORCH_PROBE " + json.dumps(out) + "\\n")
 IMPORT_PROBE_TIMEOUT_S = 30.0
 
 
-def _import_probe(names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """{name: {"version", "error", "metadata"}} as a child of this Python sees them; {} if the child failed."""
+def _import_probe(
+    names: tuple[str, ...], *, python: str | None = None, script: str = _IMPORT_PROBE
+) -> dict[str, dict[str, Any]]:
+    """{name: {"version", "error", "metadata"}} as a child of `python` (default: this one) sees them; {} if the
+    child failed."""
     try:
         # A separate process: importing torch/sglang into the agent would cost memory for the whole session and
         # could initialise CUDA in a process that must stay light. Not cached: it runs once per experiment.
         done = subprocess.run(
-            [sys.executable, "-c", _IMPORT_PROBE, *names],
+            [python or sys.executable, "-c", script, *names],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -296,6 +300,159 @@ def op_check(workdir: str, nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
         "disk_free_bytes": disk.free,
         "kill_user_processes": _logind_kills_user_processes(),
         "setsid": shutil.which("setsid") is not None,
+    }
+
+
+# The fingerprint's probe: the import probe, then NCCL as torch sees it and the interpreter's own version, written
+# again (the last ORCH_PROBE line is the one read).
+_FINGERPRINT_PROBE = (
+    _IMPORT_PROBE
+    + """\
+import platform
+out["python"] = {"version": platform.python_version()}
+r = out["nccl"] = {}
+try:
+    if "torch" not in sys.modules:
+        raise ImportError("torch is not importable")
+    v = sys.modules["torch"].cuda.nccl.version()
+    r["version"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+except BaseException as e:
+    r["error"] = (type(e).__name__ + ": " + str(e))[:300]
+sys.stdout.write("\\nORCH_PROBE " + json.dumps(out) + "\\n")
+"""
+)
+# nvidia-smi --query-gpu field -> fingerprint key. Clocks and power *under load* are read during the runs (gpus_json);
+# these are the settings that decide them.
+FINGERPRINT_GPU_FIELDS = {
+    "name": "model",
+    "driver_version": "driver",
+    "memory.total": "memory_total_mib",
+    "persistence_mode": "persistence_mode",
+    "ecc.mode.current": "ecc_mode",
+    "mig.mode.current": "mig_mode",
+    "power.limit": "power_limit_w",
+    "clocks.applications.graphics": "app_clock_graphics_mhz",
+    "clocks.applications.memory": "app_clock_memory_mhz",
+    "uuid": "uuids",
+}
+
+
+def _read_first_line(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.readline().strip() or None
+    except OSError:
+        return None
+
+
+def _container_id() -> tuple[str | None, str | None]:
+    """(container id, why it could not be read): best effort from the cgroup paths and mounts of this process."""
+    pattern = re.compile(r"(?<![0-9a-f])([0-9a-f]{64})(?![0-9a-f])")
+    for path in ("/proc/self/cgroup", "/proc/1/cpuset", "/proc/self/mountinfo"):
+        try:
+            with open(path) as f:
+                found = pattern.search(f.read())
+        except OSError:
+            continue
+        if found:
+            return found.group(1)[:12], None
+    if any(os.path.exists(p) for p in ("/.dockerenv", "/run/.containerenv")):
+        return None, "in a container whose id is not visible in /proc"
+    return None, None  # most likely not in a container: nothing to report as unreadable
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _fingerprint_gpus(nvidia_smi: str, unreadable: list[dict[str, str]]) -> dict[str, Any] | None:
+    """GPU settings, one value per field when every GPU agrees (else the per-GPU list)."""
+    if shutil.which(nvidia_smi) is None:
+        unreadable.append({"field": "gpus", "why": f"{nvidia_smi} not found on PATH"})
+        return None
+    fields = tuple(FINGERPRINT_GPU_FIELDS)
+    try:
+        rows = _csv_query(nvidia_smi, "gpu", fields)
+    except (HostSideError, OSError, subprocess.TimeoutExpired) as e:
+        # An older driver refuses the whole query for one unknown field: ask field by field to say which.
+        rows, why, failed = [], str(e), []
+        for name in fields:
+            try:
+                column = _csv_query(nvidia_smi, "gpu", (name,))
+            except (HostSideError, OSError, subprocess.TimeoutExpired) as e1:
+                failed.append({"field": f"gpus.{FINGERPRINT_GPU_FIELDS[name]}", "why": str(e1)[:600]})
+                continue
+            rows = rows or [{} for _ in column]
+            for row, value in zip(rows, column, strict=False):
+                row.update(value)
+        if not rows:  # nothing answers: one reason, not one per field
+            unreadable.append({"field": "gpus", "why": why[:600]})
+            return None
+        unreadable.extend(failed)
+    out: dict[str, Any] = {"count": len(rows)}
+    for name, key in FINGERPRINT_GPU_FIELDS.items():
+        values = [row.get(name) for row in rows]
+        out[key] = values if key == "uuids" or len(set(map(str, values))) > 1 else values[0]
+    out["cuda"] = None
+    try:
+        header = subprocess.run(
+            [nvidia_smi], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+        ).stdout
+        found = re.search(r"CUDA Version:\s*([0-9][0-9.]*)", header)
+        out["cuda"] = found.group(1) if found else None
+        if not found:
+            unreadable.append({"field": "gpus.cuda", "why": "no 'CUDA Version' in nvidia-smi's header"})
+    except (OSError, subprocess.SubprocessError) as e:
+        unreadable.append({"field": "gpus.cuda", "why": str(e)[:300]})
+    return out
+
+
+def op_fingerprint(
+    python: str | None = None,
+    packages: list[str] | None = None,
+    nvidia_smi: str = "nvidia-smi",
+) -> dict[str, Any]:
+    """The host's part of a launch fingerprint: host, GPU settings, and the server's software as `python` (the
+    server's interpreter) imports it. Each field that could not be read is listed under "unreadable" with why."""
+    unreadable: list[dict[str, str]] = []
+    container, why = _container_id()
+    if why:
+        unreadable.append({"field": "host.container_id", "why": why})
+    host = {
+        "hostname": socket.gethostname(),
+        "kernel": platform.release(),
+        "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id"),
+        "container_id": container,
+        "cpu_model": _cpu_model(),
+        "cpu_governor": _read_first_line("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
+    }
+    for key in ("boot_id", "cpu_model", "cpu_governor"):
+        if host[key] is None:
+            unreadable.append({"field": f"host.{key}", "why": "not exposed on this host (VM or container?)"})
+    names = tuple(packages if packages is not None else ("sglang", "torch", "flashinfer", "sgl_kernel", "triton"))
+    probe = _import_probe(names, python=python, script=_FINGERPRINT_PROBE)
+    software: dict[str, Any] = {"python_executable": python or sys.executable}
+    if not probe:
+        unreadable.append({"field": "software", "why": f"the import probe in {python or sys.executable} failed"})
+    for name in (*names, "nccl", "python"):
+        found = probe.get(name, {})
+        software[name] = found.get("version") or found.get("metadata")
+        if probe and software[name] is None:
+            reason = found.get("error") or "imports without a version"
+            unreadable.append({"field": f"software.{name}", "why": str(reason)})
+    return {
+        "host": host,
+        "gpus": _fingerprint_gpus(nvidia_smi, unreadable),
+        "software": software,
+        "unreadable": unreadable,
     }
 
 
@@ -798,6 +955,7 @@ OPS: dict[str, Callable[..., Any]] = {
     "status": op_status,
     "kill_port_owner": op_kill_port_owner,
     "check": op_check,
+    "fingerprint": op_fingerprint,
     "lock": op_lock,
     "unlock": op_unlock,
 }

@@ -55,6 +55,7 @@ class LaunchResult:
     position: int = 0  # place in its block's launch order
     arm_index: int = 0
     gpus: dict[str, Any] | None = None  # nvidia-smi under load, after the timed runs
+    fingerprint: dict[str, Any] | None = None  # fingerprint.collect(): what could make two launches differ
 
     @property
     def levels(self) -> list[int]:
@@ -469,6 +470,7 @@ def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], list
                 position=int(row["position"] if row.get("position") is not None else row["arm_index"]),
                 arm_index=int(row["arm_index"]),
                 gpus=json.loads(row["gpus_json"]) if row.get("gpus_json") else None,
+                fingerprint=json.loads(row["fingerprint_json"]) if row.get("fingerprint_json") else None,
             )
         )
     return out, discarded

@@ -12,7 +12,9 @@
 # FAKE_GPU_SCOPE=<namespace> in its environ.
 # An optional JSON state file (env FAKE_NVIDIA_SMI_STATE, else the path `install` baked into the wrapper) may
 # override: {"gpus": 8, "extra_used_mib": {"3": 50000}, "fail": "error text -> exit 1",
-# "busy_clock_mhz": {"0": 1980}} (the SM clock a busy GPU reports, e.g. a throttled one; default 2430).
+# "busy_clock_mhz": {"0": 1980}} (the SM clock a busy GPU reports, e.g. a throttled one; default 2430),
+# "name": "NVIDIA H100 80GB HBM3" (the GPU model, to pretend to be another machine).
+# With no arguments it prints the usual status header (driver and CUDA version) and a one-line GPU table.
 # It only reads /proc; it never signals anything.
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ MARKER = "ORCH_LAUNCH_ID"
 FORK_FLAG = b"--multiprocessing-fork"
 NAME = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
 DRIVER = "575.57.08"
+CUDA = "12.9"
 TOTAL_MIB = 97887
 IDLE_MIB = 4
 WORKER_MIB = 80000
@@ -59,6 +62,7 @@ class Gpu:
     extra_mib: int = 0
     procs: list[GpuProc] = field(default_factory=list)
     busy_clock_mhz: int = 2430
+    name: str = NAME
 
     @property
     def busy(self) -> bool:
@@ -168,6 +172,9 @@ def _gpus(state: dict[str, object]) -> list[Gpu]:
         for key, mhz in clocks.items():
             if 0 <= int(key) < n:
                 gpus[int(key)].busy_clock_mhz = int(mhz)
+    if isinstance(state.get("name"), str):
+        for g in gpus:
+            g.name = str(state["name"])
     for proc in _scan(n):
         gpus[proc.gpu].procs.append(proc)
     return gpus
@@ -175,7 +182,7 @@ def _gpus(state: dict[str, object]) -> list[Gpu]:
 
 GPU_FIELDS: dict[str, Callable[[Gpu], str]] = {
     "index": lambda g: str(g.index),
-    "name": lambda g: NAME,
+    "name": lambda g: g.name,
     "driver_version": lambda g: DRIVER,
     "memory.total": lambda g: str(TOTAL_MIB),
     "memory.used": lambda g: str(g.used),
@@ -184,6 +191,12 @@ GPU_FIELDS: dict[str, Callable[[Gpu], str]] = {
     "clocks.sm": lambda g: str(g.busy_clock_mhz) if g.busy else "1410",
     "power.draw": lambda g: "412.80" if g.busy else "62.15",
     "uuid": lambda g: gpu_uuid(g.index),
+    "persistence_mode": lambda g: "Enabled",
+    "ecc.mode.current": lambda g: "Enabled",
+    "mig.mode.current": lambda g: "[N/A]",
+    "power.limit": lambda g: "600.00",
+    "clocks.applications.graphics": lambda g: "2430",
+    "clocks.applications.memory": lambda g: "12481",
     "utilization.gpu": lambda g: "100" if g.procs else "0",
 }
 
@@ -217,6 +230,8 @@ def main(argv: Sequence[str]) -> int:
             list_gpus = True
         else:
             return _unsupported(argv, f"Unsupported argument {arg!r} in the fake nvidia-smi.")
+    if not argv:
+        return _header()
     if list_gpus == (query is not None):
         return _unsupported(argv, "Expected exactly one of -L or --query-gpu=/--query-compute-apps=.")
     if query is not None and fmt != "csv,noheader,nounits":
@@ -235,13 +250,25 @@ def main(argv: Sequence[str]) -> int:
     gpus = _gpus(state)
     lines: list[str] = []
     if list_gpus:
-        lines = [f"GPU {g.index}: {NAME} (UUID: {gpu_uuid(g.index)})" for g in gpus]
+        lines = [f"GPU {g.index}: {g.name} (UUID: {gpu_uuid(g.index)})" for g in gpus]
     elif query is not None and query[0] == "--query-gpu":
         lines = [", ".join(GPU_FIELDS[f](g) for f in query[1]) for g in gpus]
     elif query is not None:
         lines = [", ".join(APP_FIELDS[f](p) for f in query[1]) for g in gpus for p in g.procs]
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _header() -> int:
+    """The plain `nvidia-smi` status, reduced to the lines orch reads (the header's driver and CUDA versions)."""
+    state = _load_state()
+    if state.get("fail"):
+        print(str(state["fail"]))
+        return EXIT_FAIL
+    print(f"| NVIDIA-SMI {DRIVER}              Driver Version: {DRIVER}      CUDA Version: {CUDA}     |")
+    for g in _gpus(state):
+        print(f"|   {g.index}  {g.name[:28]:<28} On |  {g.used}MiB / {TOTAL_MIB}MiB |")
     return 0
 
 

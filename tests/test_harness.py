@@ -444,8 +444,13 @@ def test_state_file_and_errors(fake_bin: Path, tmp_path: Path) -> None:
     res = smi(fake_bin, "-L", env=env)
     assert (res.returncode, res.stdout.strip()) == (1, "Failed to initialize NVML: Driver/library version mismatch")
 
+    # Plain `nvidia-smi`: the status header with the driver and CUDA versions; a state "name" is another GPU model.
+    state.write_text(json.dumps({"name": "NVIDIA H100 80GB HBM3"}))
+    res = smi(fake_bin, env=env)
+    assert res.returncode == 0 and f"CUDA Version: {fake_nvidia_smi.CUDA}" in res.stdout
+    assert smi(fake_bin, "--query-gpu=name", CSV, env=env).stdout.splitlines()[0] == "NVIDIA H100 80GB HBM3"
+
     for args in (
-        [],
         ["--query-gpu=index"],
         ["--query-gpu=index,bogus", CSV],
         ["-q"],

@@ -71,6 +71,7 @@ _KNOB_LIST: tuple[Knob, ...] = (
     Knob("seed", int, None, "seeds every random draw; unset: drawn at random and logged", 0.0, float(2**63 - 1)),
     Knob("fault", str, None, "comma-separated faults to inject (see FAULTS)"),
     Knob("drop_env", str, None, "comma-separated env var names removed from the workers' environment"),
+    Knob("version", str, None, "the engine version the server reports (GET /server_info); unset: the simulated 0.5.9"),
     Knob(
         "escape_linger_s",
         float,

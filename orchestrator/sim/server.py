@@ -714,7 +714,7 @@ class SimServer:
             "max_total_num_tokens": MAX_TOTAL_TOKENS,
             "max_req_input_len": self.cfg.context_length - 1,
             "internal_states": [state],
-            "version": SGLANG_VERSION,
+            "version": self.knobs.get("version") or SGLANG_VERSION,
             "orch_simulator": True,
             "orch_sim": {
                 "seed": self.seed,

@@ -1,0 +1,337 @@
+"""One launch's fingerprint: what could make two launches' numbers differ, and how two fingerprints differ."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from orchestrator.bench import BenchConfig, request_items
+from orchestrator.errors import OrchError
+from orchestrator.hosts import Host
+from orchestrator.profile import Profile
+from orchestrator.server import EnvReport, RunningServer
+
+FINGERPRINT_VERSION = 1
+# Packages whose versions decide an SGLang server's speed, as the server's own interpreter imports them.
+SERVER_PACKAGES = ("sglang", "torch", "flashinfer", "sgl_kernel", "triton")
+# Importing sglang pulls in torch and friends: well beyond the agent's default call deadline on a cold disk.
+HOST_CALL_TIMEOUT_S = 150.0
+SERVER_INFO_TIMEOUT_S = 5.0
+
+
+def workload_digest(bench: BenchConfig) -> str:
+    """Every setting of the workload and every request it sends: equal digests, equal work."""
+    requests = hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest()
+    data = {"config": bench.to_dict(), "requests_sha256": requests}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def profile_digest(profile: dict[str, Any]) -> str:
+    """sha256 of the resolved profile, without where its file lives or its description (neither moves a number)."""
+    data = {k: v for k, v in profile.items() if k not in ("source", "description")}
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def orch_git_sha() -> str | None:
+    """The commit orch runs from, when it runs from a git checkout (None for an installed package)."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    sha = done.stdout.strip()
+    return sha if done.returncode == 0 and sha else None
+
+
+def _server_info(base_url: str) -> dict[str, Any]:
+    """GET /server_info (older SGLang: /get_server_info); {} when neither answers."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            r = httpx.get(base_url + path, timeout=SERVER_INFO_TIMEOUT_S)
+            if r.status_code == 200:
+                data = r.json()
+                if isinstance(data, dict):
+                    return data
+        except (httpx.HTTPError, ValueError):
+            continue
+    return {}
+
+
+def worker_env(report: EnvReport, expected: dict[str, str]) -> dict[str, str]:
+    """Each profile variable as the server's processes hold it: its value where every process has it, else what
+    the processes have instead (no PIDs: they change every launch, the counts do not)."""
+    out: dict[str, str] = {}
+    for var, want in sorted(expected.items()):
+        mismatches = [m for m in report.mismatches if m.var == var]
+        if not mismatches:
+            out[var] = want
+            continue
+        counts: dict[str, int] = {}
+        for m in mismatches:
+            got = "missing" if m.actual is None else repr(m.actual)
+            counts[got] = counts.get(got, 0) + 1
+        held = "; ".join(f"{got} in {n} of {report.processes} processes" for got, n in sorted(counts.items()))
+        out[var] = f"{held} (expected {want!r})"
+    return out
+
+
+def collect(
+    host: Host,
+    srv: RunningServer,
+    profile: Profile,
+    *,
+    workload_digest: str,
+    redaction_key: bytes | None,
+    orch_version: str,
+) -> dict[str, Any]:
+    """The fingerprint of a ready launch: one host round trip plus what orch already knows. Never raises (but for
+    KeyboardInterrupt): what could not be read is listed under "unreadable", a failure under "error"."""
+    fp: dict[str, Any] = {"version": FINGERPRINT_VERSION, "collected_at": round(time.time(), 3), "error": None}
+    try:
+        fp.update(_collect(host, srv, profile, workload_digest, redaction_key, orch_version))
+    except Exception as e:  # a fingerprint is evidence, never a reason to fail a launch
+        fp["error"] = f"{type(e).__name__}: {e}"[:500]
+        fp.setdefault("unreadable", []).append({"field": "fingerprint", "why": fp["error"]})
+    return fp
+
+
+def _collect(
+    host: Host,
+    srv: RunningServer,
+    profile: Profile,
+    workload: str,
+    redaction_key: bytes | None,
+    orch_version: str,
+) -> dict[str, Any]:
+    launch = srv.launch
+    unreadable: list[dict[str, str]] = []
+    # The server's own interpreter: its packages are what the server runs, whatever orch's agent runs on.
+    python = launch.argv[0] if launch.argv else host.python
+    # The simulator's interpreter has no SGLang worth importing (and importing a real one would cost seconds).
+    packages = [p for p in SERVER_PACKAGES if not (launch.simulated and p == "sglang")]
+    try:
+        part = host.call(
+            "fingerprint",
+            python=python,
+            packages=packages,
+            nvidia_smi=host.config.nvidia_smi,
+            call_timeout=HOST_CALL_TIMEOUT_S,
+        )
+    except OrchError as e:
+        part = {"host": None, "gpus": None, "software": None, "unreadable": [{"field": "host", "why": str(e)}]}
+    unreadable += part.get("unreadable") or []
+    software: dict[str, Any] = dict(part.get("software") or {})
+    info = _server_info(srv.base_url)
+    reported = info.get("version")
+    if launch.simulated:
+        # The simulator's "engine" is what it says it is: its reported version stands in for an import.
+        software["engine_version"], source = reported, "server_info"
+    else:
+        imported = software.get("sglang")
+        software["engine_version"] = imported or reported
+        source = "import" if imported else "server_info"
+    software["engine"] = profile.engine + (" (simulated)" if launch.simulated else "")
+    software["engine_version_source"] = source
+    if software["engine_version"] is None:
+        unreadable.append({"field": "software.engine_version", "why": "neither importable nor in GET /server_info"})
+    report = srv.env_report
+    env: dict[str, Any] = {"processes": None, "workers": None, "inherited": None, "sim_knobs": None}
+    if report is None:
+        unreadable.append({"field": "env", "why": "the launch's environment was not read back"})
+    else:
+        expected = {k: launch.env.get(k, "") for k in profile.env_dict()}  # as launched: secrets as digests
+        env.update(processes=report.processes, workers=worker_env(report, expected), inherited=report.inherited)
+    if launch.simulated:
+        knobs = (info.get("orch_sim") or {}).get("knobs")
+        env["sim_knobs"] = knobs
+        if knobs is None:
+            unreadable.append({"field": "env.sim_knobs", "why": "GET /server_info did not report the knobs"})
+    stored_profile = profile.to_dict(redaction_key=redaction_key)
+    return {
+        "host": part.get("host"),
+        "gpus": part.get("gpus"),
+        "software": software,
+        "env": env,
+        "profile": stored_profile,
+        "profile_sha256": profile_digest(stored_profile),
+        "argv": list(launch.argv),
+        "workload_digest": workload,
+        "orch": {"version": orch_version, "git_sha": orch_git_sha()},
+        "unreadable": unreadable,
+    }
+
+
+# ---------------------------------------------------------------- diff
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One field whose value differs between two fingerprints, with how likely it is to move the number."""
+
+    field: str
+    before: Any
+    after: Any
+    category: str
+    weight: int
+
+    def describe(self) -> str:
+        """One line, e.g. `engine version: 0.5.9 -> 0.5.10`."""
+        return f"{_label(self.field)}: {_show(self.before)} -> {_show(self.after)}"
+
+
+# (field or field prefix, category, weight, label): first match wins, so longer prefixes come first. Weights order
+# the causes: what changes the code that runs (engine, torch, NCCL) and the environment its workers get first; then
+# the hardware and its settings; then what was asked (profile, workload); then facts about the box that seldom
+# move a number by themselves.
+_RULES: tuple[tuple[str, str, int, str], ...] = (
+    ("software.engine_version", "engine", 100, "engine version"),
+    ("software.engine", "engine", 100, "engine"),
+    ("software.engine_version_source", "engine", 5, "engine version read from"),
+    ("software.sglang", "engine", 99, "sglang (import)"),
+    ("software.torch", "engine", 98, "torch"),
+    ("software.nccl", "engine", 97, "NCCL"),
+    ("software.sgl_kernel", "engine", 96, "sgl-kernel"),
+    ("software.flashinfer", "engine", 95, "flashinfer"),
+    ("software.triton", "engine", 94, "triton"),
+    ("env.workers", "worker env", 92, "worker env"),
+    ("env.inherited", "worker env", 91, "inherited env"),
+    ("env.sim_knobs", "worker env", 90, "simulator knob"),
+    ("env.processes", "worker env", 89, "server processes"),
+    ("software.python", "engine", 85, "server Python"),
+    ("gpus.model", "gpu", 80, "GPU model"),
+    ("gpus.count", "gpu", 79, "GPU count"),
+    ("gpus.driver", "gpu", 78, "GPU driver"),
+    ("gpus.cuda", "gpu", 77, "CUDA version"),
+    ("gpus.app_clock_graphics_mhz", "gpu", 76, "GPU application clock, graphics (MHz)"),
+    ("gpus.app_clock_memory_mhz", "gpu", 76, "GPU application clock, memory (MHz)"),
+    ("gpus.power_limit_w", "gpu", 75, "GPU power limit (W)"),
+    ("gpus.memory_total_mib", "gpu", 74, "GPU memory (MiB)"),
+    ("gpus.persistence_mode", "gpu", 72, "GPU persistence mode"),
+    ("gpus.ecc_mode", "gpu", 71, "GPU ECC mode"),
+    ("gpus.mig_mode", "gpu", 71, "GPU MIG mode"),
+    ("gpus", "gpu", 70, "GPUs"),
+    ("profile", "profile", 60, "profile"),
+    ("argv", "profile", 59, "server argv"),
+    ("workload_digest", "workload", 50, "workload"),
+    ("orch.version", "orch", 45, "orch version"),
+    ("orch.git_sha", "orch", 44, "orch commit"),
+    ("host.cpu_model", "host", 40, "CPU model"),
+    ("host.cpu_governor", "host", 39, "CPU governor"),
+    ("host.kernel", "host", 35, "kernel"),
+    # Where the server's venv lives does not move a number; what is installed in it (above) does.
+    ("software.python_executable", "host", 20, "server Python path"),
+    # Same model, other physical GPUs: another box (its GPU settings above say whether that matters).
+    ("gpus.uuids", "host", 15, "GPU UUIDs"),
+    # Volatile, ranked last: a container gets a new id and hostname per run, and every reboot a new boot id. Worth
+    # seeing only when nothing else differs (a reboot can reset clocks and governors, which are compared above).
+    ("host.container_id", "host", 3, "container id"),
+    ("host.hostname", "host", 2, "hostname"),
+    ("host.boot_id", "host", 1, "boot id"),
+)
+# Never differences of the state measured: the format version, when it was collected, what could not be read or
+# went wrong while reading (a field that could not be read shows as its own value, None), the profile's digest
+# (its fields are compared one by one), where the profile file lives and its description, and argv[0] (the
+# interpreter's path, compared as software.python_executable).
+_SKIPPED = {
+    "version",
+    "collected_at",
+    "unreadable",
+    "error",
+    "profile_sha256",
+    "profile.source",
+    "profile.description",
+}
+_REDACTED_PREFIX = "<redacted"
+
+
+def _rule(path: str) -> tuple[str, int, str]:
+    for prefix, category, weight, label in _RULES:
+        if path == prefix or path.startswith(prefix + "."):
+            return category, weight, label
+    return "other", 10, path
+
+
+def _label(path: str) -> str:
+    for prefix, _, _, label in _RULES:
+        if path == prefix:
+            return label
+        if path.startswith(prefix + "."):
+            return f"{label} {path[len(prefix) + 1 :]}"
+    return path
+
+
+def _show(value: Any, limit: int = 120) -> str:
+    if value is None:
+        text = "none"
+    elif isinstance(value, (list, tuple)):
+        text = "[" + ", ".join(_show(v, limit) for v in value) + "]"
+    elif isinstance(value, dict):
+        text = json.dumps(value, sort_keys=True, default=str)
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, path + "."))  # an empty one adds nothing: {} and absent compare equal
+        else:
+            out[path] = value
+    return out
+
+
+def _unkeyed(value: Any) -> Any:
+    # Secrets are keyed digests, and keys differ between stores: two digests cannot say whether the secrets differ.
+    if isinstance(value, str) and value.startswith(_REDACTED_PREFIX):
+        return _REDACTED_PREFIX + ">"
+    if isinstance(value, list):
+        return [_unkeyed(v) for v in value]
+    return value
+
+
+def _comparable(fp: dict[str, Any]) -> dict[str, Any]:
+    flat = _flatten(fp)
+    argv = flat.get("argv")
+    if isinstance(argv, list):
+        flat["argv"] = argv[1:]
+    return {k: _unkeyed(v) for k, v in flat.items() if k not in _SKIPPED}
+
+
+def diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[Difference]:
+    """What differs from fingerprint a to b, most likely to move the number first; [] when either is missing (a
+    launch recorded before fingerprints existed) or nothing differs."""
+    if a is None or b is None:
+        return []
+    before, after = _comparable(a), _comparable(b)
+    same_gpus = bool(before.get("gpus.uuids")) and before.get("gpus.uuids") == after.get("gpus.uuids")
+    out = []
+    for path in sorted(set(before) | set(after)):
+        x, y = before.get(path), after.get(path)
+        if x == y:
+            continue
+        if same_gpus and path in ("host.hostname", "host.container_id"):
+            continue  # the same GPUs: the same machine, whatever name its container got this time
+        category, weight, _ = _rule(path)
+        out.append(Difference(path, x, y, category, weight))
+    out.sort(key=lambda d: (-d.weight, d.field))
+    return out

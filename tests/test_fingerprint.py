@@ -1,0 +1,218 @@
+"""Launch fingerprints: collected from real simulator launches, stored per launch, and diffed most-likely-first."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import __version__, fingerprint, hostside, server
+from orchestrator.ab import bench_config_from
+from orchestrator.bench import BenchConfig
+from orchestrator.cli import main
+from orchestrator.errors import HostError
+from orchestrator.fingerprint import Difference, collect, diff
+from orchestrator.hosts import HostConfig, LocalHost
+from orchestrator.profile import load
+from orchestrator.results import stored_launches
+from orchestrator.store import Store
+from tests import fake_nvidia_smi
+from tests.conftest import NAMESPACE
+
+SimProfiles = Callable[..., dict[str, Path]]
+OTHER_GPU = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def fake_smi(tmp_path: Path) -> tuple[Path, Path]:
+    """(the fake nvidia-smi, its state file)."""
+    state = tmp_path / "gpu-state.json"
+    return fake_nvidia_smi.install(tmp_path / "bin", state) / "nvidia-smi", state
+
+
+def _launch_fingerprint(host: LocalHost, profile_path: Path) -> dict[str, Any]:
+    prof = load(str(profile_path))
+    with server.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2) as srv:
+        return collect(
+            host,
+            srv,
+            prof,
+            workload_digest=fingerprint.workload_digest(BenchConfig()),
+            redaction_key=b"k" * 32,
+            orch_version=__version__,
+        )
+
+
+def test_collect_on_sim_launches_and_diff_names_what_changed(
+    sim_profiles: SimProfiles, fake_smi: tuple[Path, Path]
+) -> None:
+    smi, state = fake_smi
+    host = LocalHost(HostConfig(name="local", nvidia_smi=str(smi)))
+    before = _launch_fingerprint(host, sim_profiles()["baseline"])
+
+    assert before["version"] == fingerprint.FINGERPRINT_VERSION and before["error"] is None
+    assert set(before["host"]) == {"hostname", "kernel", "boot_id", "container_id", "cpu_model", "cpu_governor"}
+    gpus = before["gpus"]
+    assert gpus["model"] == fake_nvidia_smi.NAME and gpus["count"] == fake_nvidia_smi.DEFAULT_GPUS
+    assert gpus["driver"] == fake_nvidia_smi.DRIVER and gpus["cuda"] == fake_nvidia_smi.CUDA
+    assert gpus["power_limit_w"] == 600.0 and gpus["app_clock_graphics_mhz"] == 2430
+    assert gpus["persistence_mode"] == "Enabled" and gpus["ecc_mode"] == "Enabled"
+    software = before["software"]
+    assert software["engine_version"] == "0.5.9" and software["engine_version_source"] == "server_info"
+    assert {"torch", "flashinfer", "sgl_kernel", "triton", "nccl", "python"} <= set(software)
+    # Whatever could not be read is listed with why; here (no torch in orch's venv) at least NCCL's version.
+    unreadable = {u["field"]: u["why"] for u in before["unreadable"]}
+    for name in ("torch", "flashinfer", "sgl_kernel", "triton", "nccl", "python"):
+        assert (software[name] is None) == (f"software.{name}" in unreadable), name
+    assert all(why for why in unreadable.values())
+    assert before["env"]["workers"] == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL"}
+    assert before["env"]["sim_knobs"]["decode_ms"] == 12.2
+    assert before["profile"]["name"] == "baseline" and len(before["profile_sha256"]) == 64
+    assert before["argv"][1:3] == ["-m", "orchestrator.sim"]
+    assert before["orch"] == {"version": __version__, "git_sha": fingerprint.orch_git_sha()}
+    json.dumps(before)  # stored as JSON
+
+    # Another machine: another engine version (the simulator reports it), an NCCL variable that no longer reaches
+    # the workers, another GPU model.
+    state.write_text(json.dumps({"name": OTHER_GPU}))
+    changed = sim_profiles(sim={"version": "0.5.10", "drop_env": "NCCL_ALGO"})["baseline"]
+    after = _launch_fingerprint(host, changed)
+    assert after["software"]["engine_version"] == "0.5.10"
+    assert after["gpus"]["model"] == OTHER_GPU
+    assert after["env"]["workers"]["NCCL_PROTO"] == "LL"
+    assert after["env"]["workers"]["NCCL_ALGO"].startswith("missing in ")
+
+    diffs = diff(before, after)
+    fields = [d.field for d in diffs]
+    assert fields[0] == "software.engine_version"
+    assert diffs[0].describe() == "engine version: 0.5.9 -> 0.5.10"
+    nccl = fields.index("env.workers.NCCL_ALGO")
+    assert diffs[nccl].category == "worker env" and diffs[nccl].before == "Ring"
+    assert nccl < fields.index("gpus.model") < fields.index("profile.sim.version")
+    assert "host.boot_id" not in fields and "collected_at" not in fields  # same boot; never a difference
+    assert [d.weight for d in diffs] == sorted((d.weight for d in diffs), reverse=True)
+    assert diff(before, before) == []
+    assert hostside.op_find(NAMESPACE) == []
+
+
+def _fp(**over: Any) -> dict[str, Any]:
+    fp: dict[str, Any] = {
+        "version": 1,
+        "collected_at": 1.0,
+        "host": {"hostname": "a", "kernel": "6.1", "boot_id": "b1", "container_id": None},
+        "gpus": {"model": "H100", "app_clock_graphics_mhz": 1980, "uuids": ["GPU-1"]},
+        "software": {"engine_version": "0.5.9", "torch": "2.8.0"},
+        "env": {"workers": {"NCCL_PROTO": "LL"}, "inherited": {}},
+        "profile": {"name": "p", "source": "/a/p.yaml", "env": {"HF_TOKEN": "<redacted hmac:1111>"}},
+        "argv": ["/a/venv/bin/python", "-m", "sglang.launch_server", "--api-key", "<redacted hmac:2222>"],
+        "workload_digest": "w1",
+        "unreadable": [],
+    }
+    for path, value in over.items():
+        *parents, leaf = path.split("__")
+        node = fp
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return fp
+
+
+def test_diff_ranks_engine_above_gpu_clocks_above_hostname() -> None:
+    a = _fp()
+    b = _fp(
+        software__engine_version="0.5.10",
+        gpus__app_clock_graphics_mhz=1755,
+        gpus__uuids=["GPU-2"],
+        host__hostname="b",
+        host__boot_id="b2",
+    )
+    got = diff(a, b)
+    assert [d.field for d in got] == [
+        "software.engine_version",
+        "gpus.app_clock_graphics_mhz",
+        "gpus.uuids",
+        "host.hostname",
+        "host.boot_id",
+    ]
+    assert got[0] == Difference("software.engine_version", "0.5.9", "0.5.10", "engine", 100)
+    assert got[1].describe() == "GPU application clock, graphics (MHz): 1980 -> 1755"
+    assert got[3].describe() == "hostname: a -> b"
+
+
+def test_diff_leaves_out_what_does_not_move_the_number() -> None:
+    a = _fp()
+    # Other store (other digests), profile file elsewhere, other venv path, a new container name on the same GPUs,
+    # collected later, different reading problems: none of it is a difference of state.
+    b = _fp(
+        collected_at=2.0,
+        host__hostname="container-2",
+        profile__source="/b/p.yaml",
+        profile__env={"HF_TOKEN": "<redacted hmac:3333>"},
+        argv=["/b/venv/bin/python", "-m", "sglang.launch_server", "--api-key", "<redacted hmac:4444>"],
+        unreadable=[{"field": "host.cpu_governor", "why": "not exposed"}],
+        env={"workers": {"NCCL_PROTO": "LL"}},
+    )
+    assert diff(a, b) == []
+    assert diff(None, a) == [] and diff(a, None) == []
+    # A variable that appears only on one side is one difference, named by its variable.
+    c = _fp(env__inherited={"NCCL_IB_DISABLE": "1"})
+    assert [d.describe() for d in diff(a, c)] == ["inherited env NCCL_IB_DISABLE: none -> 1"]
+
+
+def test_collect_never_fails_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    launch = server.Launch("ns:x", "p", 1, 1, 1, "/nonexistent.log", ("python3", "-m", "x"), {}, True, 0.0)
+    srv = server.RunningServer(launch=launch, base_url="http://127.0.0.1:1", preflight={})
+    host = LocalHost(HostConfig(name="local", nvidia_smi="/nonexistent/nvidia-smi"))
+    prof = load("baseline")
+
+    def refuse(op: str, **_: Any) -> Any:
+        raise HostError(f"local: {op} failed: connection lost")
+
+    monkeypatch.setattr(host, "call", refuse)
+    fp = collect(host, srv, prof, workload_digest="w", redaction_key=None, orch_version="0")
+    reasons = {u["field"]: u["why"] for u in fp["unreadable"]}
+    assert "connection lost" in reasons["host"]
+    assert "software.engine_version" in reasons and "env" in reasons
+    assert fp["error"] is None and fp["workload_digest"] == "w"
+
+    def broken(*_: Any) -> str:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(fingerprint, "profile_digest", broken)
+    fp = collect(host, srv, prof, workload_digest="w", redaction_key=None, orch_version="0")
+    assert fp["error"] == "RuntimeError: a bug" and fp["version"] == fingerprint.FINGERPRINT_VERSION
+
+
+def test_host_op_lists_unreadable_gpus(fake_smi: tuple[Path, Path]) -> None:
+    smi, state = fake_smi
+    state.write_text(json.dumps({"fail": "NVIDIA-SMI has failed because it couldn't communicate with the driver"}))
+    part = hostside.op_fingerprint(packages=[], nvidia_smi=str(smi))
+    assert part["gpus"] is None
+    why = {u["field"]: u["why"] for u in part["unreadable"]}
+    assert "couldn't communicate" in why["gpus"]
+    assert part["software"]["python"]  # this interpreter's version, from the probe
+    missing = hostside.op_fingerprint(packages=[], nvidia_smi="/nonexistent/nvidia-smi")
+    assert any(u["field"] == "gpus" and "not found" in u["why"] for u in missing["unreadable"])
+
+
+def test_bench_stores_a_fingerprint_per_launch(
+    sim_profiles: SimProfiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sim_profiles()
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "r.db"
+    args = ["--sim", "--runs", "1", "--warmup", "0", "--max-tokens", "8", "--grace", "2", "--min-run-s", "0"]
+    assert main(["bench", "baseline", *args, "--db", str(db)]) == 0
+    store = Store(db)
+    exp = store.find_experiment("last")
+    launches, _ = stored_launches(store, exp["id"])
+    assert len(launches) == 1
+    fp = launches[0].fingerprint
+    assert fp is not None and fp["error"] is None
+    assert fp["software"]["engine_version"] == "0.5.9" and fp["profile"]["name"] == "baseline"
+    bench = bench_config_from(json.loads(exp["config_json"])["bench"])
+    assert fp["workload_digest"] == fingerprint.workload_digest(bench)
+    assert json.loads(store.launches(exp["id"])[0]["fingerprint_json"]) == fp

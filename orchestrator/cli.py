@@ -23,6 +23,7 @@ import yaml
 from orchestrator import __version__, ab, client, results, stats
 from orchestrator import bundle as bundle_mod
 from orchestrator import profile as profiles_mod
+from orchestrator import reproduce as reproduce_mod
 from orchestrator.ab import ABConfig
 from orchestrator.bench import (
     CLIENT_PLACES,
@@ -38,10 +39,10 @@ from orchestrator.bench import (
 from orchestrator.compare import claim_verdict
 from orchestrator.connect import resolve_host
 from orchestrator.errors import InputError, OrchError, ProfileError, StoreError
-from orchestrator.hosts import check_host, default_namespace, inventory_paths, load_inventory
+from orchestrator.hosts import Host, check_host, default_namespace, inventory_paths, load_inventory
 from orchestrator.redaction import redact, redact_argv
 from orchestrator.report import SIM_BANNER, ab_csv, ab_json, ab_markdown, ab_text, breakeven_lines, run_line
-from orchestrator.report_compare import claim_json, claim_text
+from orchestrator.report_compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
 from orchestrator.store import Store
 from orchestrator.store import default_path as default_db_path
 
@@ -480,18 +481,8 @@ def _resume(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str
     )
 
 
-def _execute(
-    store: Store,
-    profiles: list[profiles_mod.Profile],
-    bench: BenchConfig,
-    sim: bool,
-    strict_env: bool,
-    host_spec: str,
-    kw: dict[str, Any],
-    resume: str | None,
-    provenance: dict[str, Any] | None = None,
-) -> results.ABResult:
-    config = ABConfig(
+def _ab_config(kw: dict[str, Any], bench: BenchConfig, sim: bool, strict_env: bool) -> ABConfig:
+    return ABConfig(
         bench=bench,
         simulate=sim,
         namespace=default_namespace(),
@@ -507,23 +498,45 @@ def _execute(
         order_seed=kw["order_seed"],
         min_effect=kw["min_effect"],
     )
+
+
+def _progress(kw: dict[str, Any]) -> tuple[Callable[[str], None], Callable[[str, RunResult], None]]:
+    """Where progress goes (stderr under --json, so stdout holds only the document) and how a run is printed."""
     out = sys.stderr if kw["as_json"] else sys.stdout
 
     def event(msg: str) -> None:
         click.echo(msg, file=out)
 
     def on_run(name: str, run: RunResult) -> None:
-        click.echo(run_line(run, bench), file=out)
+        click.echo(run_line(run, kw["_bench"]), file=out)
 
+    return event, on_run
+
+
+def _host(kw: dict[str, Any], host_spec: str) -> Host:
+    return resolve_host(
+        host_spec, workdir=kw["workdir"], inventory=kw["inventory"], accept_new_host_key=kw["accept_new_host_key"]
+    )
+
+
+def _execute(
+    store: Store,
+    profiles: list[profiles_mod.Profile],
+    bench: BenchConfig,
+    sim: bool,
+    strict_env: bool,
+    host_spec: str,
+    kw: dict[str, Any],
+    resume: str | None,
+    provenance: dict[str, Any] | None = None,
+) -> results.ABResult:
+    config = _ab_config(kw, bench, sim, strict_env)
+    kw["_bench"] = bench
+    event, on_run = _progress(kw)
     if sim:
         event(SIM_BANNER)
     event(f"results database: {store.path}")
-    with resolve_host(
-        host_spec,
-        workdir=kw["workdir"],
-        inventory=kw["inventory"],
-        accept_new_host_key=kw["accept_new_host_key"],
-    ) as host:
+    with _host(kw, host_spec) as host:
         where = {"host_spec": host_spec, "workdir": kw["workdir"], "namespace": config.namespace, **(provenance or {})}
         return ab.run_ab(host, profiles, config, store, on_event=event, on_run=on_run, resume=resume, provenance=where)
 
@@ -564,7 +577,7 @@ def _parse_tolerance(ctx: click.Context, param: click.Parameter, value: str) -> 
 
 
 @cli.command("reproduce")
-@click.argument("target")
+@click.argument("target", metavar="BUNDLE|PROFILE")
 @click.option("--claim", "claim_tps", type=FiniteFloat(min=0, max=1e7, min_open=True), default=None,
               help="The claimed single-stream tok/s of the profile [default: its expect.tok_s].")  # fmt: skip
 @click.option("--claim-ratio", type=FiniteFloat(min=0, max=1e3, min_open=True), default=None,
@@ -577,14 +590,74 @@ def _parse_tolerance(ctx: click.Context, param: click.Parameter, value: str) -> 
 def reproduce_cmd(
     target: str, claim_tps: float | None, claim_ratio: float | None, vs_name: str | None, tolerance: float, **kw: Any
 ) -> None:
-    """Re-run a colleague's claim from fresh state and judge it: REPRODUCED (exit 0), NOT REPRODUCED (exit 3) or
-    INCONCLUSIVE (exit 4, with how many blocks would decide).
+    """Re-run a colleague's result from fresh state and judge it: REPRODUCED (exit 0), NOT REPRODUCED (exit 3, with
+    the fingerprint differences most likely to explain it) or INCONCLUSIVE (exit 4, with how many blocks would
+    decide).
 
-    TARGET is a profile (name or file) whose claim comes from --claim/--claim-ratio or its expect: block; it runs
-    with its baseline beside it (3 blocks unless --blocks is given).
+    BUNDLE (`orch export ID --format bundle`): the same design, workload, order and seed again (--blocks may change
+    the number of blocks); every arm's tok/s and every ratio is judged against the recorded one.
 
-    Example (the seed's): orch reproduce eagle3-3step --sim --claim 94
+    PROFILE (a name or a file): its claim comes from --claim/--claim-ratio or its expect: block; it runs with its
+    baseline beside it (3 blocks unless --blocks is given).
+
+    Examples: orch reproduce result.orch.json --host gpu-box   |   orch reproduce eagle3-3step --sim --claim 94
     """
+    if Path(target).is_file() and Path(target).suffix not in (".yaml", ".yml"):
+        if claim_tps is not None or claim_ratio is not None or vs_name is not None:
+            raise click.UsageError("--claim, --claim-ratio and --vs judge a profile's claim, not a result bundle")
+        _reproduce_bundle(target, tolerance, kw)
+    _reproduce_claim(target, claim_tps, claim_ratio, vs_name, tolerance, kw)
+
+
+def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoReturn:
+    bundle = bundle_mod.read_bundle(path)
+    simulated = bool(bundle["content"]["experiment"]["simulated"])
+    given = [n for n in MEASUREMENT_OPTIONS if n != "blocks" and _given(n) and not (n == "sim" and simulated)]
+    if given:
+        flag = {p.name: p.opts[0] for p in click.get_current_context().command.params}
+        raise click.UsageError(
+            f"a bundle is re-run with its own settings; drop {', '.join(flag[n] for n in given)} "
+            "(--blocks may change the number of blocks)"
+        )
+    store = Store(kw["db"])
+    try:
+        event, on_run = _progress(kw)
+        kw["_bench"] = bundle_mod.bench_config(bundle["content"]["config"])
+        if simulated:
+            event(SIM_BANNER)
+        event(f"reproducing {bundle['content']['experiment']['id']} from {path}; results database: {store.path}")
+        with _host(kw, kw["host_spec"]) as host:
+            base = _ab_config(kw, kw["_bench"], simulated, False)
+            new, verdict = reproduce_mod.reproduce_bundle(
+                host,
+                bundle,
+                store,
+                base,
+                workdir=store.path.parent / "reproduce",
+                tolerance=tolerance,
+                blocks=kw["blocks"] if _given("blocks") else None,
+                on_event=event,
+                on_run=on_run,
+            )
+    finally:
+        store.close()
+    if kw["as_json"]:
+        click.echo(json.dumps({**ab_json(new), "reproduction": compare_json(verdict)}, indent=2))
+    else:
+        click.echo(ab_text(new))
+        click.echo("")
+        click.echo(compare_text(verdict))
+    raise SystemExit(verdict.exit_code)
+
+
+def _reproduce_claim(
+    target: str,
+    claim_tps: float | None,
+    claim_ratio: float | None,
+    vs_name: str | None,
+    tolerance: float,
+    kw: dict[str, Any],
+) -> NoReturn:
     prof = profiles_mod.load(target)
     expect = prof.expect
     claimed_tps = claim_tps if claim_tps is not None else (expect.tok_s if expect else None)
@@ -796,6 +869,32 @@ def _require_launches(result: results.ABResult) -> None:
         raise StoreError(
             f"experiment {result.experiment_id} has no completed launch yet" + (f" ({note})" if note else "")
         )
+
+
+@cli.command("compare")
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@_db_option
+@click.option("--tolerance", default="3%", show_default=True, callback=_parse_tolerance,
+              help="How far B may be from A and still count as the same.")  # fmt: skip
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md"]), default="text", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+def compare_cmd(a: str, b: str, db: str | None, tolerance: float, fmt: str, as_json: bool) -> None:
+    """Two experiments side by side: B judged against A per arm (tok/s, TTFT, ITL, accept length, with CIs) and per
+    ratio, and the fingerprint differences most likely to explain a difference, ranked.
+
+    A and B: experiment ids (or unique prefixes, or `last`) or result bundle files. Exit 0 when B reproduces A,
+    3 when it does not, 4 when that cannot be told from these launches.
+    """
+    verdict = reproduce_mod.compare_results(_stored_result(a, db), _stored_result(b, db), tolerance)
+    fmt = "json" if as_json else fmt
+    if fmt == "json":
+        click.echo(json.dumps(compare_json(verdict), indent=2))
+    elif fmt == "md":
+        click.echo(compare_markdown(verdict), nl=False)
+    else:
+        click.echo(compare_text(verdict))
+    raise SystemExit(verdict.exit_code)
 
 
 @cli.command("down")

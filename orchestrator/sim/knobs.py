@@ -65,6 +65,14 @@ _KNOB_LIST: tuple[Knob, ...] = (
     Knob("prefill_ms", float, 15.0, "fixed cost of one prefill iteration (per chunk)", 0.0, 100000.0),
     Knob("prefill_per_token_ms", float, 0.05, "prefill cost per prompt token", 0.0, 1000.0),
     Knob("launch_noise", float, 0.01, "sigma of the lognormal speed factor drawn once per launch", 0.0, 1.0),
+    Knob(
+        "slowdown",
+        float,
+        1.0,
+        "every simulated time is multiplied by this (1.06: the whole server 6 % slower)",
+        0.1,
+        10.0,
+    ),
     Knob("jitter", float, 0.002, "sigma of the per-iteration time noise", 0.0, 0.5),
     Knob("eos_prob", float, 0.002, "per-token EOS probability when ignore_eos is false", 0.0, 1.0),
     Knob("drain_s", float, 2.0, "on SIGTERM, how long in-flight requests may finish before being aborted", 0.0, 3600.0),
@@ -72,6 +80,12 @@ _KNOB_LIST: tuple[Knob, ...] = (
     Knob("fault", str, None, "comma-separated faults to inject (see FAULTS)"),
     Knob("drop_env", str, None, "comma-separated env var names removed from the workers' environment"),
     Knob("version", str, None, "the engine version the server reports (GET /server_info); unset: the simulated 0.5.9"),
+    Knob(
+        "gpu_slowdown",
+        str,
+        None,
+        "per GPU model, 'SUBSTRING=FACTOR,...': the server is FACTOR slower on a GPU whose nvidia-smi name contains it",
+    ),
     Knob(
         "escape_linger_s",
         float,
@@ -147,6 +161,23 @@ def parse_fault(spec: str) -> list[tuple[str, int | None]]:
     return out
 
 
+def parse_gpu_slowdown(spec: str) -> list[tuple[str, float]]:
+    """'H100=1.06,A100=1.5' -> [('H100', 1.06), ('A100', 1.5)]; ValueError with a readable message."""
+    out = []
+    for item in (p.strip() for p in spec.split(",")):
+        if not item:
+            continue
+        name, sep, factor = item.partition("=")
+        try:
+            value = float(factor)
+        except ValueError:
+            value = float("nan")
+        if not sep or not name.strip() or not 0.1 <= value <= 10.0:
+            raise ValueError(f"expected SUBSTRING=FACTOR items (FACTOR 0.1 to 10), e.g. 'H100=1.06', got {item!r}")
+        out.append((name.strip(), value))
+    return out
+
+
 def _parse_value(knob: Knob, raw: str) -> float | int | str | None:
     text = raw.strip()
     if text == "":
@@ -157,6 +188,11 @@ def _parse_value(knob: Knob, raw: str) -> float | int | str | None:
         if knob.name == "fault":
             try:
                 parse_fault(text)
+            except ValueError as exc:
+                raise ValueError(f"{knob.env}={raw!r} is invalid: {exc}") from None
+        elif knob.name == "gpu_slowdown":
+            try:
+                parse_gpu_slowdown(text)
             except ValueError as exc:
                 raise ValueError(f"{knob.env}={raw!r} is invalid: {exc}") from None
         elif knob.name == "drop_env":

@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +40,7 @@ from orchestrator.sim.httpio import (
     response,
     stream_head,
 )
-from orchestrator.sim.knobs import knob_faults, knob_float, read_knobs
+from orchestrator.sim.knobs import knob_faults, knob_float, parse_gpu_slowdown, read_knobs
 from orchestrator.sim.timing import TimingModel, draw_speed_factor
 from orchestrator.sim.workers import WorkerSpec, run_worker
 
@@ -968,6 +969,24 @@ def _stops(value: Any) -> list[str]:
 # ---- entry point -----------------------------------------------------------------------------------------------
 
 
+def _gpu_slowdown(spec: Any) -> float:
+    """gpu_slowdown: how much slower this GPU model is, by the name nvidia-smi reports (1.0 without nvidia-smi)."""
+    if not isinstance(spec, str) or not spec:
+        return 1.0
+    try:
+        proc = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return 1.0
+    out = proc.stdout if proc.returncode == 0 else ""
+    name = out.splitlines()[0].strip() if out.strip() else ""
+    factor = next((f for sub, f in parse_gpu_slowdown(spec) if sub in name), 1.0)
+    logs.log(f"GPU {name or '(none)'}: gpu_slowdown factor {factor:g}")
+    return factor
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the simulator; returns an exit code for argument errors, otherwise exits the process itself."""
     logs.banner()
@@ -994,7 +1013,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed = random.SystemRandom().randrange(2**32)
         # Always printed, whatever --log-level says: without it a launch cannot be reproduced.
         logs.log(f"seed={seed} (drawn at random; set ORCH_SIM_SEED={seed} to reproduce this launch)", force=True)
-    speed = draw_speed_factor(random.Random(f"{seed}:speed"), knob_float(knobs, "launch_noise"))
+    # slowdown: a deliberate change of the whole box's speed (a "state change" for reproduction tests), on top of
+    # the restart-to-restart noise every launch draws.
+    speed = draw_speed_factor(random.Random(f"{seed}:speed"), knob_float(knobs, "launch_noise")) * knob_float(
+        knobs, "slowdown"
+    )
+    speed *= _gpu_slowdown(knobs.get("gpu_slowdown"))
 
     for note in cfg.notes:
         logs.log(note)

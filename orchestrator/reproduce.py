@@ -1,0 +1,94 @@
+"""Reproducing a result: a bundle's design re-run from fresh state and judged against what it recorded, and the
+fingerprint differences that most likely explain a difference."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from orchestrator import bundle as bundle_mod
+from orchestrator import fingerprint
+from orchestrator.ab import ABConfig, run_ab
+from orchestrator.bench import RunResult, request_items
+from orchestrator.compare import ExperimentComparison, compare
+from orchestrator.errors import InputError
+from orchestrator.hosts import Host
+from orchestrator.results import ABResult
+from orchestrator.store import Store
+
+
+def likely_causes(recorded: ABResult, new: ABResult) -> list[str]:
+    """What differs between the two experiments' fingerprints, most likely to move the numbers first. Each arm's
+    first fingerprinted launch on each side is compared; a difference seen in several arms is said once."""
+    ranked: dict[str, int] = {}
+    for arm in recorded.arms:
+        other = next((b for b in new.arms if b.label == arm.label), None)
+        if other is None:
+            continue
+        before = next((launch.fingerprint for launch in arm.launches if launch.fingerprint), None)
+        after = next((launch.fingerprint for launch in other.launches if launch.fingerprint), None)
+        for d in fingerprint.diff(before, after):
+            line = d.describe()
+            ranked[line] = max(ranked.get(line, 0), d.weight)
+    return sorted(ranked, key=lambda line: -ranked[line])
+
+
+def compare_results(recorded: ABResult, new: ABResult, tolerance: float) -> ExperimentComparison:
+    """`orch compare`: b judged against a, with the fingerprint differences as likely causes."""
+    return compare(recorded, new, tolerance=tolerance, causes=likely_causes(recorded, new))
+
+
+def rerun_config(
+    bundle: dict[str, Any], recorded: ABResult, base: ABConfig, workdir: Path, blocks: int | None
+) -> ABConfig:
+    """The bundle's experiment as an ABConfig: its workload (the same requests: a bundled prompt file is written out
+    again and its digest checked), its order and seed, its blocks unless `blocks` overrides them."""
+    config = bundle["content"]["config"]
+    bench = bundle_mod.bench_config(config)
+    text = bundle_mod.prompt_file_text(bundle)
+    if bench.prompts not in ("builtin", "random"):
+        if text is None:
+            note = bundle["content"]["prompts"].get("note") or "it was not bundled"
+            raise InputError(f"the bundle's prompt file {bench.prompts!r} cannot be re-sent: {note}")
+        path = workdir / f"prompts-{recorded.experiment_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        bench = dataclasses.replace(bench, prompts=str(path))
+    recorded_digest = config.get("requests_sha256")
+    if recorded_digest is not None and bundle_mod.requests_sha256(bench) != recorded_digest:
+        raise InputError("the requests this orch would send differ from the recorded ones (another orch version?)")
+    request_items(bench)
+    return dataclasses.replace(
+        base,
+        bench=bench,
+        simulate=recorded.simulated,
+        blocks=blocks if blocks is not None else recorded.design.blocks,
+        order=recorded.design.order,
+        order_seed=recorded.design.seed,
+        min_effect=recorded.min_effect,
+        target_tps=recorded.target_tps,
+        strict_env=bool(config.get("strict_env")),
+    )
+
+
+def reproduce_bundle(
+    host: Host,
+    bundle: dict[str, Any],
+    store: Store,
+    base: ABConfig,
+    *,
+    workdir: Path,
+    tolerance: float,
+    blocks: int | None = None,
+    on_event: Callable[[str], None] = lambda _: None,
+    on_run: Callable[[str, RunResult], None] = lambda _p, _r: None,
+) -> tuple[ABResult, ExperimentComparison]:
+    """Run the bundle's design again here, from fresh state, and judge the new result against the recorded one."""
+    recorded = bundle_mod.result_from_bundle(bundle)
+    profiles = bundle_mod.profiles_from_bundle(bundle)
+    config = rerun_config(bundle, recorded, base, workdir, blocks)
+    provenance = {"reproduces": recorded.experiment_id, "reproduces_digest": bundle.get("digest")}
+    new = run_ab(host, profiles, config, store, on_event=on_event, on_run=on_run, provenance=provenance)
+    return new, compare_results(recorded, new, tolerance)

@@ -789,7 +789,8 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
     default="json",
     show_default=True,
     help="json: the `ab --json` document; csv: one row per timed run; md: the report as Markdown; bundle: one "
-    "self-contained file to re-run and judge the experiment elsewhere (`orch import`, `orch show FILE`).",
+    "self-contained file to re-run and judge the experiment elsewhere (`orch reproduce FILE`, `orch import`, "
+    "`orch show FILE`).",
 )
 @click.option(
     "-o",
@@ -860,7 +861,7 @@ def import_cmd(file: str, db: str | None) -> None:
         store.close()
     launches = len(bundle["content"]["launches"])
     click.echo(f"imported experiment {exp_id} ({launches} launches) into {path}")
-    click.echo(f"next: orch show {exp_id}    orch export {exp_id} --format md")
+    click.echo(f"next: orch show {exp_id}    orch reproduce {file}    orch compare {exp_id} ID")
 
 
 def _require_launches(result: results.ABResult) -> None:

@@ -31,7 +31,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from orchestrator import hostside
+from orchestrator import hostside, yamlfile
 from orchestrator.errors import HostError
 from orchestrator.hosts import TARGET_RE, CallStats, Host, HostConfig
 
@@ -143,8 +143,8 @@ def resolve_endpoint(
 ) -> Endpoint:
     entry = cfg.lookup(alias)
     for f in extra_identity_files:
-        if not Path(f).expanduser().is_file():
-            raise HostError(f"identity_file {f}: no such file (set in the host inventory for {alias})")
+        if not yamlfile.is_file(Path(f).expanduser()):
+            raise HostError(f"identity_file {f[:200]}: no such file (set in the host inventory for {alias})")
     # Like ssh, IdentityFile entries from ssh_config that do not exist are skipped.
     ids = [str(Path(f).expanduser()) for f in (*extra_identity_files, *entry.get("identityfile", []))]
     try:
@@ -160,7 +160,7 @@ def resolve_endpoint(
         hostname=entry.get("hostname", alias),
         user=user or entry.get("user") or os.environ.get("USER") or "root",
         port=port or config_port,
-        identity_files=tuple(f for f in ids if Path(f).is_file()),
+        identity_files=tuple(f for f in ids if yamlfile.is_file(Path(f))),
         identities_only=str(entry.get("identitiesonly", "no")).lower() == "yes",
         known_hosts=Path(str(entry.get("userknownhostsfile", "~/.ssh/known_hosts")).split()[0]).expanduser(),
         proxy_jump=opt("proxyjump"),

@@ -1,0 +1,69 @@
+"""The `orch` command line: a thin click layer over the typed core functions, one module per command group."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import traceback
+from types import FrameType
+from typing import NoReturn
+
+import click
+
+# Each module registers its commands on the group when imported.
+from orchestrator.cli import breakeven, hosts, profiles, reproduce, run, stored  # noqa: F401
+from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, cli
+from orchestrator.errors import InputError, OrchError
+
+__all__ = ["cli", "entry", "main"]
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
+    # Unwind like Ctrl-C so every `finally` tears its server down before orch exits.
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    debug = os.environ.get("ORCH_DEBUG") == "1"
+    # Retries and reconnects are logged as warnings; show them, briefly, unless debugging.
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="orch: %(message)s")
+    try:
+        cli.main(args=argv, prog_name="orch", standalone_mode=False)
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Exit as e:
+        return int(e.exit_code)
+    except (KeyboardInterrupt, click.exceptions.Abort) as e:
+        # click turns Ctrl-C into Abort; by the time it reaches here every `finally` has torn its server down.
+        if debug:
+            traceback.print_exc()
+        if isinstance(e, click.exceptions.Abort) and not isinstance(e.__cause__, KeyboardInterrupt):
+            click.echo("Aborted.", err=True)
+            return 1
+        click.echo("Interrupted: servers started by this run were torn down; results so far are stored.", err=True)
+        return EXIT_INTERRUPTED
+    except OrchError as e:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"Error: {e}", err=True)
+        return EXIT_USAGE if isinstance(e, InputError) else 1
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 1
+    except Exception as e:  # a bug in orch: still no traceback unless asked for
+        if debug:
+            raise
+        click.echo(f"Error: unexpected {type(e).__name__}: {e} (set ORCH_DEBUG=1 for the traceback)", err=True)
+        return 1
+    return 0
+
+
+def entry() -> None:
+    """The console script: also treats SIGTERM (cron timeouts, kill) like Ctrl-C so servers are torn down."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    sys.exit(main())

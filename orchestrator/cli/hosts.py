@@ -1,0 +1,127 @@
+"""Hosts: `orch hosts list|check`, `orch status`, `orch down`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from orchestrator import ab
+from orchestrator.cli.base import FiniteFloat, cli
+from orchestrator.cli.options import with_host_options
+from orchestrator.connect import resolve_host
+from orchestrator.errors import OrchError
+from orchestrator.hosts import check_host, default_namespace, inventory_paths, load_inventory
+
+
+@cli.command("down")
+@with_host_options
+@click.option("--grace", default=10.0, show_default=True, type=FiniteFloat(0, 600))
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Also stop the servers of an orch session that is still running on the host (it will fail).",
+)
+def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, grace: float, force: bool) -> None:
+    """Stop every server orch launched on the host (found by its launch marker; nothing else is touched).
+
+    A live orch session's servers are left alone unless --force: down takes the host lock like a run does.
+    """
+    with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
+        if not force:
+            ab.acquire_host_lock(host, host.lock_path, "orch down", 0.0, lambda _: None, purpose="orch down")
+        try:
+            result = host.call("down", namespace=default_namespace(), grace_s=grace, force=force)
+        finally:
+            if not force:
+                host.call("unlock", path=host.lock_path)
+    stopped, live = result["stopped"], result["live"]
+    if not stopped and not live:
+        click.echo(f"nothing launched by orch is running on {host_spec}")
+    for item in stopped:
+        click.echo(
+            f"stopped {item['launch_id']}: {len(item['found'])} process(es)"
+            + (f", {len(item['remaining'])} would not die" if item["remaining"] else "")
+        )
+    for item in live:
+        click.echo(
+            f"left {item['launch_id']} running: it belongs to a live orch session (process "
+            f"{str(item['owner']).split(':')[0]} on the host); `orch down --force` stops it anyway"
+        )
+    if live:
+        raise SystemExit(1)
+
+
+@cli.command("status")
+@with_host_options
+def status_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool) -> None:
+    """What orch launched on the host and is still running, its ports, and GPU memory."""
+    with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
+        state = host.call("status", namespace=default_namespace(), nvidia_smi=host.config.nvidia_smi)
+    procs = state["processes"]
+    if not procs:
+        click.echo(f"nothing launched by orch is running on {host_spec}")
+    for p in sorted(procs, key=lambda d: (d["launch_id"], d["pid"])):
+        ports = f" ports {','.join(map(str, p['ports']))}" if p["ports"] else ""
+        click.echo(f"{p['launch_id']}  PID {p['pid']} (pgid {p['pgid']}){ports}  {p['cmdline']}")
+    for line in gpu_lines(state["gpus"]):
+        click.echo(line)
+
+
+def gpu_lines(gpus: dict[str, Any]) -> list[str]:
+    if not gpus["available"]:
+        return [f"GPUs: unknown ({gpus['error']})"]
+    lines = [
+        f"GPU {g['index']}: {g.get('name')}, {g.get('memory.used')} / {g.get('memory.total')} MiB used"
+        for g in gpus["gpus"]
+    ]
+    lines += [
+        f"  GPU process PID {a['pid']} on GPU {a.get('gpu_index')}: {a.get('used_memory')} MiB, {a.get('cmdline')}"
+        + (f" (orch launch {a['launch_id']})" if a.get("launch_id") else " (not launched by orch)")
+        for a in gpus["apps"]
+    ]
+    return lines
+
+
+@cli.group("hosts")
+def hosts_group() -> None:
+    """The host inventory (hosts.yaml) and host checks."""
+
+
+@hosts_group.command("list")
+@click.option("--inventory", type=click.Path(dir_okay=False), default=None)
+def hosts_list(inventory: str | None) -> None:
+    """Hosts in the inventory."""
+    from orchestrator.ssh import effective_endpoint  # paramiko is slow to import; only this command needs it
+
+    hosts = load_inventory(inventory)
+    if not hosts:
+        click.echo("no host inventory found in " + ", ".join(str(p) for p in inventory_paths(inventory)))
+    for name, h in sorted(hosts.items()):
+        if h.is_local:
+            where = "this machine"
+        else:
+            # What orch will really connect to: ssh_config fills in what the inventory leaves unset.
+            try:
+                ep = effective_endpoint(h)
+                alias = "" if ep.hostname == h.address else f" (ssh_config Host {h.address})"
+                where = ep.display + alias
+            except OrchError as e:
+                where = f"{h.address} ({e})"
+        click.echo(f"{name}  {where}  python={h.python or 'default'}  gpus={h.gpus}  [{h.source}]")
+
+
+@hosts_group.command("check")
+@click.argument("host_spec", metavar="HOST")
+@click.option("--inventory", type=click.Path(dir_okay=False), default=None)
+@click.option("--accept-new-host-key", is_flag=True)
+def hosts_check(host_spec: str, inventory: str | None, accept_new_host_key: bool) -> None:
+    """Connect and report what matters for a benchmark, one ok/warn/fail line each; exits 1 on any fail."""
+    with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
+        report = check_host(host, default_namespace())
+        calls = host.stats.calls
+    for level, text in report:
+        click.echo(f"{level:<4}  {text}")
+    click.echo(f"({calls} host-side calls)")
+    if any(level == "fail" for level, _ in report):
+        raise SystemExit(1)

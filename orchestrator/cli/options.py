@@ -1,0 +1,296 @@
+"""Option sets shared by commands (host, benchmark, results database) and their parsers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator import client, stats
+from orchestrator.bench import (
+    CLIENT_PLACES,
+    MAX_OUTPUT_TOKENS_PER_LAUNCH,
+    MAX_REQUESTS_PER_LAUNCH,
+)
+from orchestrator.cli.base import MAX_TPS, FiniteFloat
+from orchestrator.errors import StoreError
+from orchestrator.store import Store
+from orchestrator.store import default_path as default_db_path
+
+# ---------------------------------------------------------------- running servers
+
+
+def parse_levels(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers such as 1,8,32") from None
+    if not levels or any(n < 1 or n > 4096 for n in levels) or len(set(levels)) != len(levels):
+        raise click.BadParameter(f"{value!r}: expected distinct integers from 1 to 4096")
+    return levels
+
+
+def parse_effect(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    text = str(value).strip()
+    try:
+        effect = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected a percentage such as 2% or a fraction such as 0.02") from None
+    if not 0 < effect < 0.5:
+        raise click.BadParameter(f"{value!r}: expected more than 0% and less than 50%")
+    return effect
+
+
+def host_options() -> list[Callable[..., Any]]:
+    return [
+        click.option(
+            "--inventory",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="Host inventory file [default: ./hosts.yaml, then the user config dir; or $ORCH_HOSTS].",
+        ),
+        click.option(
+            "--accept-new-host-key",
+            is_flag=True,
+            help="Trust and remember an unknown SSH host key (like OpenSSH's accept-new). A changed key is "
+            "always refused.",
+        ),
+    ]
+
+
+def with_host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed([click.option("--host", "host_spec", default="local", show_default=True), *host_options()]):
+        fn = opt(fn)
+    return fn
+
+
+def bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    options = [
+        click.option(
+            "--host",
+            "host_spec",
+            default="local",
+            show_default=True,
+            help="local, a name from hosts.yaml, or user@address[:port] (ssh_config aliases work).",
+        ),
+        click.option("--sim", is_flag=True, help="Run orch's SGLang simulator instead of sglang.launch_server."),
+        click.option(
+            "--runs",
+            default=5,
+            show_default=True,
+            type=click.IntRange(1, 10000),
+            help=f"Timed runs per concurrency level. A launch may send at most {MAX_REQUESTS_PER_LAUNCH:,} requests "
+            f"and {MAX_OUTPUT_TOKENS_PER_LAUNCH:,} output tokens; the plan is printed before anything starts.",
+        ),
+        click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 1000), help="Warmup runs."),
+        click.option(
+            "--max-tokens",
+            default=2048,
+            show_default=True,
+            type=click.IntRange(1, 1_000_000),
+            help="Output tokens per timed run (ignore_eos, so every run yields exactly this many).",
+        ),
+        click.option(
+            "--seed",
+            default=0,
+            show_default=True,
+            type=int,
+            help="Seed of the request sequence (identical for every arm).",
+        ),
+        click.option(
+            "--concurrency",
+            default="1",
+            show_default=True,
+            callback=parse_levels,
+            help="Comma-separated concurrency levels, e.g. 1,8,32: streams kept busy during a run.",
+        ),
+        click.option(
+            "--requests-per-stream",
+            default=1,
+            show_default=True,
+            type=click.IntRange(1, 10000),
+            help="A run at concurrency c sends c x this many requests.",
+        ),
+        click.option(
+            "--endpoint",
+            default="generate",
+            show_default=True,
+            type=click.Choice(list(client.ENDPOINTS)),
+            help="SGLang native /generate, or OpenAI /v1/completions or /v1/chat/completions.",
+        ),
+        click.option(
+            "--prompts",
+            "prompt_source",
+            default="builtin",
+            show_default=True,
+            help="builtin (varied task mix), random (token ids, see --input-len), or a JSONL file.",
+        ),
+        click.option(
+            "--input-len",
+            type=click.IntRange(1, 1_000_000),
+            default=None,
+            help="Prompt length in tokens for --prompts random [default: 128].",
+        ),
+        click.option(
+            "--client",
+            "client_place",
+            default="host",
+            show_default=True,
+            type=click.Choice(list(CLIENT_PLACES)),
+            help="Run the benchmark client on the host next to the server, or on this machine.",
+        ),
+        click.option(
+            "--target-tps",
+            type=FiniteFloat(min=0, max=MAX_TPS, min_open=True),
+            default=None,
+            help="With a speculative arm: also say what accept length reaching this tok/s would need.",
+        ),
+        click.option(
+            "--blocks",
+            default=1,
+            show_default=True,
+            type=click.IntRange(1, 1000),
+            help="Launches per arm: each block launches every arm once. One block gives no verdict; use 3 or more.",
+        ),
+        click.option(
+            "--order",
+            default="random",
+            show_default=True,
+            type=click.Choice(list(stats.ORDERS)),
+            help="Launch order within blocks: seeded random (recorded), fixed, or abba (alternating).",
+        ),
+        click.option(
+            "--order-seed",
+            type=click.IntRange(0, 2**31 - 1),
+            default=None,
+            help="Seed of the random launch order [default: drawn, then recorded with the experiment].",
+        ),
+        click.option(
+            "--min-effect",
+            default="2%",
+            show_default=True,
+            callback=parse_effect,
+            help="The smallest difference worth calling, e.g. 2% or 0.02: a CI inside ± this is 'no difference'.",
+        ),
+        click.option(
+            "--min-run-s",
+            default=1.0,
+            show_default=True,
+            type=FiniteFloat(0, 86400),
+            help="A timed run shorter than this is invalid and excluded from statistics.",
+        ),
+        click.option(
+            "--stall-timeout",
+            "stall_timeout",
+            default=60.0,
+            show_default=True,
+            type=FiniteFloat(0.5, 86400),
+            help="A request with no new token for this many seconds fails, and the run is not repeated against "
+            "a server that is not healthy.",
+        ),
+        click.option(
+            "--first-token-timeout",
+            "first_token_timeout",
+            default=180.0,
+            show_default=True,
+            type=FiniteFloat(0.5, 86400),
+            help="A request with no first token within this many seconds fails.",
+        ),
+        click.option(
+            "--ready-timeout",
+            type=FiniteFloat(1, 86400),
+            default=None,
+            help="Seconds to wait for readiness [default: the profile's ready_timeout_s].",
+        ),
+        click.option(
+            "--grace",
+            default=10.0,
+            show_default=True,
+            type=FiniteFloat(0, 600),
+            help="Seconds between SIGTERM and SIGKILL at teardown.",
+        ),
+        click.option("--strict-env", is_flag=True, help="Fail an arm whose workers did not get the profile's env."),
+        click.option(
+            "--db",
+            type=click.Path(dir_okay=False),
+            default=None,
+            help="SQLite results file [default: the user data dir].",
+        ),
+        click.option("--workdir", default=None, help="Where logs go on the host [default: the user state dir]."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (progress → stderr)."),
+        click.option(
+            "--wait",
+            "lock_wait",
+            default=0.0,
+            type=FiniteFloat(0, 86400),
+            help="Seconds to queue behind another orch session holding the host [default: don't wait].",
+        ),
+        click.option(
+            "--force",
+            is_flag=True,
+            help="Kill a foreign process holding the profile's port, if the host's policy is kill-with-force.",
+        ),
+        click.option(
+            "--gpu-wait",
+            default=120.0,
+            show_default=True,
+            type=FiniteFloat(0, 3600),
+            help="After teardown, seconds to wait for GPU memory to return to idle.",
+        ),
+        *host_options(),
+    ]
+    for opt in reversed(options):
+        fn = opt(fn)
+    return fn
+
+
+# What a resumed experiment takes from its stored record: giving any of these with --resume is an error.
+MEASUREMENT_OPTIONS = (
+    "sim",
+    "runs",
+    "warmup",
+    "max_tokens",
+    "seed",
+    "concurrency",
+    "requests_per_stream",
+    "endpoint",
+    "prompt_source",
+    "input_len",
+    "client_place",
+    "min_run_s",
+    "blocks",
+    "order",
+    "order_seed",
+    "strict_env",
+)
+
+
+def option_given(name: str) -> bool:
+    ctx = click.get_current_context()
+    return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+
+
+def parse_tolerance(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    text = str(value).strip()
+    try:
+        tol = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected a percentage such as 3% or a fraction such as 0.03") from None
+    if not 0 < tol < 0.5:
+        raise click.BadParameter(f"{value!r}: expected more than 0% and less than 50% (3% is usual)")
+    return tol
+
+
+def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--db", type=click.Path(dir_okay=False), default=None, help="SQLite results file [default: the user data dir]."
+    )(fn)
+
+
+def open_existing(db: str | None) -> Store:
+    path = Path(db) if db else default_db_path()
+    if not path.exists():
+        raise StoreError(f"{path}: no results database here yet (run `orch ab` first, or pass --db)")
+    return Store(path)

@@ -1,0 +1,162 @@
+"""`orch reproduce` (a bundle, or a profile's claim) and `orch compare`: did it reproduce, and why not."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from orchestrator import bundle as bundle_mod
+from orchestrator import profile as profiles_mod
+from orchestrator import reproduce as reproduce_mod
+from orchestrator import yamlfile
+from orchestrator.cli.base import FiniteFloat, cli
+from orchestrator.cli.options import MEASUREMENT_OPTIONS, bench_options, db_option, option_given, parse_tolerance
+from orchestrator.cli.run import ab_config, open_host, progress, start
+from orchestrator.cli.stored import stored_result
+from orchestrator.compare import claim_verdict
+from orchestrator.report import SIM_BANNER, ab_json, ab_text
+from orchestrator.report_compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
+from orchestrator.store import Store
+
+
+@cli.command("reproduce")
+@click.argument("target", metavar="BUNDLE|PROFILE")
+@click.option("--claim", "claim_tps", type=FiniteFloat(min=0, max=1e7, min_open=True), default=None,
+              help="The claimed single-stream tok/s of the profile [default: its expect.tok_s].")  # fmt: skip
+@click.option("--claim-ratio", type=FiniteFloat(min=0, max=1e3, min_open=True), default=None,
+              help="The claimed ratio against --vs [default: its expect.ratio].")  # fmt: skip
+@click.option("--vs", "vs_name", default=None, metavar="PROFILE",
+              help="The baseline run beside it [default: expect.vs, else a profile named 'baseline'].")  # fmt: skip
+@click.option("--tolerance", default="3%", show_default=True, callback=parse_tolerance,
+              help="How far a value may be from the recorded one and still count as reproduced.")  # fmt: skip
+@bench_options
+def reproduce_cmd(
+    target: str, claim_tps: float | None, claim_ratio: float | None, vs_name: str | None, tolerance: float, **kw: Any
+) -> None:
+    """Re-run a colleague's result from fresh state and judge it: REPRODUCED (exit 0), NOT REPRODUCED (exit 3, with
+    the fingerprint differences most likely to explain it) or INCONCLUSIVE (exit 4, with how many blocks would
+    decide).
+
+    BUNDLE (`orch export ID --format bundle`): the same design, workload, order and seed again (--blocks may change
+    the number of blocks); every arm's tok/s and every ratio is judged against the recorded one.
+
+    PROFILE (a name or a file): its claim comes from --claim/--claim-ratio or its expect: block; it runs with its
+    baseline beside it (3 blocks unless --blocks is given).
+
+    Examples: orch reproduce result.orch.json --host gpu-box   |   orch reproduce eagle3-3step --sim --claim 94
+    """
+    if yamlfile.is_file(Path(target)) and Path(target).suffix not in (".yaml", ".yml"):
+        if claim_tps is not None or claim_ratio is not None or vs_name is not None:
+            raise click.UsageError("--claim, --claim-ratio and --vs judge a profile's claim, not a result bundle")
+        _reproduce_bundle(target, tolerance, kw)
+    _reproduce_claim(target, claim_tps, claim_ratio, vs_name, tolerance, kw)
+
+
+def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoReturn:
+    bundle = bundle_mod.read_bundle(path)
+    simulated = bool(bundle["content"]["experiment"]["simulated"])
+    passed = [n for n in MEASUREMENT_OPTIONS if n != "blocks" and option_given(n) and not (n == "sim" and simulated)]
+    if passed:
+        flag = {p.name: p.opts[0] for p in click.get_current_context().command.params}
+        raise click.UsageError(
+            f"a bundle is re-run with its own settings; drop {', '.join(flag[n] for n in passed)} "
+            "(--blocks may change the number of blocks)"
+        )
+    store = Store(kw["db"])
+    try:
+        event, on_run = progress(kw)
+        kw["_bench"] = bundle_mod.bench_config(bundle["content"]["config"])
+        if simulated:
+            event(SIM_BANNER)
+        event(f"reproducing {bundle['content']['experiment']['id']} from {path}; results database: {store.path}")
+        with open_host(kw, kw["host_spec"]) as host:
+            base = ab_config(kw, kw["_bench"], simulated, False)
+            new, verdict = reproduce_mod.reproduce_bundle(
+                host,
+                bundle,
+                store,
+                base,
+                workdir=store.path.parent / "reproduce",
+                tolerance=tolerance,
+                blocks=kw["blocks"] if option_given("blocks") else None,
+                on_event=event,
+                on_run=on_run,
+            )
+    finally:
+        store.close()
+    if kw["as_json"]:
+        click.echo(json.dumps({**ab_json(new), "reproduction": compare_json(verdict)}, indent=2))
+    else:
+        click.echo(ab_text(new))
+        click.echo("")
+        click.echo(compare_text(verdict))
+    raise SystemExit(verdict.exit_code)
+
+
+def _reproduce_claim(
+    target: str,
+    claim_tps: float | None,
+    claim_ratio: float | None,
+    vs_name: str | None,
+    tolerance: float,
+    kw: dict[str, Any],
+) -> NoReturn:
+    prof = profiles_mod.load(target)
+    expect = prof.expect
+    claimed_tps = claim_tps if claim_tps is not None else (expect.tok_s if expect else None)
+    claimed_ratio = claim_ratio if claim_ratio is not None else (expect.ratio if expect else None)
+    if claimed_tps is None and claimed_ratio is None:
+        raise click.UsageError(
+            f"nothing to judge in {prof.source}: give --claim TOK_S (and/or --claim-ratio R --vs BASELINE), or add "
+            "an expect: block (tok_s, ratio, vs) to the profile"
+        )
+    vs = vs_name or (expect.vs if expect else None)
+    if vs is None and prof.name != "baseline" and "baseline" in profiles_mod.available():
+        vs = "baseline"
+    if claimed_ratio is not None and vs is None:
+        raise click.UsageError("a claimed ratio needs a baseline: give --vs PROFILE (or expect.vs in the profile)")
+    if not option_given("blocks"):
+        kw["blocks"] = 3  # a verdict needs the launch-to-launch spread: one launch per arm cannot give one
+    store = Store(kw["db"])
+    try:
+        result = start(store, (vs, target) if vs else (target,), kw)
+    finally:
+        store.close()
+    verdict = claim_verdict(result, result.arms[-1].label, claimed_tps=claimed_tps, claimed_ratio=claimed_ratio,
+                            tolerance=tolerance)  # fmt: skip
+    if kw["as_json"]:
+        click.echo(json.dumps({**ab_json(result), "claim": claim_json(verdict)}, indent=2))
+    else:
+        click.echo(ab_text(result))
+        click.echo("")
+        click.echo(claim_text(verdict))
+    raise SystemExit(verdict.exit_code)
+
+
+@cli.command("compare")
+@click.argument("a", metavar="A")
+@click.argument("b", metavar="B")
+@db_option
+@click.option("--tolerance", default="3%", show_default=True, callback=parse_tolerance,
+              help="How far B may be from A and still count as the same.")  # fmt: skip
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md"]), default="text", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+def compare_cmd(a: str, b: str, db: str | None, tolerance: float, fmt: str, as_json: bool) -> None:
+    """Two experiments side by side: B judged against A per arm (tok/s, TTFT, ITL, accept length, with CIs) and per
+    ratio, and the fingerprint differences most likely to explain a difference, ranked.
+
+    A and B: experiment ids (or unique prefixes, or `last`) or result bundle files. Exit 0 when B reproduces A,
+    3 when it does not, 4 when that cannot be told from these launches.
+    """
+    verdict = reproduce_mod.compare_results(stored_result(a, db), stored_result(b, db), tolerance)
+    fmt = "json" if as_json else fmt
+    if fmt == "json":
+        click.echo(json.dumps(compare_json(verdict), indent=2))
+    elif fmt == "md":
+        click.echo(compare_markdown(verdict), nl=False)
+    else:
+        click.echo(compare_text(verdict))
+    raise SystemExit(verdict.exit_code)

@@ -1,0 +1,222 @@
+"""`orch ab` and `orch bench` (and `--resume`): start an experiment from options, or continue a stored one."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from orchestrator import ab, results
+from orchestrator import profile as profiles_mod
+from orchestrator.ab import ABConfig
+from orchestrator.bench import (
+    BenchConfig,
+    RunResult,
+    assumed_speed,
+    plan,
+    request_items,
+    sim_speed,
+)
+from orchestrator.cli.base import cli
+from orchestrator.cli.options import MEASUREMENT_OPTIONS, bench_options, open_existing, option_given
+from orchestrator.connect import resolve_host
+from orchestrator.hosts import Host, default_namespace
+from orchestrator.report import SIM_BANNER, ab_json, ab_text, run_line
+from orchestrator.store import Store
+
+
+def run_experiment(profile_names: tuple[str, ...], resume: str | None = None, **kw: Any) -> None:
+    store = Store(kw["db"]) if resume is None else open_existing(kw["db"])
+    try:
+        result = (
+            resume_experiment(store, resume, profile_names, kw)
+            if resume is not None
+            else start(store, profile_names, kw)
+        )
+    finally:
+        store.close()
+    print_result(result, kw["as_json"])
+
+
+def print_result(result: results.ABResult, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(ab_json(result), indent=2))
+    else:
+        click.echo(ab_text(result))
+
+
+def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> results.ABResult:
+    profiles = [profiles_mod.load(n) for n in profile_names]
+    profiles_mod.check_distinct_names(profiles)
+    bench = BenchConfig(
+        runs=kw["runs"],
+        warmup=kw["warmup"],
+        max_tokens=kw["max_tokens"],
+        seed=kw["seed"],
+        concurrency=kw["concurrency"],
+        requests_per_stream=kw["requests_per_stream"],
+        endpoint=kw["endpoint"],
+        prompts=kw["prompt_source"],
+        input_len=kw["input_len"],
+        client=kw["client_place"],
+        min_run_s=kw["min_run_s"],
+        stall_timeout_s=kw["stall_timeout"],
+        first_token_timeout_s=kw["first_token_timeout"],
+    )
+    # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built.
+    speeds = [sim_speed(p.env_dict() | p.sim_env(), p.server_flags()) for p in profiles] if kw["sim"] else []
+    calibrated = bool(speeds) and all(s is not None for s in speeds)
+    arms = [s for s in speeds if s is not None] if calibrated else [assumed_speed()] * len(profiles)
+    work = plan(bench, arms, blocks=kw["blocks"], calibrated=calibrated)
+    click.echo(work.line(), file=sys.stderr if kw["as_json"] else sys.stdout)
+    refusal = work.refusal()
+    if refusal:
+        raise click.UsageError(refusal)
+    request_items(bench)  # bad prompt files or options fail here, before any server starts
+    return execute(store, profiles, bench, kw["sim"], kw["strict_env"], kw["host_spec"], kw, None)
+
+
+def resume_experiment(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str, Any]) -> results.ABResult:
+    exp = store.find_experiment(ref)
+    passed = [name for name in MEASUREMENT_OPTIONS if option_given(name) and not (name == "sim" and exp["simulated"])]
+    if passed:
+        flag = {p.name: p.opts[0] for p in click.get_current_context().command.params}
+        flags = ", ".join(flag[n] for n in passed)
+        raise click.UsageError(
+            f"--resume continues experiment {exp['id']} with its own settings; drop {flags} (or start a new experiment)"
+        )
+    stored = json.loads(exp["config_json"])
+    arms = json.loads(exp["arms_json"])
+    if profile_names:
+        profiles = [profiles_mod.load(n) for n in profile_names]
+        if [p.name for p in profiles] != arms:
+            raise click.UsageError(
+                f"experiment {exp['id']} compares {' '.join(arms)}; give no profiles with --resume (or exactly those)"
+            )
+    else:
+        # Where each arm's profile was loaded from, if that file is still there (profiles given by path included).
+        sources = stored.get("profile_sources") or [None] * len(arms)
+        profiles = [
+            profiles_mod.load(src if src and Path(src).is_file() else name)
+            for name, src in zip(arms, sources, strict=True)
+        ]
+    host_spec = stored.get("host_spec", exp["host"])
+    if option_given("host_spec") and kw["host_spec"] != host_spec:
+        raise click.UsageError(
+            f"experiment {exp['id']} ran on {host_spec!r}; it must be resumed there, not on {kw['host_spec']!r}"
+        )
+    bench = ab.bench_config_from(stored["bench"])
+    # How long to wait for a hung server is not part of what is measured: a resume may change it.
+    for option, name in (("stall_timeout", "stall_timeout_s"), ("first_token_timeout", "first_token_timeout_s")):
+        if option_given(option):
+            bench = dataclasses.replace(bench, **{name: kw[option]})
+    request_items(bench)  # run_ab checks the experiment can be resumed, under the host lock
+    if option_given("workdir") and stored.get("workdir") and kw["workdir"] != stored["workdir"]:
+        # Its logs (and the launches' log paths stored with the experiment) live in the workdir.
+        raise click.UsageError(f"experiment {exp['id']} used --workdir {stored['workdir']}; resume it with that one")
+    if stored.get("workdir"):
+        kw["workdir"] = stored["workdir"]
+    if not option_given("min_effect") and "min_effect" in stored:
+        kw["min_effect"] = float(stored["min_effect"])
+    if not option_given("target_tps") and stored.get("target_tps") is not None:
+        kw["target_tps"] = float(stored["target_tps"])
+    return execute(
+        store, profiles, bench, bool(exp["simulated"]), bool(stored.get("strict_env")), host_spec, kw, exp["id"]
+    )
+
+
+def ab_config(kw: dict[str, Any], bench: BenchConfig, sim: bool, strict_env: bool) -> ABConfig:
+    return ABConfig(
+        bench=bench,
+        simulate=sim,
+        namespace=default_namespace(),
+        ready_timeout_s=kw["ready_timeout"],
+        grace_s=kw["grace"],
+        strict_env=strict_env,
+        force=kw["force"],
+        lock_wait_s=kw["lock_wait"],
+        gpu_wait_s=kw["gpu_wait"],
+        target_tps=kw["target_tps"],
+        blocks=kw["blocks"],
+        order=kw["order"],
+        order_seed=kw["order_seed"],
+        min_effect=kw["min_effect"],
+    )
+
+
+def progress(kw: dict[str, Any]) -> tuple[Callable[[str], None], Callable[[str, RunResult], None]]:
+    """Where progress goes (stderr under --json, so stdout holds only the document) and how a run is printed."""
+    out = sys.stderr if kw["as_json"] else sys.stdout
+
+    def event(msg: str) -> None:
+        click.echo(msg, file=out)
+
+    def on_run(name: str, run: RunResult) -> None:
+        click.echo(run_line(run, kw["_bench"]), file=out)
+
+    return event, on_run
+
+
+def open_host(kw: dict[str, Any], host_spec: str) -> Host:
+    return resolve_host(
+        host_spec, workdir=kw["workdir"], inventory=kw["inventory"], accept_new_host_key=kw["accept_new_host_key"]
+    )
+
+
+def execute(
+    store: Store,
+    profiles: list[profiles_mod.Profile],
+    bench: BenchConfig,
+    sim: bool,
+    strict_env: bool,
+    host_spec: str,
+    kw: dict[str, Any],
+    resume: str | None,
+    provenance: dict[str, Any] | None = None,
+) -> results.ABResult:
+    config = ab_config(kw, bench, sim, strict_env)
+    kw["_bench"] = bench
+    event, on_run = progress(kw)
+    if sim:
+        event(SIM_BANNER)
+    event(f"results database: {store.path}")
+    with open_host(kw, host_spec) as host:
+        where = {"host_spec": host_spec, "workdir": kw["workdir"], "namespace": config.namespace, **(provenance or {})}
+        return ab.run_ab(host, profiles, config, store, on_event=event, on_run=on_run, resume=resume, provenance=where)
+
+
+@cli.command("ab")
+@click.argument("profiles", nargs=-1)
+@click.option(
+    "--resume",
+    metavar="ID",
+    default=None,
+    help="Continue an interrupted or failed experiment (id, unique prefix, or 'last') with its own seed, order "
+    "and settings; its completed launches stand.",
+)
+@bench_options
+def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
+    """Compare PROFILES (the first is the baseline), each launch from fresh, verified state.
+
+    With --blocks N every arm is launched N times (each block launches every arm once, in a recorded order), and
+    each arm gets a 95% confidence interval against the baseline and a verdict: faster, slower, no difference or
+    inconclusive.
+
+    Example: orch ab baseline eagle3-3step --sim --blocks 3   |   orch ab baseline eagle3-3step --host gpu-box
+    """
+    if resume is None and len(profiles) < 2:
+        raise click.UsageError("an A/B needs at least two profiles (use `orch bench` for one)")
+    run_experiment(profiles, resume, **kw)
+
+
+@cli.command("bench")
+@click.argument("profile")
+@bench_options
+def bench_cmd(profile: str, **kw: Any) -> None:
+    """Benchmark one profile from a fresh, verified launch (--blocks N: N launches, with the spread across them)."""
+    run_experiment((profile,), None, **kw)

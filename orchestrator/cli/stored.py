@@ -1,0 +1,175 @@
+"""Stored experiments: `orch list`, `show`, `export` (incl. bundles) and `import`."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from orchestrator import bundle as bundle_mod
+from orchestrator import results, yamlfile
+from orchestrator.cli.base import cli
+from orchestrator.cli.options import db_option, open_existing, parse_effect
+from orchestrator.errors import StoreError
+from orchestrator.report import ab_csv, ab_json, ab_markdown, ab_text
+from orchestrator.store import Store
+
+
+@cli.command("list")
+@db_option
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100000))
+def list_cmd(db: str | None, limit: int) -> None:
+    """Stored experiments, newest first: id, when, status, host, arms, launches done of planned."""
+    store = open_existing(db)
+    try:
+        rows = store.experiments(limit)
+    finally:
+        store.close()
+    if not rows:
+        click.echo(f"no experiments in {store.path}")
+        return
+    table = [["id", "started", "status", "host", "arms", "launches", "blocks", ""]]
+    for r in rows:
+        design = json.loads(r["design_json"]) if r.get("design_json") else None
+        arms = json.loads(r["arms_json"])
+        planned = len(arms) * (design["blocks"] if design else 1)
+        table.append(
+            [
+                r["id"],
+                time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"])),
+                r["status"],
+                r["host"],
+                " vs ".join(arms),
+                f"{r['launches_complete']}/{planned}",
+                str(design["blocks"] if design else 1),
+                "SIMULATED" if r["simulated"] else "",
+            ]
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> results.ABResult:
+    """ID, prefix or `last` from the store; a path that exists is a result bundle, read without importing it."""
+    if yamlfile.is_file(Path(ref)):
+        return bundle_mod.result_from_bundle(bundle_mod.read_bundle(ref), min_effect=min_effect)
+    store = open_existing(db)
+    try:
+        return results.load_result(store, ref, min_effect=min_effect)
+    finally:
+        store.close()
+
+
+@cli.command("show")
+@click.argument("experiment", metavar="ID|FILE")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="The same JSON document as `orch ab --json`.")
+@click.option(
+    "--min-effect",
+    default=None,
+    callback=lambda c, p, v: None if v is None else parse_effect(c, p, v),
+    help="Judge against another minimum effect than the experiment's.",
+)
+def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float | None) -> None:
+    """An experiment's report from the store (ID: an id, a unique prefix, or 'last'); partial ones too.
+
+    FILE: a result bundle (`orch export ID --format bundle`), shown without importing it."""
+    result = stored_result(experiment, db, min_effect)
+    require_launches(result)
+    click.echo(json.dumps(ab_json(result), indent=2) if as_json else ab_text(result).lstrip("\n"))
+
+
+@cli.command("export")
+@click.argument("experiment", metavar="ID|FILE")
+@db_option
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["json", "csv", "md", "bundle"]),
+    default="json",
+    show_default=True,
+    help="json: the `ab --json` document; csv: one row per timed run; md: the report as Markdown; bundle: one "
+    "self-contained file to re-run and judge the experiment elsewhere (`orch reproduce FILE`, `orch import`, "
+    "`orch show FILE`).",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write to this file instead of stdout (a bundle: default <id>.orch.json in the current directory).",
+)
+def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) -> None:
+    """Export a stored experiment (or a result bundle FILE) as JSON, CSV, Markdown or a result bundle."""
+    if fmt == "bundle":
+        _export_bundle(experiment, db, output)
+        return
+    result = stored_result(experiment, db)
+    require_launches(result)
+    text = {
+        "json": lambda: json.dumps(ab_json(result), indent=2) + "\n",
+        "csv": lambda: ab_csv(result),
+        "md": lambda: ab_markdown(result),
+    }[fmt]()
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    tmp = Path(output).with_name(Path(output).name + ".tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(output)  # never a half-written export
+    except OSError as e:
+        raise StoreError(f"{output}: cannot write the export: {e.strerror or e}") from e
+    click.echo(f"wrote {output} ({fmt}, {len(result.launches)} launches)", err=True)
+
+
+def _export_bundle(ref: str, db: str | None, output: str | None) -> None:
+    if yamlfile.is_file(Path(ref)):
+        bundle = bundle_mod.read_bundle(ref)  # checked, then written again as it is
+    else:
+        store = open_existing(db)
+        try:
+            bundle = bundle_mod.make_bundle(store, ref)
+        finally:
+            store.close()
+    content = bundle["content"]
+    target = output or f"{content['experiment']['id']}.orch.json"
+    bundle_mod.write_bundle(bundle, target)
+    withheld = bundle_mod.WITHHELD in json.dumps(content)
+    click.echo(
+        f"wrote {target} (result bundle, {len(content['launches'])} launches"
+        + ("; secret values withheld, the receiver provides their own" if withheld else "")
+        + ")",
+        err=True,
+    )
+
+
+@cli.command("import")
+@click.argument("file", type=click.Path(dir_okay=False))
+@db_option
+def import_cmd(file: str, db: str | None) -> None:
+    """Put a result bundle (`orch export ID --format bundle`) into the local store under its own id."""
+    bundle = bundle_mod.read_bundle(file)
+    store = Store(db)
+    try:
+        exp_id = bundle_mod.import_bundle(store, bundle, source=str(Path(file).resolve()))
+        path = store.path
+    except bundle_mod.AlreadyImported as e:
+        click.echo(str(e))
+        return
+    finally:
+        store.close()
+    launches = len(bundle["content"]["launches"])
+    click.echo(f"imported experiment {exp_id} ({launches} launches) into {path}")
+    click.echo(f"next: orch show {exp_id}    orch reproduce {file}    orch compare {exp_id} ID")
+
+
+def require_launches(result: results.ABResult) -> None:
+    if not result.launches:
+        note = "; ".join(result.notes)
+        raise StoreError(
+            f"experiment {result.experiment_id} has no completed launch yet" + (f" ({note})" if note else "")
+        )

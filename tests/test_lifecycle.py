@@ -170,7 +170,8 @@ def test_ab_end_to_end_tells_the_seed_story(sim_profiles: SimProfiles, tmp_path:
     store = Store(tmp_path / "r.db")
     seen: list[tuple[str, int, bool]] = []
     cfg = ABConfig(
-        bench=BenchConfig(min_run_s=0, runs=2, warmup=1, max_tokens=96, warmup_max_tokens=8),
+        # 192 tokens: enough draft cycles that a run's accept length (random per cycle) stays near its mean.
+        bench=BenchConfig(min_run_s=0, runs=2, warmup=1, max_tokens=192, warmup_max_tokens=8),
         simulate=True,
         namespace=NAMESPACE,
         grace_s=2,
@@ -188,13 +189,13 @@ def test_ab_end_to_end_tells_the_seed_story(sim_profiles: SimProfiles, tmp_path:
     base, eagle = result.arms
     assert base.summary is not None and eagle.summary is not None
     assert 70 < base.summary.median < 90  # ≈ 82 tok/s, minus prefill over a short output
-    assert 48 < eagle.summary.median < 70  # ≈ 60 tok/s
+    assert 48 < eagle.summary.median < 72  # ≈ 60 tok/s
     assert eagle.accept_length is not None and 1.5 < eagle.accept_length < 2.6
     assert base.accept_length is None
     (cmp,) = result.comparisons
     assert cmp.arm == "eagle3" and cmp.vs == "baseline"
     assert cmp.ratio == pytest.approx(eagle.summary.median / base.summary.median)
-    assert all(r.tokens == 96 for a in result.arms for r in a.timed)
+    assert all(r.tokens == 192 for a in result.arms for r in a.timed)
     assert base.launch_id != eagle.launch_id
     exp = store.experiment(result.experiment_id)
     assert exp is not None and exp["status"] == "complete" and exp["simulated"] == 1

@@ -19,6 +19,7 @@ from orchestrator.cli.stored import stored_result
 from orchestrator.compare import claim_verdict
 from orchestrator.report import SIM_BANNER, ab_json, ab_text
 from orchestrator.report_compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
+from orchestrator.results import ABResult
 from orchestrator.store import Store
 
 
@@ -87,12 +88,7 @@ def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoRetu
             )
     finally:
         store.close()
-    if kw["as_json"]:
-        click.echo(json.dumps({**ab_json(new), "reproduction": compare_json(verdict)}, indent=2))
-    else:
-        click.echo(ab_text(new))
-        click.echo("")
-        click.echo(compare_text(verdict))
+    verdict_out(new, "reproduction", compare_json(verdict), compare_text(verdict), kw["as_json"])
     raise SystemExit(verdict.exit_code)
 
 
@@ -127,13 +123,18 @@ def _reproduce_claim(
         store.close()
     verdict = claim_verdict(result, result.arms[-1].label, claimed_tps=claimed_tps, claimed_ratio=claimed_ratio,
                             tolerance=tolerance)  # fmt: skip
-    if kw["as_json"]:
-        click.echo(json.dumps({**ab_json(result), "claim": claim_json(verdict)}, indent=2))
+    verdict_out(result, "claim", claim_json(verdict), claim_text(verdict), kw["as_json"])
+    raise SystemExit(verdict.exit_code)
+
+
+def verdict_out(result: ABResult, key: str, doc: dict[str, Any], text: str, as_json: bool) -> None:
+    """The new experiment's report, then the verdict under it (or both in one JSON document under `key`)."""
+    if as_json:
+        click.echo(json.dumps({**ab_json(result), key: doc}, indent=2))
     else:
         click.echo(ab_text(result))
         click.echo("")
-        click.echo(claim_text(verdict))
-    raise SystemExit(verdict.exit_code)
+        click.echo(text)
 
 
 @cli.command("compare")

@@ -106,6 +106,8 @@ def agent_files() -> dict[str, bytes]:
         "orchestrator/__init__.py": (PACKAGE_DIR / "__init__.py").read_bytes(),
         "orchestrator/client.py": (PACKAGE_DIR / "client.py").read_bytes(),
         "orchestrator/redaction.py": (PACKAGE_DIR / "redaction.py").read_bytes(),
+        "orchestrator/processes.py": (PACKAGE_DIR / "processes.py").read_bytes(),
+        "orchestrator/hostfacts.py": (PACKAGE_DIR / "hostfacts.py").read_bytes(),
         "orchestrator/stats.py": (PACKAGE_DIR / "stats.py").read_bytes(),  # the simulator's chain model
     }
     for path in sorted((PACKAGE_DIR / "sim").glob("*.py")):

@@ -87,6 +87,13 @@ _KNOB_LIST: tuple[Knob, ...] = (
         "per GPU model, 'SUBSTRING=FACTOR,...': the server is FACTOR slower on a GPU whose nvidia-smi name contains it",
     ),
     Knob(
+        "slowdown_file",
+        str,
+        None,
+        "a file holding a factor read at startup, like slowdown (missing: 1.0); the knob is fingerprinted, the "
+        "file's content is not: a change no fingerprint can see (a degraded GPU, a busy neighbour)",
+    ),
+    Knob(
         "escape_linger_s",
         float,
         600.0,

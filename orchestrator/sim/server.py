@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 from orchestrator.sim import logs
@@ -987,6 +988,21 @@ def _gpu_slowdown(spec: Any) -> float:
     return factor
 
 
+def _file_slowdown(path: Any) -> float:
+    """slowdown_file: the factor written in that file (1.0 when it is absent); unreadable content is an error."""
+    if not isinstance(path, str) or not path:
+        return 1.0
+    try:
+        text = Path(path).read_text().strip()
+    except FileNotFoundError:
+        return 1.0
+    factor = float(text)  # a ValueError here is reported by main as an invalid knob
+    if not 0.1 <= factor <= 10.0:
+        raise ValueError(f"{path} holds {text!r}: expected a factor between 0.1 and 10")
+    logs.log(f"slowdown_file {path}: factor {factor:g}")
+    return factor
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the simulator; returns an exit code for argument errors, otherwise exits the process itself."""
     logs.banner()
@@ -1019,6 +1035,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         knobs, "slowdown"
     )
     speed *= _gpu_slowdown(knobs.get("gpu_slowdown"))
+    try:
+        speed *= _file_slowdown(knobs.get("slowdown_file"))
+    except (OSError, ValueError) as exc:
+        logs.log(f"invalid simulator knob: ORCH_SIM_SLOWDOWN_FILE: {exc}", "error")
+        return 2
 
     for note in cfg.notes:
         logs.log(note)

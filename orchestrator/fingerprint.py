@@ -335,3 +335,39 @@ def diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[Difference]
         out.append(Difference(path, x, y, category, weight))
     out.sort(key=lambda d: (-d.weight, d.field))
     return out
+
+
+# ---------------------------------------------------------------- environment (nightly history)
+
+# What defines "the same environment" for a nightly history: the code that runs, its workers' env, the GPUs and their
+# settings, what was asked (profile, workload) and the box's CPU and kernel. Not orch itself (its commit moves with
+# every checkout), nor names and ids that change with every container or reboot.
+_ENV_CATEGORIES = ("engine", "worker env", "gpu", "profile", "workload")
+_ENV_HOST_FIELDS = ("host.cpu_model", "host.cpu_governor", "host.kernel")
+_NOT_ENV = ("software.python_executable", "gpus.uuids", "software.engine_version_source", "profile.expect")
+
+
+def environment(fp: dict[str, Any] | None) -> dict[str, Any]:
+    """The fields of a fingerprint that define its environment, flattened ({} for a launch without one)."""
+    if not fp:
+        return {}
+    out = {}
+    for path, value in _comparable(fp).items():
+        if any(path == p or path.startswith(p + ".") for p in _NOT_ENV):
+            continue
+        category, _, _ = _rule(path)
+        if category in _ENV_CATEGORIES or any(path == p or path.startswith(p + ".") for p in _ENV_HOST_FIELDS):
+            out[path] = value
+    return out
+
+
+def environment_diff(before: dict[str, Any], after: dict[str, Any]) -> list[Difference]:
+    """What differs between two environments (as `environment` returns them), most likely to move a number first."""
+    out = []
+    for path in sorted(set(before) | set(after)):
+        x, y = before.get(path), after.get(path)
+        if x != y:
+            category, weight, _ = _rule(path)
+            out.append(Difference(path, x, y, category, weight))
+    out.sort(key=lambda d: (-d.weight, d.field))
+    return out

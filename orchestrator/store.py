@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -142,6 +143,39 @@ MIGRATIONS: tuple[str, ...] = (
     # so importing the same bundle again is recognised and a different one under the same id is refused.
     """
     ALTER TABLE experiments ADD COLUMN imported_json TEXT;
+    """,
+    # 7: nightly suites. A night records which suite (file, digest) ran when, and each item what it measured: one
+    # value per series (arm and metric, or an A/B ratio) with its interval, and the environment it ran in, so the
+    # history of a series is one query and an environment step is told from a regression.
+    """
+    CREATE TABLE nights (
+        id TEXT PRIMARY KEY,
+        suite TEXT NOT NULL,
+        suite_path TEXT NOT NULL,
+        suite_sha256 TEXT NOT NULL,
+        night_at REAL NOT NULL,
+        started_at REAL NOT NULL,
+        finished_at REAL,
+        status TEXT NOT NULL,
+        exit_code INTEGER,
+        owner_json TEXT,
+        report_json TEXT
+    );
+    CREATE TABLE night_items (
+        night_id TEXT NOT NULL REFERENCES nights(id),
+        item TEXT NOT NULL,
+        host TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        simulated INTEGER NOT NULL,
+        status TEXT NOT NULL,
+        experiments_json TEXT NOT NULL,
+        error TEXT,
+        series_json TEXT NOT NULL,
+        envs_json TEXT NOT NULL,
+        finished_at REAL NOT NULL,
+        PRIMARY KEY (night_id, item)
+    );
+    CREATE INDEX night_items_by_item ON night_items(item, host);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -288,6 +322,14 @@ class Store:
         if kind == "ioerr":
             return StoreError(f"{where}: I/O error on the results database ({e}, while {doing}); check the disk")
         return StoreError(f"{where}: the results database failed while {doing}: {e}")
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        """A read for modules that keep their own tables here (the nightly history), failures explained."""
+        return self._query(sql, params)
+
+    def transaction(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """One committed write for modules that keep their own tables here, failures explained."""
+        return self._write(doing)
 
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
         """A read, with any SQLite failure explained."""

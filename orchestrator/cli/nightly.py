@@ -1,0 +1,180 @@
+"""`orch nightly` (run a suite, judge it, exit 0/1/3) and `orch history` (one item's trend, night by night)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import click
+
+from orchestrator import history as history_mod
+from orchestrator import nightly as nightly_mod
+from orchestrator import report_nightly
+from orchestrator import suite as suite_mod
+from orchestrator.cli.base import cli
+from orchestrator.cli.options import db_option, open_existing
+from orchestrator.errors import InputError
+from orchestrator.store import Store
+
+
+def parse_now(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r}: expected a date and time such as 2026-11-30T02:00 or 2026-11-30"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.astimezone()  # local time, as cron reads its schedule
+    return moment.timestamp()
+
+
+def _write(path: str | None, text: str) -> None:
+    if path:
+        try:
+            Path(path).write_text(text)
+        except OSError as e:
+            click.echo(f"orch: could not write {path}: {e.strerror or e}", err=True)
+
+
+@cli.command("nightly")
+@click.argument("suite_file", metavar="SUITE.yaml")
+@db_option
+@click.option(
+    "--now",
+    callback=parse_now,
+    default=None,
+    help="The night's date and time (ISO 8601) [default: now]: for backfills and tests.",
+)
+@click.option("--only", multiple=True, metavar="ITEM", help="Run only this item (repeatable).")
+@click.option("--check", is_flag=True, help="Validate the suite, its profiles and hosts; run nothing (exit 0 or 2).")
+@click.option("--json", "as_json", is_flag=True, help="Print the night's JSON document instead of the Markdown.")
+@click.option("--markdown-out", type=click.Path(dir_okay=False), help="Also write the Markdown summary to this file.")
+@click.option("--json-out", type=click.Path(dir_okay=False), help="Also write the JSON document to this file.")
+def nightly_cmd(
+    suite_file: str,
+    db: str | None,
+    now: float | None,
+    only: tuple[str, ...],
+    check: bool,
+    as_json: bool,
+    markdown_out: str | None,
+    json_out: str | None,
+) -> None:
+    """Run every item of SUITE.yaml (A/B experiments and single-profile checks), store everything, and judge each
+    item tonight (its A/B verdicts) and against its history (change points combined with the item's threshold;
+    an environment change starts a new history instead of raising an alarm).
+
+    Prints a Markdown summary (one line per item) on stdout, progress on stderr. Exit 0: nothing regressed;
+    3: a regression; 1: an item could not run (or another night still held the machine); 2: invalid suite;
+    130: interrupted. See docs/nightly.md for the suite format, cron and systemd.
+    """
+    suite = suite_mod.load(suite_file)
+    nightly_mod.check_hosts(suite)
+    unknown = [name for name in only if name not in {i.name for i in suite.items}]
+    if unknown:
+        raise InputError(
+            f"--only {unknown[0]}: no such item in {suite_file}; items: {', '.join(i.name for i in suite.items)}"
+        )
+    if check:
+        click.echo(f"{suite_file}: suite {suite.name}, {len(suite.items)} item(s), all valid:")
+        for item in suite.items:
+            metrics = ", ".join(f"{m.key} ({m.threshold * 100:g} %)" for m in item.metrics)
+            what = " vs ".join(p.name for p in item.profiles)
+            sim = ", SIMULATED" if item.sim else ""
+            click.echo(
+                f"  {item.name}: {item.kind} {what} on {item.host}{sim}; {metrics}; timeout {item.timeout_s:.0f}s"
+            )
+        return
+    store = Store(db)
+
+    def event(msg: str) -> None:
+        click.echo(msg, err=True)
+
+    runner = nightly_mod.NightRunner(
+        suite, store, now if now is not None else datetime.now().timestamp(), event, only=only
+    )
+    try:
+        try:
+            report = runner.run()
+        except KeyboardInterrupt:
+            if runner.last is not None:
+                _output(runner.last, as_json, markdown_out, json_out)
+            raise
+    finally:
+        store.close()
+    _output(report, as_json, markdown_out, json_out)
+    raise SystemExit(report.exit_code)
+
+
+def _output(report: nightly_mod.NightReport, as_json: bool, markdown_out: str | None, json_out: str | None) -> None:
+    markdown = report_nightly.night_markdown(report)
+    doc = json.dumps(report.to_dict(), indent=2)
+    _write(markdown_out, markdown)
+    _write(json_out, doc + "\n")
+    click.echo(doc if as_json else markdown.rstrip("\n"))
+    sys.stdout.flush()
+
+
+@cli.command("history")
+@click.argument("item")
+@click.option("--host", default=None, help="The host it ran on [default: the only one].")
+@click.option("--metric", default=None, help="Only this metric, e.g. tok_s or agg_tok_s@32 [default: all].")
+@click.option("--arm", default=None, help="Only this arm's series (or a ratio such as eagle3-3step/baseline).")
+@click.option(
+    "--min-history",
+    type=click.IntRange(3, 100),
+    default=5,
+    show_default=True,
+    help="Nights an environment needs before a regression can be called (as the suite's min_history).",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+@db_option
+def history_cmd(
+    item: str, host: str | None, metric: str | None, arm: str | None, min_history: int, as_json: bool, db: str | None
+) -> None:
+    """ITEM's trend, one line per night: value, 95% CI, change vs the level before, and what was decided then
+    (regression, environment change, building history); change points and outlier nights marked in hindsight."""
+    store = open_existing(db)
+    try:
+        known = history_mod.known_items(store)
+        if item not in known:
+            hint = f"; items with history: {', '.join(known)}" if known else " (no nightly has run on this database)"
+            raise InputError(f"no nightly history for item {item!r} in {store.path}{hint}")
+        hosts = history_mod.item_hosts(store, item)
+        if host is None:
+            if len(hosts) > 1:
+                raise InputError(f"item {item!r} ran on several hosts ({', '.join(hosts)}); pick one with --host")
+            host = hosts[0]
+        elif host not in hosts:
+            raise InputError(f"item {item!r} never ran on host {host!r}; it ran on {', '.join(hosts)}")
+        nights = history_mod.item_nights(store, item, host)
+    finally:
+        store.close()
+    names = list(dict.fromkeys(s.series for n in nights for s in n.series))
+    chosen = [
+        s
+        for s in names
+        if (metric is None or _metric_matches(s, metric)) and (arm is None or s.rsplit(":", 1)[0] == arm)
+    ]
+    if not chosen:
+        raise InputError(
+            f"item {item!r} has no series"
+            + (f" for metric {metric!r}" if metric else "")
+            + (f" of arm {arm!r}" if arm else "")
+            + f"; it has: {', '.join(names) or 'none (every night failed)'}"
+        )
+    shown = [report_nightly.series_history(nights, s, min_history) for s in chosen]
+    if as_json:
+        click.echo(json.dumps(report_nightly.history_json(item, host, shown), indent=2))
+    else:
+        click.echo(report_nightly.history_text(item, host, shown).rstrip("\n"))
+
+
+def _metric_matches(series: str, metric: str) -> bool:
+    key = series.rsplit(":", 1)[1]
+    return key == metric or ("@" not in metric and key.partition("@")[0] == metric)

@@ -1,0 +1,478 @@
+"""`orch nightly`: run a suite's items, store each the moment it ends, and judge it tonight and against history."""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator import ab, changepoint, failon, history
+from orchestrator.ab import ABConfig
+from orchestrator.connect import resolve_host
+from orchestrator.errors import InputError, OrchError
+from orchestrator.fingerprint import environment_diff
+from orchestrator.hosts import LOCK_DIR, default_namespace, load_inventory, parse_target
+from orchestrator.hostside import op_lock, op_unlock
+from orchestrator.report import run_line
+from orchestrator.results import ABResult, Design
+from orchestrator.store import Store
+from orchestrator.suite import Item, Suite
+
+EXIT_OK, EXIT_ERROR, EXIT_REGRESSION, EXIT_INTERRUPTED = 0, 1, 3, 130
+# How a night's items can end, worst first (the order of the summary's verdicts).
+ITEM_STATUSES = ("regression", "failed", "timeout", "skipped", "environment", "improvement", "building", "ok")
+
+
+class NightBusyError(OrchError):
+    """Another night still runs on this machine and did not finish within the suite's wait."""
+
+
+@dataclass(frozen=True)
+class SeriesVerdict:
+    """One series of an item tonight: its value, what history says about it, and why."""
+
+    value: history.SeriesValue
+    assessment: changepoint.Assessment
+    status: str  # ok | regression | improvement | environment | building
+    note: str = ""  # a confirmation re-run, an environment step's differences
+
+    def to_dict(self) -> dict[str, Any]:
+        a = self.assessment
+        return {
+            **self.value.to_dict(),
+            "status": self.status,
+            "baseline": a.baseline,
+            "change": a.change,
+            "noise": a.noise,
+            "nights": a.nights,
+            "needed": a.needed,
+            "step": dataclasses.asdict(a.new) if a.new else None,
+            "note": self.note or None,
+        }
+
+
+@dataclass(frozen=True)
+class ItemReport:
+    """One item's night: what ran, what it measured, and the verdicts."""
+
+    item: str
+    host: str
+    kind: str
+    simulated: bool
+    status: str  # one of ITEM_STATUSES
+    experiments: tuple[str, ...] = ()
+    error: str | None = None
+    series: tuple[SeriesVerdict, ...] = ()
+    comparisons: tuple[dict[str, Any], ...] = ()  # tonight's A/B verdicts, each with its CI
+    fail_on: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "item": self.item,
+            "host": self.host,
+            "kind": self.kind,
+            "simulated": self.simulated,
+            "status": self.status,
+            "experiments": list(self.experiments),
+            "error": self.error,
+            "comparisons": list(self.comparisons),
+            "fail_on": self.fail_on,
+            "series": [s.to_dict() for s in self.series],
+            "seconds": round(self.seconds, 1),
+        }
+
+
+@dataclass(frozen=True)
+class NightReport:
+    night_id: str
+    suite: str
+    suite_path: str
+    night_at: float
+    started_at: float
+    finished_at: float
+    status: str  # complete | deadline | interrupted
+    items: tuple[ItemReport, ...] = field(default_factory=tuple)
+
+    @property
+    def exit_code(self) -> int:
+        return night_exit_code(self.status, [i.status for i in self.items])
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = {s: sum(1 for i in self.items if i.status == s) for s in ITEM_STATUSES}
+        return {
+            "night_id": self.night_id,
+            "suite": self.suite,
+            "suite_path": self.suite_path,
+            "night_at": self.night_at,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "simulated": any(i.simulated for i in self.items),
+            "counts": {k: v for k, v in counts.items() if v},
+            "items": [i.to_dict() for i in self.items],
+        }
+
+
+def night_exit_code(status: str, item_statuses: Sequence[str]) -> int:
+    """130 interrupted; else 3 if anything regressed (even if another item failed: the summary says both); else 1 if
+    an item could not run (failed, timed out, or skipped at the deadline); else 0."""
+    if status == "interrupted":
+        return EXIT_INTERRUPTED
+    if "regression" in item_statuses:
+        return EXIT_REGRESSION
+    if any(s in ("failed", "timeout", "skipped") for s in item_statuses):
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def item_status(series: Sequence[SeriesVerdict], relative_failed: bool) -> str:
+    statuses = {s.status for s in series}
+    if "regression" in statuses or relative_failed:
+        return "regression"
+    for s in ("environment", "improvement"):
+        if s in statuses:
+            return s
+    if statuses and statuses <= {"building"}:
+        return "building"
+    return "ok"
+
+
+# ---------------------------------------------------------------- judging one item
+
+
+def _describe_env_step(before: history.ItemNight, after: history.ItemNight, arms: Sequence[str]) -> str:
+    parts = []
+    for arm in arms:
+        diffs = environment_diff(before.envs.get(arm, {}), after.envs.get(arm, {}))
+        prefix = f"{arm}: " if len(arms) > 1 else ""
+        parts += [prefix + d.describe() for d in diffs[:3]]
+        if len(diffs) > 3:
+            parts.append(f"{prefix}and {len(diffs) - 3} more")
+    return "; ".join(parts) if parts else "environment changed"
+
+
+def judge(
+    value: history.SeriesValue, past: Sequence[history.ItemNight], tonight: history.ItemNight, min_history: int
+) -> SeriesVerdict:
+    """Tonight's value of a series against the nights before it (each with the environment it ran in)."""
+    points = [(n, v) for n in past if n.status == "complete" and (v := n.value(value.series)) is not None]
+    nights = [changepoint.Night(v.value, v.env) for _, v in points] + [changepoint.Night(value.value, value.env)]
+    a = changepoint.assess(
+        nights, threshold=value.threshold, higher_is_better=value.higher_is_better, min_history=min_history
+    )
+    note = ""
+    if a.status == "environment" and points:
+        note = _describe_env_step(points[-1][0], tonight, value.env_arms)
+    return SeriesVerdict(value, a, a.status, note)
+
+
+# ---------------------------------------------------------------- running
+
+
+class _Alarm:
+    """Stops the item in progress when its time (or the night's) is up, the way Ctrl-C would: the run loop tears
+    the server down and records the experiment interrupted. Signals reach only the main thread, so the timer
+    thread raises SIGINT at this process and says why."""
+
+    def __init__(self) -> None:
+        self.fired: str | None = None
+        self._timer: threading.Timer | None = None
+
+    def arm(self, seconds: float, reason: str) -> None:
+        self.cancel()
+        self.fired = None
+        self._timer = threading.Timer(max(0.0, seconds), self._fire, args=(reason,))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self, reason: str) -> None:
+        self.fired = reason
+        os.kill(os.getpid(), signal.SIGINT)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def night_lock_path(namespace: str) -> str:
+    """One night at a time on this machine (per namespace), whatever the suite, HOME or database."""
+    return f"{LOCK_DIR}/orch-nightly-{namespace}.lock"
+
+
+def check_hosts(suite: Suite) -> None:
+    """Every item's host must resolve before anything launches (connecting is the night's job)."""
+    try:
+        inventory = load_inventory(suite.inventory)
+    except OrchError as e:
+        raise InputError(f"{suite.path}: inventory: {e}") from None
+    for item in suite.items:
+        try:
+            parse_target(item.host, inventory)
+        except OrchError as e:
+            raise InputError(f"{suite.path}: item {item.name!r}: host: {e}") from None
+
+
+def _merge(first: ABResult, second: ABResult) -> ABResult:
+    """Two experiments of one item in one night as one measurement: the second's blocks follow the first's."""
+    offset = first.design.blocks
+    shifted = tuple(dataclasses.replace(launch, block=launch.block + offset) for launch in second.launches)
+    design = Design(
+        first.design.blocks + second.design.blocks,
+        first.design.order,
+        first.design.seed,
+        first.design.schedule + second.design.schedule,
+    )
+    return dataclasses.replace(first, launches=first.launches + shifted, design=design)
+
+
+@dataclass
+class NightRunner:
+    """Runs one night of a suite against one store; `on_event` gets the progress lines."""
+
+    suite: Suite
+    store: Store
+    night_at: float
+    on_event: Callable[[str], None] = lambda _: None
+    only: tuple[str, ...] = ()
+    night_id: str = field(default_factory=lambda: "n" + time.strftime("%Y%m%d-") + uuid.uuid4().hex[:6])
+    last: NightReport | None = None  # the night so far, also when it was interrupted
+    _alarm: _Alarm = field(default_factory=_Alarm)
+
+    def run(self) -> NightReport:
+        namespace = default_namespace()
+        lock = night_lock_path(namespace)
+        holder = {
+            "suite": self.suite.name,
+            "user": getpass.getuser(),
+            "machine": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "command": " ".join(sys.argv[:12]),
+        }
+        got = op_lock(lock, holder, wait_s=0)
+        if not got["acquired"]:
+            self.on_event(
+                f"another night is running ({_holder(got['holder'])}); waiting up to {self.suite.wait_s:.0f}s"
+            )
+            got = op_lock(lock, holder, wait_s=self.suite.wait_s)
+        if not got["acquired"]:
+            raise NightBusyError(
+                f"another night still runs on this machine ({_holder(got['holder'])}) after waiting "
+                f"{self.suite.wait_s:.0f}s (the suite's wait:); this night did not start. Nights must not overlap: "
+                "move the cron time or shorten the suite's deadline:"
+            )
+        try:
+            return self._run_locked()
+        finally:
+            op_unlock(lock)
+
+    def _run_locked(self) -> NightReport:
+        suite = self.suite
+        started = time.time()
+        deadline = time.monotonic() + suite.deadline_s
+        history.start_night(self.store, self.night_id, suite.name, str(suite.path), suite.sha256, self.night_at)
+        reports: list[ItemReport] = []
+        status = "complete"
+        items = [i for i in suite.items if not self.only or i.name in self.only]
+        self.on_event(
+            f"night {self.night_id}: suite {suite.name} ({len(items)} item(s)), deadline {suite.deadline_s / 60:.0f} "
+            f"min, results database {self.store.path}"
+        )
+        try:
+            for n, item in enumerate(items, start=1):
+                if time.monotonic() >= deadline:
+                    status = "deadline"
+                    reports.append(self._skipped(item, "the night's deadline had passed before it could start"))
+                    continue
+                self.on_event(f"item {n}/{len(items)}: {item.name} on {item.host}")
+                report = self._item(item, deadline)
+                reports.append(report)
+                if report.status == "timeout" and report.error and "deadline" in report.error:
+                    status = "deadline"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            done = {r.item for r in reports}
+            reports += [self._skipped(i, "the night was interrupted") for i in items if i.name not in done]
+            raise
+        finally:
+            self._alarm.cancel()
+            report_obj = NightReport(
+                self.night_id, suite.name, str(suite.path), self.night_at, started, time.time(), status, tuple(reports)
+            )
+            history.finish_night(self.store, self.night_id, status, report_obj.exit_code, report_obj.to_dict())
+            self.last = report_obj
+        return report_obj
+
+    def _skipped(self, item: Item, why: str) -> ItemReport:
+        history.record_item(
+            self.store, self.night_id, item, status="skipped", experiments=(), error=why, series=(), envs={},
+            simulated=item.sim,
+        )  # fmt: skip
+        return ItemReport(item.name, item.host, item.kind, item.sim, "skipped", error=why)
+
+    def _measure_once(self, item: Item, deadline: float) -> ABResult:
+        """One experiment of the item, stopped at its timeout or the night's deadline, whichever comes first."""
+        budget = min(item.timeout_s, deadline - time.monotonic())
+        why = "the night's deadline" if budget < item.timeout_s else f"the item's timeout ({item.timeout_s:.0f}s)"
+        config = ABConfig(
+            bench=item.bench,
+            simulate=item.sim,
+            namespace=default_namespace(),
+            ready_timeout_s=item.ready_timeout_s,
+            grace_s=item.grace_s,
+            strict_env=item.strict_env,
+            lock_wait_s=max(0.0, min(self.suite.wait_s, budget)),
+            gpu_wait_s=item.gpu_wait_s,
+            blocks=item.blocks,
+            order=item.order,
+            min_effect=item.threshold,
+        )
+        prefix = f"[{item.name}] "
+        self._alarm.arm(budget, why)
+        try:
+            host = resolve_host(item.host, inventory=self.suite.inventory)
+            with host:
+                return ab.run_ab(
+                    host,
+                    list(item.profiles),
+                    config,
+                    self.store,
+                    on_event=lambda msg: self.on_event(prefix + msg),
+                    on_run=lambda _name, run: self.on_event(prefix + "  " + run_line(run, item.bench)),
+                    provenance={
+                        "host_spec": item.host,
+                        "namespace": config.namespace,
+                        "nightly": {"night_id": self.night_id, "suite": self.suite.name, "item": item.name},
+                    },
+                )
+        finally:
+            self._alarm.cancel()
+
+    def _item(self, item: Item, deadline: float) -> ItemReport:
+        began = time.monotonic()
+        past = history.item_nights(self.store, item.name, item.host)
+        try:
+            result = self._measure_once(item, deadline)
+        except KeyboardInterrupt:
+            if self._alarm.fired is None:
+                raise
+            return self._failed(item, "timeout", f"stopped by {self._alarm.fired}", began)
+        except OrchError as e:
+            return self._failed(item, "failed", str(e), began)
+        experiments = [result.experiment_id]
+        series, envs = history.measure(item, result)
+        tonight = history.ItemNight(
+            self.night_id, self.night_at, self.suite.name, "complete", None, (), (), envs, item.sim
+        )
+        verdicts = [judge(v, past, tonight, self.suite.min_history) for v in series]
+        if self.suite.confirm and any(v.status == "regression" for v in verdicts):
+            verdicts, result, series, envs = self._confirm(item, deadline, past, result, verdicts, experiments)
+        relative = failon.fail_on_verdict(result, item.fail_on) if item.fail_on else None
+        status = item_status(verdicts, relative is not None and relative.exit_code == 3)
+        history.record_item(
+            self.store, self.night_id, item, status="complete", experiments=experiments, error=None, series=series,
+            envs=envs, simulated=item.sim,
+        )  # fmt: skip
+        comparisons = tuple(c.to_dict() for level in result.levels for c in result.comparisons_at(level))
+        report = ItemReport(
+            item.name, item.host, item.kind, item.sim, status, tuple(experiments), None, tuple(verdicts), comparisons,
+            relative.to_dict() if relative else None, time.monotonic() - began,
+        )  # fmt: skip
+        self.on_event(f"[{item.name}] {status}")
+        return report
+
+    def _confirm(
+        self,
+        item: Item,
+        deadline: float,
+        past: Sequence[history.ItemNight],
+        first: ABResult,
+        verdicts: list[SeriesVerdict],
+        experiments: list[str],
+    ) -> tuple[list[SeriesVerdict], ABResult, list[history.SeriesValue], dict[str, dict[str, Any]]]:
+        """Tonight looks like a regression: measure once more from fresh state and report it only if the re-run
+        says so too (one bad measurement is not a regression). Tonight's value is then both experiments pooled."""
+        suspects = [v.value.series for v in verdicts if v.status == "regression"]
+        self.on_event(f"[{item.name}] looks like a regression ({', '.join(suspects)}); re-measuring once to confirm")
+        try:
+            second = self._measure_once(item, deadline)
+        except KeyboardInterrupt:
+            if self._alarm.fired is None:
+                raise
+            second = None
+            why = f"the confirmation re-run was stopped by {self._alarm.fired}"
+        except OrchError as e:
+            second, why = None, f"the confirmation re-run failed: {e}"
+        if second is None:
+            # Unconfirmed is still reported: a regression that also breaks the re-run must not go quiet.
+            self.on_event(f"[{item.name}] {why}; reporting the first measurement")
+            noted = [dataclasses.replace(v, note=why) if v.status == "regression" else v for v in verdicts]
+            series, envs = history.measure(item, first)
+            return noted, first, series, envs
+        experiments.append(second.experiment_id)
+        again, envs2 = history.measure(item, second)
+        tonight2 = history.ItemNight(
+            self.night_id, self.night_at, self.suite.name, "complete", None, (), (), envs2, item.sim
+        )
+        rerun = {v.series: judge(v, past, tonight2, self.suite.min_history) for v in again}
+        pooled = _merge(first, second)
+        series, envs = history.measure(item, pooled)
+        tonight = history.ItemNight(
+            self.night_id, self.night_at, self.suite.name, "complete", None, (), (), envs, item.sim
+        )
+        out = []
+        for v in series:
+            verdict = judge(v, past, tonight, self.suite.min_history)
+            before = next((x for x in verdicts if x.value.series == v.series), None)
+            after = rerun.get(v.series)
+            if before is not None and before.status == "regression":
+                first_change = _pct(before.assessment.change)
+                second_change = _pct(after.assessment.change if after else None)
+                if after is not None and after.status == "regression":
+                    status, note = "regression", f"confirmed by a re-run: {first_change}, then {second_change}"
+                else:
+                    status = "ok"
+                    note = (
+                        f"not confirmed: the first measurement was {first_change}, a re-run from fresh state "
+                        f"{second_change}; both are kept"
+                    )
+                verdict = dataclasses.replace(verdict, status=status, note=note)
+            elif verdict.status == "regression":
+                verdict = dataclasses.replace(verdict, status="ok", note="a regression only in the pooled value")
+            out.append(verdict)
+        self.on_event(f"[{item.name}] re-run: {'; '.join(v.note for v in out if v.note) or 'done'}")
+        return out, pooled, series, envs
+
+    def _failed(self, item: Item, status: str, error: str, began: float) -> ItemReport:
+        self.on_event(f"[{item.name}] {status}: {error}")
+        experiments = tuple(history.night_experiments(self.store, self.night_id, item.name))
+        history.record_item(
+            self.store, self.night_id, item, status=status, experiments=experiments, error=error, series=(), envs={},
+            simulated=item.sim,
+        )  # fmt: skip
+        return ItemReport(
+            item.name, item.host, item.kind, item.sim, status, experiments, error, seconds=time.monotonic() - began
+        )
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.1f} %"
+
+
+def _holder(h: dict[str, Any]) -> str:
+    if not h:
+        return "holder unknown"
+    who = f"{h.get('user', '?')}@{h.get('machine', '?')} pid {h.get('pid', '?')}"
+    return f"suite {h.get('suite', '?')}, {who} since {h.get('since', '?')}"

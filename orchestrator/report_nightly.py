@@ -1,0 +1,255 @@
+"""A night and a series' history for people: one Markdown line per item, one text line per night."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator import changepoint, history
+from orchestrator.nightly import ItemReport, NightReport, SeriesVerdict, judge
+from orchestrator.report import SIM_BANNER
+
+LABELS = {
+    "regression": "**REGRESSION**",
+    "failed": "**FAILED**",
+    "timeout": "**TIMED OUT**",
+    "skipped": "**SKIPPED**",
+    "environment": "**environment change**",
+    "improvement": "improvement",
+    "building": "building history",
+    "ok": "ok",
+}
+
+
+def when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def metric_label(metric: str) -> str:
+    name, _, at = metric.partition("@")
+    label = {
+        "tok_s": "tok/s",
+        "agg_tok_s": "aggregate tok/s",
+        "ttft_p99": "TTFT p99",
+        "accept_length": "accept length",
+    }.get(name, name)
+    return label + (f" @{at}" if at else "")
+
+
+def series_label(v: history.SeriesValue) -> str:
+    ratio = "/" in v.arm
+    return f"{v.arm} {metric_label(v.metric)}" + (" ratio" if ratio else "")
+
+
+def fmt_value(v: float | None, metric: str, ratio: bool = False) -> str:
+    if v is None:
+        return "—"
+    if ratio:
+        return f"{v:.3f}x"
+    name = metric.partition("@")[0]
+    if name == "ttft_p99":
+        return f"{v * 1000:.0f} ms"
+    if name == "accept_length":
+        return f"{v:.2f}"
+    return f"{v:.1f}"
+
+
+def fmt_ci(lo: float | None, hi: float | None, metric: str, ratio: bool = False) -> str:
+    if lo is None or hi is None:
+        return ""
+    return f" [{fmt_value(lo, metric, ratio)}, {fmt_value(hi, metric, ratio)}]"
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:+.1f} %"
+
+
+def series_text(s: SeriesVerdict) -> str:
+    """`baseline tok/s 77.2 [76.9, 77.5]: -6.0 % vs 82.1 (threshold 3 %)` and what decided it."""
+    v, a = s.value, s.assessment
+    ratio = "/" in v.arm
+    head = f"{series_label(v)} {fmt_value(v.value, v.metric, ratio)}{fmt_ci(v.lo, v.hi, v.metric, ratio)}"
+    if s.status == "environment":
+        text = f"environment changed: {s.note or 'see orch history'}; {series_label(v)} {pct(a.change)}"
+        return f"{text} ({head})"
+    if s.status == "building":
+        return f"{head} (history: {a.nights} of {a.needed} nights in this environment)"
+    if a.baseline is None:
+        return head
+    text = f"{head}: {pct(a.change)} vs {fmt_value(a.baseline, v.metric, ratio)} (threshold {v.threshold * 100:g} %)"
+    return text + (f"; {s.note}" if s.note else "")
+
+
+def comparison_text(c: dict[str, Any]) -> str:
+    ci = c.get("ci95")
+    interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+    ratio = c.get("ratio")
+    shown = f"{ratio:.3f}x" if isinstance(ratio, (int, float)) else "n/a"
+    level = f" @{c['concurrency']}" if c.get("concurrency", 1) != 1 else ""
+    return f"{c.get('arm_label') or c['arm']} vs {c.get('vs_label') or c['vs']}{level}: {shown}{interval} " + (
+        c.get("verdict") or "no verdict"
+    )
+
+
+def item_line(r: ItemReport) -> str:
+    label = LABELS.get(r.status, r.status)
+    where = f"`{r.item}` ({r.host}{', SIMULATED' if r.simulated else ''})"
+    if r.status in ("failed", "timeout", "skipped"):
+        return f"- {label} {where}: {r.error or 'no reason recorded'}"
+    decisive = [s for s in r.series if s.status in ("regression", "environment", "improvement")]
+    parts = [series_text(s) for s in decisive]
+    if r.fail_on and r.fail_on.get("exit_code") == 3:
+        parts += [f"fail_on: {reason}" for reason in r.fail_on.get("reasons") or []]
+    headline = [c for c in r.comparisons if c.get("concurrency") == (r.comparisons[0].get("concurrency"))]
+    parts += [comparison_text(c) for c in headline[:3]]
+    if not decisive and r.series:
+        parts.insert(0, series_text(r.series[0]))
+    return f"- {label} {where}: " + "; ".join(parts)
+
+
+def night_markdown(night: NightReport) -> str:
+    counts = night.to_dict()["counts"]
+    summary = ", ".join(f"{n} {LABELS.get(s, s).strip('*')}" for s, n in counts.items())
+    lines = [f"## orch nightly: {night.suite}, {when(night.night_at)}", ""]
+    if any(i.simulated for i in night.items):
+        lines += [f"> {SIM_BANNER}", ""]
+    state = {"complete": "", "deadline": " — stopped at the deadline", "interrupted": " — interrupted"}[night.status]
+    lines.append(f"{len(night.items)} item(s): {summary or 'none'}{state}; exit {night.exit_code}")
+    lines.append("")
+    lines += [item_line(r) for r in night.items]
+    lines += ["", f"night `{night.night_id}` · suite `{night.suite_path}` · `orch history ITEM` for the trend"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- orch history
+
+
+@dataclass(frozen=True)
+class HistoryRow:
+    night: history.ItemNight
+    value: history.SeriesValue | None
+    verdict: SeriesVerdict | None  # what that night's judgement was, from the nights before it
+
+
+@dataclass(frozen=True)
+class SeriesHistory:
+    series: str
+    rows: tuple[HistoryRow, ...]
+    overall: changepoint.Assessment | None  # over every night: change points and outliers in hindsight
+
+    @property
+    def latest(self) -> history.SeriesValue | None:
+        return next((r.value for r in reversed(self.rows) if r.value is not None), None)
+
+
+def series_history(nights: Sequence[history.ItemNight], series: str, min_history: int) -> SeriesHistory:
+    rows = []
+    past: list[history.ItemNight] = []
+    for night in nights:
+        value = night.value(series) if night.status == "complete" else None
+        verdict = judge(value, past, night, min_history) if value is not None else None
+        rows.append(HistoryRow(night, value, verdict))
+        past.append(night)
+    latest = next((r.value for r in reversed(rows) if r.value is not None), None)
+    points = [changepoint.Night(r.value.value, r.value.env) for r in rows if r.value is not None]
+    overall = (
+        changepoint.assess(
+            points, threshold=latest.threshold, higher_is_better=latest.higher_is_better, min_history=min_history
+        )
+        if latest is not None and points
+        else None
+    )
+    return SeriesHistory(series, tuple(rows), overall)
+
+
+def history_text(item: str, host: str, shown: Sequence[SeriesHistory]) -> str:
+    lines = []
+    if any(r.night.simulated for s in shown for r in s.rows):
+        lines += [SIM_BANNER, ""]
+    for s in shown:
+        latest = s.latest
+        if latest is None:
+            continue
+        ratio = "/" in latest.arm
+        direction = "higher is better" if latest.higher_is_better else "lower is better"
+        lines.append(f"{item} on {host} — {series_label(latest)} (threshold {latest.threshold * 100:g} %, {direction})")
+        # Indices into the nights that have a value: where hindsight puts change points and outliers.
+        valued = [i for i, r in enumerate(s.rows) if r.value is not None]
+        steps = {valued[st.index]: st for st in (s.overall.steps if s.overall else ()) if st.index < len(valued)}
+        outliers = {valued[i] for i in (s.overall.outliers if s.overall else ()) if i < len(valued)}
+        lines.append(f"  {'night':<16}  {'value':>10}  {'95% CI':<22}  {'vs level':>9}  status")
+        for i, row in enumerate(s.rows):
+            stamp = when(row.night.night_at)
+            if row.value is None or row.verdict is None:
+                why = row.night.error or "no value for this series"
+                lines.append(f"  {stamp:<16}  {'—':>10}  {'':<22}  {'':>9}  {row.night.status}: {why}")
+                continue
+            v, verdict = row.value, row.verdict
+            ci = fmt_ci(v.lo, v.hi, v.metric, ratio).strip()
+            status = LABELS.get(verdict.status, verdict.status).strip("*")
+            if verdict.status == "building":
+                status += f" ({verdict.assessment.nights} of {verdict.assessment.needed})"
+            if verdict.note:
+                status += f": {verdict.note}"
+            marks = []
+            if i in steps:
+                st = steps[i]
+                what = "environment step" if st.kind == "environment" else f"change point ({st.kind})"
+                before, after = fmt_value(st.before, v.metric, ratio), fmt_value(st.after, v.metric, ratio)
+                marks.append(f"◆ {what}: {before} → {after} ({pct(st.change)})")
+            if i in outliers:
+                marks.append("· outlier night (did not persist)")
+            change = pct(verdict.assessment.change) if verdict.assessment.change is not None else ""
+            lines.append(
+                f"  {stamp:<16}  {fmt_value(v.value, v.metric, ratio):>10}  {ci:<22}  {change:>9}  {status}"
+                + ("  " + "; ".join(marks) if marks else "")
+            )
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def history_json(item: str, host: str, shown: Sequence[SeriesHistory]) -> dict[str, Any]:
+    out = []
+    for s in shown:
+        latest = s.latest
+        valued = [i for i, r in enumerate(s.rows) if r.value is not None]
+        out.append(
+            {
+                "series": s.series,
+                "arm": latest.arm if latest else None,
+                "metric": latest.metric if latest else None,
+                "threshold": latest.threshold if latest else None,
+                "higher_is_better": latest.higher_is_better if latest else None,
+                "nights": [
+                    {
+                        "night_id": r.night.night_id,
+                        "night_at": r.night.night_at,
+                        "item_status": r.night.status,
+                        "error": r.night.error,
+                        "experiments": list(r.night.experiments),
+                        "value": r.value.value if r.value else None,
+                        "ci95": [r.value.lo, r.value.hi] if r.value and r.value.lo is not None else None,
+                        "status": r.verdict.status if r.verdict else None,
+                        "change": r.verdict.assessment.change if r.verdict else None,
+                        "note": (r.verdict.note or None) if r.verdict else None,
+                    }
+                    for r in s.rows
+                ],
+                "steps": [
+                    {
+                        "night_id": s.rows[valued[st.index]].night.night_id,
+                        "kind": st.kind,
+                        "before": st.before,
+                        "after": st.after,
+                        "change": st.change,
+                    }
+                    for st in (s.overall.steps if s.overall else ())
+                    if st.index < len(valued)
+                ],
+                "outliers": [s.rows[valued[i]].night.night_id for i in (s.overall.outliers if s.overall else ())],
+            }
+        )
+    simulated = any(r.night.simulated for s in shown for r in s.rows)
+    return {"item": item, "host": host, "simulated": simulated, "series": out}

@@ -1,0 +1,160 @@
+"""Nightly suite files: what a valid one becomes, and every mistake refused with file, item and field named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator import suite as suite_mod
+from orchestrator.suite import SuiteError
+from tests.conftest import WriteProfile
+from tests.faults.support import assert_plain, run
+
+
+@pytest.fixture
+def suite_dir(write_profile: WriteProfile, profile_dir: Path) -> Path:
+    """profiles/ with a plain and a speculative profile, next to where the suite file goes."""
+    write_profile("plain", engine="sglang", model_path="/m", tp_size=1, port=31111, sim={"load_s": 0.1})
+    write_profile(
+        "spec",
+        extends="plain",
+        speculative={"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 3, "eagle_topk": 1,
+                     "num_draft_tokens": 4},
+    )  # fmt: skip
+    return profile_dir.parent
+
+
+def write_suite(where: Path, data: Any, name: str = "suite.yaml") -> Path:
+    path = where / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+GOOD: dict[str, Any] = {
+    "suite": "box",
+    "deadline": "2h",
+    "wait": "10m",
+    "defaults": {"host": "local", "sim": True, "threshold": "3%", "workload": {"runs": 2, "max_tokens": 64}},
+    "items": [
+        {"name": "spec-vs-plain", "ab": ["plain", "spec"], "metrics": ["tok_s", "accept_length"], "fail_on": "slower"},
+        {
+            "name": "plain-levels",
+            "bench": "plain",
+            "blocks": 2,
+            "workload": {"concurrency": [1, 8], "warmup": 0},
+            "metrics": {"tok_s": "2%", "agg_tok_s@8": "5%", "ttft_p99@8": 0.1},
+            "timeout": 600,
+        },
+    ],
+}
+
+
+def test_a_valid_suite(suite_dir: Path) -> None:
+    s = suite_mod.load(write_suite(suite_dir, GOOD))
+    assert s.name == "box" and s.deadline_s == 7200 and s.wait_s == 600 and s.confirm and s.min_history == 5
+    ab, bench = s.items
+    assert ab.kind == "ab" and [p.name for p in ab.profiles] == ["plain", "spec"] and ab.blocks == 3
+    assert ab.fail_on == ("slower",) and ab.sim and ab.threshold == pytest.approx(0.03)
+    assert [m.key for m in ab.metrics] == ["tok_s", "accept_length"]
+    assert ab.bench.runs == 2 and ab.bench.max_tokens == 64 and ab.bench.warmup == 2
+    # The item's workload is merged with the defaults' field by field.
+    assert bench.kind == "bench" and bench.blocks == 2 and bench.timeout_s == 600
+    assert bench.bench.concurrency == (1, 8) and bench.bench.warmup == 0 and bench.bench.runs == 2
+    by_key = {m.key: m for m in bench.metrics}
+    assert by_key["tok_s"].threshold == pytest.approx(0.02) and by_key["agg_tok_s@8"].concurrency == 8
+    assert by_key["ttft_p99@8"].threshold == pytest.approx(0.1) and not by_key["ttft_p99@8"].higher_is_better
+    assert len(s.sha256) == 64
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (lambda d: d.update(deadlin="1h"), "suite.yaml: deadlin: unknown field (did you mean 'deadline'?)"),
+        (lambda d: d.update(deadline="soon"), "suite.yaml: deadline: expected a duration such as 90s"),
+        (lambda d: d.update(items=[]), "items: expected a list of one or more items"),
+        (lambda d: d["items"][0].update(ab=["plain"]), "item 'spec-vs-plain': ab: expected a list of two or more"),
+        (lambda d: d["items"][0].update(bench="plain"), "item 'spec-vs-plain': give exactly one of ab:"),
+        (lambda d: d["items"][0].update(ab=["plain", "nope"]), "item 'spec-vs-plain': ab[1]: no profile named 'nope'"),
+        (lambda d: d["items"][1].update(metrics=["tok/s"]), "item 'plain-levels': metrics: unknown metric 'tok/s'"),
+        (lambda d: d["items"][1].update(metrics=["tok_s@32"]), "metrics: tok_s@32: the workload runs concurrency 1, 8"),
+        (lambda d: d["items"][1].update(metrics={"tok_s": "60%"}), "metrics: tok_s: expected a percentage"),
+        (lambda d: d["items"][1].update(metrics=["accept_length"]), "accept_length needs a profile with speculative"),
+        (lambda d: d["items"][1].update(threshold="0%"), "item 'plain-levels': threshold: expected a percentage"),
+        (lambda d: d["items"][1].update(timeout="1 fortnight"), "item 'plain-levels': timeout: expected a duration"),
+        (lambda d: d["items"][1].update(fail_on="faster"), "fail_on: expected one of slower, different, env"),
+        (lambda d: d["items"][1].update(fail_on="slower"), "fail_on: slower needs something to compare with"),
+        (lambda d: d["items"][1].update(name="plain levels"), "item 'plain levels': name: expected letters, digits"),
+        (lambda d: d["items"][1].update(name="spec-vs-plain"), "item 'spec-vs-plain': name: used twice"),
+        (lambda d: d["items"][1].pop("name"), "items[1]: name: required"),
+        (lambda d: d["items"][1]["workload"].update(runs=0), "item 'plain-levels': workload: runs: expected an integer"),
+        (lambda d: d["items"][1]["workload"].update(prompts="missing.jsonl"), "item 'plain-levels': workload:"),
+        (lambda d: d["items"][1]["workload"].update(max_tokens=1_000_000, runs=9999), "workload: "),
+        (lambda d: d["defaults"].update(blocks="three"), "defaults: blocks: expected an integer"),
+        (lambda d: d["defaults"].update(name="x"), "defaults: name: every item needs its own name"),
+        (lambda d: d["defaults"]["workload"].update(endpoint="grpc"), "defaults: workload: endpoint: expected one of"),
+    ],
+)
+def test_mistakes_name_file_item_and_field(suite_dir: Path, change: Any, expected: str) -> None:
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    change(data)
+    with pytest.raises(SuiteError) as e:
+        suite_mod.load(write_suite(suite_dir, data))
+    assert expected in str(e.value)
+    assert str(suite_dir / "suite.yaml") in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("items: [\n", "not valid YAML"),
+        ("- just\n- a list\n", "expected a mapping of fields"),
+        ("items:\n  - name: a\n    bench: plain\n  - name: b\n    name: c\n    bench: plain\n", "duplicate key name"),
+    ],
+)
+def test_files_that_are_not_suites(suite_dir: Path, text: str, expected: str) -> None:
+    with pytest.raises(SuiteError, match=expected):
+        suite_mod.load(write_suite(suite_dir, text))
+
+
+def test_missing_file_and_the_cli_exit_code(suite_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(SuiteError, match="no such suite file"):
+        suite_mod.load(tmp_path / "nope.yaml")
+    bad = yaml.safe_load(yaml.safe_dump(GOOD))
+    bad["items"][1]["metrics"] = ["tok_s@32"]
+    path = write_suite(suite_dir, bad)
+    db = tmp_path / "n.db"
+    out = run("nightly", str(path), "--db", str(db), cwd=tmp_path)
+    assert out.rc == 2, out.text
+    assert "item 'plain-levels': metrics: tok_s@32" in out.err and str(path) in out.err
+    assert_plain(out.text)
+    assert not db.exists()  # refused before anything was recorded, let alone launched
+
+
+def test_check_lists_the_items_and_hosts_are_resolved(suite_dir: Path, tmp_path: Path) -> None:
+    path = write_suite(suite_dir, GOOD)
+    out = run("nightly", str(path), "--check", cwd=tmp_path)
+    assert out.rc == 0, out.text
+    assert "spec-vs-plain: ab plain vs spec on local, SIMULATED" in out.out and "agg_tok_s@8 (5 %)" in out.out
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    data["items"][0]["host"] = "gpu-box"
+    out = run("nightly", str(write_suite(suite_dir, data)), "--check", cwd=tmp_path)
+    assert out.rc == 2 and "item 'spec-vs-plain': host:" in out.err and "gpu-box" in out.err, out.text
+    out = run("nightly", str(path), "--only", "nope", "--check", cwd=tmp_path)
+    assert out.rc == 2 and "--only nope: no such item" in out.err, out.text
+
+
+def test_profiles_and_prompt_files_are_found_next_to_the_suite(suite_dir: Path, tmp_path: Path) -> None:
+    (suite_dir / "prompts.jsonl").write_text('{"prompt": "hello there"}\n')
+    data = {
+        "items": [
+            {"name": "a", "bench": "profiles/plain.yaml", "workload": {"prompts": "prompts.jsonl"}},
+            {"name": "b", "bench": "plain"},
+        ]
+    }
+    s = suite_mod.load(write_suite(suite_dir, data, "nightly.yaml"))
+    assert s.name == "nightly" and s.items[0].profiles[0].name == "plain"
+    assert s.items[0].bench.prompts == str(suite_dir / "prompts.jsonl")
+    assert s.items[1].threshold == suite_mod.DEFAULT_THRESHOLD and s.items[1].blocks == 1

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from orchestrator import ab, results
+from orchestrator import ab, failon, results
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
 from orchestrator.bench import (
@@ -25,12 +25,20 @@ from orchestrator.bench import (
 from orchestrator.cli.base import cli
 from orchestrator.cli.options import MEASUREMENT_OPTIONS, bench_options, open_existing, option_given
 from orchestrator.connect import resolve_host
+from orchestrator.errors import InputError
 from orchestrator.hosts import Host, default_namespace
 from orchestrator.report import SIM_BANNER, ab_json, ab_text, run_line
 from orchestrator.store import Store
 
 
-def run_experiment(profile_names: tuple[str, ...], resume: str | None = None, **kw: Any) -> None:
+def run_experiment(
+    profile_names: tuple[str, ...],
+    resume: str | None = None,
+    *,
+    fail_on: tuple[str, ...] = (),
+    expect: profiles_mod.Expect | None = None,
+    **kw: Any,
+) -> None:
     store = Store(kw["db"]) if resume is None else open_existing(kw["db"])
     try:
         result = (
@@ -40,14 +48,44 @@ def run_experiment(profile_names: tuple[str, ...], resume: str | None = None, **
         )
     finally:
         store.close()
-    print_result(result, kw["as_json"])
+    decision = failon.fail_on_verdict(result, fail_on, expect=expect) if fail_on else None
+    print_result(result, kw["as_json"], decision)
+    if decision is not None:
+        raise SystemExit(decision.exit_code)
 
 
-def print_result(result: results.ABResult, as_json: bool) -> None:
+def print_result(result: results.ABResult, as_json: bool, decision: failon.FailOn | None = None) -> None:
+    """The report; under it, with --fail-on, the decision (one JSON document under --json, its key "fail_on")."""
     if as_json:
-        click.echo(json.dumps(ab_json(result), indent=2))
-    else:
-        click.echo(ab_text(result))
+        doc = ab_json(result) | ({"fail_on": decision.to_dict()} if decision is not None else {})
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(ab_text(result))
+    if decision is not None:
+        click.echo("")
+        click.echo("\n".join(decision.lines()))
+
+
+def parse_fail_on(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        return failon.parse_modes(value)
+    except InputError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--fail-on",
+        "fail_on",
+        multiple=True,
+        metavar="MODE",
+        callback=parse_fail_on,
+        help="Set the exit code from the verdict: 3 if MODE fails, 4 if that is undecided (inconclusive, or one "
+        "block: no CI), else 0. Modes: slower (an arm slower than the first, at any concurrency level; orch bench: "
+        "below the profile's expect.tok_s beyond 3%), different (slower or faster), env (workers without their "
+        "profile's env, or launches of one arm whose fingerprints differ in engine, GPUs, env or profile). "
+        "Repeatable or comma-separated (slower,env); allowed with --resume.",
+    )(fn)
 
 
 def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> results.ABResult:
@@ -200,12 +238,13 @@ def execute(
     "and settings; its completed launches stand.",
 )
 @bench_options
+@fail_on_option
 def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
     """Compare PROFILES (the first is the baseline), each launch from fresh, verified state.
 
     With --blocks N every arm is launched N times (each block launches every arm once, in a recorded order), and
     each arm gets a 95% confidence interval against the baseline and a verdict: faster, slower, no difference or
-    inconclusive.
+    inconclusive. With --fail-on the verdict decides the exit code (3 fail, 4 inconclusive, 0 ok).
 
     Example: orch ab baseline eagle3-3step --sim --blocks 3   |   orch ab baseline eagle3-3step --host gpu-box
     """
@@ -217,6 +256,19 @@ def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
 @cli.command("bench")
 @click.argument("profile")
 @bench_options
+@fail_on_option
 def bench_cmd(profile: str, **kw: Any) -> None:
-    """Benchmark one profile from a fresh, verified launch (--blocks N: N launches, with the spread across them)."""
-    run_experiment((profile,), None, **kw)
+    """Benchmark one profile from a fresh, verified launch (--blocks N: N launches, with the spread across them).
+
+    With --fail-on slower or different the result is judged against the profile's expect.tok_s (single-stream,
+    within 3%).
+    """
+    expect = None
+    if kw["fail_on"]:
+        # Refused before anything starts: a run whose verdict cannot be decided is a wasted launch.
+        prof = profiles_mod.load(profile)
+        expect = prof.expect
+        refusal = failon.single_profile_refusal(prof.name, expect, kw["fail_on"], kw["concurrency"])
+        if refusal:
+            raise click.UsageError(refusal)
+    run_experiment((profile,), None, expect=expect, **kw)

@@ -33,6 +33,7 @@ class SeriesValue:
     higher_is_better: bool
     env: str  # digest of the environment the value was measured in
     env_arms: tuple[str, ...]  # whose environments make up `env`
+    min_history: int = 5  # the suite's: nights an environment needs before a regression can be called
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -82,7 +83,7 @@ def arm_environments(result: ABResult) -> dict[str, dict[str, Any]]:
     return out
 
 
-def measure(item: Item, result: ABResult) -> tuple[list[SeriesValue], dict[str, dict[str, Any]]]:
+def measure(item: Item, result: ABResult, min_history: int = 5) -> tuple[list[SeriesValue], dict[str, dict[str, Any]]]:
     """Tonight's value of every series of an item, and each arm's environment. A metric an arm did not produce
     (accept length without speculation, a level without valid runs) is simply not there."""
     envs = arm_environments(result)
@@ -99,7 +100,7 @@ def measure(item: Item, result: ABResult) -> tuple[list[SeriesValue], dict[str, 
             out.append(
                 SeriesValue(
                     series_name(arm.label, metric.key), arm.label, metric.key, est.value, est.lo, est.hi,
-                    est.launches, metric.threshold, higher, env_key(envs, [arm.label]), (arm.label,),
+                    est.launches, metric.threshold, higher, env_key(envs, [arm.label]), (arm.label,), min_history,
                 )
             )  # fmt: skip
         if metric.name not in ("tok_s", "agg_tok_s") or len(result.arms) < 2:
@@ -118,7 +119,7 @@ def measure(item: Item, result: ABResult) -> tuple[list[SeriesValue], dict[str, 
             out.append(
                 SeriesValue(
                     series_name(label, metric.key), label, metric.key, ratio, ci[0], ci[1], ratio_est.blocks,
-                    metric.threshold, True, env_key(envs, arms), arms,
+                    metric.threshold, True, env_key(envs, arms), arms, min_history,
                 )
             )  # fmt: skip
     return out, envs

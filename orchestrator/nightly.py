@@ -246,9 +246,13 @@ class NightRunner:
     night_at: float
     on_event: Callable[[str], None] = lambda _: None
     only: tuple[str, ...] = ()
-    night_id: str = field(default_factory=lambda: "n" + time.strftime("%Y%m%d-") + uuid.uuid4().hex[:6])
+    night_id: str = ""  # default: n<the night's date>-<random>
     last: NightReport | None = None  # the night so far, also when it was interrupted
     _alarm: _Alarm = field(default_factory=_Alarm)
+
+    def __post_init__(self) -> None:
+        if not self.night_id:
+            self.night_id = "n" + time.strftime("%Y%m%d-", time.localtime(self.night_at)) + uuid.uuid4().hex[:6]
 
     def run(self) -> NightReport:
         namespace = default_namespace()
@@ -372,14 +376,15 @@ class NightRunner:
         except OrchError as e:
             return self._failed(item, "failed", str(e), began)
         experiments = [result.experiment_id]
-        series, envs = history.measure(item, result)
+        series, envs = history.measure(item, result, self.suite.min_history)
         tonight = history.ItemNight(
             self.night_id, self.night_at, self.suite.name, "complete", None, (), (), envs, item.sim
         )
         verdicts = [judge(v, past, tonight, self.suite.min_history) for v in series]
         if self.suite.confirm and any(v.status == "regression" for v in verdicts):
             verdicts, result, series, envs = self._confirm(item, deadline, past, result, verdicts, experiments)
-        relative = failon.fail_on_verdict(result, item.fail_on) if item.fail_on else None
+        expect = item.profiles[0].expect if len(item.profiles) == 1 else None
+        relative = failon.fail_on_verdict(result, item.fail_on, expect=expect) if item.fail_on else None
         status = item_status(verdicts, relative is not None and relative.exit_code == 3)
         history.record_item(
             self.store, self.night_id, item, status="complete", experiments=experiments, error=None, series=series,
@@ -419,16 +424,16 @@ class NightRunner:
             # Unconfirmed is still reported: a regression that also breaks the re-run must not go quiet.
             self.on_event(f"[{item.name}] {why}; reporting the first measurement")
             noted = [dataclasses.replace(v, note=why) if v.status == "regression" else v for v in verdicts]
-            series, envs = history.measure(item, first)
+            series, envs = history.measure(item, first, self.suite.min_history)
             return noted, first, series, envs
         experiments.append(second.experiment_id)
-        again, envs2 = history.measure(item, second)
+        again, envs2 = history.measure(item, second, self.suite.min_history)
         tonight2 = history.ItemNight(
             self.night_id, self.night_at, self.suite.name, "complete", None, (), (), envs2, item.sim
         )
         rerun = {v.series: judge(v, past, tonight2, self.suite.min_history) for v in again}
         pooled = _merge(first, second)
-        series, envs = history.measure(item, pooled)
+        series, envs = history.measure(item, pooled, self.suite.min_history)
         tonight = history.ItemNight(
             self.night_id, self.night_at, self.suite.name, "complete", None, (), (), envs, item.sim
         )

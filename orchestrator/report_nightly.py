@@ -100,10 +100,13 @@ def item_line(r: ItemReport) -> str:
         return f"- {label} {where}: {r.error or 'no reason recorded'}"
     decisive = [s for s in r.series if s.status in ("regression", "environment", "improvement")]
     parts = [series_text(s) for s in decisive]
-    if r.fail_on and r.fail_on.get("exit_code") == 3:
-        parts += [f"fail_on: {reason}" for reason in r.fail_on.get("reasons") or []]
-    headline = [c for c in r.comparisons if c.get("concurrency") == (r.comparisons[0].get("concurrency"))]
-    parts += [comparison_text(c) for c in headline[:3]]
+    failed_relative = bool(r.fail_on and r.fail_on.get("exit_code") == 3)
+    if failed_relative and r.fail_on:
+        # A failed check's text carries the ratio and its CI.
+        parts += [f"fail_on {c['mode']}: {c['reason']}" for c in r.fail_on.get("checks") or [] if c["exit_code"] == 3]
+    else:
+        headline = [c for c in r.comparisons if c.get("concurrency") == r.comparisons[0].get("concurrency")]
+        parts += [comparison_text(c) for c in headline[:3]]
     if not decisive and r.series:
         parts.insert(0, series_text(r.series[0]))
     return f"- {label} {where}: " + "; ".join(parts)
@@ -144,19 +147,25 @@ class SeriesHistory:
         return next((r.value for r in reversed(self.rows) if r.value is not None), None)
 
 
-def series_history(nights: Sequence[history.ItemNight], series: str, min_history: int) -> SeriesHistory:
+def series_history(nights: Sequence[history.ItemNight], series: str, min_history: int | None) -> SeriesHistory:
+    """Each night of a series with what it decided then (from the nights before it, with the suite's min_history
+    of that night unless one is given), and the whole series in hindsight."""
     rows = []
     past: list[history.ItemNight] = []
     for night in nights:
         value = night.value(series) if night.status == "complete" else None
-        verdict = judge(value, past, night, min_history) if value is not None else None
+        need = min_history if min_history is not None else value.min_history if value is not None else 5
+        verdict = judge(value, past, night, need) if value is not None else None
         rows.append(HistoryRow(night, value, verdict))
         past.append(night)
     latest = next((r.value for r in reversed(rows) if r.value is not None), None)
     points = [changepoint.Night(r.value.value, r.value.env) for r in rows if r.value is not None]
     overall = (
         changepoint.assess(
-            points, threshold=latest.threshold, higher_is_better=latest.higher_is_better, min_history=min_history
+            points,
+            threshold=latest.threshold,
+            higher_is_better=latest.higher_is_better,
+            min_history=min_history if min_history is not None else latest.min_history,
         )
         if latest is not None and points
         else None

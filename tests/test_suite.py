@@ -89,7 +89,7 @@ def test_a_valid_suite(suite_dir: Path) -> None:
         (lambda d: d["items"][1].update(name="plain levels"), "item 'plain levels': name: expected letters, digits"),
         (lambda d: d["items"][1].update(name="spec-vs-plain"), "item 'spec-vs-plain': name: used twice"),
         (lambda d: d["items"][1].pop("name"), "items[1]: name: required"),
-        (lambda d: d["items"][1]["workload"].update(runs=0), "item 'plain-levels': workload: runs: expected an integer"),
+        (lambda d: d["items"][1]["workload"].update(runs=0), "'plain-levels': workload: runs: expected an integer"),
         (lambda d: d["items"][1]["workload"].update(prompts="missing.jsonl"), "item 'plain-levels': workload:"),
         (lambda d: d["items"][1]["workload"].update(max_tokens=1_000_000, runs=9999), "workload: "),
         (lambda d: d["defaults"].update(blocks="three"), "defaults: blocks: expected an integer"),
@@ -139,9 +139,9 @@ def test_check_lists_the_items_and_hosts_are_resolved(suite_dir: Path, tmp_path:
     assert out.rc == 0, out.text
     assert "spec-vs-plain: ab plain vs spec on local, SIMULATED" in out.out and "agg_tok_s@8 (5 %)" in out.out
     data = yaml.safe_load(yaml.safe_dump(GOOD))
-    data["items"][0]["host"] = "gpu-box"
-    out = run("nightly", str(write_suite(suite_dir, data)), "--check", cwd=tmp_path)
-    assert out.rc == 2 and "item 'spec-vs-plain': host:" in out.err and "gpu-box" in out.err, out.text
+    data["items"][0]["host"] = "gpu box!"  # a bare name is an ssh_config alias; this is no host at all
+    out = run("nightly", str(write_suite(suite_dir, data, "bad-host.yaml")), "--check", cwd=tmp_path)
+    assert out.rc == 2 and "item 'spec-vs-plain': host:" in out.err and "gpu box!" in out.err, out.text
     out = run("nightly", str(path), "--only", "nope", "--check", cwd=tmp_path)
     assert out.rc == 2 and "--only nope: no such item" in out.err, out.text
 

@@ -128,14 +128,19 @@ def _output(report: nightly_mod.NightReport, as_json: bool, markdown_out: str | 
 @click.option(
     "--min-history",
     type=click.IntRange(3, 100),
-    default=5,
-    show_default=True,
-    help="Nights an environment needs before a regression can be called (as the suite's min_history).",
+    default=None,
+    help="Nights an environment needs before a regression can be called [default: the suite's min_history].",
 )
 @click.option("--json", "as_json", is_flag=True, help="One JSON document.")
 @db_option
 def history_cmd(
-    item: str, host: str | None, metric: str | None, arm: str | None, min_history: int, as_json: bool, db: str | None
+    item: str,
+    host: str | None,
+    metric: str | None,
+    arm: str | None,
+    min_history: int | None,
+    as_json: bool,
+    db: str | None,
 ) -> None:
     """ITEM's trend, one line per night: value, 95% CI, change vs the level before, and what was decided then
     (regression, environment change, building history); change points and outlier nights marked in hindsight."""

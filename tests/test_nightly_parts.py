@@ -1,0 +1,143 @@
+"""The nightly runner's pure parts: exit codes, item statuses, series from a result, environments, Markdown lines."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from orchestrator import changepoint, fingerprint, history, nightly, report_nightly
+from orchestrator.bench import BenchConfig, RunResult
+from orchestrator.profile import Profile, Speculative
+from orchestrator.results import ABResult, Design, LaunchResult
+from orchestrator.suite import Item, Metric
+from tests.test_failon import fingerprint as make_fingerprint
+
+
+@pytest.mark.parametrize(
+    ("status", "items", "code"),
+    [
+        ("complete", ["ok", "building", "improvement", "environment"], 0),
+        ("complete", ["ok", "failed"], 1),
+        ("deadline", ["timeout", "skipped"], 1),
+        ("complete", ["regression", "failed"], 3),  # the regression is what pages; the summary lists the failure
+        ("deadline", ["regression", "skipped"], 3),
+        ("interrupted", ["regression", "skipped"], 130),
+        ("complete", [], 0),
+    ],
+)
+def test_night_exit_codes(status: str, items: list[str], code: int) -> None:
+    assert nightly.night_exit_code(status, items) == code
+
+
+def _verdict(status: str) -> nightly.SeriesVerdict:
+    value = history.SeriesValue("a:tok_s", "a", "tok_s", 1.0, None, None, 1, 0.03, True, "e", ("a",))
+    a = changepoint.Assessment(status, (), None, None, None, None, (), 1, 6)
+    return nightly.SeriesVerdict(value, a, status)
+
+
+def test_an_items_status_is_its_worst_series() -> None:
+    v = _verdict
+    assert nightly.item_status([v("ok"), v("regression"), v("environment")], False) == "regression"
+    assert nightly.item_status([v("ok"), v("environment"), v("improvement")], False) == "environment"
+    assert nightly.item_status([v("ok"), v("improvement")], False) == "improvement"
+    assert nightly.item_status([v("building"), v("building")], False) == "building"
+    assert nightly.item_status([v("building"), v("ok")], False) == "ok"
+    assert nightly.item_status([v("ok")], True) == "regression"  # tonight's A/B under fail_on
+    assert nightly.item_status([], False) == "ok"
+
+
+def _run(i: int, tok_s: float, ttft: float, accept: float | None, level: int = 1) -> RunResult:
+    return RunResult(
+        index=i, warmup=False, tokens=256, seconds=256 / tok_s, tok_s=tok_s, prompt_tokens=30, ttft_s=ttft,
+        spec_accept_length=accept, concurrency=level, aggregate_tok_s=tok_s * level,
+        metrics={"ttft": {"p50": ttft, "p99": ttft * 2}},
+    )  # fmt: skip
+
+
+def _result(base: float, spec: float, blocks: int = 3, seed: int = 7) -> ABResult:
+    launches = []
+    for b in range(blocks):
+        f = 1 + 0.003 * (b - 1)
+        for arm, (name, speed) in enumerate((("baseline", base), ("eagle3", spec))):
+            accept = 2.0 if arm else None
+            runs = tuple(_run(i, speed * f * (1 + 0.001 * i), 0.05 + 0.01 * arm, accept) for i in range(3))
+            fp = make_fingerprint(profile__name=name)
+            launches.append(
+                LaunchResult(name, f"l{b}{arm}", runs, 1.0, {"ok": True}, {}, 3 if arm else None, b, arm, arm,
+                             fingerprint=fp)
+            )  # fmt: skip
+    design = Design(blocks, "fixed", seed, tuple((0, 1) for _ in range(blocks)))
+    return ABResult("e1", True, "local", ("baseline", "eagle3"), tuple(launches), {}, design=design)
+
+
+def _item(*metrics: Metric) -> Item:
+    plain = Profile(
+        name="baseline", source="x", chain=("baseline",), engine="sglang", model_path="/m", tp_size=1, port=30000
+    )
+    spec = dataclasses.replace(plain, name="eagle3", speculative=Speculative(algorithm="EAGLE3"))
+    return Item("ab", (plain, spec), "local", True, BenchConfig(), 3, "fixed", metrics, 0.03, 60.0)
+
+
+def test_series_of_an_ab_item() -> None:
+    item = _item(Metric("tok_s", None, 0.02), Metric("ttft_p99", None, 0.1), Metric("accept_length", None, 0.05))
+    series, envs = history.measure(item, _result(80.0, 60.0), min_history=4)
+    by = {s.series: s for s in series}
+    assert set(by) == {
+        "baseline:tok_s", "eagle3:tok_s", "eagle3/baseline:tok_s", "baseline:ttft_p99", "eagle3:ttft_p99",
+        "eagle3:accept_length",
+    }  # fmt: skip
+    assert by["baseline:tok_s"].value == pytest.approx(80.0, rel=0.01) and by["baseline:tok_s"].n == 3
+    assert by["baseline:tok_s"].lo is not None and by["baseline:tok_s"].lo < 80.0 < by["baseline:tok_s"].hi
+    assert by["eagle3/baseline:tok_s"].value == pytest.approx(0.75, rel=0.01) and by["eagle3/baseline:tok_s"].n == 3
+    assert (
+        by["baseline:ttft_p99"].value == pytest.approx(0.1, rel=0.01) and not by["baseline:ttft_p99"].higher_is_better
+    )
+    assert by["eagle3:accept_length"].value == pytest.approx(2.0) and by["eagle3:tok_s"].threshold == 0.02
+    assert {s.min_history for s in series} == {4}
+    # Arms differ in their profile, so in their environment; a ratio's environment is both arms'.
+    assert by["baseline:tok_s"].env != by["eagle3:tok_s"].env
+    assert by["eagle3/baseline:tok_s"].env_arms == ("eagle3", "baseline")
+    assert envs["baseline"]["profile.name"] == "baseline" and "host.hostname" not in envs["baseline"]
+    assert history.SeriesValue.from_dict(by["eagle3/baseline:tok_s"].to_dict()) == by["eagle3/baseline:tok_s"]
+
+
+def test_a_confirmation_pools_both_experiments_as_more_blocks() -> None:
+    first, second = _result(80.0, 60.0), _result(78.0, 58.5)
+    pooled = nightly._merge(first, second)
+    assert pooled.design.blocks == 6 and pooled.blocks == 6 and len(pooled.launches) == 12
+    (c,) = pooled.comparisons
+    assert c.estimate is not None and c.estimate.blocks == 6
+    item = _item(Metric("tok_s", None, 0.02))
+    by = {s.series: s for s in history.measure(item, pooled)[0]}
+    assert by["baseline:tok_s"].n == 6 and 78.0 < by["baseline:tok_s"].value < 80.0
+
+
+def test_an_environment_is_what_moves_numbers_not_names() -> None:
+    a = make_fingerprint()
+    renamed = make_fingerprint(host__hostname="other", host__boot_id="b-2", orch__git_sha="bbb", collected_at=9.0)
+    assert fingerprint.environment(a) == fingerprint.environment(renamed)
+    upgraded = make_fingerprint(software__engine_version="0.5.10", gpus__driver="560.1")
+    diffs = fingerprint.environment_diff(fingerprint.environment(a), fingerprint.environment(upgraded))
+    assert [d.describe() for d in diffs] == ["engine version: 0.5.9 -> 0.5.10", "GPU driver: 550.54 -> 560.1"]
+    assert fingerprint.environment(None) == {}
+
+
+def _report(status: str, **kw: Any) -> nightly.ItemReport:
+    return nightly.ItemReport("check", "gpu-box", "bench", False, status, **kw)
+
+
+def test_markdown_lines() -> None:
+    assert report_nightly.item_line(_report("failed", error="server exited 1")) == (
+        "- **FAILED** `check` (gpu-box): server exited 1"
+    )
+    value = history.SeriesValue("check:tok_s", "check", "tok_s", 77.2, 76.9, 77.5, 2, 0.03, True, "e", ("check",))
+    a = changepoint.Assessment("regression", (), None, 82.1, 77.2 / 82.1 - 1, 0.01, (), 9, 6)
+    line = report_nightly.item_line(_report("regression", series=(nightly.SeriesVerdict(value, a, "regression"),)))
+    assert line == "- **REGRESSION** `check` (gpu-box): check tok/s 77.2 [76.9, 77.5]: -6.0 % vs 82.1 (threshold 3 %)"
+    env = nightly.SeriesVerdict(value, dataclasses.replace(a, status="environment"), "environment", "engine: a -> b")
+    line = report_nightly.item_line(_report("environment", series=(env,)))
+    assert (
+        "**environment change** `check`" in line and "environment changed: engine: a -> b; check tok/s -6.0 %" in line
+    )

@@ -15,13 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import ab, changepoint, failon, history
+from orchestrator import ab, changepoint, failon, history, server
 from orchestrator.ab import ABConfig
 from orchestrator.connect import resolve_host
 from orchestrator.errors import InputError, OrchError
 from orchestrator.fingerprint import environment_diff
 from orchestrator.hosts import LOCK_DIR, default_namespace, load_inventory, parse_target
 from orchestrator.hostside import op_lock, op_unlock
+from orchestrator.redaction import scrub
 from orchestrator.report import run_line
 from orchestrator.results import ABResult, Design
 from orchestrator.store import Store
@@ -375,6 +376,8 @@ class NightRunner:
             return self._failed(item, "timeout", f"stopped by {self._alarm.fired}", began)
         except OrchError as e:
             return self._failed(item, "failed", str(e), began)
+        except Exception as e:  # a bug in orch must not cost the rest of the night
+            return self._failed(item, "failed", f"unexpected {type(e).__name__}: {e}", began)
         experiments = [result.experiment_id]
         series, envs = history.measure(item, result, self.suite.min_history)
         tonight = history.ItemNight(
@@ -418,7 +421,7 @@ class NightRunner:
                 raise
             second = None
             why = f"the confirmation re-run was stopped by {self._alarm.fired}"
-        except OrchError as e:
+        except Exception as e:  # an OrchError, or a bug: either way the first measurement stands
             second, why = None, f"the confirmation re-run failed: {e}"
         if second is None:
             # Unconfirmed is still reported: a regression that also breaks the re-run must not go quiet.
@@ -461,6 +464,8 @@ class NightRunner:
         return out, pooled, series, envs
 
     def _failed(self, item: Item, status: str, error: str, began: float) -> ItemReport:
+        # Stored and posted: a server's log tail in the error must not carry the profile's secrets.
+        error = scrub(error, [v for p in item.profiles for v in server.profile_secrets(p)])
         self.on_event(f"[{item.name}] {status}: {error}")
         experiments = tuple(history.night_experiments(self.store, self.night_id, item.name))
         history.record_item(

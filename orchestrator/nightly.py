@@ -46,6 +46,13 @@ class SeriesVerdict:
     status: str  # ok | regression | improvement | environment | building
     note: str = ""  # a confirmation re-run, an environment step's differences
 
+    @property
+    def too_noisy(self) -> bool:
+        """The series' night-to-night noise is above half its threshold: beyond that the detector's false-alarm
+        rate exceeds 1 per 100 nights (benchmarks/nightly_study.py)."""
+        noise = self.assessment.noise
+        return self.status != "building" and noise is not None and noise > self.value.threshold / 2
+
     def to_dict(self) -> dict[str, Any]:
         a = self.assessment
         return {
@@ -58,6 +65,7 @@ class SeriesVerdict:
             "needed": a.needed,
             "step": dataclasses.asdict(a.new) if a.new else None,
             "note": self.note or None,
+            "too_noisy": self.too_noisy,
         }
 
 

@@ -109,6 +109,14 @@ def item_line(r: ItemReport) -> str:
         parts += [comparison_text(c) for c in headline[:3]]
     if not decisive and r.series:
         parts.insert(0, series_text(r.series[0]))
+    noisy = [s for s in r.series if s.too_noisy]
+    if noisy:
+        s = noisy[0]
+        noise = s.assessment.noise or 0.0
+        parts.append(
+            f"warning: {series_label(s.value)} varies {noise * 100:.1f} % night to night, more than half its "
+            f"{s.value.threshold * 100:g} % threshold: expect false alarms (raise the threshold, or blocks and runs)"
+        )
     return f"- {label} {where}: " + "; ".join(parts)
 
 

@@ -141,3 +141,15 @@ def test_markdown_lines() -> None:
     assert (
         "**environment change** `check`" in line and "environment changed: engine: a -> b; check tok/s -6.0 %" in line
     )
+
+
+def test_a_series_too_noisy_for_its_threshold_is_said_on_its_line() -> None:
+    value = history.SeriesValue("spec:tok_s", "spec", "tok_s", 57.7, None, None, 2, 0.03, True, "e", ("spec",))
+    steady = changepoint.Assessment("ok", (), None, 57.7, 0.0, 0.01, (), 9, 6)
+    noisy = dataclasses.replace(steady, noise=0.1)
+    assert not nightly.SeriesVerdict(value, steady, "ok").too_noisy
+    assert nightly.SeriesVerdict(value, noisy, "ok").too_noisy
+    # Building nights have too few differences to say anything about the noise yet.
+    assert not nightly.SeriesVerdict(value, dataclasses.replace(noisy, status="building"), "building").too_noisy
+    line = report_nightly.item_line(_report("ok", series=(nightly.SeriesVerdict(value, noisy, "ok"),)))
+    assert "warning: spec tok/s varies 10.0 % night to night, more than half its 3 % threshold" in line

@@ -244,3 +244,24 @@ def night_experiments(store: Store, night_id: str, item: str) -> list[str]:
         (night_id, item),
     )
     return [r[0] for r in rows]
+
+
+def series_environment(envs: dict[str, dict[str, Any]], arms: Sequence[str]) -> dict[str, Any]:
+    """The environment a series was measured in: its arms' environments together."""
+    return {f"{arm}\t{key}": value for arm in arms for key, value in envs.get(arm, {}).items()}
+
+
+def environment_ids(envs: Sequence[dict[str, Any]]) -> list[str]:
+    """A label per night that changes exactly where the environment did. A field one night could not read (None,
+    or missing) is no evidence of a change: a transient nvidia-smi failure must not start a new history and blind
+    the detector for `min_history` nights."""
+    ids: list[str] = []
+    known: dict[str, Any] = {}
+    segment = 0
+    for env in envs:
+        if ids and any(v is not None and known.get(k) is not None and known[k] != v for k, v in env.items()):
+            segment += 1
+            known = {}
+        known.update({k: v for k, v in env.items() if v is not None})
+        ids.append(str(segment))
+    return ids

@@ -163,7 +163,12 @@ def item_status(series: Sequence[SeriesVerdict], relative_failed: bool) -> str:
 def _describe_env_step(before: history.ItemNight, after: history.ItemNight, arms: Sequence[str]) -> str:
     parts = []
     for arm in arms:
-        diffs = environment_diff(before.envs.get(arm, {}), after.envs.get(arm, {}))
+        # Only what both nights could read: a field one of them could not read says nothing.
+        diffs = [
+            d
+            for d in environment_diff(before.envs.get(arm, {}), after.envs.get(arm, {}))
+            if d.before is not None and d.after is not None
+        ]
         prefix = f"{arm}: " if len(arms) > 1 else ""
         parts += [prefix + d.describe() for d in diffs[:3]]
         if len(diffs) > 3:
@@ -176,7 +181,10 @@ def judge(
 ) -> SeriesVerdict:
     """Tonight's value of a series against the nights before it (each with the environment it ran in)."""
     points = [(n, v) for n in past if n.status == "complete" and (v := n.value(value.series)) is not None]
-    nights = [changepoint.Night(v.value, v.env) for _, v in points] + [changepoint.Night(value.value, value.env)]
+    envs = [history.series_environment(n.envs, value.env_arms) for n, _ in points]
+    ids = history.environment_ids([*envs, history.series_environment(tonight.envs, value.env_arms)])
+    values = [v.value for _, v in points] + [value.value]
+    nights = [changepoint.Night(x, env) for x, env in zip(values, ids, strict=True)]
     a = changepoint.assess(
         nights, threshold=value.threshold, higher_is_better=value.higher_is_better, min_history=min_history
     )

@@ -153,3 +153,16 @@ def test_a_series_too_noisy_for_its_threshold_is_said_on_its_line() -> None:
     assert not nightly.SeriesVerdict(value, dataclasses.replace(noisy, status="building"), "building").too_noisy
     line = report_nightly.item_line(_report("ok", series=(nightly.SeriesVerdict(value, noisy, "ok"),)))
     assert "warning: spec tok/s varies 10.0 % night to night, more than half its 3 % threshold" in line
+
+
+def test_a_field_a_night_could_not_read_is_no_environment_change() -> None:
+    a = {"gpus.driver": "550", "software.engine_version": "0.5.9"}
+    unread = {"gpus.driver": None, "software.engine_version": "0.5.9"}
+    missing = {"software.engine_version": "0.5.9"}
+    upgraded = {"gpus.driver": "560", "software.engine_version": "0.5.9"}
+    assert history.environment_ids([a, unread, missing, a]) == ["0", "0", "0", "0"]
+    # What a night could not read is still known from before: a change seen after the gap is a change.
+    assert history.environment_ids([a, unread, upgraded, upgraded, a]) == ["0", "0", "1", "1", "2"]
+    assert history.environment_ids([]) == []
+    env = history.series_environment({"b": {"x": 1}, "s": {"x": 2}}, ("s", "b"))
+    assert env == {"s\tx": 2, "b\tx": 1}

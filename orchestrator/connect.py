@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.hosts import Host, LocalHost, load_inventory, parse_target
+from orchestrator.hosts import Host, HostConfig, LocalHost, load_inventory, parse_target
 
 
 def resolve_host(
@@ -19,6 +19,11 @@ def resolve_host(
     config = parse_target(spec, hosts)
     if workdir:
         config = replace(config, workdir=workdir)
+    return open_host(config, accept_new_host_key=accept_new_host_key)
+
+
+def open_host(config: HostConfig, *, accept_new_host_key: bool = False) -> Host:
+    """A Host for one resolved inventory entry (or `user@addr[:port]`)."""
     if config.is_local:
         return LocalHost(config)
     from orchestrator.ssh import SSHHost  # paramiko is only imported when a remote host is used

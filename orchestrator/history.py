@@ -7,7 +7,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from orchestrator import fingerprint
@@ -42,7 +42,8 @@ class SeriesValue:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SeriesValue:
-        return cls(**{**d, "env_arms": tuple(d.get("env_arms") or ())})
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known} | {"env_arms": tuple(d.get("env_arms") or ())})
 
 
 def series_name(arm: str, metric: str) -> str:
@@ -156,15 +157,20 @@ def record_item(
     series: Sequence[SeriesValue],
     envs: dict[str, dict[str, Any]],
     simulated: bool,
+    decisions: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    """One item of a night, stored the moment it is decided (a night cut short keeps what it measured)."""
+    """One item of a night, stored the moment it is decided (a night cut short keeps what it measured), with what
+    the night decided about each series (`orch history` shows that, not a recomputation)."""
+    rows = [
+        s.to_dict() | ({"decision": decisions[s.series]} if decisions and s.series in decisions else {}) for s in series
+    ]
     with store.transaction(f"recording nightly item {item.name}") as c:
         c.execute(
             "INSERT OR REPLACE INTO night_items (night_id, item, host, kind, simulated, status, experiments_json,"
             " error, series_json, envs_json, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 night_id, item.name, item.host, item.kind, int(simulated), status, json.dumps(list(experiments)),
-                error, json.dumps([s.to_dict() for s in series]), json.dumps(envs, default=str), time.time(),
+                error, json.dumps(rows), json.dumps(envs, default=str), time.time(),
             ),
         )  # fmt: skip
 
@@ -182,6 +188,7 @@ class ItemNight:
     series: tuple[SeriesValue, ...]
     envs: dict[str, dict[str, Any]]
     simulated: bool
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)  # series -> status, note, change
 
     def value(self, series: str) -> SeriesValue | None:
         return next((s for s in self.series if s.series == series), None)
@@ -203,7 +210,9 @@ def item_nights(
         if before is not None and row["night_id"] == before:
             break
         try:
-            series = tuple(SeriesValue.from_dict(d) for d in json.loads(row["series_json"]))
+            raw = json.loads(row["series_json"])
+            series = tuple(SeriesValue.from_dict(d) for d in raw)
+            decisions = {d["series"]: d["decision"] for d in raw if isinstance(d.get("decision"), dict)}
             envs = json.loads(row["envs_json"])
             experiments = tuple(json.loads(row["experiments_json"]))
         except (ValueError, TypeError, KeyError) as e:
@@ -211,7 +220,7 @@ def item_nights(
         out.append(
             ItemNight(
                 row["night_id"], float(row["night_at"]), row["suite"], row["status"], row["error"], experiments,
-                series, envs, bool(row["simulated"]),
+                series, envs, bool(row["simulated"]), decisions,
             )
         )  # fmt: skip
     return out

@@ -17,10 +17,10 @@ from typing import Any
 
 from orchestrator import ab, changepoint, failon, history, server
 from orchestrator.ab import ABConfig
-from orchestrator.connect import resolve_host
+from orchestrator.connect import open_host
 from orchestrator.errors import InputError, OrchError
 from orchestrator.fingerprint import environment_diff
-from orchestrator.hosts import LOCK_DIR, default_namespace, load_inventory, parse_target
+from orchestrator.hosts import LOCK_DIR, HostConfig, default_namespace, load_inventory, parse_target
 from orchestrator.hostside import op_lock, op_unlock
 from orchestrator.redaction import scrub
 from orchestrator.report import run_line
@@ -30,7 +30,9 @@ from orchestrator.suite import Item, Suite
 
 EXIT_OK, EXIT_ERROR, EXIT_REGRESSION, EXIT_INTERRUPTED = 0, 1, 3, 130
 # How a night's items can end, worst first (the order of the summary's verdicts).
-ITEM_STATUSES = ("regression", "failed", "timeout", "skipped", "environment", "improvement", "building", "ok")
+ITEM_STATUSES = (
+    "regression", "failed", "timeout", "interrupted", "skipped", "environment", "improvement", "building", "ok",
+)  # fmt: skip
 
 
 class NightBusyError(OrchError):
@@ -52,6 +54,10 @@ class SeriesVerdict:
         rate exceeds 1 per 100 nights (benchmarks/nightly_study.py)."""
         noise = self.assessment.noise
         return self.status != "building" and noise is not None and noise > self.value.threshold / 2
+
+    def decision(self) -> dict[str, Any]:
+        """What the night decided, as stored for `orch history`."""
+        return {"status": self.status, "note": self.note or None, "change": self.assessment.change}
 
     def to_dict(self) -> dict[str, Any]:
         a = self.assessment
@@ -109,8 +115,9 @@ class NightReport:
     night_at: float
     started_at: float
     finished_at: float
-    status: str  # complete | deadline | interrupted
+    status: str  # complete | deadline | interrupted | busy (another night held the machine: nothing ran)
     items: tuple[ItemReport, ...] = field(default_factory=tuple)
+    error: str | None = None
 
     @property
     def exit_code(self) -> int:
@@ -130,6 +137,7 @@ class NightReport:
             "simulated": any(i.simulated for i in self.items),
             "counts": {k: v for k, v in counts.items() if v},
             "items": [i.to_dict() for i in self.items],
+            "error": self.error,
         }
 
 
@@ -138,6 +146,8 @@ def night_exit_code(status: str, item_statuses: Sequence[str]) -> int:
     an item could not run (failed, timed out, or skipped at the deadline); else 0."""
     if status == "interrupted":
         return EXIT_INTERRUPTED
+    if status == "busy":
+        return EXIT_ERROR
     if "regression" in item_statuses:
         return EXIT_REGRESSION
     if any(s in ("failed", "timeout", "skipped") for s in item_statuses):
@@ -149,11 +159,9 @@ def item_status(series: Sequence[SeriesVerdict], relative_failed: bool) -> str:
     statuses = {s.status for s in series}
     if "regression" in statuses or relative_failed:
         return "regression"
-    for s in ("environment", "improvement"):
+    for s in ("environment", "improvement", "building"):
         if s in statuses:
             return s
-    if statuses and statuses <= {"building"}:
-        return "building"
     return "ok"
 
 
@@ -228,17 +236,63 @@ def night_lock_path(namespace: str) -> str:
     return f"{LOCK_DIR}/orch-nightly-{namespace}.lock"
 
 
-def check_hosts(suite: Suite) -> None:
-    """Every item's host must resolve before anything launches (connecting is the night's job)."""
+def suite_inventory(suite: Suite) -> dict[str, HostConfig]:
+    """The suite's inventory (its `inventory:`, else a hosts.yaml next to it, $ORCH_HOSTS or the user config
+    dir's): never one in whatever directory cron starts in."""
     try:
-        inventory = load_inventory(suite.inventory)
+        return load_inventory(suite.inventory) if suite.inventory else {}
     except OrchError as e:
         raise InputError(f"{suite.path}: inventory: {e}") from None
+
+
+def check_hosts(suite: Suite) -> None:
+    """Every item's host must resolve before anything launches (connecting is the night's job)."""
+    inventory = suite_inventory(suite)
     for item in suite.items:
         try:
             parse_target(item.host, inventory)
         except OrchError as e:
             raise InputError(f"{suite.path}: item {item.name!r}: host: {e}") from None
+
+
+def describe_hosts(suite: Suite) -> str:
+    """Where each host of the suite comes from, for --check: an inventory entry, or an SSH name tried at night."""
+    inventory = suite_inventory(suite)
+    out = []
+    for spec in dict.fromkeys(item.host for item in suite.items):
+        config = parse_target(spec, inventory)
+        if config.is_local:
+            out.append(f"{spec} (this machine)")
+        elif spec in inventory:
+            target = f"{config.user + '@' if config.user else ''}{config.address}:{config.port or 22}"
+            out.append(f"{spec} ({target}, from {config.source})")
+        else:
+            out.append(f"{spec} (not in an inventory: an SSH name or address, first tried when the night connects; "
+                       f"`orch hosts check {spec}` tries it now)")  # fmt: skip
+    return "; ".join(out)
+
+
+def suite_summary(suite: Suite) -> dict[str, Any]:
+    """The validated suite as --check --json prints it."""
+    return {
+        "suite": suite.name,
+        "path": str(suite.path),
+        "sha256": suite.sha256,
+        "deadline_s": suite.deadline_s,
+        "wait_s": suite.wait_s,
+        "confirm": suite.confirm,
+        "min_history": suite.min_history,
+        "inventory": suite.inventory,
+        "items": [
+            {
+                "name": i.name, "kind": i.kind, "profiles": [p.name for p in i.profiles], "host": i.host,
+                "simulated": i.sim, "blocks": i.blocks, "timeout_s": i.timeout_s, "threshold": i.threshold,
+                "fail_on": list(i.fail_on), "metrics": {m.key: m.threshold for m in i.metrics},
+                "workload": i.bench.to_dict(),
+            }
+            for i in suite.items
+        ],
+    }  # fmt: skip
 
 
 def _merge(first: ABResult, second: ABResult) -> ABResult:
@@ -265,6 +319,7 @@ class NightRunner:
     only: tuple[str, ...] = ()
     night_id: str = ""  # default: n<the night's date>-<random>
     last: NightReport | None = None  # the night so far, also when it was interrupted
+    _cut: ItemReport | None = None  # the item Ctrl-C (or SIGTERM) stopped, as far as it got
     _alarm: _Alarm = field(default_factory=_Alarm)
 
     def __post_init__(self) -> None:
@@ -289,11 +344,17 @@ class NightRunner:
             )
             got = op_lock(lock, holder, wait_s=self.suite.wait_s)
         if not got["acquired"]:
-            raise NightBusyError(
+            error = (
                 f"another night still runs on this machine ({_holder(got['holder'])}) after waiting "
                 f"{self.suite.wait_s:.0f}s (the suite's wait:); this night did not start. Nights must not overlap: "
-                "move the cron time or shorten the suite's deadline:"
+                "move the cron time, or shorten the suite's deadline"
             )
+            now = time.time()
+            # Said like any other night (stdout, --markdown-out): a night that silently did not run is a night lost.
+            self.last = NightReport(
+                self.night_id, self.suite.name, str(self.suite.path), self.night_at, now, now, "busy", (), error
+            )
+            raise NightBusyError(error)
         try:
             return self._run_locked()
         finally:
@@ -324,6 +385,8 @@ class NightRunner:
                     status = "deadline"
         except KeyboardInterrupt:
             status = "interrupted"
+            if self._cut is not None:
+                reports.append(self._cut)
             done = {r.item for r in reports}
             reports += [self._skipped(i, "the night was interrupted") for i in items if i.name not in done]
             raise
@@ -363,7 +426,7 @@ class NightRunner:
         prefix = f"[{item.name}] "
         self._alarm.arm(budget, why)
         try:
-            host = resolve_host(item.host, inventory=self.suite.inventory)
+            host = open_host(parse_target(item.host, suite_inventory(self.suite)))
             with host:
                 return ab.run_ab(
                     host,
@@ -388,6 +451,7 @@ class NightRunner:
             result = self._measure_once(item, deadline)
         except KeyboardInterrupt:
             if self._alarm.fired is None:
+                self._cut = self._failed(item, "interrupted", "interrupted while it ran", began)
                 raise
             return self._failed(item, "timeout", f"stopped by {self._alarm.fired}", began)
         except OrchError as e:
@@ -407,14 +471,14 @@ class NightRunner:
         status = item_status(verdicts, relative is not None and relative.exit_code == 3)
         history.record_item(
             self.store, self.night_id, item, status="complete", experiments=experiments, error=None, series=series,
-            envs=envs, simulated=item.sim,
+            envs=envs, simulated=item.sim, decisions={v.value.series: v.decision() for v in verdicts},
         )  # fmt: skip
         comparisons = tuple(c.to_dict() for level in result.levels for c in result.comparisons_at(level))
         report = ItemReport(
             item.name, item.host, item.kind, item.sim, status, tuple(experiments), None, tuple(verdicts), comparisons,
             relative.to_dict() if relative else None, time.monotonic() - began,
         )  # fmt: skip
-        self.on_event(f"[{item.name}] {status}")
+        self.on_event(f"[{item.name}] done in {report.seconds:.0f}s: {status}")
         return report
 
     def _confirm(
@@ -434,6 +498,19 @@ class NightRunner:
             second = self._measure_once(item, deadline)
         except KeyboardInterrupt:
             if self._alarm.fired is None:
+                # The first measurement stands as evidence: stored, and said in the summary of the interrupted night.
+                why = "unconfirmed: the night was interrupted during the confirmation re-run"
+                noted = [dataclasses.replace(v, note=why) if v.status == "regression" else v for v in verdicts]
+                series, envs = history.measure(item, first, self.suite.min_history)
+                experiments += history.night_experiments(self.store, self.night_id, item.name)[1:]
+                history.record_item(
+                    self.store, self.night_id, item, status="interrupted", experiments=experiments, error=why,
+                    series=series, envs=envs, simulated=item.sim,
+                    decisions={v.value.series: v.decision() for v in noted},
+                )  # fmt: skip
+                self._cut = ItemReport(
+                    item.name, item.host, item.kind, item.sim, "interrupted", tuple(experiments), why, tuple(noted)
+                )
                 raise
             second = None
             why = f"the confirmation re-run was stopped by {self._alarm.fired}"
@@ -476,14 +553,20 @@ class NightRunner:
             elif verdict.status == "regression":
                 verdict = dataclasses.replace(verdict, status="ok", note="a regression only in the pooled value")
             out.append(verdict)
-        self.on_event(f"[{item.name}] re-run: {'; '.join(v.note for v in out if v.note) or 'done'}")
+        notes = [f"{v.value.series} {v.note}" for v in out if v.note]
+        self.on_event(f"[{item.name}] re-run: {'; '.join(notes) or 'done'}")
         return out, pooled, series, envs
 
     def _failed(self, item: Item, status: str, error: str, began: float) -> ItemReport:
         # Stored and posted: a server's log tail in the error must not carry the profile's secrets.
         error = scrub(error, [v for p in item.profiles for v in server.profile_secrets(p)])
+        error = error.replace(
+            "Use --wait SECONDS to queue behind it.", "The suite's wait: sets how long a night queues."
+        )
         self.on_event(f"[{item.name}] {status}: {error}")
         experiments = tuple(history.night_experiments(self.store, self.night_id, item.name))
+        if experiments and status in ("interrupted", "timeout"):
+            error += f" (its launches so far are stored: orch show {experiments[-1]})"
         history.record_item(
             self.store, self.night_id, item, status=status, experiments=experiments, error=error, series=(), envs={},
             simulated=item.sim,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ LABELS = {
     "regression": "**REGRESSION**",
     "failed": "**FAILED**",
     "timeout": "**TIMED OUT**",
+    "interrupted": "**INTERRUPTED**",
     "skipped": "**SKIPPED**",
     "environment": "**environment change**",
     "improvement": "improvement",
@@ -62,6 +64,16 @@ def fmt_ci(lo: float | None, hi: float | None, metric: str, ratio: bool = False)
     return f" [{fmt_value(lo, metric, ratio)}, {fmt_value(hi, metric, ratio)}]"
 
 
+def first_line(text: str | None, limit: int = 300) -> str:
+    """An error as one line of a summary: its first line, bounded (the whole error is in the JSON and the store)."""
+    line = (text or "no reason recorded").strip().splitlines()[0] if (text or "").strip() else "no reason recorded"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def building(a: changepoint.Assessment) -> str:
+    return f"building history: night {a.nights} of this environment, verdicts from night {a.needed}"
+
+
 def pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:+.1f} %"
 
@@ -72,10 +84,9 @@ def series_text(s: SeriesVerdict) -> str:
     ratio = "/" in v.arm
     head = f"{series_label(v)} {fmt_value(v.value, v.metric, ratio)}{fmt_ci(v.lo, v.hi, v.metric, ratio)}"
     if s.status == "environment":
-        text = f"environment changed: {s.note or 'see orch history'}; {series_label(v)} {pct(a.change)}"
-        return f"{text} ({head})"
+        return f"{s.note or 'see orch history'}; {series_label(v)} {pct(a.change)} ({head})"
     if s.status == "building":
-        return f"{head} (history: {a.nights} of {a.needed} nights in this environment)"
+        return f"{head} ({building(a)})"
     if a.baseline is None:
         return head
     text = f"{head}: {pct(a.change)} vs {fmt_value(a.baseline, v.metric, ratio)} (threshold {v.threshold * 100:g} %)"
@@ -96,9 +107,9 @@ def comparison_text(c: dict[str, Any]) -> str:
 def item_line(r: ItemReport) -> str:
     label = LABELS.get(r.status, r.status)
     where = f"`{r.item}` ({r.host}{', SIMULATED' if r.simulated else ''})"
-    if r.status in ("failed", "timeout", "skipped"):
-        return f"- {label} {where}: {r.error or 'no reason recorded'}"
-    decisive = [s for s in r.series if s.status in ("regression", "environment", "improvement")]
+    if r.status in ("failed", "timeout", "skipped") or (r.status == "interrupted" and not r.series):
+        return f"- {label} {where}: {first_line(r.error)}"
+    decisive = [s for s in r.series if s.status in ("regression", "environment", "improvement") or s.note]
     parts = [series_text(s) for s in decisive]
     failed_relative = bool(r.fail_on and r.fail_on.get("exit_code") == 3)
     if failed_relative and r.fail_on:
@@ -126,6 +137,9 @@ def night_markdown(night: NightReport) -> str:
     lines = [f"## orch nightly: {night.suite}, {when(night.night_at)}", ""]
     if any(i.simulated for i in night.items):
         lines += [f"> {SIM_BANNER}", ""]
+    if night.status == "busy":
+        lines.append(f"**NOT RUN**: {night.error}; exit {night.exit_code}")
+        return "\n".join(lines) + "\n"
     state = {"complete": "", "deadline": " — stopped at the deadline", "interrupted": " — interrupted"}[night.status]
     lines.append(f"{len(night.items)} item(s): {summary or 'none'}{state}; exit {night.exit_code}")
     lines.append("")
@@ -164,6 +178,11 @@ def series_history(nights: Sequence[history.ItemNight], series: str, min_history
         value = night.value(series) if night.status == "complete" else None
         need = min_history if min_history is not None else value.min_history if value is not None else 5
         verdict = judge(value, past, night, need) if value is not None else None
+        decided = night.decisions.get(series)
+        if verdict is not None and decided is not None and min_history is None:
+            # What the night said (a confirmation re-run's outcome included), not a recomputation.
+            verdict = dataclasses.replace(verdict, status=decided.get("status") or verdict.status,
+                                          note=decided.get("note") or "")  # fmt: skip
         rows.append(HistoryRow(night, value, verdict))
         past.append(night)
     latest = next((r.value for r in reversed(rows) if r.value is not None), None)
@@ -200,14 +219,14 @@ def history_text(item: str, host: str, shown: Sequence[SeriesHistory]) -> str:
         for i, row in enumerate(s.rows):
             stamp = when(row.night.night_at)
             if row.value is None or row.verdict is None:
-                why = row.night.error or "no value for this series"
+                why = first_line(row.night.error or "no value for this series", 100)
                 lines.append(f"  {stamp:<16}  {'—':>10}  {'':<22}  {'':>9}  {row.night.status}: {why}")
                 continue
             v, verdict = row.value, row.verdict
             ci = fmt_ci(v.lo, v.hi, v.metric, ratio).strip()
             status = LABELS.get(verdict.status, verdict.status).strip("*")
             if verdict.status == "building":
-                status += f" ({verdict.assessment.nights} of {verdict.assessment.needed})"
+                status = f"{building(verdict.assessment)}"
             if verdict.note:
                 status += f": {verdict.note}"
             marks = []
@@ -227,7 +246,17 @@ def history_text(item: str, host: str, shown: Sequence[SeriesHistory]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def history_json(item: str, host: str, shown: Sequence[SeriesHistory]) -> dict[str, Any]:
+def nights_text(item: str, host: str, nights: Sequence[history.ItemNight]) -> str:
+    """An item without any value (every night failed): its nights and why."""
+    lines = [f"{item} on {host}: no night measured anything", f"  {'night':<16}  status"]
+    for n in nights:
+        lines.append(f"  {when(n.night_at):<16}  {n.status}: {first_line(n.error, 100)}")
+    return "\n".join(lines) + "\n"
+
+
+def history_json(
+    item: str, host: str, shown: Sequence[SeriesHistory], nights: Sequence[history.ItemNight] = ()
+) -> dict[str, Any]:
     out = []
     for s in shown:
         latest = s.latest
@@ -268,5 +297,10 @@ def history_json(item: str, host: str, shown: Sequence[SeriesHistory]) -> dict[s
                 "outliers": [s.rows[valued[i]].night.night_id for i in (s.overall.outliers if s.overall else ())],
             }
         )
-    simulated = any(r.night.simulated for s in shown for r in s.rows)
-    return {"item": item, "host": host, "simulated": simulated, "series": out}
+    simulated = any(n.simulated for n in nights) or any(r.night.simulated for s in shown for r in s.rows)
+    each = [
+        {"night_id": n.night_id, "night_at": n.night_at, "status": n.status, "error": n.error,
+         "experiments": list(n.experiments)}
+        for n in nights
+    ]  # fmt: skip
+    return {"item": item, "host": host, "simulated": simulated, "nights": each, "series": out}

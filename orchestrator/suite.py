@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -19,7 +20,6 @@ from orchestrator.fields import (
     boolean,
     choice,
     did_you_mean,
-    float_range,
     int_range,
     key_name,
     nonempty_str,
@@ -126,6 +126,26 @@ def duration(v: Any) -> float:
     return seconds
 
 
+def seconds(lo: float, hi: float) -> Callable[[Any], float]:
+    """A time in seconds, as a number or a duration ("30s", "2m"), within [lo, hi]."""
+
+    def check(v: Any) -> float:
+        expected = f"seconds from {lo:g} to {hi:g}, as a number or a duration such as 30s or 2m"
+        if isinstance(v, bool):
+            raise FieldError(f"expected {expected}, got {show(v)}")
+        if isinstance(v, int | float):
+            value = float(v)
+        elif isinstance(v, str) and (m := re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", v)):
+            value = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+        else:
+            raise FieldError(f"expected {expected}, got {show(v)}")
+        if not (lo <= value <= hi) or value != value:
+            raise FieldError(f"expected {expected}, got {show(v)}")
+        return value
+
+    return check
+
+
 def percentage(v: Any) -> float:
     """ "3%" or 0.03 -> 0.03 (more than 0 and less than 50 %)."""
     expected = "a percentage such as 3% or a fraction such as 0.03, more than 0% and less than 50%"
@@ -190,9 +210,9 @@ WORKLOAD_FIELDS: dict[str, Callable[[Any], Any]] = {
     "prompts": nonempty_str,
     "input_len": int_range(1, 1_000_000),
     "client": choice(tuple(CLIENT_PLACES)),
-    "min_run_s": float_range(0.0, 86400.0),
-    "stall_timeout": float_range(0.5, 86400.0),
-    "first_token_timeout": float_range(0.5, 86400.0),
+    "min_run_s": seconds(0.0, 86400.0),
+    "stall_timeout": seconds(0.5, 86400.0),
+    "first_token_timeout": seconds(0.5, 86400.0),
 }
 ITEM_FIELDS: dict[str, Callable[[Any], Any]] = {
     "name": nonempty_str,
@@ -207,9 +227,9 @@ ITEM_FIELDS: dict[str, Callable[[Any], Any]] = {
     "timeout": duration,
     "fail_on": _fail_on,
     "strict_env": boolean,
-    "ready_timeout": float_range(1.0, 86400.0),
-    "grace": float_range(0.0, 600.0),
-    "gpu_wait": float_range(0.0, 3600.0),
+    "ready_timeout": seconds(1.0, 86400.0),
+    "grace": seconds(0.0, 600.0),
+    "gpu_wait": seconds(0.0, 3600.0),
     "workload": lambda v: v,
 }
 TOP_FIELDS: dict[str, Callable[[Any], Any]] = {
@@ -388,11 +408,15 @@ def _metrics(raw: Any, threshold: float, levels: tuple[int, ...], label: str) ->
 def load(path: str | Path) -> Suite:
     """Read and validate a suite file, profiles included; every problem is a SuiteError naming file, item, field."""
     p = Path(path)
+    if p.is_dir():
+        raise SuiteError(f"{p}: is a directory; give the suite's YAML file")
     if not yamlfile.is_file(p):
         raise SuiteError(f"{p}: no such suite file")
     raw_bytes = p.read_bytes()
     data = yamlfile.load(p, SuiteError, "nightly suite file")
     where = str(p)
+    if data is None:
+        raise SuiteError(f"{where}: empty; a suite needs at least `items:` (see docs/nightly.md)")
     top = _checked(_mapping(data, where), TOP_FIELDS, where)
     defaults = _mapping(top.get("defaults", {}), f"{where}: defaults")
     if "name" in defaults:
@@ -420,6 +444,11 @@ def load(path: str | Path) -> Suite:
     inventory = top.get("inventory")
     if inventory is not None and not Path(inventory).is_absolute():
         inventory = str(base / inventory)
+    if inventory is None:
+        # Like `orch ab`'s lookup, but next to the suite instead of the working directory cron happens to use.
+        env = os.environ.get("ORCH_HOSTS")
+        candidates = [base / "hosts.yaml", Path(env) if env else profiles_mod.user_profile_dir().parent / "hosts.yaml"]
+        inventory = next((str(c) for c in candidates if yamlfile.is_file(c)), None)
     return Suite(
         name=name,
         path=p.resolve(),

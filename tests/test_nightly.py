@@ -103,14 +103,18 @@ def test_nights_of_noise_a_slowdown_an_environment_change_and_a_failing_item(
     assert "SIMULATED" in lines[0] and any("check on local — check tok/s (threshold 3 %" in x for x in lines)
     rows = [x for x in lines if x.lstrip().startswith("2026-11-")]
     assert len(rows) == 6  # the night with only the broken item has no value of this series
-    assert "building" in rows[0] and "ok" in rows[3] and "REGRESSION" in rows[4] and "environment" in rows[5]
+    assert "building history: night 1 of this environment, verdicts from night 4" in rows[0] and "ok" in rows[3]
+    assert "REGRESSION: confirmed by a re-run" in rows[4] and "environment change: engine version" in rows[5]
     assert "◆ change point (regression)" in rows[4] and "◆ environment step" in rows[5]
     doc = json.loads(run("history", "check", "--db", str(db), "--json", cwd=tmp_path).out)
     (series_doc,) = [s for s in doc["series"] if s["series"] == "check:tok_s"]
     assert [n["status"] for n in series_doc["nights"]][3:] == ["ok", "regression", "environment"]
     assert [s["kind"] for s in series_doc["steps"]] == ["regression", "environment"]
+    # Every night of this item failed: history lists the nights and why, one line each.
     broken = run("history", "broken", "--db", str(db), cwd=tmp_path)
-    assert broken.rc == 2 and "has no series" in broken.err, broken.text
+    assert broken.rc == 0 and "no night measured anything" in broken.out, broken.text
+    failed = [x for x in broken.out.splitlines() if "failed: broken: server process" in x]
+    assert len(failed) == 2 and all(len(x) < 160 for x in failed), broken.out
     nope = run("history", "nope", "--db", str(db), cwd=tmp_path)
     assert nope.rc == 2 and "items with history: broken, check" in nope.err, nope.text
     assert_nothing_left()
@@ -140,11 +144,13 @@ def test_a_second_night_waits_then_gives_up(write_profile: WriteProfile, tmp_pat
     lock = night_lock_path(NAMESPACE)
     assert hostside.op_lock(lock, holder)["acquired"]
     try:
-        rc, out, err = night(suite, tmp_path / "n.db", "2026-11-01")
+        rc, out, err = night(suite, tmp_path / "n.db", "2026-11-01", "--markdown-out", str(tmp_path / "night.md"))
     finally:
         hostside.op_unlock(lock)
     assert rc == 1, out + err
     assert "another night still runs on this machine (suite the-first-night" in err and "after waiting 1s" in err
+    # Said where cron mails and where a webhook script posts from, like any night: a lost night is not silent.
+    assert "**NOT RUN**: another night still runs" in out and (tmp_path / "night.md").read_text() == out
     assert not (tmp_path / "n.db").exists() or stored(tmp_path / "n.db", "SELECT count(*) FROM nights") == [(0,)]
 
 
@@ -166,6 +172,6 @@ def test_an_interrupted_night_tears_down_and_says_what_ran(
     rest = proc.communicate(timeout=60)[0]
     text = "".join(seen) + rest
     assert proc.returncode == 130, text
-    assert "interrupted" in text and "**SKIPPED** `next`" in text, text
+    assert "**INTERRUPTED** `slow`" in text and "**SKIPPED** `next`" in text, text
     assert stored(db, "SELECT status, exit_code FROM nights") == [("interrupted", 130)]
     assert_nothing_left()

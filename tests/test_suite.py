@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ GOOD: dict[str, Any] = {
             "workload": {"concurrency": [1, 8], "warmup": 0},
             "metrics": {"tok_s": "2%", "agg_tok_s@8": "5%", "ttft_p99@8": 0.1},
             "timeout": 600,
+            "grace": "5s",
+            "gpu_wait": "2m",
         },
     ],
 }
@@ -62,6 +65,7 @@ def test_a_valid_suite(suite_dir: Path) -> None:
     assert ab.bench.runs == 2 and ab.bench.max_tokens == 64 and ab.bench.warmup == 2
     # The item's workload is merged with the defaults' field by field.
     assert bench.kind == "bench" and bench.blocks == 2 and bench.timeout_s == 600
+    assert bench.grace_s == 5 and bench.gpu_wait_s == 120 and ab.grace_s == 10
     assert bench.bench.concurrency == (1, 8) and bench.bench.warmup == 0 and bench.bench.runs == 2
     by_key = {m.key: m for m in bench.metrics}
     assert by_key["tok_s"].threshold == pytest.approx(0.02) and by_key["agg_tok_s@8"].concurrency == 8
@@ -131,6 +135,11 @@ def test_missing_file_and_the_cli_exit_code(suite_dir: Path, tmp_path: Path) -> 
     assert "item 'plain-levels': metrics: tok_s@32" in out.err and str(path) in out.err
     assert_plain(out.text)
     assert not db.exists()  # refused before anything was recorded, let alone launched
+    good = write_suite(suite_dir, GOOD, "good.yaml")
+    for option in ("--markdown-out", "--json-out"):
+        out = run("nightly", str(good), "--db", str(db), option, str(tmp_path / "no-dir" / "x"), cwd=tmp_path)
+        assert out.rc == 2 and f"{option} {tmp_path}/no-dir/x: directory" in out.err, out.text
+    assert not db.exists()
 
 
 def test_check_lists_the_items_and_hosts_are_resolved(suite_dir: Path, tmp_path: Path) -> None:
@@ -144,6 +153,21 @@ def test_check_lists_the_items_and_hosts_are_resolved(suite_dir: Path, tmp_path:
     assert out.rc == 2 and "item 'spec-vs-plain': host:" in out.err and "gpu box!" in out.err, out.text
     out = run("nightly", str(path), "--only", "nope", "--check", cwd=tmp_path)
     assert out.rc == 2 and "--only nope: no such item" in out.err, out.text
+
+
+def test_the_inventory_is_the_suites_not_the_working_directorys(suite_dir: Path, tmp_path: Path) -> None:
+    data = {"items": [{"name": "a", "bench": "plain", "host": "gpu"}]}
+    path = write_suite(suite_dir, data)
+    elsewhere = tmp_path / "cron-cwd"
+    elsewhere.mkdir()
+    (elsewhere / "hosts.yaml").write_text("hosts:\n  gpu: {address: 127.0.0.1, port: 1}\n")
+    out = run("nightly", str(path), "--check", cwd=elsewhere)
+    assert out.rc == 0 and "gpu (not in an inventory: an SSH name or address" in out.out, out.text
+    (suite_dir / "hosts.yaml").write_text("hosts:\n  gpu: {address: 10.1.2.3, user: bench}\n")
+    out = run("nightly", str(path), "--check", cwd=elsewhere)
+    assert out.rc == 0 and f"gpu (bench@10.1.2.3:22, from {suite_dir / 'hosts.yaml'})" in out.out, out.text
+    doc = json.loads(run("nightly", str(path), "--check", "--json", cwd=elsewhere).out)
+    assert doc["inventory"] == str(suite_dir / "hosts.yaml") and doc["items"][0]["host"] == "gpu"
 
 
 def test_profiles_and_prompt_files_are_found_next_to_the_suite(suite_dir: Path, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +32,20 @@ def parse_now(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     if moment.tzinfo is None:
         moment = moment.astimezone()  # local time, as cron reads its schedule
     return moment.timestamp()
+
+
+def _writable(path: str | None, option: str) -> None:
+    """Refuse an output file that cannot be written before the night, not after it (cron would lose the summary)."""
+    if not path:
+        return
+    target = Path(path)
+    parent = target.parent
+    if target.is_dir():
+        raise InputError(f"{option} {path}: is a directory; give a file name")
+    if not parent.is_dir():
+        raise InputError(f"{option} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise InputError(f"{option} {path}: not writable")
 
 
 def _write(path: str | None, text: str) -> None:
@@ -75,12 +90,17 @@ def nightly_cmd(
     """
     suite = suite_mod.load(suite_file)
     nightly_mod.check_hosts(suite)
+    _writable(markdown_out, "--markdown-out")
+    _writable(json_out, "--json-out")
     unknown = [name for name in only if name not in {i.name for i in suite.items}]
     if unknown:
         raise InputError(
             f"--only {unknown[0]}: no such item in {suite_file}; items: {', '.join(i.name for i in suite.items)}"
         )
     if check:
+        if as_json:
+            click.echo(json.dumps(nightly_mod.suite_summary(suite), indent=2))
+            return
         click.echo(f"{suite_file}: suite {suite.name}, {len(suite.items)} item(s), all valid:")
         for item in suite.items:
             metrics = ", ".join(f"{m.key} ({m.threshold * 100:g} %)" for m in item.metrics)
@@ -89,6 +109,7 @@ def nightly_cmd(
             click.echo(
                 f"  {item.name}: {item.kind} {what} on {item.host}{sim}; {metrics}; timeout {item.timeout_s:.0f}s"
             )
+        click.echo(f"  hosts: {nightly_mod.describe_hosts(suite)}")
         return
     store = Store(db)
 
@@ -101,7 +122,7 @@ def nightly_cmd(
     try:
         try:
             report = runner.run()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, nightly_mod.NightBusyError):
             if runner.last is not None:
                 _output(runner.last, as_json, markdown_out, json_out)
             raise
@@ -123,7 +144,11 @@ def _output(report: nightly_mod.NightReport, as_json: bool, markdown_out: str | 
 @cli.command("history")
 @click.argument("item")
 @click.option("--host", default=None, help="The host it ran on [default: the only one].")
-@click.option("--metric", default=None, help="Only this metric, e.g. tok_s or agg_tok_s@32 [default: all].")
+@click.option(
+    "--metric",
+    default=None,
+    help="Only this metric as the suite names it: tok_s (all its levels) or agg_tok_s@32 [default: all].",
+)
 @click.option("--arm", default=None, help="Only this arm's series (or a ratio such as eagle3-3step/baseline).")
 @click.option(
     "--min-history",
@@ -161,6 +186,13 @@ def history_cmd(
     finally:
         store.close()
     names = list(dict.fromkeys(s.series for n in nights for s in n.series))
+    if not names and metric is None and arm is None:
+        # Every night failed: what the user needs now is each night's reason.
+        if as_json:
+            click.echo(json.dumps(report_nightly.history_json(item, host, [], nights), indent=2))
+        else:
+            click.echo(report_nightly.nights_text(item, host, nights).rstrip("\n"))
+        return
     chosen = [
         s
         for s in names
@@ -175,7 +207,7 @@ def history_cmd(
         )
     shown = [report_nightly.series_history(nights, s, min_history) for s in chosen]
     if as_json:
-        click.echo(json.dumps(report_nightly.history_json(item, host, shown), indent=2))
+        click.echo(json.dumps(report_nightly.history_json(item, host, shown, nights), indent=2))
     else:
         click.echo(report_nightly.history_text(item, host, shown).rstrip("\n"))
 

@@ -119,7 +119,8 @@ def item_line(r: ItemReport) -> str:
         headline = [c for c in r.comparisons if c.get("concurrency") == r.comparisons[0].get("concurrency")]
         parts += [comparison_text(c) for c in headline[:3]]
     if not decisive and r.series:
-        parts.insert(0, series_text(r.series[0]))
+        # The headline value first, unless tonight's A/B verdict is what failed: then that comes first.
+        parts.insert(len(parts) if failed_relative else 0, series_text(r.series[0]))
     noisy = [s for s in r.series if s.too_noisy]
     if noisy:
         s = noisy[0]

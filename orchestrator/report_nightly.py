@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import changepoint, history
-from orchestrator.nightly import ItemReport, NightReport, SeriesVerdict, judge
+from orchestrator.nightresult import ItemReport, NightReport, SeriesVerdict, judge
 from orchestrator.report import SIM_BANNER
 
 LABELS = {

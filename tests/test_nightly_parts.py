@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import changepoint, fingerprint, history, nightly, report_nightly
+from orchestrator import changepoint, fingerprint, history, nightly, nightresult, report_nightly
 from orchestrator.bench import BenchConfig, RunResult
 from orchestrator.profile import Profile, Speculative
 from orchestrator.results import ABResult, Design, LaunchResult
@@ -28,24 +28,24 @@ from tests.test_failon import fingerprint as make_fingerprint
     ],
 )
 def test_night_exit_codes(status: str, items: list[str], code: int) -> None:
-    assert nightly.night_exit_code(status, items) == code
+    assert nightresult.night_exit_code(status, items) == code
 
 
-def _verdict(status: str) -> nightly.SeriesVerdict:
+def _verdict(status: str) -> nightresult.SeriesVerdict:
     value = history.SeriesValue("a:tok_s", "a", "tok_s", 1.0, None, None, 1, 0.03, True, "e", ("a",))
     a = changepoint.Assessment(status, (), None, None, None, None, (), 1, 6)
-    return nightly.SeriesVerdict(value, a, status)
+    return nightresult.SeriesVerdict(value, a, status)
 
 
 def test_an_items_status_is_its_worst_series() -> None:
     v = _verdict
-    assert nightly.item_status([v("ok"), v("regression"), v("environment")], False) == "regression"
-    assert nightly.item_status([v("ok"), v("environment"), v("improvement")], False) == "environment"
-    assert nightly.item_status([v("ok"), v("improvement")], False) == "improvement"
-    assert nightly.item_status([v("building"), v("building")], False) == "building"
-    assert nightly.item_status([v("building"), v("ok")], False) == "building"  # a metric added lately
-    assert nightly.item_status([v("ok")], True) == "regression"  # tonight's A/B under fail_on
-    assert nightly.item_status([], False) == "ok"
+    assert nightresult.item_status([v("ok"), v("regression"), v("environment")], False) == "regression"
+    assert nightresult.item_status([v("ok"), v("environment"), v("improvement")], False) == "environment"
+    assert nightresult.item_status([v("ok"), v("improvement")], False) == "improvement"
+    assert nightresult.item_status([v("building"), v("building")], False) == "building"
+    assert nightresult.item_status([v("building"), v("ok")], False) == "building"  # a metric added lately
+    assert nightresult.item_status([v("ok")], True) == "regression"  # tonight's A/B under fail_on
+    assert nightresult.item_status([], False) == "ok"
 
 
 def _run(i: int, tok_s: float, ttft: float, accept: float | None, level: int = 1) -> RunResult:
@@ -124,8 +124,8 @@ def test_an_environment_is_what_moves_numbers_not_names() -> None:
     assert fingerprint.environment(None) == {}
 
 
-def _report(status: str, **kw: Any) -> nightly.ItemReport:
-    return nightly.ItemReport("check", "gpu-box", "bench", False, status, **kw)
+def _report(status: str, **kw: Any) -> nightresult.ItemReport:
+    return nightresult.ItemReport("check", "gpu-box", "bench", False, status, **kw)
 
 
 def test_markdown_lines() -> None:
@@ -134,9 +134,11 @@ def test_markdown_lines() -> None:
     )
     value = history.SeriesValue("check:tok_s", "check", "tok_s", 77.2, 76.9, 77.5, 2, 0.03, True, "e", ("check",))
     a = changepoint.Assessment("regression", (), None, 82.1, 77.2 / 82.1 - 1, 0.01, (), 9, 6)
-    line = report_nightly.item_line(_report("regression", series=(nightly.SeriesVerdict(value, a, "regression"),)))
+    line = report_nightly.item_line(_report("regression", series=(nightresult.SeriesVerdict(value, a, "regression"),)))
     assert line == "- **REGRESSION** `check` (gpu-box): check tok/s 77.2 [76.9, 77.5]: -6.0 % vs 82.1 (threshold 3 %)"
-    env = nightly.SeriesVerdict(value, dataclasses.replace(a, status="environment"), "environment", "engine: a -> b")
+    env = nightresult.SeriesVerdict(
+        value, dataclasses.replace(a, status="environment"), "environment", "engine: a -> b"
+    )
     line = report_nightly.item_line(_report("environment", series=(env,)))
     assert "- **environment change** `check` (gpu-box): engine: a -> b; check tok/s -6.0 % (check tok/s 77.2" in line
 
@@ -145,11 +147,11 @@ def test_a_series_too_noisy_for_its_threshold_is_said_on_its_line() -> None:
     value = history.SeriesValue("spec:tok_s", "spec", "tok_s", 57.7, None, None, 2, 0.03, True, "e", ("spec",))
     steady = changepoint.Assessment("ok", (), None, 57.7, 0.0, 0.01, (), 9, 6)
     noisy = dataclasses.replace(steady, noise=0.1)
-    assert not nightly.SeriesVerdict(value, steady, "ok").too_noisy
-    assert nightly.SeriesVerdict(value, noisy, "ok").too_noisy
+    assert not nightresult.SeriesVerdict(value, steady, "ok").too_noisy
+    assert nightresult.SeriesVerdict(value, noisy, "ok").too_noisy
     # Building nights have too few differences to say anything about the noise yet.
-    assert not nightly.SeriesVerdict(value, dataclasses.replace(noisy, status="building"), "building").too_noisy
-    line = report_nightly.item_line(_report("ok", series=(nightly.SeriesVerdict(value, noisy, "ok"),)))
+    assert not nightresult.SeriesVerdict(value, dataclasses.replace(noisy, status="building"), "building").too_noisy
+    line = report_nightly.item_line(_report("ok", series=(nightresult.SeriesVerdict(value, noisy, "ok"),)))
     assert "warning: spec tok/s varies 10.0 % night to night, more than half its 3 % threshold" in line
 
 

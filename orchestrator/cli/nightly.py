@@ -17,6 +17,7 @@ from orchestrator import suite as suite_mod
 from orchestrator.cli.base import cli
 from orchestrator.cli.options import db_option, open_existing
 from orchestrator.errors import InputError
+from orchestrator.nightresult import NightReport
 from orchestrator.store import Store
 
 
@@ -132,7 +133,7 @@ def nightly_cmd(
     raise SystemExit(report.exit_code)
 
 
-def _output(report: nightly_mod.NightReport, as_json: bool, markdown_out: str | None, json_out: str | None) -> None:
+def _output(report: NightReport, as_json: bool, markdown_out: str | None, json_out: str | None) -> None:
     markdown = report_nightly.night_markdown(report)
     doc = json.dumps(report.to_dict(), indent=2)
     _write(markdown_out, markdown)

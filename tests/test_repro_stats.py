@@ -145,3 +145,16 @@ def test_monte_carlo_false_alarms_and_power_at_three_blocks() -> None:
     assert _rate(rng, 0.01, 0.06, "not reproduced") >= 0.8
     # ...and never passed off as reproduced.
     assert _rate(rng, 0.02, 0.06, "reproduced") == 0.0
+
+
+@pytest.mark.parametrize("spread", [0.0139, 0.02, 0.0356, 0.0411, 0.05, 0.0731])
+def test_three_launches_against_a_claim_have_two_degrees_of_freedom_whatever_their_spread(spread: float) -> None:
+    """One estimate against an exact claim: Welch's df is that estimate's own (n - 1). In floating point the formula
+    gave 1.999… for some spreads, floored to 1: a 95 % CI three times too wide, and a clear 34 % shortfall called
+    inconclusive (seen in CI with EAGLE-3's 61.9 tok/s against the claimed 94)."""
+    half = t_975(2) * spread
+    est = ArmEstimate(61.9, 61.9 * math.exp(-half), 61.9 * math.exp(half), 3, "t", spread * math.sqrt(3))
+    v = reproduction_verdict(94.0, est, 0.03)
+    assert v.ci is not None
+    assert math.log(v.ci[1] / v.ci[0]) / 2 == pytest.approx(half, rel=1e-6)
+    assert v.status == "not reproduced"

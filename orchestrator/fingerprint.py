@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from orchestrator import engines
 from orchestrator.bench import BenchConfig, request_items
 from orchestrator.errors import OrchError
 from orchestrator.hosts import Host
@@ -20,8 +21,6 @@ from orchestrator.profile import Profile
 from orchestrator.server import EnvReport, RunningServer
 
 FINGERPRINT_VERSION = 1
-# Packages whose versions decide an SGLang server's speed, as the server's own interpreter imports them.
-SERVER_PACKAGES = ("sglang", "torch", "flashinfer", "sgl_kernel", "triton")
 # Importing sglang pulls in torch and friends: well beyond the agent's default call deadline on a cold disk.
 HOST_CALL_TIMEOUT_S = 150.0
 SERVER_INFO_TIMEOUT_S = 5.0
@@ -124,8 +123,9 @@ def _collect(
     unreadable: list[dict[str, str]] = []
     # The server's own interpreter: its packages are what the server runs, whatever orch's agent runs on.
     python = launch.argv[0] if launch.argv else host.python
-    # The simulator's interpreter has no SGLang worth importing (and importing a real one would cost seconds).
-    packages = [p for p in SERVER_PACKAGES if not (launch.simulated and p == "sglang")]
+    engine = engines.get(profile.engine)
+    # The simulator's interpreter has no engine worth importing (and importing a real one would cost seconds).
+    packages = [p for p in engine.packages if not (launch.simulated and p == engine.version_package)]
     try:
         part = host.call(
             "fingerprint",
@@ -144,7 +144,7 @@ def _collect(
         # The simulator's "engine" is what it says it is: its reported version stands in for an import.
         software["engine_version"], source = reported, "server_info"
     else:
-        imported = software.get("sglang")
+        imported = software.get(engine.version_package) if engine.version_package else None
         software["engine_version"] = imported or reported
         source = "import" if imported else "server_info"
     software["engine"] = profile.engine + (" (simulated)" if launch.simulated else "")

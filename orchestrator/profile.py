@@ -13,7 +13,7 @@ from typing import Any
 
 import platformdirs
 
-from orchestrator import yamlfile
+from orchestrator import engines, yamlfile
 from orchestrator.errors import ProfileError
 from orchestrator.fields import (
     FieldError,
@@ -35,7 +35,6 @@ from orchestrator.sim.knobs import read_knobs
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-ENGINES = ("sglang",)
 SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
 # Algorithms that run a separate draft model and so need its path (SGLang refuses to start without it).
 NEEDS_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
@@ -107,32 +106,11 @@ class Profile:
         return {SIM_KNOBS[k].env: str(v) for k, v in self.sim}
 
     def server_flags(self) -> list[str]:
-        """The flags after `python -m sglang.launch_server`, as an argv list (never a shell string)."""
-        flags = ["--model-path", self.model_path, "--tp-size", str(self.tp_size)]
-        flags += ["--host", self.host, "--port", str(self.port)]
-        if self.served_model_name:
-            flags += ["--served-model-name", self.served_model_name]
-        if self.trust_remote_code:
-            flags.append("--trust-remote-code")
-        if self.mem_fraction_static is not None:
-            flags += ["--mem-fraction-static", repr(self.mem_fraction_static)]
-        spec = self.speculative
-        if spec is not None:
-            flags += ["--speculative-algorithm", spec.algorithm]
-            if spec.draft_model_path:
-                flags += ["--speculative-draft-model-path", spec.draft_model_path]
-            for flag, value in (
-                ("--speculative-num-steps", spec.num_steps),
-                ("--speculative-eagle-topk", spec.eagle_topk),
-                ("--speculative-num-draft-tokens", spec.num_draft_tokens),
-            ):
-                if value is not None:
-                    flags += [flag, str(value)]
-        return flags + list(self.server_args)
+        """The server's flags, as its engine adapter renders them (an argv list, never a shell string)."""
+        return engines.get(self.engine).server_flags(self)
 
     def launch_argv(self, python: str, *, simulate: bool) -> list[str]:
-        module = "orchestrator.sim" if simulate else "sglang.launch_server"
-        return [python, "-m", module, *self.server_flags()]
+        return engines.get(self.engine).launch_argv(self, python, simulate=simulate)
 
     def to_dict(self, *, redaction_key: bytes | None = None) -> dict[str, Any]:
         """The resolved profile as plain data, for provenance in results; secret values as digests keyed with
@@ -159,9 +137,14 @@ class Profile:
         }
 
 
+def _engine(v: Any) -> str:
+    """An engine some adapter is registered for (looked up when checked, so a registered engine is known at once)."""
+    return str(choice(engines.names())(v))
+
+
 TOP_FIELDS: dict[str, Any] = {
     "description": text,
-    "engine": choice(ENGINES),
+    "engine": lambda v: _engine(v),
     "model_path": nonempty_str,
     "served_model_name": nonempty_str,
     "tp_size": int_range(1, 1024),

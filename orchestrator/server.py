@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from orchestrator import engines
 from orchestrator.errors import HostError, ServerError
 from orchestrator.hosts import Host, connect_address
 from orchestrator.hostside import MARKER
@@ -25,32 +26,6 @@ EventFn = Callable[[str], None]
 
 def _quiet(_: str) -> None:
     pass
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """What orch must know about an engine beyond its flags; one per engine (more engines come later)."""
-
-    name: str
-    health_path: str
-    # Variables the engine rewrites in its workers, so a profile value for them is not what the workers get.
-    env_overrides: dict[str, str]
-
-
-ENGINES = {
-    "sglang": EngineSpec(
-        name="sglang",
-        # /health and /health_generate share one handler in 0.5.x; /model_info and /v1/models answer during warmup
-        # and so are not readiness signals.
-        health_path="/health_generate",
-        env_overrides={
-            "CUDA_DEVICE_MAX_CONNECTIONS": "SGLang forces it to 8 before spawning workers",
-            "NCCL_CUMEM_ENABLE": "SGLang sets it to 0 when unset",
-            "NCCL_NVLS_ENABLE": "SGLang sets it to 0 when unset",
-            "CUDA_VISIBLE_DEVICES": "SGLang rewrites it per worker",
-        },
-    )
-}
 
 
 def new_launch_id(namespace: str) -> str:
@@ -248,7 +223,7 @@ def wait_ready(
     on_event: EventFn = _quiet,
 ) -> float:
     """Poll the health endpoint *and* the process; fail at once, with the log tail, if the process exits."""
-    engine = ENGINES[profile.engine]
+    engine = engines.get(profile.engine)
     url = host.url(launch_.port, connect_address(profile.host)) + engine.health_path
     t0 = time.monotonic()
     phase = "loading"
@@ -283,7 +258,7 @@ def wait_ready(
 
 def health_problem(base_url: str, profile: Profile, *, timeout_s: float) -> str | None:
     """None if the health endpoint answers 200 within timeout_s, else what it did instead."""
-    path = ENGINES[profile.engine].health_path
+    path = engines.get(profile.engine).health_path
     try:
         resp = httpx.get(base_url + path, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 2.0)))
     except httpx.TimeoutException:
@@ -297,7 +272,7 @@ def health_problem(base_url: str, profile: Profile, *, timeout_s: float) -> str 
 
 def verify_env(host: Host, launch_: Launch, profile: Profile, *, redaction_key: bytes | None = None) -> EnvReport:
     """Read every process's environment back and compare with the profile (secrets as keyed digests)."""
-    engine = ENGINES[profile.engine]
+    engine = engines.get(profile.engine)
     # The host digests with the same key, so equal values compare equal without leaving the host in clear.
     key = redaction_key or os.urandom(32)
     expected = {k: redact(k, v, key) for k, v in profile.env_dict().items()}

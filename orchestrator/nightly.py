@@ -221,6 +221,9 @@ class NightRunner:
             done = {r.item for r in reports}
             reports += [self._skipped(i, "the night was interrupted") for i in items if i.name not in done]
             raise
+        except BaseException:
+            status = "failed"  # orch itself failed (the store, a bug): recorded as such, never as complete
+            raise
         finally:
             self._alarm.cancel()
             report_obj = NightReport(

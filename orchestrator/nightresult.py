@@ -94,7 +94,7 @@ class NightReport:
     night_at: float
     started_at: float
     finished_at: float
-    status: str  # complete | deadline | interrupted | busy (another night held the machine: nothing ran)
+    status: str  # complete | deadline | interrupted | failed (orch itself) | busy (another night held the machine)
     items: tuple[ItemReport, ...] = field(default_factory=tuple)
     error: str | None = None
 
@@ -125,7 +125,7 @@ def night_exit_code(status: str, item_statuses: Sequence[str]) -> int:
     an item could not run (failed, timed out, or skipped at the deadline); else 0."""
     if status == "interrupted":
         return EXIT_INTERRUPTED
-    if status == "busy":
+    if status in ("busy", "failed"):
         return EXIT_ERROR
     if "regression" in item_statuses:
         return EXIT_REGRESSION

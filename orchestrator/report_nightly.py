@@ -141,7 +141,12 @@ def night_markdown(night: NightReport) -> str:
     if night.status == "busy":
         lines.append(f"**NOT RUN**: {night.error}; exit {night.exit_code}")
         return "\n".join(lines) + "\n"
-    state = {"complete": "", "deadline": " — stopped at the deadline", "interrupted": " — interrupted"}[night.status]
+    state = {
+        "complete": "",
+        "deadline": " — stopped at the deadline",
+        "interrupted": " — interrupted",
+        "failed": " — orch failed (see the error)",
+    }.get(night.status, f" — {night.status}")
     lines.append(f"{len(night.items)} item(s): {summary or 'none'}{state}; exit {night.exit_code}")
     lines.append("")
     lines += [item_line(r) for r in night.items]

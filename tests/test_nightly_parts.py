@@ -25,6 +25,8 @@ from tests.test_failon import fingerprint as make_fingerprint
         ("deadline", ["regression", "skipped"], 3),
         ("interrupted", ["regression", "skipped"], 130),
         ("complete", [], 0),
+        ("busy", [], 1),  # another night held the machine: this one did not run
+        ("failed", ["ok"], 1),  # orch itself failed mid-night
     ],
 )
 def test_night_exit_codes(status: str, items: list[str], code: int) -> None:

@@ -299,7 +299,9 @@ class NightRunner:
         )
         verdicts = [judge(v, past, tonight, self.suite.min_history) for v in series]
         if self.suite.confirm and any(v.status == "regression" for v in verdicts):
-            verdicts, result, series, envs = self._confirm(item, deadline, past, result, verdicts, experiments)
+            verdicts, result, series, envs = self._confirm(
+                item, deadline, past, result, verdicts, experiments, (series, envs)
+            )
         expect = item.profiles[0].expect if len(item.profiles) == 1 else None
         relative = failon.fail_on_verdict(result, item.fail_on, expect=expect) if item.fail_on else None
         status = item_status(verdicts, relative is not None and relative.exit_code == 3)
@@ -323,6 +325,7 @@ class NightRunner:
         first: ABResult,
         verdicts: list[SeriesVerdict],
         experiments: list[str],
+        measured: tuple[list[history.SeriesValue], dict[str, dict[str, Any]]],
     ) -> tuple[list[SeriesVerdict], ABResult, list[history.SeriesValue], dict[str, dict[str, Any]]]:
         """Tonight looks like a regression: measure once more from fresh state and report it only if the re-run
         says so too (one bad measurement is not a regression). Tonight's value is then both experiments pooled."""
@@ -335,7 +338,7 @@ class NightRunner:
                 # The first measurement stands as evidence: stored, and said in the summary of the interrupted night.
                 why = "unconfirmed: the night was interrupted during the confirmation re-run"
                 noted = [dataclasses.replace(v, note=why) if v.status == "regression" else v for v in verdicts]
-                series, envs = history.measure(item, first, self.suite.min_history)
+                series, envs = measured
                 experiments += history.night_experiments(self.store, self.night_id, item.name)[1:]
                 history.record_item(
                     self.store, self.night_id, item, status="interrupted", experiments=experiments, error=why,
@@ -354,8 +357,7 @@ class NightRunner:
             # Unconfirmed is still reported: a regression that also breaks the re-run must not go quiet.
             self.on_event(f"[{item.name}] {why}; reporting the first measurement")
             noted = [dataclasses.replace(v, note=why) if v.status == "regression" else v for v in verdicts]
-            series, envs = history.measure(item, first, self.suite.min_history)
-            return noted, first, series, envs
+            return noted, first, *measured
         experiments.append(second.experiment_id)
         again, envs2 = history.measure(item, second, self.suite.min_history)
         tonight2 = history.ItemNight(

@@ -111,15 +111,24 @@ class Suite:
 # ---------------------------------------------------------------- value parsers
 
 
+_TIME_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*")
+
+
+def _seconds_of(v: Any) -> float | None:
+    """A number of seconds, or "90s", "45m", "2h"; None for anything else."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str) and (m := _TIME_RE.fullmatch(v)):
+        return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    return None
+
+
 def duration(v: Any) -> float:
     """90, "90s", "45m", "2h" -> seconds."""
-    if isinstance(v, bool):
-        raise FieldError(f"expected a duration such as 90s, 45m or 2h, got {show(v)}")
-    if isinstance(v, int | float):
-        seconds = float(v)
-    elif isinstance(v, str) and (m := re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", v)):
-        seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-    else:
+    seconds = _seconds_of(v)
+    if seconds is None:
         raise FieldError(f"expected a duration such as 90s, 45m or 2h, got {show(v)}")
     if not 1 <= seconds <= 7 * 86400:
         raise FieldError(f"expected a duration from 1s to 7 days, got {show(v)}")
@@ -130,17 +139,10 @@ def seconds(lo: float, hi: float) -> Callable[[Any], float]:
     """A time in seconds, as a number or a duration ("30s", "2m"), within [lo, hi]."""
 
     def check(v: Any) -> float:
-        expected = f"seconds from {lo:g} to {hi:g}, as a number or a duration such as 30s or 2m"
-        if isinstance(v, bool):
-            raise FieldError(f"expected {expected}, got {show(v)}")
-        if isinstance(v, int | float):
-            value = float(v)
-        elif isinstance(v, str) and (m := re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", v)):
-            value = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-        else:
-            raise FieldError(f"expected {expected}, got {show(v)}")
-        if not (lo <= value <= hi) or value != value:
-            raise FieldError(f"expected {expected}, got {show(v)}")
+        value = _seconds_of(v)
+        if value is None or not lo <= value <= hi:  # NaN fails the range too
+            raise FieldError(f"expected seconds from {lo:g} to {hi:g}, as a number or a duration such as 30s or 2m, "
+                             f"got {show(v)}")  # fmt: skip
         return value
 
     return check

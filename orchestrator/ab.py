@@ -17,8 +17,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__, fingerprint, server
-from orchestrator.bench import BenchConfig, RunResult, host_runner, local_runner, request_items, run_benchmark
+from orchestrator import __version__, engines, fingerprint, server
+from orchestrator.bench import (
+    BenchConfig,
+    RunResult,
+    host_runner,
+    local_runner,
+    request_items,
+    run_benchmark,
+    with_engine_counters,
+)
 from orchestrator.errors import BenchError, HostError, OrchError, ServerError
 from orchestrator.hosts import Host, connect_address
 from orchestrator.profile import Profile
@@ -185,6 +193,7 @@ def run_ab(
     """
     if not profiles:
         raise OrchError("an A/B needs at least one profile")
+    engines.check_use(profiles, config.bench.endpoint, simulate=config.simulate)
     # Secret values are stored as digests keyed per store; errors and printed log tails are scrubbed of them.
     key = store.redaction_key
     secrets = [v for p in profiles for v in server.profile_secrets(p)]
@@ -432,10 +441,11 @@ def _run_launch(
                 return True
 
             bench = config.bench
-            runner = (
+            runner = with_engine_counters(
                 host_runner(host, connect_address(profile.host), srv.launch.port, bench, srv.processes)
                 if bench.client == "host"
-                else local_runner(srv.base_url, bench, host, srv.processes)
+                else local_runner(srv.base_url, bench, host, srv.processes),
+                engines.get(profile.engine),
             )
             model = profile.served_model_name or profile.model_path
             run_benchmark(runner, bench, model=model, on_run=record, recover=recover)

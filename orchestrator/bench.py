@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from orchestrator import client, prompts
+from orchestrator.engines import Engine
 from orchestrator.errors import BenchError
 from orchestrator.hosts import Host
 from orchestrator.sim.args import SimArgError, parse_server_args
@@ -96,7 +97,11 @@ class RunResult:
             errors=int(s["errors"]),
             accept_source=s["accept_source"],
             token_source=s["token_source"],
-            metrics={k: s[k] for k in ("ttft", "itl", "tpot", "e2e", "window_s", "chunks", "multi_token_chunks")},
+            metrics={
+                k: s[k]
+                for k in ("ttft", "itl", "tpot", "e2e", "window_s", "chunks", "multi_token_chunks", "spec")
+                if k in s
+            },
             per_request=tuple(s["per_request"]),
             gpus=s.get("gpus"),
         )
@@ -218,6 +223,27 @@ def local_runner(
                 probe.join(timeout=GPU_PROBE_TIMEOUT_S)
         result["gpus"] = reading[0] if reading else None
         return result
+
+    return run
+
+
+def with_engine_counters(runner: Runner, engine: Engine) -> Runner:
+    """A runner whose runs take their speculative statistics from the engine's own /metrics counters when the
+    responses carried none (vLLM reports them only there; SGLang there too without per-request meta_info)."""
+
+    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
+        summary = runner(bodies, max_tokens, concurrency, probe_gpus)
+        if summary.get("spec_accept_length") is None:
+            counted = engine.spec_from_counters(summary.get("counter_deltas") or {})
+            if counted is not None:
+                summary["spec_accept_length"] = counted.accept_length
+                summary["accept_source"] = counted.source
+                summary["spec"] = {
+                    "drafted": counted.drafted,
+                    "accepted": counted.accepted,
+                    "acceptance_rate": counted.acceptance_rate,
+                }
+        return summary
 
     return run
 

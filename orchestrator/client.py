@@ -133,6 +133,8 @@ class Record:
     chunks: int = 0
     verify_ct: int | None = None
     accept_length: float | None = None
+    drafted: int | None = None  # draft tokens proposed (llama.cpp's timings.draft_n)
+    accepted: int | None = None  # ... and accepted (timings.draft_n_accepted)
     token_source: str = "meta_info"
     reported_tokens: int | None = None  # an OpenAI server's final usage total
     error: str | None = None
@@ -151,6 +153,11 @@ def _count_openai(event: Any, rec: Record, text_chunks: list[int]) -> int:
     if not isinstance(event, dict):
         raise BadAnswer(f"server sent a JSON {type(event).__name__} where an object was expected")
     usage = event.get("usage")
+    timings = event.get("timings")
+    if isinstance(timings, dict) and timings.get("draft_n") is not None:
+        # llama-server reports its drafting per request (only when drafting ran): counts for this request alone.
+        rec.drafted = _whole(timings["draft_n"], "timings.draft_n", 1 << 31)
+        rec.accepted = _whole(timings.get("draft_n_accepted", 0), "timings.draft_n_accepted", rec.drafted)
     choices = event.get("choices") or []
     if not isinstance(choices, list):
         raise BadAnswer(f"server sent choices of type {type(choices).__name__}, not a list")
@@ -400,6 +407,10 @@ async def _stream(
                 break
     if not done:
         rec.error = f"the stream ended without [DONE] after {rec.tokens} tokens"
+    if rec.accepted is not None and rec.tokens > rec.accepted:
+        # Every target forward pass yields one token of its own plus the drafts it accepted.
+        rec.verify_ct = rec.tokens - rec.accepted
+        rec.accept_length = rec.tokens / rec.verify_ct
     if final_meta is not None:
         rec.prompt_tokens = _whole(final_meta.get("prompt_tokens", 0), "prompt_tokens", MAX_PROMPT_TOKENS)
         if final_meta.get("spec_verify_ct"):
@@ -598,7 +609,8 @@ async def run_requests(
     after = await _scrape(host, port) if before is not None and aborted is None else None
     deltas: dict[str, Any] = {}
     if before is not None and after is not None:
-        deltas = {k: after[k] - before.get(k, 0.0) for k in after if k.startswith("sglang:") and k.endswith("_total")}
+        # Every counter: the engine adapter decides which ones describe speculative decoding (orch side).
+        deltas = {k: after[k] - before.get(k, 0.0) for k in after if k.endswith("_total")}
     return records, window_end if window_end is not None else time.perf_counter() - t0, deltas, aborted
 
 
@@ -667,10 +679,14 @@ def summarize_run(
     verified = [r for r in ok if r.verify_ct]
     if verified:
         accept = sum(r.tokens for r in verified) / sum(r.verify_ct or 0 for r in verified)
-        source = "meta_info (completion_tokens / spec_verify_ct of this run's requests)"
-    elif deltas.get("sglang:spec_verify_calls_total"):
-        accept = deltas.get("sglang:generation_tokens_total", 0.0) / deltas["sglang:spec_verify_calls_total"]
-        source = "metrics (counter deltas across this run)"
+        source = (
+            "timings (tokens / (tokens - draft_n_accepted) of this run's requests)"
+            if all(r.accepted is not None for r in verified)
+            else "meta_info (completion_tokens / spec_verify_ct of this run's requests)"
+        )
+    drafting = [r for r in ok if r.drafted is not None]
+    drafted = sum(r.drafted or 0 for r in drafting)
+    accepted = sum(r.accepted or 0 for r in drafting)
     reasons = [f"aborted: {aborted}"] if aborted else []
     if errors:
         reasons.append(f"{len(errors)} of {len(records)} requests failed (first: {errors[0].error})")
@@ -704,6 +720,14 @@ def summarize_run(
         "spec_accept_length": accept,
         "spec_verify_ct": sum(r.verify_ct or 0 for r in verified) if verified else None,
         "accept_source": source,
+        "spec": {
+            "drafted": drafted if drafting else None,
+            "accepted": accepted if drafting else None,
+            "acceptance_rate": accepted / drafted if drafted else None,
+        },
+        # Deltas of the server's /metrics counters across the run ({} without /metrics): the engine adapter reads
+        # its own speculative counters from them when the responses carried no per-request statistics.
+        "counter_deltas": {k: v for k, v in deltas.items() if v and ("spec" in k or "token" in k)},
         "valid": not reasons,
         "invalid_reason": "; ".join(reasons) or None,
         "aborted": aborted or None,
@@ -716,6 +740,8 @@ def summarize_run(
                 "e2e_s": r.e2e,
                 "chunks": r.chunks,
                 "accept_length": r.accept_length,
+                "drafted": r.drafted,
+                "accepted": r.accepted,
                 "error": r.error,
             }
             for r in records

@@ -14,6 +14,7 @@ from typing import Any
 import platformdirs
 
 from orchestrator import engines, yamlfile
+from orchestrator.engines.base import OPTIONAL_FIELDS
 from orchestrator.errors import ProfileError
 from orchestrator.fields import (
     FieldError,
@@ -35,9 +36,8 @@ from orchestrator.sim.knobs import read_knobs
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-# Algorithms that run a separate draft model and so need its path (SGLang refuses to start without it).
-NEEDS_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
+# http://HOST:PORT of a server orch attaches to instead of launching (no path, no credentials, no query).
+ATTACH_RE = re.compile(r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})/?$")
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled_profiles"
 
 
@@ -52,7 +52,7 @@ def search_dirs(cwd: Path | None = None) -> list[Path]:
 
 @dataclass(frozen=True)
 class Speculative:
-    """Speculative-decoding settings; maps 1:1 onto SGLang's --speculative-* flags."""
+    """Speculative-decoding settings; the engine adapter maps them onto its flags (SGLang's --speculative-*)."""
 
     algorithm: str
     draft_model_path: str | None = None
@@ -83,8 +83,8 @@ class Profile:
     chain: tuple[str, ...]
     engine: str
     model_path: str
-    tp_size: int
     port: int
+    tp_size: int = 1
     host: str = "127.0.0.1"
     served_model_name: str | None = None
     trust_remote_code: bool = False
@@ -95,6 +95,7 @@ class Profile:
     sim: tuple[tuple[str, float | int | str], ...] = ()
     ready_timeout_s: float = 900.0
     description: str = ""
+    attach: str | None = None  # a running server's URL: benchmarked as it is, never launched or stopped
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     expect: Expect | None = field(default=None, compare=False)
 
@@ -134,12 +135,23 @@ class Profile:
             "sim": dict(self.sim),
             "ready_timeout_s": self.ready_timeout_s,
             "description": self.description,
+            "attach": self.attach,
         }
 
 
 def _engine(v: Any) -> str:
     """An engine some adapter is registered for (looked up when checked, so a registered engine is known at once)."""
     return str(choice(engines.names())(v))
+
+
+def _attach_url(v: Any) -> str:
+    url = nonempty_str(v)
+    m = ATTACH_RE.match(url)
+    if m is None or not 1 <= int(m.group(2)) <= 65535:
+        raise FieldError(
+            f"expected http://HOST:PORT of a running server (no path, credentials or query), got {show(v)}"
+        )
+    return url.rstrip("/")
 
 
 TOP_FIELDS: dict[str, Any] = {
@@ -154,9 +166,10 @@ TOP_FIELDS: dict[str, Any] = {
     "mem_fraction_static": float_range(0.0, 1.0, lo_open=True),
     "server_args": str_list,
     "ready_timeout_s": float_range(1.0, 86400.0),
+    "attach": _attach_url,
 }
 SPEC_FIELDS: dict[str, Any] = {
-    "algorithm": choice(SPEC_ALGORITHMS),
+    "algorithm": nonempty_str,
     "draft_model_path": nonempty_str,
     "num_steps": int_range(1, 32),
     "eagle_topk": int_range(1, 64),
@@ -171,26 +184,8 @@ EXPECT_FIELDS: dict[str, Any] = {
     "note": text,
 }
 ALL_TOP_KEYS = (*TOP_FIELDS, "extends", "env", "speculative", "sim", "expect")
-REQUIRED = ("engine", "model_path", "tp_size", "port")
-# Flags the profile owns through its fields; repeating them in server_args would make two sources of truth.
-MANAGED_FLAGS = {
-    "--model-path": "model_path",
-    "--model": "model_path",
-    "--tp-size": "tp_size",
-    "--tensor-parallel-size": "tp_size",
-    "--tp": "tp_size",
-    "--port": "port",
-    "--host": "host",
-    "--served-model-name": "served_model_name",
-    "--trust-remote-code": "trust_remote_code",
-    "--mem-fraction-static": "mem_fraction_static",
-    "--speculative-algorithm": "speculative.algorithm",
-    "--speculative-draft-model-path": "speculative.draft_model_path",
-    "--speculative-draft-model": "speculative.draft_model_path",
-    "--speculative-num-steps": "speculative.num_steps",
-    "--speculative-eagle-topk": "speculative.eagle_topk",
-    "--speculative-num-draft-tokens": "speculative.num_draft_tokens",
-}
+# Every engine needs these; an engine adds its own (engines.Engine.required).
+REQUIRED = ("engine", "model_path", "port")
 
 
 # ---------------------------------------------------------------- loading
@@ -410,16 +405,30 @@ def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
     for key in REQUIRED:
         if key not in values:
             raise ProfileError(f"{path}: {key}: required field is missing (set it here or in a profile it extends)")
+    engine = engines.get(values["engine"])
+    for key in OPTIONAL_FIELDS:
+        if key in values and key not in engine.fields:
+            takes = ", ".join(sorted(engine.fields)) or "none of " + ", ".join(OPTIONAL_FIELDS)
+            raise ProfileError(
+                f"{path}: {key}: not a field of {engine.name} profiles (of the engine-specific fields it takes: "
+                f"{takes}); pass the engine's own flag in server_args instead"
+            )
+    for key in engine.required:
+        if key not in values:
+            raise ProfileError(
+                f"{path}: {key}: required field is missing for engine {engine.name} (set it here or in a profile "
+                "it extends)"
+            )
 
-    spec = _build_spec(path, data.get("speculative"))
+    spec = _build_spec(path, data.get("speculative"), engine)
     env = tuple(sorted((k, _env_value(v)) for k, v in (data.get("env") or {}).items() if v is not None))
     sim = _build_sim(path, data.get("sim") or {}, dict(env))
 
     for i, arg in enumerate(values.get("server_args", ())):
         flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
+        if flag in engine.managed_flags:
             raise ProfileError(
-                f"{path}: server_args[{i}]: {key_name(flag)} is set by the field {MANAGED_FLAGS[flag]!r}; "
+                f"{path}: server_args[{i}]: {key_name(flag)} is set by the field {engine.managed_flags[flag]!r}; "
                 "set that field instead of passing the flag"
             )
     expect_raw = data.get("expect") or {}
@@ -446,37 +455,36 @@ def _env_value(v: Any) -> str:
     return str(v)
 
 
-def _build_spec(path: Path, raw: Any) -> Speculative | None:
+def _build_spec(path: Path, raw: Any, engine: engines.Engine) -> Speculative | None:
     if raw is None:
         return None
     values: dict[str, Any] = {}
     for key, checker in SPEC_FIELDS.items():
         if key in raw:
+            if key != "algorithm" and key not in engine.spec_fields:
+                raise ProfileError(
+                    f"{path}: speculative.{key}: not a field of {engine.name}'s speculative settings (it takes: "
+                    f"{', '.join(['algorithm', *sorted(engine.spec_fields)])})"
+                )
             try:
                 values[key] = checker(raw[key])
             except FieldError as e:
                 raise ProfileError(f"{path}: speculative.{key}: {e}") from None
+    known = engine.spec_algorithms
     if "algorithm" not in values:
         raise ProfileError(
-            f"{path}: speculative.algorithm: required when speculative is set ({', '.join(SPEC_ALGORITHMS)})"
+            f"{path}: speculative.algorithm: required when speculative is set ({engine.name}: {', '.join(known)})"
+        )
+    if values["algorithm"] not in known:
+        algo = values["algorithm"]
+        raise ProfileError(
+            f"{path}: speculative.algorithm: {engine.name} has no algorithm {algo!r}{did_you_mean(algo, known)}; "
+            f"expected one of {', '.join(known) or '(none: this engine has no speculative decoding)'}"
         )
     spec = Speculative(**values)
-    if spec.algorithm in NEEDS_DRAFT_MODEL and not spec.draft_model_path:
-        raise ProfileError(f"{path}: speculative.draft_model_path: required for {spec.algorithm}")
-    if spec.num_steps is None and (spec.eagle_topk is not None or spec.num_draft_tokens is not None):
-        # SGLang refuses this combination: without num_steps it picks all three automatically.
-        raise ProfileError(
-            f"{path}: speculative.num_steps: required when eagle_topk or num_draft_tokens is set "
-            "(SGLang only auto-chooses all three together)"
-        )
-    if spec.eagle_topk == 1 and spec.num_steps is not None:
-        want = spec.num_steps + 1
-        if spec.num_draft_tokens is not None and spec.num_draft_tokens != want:
-            # SGLang silently overrides it; refusing keeps the profile equal to what actually runs.
-            raise ProfileError(
-                f"{path}: speculative.num_draft_tokens: with eagle_topk 1 SGLang forces it to num_steps + 1 = "
-                f"{want}, got {spec.num_draft_tokens}"
-            )
+    problem = engine.check_speculative(spec)
+    if problem is not None:
+        raise ProfileError(f"{path}: speculative.{problem[0]}: {problem[1]}")
     return spec
 
 

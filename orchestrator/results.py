@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from orchestrator import engines
 from orchestrator.bench import RunResult
 from orchestrator.stats import (
     DEFAULT_MIN_EFFECT,
@@ -446,7 +447,9 @@ def spec_steps(profile_dict: dict[str, Any]) -> int | None:
     spec = profile_dict.get("speculative")
     if not spec:
         return None
-    return int(spec.get("num_steps") or 3)  # SGLang picks (3, 1, 4) when num_steps is unset
+    name = profile_dict.get("engine")
+    # An engine this orch no longer knows (an old bundle) falls back to SGLang's default of 3 steps.
+    return engines.get(name).spec_steps(spec) if name in engines.names() else int(spec.get("num_steps") or 3)
 
 
 def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], list[CutShort]]:

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import engines, stats, yamlfile
 from orchestrator import profile as profiles_mod
-from orchestrator import stats, yamlfile
 from orchestrator.bench import CLIENT_PLACES, BenchConfig, assumed_speed, plan, request_items, sim_speed
 from orchestrator.client import ENDPOINTS
 from orchestrator.errors import InputError, OrchError
@@ -319,7 +319,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         seed=workload.get("seed", 0),
         concurrency=workload.get("concurrency", (1,)),
         requests_per_stream=workload.get("requests_per_stream", 1),
-        endpoint=workload.get("endpoint", "generate"),
+        endpoint=workload.get("endpoint") or engines.common_endpoint([p.engine for p in profiles]),
         prompts=prompts,
         input_len=workload.get("input_len"),
         client=workload.get("client", "host"),

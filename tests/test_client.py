@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import client, prompts
+from orchestrator import client, engines, prompts
 from orchestrator.ab import ABConfig, run_ab
-from orchestrator.bench import BenchConfig, request_items
+from orchestrator.bench import BenchConfig, request_items, with_engine_counters
 from orchestrator.client import Record, itl_samples, percentile, summarize_run
 from orchestrator.errors import BenchError
 from orchestrator.hosts import LocalHost
@@ -95,7 +95,11 @@ def test_accept_length_comes_from_this_run_and_says_where_from() -> None:
     plain = [_rec(0, [(0.1, 1), (0.2, 1)])]
     deltas = {"sglang:generation_tokens_total": 300.0, "sglang:spec_verify_calls_total": 120.0}
     m = summarize_run(plain, window=0.2, concurrency=1, deltas=deltas, min_duration_s=0)
-    assert m["spec_accept_length"] == pytest.approx(2.5) and m["accept_source"].startswith("metrics")
+    # The client passes the deltas on; the engine adapter reads its own counters from them (orch side).
+    assert m["spec_accept_length"] is None and m["counter_deltas"] == deltas
+    runner = with_engine_counters(lambda *_: dict(m), engines.get("sglang"))
+    read = runner([], [], 1, False)
+    assert read["spec_accept_length"] == pytest.approx(2.5) and read["accept_source"].startswith("metrics")
     none = summarize_run(plain, window=0.2, concurrency=1, deltas={}, min_duration_s=0)
     assert none["spec_accept_length"] is None and none["accept_source"] is None
 

@@ -32,6 +32,8 @@ class Toy(Engine):
     env_overrides: Mapping[str, str] = MappingProxyType({"TOY_THREADS": "toy sets it from the core count"})
     packages = ("json",)
     version_package = None
+    endpoints = ("generate",)
+    simulated = True
 
     def server_flags(self, profile: Profile) -> list[str]:
         return ["--port", str(profile.port), "--host", profile.host, "--model-path", profile.model_path]
@@ -50,7 +52,7 @@ def toy() -> Iterator[Engine]:
 def test_an_engine_registered_in_a_test_runs_end_to_end(
     toy: Engine, write_profile: WriteProfile, tmp_path: Path
 ) -> None:
-    path = write_profile("toyp", engine="toy", model_path="/m/toy", tp_size=1, port=free_port(), sim=FAST_SIM)
+    path = write_profile("toyp", engine="toy", model_path="/m/toy", port=free_port(), sim=FAST_SIM)
     prof = load(str(path))
     assert prof.launch_argv("py", simulate=True)[:4] == ["py", "-m", "orchestrator.sim", "--port"]
     store = Store(tmp_path / "r.db")

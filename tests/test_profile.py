@@ -89,7 +89,10 @@ def test_env_merges_by_key_and_null_removes(write_profile: WriteProfile) -> None
         ({"env": {"FLAG": True}}, r"env\.FLAG: expected a string or number \(quote words like 'true'\)"),
         ({"env": ["A=1"]}, r"env: expected a mapping"),
         ({"speculative": {"algorithm": "EAGLE3", "num_steps": 3}}, r"speculative\.draft_model_path: required"),
-        ({"speculative": {"algorithm": "EAGLE4"}}, r"speculative\.algorithm: expected one of .*did you mean 'EAGLE'"),
+        (
+            {"speculative": {"algorithm": "EAGLE4"}},
+            r"speculative\.algorithm: sglang has no algorithm 'EAGLE4' \(did you mean 'EAGLE'\?\); expected one of",
+        ),
         (
             {"speculative": {"algorithm": "NGRAM", "num_stpes": 3}},
             r"speculative\.num_stpes: unknown field \(did you mean 'num_steps'\?\)",

@@ -115,10 +115,10 @@ def bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--endpoint",
-            default="generate",
-            show_default=True,
+            default=None,
             type=click.Choice(list(client.ENDPOINTS)),
-            help="SGLang native /generate, or OpenAI /v1/completions or /v1/chat/completions.",
+            help="SGLang native /generate, or OpenAI /v1/completions or /v1/chat/completions. Default: the first "
+            "one every arm's engine serves (sglang: generate; llamacpp and vllm: completions).",
         ),
         click.option(
             "--prompts",

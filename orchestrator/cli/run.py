@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from orchestrator import ab, failon, results
+from orchestrator import ab, engines, failon, results
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
 from orchestrator.bench import (
@@ -98,7 +98,7 @@ def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> r
         seed=kw["seed"],
         concurrency=kw["concurrency"],
         requests_per_stream=kw["requests_per_stream"],
-        endpoint=kw["endpoint"],
+        endpoint=kw["endpoint"] or engines.common_endpoint([p.engine for p in profiles]),
         prompts=kw["prompt_source"],
         input_len=kw["input_len"],
         client=kw["client_place"],

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from orchestrator.engines.base import Engine
 from orchestrator.engines.sglang import SGLang
-from orchestrator.errors import ProfileError
+from orchestrator.errors import InputError, ProfileError
 from orchestrator.fields import did_you_mean
+
+if TYPE_CHECKING:
+    from orchestrator.profile import Profile
 
 _REGISTRY: dict[str, Engine] = {}
 
@@ -29,6 +35,32 @@ def get(name: str) -> Engine:
         ) from None
 
 
+def common_endpoint(engine_names: Sequence[str]) -> str:
+    """The benchmark endpoint every given engine serves, the first engine's preference first."""
+    served = [get(n).endpoints for n in engine_names]
+    for endpoint in served[0] if served else ("generate",):
+        if all(endpoint in s for s in served):
+            return endpoint
+    kinds = "; ".join(f"{n}: {', '.join(s)}" for n, s in zip(engine_names, served, strict=True))
+    raise InputError(f"these engines share no benchmark endpoint ({kinds})")
+
+
+def check_use(profiles: Sequence[Profile], endpoint: str, *, simulate: bool) -> None:
+    """Refuse, before anything is launched, what a profile's engine cannot do: serve the endpoint, be simulated."""
+    for p in profiles:
+        engine = get(p.engine)
+        if endpoint not in engine.endpoints:
+            raise InputError(
+                f"{p.source}: engine {engine.name} does not serve the {endpoint!r} endpoint; use --endpoint "
+                f"{' or '.join(engine.endpoints)} (the workload's endpoint must be one every arm serves)"
+            )
+        if simulate and not engine.simulated and p.attach is None:
+            raise InputError(
+                f"{p.source}: orch has no simulator of {engine.name}; run it for real (drop --sim) on a host that "
+                "has it"
+            )
+
+
 register(SGLang())
 
-__all__ = ["Engine", "get", "names", "register"]
+__all__ = ["Engine", "check_use", "common_endpoint", "get", "names", "register"]

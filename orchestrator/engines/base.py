@@ -1,13 +1,31 @@
-"""What orch must know about a kind of inference server: its command line, readiness, env rewrites, versions."""
+"""What orch must know about a kind of inference server: its command line, readiness, profile fields, statistics."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrator.profile import Profile
+    from orchestrator.profile import Profile, Speculative
+
+# Top-level profile fields only some engines take; every engine takes the rest (model_path, host, port, env...).
+OPTIONAL_FIELDS = ("served_model_name", "tp_size", "trust_remote_code", "mem_fraction_static")
+# speculative.* fields only some engines take (algorithm is always there).
+OPTIONAL_SPEC_FIELDS = ("draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens")
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """Speculative decoding over one run, read from an engine's own counters (deltas across the run)."""
+
+    accept_length: float  # tokens per verify (target forward) pass
+    acceptance_rate: float | None  # accepted draft tokens / drafted tokens
+    drafted: float | None
+    accepted: float | None
+    source: str
 
 
 class Engine(ABC):
@@ -24,6 +42,20 @@ class Engine(ABC):
     packages: tuple[str, ...]
     # The package whose version is the engine's version (None: only the server itself can say).
     version_package: str | None
+    # Which of OPTIONAL_FIELDS a profile of this engine may set, and which of them it must.
+    fields: frozenset[str] = frozenset()
+    required: tuple[str, ...] = ()
+    # speculative.algorithm values (the engine's own spelling) and which OPTIONAL_SPEC_FIELDS it takes.
+    spec_algorithms: tuple[str, ...] = ()
+    spec_fields: frozenset[str] = frozenset()
+    # Draft steps per cycle when a profile leaves speculative.num_steps unset (the engine's own default).
+    default_spec_steps: int = 3
+    # Flags a profile field owns: repeating them in server_args would make two sources of truth.
+    managed_flags: Mapping[str, str] = MappingProxyType({})
+    # The benchmark endpoints (client.ENDPOINTS keys) the engine serves; the first is the default.
+    endpoints: tuple[str, ...] = ("completions", "chat")
+    # Whether orch ships a simulator of this engine (`--sim`).
+    simulated: bool = False
 
     @abstractmethod
     def server_flags(self, profile: Profile) -> list[str]:
@@ -32,3 +64,32 @@ class Engine(ABC):
     @abstractmethod
     def launch_argv(self, profile: Profile, python: str, *, simulate: bool) -> list[str]:
         """The whole command line: the engine itself, or orch's simulator of it (same flags)."""
+
+    def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
+        """(field, why) when a speculative block is valid field by field but not as a whole for this engine."""
+        return None
+
+    def spec_from_counters(self, deltas: Mapping[str, float]) -> SpecCounters | None:
+        """Speculative statistics from /metrics counter deltas across one run; None when the engine reported none."""
+        return None
+
+    def spec_steps(self, spec: Mapping[str, Any]) -> int:
+        """Draft steps per speculative cycle, from a stored profile's `speculative` block."""
+        return int(spec.get("num_steps") or self.default_spec_steps)
+
+
+def spec_decode_counters(deltas: Mapping[str, float], prefix: str, what: str) -> SpecCounters | None:
+    """vLLM's spec_decode_* counters (llama.cpp exports the same four under its own prefix): acceptance length is
+    1 + accepted / drafts (each draft is one verify pass that also yields the target's own token)."""
+    drafts = deltas.get(f"{prefix}spec_decode_num_drafts_total")
+    if not drafts or drafts <= 0:
+        return None
+    accepted = max(deltas.get(f"{prefix}spec_decode_num_accepted_tokens_total", 0.0), 0.0)
+    drafted = deltas.get(f"{prefix}spec_decode_num_draft_tokens_total")
+    return SpecCounters(
+        accept_length=1.0 + accepted / drafts,
+        acceptance_rate=accepted / drafted if drafted else None,
+        drafted=drafted,
+        accepted=accepted,
+        source=f"metrics ({what} counter deltas across this run)",
+    )

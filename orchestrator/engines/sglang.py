@@ -6,10 +6,13 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from orchestrator.engines.base import Engine
+from orchestrator.engines.base import OPTIONAL_FIELDS, OPTIONAL_SPEC_FIELDS, Engine, SpecCounters
 
 if TYPE_CHECKING:
-    from orchestrator.profile import Profile
+    from orchestrator.profile import Profile, Speculative
+
+# Algorithms that run a separate draft model and so need its path (SGLang refuses to start without it).
+NEEDS_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
 
 
 class SGLang(Engine):
@@ -27,6 +30,64 @@ class SGLang(Engine):
     )
     packages = ("sglang", "torch", "flashinfer", "sgl_kernel", "triton")
     version_package = "sglang"
+    fields = frozenset(OPTIONAL_FIELDS)
+    required = ("tp_size",)
+    spec_algorithms = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
+    spec_fields = frozenset(OPTIONAL_SPEC_FIELDS)
+    # SGLang picks (num_steps, topk, draft tokens) = (3, 1, 4) when num_steps is unset.
+    default_spec_steps = 3
+    managed_flags: Mapping[str, str] = MappingProxyType(
+        {
+            "--model-path": "model_path",
+            "--model": "model_path",
+            "--tp-size": "tp_size",
+            "--tensor-parallel-size": "tp_size",
+            "--tp": "tp_size",
+            "--port": "port",
+            "--host": "host",
+            "--served-model-name": "served_model_name",
+            "--trust-remote-code": "trust_remote_code",
+            "--mem-fraction-static": "mem_fraction_static",
+            "--speculative-algorithm": "speculative.algorithm",
+            "--speculative-draft-model-path": "speculative.draft_model_path",
+            "--speculative-draft-model": "speculative.draft_model_path",
+            "--speculative-num-steps": "speculative.num_steps",
+            "--speculative-eagle-topk": "speculative.eagle_topk",
+            "--speculative-num-draft-tokens": "speculative.num_draft_tokens",
+        }
+    )
+    endpoints = ("generate", "completions", "chat")
+    simulated = True
+
+    def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
+        if spec.algorithm in NEEDS_DRAFT_MODEL and not spec.draft_model_path:
+            return "draft_model_path", f"required for {spec.algorithm}"
+        if spec.num_steps is None and (spec.eagle_topk is not None or spec.num_draft_tokens is not None):
+            # SGLang refuses this combination: without num_steps it picks all three automatically.
+            return "num_steps", (
+                "required when eagle_topk or num_draft_tokens is set (SGLang only auto-chooses all three together)"
+            )
+        if spec.eagle_topk == 1 and spec.num_steps is not None:
+            want = spec.num_steps + 1
+            if spec.num_draft_tokens is not None and spec.num_draft_tokens != want:
+                # SGLang silently overrides it; refusing keeps the profile equal to what actually runs.
+                return "num_draft_tokens", (
+                    f"with eagle_topk 1 SGLang forces it to num_steps + 1 = {want}, got {spec.num_draft_tokens}"
+                )
+        return None
+
+    def spec_from_counters(self, deltas: Mapping[str, float]) -> SpecCounters | None:
+        verify = deltas.get("sglang:spec_verify_calls_total")
+        if not verify or verify <= 0:
+            return None
+        tokens = deltas.get("sglang:generation_tokens_total", 0.0)
+        return SpecCounters(
+            accept_length=tokens / verify,
+            acceptance_rate=None,
+            drafted=None,
+            accepted=None,
+            source="metrics (counter deltas across this run)",
+        )
 
     def server_flags(self, profile: Profile) -> list[str]:
         flags = ["--model-path", profile.model_path, "--tp-size", str(profile.tp_size)]

@@ -160,6 +160,17 @@ def load_jsonl(path: str) -> list[PromptItem]:
     return items
 
 
+BUNDLED_DIR = Path(__file__).resolve().parent / "bundled_prompts"
+# Named prompt sets shipped with orch (--prompts NAME): where prompt lookup (n-gram speculation) has text to copy,
+# and where it has none, so a report can show both sides of its break-even.
+BUNDLED_SETS = ("lookup-friendly", "open-ended")
+
+
+def source_path(source: str) -> str:
+    """A --prompts value as the file it reads: a bundled set's file, else the value itself (a JSONL path)."""
+    return str(BUNDLED_DIR / f"{source}.jsonl") if source in BUNDLED_SETS else source
+
+
 def request_sequence(source: str, n: int, *, seed: int, input_len: int | None = None) -> list[PromptItem]:
     """The n inputs of a benchmark: a pure function of (source, n, seed, input_len), so every arm gets the same."""
     if n <= 0:
@@ -170,7 +181,7 @@ def request_sequence(source: str, n: int, *, seed: int, input_len: int | None = 
         raise BenchError(
             "--input-len applies to --prompts random only (builtin and file prompts have their own length)"
         )
-    pool = builtin_items() if source == "builtin" else load_jsonl(source)
+    pool = builtin_items() if source == "builtin" else load_jsonl(source_path(source))
     rng = random.Random(f"prompts:{seed}")
     order: list[PromptItem] = []
     while len(order) < n:

@@ -26,6 +26,7 @@ from orchestrator.fields import (
     show,
 )
 from orchestrator.profile import Profile
+from orchestrator.prompts import BUNDLED_SETS
 
 
 class SuiteError(InputError):
@@ -310,7 +311,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         _mapping(fields.get("workload", {}), f"{label}: workload"), WORKLOAD_FIELDS, f"{label}: workload"
     )
     prompts = workload.get("prompts", "builtin")
-    if prompts not in ("builtin", "random") and not Path(prompts).is_absolute():
+    if prompts not in ("builtin", "random", *BUNDLED_SETS) and not Path(prompts).is_absolute():
         prompts = str(base / prompts)
     bench = BenchConfig(
         runs=workload.get("runs", 5),

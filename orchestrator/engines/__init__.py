@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from orchestrator.engines.base import Engine
 from orchestrator.engines.sglang import SGLang
+from orchestrator.engines.vllm import VLLM
 from orchestrator.errors import InputError, ProfileError
 from orchestrator.fields import did_you_mean
 
@@ -62,5 +63,6 @@ def check_use(profiles: Sequence[Profile], endpoint: str, *, simulate: bool) -> 
 
 
 register(SGLang())
+register(VLLM())
 
 __all__ = ["Engine", "check_use", "common_endpoint", "get", "names", "register"]

@@ -15,9 +15,10 @@ from orchestrator import client, prompts
 from orchestrator.engines import Engine
 from orchestrator.errors import BenchError
 from orchestrator.hosts import Host
-from orchestrator.sim.args import SimArgError, parse_server_args
+from orchestrator.sim.args import SimArgError
 from orchestrator.sim.knobs import knob_float, read_knobs
 from orchestrator.sim.timing import TimingModel
+from orchestrator.sim.vllm_args import parse_launch_args
 
 CLIENT_PLACES = ("host", "local")
 GPU_PROBE_AFTER_S = 0.2  # into the run: the GPUs are busy, and even short test runs last longer
@@ -427,7 +428,7 @@ def sim_speed(env: Mapping[str, str], server_flags: Sequence[str]) -> ArmSpeed |
     try:
         # argparse reports a bad flag on stderr and exits; the launch itself will say so properly.
         with contextlib.redirect_stderr(io.StringIO()):
-            cfg = parse_server_args(list(server_flags))
+            cfg = parse_launch_args(list(server_flags))
         knobs = read_knobs(env)
     except (SimArgError, ValueError, SystemExit):
         return None

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from orchestrator.engines.base import Engine
 from orchestrator.engines.llamacpp import LlamaCpp
 from orchestrator.engines.sglang import SGLang
+from orchestrator.engines.vllm import VLLM
 from orchestrator.errors import InputError, ProfileError
 from orchestrator.fields import did_you_mean
 
@@ -63,6 +64,7 @@ def check_use(profiles: Sequence[Profile], endpoint: str, *, simulate: bool) -> 
 
 
 register(SGLang())
+register(VLLM())
 register(LlamaCpp())
 
 __all__ = ["Engine", "check_use", "common_endpoint", "get", "names", "register"]

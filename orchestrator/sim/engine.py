@@ -172,6 +172,12 @@ class Engine:
         self.gen_tokens_total = 0
         self.prompt_tokens_total = 0
         self.verify_calls_total = 0
+        # vLLM's spec_decode counters: one draft per request per verify, its tokens, and the accepted ones by
+        # position, as the rejection sampler counts them (before a max_tokens or EOS cut).
+        self.spec_drafts_total = 0
+        self.spec_draft_tokens_total = 0
+        self.spec_accepted_total = 0
+        self.spec_accepted_per_pos = [0] * (model.spec.depth if model.spec is not None else 0)
         self.user_tokens = 0
         self.decode_iterations = 0
         self.win_tokens = 0
@@ -354,6 +360,7 @@ class Engine:
                 if r.kind != "health":
                     self.verify_calls_total += 1
                     self.win_verify += 1
+                    self._count_draft(n - 1)
             before = len(r.output_ids)
             self._append(r, min(n, r.max_new_tokens - before), decode=True)
             if spec:
@@ -364,6 +371,13 @@ class Engine:
         if self.decode_iterations % self.decode_log_interval == 0:
             self._log_decode(len(batch))
         return next_t
+
+    def _count_draft(self, accepted: int) -> None:
+        self.spec_drafts_total += 1
+        self.spec_draft_tokens_total += len(self.spec_accepted_per_pos)
+        self.spec_accepted_total += accepted
+        for pos in range(accepted):
+            self.spec_accepted_per_pos[pos] += 1
 
     def _kv_tokens(self) -> int:
         return sum(r.prompt_tokens + len(r.output_ids) for r in self.running)

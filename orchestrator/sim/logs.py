@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-BANNER = "[orch-sim] SIMULATOR of sglang.launch_server — all timings are simulated, not measured on a GPU"
+BANNER = "[orch-sim] SIMULATOR of {engine} — all timings are simulated, not measured on a GPU"
 TAG = "[orch-sim]"
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "critical": 50}
@@ -41,5 +41,5 @@ def log(msg: str, level: str = "info", prefix: str = "", force: bool = False) ->
     emit(f"{TAG} [{stamp}{prefix}] {kind}{msg}")
 
 
-def banner() -> None:
-    emit(BANNER)
+def banner(engine: str = "sglang.launch_server") -> None:
+    emit(BANNER.format(engine=engine))

@@ -9,7 +9,7 @@ import multiprocessing
 import os
 import random
 import signal
-import subprocess
+import socket
 import sys
 import tempfile
 import time
@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequen
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import Any
 
 from orchestrator.sim import logs
@@ -41,8 +40,9 @@ from orchestrator.sim.httpio import (
     response,
     stream_head,
 )
-from orchestrator.sim.knobs import knob_faults, knob_float, parse_gpu_slowdown, read_knobs
-from orchestrator.sim.timing import TimingModel, draw_speed_factor
+from orchestrator.sim.knobs import knob_faults, knob_float
+from orchestrator.sim.launch import launch, load_knobs
+from orchestrator.sim.timing import TimingModel
 from orchestrator.sim.workers import WorkerSpec, run_worker
 
 KEEP_ALIVE_S = 5.0  # uvicorn's timeout_keep_alive default, which SGLang keeps
@@ -228,7 +228,7 @@ class OpenAISink(_HttpSink):
         if self.chat:
             choice = {"index": 0, "delta": self._delta(delta), "logprobs": None, "finish_reason": None}
         else:
-            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": None, "matched_stop": None}
+            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": None, self.server.stop_key: None}
         self._data(self._chunk_obj(req, choice))
 
     def _usage(self, req: Req) -> dict[str, Any]:
@@ -255,10 +255,11 @@ class OpenAISink(_HttpSink):
                 "delta": self._delta(None),
                 "logprobs": None,
                 "finish_reason": reason,
-                "matched_stop": matched,
+                self.server.stop_key: matched,
             }
         else:
-            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason, "matched_stop": matched}
+            stop = self.server.stop_key
+            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason, stop: matched}
         self._data(self._chunk_obj(req, choice))
         if self.include_usage:
             obj: dict[str, Any] = {
@@ -280,11 +281,17 @@ class OpenAISink(_HttpSink):
                 "message": message,
                 "logprobs": None,
                 "finish_reason": reason,
-                "matched_stop": matched,
+                self.server.stop_key: matched,
             }
             obj_type = "chat.completion"
         else:
-            choice = {"index": 0, "text": req.text, "logprobs": None, "finish_reason": reason, "matched_stop": matched}
+            choice = {
+                "index": 0,
+                "text": req.text,
+                "logprobs": None,
+                "finish_reason": reason,
+                self.server.stop_key: matched,
+            }
             obj_type = "text_completion"
         obj: dict[str, Any] = {
             "id": req.rid,
@@ -320,6 +327,11 @@ Handler = Callable[[Request, asyncio.StreamReader, asyncio.StreamWriter], Awaita
 class SimServer:
     """Owns the workers, the engine and the HTTP server for one simulated launch."""
 
+    # What a subclass imitating another engine (sim/vllm_server.py) changes.
+    engine_version = SGLANG_VERSION
+    stop_key = "matched_stop"
+    owned_by = "sglang"
+
     def __init__(
         self,
         cfg: ServerConfig,
@@ -347,7 +359,12 @@ class SimServer:
         self._init_failure: _Worker | None = None
         self._drain_deadline: float | None = None
         self._signals = 0
-        self._routes: dict[str, tuple[tuple[str, ...], Handler]] = {
+        # A socket bound before loading (vLLM's way: the port is taken but refuses connections until it listens).
+        self.listen_sock: socket.socket | None = None
+        self._routes = self.routes()
+
+    def routes(self) -> dict[str, tuple[tuple[str, ...], Handler]]:
+        return {
             "/health": (("GET",), self._health),
             "/health_generate": (("GET",), self._health),
             "/model_info": (("GET",), self._model_info),
@@ -361,6 +378,12 @@ class SimServer:
             "/v1/chat/completions": (("POST",), self._chat),
             "/flush_cache": (("GET", "POST"), self._flush_cache),
         }
+
+    async def _before_listen(self) -> None:
+        """Startup work between loading and listening (SGLang has none: it warms up with the port open)."""
+
+    def _listening_message(self) -> str:
+        return f"Uvicorn running on http://{self.cfg.host}:{self.cfg.port} (simulated server; Press CTRL+C to quit)"
 
     # ---- lifecycle --------------------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -382,16 +405,24 @@ class SimServer:
             logs.log("Shutdown requested while loading; stopping workers")
             await self._stop_workers()
             return 0
+        await self._before_listen()
+        if self._shutdown.is_set():
+            logs.log("Shutdown requested before the server listened; stopping workers")
+            await self._stop_workers()
+            return 0
         try:
-            self.http = await asyncio.start_server(
-                self._on_conn, self.cfg.host, self.cfg.port, reuse_address=True, backlog=2048, limit=64 * 1024
-            )
+            if self.listen_sock is not None:
+                self.http = await asyncio.start_server(self._on_conn, sock=self.listen_sock, backlog=2048, limit=65536)
+            else:
+                self.http = await asyncio.start_server(
+                    self._on_conn, self.cfg.host, self.cfg.port, reuse_address=True, backlog=2048, limit=64 * 1024
+                )
         except OSError as exc:
             logs.log(str(exc), "error")
             await self._stop_workers(kill=True)
             return 1
         self.phase = STARTING
-        logs.log(f"Uvicorn running on http://{self.cfg.host}:{self.cfg.port} (simulated server; Press CTRL+C to quit)")
+        logs.log(self._listening_message())
         # The two *-after-tokens faults cannot be combined (knobs), so at most one of them sets the count.
         die_after = self.faults.get("die-after-tokens") or self.faults.get("worker-hang-after-tokens")
         self.engine = Engine(
@@ -478,6 +509,19 @@ class SimServer:
             "disable_cuda_graph": self.cfg.disable_cuda_graph,
             "escape_linger_s": knob_float(self.knobs, "escape_linger_s"),
         }
+        for spec in self._worker_specs(common):
+            parent_conn, child_conn = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=run_worker, args=(spec, child_conn), name=spec.title, daemon=False)
+            proc.start()
+            child_conn.close()
+            worker = _Worker(spec, proc, parent_conn)
+            self.workers.append(worker)
+            loop.add_reader(parent_conn.fileno(), self._on_worker_readable, worker)
+        pids = ", ".join(f"{w.spec.title}={w.proc.pid}" for w in self.workers)
+        logs.log(f"Started {len(self.workers)} worker processes (spawn): {pids}")
+
+    def _worker_specs(self, common: dict[str, Any]) -> list[WorkerSpec]:
+        """SGLang's processes: one scheduler per TP rank and a detokenizer."""
         specs = [
             WorkerSpec(
                 "scheduler",
@@ -491,16 +535,7 @@ class SimServer:
             for rank in range(self.cfg.tp_size)
         ]
         specs.append(WorkerSpec("detokenizer", 0, reexec="reexec-no-marker" in self.faults, **common))
-        for spec in specs:
-            parent_conn, child_conn = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=run_worker, args=(spec, child_conn), name=spec.title, daemon=False)
-            proc.start()
-            child_conn.close()
-            worker = _Worker(spec, proc, parent_conn)
-            self.workers.append(worker)
-            loop.add_reader(parent_conn.fileno(), self._on_worker_readable, worker)
-        pids = ", ".join(f"{w.spec.title}={w.proc.pid}" for w in self.workers)
-        logs.log(f"Started {len(self.workers)} worker processes (spawn): {pids}")
+        return specs
 
     def _on_worker_readable(self, w: _Worker) -> None:
         try:
@@ -716,7 +751,7 @@ class SimServer:
             "max_total_num_tokens": MAX_TOTAL_TOKENS,
             "max_req_input_len": self.cfg.context_length - 1,
             "internal_states": [state],
-            "version": self.knobs.get("version") or SGLANG_VERSION,
+            "version": self.knobs.get("version") or self.engine_version,
             "orch_simulator": True,
             "orch_sim": {
                 "seed": self.seed,
@@ -742,7 +777,7 @@ class SimServer:
             "id": name,
             "object": "model",
             "created": int(time.time()),
-            "owned_by": "sglang",
+            "owned_by": self.owned_by,
             "root": name,
             "max_model_len": self.cfg.context_length,
         }
@@ -970,122 +1005,33 @@ def _stops(value: Any) -> list[str]:
 # ---- entry point -----------------------------------------------------------------------------------------------
 
 
-def _gpu_slowdown(spec: Any) -> float:
-    """gpu_slowdown: how much slower this GPU model is, by the name nvidia-smi reports (1.0 without nvidia-smi)."""
-    if not isinstance(spec, str) or not spec:
-        return 1.0
-    try:
-        proc = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return 1.0
-    out = proc.stdout if proc.returncode == 0 else ""
-    name = out.splitlines()[0].strip() if out.strip() else ""
-    factor = next((f for sub, f in parse_gpu_slowdown(spec) if sub in name), 1.0)
-    logs.log(f"GPU {name or '(none)'}: gpu_slowdown factor {factor:g}")
-    return factor
-
-
-def _file_slowdown(path: Any) -> float:
-    """slowdown_file: the factor written in that file (1.0 when it is absent); unreadable content is an error."""
-    if not isinstance(path, str) or not path:
-        return 1.0
-    try:
-        text = Path(path).read_text().strip()
-    except FileNotFoundError:
-        return 1.0
-    factor = float(text)  # a ValueError here is reported by main as an invalid knob
-    if not 0.1 <= factor <= 10.0:
-        raise ValueError(f"{path} holds {text!r}: expected a factor between 0.1 and 10")
-    logs.log(f"slowdown_file {path}: factor {factor:g}")
-    return factor
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the simulator; returns an exit code for argument errors, otherwise exits the process itself."""
+    """Run the simulator; returns an exit code for argument errors, otherwise exits the process itself.
+    `serve MODEL ...` (vLLM's command line) imitates vLLM, anything else SGLang's launch_server."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["serve"]:
+        from orchestrator.sim.vllm_server import main as vllm_main
+
+        return vllm_main(args[1:])
     logs.banner()
-    try:
-        knobs = read_knobs(os.environ)
-    except ValueError as exc:
-        logs.log(f"invalid simulator knob: {exc}", "error")
+    knobs = load_knobs()
+    if knobs is None:
         return 2
     try:
-        cfg = parse_server_args(sys.argv[1:] if argv is None else argv)
+        cfg = parse_server_args(args)
     except SimArgError as exc:
         logs.log(f"{exc}", "error")
         return 1
-    logs.set_level(cfg.log_level)
-    if "ignore-sigterm" in knob_faults(knobs):
-        # Set before anything else runs; the workers reset it so only this process is deaf to SIGTERM.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
-    seed_knob = knobs["seed"]
-    if isinstance(seed_knob, int):
-        seed = seed_knob
-        logs.log(f"seed={seed} (from ORCH_SIM_SEED)", force=True)
-    else:
-        seed = random.SystemRandom().randrange(2**32)
-        # Always printed, whatever --log-level says: without it a launch cannot be reproduced.
-        logs.log(f"seed={seed} (drawn at random; set ORCH_SIM_SEED={seed} to reproduce this launch)", force=True)
-    # slowdown: a deliberate change of the whole box's speed (a "state change" for reproduction tests), on top of
-    # the restart-to-restart noise every launch draws.
-    speed = draw_speed_factor(random.Random(f"{seed}:speed"), knob_float(knobs, "launch_noise")) * knob_float(
-        knobs, "slowdown"
-    )
-    speed *= _gpu_slowdown(knobs.get("gpu_slowdown"))
-    try:
-        speed *= _file_slowdown(knobs.get("slowdown_file"))
-    except (OSError, ValueError) as exc:
-        logs.log(f"invalid simulator knob: ORCH_SIM_SLOWDOWN_FILE: {exc}", "error")
-        return 2
-
-    for note in cfg.notes:
-        logs.log(note)
-    for warning in cfg.warnings:
-        logs.log(warning, "warning")
-    # As SGLang's launch_server logs it: every resolved setting, secrets (--api-key) included, in clear.
-    logs.log("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in cfg.resolved.items()) + ")")
-    shown = ", ".join(f"{k}={v}" for k, v in knobs.items() if v is not None)
-    logs.log(f"simulator knobs: {shown}")
-    faults = knob_faults(knobs)
-    if faults:
-        logs.log(
-            "FAULT injection active: " + ", ".join(k if v is None else f"{k}:{v}" for k, v in faults.items()), "warning"
+    def rewrite(drop: list[str]) -> list[str]:
+        return rewrite_env(
+            os.environ,
+            enable_symm_mem=cfg.enable_symm_mem,
+            enable_nccl_nvls=cfg.enable_nccl_nvls,
+            enable_metrics=cfg.enable_metrics,
+            drop=drop,
         )
 
-    drop_spec = knobs["drop_env"]
-    drop = [n.strip() for n in drop_spec.split(",") if n.strip()] if isinstance(drop_spec, str) else []
-    changes = rewrite_env(
-        os.environ,
-        enable_symm_mem=cfg.enable_symm_mem,
-        enable_nccl_nvls=cfg.enable_nccl_nvls,
-        enable_metrics=cfg.enable_metrics,
-        drop=drop,
-    )
-    logs.log("environment for worker processes: " + "; ".join(changes))
-
-    server = SimServer(cfg, knobs, seed, speed, changes)
-    model = server.model
-    spec = cfg.spec
-    desc = (
-        "no speculation"
-        if spec is None
-        else f"{spec.algorithm} steps={spec.num_steps} topk={spec.topk} draft_tokens={spec.num_draft_tokens}"
-    )
-    logs.log(
-        f"timing model: {desc}; nominal cycle {model.base_cycle_ms:.2f} ms, mean accept length "
-        f"{model.mean_accept_length:.3f}; launch speed factor {speed:.4f} "
-        f"(lognormal, sigma={knob_float(knobs, 'launch_noise'):g}); expected single-stream "
-        f"{model.steady_tokens_per_s(1):.1f} tok/s"
-    )
-    try:
-        code = asyncio.run(server.run())
-    except KeyboardInterrupt:
-        code = 0
-    logs.log(f"exiting with code {code}")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skip multiprocessing's atexit join: an escaped worker (fault) must not keep this process alive.
-    os._exit(code)
+    # As SGLang's launch_server logs it: every resolved setting, secrets (--api-key) included, in clear.
+    settings = "server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in cfg.resolved.items()) + ")"
+    return launch(cfg, knobs, SimServer, settings, rewrite)

@@ -47,9 +47,12 @@ class WorkerSpec:
     escape_linger_s: float = 600.0
     double_fork: bool = False
     reexec: bool = False
+    name: str | None = None  # the process title when the imitated engine names its processes otherwise
 
     @property
     def title(self) -> str:
+        if self.name:
+            return self.name
         return f"sim:sched_TP{self.rank}" if self.role == "scheduler" else "sim:detok"
 
     @property

@@ -1,0 +1,105 @@
+"""vLLM (`vllm serve MODEL`), and orch's simulator of it (`python -m orchestrator.sim serve MODEL`).
+
+Flag, endpoint and metric names checked against vllm-project/vllm's source (see orchestrator/sim/vllm_args.py for
+the files and commits): `vllm` is the console script for vllm.entrypoints.cli.main:main, which runs as a module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.engines.base import Engine, SpecCounters, spec_decode_counters
+
+if TYPE_CHECKING:
+    from orchestrator.profile import Profile, Speculative
+
+# speculative.algorithm is vLLM's `method`, spelt as vLLM spells it (lowercase).
+NEEDS_DRAFT_MODEL = ("eagle", "eagle3", "draft_model")
+
+
+class VLLM(Engine):
+    name = "vllm"
+    # 200 once the engine core answers (the port refuses connections until then); 503 once the engine is dead.
+    # Like SGLang's /health_generate, orch then measures with real generations (the warmup requests).
+    health_path = "/health"
+    env_overrides: Mapping[str, str] = MappingProxyType(
+        {
+            "VLLM_WORKER_MULTIPROC_METHOD": "vLLM's CLI sets it to spawn when unset",
+            "OMP_NUM_THREADS": "vLLM sets it to 1 in its workers when unset",
+            "PYTORCH_NVML_BASED_CUDA_CHECK": "vLLM sets it to 1 on import",
+            "TORCHINDUCTOR_COMPILE_THREADS": "vLLM sets it to 1 on import",
+            "CUDA_VISIBLE_DEVICES": "vLLM gives each data-parallel rank its slice",
+        }
+    )
+    packages = ("vllm", "torch", "flashinfer", "triton", "transformers")
+    version_package = "vllm"
+    # GPU memory is --gpu-memory-utilization in server_args (SGLang's mem_fraction_static means something else).
+    fields = frozenset({"served_model_name", "tp_size", "trust_remote_code"})
+    spec_algorithms = ("eagle3", "eagle", "mtp", "draft_model", "ngram")
+    # draft_model_path is speculative_config.model, num_steps its num_speculative_tokens; vLLM has no topk or
+    # separate verify width for a chain.
+    spec_fields = frozenset({"draft_model_path", "num_steps"})
+    # Only mtp may leave num_speculative_tokens unset (vLLM reads n_predict from the model); MTP models have 1.
+    default_spec_steps = 1
+    managed_flags: Mapping[str, str] = MappingProxyType(
+        {
+            "--model": "model_path",
+            "--tensor-parallel-size": "tp_size",
+            "--tensor_parallel_size": "tp_size",
+            "-tp": "tp_size",
+            "--port": "port",
+            "--host": "host",
+            "--served-model-name": "served_model_name",
+            "--served_model_name": "served_model_name",
+            "--trust-remote-code": "trust_remote_code",
+            "--trust_remote_code": "trust_remote_code",
+            "--speculative-config": "speculative",
+            "--speculative_config": "speculative",
+            "-sc": "speculative",
+        }
+    )
+    endpoints = ("completions", "chat")
+    simulated = True
+
+    def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
+        if spec.algorithm in NEEDS_DRAFT_MODEL and not spec.draft_model_path:
+            return "draft_model_path", f"required for {spec.algorithm} (vLLM's speculative_config.model)"
+        if spec.algorithm == "ngram" and spec.draft_model_path:
+            return "draft_model_path", "ngram drafts from the prompt itself and takes no draft model"
+        if spec.num_steps is None and spec.algorithm != "mtp":
+            return "num_steps", (
+                f"required for {spec.algorithm} (vLLM's num_speculative_tokens; only mtp reads it from the model)"
+            )
+        return None
+
+    def spec_from_counters(self, deltas: Mapping[str, float]) -> SpecCounters | None:
+        return spec_decode_counters(deltas, "vllm:", "vllm:spec_decode_*")
+
+    def speculative_config(self, spec: Speculative) -> dict[str, Any]:
+        config: dict[str, Any] = {"method": spec.algorithm}
+        if spec.draft_model_path:
+            config["model"] = spec.draft_model_path
+        if spec.num_steps is not None:
+            config["num_speculative_tokens"] = spec.num_steps
+        return config
+
+    def server_flags(self, profile: Profile) -> list[str]:
+        """`serve MODEL` and its flags: the arguments of the `vllm` program (and of the simulator)."""
+        flags = ["serve", profile.model_path, "--tensor-parallel-size", str(profile.tp_size)]
+        flags += ["--host", profile.host, "--port", str(profile.port)]
+        if profile.served_model_name:
+            flags += ["--served-model-name", profile.served_model_name]
+        if profile.trust_remote_code:
+            flags.append("--trust-remote-code")
+        if profile.speculative is not None:
+            # One argv element: never a shell string, so the JSON needs no quoting.
+            flags += ["--speculative-config", json.dumps(self.speculative_config(profile.speculative))]
+        return flags + list(profile.server_args)
+
+    def launch_argv(self, profile: Profile, python: str, *, simulate: bool) -> list[str]:
+        # The `vllm` console script is vllm.entrypoints.cli.main:main; running the module needs no script on PATH.
+        module = "orchestrator.sim" if simulate else "vllm.entrypoints.cli.main"
+        return [python, "-m", module, *self.server_flags(profile)]

@@ -68,7 +68,7 @@ def test_an_engine_registered_in_a_test_runs_end_to_end(
 
 def test_unknown_engines_are_named_with_the_known_ones(toy: Engine, write_profile: WriteProfile) -> None:
     path = write_profile("bad", engine="tyo", model_path="/m", tp_size=1, port=30000)
-    known = r"engine: expected one of sglang, vllm, toy, got 'tyo' \(did you mean 'toy'\?\)"
+    known = r"engine: expected one of sglang, vllm, llamacpp, toy, got 'tyo' \(did you mean 'toy'\?\)"
     with pytest.raises(ProfileError, match=known):
         load(str(path))
     with pytest.raises(ProfileError, match=r"unknown engine 'sglnag' .*did you mean 'sglang'"):

@@ -83,7 +83,10 @@ def test_env_merges_by_key_and_null_removes(write_profile: WriteProfile) -> None
         ({"port": 70000}, r"port: expected an integer from 1 to 65535, got 70000"),
         ({"trust_remote_code": "yes"}, r"trust_remote_code: expected true or false, got 'yes'"),
         ({"mem_fraction_static": 1.5}, r"mem_fraction_static: expected a number > 0.0 and <= 1.0, got 1.5"),
-        ({"engine": "sglnag"}, r"engine: expected one of sglang, vllm, got 'sglnag' \(did you mean 'sglang'\?\)"),
+        (
+            {"engine": "sglnag"},
+            r"engine: expected one of sglang, vllm, llamacpp, got 'sglnag' \(did you mean 'sglang'\?\)",
+        ),
         ({"env": {"1BAD": "x"}}, r"env\.1BAD: invalid environment variable name"),
         ({"env": {"NCCL-PROTO": "x"}}, r"env\.NCCL-PROTO: invalid environment variable name"),
         ({"env": {"FLAG": True}}, r"env\.FLAG: expected a string or number \(quote words like 'true'\)"),

@@ -11,7 +11,7 @@ from orchestrator.bench import BenchConfig, RunResult
 from orchestrator.results import ABResult, ArmResult, Comparison, LaunchResult
 from orchestrator.stats import BreakEven
 
-SIM_BANNER = "SIMULATED: these numbers come from orch's SGLang simulator, not from a real server on a GPU."
+SIM_BANNER = "SIMULATED: these numbers come from orch's simulator (of SGLang or vLLM), not from a real server on a GPU."
 
 
 def run_line(run: RunResult, config: BenchConfig) -> str:

@@ -75,7 +75,12 @@ def bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             show_default=True,
             help="local, a name from hosts.yaml, or user@address[:port] (ssh_config aliases work).",
         ),
-        click.option("--sim", is_flag=True, help="Run orch's SGLang simulator instead of sglang.launch_server."),
+        click.option(
+            "--sim",
+            is_flag=True,
+            help="Run orch's simulator of the profile's engine (SGLang or vLLM: same flags and endpoints) instead "
+            "of the real server.",
+        ),
         click.option(
             "--runs",
             default=5,

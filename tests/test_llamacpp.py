@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator import engines, hostside
+from orchestrator import engines, hostside, prompts
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.errors import InputError, ProfileError, ServerError
@@ -167,3 +167,11 @@ def test_a_real_ab_over_ssh_to_localhost(
     assert "host testbox" in out and "accept length from timings" in out and "break-even accept length" in out
     assert "SIMULATED" not in out + err
     assert hostside.op_find(NAMESPACE) == []
+
+
+def test_every_bundled_prompt_set_is_named_and_loads() -> None:
+    files = sorted(p.stem for p in prompts.BUNDLED_DIR.glob("*.jsonl"))
+    assert files == sorted(prompts.BUNDLED_SETS)
+    for name in prompts.BUNDLED_SETS:
+        items = prompts.request_sequence(name, 12, seed=0)
+        assert len(items) == 12 and all(i.text for i in items)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__, engines, fingerprint, server
+from orchestrator import __version__, attach, engines, fingerprint, server
 from orchestrator.bench import (
     BenchConfig,
     RunResult,
@@ -70,6 +70,7 @@ class ABConfig:
     order: str = "random"  # random | fixed | abba
     order_seed: int | None = None  # None: drawn at random, then recorded with the experiment
     min_effect: float = DEFAULT_MIN_EFFECT  # the smallest relative difference worth calling
+    allow_mixed: bool = False  # compare arms on servers orch did not launch (attached) with launched ones
 
 
 # Names this orch process in the host lock, so after a silent network drop it can take its own lock back.
@@ -111,6 +112,7 @@ def experiment_config(
         "profile_sources": [str(Path(p.source).resolve()) for p in profiles],  # a resume may run from elsewhere
         "min_effect": config.min_effect,
         "target_tps": config.target_tps,
+        "allow_mixed": config.allow_mixed,
         **(provenance or {}),
     }
 
@@ -194,6 +196,7 @@ def run_ab(
     if not profiles:
         raise OrchError("an A/B needs at least one profile")
     engines.check_use(profiles, config.bench.endpoint, simulate=config.simulate)
+    attach.check_arms(profiles, allow_mixed=config.allow_mixed, strict_env=config.strict_env, simulate=config.simulate)
     # Secret values are stored as digests keyed per store; errors and printed log tails are scrubbed of them.
     key = store.redaction_key
     secrets = [v for p in profiles for v in server.profile_secrets(p)]
@@ -362,6 +365,9 @@ def _run_launch(
     on_run: Callable[[str, RunResult], None],
     redaction_key: bytes | None = None,
 ) -> LaunchResult:
+    if attach.url_of(profile) is not None:  # a server someone else runs: nothing to launch, verify or tear down
+        args = (host, profile, index, block, position, exp_id, config, store, on_event, on_run, redaction_key)
+        return attach.run_session(*args)
     runs: list[RunResult] = []
     state: dict[str, Any] = {}
 

@@ -269,7 +269,7 @@ def env_checks(result: ABResult) -> list[Check]:
     checks: list[Check] = []
     for arm in result.arms:
         if not arm.env_ok:
-            bad = [launch for launch in arm.launches if not launch.env_report.get("ok", True)]
+            bad = [launch for launch in arm.launches if launch.env_report.get("ok", True) is False]
             first = bad[0]
             others = f" (and {len(bad) - 1} more launch(es))" if len(bad) > 1 else ""
             checks.append(
@@ -292,6 +292,16 @@ def env_checks(result: ABResult) -> list[Check]:
                     FAIL,
                     f"{arm.label}'s launches did not run in one environment: block {launch.block + 1} vs block "
                     f"{first.block + 1}: {shown}{more}{others}",
+                )
+            )
+    for arm in result.arms:
+        if arm.attached_url:
+            checks.append(
+                Check(
+                    "env",
+                    INCONCLUSIVE,
+                    f"{arm.label}'s environment was not verified: it ran on {arm.attached_url}, a server orch did not "
+                    "launch (attached)",
                 )
             )
     if checks:

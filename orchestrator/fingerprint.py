@@ -210,6 +210,7 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("software.sgl_kernel", "engine", 96, "sgl-kernel"),
     ("software.flashinfer", "engine", 95, "flashinfer"),
     ("software.triton", "engine", 94, "triton"),
+    ("software.served_models", "engine", 93, "served models"),
     ("env.workers", "worker env", 92, "worker env"),
     ("env.inherited", "worker env", 91, "inherited env"),
     ("env.sim_knobs", "worker env", 90, "simulator knob"),
@@ -227,6 +228,9 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("gpus.ecc_mode", "gpu", 71, "GPU ECC mode"),
     ("gpus.mig_mode", "gpu", 71, "GPU MIG mode"),
     ("gpus", "gpu", 70, "GPUs"),
+    # A server orch did not launch (--attach) against one it did, or another such server: the setup differs.
+    ("attached.url", "profile", 61, "attached server"),
+    ("attached", "profile", 61, "attached"),
     ("profile", "profile", 60, "profile"),
     ("argv", "profile", 59, "server argv"),
     ("workload_digest", "workload", 50, "workload"),

@@ -14,6 +14,22 @@ from orchestrator.stats import BreakEven
 SIM_BANNER = "SIMULATED: these numbers come from orch's simulator (of SGLang or vLLM), not from a real server on a GPU."
 
 
+def attached_banner(result: ABResult) -> list[str]:
+    """Said before any number: which arms ran on servers orch did not launch, and what that means."""
+    arms = [arm for arm in result.arms if arm.attached_url]
+    if not arms:
+        return []
+    mixed = len(arms) < len([arm for arm in result.arms if arm.launches])
+    where = ", ".join(f"{arm.label} on {arm.attached_url}" for arm in arms)
+    lines = [
+        f"ATTACHED: {where}: measured on running server(s) orch did not launch. State NOT fresh (no restart "
+        "between blocks), environment NOT verified; host facts are those of the machine the client ran on."
+    ]
+    if mixed:
+        lines.append("WARNING: MIXED COMPARISON of attached and launched arms (--allow-mixed); see the warnings below.")
+    return lines
+
+
 def run_line(run: RunResult, config: BenchConfig) -> str:
     if run.warmup:
         return f"  Warmup {run.index + 1}/{config.warmup} done ({run.tokens} tokens)"
@@ -206,6 +222,7 @@ def ab_text(result: ABResult) -> str:
     lines = ["", f"========== A/B results ({result.experiment_id}, host {result.host}) =========="]
     if result.simulated:
         lines.append(SIM_BANNER)
+    lines += attached_banner(result)
     for note in result.notes:
         lines.append(f"  NOTE: {note}")
     lines += _design_lines(result)
@@ -296,8 +313,9 @@ def _arm_json(arm: ArmResult) -> dict[str, Any]:
         "accept_length": arm.accept_length,
         "by_concurrency": [_level_json(arm, level) for level in arm.levels],
         "ready_s": first.ready_s if first else None,
+        "attached": arm.attached_url,
         "env_check": next(
-            (launch.env_report for launch in arm.launches if not launch.env_report.get("ok", True)),
+            (launch.env_report for launch in arm.launches if launch.env_report.get("ok", True) is False),
             first.env_report if first else None,
         ),
     }
@@ -313,6 +331,7 @@ def _launch_json(result: ABResult, launch: LaunchResult) -> dict[str, Any]:
         "position": launch.position,
         "ready_s": launch.ready_s,
         "env_ok": launch.env_report.get("ok", True),
+        "attached": launch.attached,
         "values": [
             {
                 "concurrency": level,
@@ -333,6 +352,7 @@ def ab_json(result: ABResult) -> dict[str, Any]:
     return {
         "experiment_id": result.experiment_id,
         "simulated": result.simulated,
+        "attached": {arm.label: arm.attached_url for arm in result.arms if arm.attached_url},
         "status": result.status,
         "host": result.host,
         "host_facts": result.host_facts,
@@ -370,6 +390,7 @@ CSV_FIELDS = (
     "ttft_s",
     "accept_length",
     "invalid_reason",
+    "attached",  # the URL of a server orch did not launch (--attach): state not fresh, env not verified
 )
 
 
@@ -402,6 +423,7 @@ def ab_csv(result: ABResult) -> str:
                     "" if r.ttft_s is None else f"{r.ttft_s:.6f}",
                     "" if r.spec_accept_length is None else f"{r.spec_accept_length:.4f}",
                     r.invalid_reason or "",
+                    (launch.attached or {}).get("url", ""),
                 ]
             )
     return buf.getvalue()
@@ -421,6 +443,7 @@ def ab_markdown(result: ABResult) -> str:
     lines = [f"# A/B {result.experiment_id} on {result.host}", ""]
     if result.simulated:
         lines += [f"**{SIM_BANNER}**", ""]
+    lines += [line for banner in attached_banner(result) for line in (f"**{banner}**", "")]
     d = result.design
     lines.append(
         f"Status: {result.status}. Design: {d.blocks} block(s), launch order {d.order}"

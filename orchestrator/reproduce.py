@@ -70,6 +70,7 @@ def rerun_config(
         min_effect=recorded.min_effect,
         target_tps=recorded.target_tps,
         strict_env=bool(config.get("strict_env")),
+        allow_mixed=bool(config.get("allow_mixed")),
     )
 
 

@@ -77,6 +77,13 @@ class LaunchResult:
     def invalid_runs(self) -> list[RunResult]:
         return [r for r in self.runs if not r.warmup and not r.valid]
 
+    @property
+    def attached(self) -> dict[str, Any] | None:
+        """The marker of a session on a server orch did not launch (`--attach`): its URL, not fresh, env not
+        verified; None for a launch of orch's own."""
+        mark = (self.fingerprint or {}).get("attached") or self.env_report.get("attached")
+        return mark if isinstance(mark, dict) else None
+
 
 def mean_accept_length(runs: Sequence[RunResult]) -> float | None:
     """Mean accept length over runs, each from that run's own data (never the server's lifetime average)."""
@@ -160,7 +167,13 @@ class ArmResult:
 
     @property
     def env_ok(self) -> bool:
-        return all(launch.env_report.get("ok", True) for launch in self.launches)
+        """No launch's env check found a mismatch (an attached arm's env is unverified, not mismatched)."""
+        return all(launch.env_report.get("ok", True) is not False for launch in self.launches)
+
+    @property
+    def attached_url(self) -> str | None:
+        """The URL of the running server this arm was measured on (`--attach`), or None for launched arms."""
+        return next((str(m["url"]) for launch in self.launches if (m := launch.attached)), None)
 
 
 @dataclass(frozen=True)
@@ -353,7 +366,7 @@ class ABResult:
 
     def warnings(self) -> list[str]:
         """What a careful reader should know before trusting the numbers; printed, never raised."""
-        out: list[str] = []
+        out: list[str] = attached_warnings(self.arms)
         if self.blocks < 2 and len(self.arms) > 1:
             if self.design.blocks < 2:
                 out.append(
@@ -406,6 +419,26 @@ class ABResult:
         if bad_env:
             out.append(f"environment mismatches in {', '.join(bad_env)} (see the env check lines)")
         return out
+
+
+def attached_warnings(arms: Sequence[ArmResult]) -> list[str]:
+    """Arms measured on servers orch did not launch (`--attach`), and a comparison mixing them with launched arms."""
+    attached = [arm for arm in arms if arm.attached_url]
+    launched = [arm.label for arm in arms if not arm.attached_url and arm.launches]
+    out = []
+    if attached and launched:
+        out.append(
+            f"MIXED COMPARISON (--allow-mixed): attached {', '.join(a.label for a in attached)} against launched "
+            f"{', '.join(launched)}: the difference may come from how each server was set up and what it did before, "
+            "not only from its configuration"
+        )
+    for arm in attached:
+        out.append(
+            f"{arm.label} was measured on {arm.attached_url}, a server orch did not launch (attached): "
+            "its state was not fresh (each block was another benchmark session on the same running server, not a "
+            "restart) and its environment was not verified (orch cannot read its processes, env or host)"
+        )
+    return out
 
 
 def gpu_drift_warnings(

@@ -546,7 +546,7 @@ class Store:
         profile_dict: dict[str, Any],
         argv: list[str],
         env: dict[str, str],
-        pid: int,
+        pid: int | None,
         started_at: float,
         block: int = 0,
         position: int | None = None,

@@ -270,6 +270,8 @@ MEASUREMENT_OPTIONS = (
     "order",
     "order_seed",
     "strict_env",
+    "attach",
+    "allow_mixed",
 )
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from orchestrator import ab, engines, failon, results
+from orchestrator import ab, attach, engines, failon, results
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
 from orchestrator.bench import (
@@ -91,6 +91,11 @@ def fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> results.ABResult:
     profiles = [profiles_mod.load(n) for n in profile_names]
     profiles_mod.check_distinct_names(profiles)
+    given = kw.get("attach") or ()
+    profiles = attach.apply_options(profiles, (given,) if isinstance(given, str) else given, profile_names)
+    attach.check_arms(
+        profiles, allow_mixed=kw.get("allow_mixed", False), strict_env=kw["strict_env"], simulate=kw["sim"]
+    )
     bench = BenchConfig(
         runs=kw["runs"],
         warmup=kw["warmup"],
@@ -144,6 +149,10 @@ def resume_experiment(store: Store, ref: str, profile_names: tuple[str, ...], kw
             profiles_mod.load(src if src and Path(src).is_file() else name)
             for name, src in zip(arms, sources, strict=True)
         ]
+    # An arm attached with --attach stays attached to the same server (run_ab checks every profile is unchanged).
+    resolved = stored.get("profiles") or [{}] * len(profiles)
+    profiles = [attach.with_url(p, d.get("attach")) for p, d in zip(profiles, resolved, strict=True)]
+    kw["allow_mixed"] = bool(stored.get("allow_mixed"))
     host_spec = stored.get("host_spec", exp["host"])
     if option_given("host_spec") and kw["host_spec"] != host_spec:
         raise click.UsageError(
@@ -185,6 +194,7 @@ def ab_config(kw: dict[str, Any], bench: BenchConfig, sim: bool, strict_env: boo
         order=kw["order"],
         order_seed=kw["order_seed"],
         min_effect=kw["min_effect"],
+        allow_mixed=kw.get("allow_mixed", False),
     )
 
 
@@ -238,6 +248,20 @@ def execute(
     help="Continue an interrupted or failed experiment (id, unique prefix, or 'last') with its own seed, order "
     "and settings; its completed launches stand.",
 )
+@click.option(
+    "--attach",
+    "attach",
+    multiple=True,
+    metavar="ARM=URL",
+    help="Measure ARM (a profile given here) on a server someone else runs at http://HOST:PORT (reached from "
+    "--host's side): no launch, no port check, no env read-back, no teardown; one GET of its health endpoint must "
+    "answer 200. Its state is not fresh and its env not verified, and every report says so. Repeatable.",
+)
+@click.option(
+    "--allow-mixed",
+    is_flag=True,
+    help="Compare attached arms with launched ones (refused otherwise); every report then carries a WARNING.",
+)
 @bench_options
 @fail_on_option
 def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
@@ -246,6 +270,9 @@ def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
     With --blocks N every arm is launched N times (each block launches every arm once, in a recorded order), and
     each arm gets a 95% confidence interval against the baseline and a verdict: faster, slower, no difference or
     inconclusive. With --fail-on the verdict decides the exit code (3 fail, 4 inconclusive, 0 ok).
+
+    An arm attached to a running server (--attach ARM=URL, or `attach: URL` in its profile) is not launched: each
+    block is another benchmark session on that server.
 
     Example: orch ab baseline eagle3-3step --sim --blocks 3   |   orch ab baseline eagle3-3step --host gpu-box
     """
@@ -256,10 +283,22 @@ def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
 
 @cli.command("bench")
 @click.argument("profile")
+@click.option(
+    "--attach",
+    "attach",
+    default=None,
+    metavar="URL",
+    help="Measure a server someone else runs at http://HOST:PORT (reached from --host's side) instead of "
+    "launching one: no port check, no env read-back, no teardown; one GET of its health endpoint must answer 200. "
+    "Its state is not fresh and its env not verified, and every report says so.",
+)
 @bench_options
 @fail_on_option
 def bench_cmd(profile: str, **kw: Any) -> None:
     """Benchmark one profile from a fresh, verified launch (--blocks N: N launches, with the spread across them).
+
+    With --attach URL (or `attach: URL` in the profile) nothing is launched: each block is another benchmark
+    session on the running server at URL.
 
     With --fail-on slower or different the result is judged against the profile's expect.tok_s (single-stream,
     within 3%).

@@ -44,12 +44,21 @@ def list_cmd(db: str | None, limit: int) -> None:
                 " vs ".join(arms),
                 f"{r['launches_complete']}/{planned}",
                 str(design["blocks"] if design else 1),
-                "SIMULATED" if r["simulated"] else "",
+                " ".join(
+                    word
+                    for word, on in (("SIMULATED", r["simulated"]), ("ATTACHED", _attached(r["config_json"])))
+                    if on
+                ),
             ]
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _attached(config_json: str) -> bool:
+    """Whether an experiment had an arm on a server orch did not launch (`--attach`)."""
+    return any(isinstance(p, dict) and p.get("attach") for p in json.loads(config_json).get("profiles") or [])
 
 
 def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> results.ABResult:

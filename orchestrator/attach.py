@@ -164,6 +164,18 @@ def _models(base_url: str) -> list[str] | None:
     return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
 
 
+def _version(base_url: str, info: dict[str, Any]) -> tuple[str | None, str | None]:
+    """The version the server reports, and where: its info endpoint (SGLang), else GET /version (vLLM's)."""
+    if isinstance(info.get("version"), str):
+        return info["version"], "server_info"
+    try:
+        r = httpx.get(base_url + "/version", timeout=MODELS_TIMEOUT_S)
+        version = r.json().get("version") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None, None
+    return (version, "GET /version") if isinstance(version, str) else (None, None)
+
+
 def collect_fingerprint(
     base_url: str, profile: Profile, mark: dict[str, Any], *, workload_digest: str, redaction_key: bytes | None
 ) -> dict[str, Any]:
@@ -179,11 +191,11 @@ def collect_fingerprint(
     unreadable = [{"field": "host", "why": why}, {"field": "gpus", "why": why}, {"field": "env", "why": NOT_VERIFIED}]
     try:
         info = fingerprint._server_info(base_url)
-        version = info.get("version") if isinstance(info.get("version"), str) else None
+        version, source = _version(base_url, info)
         software: dict[str, Any] = {
             "engine": f"{profile.engine} (attached)",
             "engine_version": version,
-            "engine_version_source": "server_info" if version else None,
+            "engine_version_source": source,
             "served_models": _models(base_url),
         }
         if info.get("orch_sim"):

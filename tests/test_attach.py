@@ -11,14 +11,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from orchestrator import attach, hostside
+from orchestrator import attach, fingerprint, hostside
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.cli import main
@@ -33,13 +33,13 @@ from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port
 QUICK = ["--runs", "2", "--warmup", "0", "--max-tokens", "16", "--min-run-s", "0"]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[str]:
+@contextmanager
+def started(tmp_path: Path, *args: str, health: str) -> Iterator[str]:
     """A simulator started the way someone else would start a server: no orch marker, its own session; its URL."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
     env.update(PYTHONPATH=str(REPO), ORCH_SIM_LOAD_S="0.2", ORCH_SIM_WARMUP_S="0")
-    cmd = [sys.executable, "-m", "orchestrator.sim", "--model-path", "/models/test-model", "--port", str(port)]
+    cmd = [sys.executable, "-m", "orchestrator.sim", *args, "--port", str(port)]
     with (tmp_path / "sim.log").open("wb") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -47,18 +47,24 @@ def server(tmp_path: Path) -> Iterator[str]:
         while True:
             assert proc.poll() is None, (tmp_path / "sim.log").read_text()
             with suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                if httpx.get(f"http://127.0.0.1:{port}{health}", timeout=2).status_code == 200:
                     break
             assert time.monotonic() < deadline, "the simulator never became healthy"
             time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
         # orch never touched it: still alive, still healthy, in the session it was started in.
         assert proc.poll() is None and psutil.Process(proc.pid).status() != psutil.STATUS_ZOMBIE
-        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{port}{health}", timeout=5).status_code == 200
     finally:
         with suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # the session this test started, by its leader's PID
         proc.wait(10)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    with started(tmp_path, "--model-path", "/models/test-model", health="/health_generate") as url:
+        yield url
 
 
 @pytest.fixture
@@ -227,3 +233,19 @@ def test_cli_unreachable_and_bad_urls(
     assert main(["ab", str(a), str(b), "--attach", f"left={nobody}", "--attach", f"right={nobody}", "--strict-env",
                  *QUICK, "--db", db])  == 2  # fmt: skip
     assert "--strict-env needs each arm's environment read back" in capsys.readouterr().err
+
+
+def test_an_attached_vllm_server_is_read_from_outside(
+    write_profile: WriteProfile, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Real vLLM serves /server_info only in its dev mode: its version comes from GET /version.
+    monkeypatch.setattr(fingerprint, "_server_info", lambda _url: {})
+    path = write_profile("vl", engine="vllm", model_path="/models/test-model", tp_size=1, port=free_port())
+    with started(tmp_path, "serve", "/models/test-model", health="/health") as url:
+        assert main(["bench", str(path), "--attach", url, *QUICK, "--db", str(tmp_path / "r.db"), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["attached"] == {"vl": url} and doc["arms"][0]["runs"]
+    fp = load_result(Store(tmp_path / "r.db"), "last").launches[0].fingerprint
+    assert fp is not None and fp["software"]["engine"] == "vllm (attached)"
+    assert fp["software"]["engine_version"] and fp["software"]["engine_version_source"] == "GET /version"
+    assert fp["software"]["served_models"] == ["/models/test-model"]

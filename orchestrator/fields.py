@@ -97,7 +97,12 @@ def str_list(v: Any) -> tuple[str, ...]:
 
 
 def did_you_mean(word: str, options: Any) -> str:
-    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    options = [str(o) for o in options]
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if not close:
+        # Case alone (vLLM's eagle3 for SGLang's EAGLE3) is the commonest slip between engines.
+        folded = {o.lower(): o for o in options}
+        close = [folded[c] for c in difflib.get_close_matches(word.lower(), list(folded), n=1, cutoff=0.6)]
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

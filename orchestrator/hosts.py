@@ -248,7 +248,11 @@ def check_host(host: Host, namespace: str) -> list[tuple[str, str]]:
     out.append(
         ("ok", f"sglang {r['sglang']}")
         if r["sglang"]
-        else ("warn", f"sglang is not installed for {r['python_executable']} (only --sim runs will work)")
+        else (
+            "warn",
+            f"sglang is not installed for {r['python_executable']} (SGLang profiles can only run with --sim; "
+            "vLLM and llama.cpp profiles need their own packages)",
+        )
     )
     out.append(("ok", f"torch {r['torch']}") if r["torch"] else ("warn", "torch is not installed"))
     # An older agent does not send import_errors.

@@ -149,7 +149,7 @@ def _attach_url(v: Any) -> str:
     m = ATTACH_RE.match(url)
     if m is None or not 1 <= int(m.group(2)) <= 65535:
         # Never echo a credential or a query string (a key) from the file into an error message.
-        shown = re.sub(r"//[^/@]*@", "//***@", url.split("?", 1)[0]) + ("?***" if "?" in url else "")
+        shown = re.sub(r"[?#].*$", "?***", re.sub(r"//.*@", "//***@", url))
         raise FieldError(
             f"expected http://HOST:PORT of a running server (no path, credentials or query), got {show(shown)}"
         )

@@ -320,7 +320,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         seed=workload.get("seed", 0),
         concurrency=workload.get("concurrency", (1,)),
         requests_per_stream=workload.get("requests_per_stream", 1),
-        endpoint=workload.get("endpoint") or engines.common_endpoint([p.engine for p in profiles]),
+        endpoint=workload.get("endpoint") or _common_endpoint(profiles, label),
         prompts=prompts,
         input_len=workload.get("input_len"),
         client=workload.get("client", "host"),
@@ -329,6 +329,11 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         first_token_timeout_s=workload.get("first_token_timeout", 180.0),
     )
     blocks = fields.get("blocks", 3 if len(profiles) > 1 else 1)
+    try:
+        # What an arm's engine cannot do (an endpoint, --sim) is refused tonight, not at 3 a.m.
+        engines.check_use(profiles, bench.endpoint, simulate=fields.get("sim", False))
+    except InputError as e:
+        raise SuiteError(f"{label}: {e}") from None
     _check_plan(bench, profiles, blocks, fields.get("sim", False), label)
     threshold = fields.get("threshold", DEFAULT_THRESHOLD)
     metrics = _metrics(fields.get("metrics", ["tok_s"]), threshold, bench.concurrency, label)
@@ -357,6 +362,13 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         grace_s=fields.get("grace", 10.0),
         gpu_wait_s=fields.get("gpu_wait", 120.0),
     )
+
+
+def _common_endpoint(profiles: tuple[Profile, ...], label: str) -> str:
+    try:
+        return engines.common_endpoint([p.engine for p in profiles])
+    except InputError as e:
+        raise SuiteError(f"{label}: workload.endpoint: {e}") from None
 
 
 def _check_plan(bench: BenchConfig, profiles: tuple[Profile, ...], blocks: int, sim: bool, label: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -309,3 +310,31 @@ def test_ctrl_c_during_a_run_is_never_swallowed_by_asyncio() -> None:
     assert getattr(handler, "__module__", None) == "orchestrator.client"  # ours, not asyncio's
     assert _signal.getsignal(_signal.SIGINT) is before
     srv.close()
+
+
+def test_llama_cpp_requests_that_drafted_nothing_count_at_accept_length_one() -> None:
+    drafting = _rec(0, [(0.1, 1)] * 10)
+    drafting.timings, drafting.drafted, drafting.accepted = True, 8, 5
+    drafting.verify_ct, drafting.accept_length = 5, 2.0
+    idle = _rec(1, [(0.1, 1)] * 10)
+    idle.timings = True  # llama-server sent timings without draft_n: nothing was drafted for this request
+    s = summarize_run([drafting, idle], window=0.2, concurrency=2, deltas={}, min_duration_s=0)
+    assert s["spec_accept_length"] == pytest.approx(20 / 15) and s["spec"]["drafted"] == 8
+    assert s["accept_source"].startswith("timings")
+    # A server that never drafts (the baseline arm) reports no accept length at all, not 1.0.
+    base = _rec(0, [(0.1, 1)] * 10)
+    base.timings = True
+    assert summarize_run([base], window=0.2, concurrency=1, deltas={}, min_duration_s=0)["spec_accept_length"] is None
+
+
+def test_metrics_are_read_to_the_end_of_the_answer() -> None:
+    async def go() -> dict[str, float] | None:
+        reader = asyncio.StreamReader()
+        body = b"HTTP/1.1 200 OK\r\n\r\n" + b"".join(f"m_{i}_total {i}\n".encode() for i in range(5000))
+        for k in range(0, len(body), 1000):
+            reader.feed_data(body[k : k + 1000])
+        reader.feed_eof()
+        return client._parse_metrics(await client._read_to_eof(reader, 1 << 24))
+
+    parsed = asyncio.run(go())
+    assert parsed is not None and len(parsed) == 5000  # read to the end, not one buffer's worth

@@ -131,7 +131,8 @@ def bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default="builtin",
             show_default=True,
             help="builtin (varied task mix), random (token ids, see --input-len), lookup-friendly (text to copy: "
-            "code edits, repetition), open-ended (nothing to copy), or a JSONL file.",
+            "code edits, repetition), lookup-hostile (counting: n-gram matches propose wrong continuations), or a "
+            "JSONL file.",
         ),
         click.option(
             "--input-len",

@@ -7,6 +7,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import Engine, SpecCounters, spec_decode_counters
+from orchestrator.errors import InputError
 
 if TYPE_CHECKING:
     from orchestrator.profile import Profile, Speculative
@@ -52,8 +53,10 @@ _DRAFT_LENGTH: dict[str, tuple[str, int]] = {
     "ngram-simple": ("--spec-ngram-simple-size-m", 48),
     "ngram-map-k": ("--spec-ngram-map-k-size-m", 48),
     "ngram-map-k4v": ("--spec-ngram-map-k4v-size-m", 48),
-    "ngram-mod": ("--spec-ngram-mod-n-max", 64),
 }
+# ngram-mod's draft length is bounded by --spec-ngram-mod-n-min (default 48) and -n-max together: set both in
+# server_args rather than through num_steps, which would put the maximum below the default minimum.
+_DEFAULT_LENGTH = {"ngram-mod": 64}
 
 
 class LlamaCpp(Engine):
@@ -95,14 +98,14 @@ class LlamaCpp(Engine):
             flags += ["--spec-type", spec.algorithm]
             if spec.draft_model_path:
                 flags += ["--spec-draft-model", spec.draft_model_path]
-            if spec.num_steps is not None:
+            if spec.num_steps is not None and spec.algorithm in _DRAFT_LENGTH:
                 flags += [_DRAFT_LENGTH[spec.algorithm][0], str(spec.num_steps)]
         return flags + list(profile.server_args)
 
     def launch_argv(self, profile: Profile, python: str, *, simulate: bool) -> list[str]:
         if simulate:
             # engines.check_use refuses --sim for this engine before anything starts; this is the backstop.
-            raise ValueError("orch has no simulator of llama-server")
+            raise InputError(f"{profile.source}: orch has no simulator of llamacpp; run it for real (drop --sim)")
         return [python, "-c", _BOOT, *self.server_flags(profile)]
 
     def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
@@ -110,6 +113,11 @@ class LlamaCpp(Engine):
             return "draft_model_path", f"required for {spec.algorithm} (a draft GGUF for --spec-draft-model)"
         if spec.algorithm in _NGRAM_TYPES and spec.draft_model_path:
             return "draft_model_path", f"{spec.algorithm} drafts from the text itself and takes no draft model"
+        if spec.algorithm not in _DRAFT_LENGTH and spec.num_steps is not None:
+            return "num_steps", (
+                f"{spec.algorithm}'s draft length is bounded by two flags (--spec-ngram-mod-n-min, default 48, and "
+                "-n-max): set both in server_args instead"
+            )
         return None
 
     def spec_from_counters(self, deltas: Mapping[str, float]) -> SpecCounters | None:
@@ -127,5 +135,6 @@ class LlamaCpp(Engine):
         )
 
     def spec_steps(self, spec: Mapping[str, Any]) -> int:
-        default = _DRAFT_LENGTH.get(str(spec.get("algorithm")), ("", 3))[1]
+        algorithm = str(spec.get("algorithm"))
+        default = _DRAFT_LENGTH[algorithm][1] if algorithm in _DRAFT_LENGTH else _DEFAULT_LENGTH.get(algorithm, 3)
         return int(spec.get("num_steps") or default)

@@ -361,6 +361,8 @@ class Plan:
     prompt_token_ids_per_launch: int
     seconds: float
     calibrated: bool
+    shortest_run_s: float | None = None  # the quickest timed run by the simulator's calibration (None: unknown)
+    min_run_s: float = 0.0
 
     def line(self) -> str:
         if self.calibrated:
@@ -393,6 +395,13 @@ class Plan:
                 f"{self.prompt_token_ids_per_launch} random prompt tokens per launch is over the limit of "
                 f"{MAX_PROMPT_TOKEN_IDS}; lower --input-len or the number of requests"
             )
+        if self.calibrated and self.shortest_run_s is not None and self.shortest_run_s < self.min_run_s:
+            # Every such run would be stored invalid and the experiment end with nothing to compare.
+            return (
+                f"by the simulator's calibration the quickest arm's runs would last about {self.shortest_run_s:.2f}s, "
+                f"under --min-run-s {self.min_run_s:g}s, so they would all be invalid; raise --max-tokens (or "
+                "--requests-per-stream) or lower --min-run-s"
+            )
         return None
 
 
@@ -403,11 +412,14 @@ def plan(config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrat
     tokens = config.warmup * config.warmup_max_tokens + timed * config.max_tokens
     prompt_ids = requests * (config.input_len or 128) if config.prompts == "random" else 0
     seconds = 0.0
+    shortest = float("inf")
     for speed, setup_s in arms:
         seconds += setup_s + config.warmup * config.warmup_max_tokens / speed(1)
         for c in config.concurrency:
             # The c streams run side by side; each sends requests_per_stream requests one after another.
-            seconds += config.runs * config.requests_per_stream * config.max_tokens / speed(c)
+            run_s = config.requests_per_stream * config.max_tokens / speed(c)
+            seconds += config.runs * run_s
+            shortest = min(shortest, run_s)
     return Plan(
         launches=len(arms) * blocks,
         runs_per_launch=config.warmup + config.runs * len(config.concurrency),
@@ -416,6 +428,8 @@ def plan(config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrat
         prompt_token_ids_per_launch=prompt_ids,
         seconds=seconds * blocks,
         calibrated=calibrated,
+        shortest_run_s=shortest if arms and config.runs else None,
+        min_run_s=config.min_run_s,
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import BenchError, PromptFileError
+from orchestrator.fields import did_you_mean
 
 # Written for orch, in the spirit of Spec-Bench's task mix: speculative decoding's acceptance differs by task
 # (translation and summarisation copy a lot, open chat much less), so one prompt type would flatter or punish it.
@@ -180,6 +181,12 @@ def request_sequence(source: str, n: int, *, seed: int, input_len: int | None = 
     if input_len is not None:
         raise BenchError(
             "--input-len applies to --prompts random only (builtin and file prompts have their own length)"
+        )
+    if source not in ("builtin", *BUNDLED_SETS) and not Path(source).exists() and not source.endswith(".jsonl"):
+        names = ("builtin", "random", *BUNDLED_SETS)
+        raise PromptFileError(
+            f"--prompts {source!r}: no prompt set of that name{did_you_mean(source, names)} and no such file; "
+            f"sets: {', '.join(names)}, or a JSONL file"
         )
     pool = builtin_items() if source == "builtin" else load_jsonl(source_path(source))
     rng = random.Random(f"prompts:{seed}")

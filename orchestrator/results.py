@@ -438,6 +438,13 @@ def attached_warnings(arms: Sequence[ArmResult]) -> list[str]:
             "its state was not fresh (each block was another benchmark session on the same running server, not a "
             "restart) and its environment was not verified (orch cannot read its processes, env or host)"
         )
+        if any(
+            ((launch.fingerprint or {}).get("software") or {}).get("reports_orch_simulator") for launch in arm.launches
+        ):
+            out.append(
+                f"SIMULATED: the server {arm.label} is attached to reports itself as orch's simulator: its numbers "
+                "are simulated, not measured on real hardware"
+            )
     return out
 
 

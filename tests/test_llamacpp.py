@@ -16,7 +16,7 @@ import pytest
 from orchestrator import engines, hostside, prompts
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
-from orchestrator.errors import InputError, ProfileError, ServerError
+from orchestrator.errors import InputError, ProfileError, PromptFileError, ServerError
 from orchestrator.hosts import HostConfig, LocalHost
 from orchestrator.profile import load
 from orchestrator.store import Store
@@ -181,3 +181,5 @@ def test_every_bundled_prompt_set_is_named_and_loads() -> None:
     for name in prompts.BUNDLED_SETS:
         items = prompts.request_sequence(name, 12, seed=0)
         assert len(items) == 12 and all(i.text for i in items)
+    with pytest.raises(PromptFileError, match=r"no prompt set of that name \(did you mean 'lookup-friendly'\?\)"):
+        prompts.request_sequence("lookup-friendy", 3, seed=0)

@@ -38,7 +38,12 @@ GOOD: dict[str, Any] = {
     "suite": "box",
     "deadline": "2h",
     "wait": "10m",
-    "defaults": {"host": "local", "sim": True, "threshold": "3%", "workload": {"runs": 2, "max_tokens": 64}},
+    "defaults": {
+        "host": "local",
+        "sim": True,
+        "threshold": "3%",
+        "workload": {"runs": 2, "max_tokens": 64, "min_run_s": 0},
+    },
     "items": [
         {"name": "spec-vs-plain", "ab": ["plain", "spec"], "metrics": ["tok_s", "accept_length"], "fail_on": "slower"},
         {

@@ -76,7 +76,19 @@ def test_unknown_engines_are_named_with_the_known_ones(toy: Engine, write_profil
 
 
 # The modules that run, measure and report an experiment: none may branch on an engine's name.
-ENGINE_BLIND = ("ab", "bench", "report", "results", "server", "stats", "compare", "nightly", "history")
+ENGINE_BLIND = (
+    "ab",
+    "bench",
+    "report",
+    "report_html",
+    "plots",
+    "results",
+    "server",
+    "stats",
+    "compare",
+    "nightly",
+    "history",
+)
 
 
 @pytest.mark.parametrize("module", ENGINE_BLIND)

@@ -13,7 +13,7 @@ from typing import NoReturn
 import click
 
 # Each module registers its commands on the group when imported.
-from orchestrator.cli import breakeven, hosts, nightly, profiles, reproduce, run, stored  # noqa: F401
+from orchestrator.cli import breakeven, hosts, nightly, profiles, report, reproduce, run, stored  # noqa: F401
 from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, cli
 from orchestrator.errors import InputError, OrchError
 

@@ -97,10 +97,11 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["json", "csv", "md", "bundle"]),
+    type=click.Choice(["json", "csv", "md", "html", "bundle"]),
     default="json",
     show_default=True,
-    help="json: the `ab --json` document; csv: one row per timed run; md: the report as Markdown; bundle: one "
+    help="json: the `ab --json` document; csv: one row per timed run; md: the report as Markdown; html: the report "
+    "with plots, one self-contained file (`orch report`; needs pip install 'orch[report]'); bundle: one "
     "self-contained file to re-run and judge the experiment elsewhere (`orch reproduce FILE`, `orch import`, "
     "`orch show FILE`).",
 )
@@ -112,9 +113,12 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
     help="Write to this file instead of stdout (a bundle: default <id>.orch.json in the current directory).",
 )
 def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) -> None:
-    """Export a stored experiment (or a result bundle FILE) as JSON, CSV, Markdown or a result bundle."""
+    """Export a stored experiment (or a result bundle FILE) as JSON, CSV, Markdown, HTML or a result bundle."""
     if fmt == "bundle":
         _export_bundle(experiment, db, output)
+        return
+    if fmt == "html":
+        _export_html(experiment, db, output)
         return
     result = stored_result(experiment, db)
     require_launches(result)
@@ -133,6 +137,18 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
     except OSError as e:
         raise StoreError(f"{output}: cannot write the export: {e.strerror or e}") from e
     click.echo(f"wrote {output} ({fmt}, {len(result.launches)} launches)", err=True)
+
+
+def _export_html(ref: str, db: str | None, output: str | None) -> None:
+    from orchestrator.cli import report
+
+    target = report.check_target(output) if output is not None else None
+    text, launches = report.html_report(ref, db)
+    if target is None:
+        click.echo(text, nl=False)
+        return
+    report.write_atomically(target, text)
+    click.echo(f"wrote {target} (html, {launches} launches)", err=True)
 
 
 def _export_bundle(ref: str, db: str | None, output: str | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import getpass
 import hashlib
 import json
@@ -36,13 +37,16 @@ from orchestrator.results import (
     Design,
     LaunchResult,
     arm_label,
+    auto_look,
     has_valid_run,
     spec_steps,
     stored_launches,
+    with_auto_notes,
 )
 from orchestrator.stats import (
     DEFAULT_MIN_EFFECT,
 )
+from orchestrator.stats_seq import SequentialPlan
 from orchestrator.store import Store
 
 
@@ -67,6 +71,7 @@ class ABConfig:
     gpu_wait_s: float = 120.0  # after teardown, how long GPU memory may take to return to idle
     target_tps: float | None = None  # for the speculative explanation: what would reaching this take
     blocks: int = 1  # each block launches every arm once
+    auto: SequentialPlan | None = None  # --blocks auto: from auto.min_blocks, one more block per undecided look
     order: str = "random"  # random | fixed | abba
     order_seed: int | None = None  # None: drawn at random, then recorded with the experiment
     min_effect: float = DEFAULT_MIN_EFFECT  # the smallest relative difference worth calling
@@ -230,7 +235,8 @@ def run_ab(
             store.reopen_experiment(exp_id)
         else:
             seed = config.order_seed if config.order_seed is not None else random.SystemRandom().randrange(2**31)
-            design = Design.make(len(profiles), config.blocks, config.order, seed)
+            blocks = config.auto.min_blocks if config.auto is not None else config.blocks
+            design = Design.make(len(profiles), blocks, config.order, seed, config.auto)
             store.create_experiment(
                 exp_id,
                 kind="ab",
@@ -243,9 +249,10 @@ def run_ab(
             )
         names = [p.name for p in profiles]
         try:  # from here on the stored experiment ends interrupted, failed or complete, whatever happens
+            auto = f"blocks auto ({design.auto.min_blocks} to {design.auto.max_blocks})" if design.auto else ""
             on_event(
-                f"experiment {exp_id} on {host.name}: {' vs '.join(names)}, {design.blocks} block(s), order "
-                f"{design.order} (seed {design.seed})" + (" (SIMULATED server)" if config.simulate else "")
+                f"experiment {exp_id} on {host.name}: {' vs '.join(names)}, {auto or f'{design.blocks} block(s)'}, "
+                f"order {design.order} (seed {design.seed})" + (" (SIMULATED server)" if config.simulate else "")
             )
             if design.blocks < 2 and len(profiles) > 1:
                 on_event(
@@ -253,15 +260,31 @@ def run_ab(
                 )
             if resume is not None:
                 on_event(f"resuming {exp_id}: {len(launches)} of {len(design.slots())} launches already complete")
-            done = {(launch.block, launch.arm_index) for launch in launches}
-            todo = [slot for slot in design.slots() if (slot[0], slot[2]) not in done]
-            for n, (block, position, arm) in enumerate(todo, start=len(done) + 1):
-                on_event(
-                    f"launch {n}/{len(design.slots())}: block {block + 1}/{design.blocks}, {arm_label(names, arm)}"
-                )
-                launches.append(
-                    _run_launch(host, profiles[arm], arm, block, position, exp_id, config, store, on_event, on_run, key)
-                )
+            n = 0
+            while True:
+                done = {(launch.block, launch.arm_index) for launch in launches}
+                n = max(n, len(done))
+                for block, position, arm in [slot for slot in design.slots() if (slot[0], slot[2]) not in done]:
+                    n += 1
+                    cap = f" (at most {design.auto.max_blocks})" if design.auto else ""
+                    on_event(
+                        f"launch {n}/{len(design.slots())}: block {block + 1}/{design.blocks}{cap}, "
+                        f"{arm_label(names, arm)}"
+                    )
+                    launches.append(
+                        _run_launch(
+                            host, profiles[arm], arm, block, position, exp_id, config, store, on_event, on_run, key
+                        )
+                    )
+                if design.auto is None:
+                    break
+                now = ABResult(exp_id, config.simulate, host.name, tuple(names), tuple(launches), facts)
+                stop, line = auto_look(dataclasses.replace(now, design=design, min_effect=config.min_effect))
+                on_event(line)
+                if stop:
+                    break
+                design = design.extended(design.blocks + 1)
+                store.update_design(exp_id, design.to_dict())
             empty = [arm_label(names, i) for i in range(len(profiles)) if not has_valid_run(launches, i)]
             if empty:
                 raise NoValidRunsError(
@@ -285,17 +308,19 @@ def run_ab(
         # Never let a failed unlock hide why we are here; the lock also goes when the agent's connection closes.
         with contextlib.suppress(Exception):
             host.call("unlock", path=lock_path)
-    return ABResult(
-        exp_id,
-        config.simulate,
-        host.name,
-        tuple(names),
-        tuple(launches),
-        facts,
-        config.target_tps,
-        design,
-        config.min_effect,
-        notes=tuple(notes),
+    return with_auto_notes(
+        ABResult(
+            exp_id,
+            config.simulate,
+            host.name,
+            tuple(names),
+            tuple(launches),
+            facts,
+            config.target_tps,
+            design,
+            config.min_effect,
+            notes=tuple(notes),
+        )
     )
 
 

@@ -364,13 +364,20 @@ class Plan:
     shortest_run_s: float | None = None  # the quickest timed run by the simulator's calibration (None: unknown)
     min_run_s: float = 0.0
 
-    def line(self) -> str:
+    def line(self, least: Plan | None = None) -> str:
+        """The plan in one line; with `least` (--blocks auto's minimum), the range from it to this maximum."""
         if self.calibrated:
             when = f"about {_duration(self.seconds)} (simulator calibration)"
         else:
             when = (
                 f"at least {_duration(self.seconds)} (lower bound: assumes {ASSUMED_MAX_STREAM_TPS:.0f} tok/s per "
                 "stream and instant loading; real servers are usually slower)"
+            )
+        if least is not None:
+            return (
+                f"plan (--blocks auto): {least.launches} to {self.launches} launches, stopping as soon as every "
+                f"comparison is decided; per launch {self.runs_per_launch} runs, {self.requests_per_launch} requests "
+                f"and {self.output_tokens_per_launch} output tokens; time {_duration(least.seconds)} to {when}"
             )
         return (
             f"plan: {self.launches} launch(es) x {self.runs_per_launch} runs, {self.requests_per_launch} requests "

@@ -4,6 +4,7 @@ reproduce) imports this, not the run loop in `ab`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -24,6 +25,7 @@ from orchestrator.stats import (
     blocks_needed,
     launch_value,
     minimal_detectable_effect,
+    open_question,
     outliers,
     ratio_ci,
     relative_range,
@@ -33,6 +35,7 @@ from orchestrator.stats import (
     summarize,
     verdict,
 )
+from orchestrator.stats_seq import SequentialPlan
 from orchestrator.store import Store
 
 
@@ -178,16 +181,22 @@ class ArmResult:
 
 @dataclass(frozen=True)
 class Design:
-    """How the launches of an experiment are arranged: every block launches every arm once, in a recorded order."""
+    """How the launches of an experiment are arranged: every block launches every arm once, in a recorded order.
+    With `auto` (`--blocks auto`) `blocks` is how many are scheduled so far: one more after each undecided look."""
 
     blocks: int = 1
     order: str = "fixed"
     seed: int = 0
     schedule: tuple[tuple[int, ...], ...] = ((0,),)
+    auto: SequentialPlan | None = None
 
     @classmethod
-    def make(cls, arms: int, blocks: int, order: str, seed: int) -> Design:
-        return cls(blocks, order, seed, tuple(tuple(b) for b in schedule(arms, blocks, order, seed)))
+    def make(cls, arms: int, blocks: int, order: str, seed: int, auto: SequentialPlan | None = None) -> Design:
+        return cls(blocks, order, seed, tuple(tuple(b) for b in schedule(arms, blocks, order, seed)), auto)
+
+    def extended(self, blocks: int) -> Design:
+        """The same design with more blocks: the seeded schedule of the longer design starts with this one's."""
+        return Design.make(len(self.schedule[0]), blocks, self.order, self.seed, self.auto)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -195,12 +204,17 @@ class Design:
             "order": self.order,
             "seed": self.seed,
             "schedule": [list(b) for b in self.schedule],
+            **({"auto": self.auto.to_dict()} if self.auto is not None else {}),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Design:
         return cls(
-            int(d["blocks"]), str(d["order"]), int(d["seed"]), tuple(tuple(int(i) for i in b) for b in d["schedule"])
+            int(d["blocks"]),
+            str(d["order"]),
+            int(d["seed"]),
+            tuple(tuple(int(i) for i in b) for b in d["schedule"]),
+            SequentialPlan.from_dict(d["auto"]) if d.get("auto") else None,
         )
 
     def slots(self) -> list[tuple[int, int, int]]:
@@ -223,6 +237,24 @@ class Comparison:
     arm_label: str = ""
     vs_label: str = ""
     arm_index: int = 1
+    sequential: dict[str, Any] | None = None  # --blocks auto: the look this interval belongs to
+
+    @property
+    def advice(self) -> str | None:
+        """For an inconclusive comparison, what would decide it, phrased for the question it asks."""
+        est = self.estimate
+        if self.verdict != "inconclusive" or est is None or est.blocks < 2 or self.ratio is None:
+            return None
+        pct, me = abs(self.ratio - 1) * 100, self.min_effect * 100
+        if open_question(est, self.min_effect) == "sign":
+            what = f"whether the observed {pct:.1f}% {'gain' if self.ratio >= 1 else 'loss'} is real"
+        else:
+            what = f"whether the difference (observed {pct:.1f}%) lies within ±{me:.1f}%"
+        if self.blocks_needed is None:
+            return f"at this noise no practical number of blocks would show {what}"
+        if self.blocks_needed <= est.blocks:  # the bootstrap or a sequential look's wider interval held it back
+            return f"a few more blocks would likely show {what}"
+        return f"about {self.blocks_needed} blocks would likely show {what} (at this noise, 80% power)"
 
     def to_dict(self) -> dict[str, Any]:
         est = self.estimate
@@ -244,6 +276,8 @@ class Comparison:
             "min_effect": self.min_effect,
             "mde": self.mde,
             "blocks_needed": self.blocks_needed,
+            "advice": self.advice,
+            **({"sequential": self.sequential} if self.sequential is not None else {}),
         }
 
 
@@ -323,7 +357,15 @@ class ABResult:
             if not b_runs:
                 out.append(Comparison(arm.profile, base.profile, None, level, min_effect=self.min_effect, **names))
                 continue
-            est = ratio_ci(b_runs, a_runs, seed=self.design.seed)
+            plan, n = self.design.auto, len(b_runs)
+            crit = plan.t_crit(n) if plan is not None else None
+            if plan is None:
+                est, sequential = ratio_ci(b_runs, a_runs, seed=self.design.seed), None
+            else:
+                # The interval the stopping rule used: a repeated CI at this look's nominal level, never a plain 95 %.
+                est = ratio_ci(b_runs, a_runs, seed=self.design.seed, alpha=plan.nominal_alpha(n), t_crit=crit)
+                est = dataclasses.replace(est, method=f"{plan.describe()}; look at {n} blocks: {est.method}")
+                sequential = {**plan.to_dict(), "look_blocks": n, "nominal_alpha": plan.nominal_alpha(n), "t": crit}
             b_agg, a_agg = paired["aggregate_tok_s"]
             agg = math.exp(
                 statistics.fmean(math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True))
@@ -337,9 +379,10 @@ class ABResult:
                     aggregate_ratio=agg,
                     estimate=est,
                     verdict=verdict(est, self.min_effect),
-                    mde=minimal_detectable_effect(est),
+                    mde=minimal_detectable_effect(est, crit),
                     blocks_needed=blocks_needed(est, self.min_effect),
                     min_effect=self.min_effect,
+                    sequential=sequential,
                     **names,
                 )
             )
@@ -349,6 +392,11 @@ class ABResult:
     def comparisons(self) -> list[Comparison]:
         """Each arm against the first, at the first concurrency level (the headline)."""
         return self.comparisons_at()
+
+    def undecided(self) -> list[Comparison]:
+        """Comparisons (each arm against the first, at every level) that are not faster, slower or no difference."""
+        levels = self.levels or [1]
+        return [c for level in levels for c in self.comparisons_at(level) if c.verdict in (None, "inconclusive")]
 
     def speculation(self) -> list[tuple[ArmResult, BreakEven]]:
         """For each speculative arm compared with a non-speculative baseline: the break-even arithmetic."""
@@ -419,6 +467,68 @@ class ABResult:
         if bad_env:
             out.append(f"environment mismatches in {', '.join(bad_env)} (see the env check lines)")
         return out
+
+
+def why_undecided(c: Comparison) -> str:
+    """One undecided comparison: its numbers, what keeps it open, and what would decide it."""
+    head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {c.concurrency}"
+    est = c.estimate
+    if est is None or c.ratio is None:
+        return f"{head}: no block in which both have valid runs"
+    if est.blocks < 2:
+        return f"{head}: one paired block, which cannot separate restart noise from a real difference"
+    numbers = f"{c.ratio:.3f}x, CI [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks"
+    noise = f"block-to-block spread {est.log_sd * 100:.1f}%" if est.log_sd is not None else "no spread estimate"
+    if open_question(est, c.min_effect) == "sign":
+        why = f"the CI still includes 1 ({noise})"
+    else:
+        why = f"the CI reaches beyond ±{c.min_effect * 100:.1f}% ({noise})"
+    return f"{head}: {numbers}: {why}" + (f"; {c.advice}" if c.advice else "")
+
+
+def auto_look(result: ABResult) -> tuple[bool, str]:
+    """The stopping rule of `--blocks auto`, after every scheduled block ran: stop once every comparison is decided
+    (faster, slower or no difference by its repeated CI), at the maximum, or when an arm has no valid run at all
+    (more blocks would not give it one); the line says which."""
+    plan = result.design.auto
+    if plan is None:
+        return True, "fixed design"
+    blocks = result.design.blocks
+    empty = [arm.label for i, arm in enumerate(result.arms) if not has_valid_run(result.launches, i)]
+    if empty:
+        return True, f"look after block {blocks}: no valid run in {', '.join(empty)}; stopping"
+    open_ = result.undecided()
+    if not open_:
+        return True, f"look after block {blocks}: every comparison is decided; stopping (--blocks auto)"
+    if blocks >= plan.max_blocks:
+        return True, f"look after block {blocks}: {len(open_)} comparison(s) undecided at the maximum; stopping"
+    names = ", ".join(f"{c.arm_label or c.arm} @ {c.concurrency}" for c in open_)
+    return (
+        False,
+        f"look after block {blocks}: undecided: {names}; adding block {blocks + 1} of at most {plan.max_blocks}",
+    )
+
+
+def auto_notes(result: ABResult) -> list[str]:
+    """What `--blocks auto` did and why it stopped, for the report (nothing for a fixed design)."""
+    plan = result.design.auto
+    if plan is None:
+        return []
+    out = [
+        f"--blocks auto ({plan.min_blocks} to {plan.max_blocks} blocks): the CIs are {plan.describe()}, valid at "
+        "whichever block the experiment stopped (a plain 95% CI after looking at every block would be too narrow)"
+    ]
+    if result.status != "complete":
+        return out
+    open_ = result.undecided()
+    if not open_:
+        out.append(f"--blocks auto stopped after {result.design.blocks} blocks: every comparison is decided")
+    else:
+        out.append(
+            f"--blocks auto stopped after {result.design.blocks} blocks with {len(open_)} comparison(s) "
+            "inconclusive: " + "; ".join(why_undecided(c) for c in open_)
+        )
+    return out
 
 
 def attached_warnings(arms: Sequence[ArmResult]) -> list[str]:
@@ -552,7 +662,7 @@ def load_result(
         )
     if cut:
         notes.append(f"{len(cut)} launch(es) cut short are stored but left out of the statistics")
-    return ABResult(
+    result = ABResult(
         experiment_id=exp["id"],
         simulated=bool(exp["simulated"]),
         host=exp["host"],
@@ -566,3 +676,9 @@ def load_result(
         notes=tuple(notes),
         cut_short=tuple(cut),
     )
+    return with_auto_notes(result)
+
+
+def with_auto_notes(result: ABResult) -> ABResult:
+    notes = auto_notes(result)
+    return dataclasses.replace(result, notes=(*result.notes, *notes)) if notes else result

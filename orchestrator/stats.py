@@ -224,12 +224,16 @@ def ratio_ci(
     n_boot: int = 4000,
     seed: int = 0,
     hierarchical: bool | None = None,
+    alpha: float = 0.05,
+    t_crit: float | None = None,
 ) -> RatioEstimate:
     """base[b] and arm[b] are the run values of the two launches in block b.
 
     The estimate is exp(mean over blocks of log(arm launch value / base launch value)). The CI resamples blocks
     with replacement; with few blocks (< 5, or when asked) it also resamples runs within each launch, so the
     interval carries both levels of noise. Runs are never pooled across launches as if independent.
+    `alpha` and `t_crit` set another two-sided level and its Student t critical value (a sequential look's nominal
+    level, stats_seq); the defaults are the fixed design's 95 %.
     """
     if len(base) != len(arm) or not base:
         raise ValueError("need the same number (>= 1) of blocks for both arms")
@@ -253,14 +257,14 @@ def ratio_ci(
                 total += logs[i]
         draws.append(total / n)
     draws.sort()
-    lo, hi = _quantile(draws, 0.025), _quantile(draws, 0.975)
+    lo, hi = _quantile(draws, alpha / 2), _quantile(draws, 1 - alpha / 2)
     method = "bootstrap over blocks" + (" + runs within launches" if hier else "")
     sd = statistics.stdev(logs) if n > 1 else None
     if sd is not None:
         # With few blocks a percentile bootstrap is too narrow (2 blocks have 3 distinct resamples). The interval is
         # never narrower than Student's t on the block log-ratios: the top level's degrees of freedom decide.
         mean = statistics.fmean(logs)
-        half = t_975(n - 1) * sd / math.sqrt(n)
+        half = (t_975(n - 1) if t_crit is None else t_crit) * sd / math.sqrt(n)
         if mean - half < lo or mean + half > hi:
             lo, hi = min(lo, mean - half), max(hi, mean + half)
             method += ", widened to Student's t on blocks"
@@ -281,19 +285,34 @@ def verdict(est: RatioEstimate, min_effect: float = DEFAULT_MIN_EFFECT) -> str:
     return "inconclusive"
 
 
-def minimal_detectable_effect(est: RatioEstimate) -> float | None:
-    """The relative effect this many blocks detect with 80 % power at 95 % for the observed block-to-block noise."""
+def minimal_detectable_effect(est: RatioEstimate, t_crit: float | None = None) -> float | None:
+    """The relative effect this many blocks detect with 80 % power at 95 % (or at the critical value t_crit, a
+    sequential look's) for the observed block-to-block noise."""
     if est.log_sd is None:
         return None
-    return math.exp((t_975(est.blocks - 1) + Z_80) * est.log_sd / math.sqrt(est.blocks)) - 1.0
+    crit = t_975(est.blocks - 1) if t_crit is None else t_crit
+    return math.exp((crit + Z_80) * est.log_sd / math.sqrt(est.blocks)) - 1.0
+
+
+def open_question(est: RatioEstimate, min_effect: float = DEFAULT_MIN_EFFECT) -> str:
+    """What an undecided comparison still has to settle: "sign" when the observed effect is at least min_effect (is
+    it real?), "within" when it is smaller (does the CI fit inside ±min_effect?)."""
+    return "sign" if abs(math.log(est.ratio)) >= math.log(1.0 + min_effect) else "within"
 
 
 def blocks_needed(est: RatioEstimate, min_effect: float = DEFAULT_MIN_EFFECT) -> int | None:
-    """Blocks needed for the minimal detectable effect to reach min_effect, at the observed noise."""
+    """Blocks a fixed design needs, at the observed noise and 80 % power, to decide the question this comparison
+    asks: for an observed effect beyond min_effect, a CI that excludes 1 (its half-width below the observed effect);
+    for a smaller one, a CI inside ±min_effect (its half-width below the room between the effect and min_effect).
+    A 24 % gap needs the few blocks that show it is real, not the many that would resolve ±2 %. None: one block
+    (no noise estimate), or the observed effect sits so close to min_effect that no practical number decides."""
     if est.log_sd is None:
         return None
-    goal = math.log(1.0 + min_effect)
-    for n in range(2, 100_000):
+    effect, bound = abs(math.log(est.ratio)), math.log(1.0 + min_effect)
+    goal = effect if open_question(est, min_effect) == "sign" else bound - effect
+    if goal <= 0:
+        return None
+    for n in range(2, 10_000):
         if (t_975(n - 1) + Z_80) * est.log_sd / math.sqrt(n) <= goal:
             return n
     return None

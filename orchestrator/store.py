@@ -481,6 +481,11 @@ class Store:
                 ),
             )
 
+    def update_design(self, exp_id: str, design: dict[str, Any]) -> None:
+        """`--blocks auto` scheduled another block: stored first, so a resume continues the same design."""
+        with self._write("recording the experiment's design") as c:
+            c.execute("UPDATE experiments SET design_json = ? WHERE id = ?", (json.dumps(design), exp_id))
+
     def reopen_experiment(self, exp_id: str) -> None:
         """A resumed experiment is running again; its earlier end (and why) is no longer its state."""
         with self._write("reopening an experiment") as c:

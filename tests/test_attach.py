@@ -156,6 +156,7 @@ def test_cli_mixing_is_refused_unless_allowed(
     assert Store(db).experiments() == []  # refused before anything started
 
     code = main(["ab", str(a), str(b), "--sim", "--attach", f"right={server}", "--allow-mixed", *QUICK, "--db", db,
+                 "--blocks", "1",
                  "--fail-on", "env"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 4, out  # the attached arm's env cannot be verified: undecided

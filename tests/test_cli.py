@@ -32,6 +32,8 @@ def test_ab_json_end_to_end_in_a_subprocess(sim_profiles: SimProfiles, tmp_path:
         "baseline",
         "eagle3",
         "--sim",
+        "--blocks",
+        "1",
         "--runs",
         "2",
         "--warmup",

@@ -176,6 +176,8 @@ def test_full_ab_over_ssh_through_the_cli(remote: HostConfig, sim_profiles: SimP
         "--host",
         "testbox",
         "--sim",
+        "--blocks",
+        "1",
         "--runs",
         "2",
         "--warmup",

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from orchestrator import client, stats
+from orchestrator import client, stats, stats_seq
 from orchestrator.bench import (
     CLIENT_PLACES,
     MAX_OUTPUT_TOKENS_PER_LAUNCH,
@@ -66,7 +66,64 @@ def with_host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def parse_blocks(ctx: click.Context, param: click.Parameter, value: str | int) -> int | str:
+    text = str(value).strip().lower()
+    if text == "auto":
+        return "auto"
+    try:
+        blocks = int(text)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected auto or a whole number of blocks from 1 to 1000") from None
+    if not 1 <= blocks <= 1000:
+        raise click.BadParameter(f"{value!r}: expected auto or a whole number of blocks from 1 to 1000")
+    return blocks
+
+
+def blocks_options(auto: bool) -> list[Callable[..., Any]]:
+    """--blocks N for every command; `auto` (the default of `orch ab`) and --max-blocks where there is a verdict."""
+    if not auto:
+        return [
+            click.option(
+                "--blocks",
+                default=1,
+                show_default=True,
+                type=click.IntRange(1, 1000),
+                help="Launches per arm: each block launches every arm once.",
+            )
+        ]
+    return [
+        click.option(
+            "--blocks",
+            default="auto",
+            show_default=True,
+            callback=parse_blocks,
+            metavar="auto|N",
+            help=f"Launches per arm: each block launches every arm once. auto: {stats_seq.DEFAULT_MIN_BLOCKS} blocks, "
+            "then one more until every comparison is decided (faster, slower or no difference) or --max-blocks; "
+            "group-sequential CIs keep the error rates honest (docs/statistics.md). N: exactly N blocks (1 gives "
+            "no verdict).",
+        ),
+        click.option(
+            "--max-blocks",
+            default=stats_seq.DEFAULT_MAX_BLOCKS,
+            show_default=True,
+            type=click.IntRange(stats_seq.DEFAULT_MIN_BLOCKS, stats_seq.MAX_MAX_BLOCKS),
+            help="With --blocks auto: the most blocks it may run.",
+        ),
+    ]
+
+
 def bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of `orch ab` (--blocks auto by default)."""
+    return _bench_options(fn, auto=True)
+
+
+def fixed_bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of `orch bench` and `orch reproduce`: a fixed number of blocks (nothing to decide between arms)."""
+    return _bench_options(fn, auto=False)
+
+
+def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
     options = [
         click.option(
             "--host",
@@ -154,13 +211,7 @@ def bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default=None,
             help="With a speculative arm: also say what accept length reaching this tok/s would need.",
         ),
-        click.option(
-            "--blocks",
-            default=1,
-            show_default=True,
-            type=click.IntRange(1, 1000),
-            help="Launches per arm: each block launches every arm once. One block gives no verdict; use 3 or more.",
-        ),
+        *blocks_options(auto),
         click.option(
             "--order",
             default="random",
@@ -268,6 +319,7 @@ MEASUREMENT_OPTIONS = (
     "client_place",
     "min_run_s",
     "blocks",
+    "max_blocks",
     "order",
     "order_seed",
     "strict_env",

@@ -13,7 +13,13 @@ from orchestrator import profile as profiles_mod
 from orchestrator import reproduce as reproduce_mod
 from orchestrator import yamlfile
 from orchestrator.cli.base import FiniteFloat, cli
-from orchestrator.cli.options import MEASUREMENT_OPTIONS, bench_options, db_option, option_given, parse_tolerance
+from orchestrator.cli.options import (
+    MEASUREMENT_OPTIONS,
+    db_option,
+    fixed_bench_options,
+    option_given,
+    parse_tolerance,
+)
 from orchestrator.cli.run import ab_config, open_host, progress, start
 from orchestrator.cli.stored import stored_result
 from orchestrator.compare import claim_verdict
@@ -33,7 +39,7 @@ from orchestrator.store import Store
               help="The baseline run beside it [default: expect.vs, else a profile named 'baseline'].")  # fmt: skip
 @click.option("--tolerance", default="3%", show_default=True, callback=parse_tolerance,
               help="How far a value may be from the recorded one and still count as reproduced.")  # fmt: skip
-@bench_options
+@fixed_bench_options
 def reproduce_cmd(
     target: str, claim_tps: float | None, claim_ratio: float | None, vs_name: str | None, tolerance: float, **kw: Any
 ) -> None:

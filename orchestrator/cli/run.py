@@ -23,11 +23,18 @@ from orchestrator.bench import (
     sim_speed,
 )
 from orchestrator.cli.base import cli
-from orchestrator.cli.options import MEASUREMENT_OPTIONS, bench_options, open_existing, option_given
+from orchestrator.cli.options import (
+    MEASUREMENT_OPTIONS,
+    bench_options,
+    fixed_bench_options,
+    open_existing,
+    option_given,
+)
 from orchestrator.connect import resolve_host
 from orchestrator.errors import InputError
 from orchestrator.hosts import Host, default_namespace
 from orchestrator.report import SIM_BANNER, ab_json, ab_text, run_line
+from orchestrator.stats_seq import SequentialPlan
 from orchestrator.store import Store
 
 
@@ -116,13 +123,24 @@ def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> r
     speeds = [sim_speed(p.env_dict() | p.sim_env(), p.server_flags()) for p in profiles] if kw["sim"] else []
     calibrated = bool(speeds) and all(s is not None for s in speeds)
     arms = [s for s in speeds if s is not None] if calibrated else [assumed_speed()] * len(profiles)
-    work = plan(bench, arms, blocks=kw["blocks"], calibrated=calibrated)
-    click.echo(work.line(), file=sys.stderr if kw["as_json"] else sys.stdout)
+    auto = sequential_plan(kw)
+    work = plan(bench, arms, blocks=auto.max_blocks if auto else kw["blocks"], calibrated=calibrated)
+    least = plan(bench, arms, blocks=auto.min_blocks, calibrated=calibrated) if auto else None
+    click.echo(work.line(least), file=sys.stderr if kw["as_json"] else sys.stdout)
     refusal = work.refusal()
     if refusal:
         raise click.UsageError(refusal)
     request_items(bench)  # bad prompt files or options fail here, before any server starts
     return execute(store, profiles, bench, kw["sim"], kw["strict_env"], kw["host_spec"], kw, None)
+
+
+def sequential_plan(kw: dict[str, Any]) -> SequentialPlan | None:
+    """--blocks auto's plan, or None for a fixed number of blocks (where --max-blocks has no meaning)."""
+    if kw["blocks"] != "auto":
+        if option_given("max_blocks"):
+            raise click.UsageError(f"--max-blocks applies to --blocks auto, not to --blocks {kw['blocks']}")
+        return None
+    return SequentialPlan(max_blocks=kw["max_blocks"])
 
 
 def resume_experiment(store: Store, ref: str, profile_names: tuple[str, ...], kw: dict[str, Any]) -> results.ABResult:
@@ -190,7 +208,8 @@ def ab_config(kw: dict[str, Any], bench: BenchConfig, sim: bool, strict_env: boo
         lock_wait_s=kw["lock_wait"],
         gpu_wait_s=kw["gpu_wait"],
         target_tps=kw["target_tps"],
-        blocks=kw["blocks"],
+        blocks=kw["blocks"] if isinstance(kw["blocks"], int) else 1,
+        auto=sequential_plan(kw) if kw.get("max_blocks") is not None else None,
         order=kw["order"],
         order_seed=kw["order_seed"],
         min_effect=kw["min_effect"],
@@ -267,14 +286,16 @@ def execute(
 def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
     """Compare PROFILES (the first is the baseline), each launch from fresh, verified state.
 
-    With --blocks N every arm is launched N times (each block launches every arm once, in a recorded order), and
-    each arm gets a 95% confidence interval against the baseline and a verdict: faster, slower, no difference or
-    inconclusive. With --fail-on the verdict decides the exit code (3 fail, 4 inconclusive, 0 ok).
+    Each block launches every arm once, in a recorded order; each arm gets a confidence interval against the
+    baseline and a verdict: faster, slower, no difference or inconclusive. --blocks auto (the default) runs 3
+    blocks, then adds one at a time until every verdict is decided or --max-blocks is reached, with
+    group-sequential CIs that stay honest however often it looks; --blocks N runs exactly N (95% CIs). With
+    --fail-on the verdict decides the exit code (3 fail, 4 inconclusive, 0 ok).
 
     An arm attached to a running server (--attach ARM=URL, or `attach: URL` in its profile) is not launched: each
     block is another benchmark session on that server.
 
-    Example: orch ab baseline eagle3-3step --sim --blocks 3   |   orch ab baseline eagle3-3step --host gpu-box
+    Example: orch ab baseline eagle3-3step --sim   |   orch ab baseline eagle3-3step --host gpu-box --blocks 5
     """
     if resume is None and len(profiles) < 2:
         raise click.UsageError("an A/B needs at least two profiles (use `orch bench` for one)")
@@ -292,7 +313,7 @@ def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
     "launching one: no port check, no env read-back, no teardown; one GET of its health endpoint must answer 200. "
     "Its state is not fresh and its env not verified, and every report says so.",
 )
-@bench_options
+@fixed_bench_options
 @fail_on_option
 def bench_cmd(profile: str, **kw: Any) -> None:
     """Benchmark one profile from a fresh, verified launch (--blocks N: N launches, with the spread across them).

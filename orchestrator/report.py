@@ -185,8 +185,8 @@ def comparison_line(c: Comparison) -> str:
         line += f"no difference (the CI lies within ±{me:.1f}%)"
     else:
         line += f"inconclusive (the CI is too wide to call ±{me:.1f}%)"
-        if c.blocks_needed is not None and c.blocks_needed > est.blocks:
-            line += f"; about {c.blocks_needed} blocks would detect ±{me:.1f}% at this noise"
+        if c.advice:
+            line += f"; {c.advice}"
     if c.mde is not None:
         line += f"; minimal detectable effect {c.mde * 100:.1f}%"
     return line

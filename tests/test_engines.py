@@ -78,7 +78,7 @@ def test_unknown_engines_are_named_with_the_known_ones(toy: Engine, write_profil
 # The modules that run, measure and report an experiment: none may branch on an engine's name.
 ENGINE_BLIND = (
     *("ab", "bench", "report", "results", "server", "stats", "compare", "nightly", "history"),
-    *("attach", "client", "failon", "suite", "fingerprint", "report_html", "plots"),
+    *("attach", "client", "failon", "suite", "fingerprint", "report_html", "plots", "stats_seq"),
 )
 
 

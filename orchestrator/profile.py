@@ -245,65 +245,94 @@ def reserved_env(name: str) -> str | None:
     return None
 
 
+class ProfileProblems(ProfileError):
+    """Every problem found in one pass over a profile (`profiles validate` lists them all); each one a whole
+    `path: field: what` message, so one problem reads exactly as a plain ProfileError."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = list(problems)
+
+
+def problems_of(e: ProfileError) -> list[str]:
+    return list(e.problems) if isinstance(e, ProfileProblems) else [str(e)]
+
+
 def _check_raw_keys(path: Path, data: Mapping[str, Any]) -> None:
     """Every layer is checked on its own, so errors name the file that has them and the merge only ever sees
     values of the right shape (a YAML alias bomb never reaches it)."""
+    problems = _raw_key_problems(path, data)
+    if problems:
+        raise ProfileProblems(problems)
+
+
+def _raw_key_problems(path: Path, data: Mapping[str, Any]) -> list[str]:
+    problems: list[str] = []
     for key in data:
         if key not in ALL_TOP_KEYS:
-            raise ProfileError(f"{path}: {key_name(key)}: unknown field{did_you_mean(str(key), ALL_TOP_KEYS)}")
+            problems.append(f"{path}: {key_name(key)}: unknown field{did_you_mean(str(key), ALL_TOP_KEYS)}")
     if "extends" in data and (not isinstance(data["extends"], str) or not data["extends"]):
-        raise ProfileError(f"{path}: extends: expected a profile name, got {show(data['extends'])}")
+        problems.append(f"{path}: extends: expected a profile name, got {show(data['extends'])}")
     for key, checker in TOP_FIELDS.items():
         if data.get(key) is not None:
             try:
                 checker(data[key])
             except FieldError as e:
-                raise ProfileError(f"{path}: {key}: {e}") from None
+                problems.append(f"{path}: {key}: {e}")
     for section, known in (("speculative", SPEC_FIELDS), ("sim", SIM_KNOBS), ("expect", EXPECT_FIELDS)):
         value = data.get(section)
         if value is None:
             continue
         if not isinstance(value, dict):
-            raise ProfileError(f"{path}: {section}: expected a mapping (or null), got {show(value)}")
+            problems.append(f"{path}: {section}: expected a mapping (or null), got {show(value)}")
+            continue
         for key, item in value.items():
             if key not in known:
-                raise ProfileError(f"{path}: {section}.{key_name(key)}: unknown field{did_you_mean(str(key), known)}")
+                problems.append(f"{path}: {section}.{key_name(key)}: unknown field{did_you_mean(str(key), known)}")
+                continue
             if item is None:
                 continue
-            if section == "sim":
-                _sim_value(f"{path}: sim.{key}", key, item)
-                continue
             try:
-                (SPEC_FIELDS if section == "speculative" else EXPECT_FIELDS)[key](item)
+                if section == "sim":
+                    _sim_value(f"{path}: sim.{key}", key, item)
+                else:
+                    (SPEC_FIELDS if section == "speculative" else EXPECT_FIELDS)[key](item)
             except FieldError as e:
-                raise ProfileError(f"{path}: {section}.{key}: {e}") from None
+                problems.append(f"{path}: {section}.{key}: {e}")
+            except ProfileError as e:
+                problems.append(str(e))
     env = data.get("env")
-    if env is not None:
-        if not isinstance(env, dict):
-            raise ProfileError(f"{path}: env: expected a mapping of NAME: value, got {show(env)}")
-        for key, value in env.items():
-            if not isinstance(key, str) or not ENV_NAME_RE.match(key):
-                raise ProfileError(
-                    f"{path}: env.{key_name(key)}: invalid environment variable name "
-                    "(letters, digits and '_', not starting with a digit)"
-                )
-            why = reserved_env(key)
-            if why:
-                raise ProfileError(f"{path}: env.{key}: {why}")
-            if isinstance(value, bool) or not (value is None or isinstance(value, str | int | float)):
-                raise ProfileError(
-                    f"{path}: env.{key}: expected a string or number (quote words like 'true'), got {show(value)}"
-                )
-            if isinstance(value, str) and "\0" in value:
-                raise ProfileError(f"{path}: env.{key}: contains a NUL byte, which no environment can hold")
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ProfileError(f"{path}: env.{key}: expected a finite number or a string, got {value}")
-            if key.startswith(SIM_ENV_PREFIX) and value is not None:
-                # Checked by the simulator's own parser now, not when a launch is already under way.
-                try:
-                    read_knobs({key: _env_value(value)})
-                except ValueError as e:
-                    raise ProfileError(f"{path}: env.{key}: {e}") from None
+    if env is None:
+        return problems
+    if not isinstance(env, dict):
+        problems.append(f"{path}: env: expected a mapping of NAME: value, got {show(env)}")
+        return problems
+    for key, value in env.items():
+        problem = _env_problem(key, value)
+        if problem:
+            problems.append(f"{path}: env.{key_name(key)}: {problem}")
+    return problems
+
+
+def _env_problem(key: Any, value: Any) -> str | None:
+    if not isinstance(key, str) or not ENV_NAME_RE.match(key):
+        return "invalid environment variable name (letters, digits and '_', not starting with a digit)"
+    why = reserved_env(key)
+    if why:
+        return why
+    if isinstance(value, bool) or not (value is None or isinstance(value, str | int | float)):
+        return f"expected a string or number (quote words like 'true'), got {show(value)}"
+    if isinstance(value, str) and "\0" in value:
+        return "contains a NUL byte, which no environment can hold"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"expected a finite number or a string, got {value}"
+    if key.startswith(SIM_ENV_PREFIX) and value is not None:
+        # Checked by the simulator's own parser now, not when a launch is already under way.
+        try:
+            read_knobs({key: _env_value(value)})
+        except ValueError as e:
+            return str(e)
+    return None
 
 
 def _merge(base: dict[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
@@ -322,24 +351,30 @@ def _merge(base: dict[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:
 def _load_chain(path: Path, cwd: Path | None) -> tuple[dict[str, Any], list[Path]]:
     chain: list[Path] = []
     layers: list[dict[str, Any]] = []
+    problems: list[str] = []  # every layer's, so one pass reports them all
     current: Path | None = path
-    while current is not None:
-        resolved = current.resolve()
-        if resolved in chain:
-            cycle = " -> ".join(p.stem for p in [*chain, resolved])
-            raise ProfileError(f"{path}: extends: cycle {cycle}")
-        chain.append(resolved)
-        data = _read_yaml(current)
-        _check_raw_keys(current, data)
-        layers.append(data)
-        parent = data.get("extends")
-        if parent is None:
-            current = None
-            continue
-        try:
-            current = _resolve_parent(current, parent, cwd)
-        except ProfileError as e:
-            raise ProfileError(f"{current}: extends: {e}") from e
+    try:
+        while current is not None:
+            resolved = current.resolve()
+            if resolved in chain:
+                cycle = " -> ".join(p.stem for p in [*chain, resolved])
+                raise ProfileError(f"{path}: extends: cycle {cycle}")
+            chain.append(resolved)
+            data = _read_yaml(current)
+            problems += _raw_key_problems(current, data)
+            layers.append(data)
+            parent = data.get("extends")
+            if not isinstance(parent, str) or not parent:
+                current = None
+                continue
+            try:
+                current = _resolve_parent(current, parent, cwd)
+            except ProfileError as e:
+                raise ProfileError(f"{current}: extends: {e}") from e
+    except ProfileError as e:
+        raise ProfileProblems([*problems, *problems_of(e)]) from e
+    if problems:
+        raise ProfileProblems(problems)
     merged: dict[str, Any] = {}
     for layer in reversed(layers):
         # A claim (`expect`) belongs to the file that makes it, never to the profiles extending it.
@@ -397,46 +432,59 @@ def from_resolved(data: Mapping[str, Any], source: str) -> Profile:
 
 
 def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
+    problems: list[str] = []
     values: dict[str, Any] = {}
     for key, checker in TOP_FIELDS.items():
         if key in data:
             try:
                 values[key] = checker(data[key])
             except FieldError as e:
-                raise ProfileError(f"{path}: {key}: {e}") from None
+                problems.append(f"{path}: {key}: {e}")
     for key in REQUIRED:
-        if key not in values:
-            raise ProfileError(f"{path}: {key}: required field is missing (set it here or in a profile it extends)")
+        if key not in data:
+            problems.append(f"{path}: {key}: required field is missing (set it here or in a profile it extends)")
+    if "engine" not in values:
+        raise ProfileProblems(problems)  # nothing past this point can be checked without the engine
     engine = engines.get(values["engine"])
     for key in OPTIONAL_FIELDS:
         if key in values and key not in engine.fields:
             takes = ", ".join(sorted(engine.fields)) or "none of " + ", ".join(OPTIONAL_FIELDS)
-            raise ProfileError(
+            problems.append(
                 f"{path}: {key}: not a field of {engine.name} profiles (of the engine-specific fields it takes: "
                 f"{takes}); pass the engine's own flag in server_args instead"
             )
     for key in engine.required:
-        if key not in values:
-            raise ProfileError(
+        if key not in data:
+            problems.append(
                 f"{path}: {key}: required field is missing for engine {engine.name} (set it here or in a profile "
                 "it extends)"
             )
 
-    spec = _build_spec(path, data.get("speculative"), engine)
+    spec: Speculative | None = None
+    sim: tuple[tuple[str, float | int | str], ...] = ()
     env = tuple(sorted((k, _env_value(v)) for k, v in (data.get("env") or {}).items() if v is not None))
-    sim = _build_sim(path, data.get("sim") or {}, dict(env))
+    try:
+        spec = _build_spec(path, data.get("speculative"), engine)
+    except ProfileError as e:
+        problems += problems_of(e)
+    try:
+        sim = _build_sim(path, data.get("sim") or {}, dict(env))
+    except ProfileError as e:
+        problems += problems_of(e)
 
     for i, arg in enumerate(values.get("server_args", ())):
         flag = arg.split("=", 1)[0]
         if flag in engine.managed_flags:
-            raise ProfileError(
+            problems.append(
                 f"{path}: server_args[{i}]: {key_name(flag)} is set by the field {engine.managed_flags[flag]!r}; "
                 "set that field instead of passing the flag"
             )
     expect_raw = data.get("expect") or {}
     expect = Expect(**{k: EXPECT_FIELDS[k](v) for k, v in expect_raw.items() if v is not None}) if expect_raw else None
     if expect is not None and expect.ratio is not None and expect.vs is None:
-        raise ProfileError(f"{path}: expect.ratio: a claimed ratio needs expect.vs, the profile it is against")
+        problems.append(f"{path}: expect.ratio: a claimed ratio needs expect.vs, the profile it is against")
+    if problems:
+        raise ProfileProblems(problems)
     return Profile(
         name=path.stem,
         source=str(path),
@@ -545,9 +593,12 @@ def check_distinct_names(profiles: list[Profile]) -> None:
             )
 
 
-def validate_file(path: str) -> Profile:
-    """Validate one file as a profile (the CLI's `profiles validate`)."""
-    p = Path(path)
-    if not yamlfile.is_file(p):
-        raise ProfileError(f"{path}: no such file")
-    return load(str(p) if (p.suffix in (".yaml", ".yml") or os.sep in path) else f"./{path}")
+def validate_file(name_or_path: str, cwd: Path | None = None) -> Profile:
+    """Validate one profile (the CLI's `profiles validate`): a file that exists, else a profile NAME looked up
+    like any other; errors list every problem found (ProfileProblems)."""
+    p = Path(name_or_path)
+    if yamlfile.is_file(p):
+        return load(str(p) if (p.suffix in (".yaml", ".yml") or os.sep in name_or_path) else f"./{name_or_path}", cwd)
+    if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
+        raise ProfileError(f"{name_or_path}: no such file")
+    return load(name_or_path, cwd)

@@ -6,10 +6,11 @@ import click
 
 from orchestrator import stats
 from orchestrator.cli.base import MAX_TPS, FiniteFloat, cli
+from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.report import breakeven_lines
 
 
-@cli.command("breakeven")
+@cli.command("breakeven", cls=JsonCommand)
 @click.option(
     "--baseline-tps",
     type=FiniteFloat(min=0, max=MAX_TPS, min_open=True),
@@ -35,13 +36,23 @@ from orchestrator.report import breakeven_lines
     default=None,
     help="Also say what a target tok/s would need.",
 )
+@json_option
 def breakeven_cmd(
-    baseline_tps: float, cycle_ms: float, steps: int, accept_length: float | None, target_tps: float | None
+    baseline_tps: float,
+    cycle_ms: float,
+    steps: int,
+    accept_length: float | None,
+    target_tps: float | None,
+    as_json: bool,
 ) -> None:
     """Speculative decoding arithmetic: the accept length (and per-token acceptance) needed to break even.
 
     Example (the seed's): orch breakeven --baseline-tps 82.2 --cycle-ms 30 --steps 3 --target-tps 150
     """
     be = stats.breakeven(baseline_tps, cycle_ms, steps, measured_tau=accept_length, target_tps=target_tps)
+    if as_json:
+        # The same field names as the `speculation` entries of `orch ab --json`.
+        emit({"status": "ok", **be.to_dict()})
+        return
     for line in breakeven_lines(be):
         click.echo(line)

@@ -8,6 +8,7 @@ import click
 
 from orchestrator import ab
 from orchestrator.cli.base import FiniteFloat, cli
+from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.options import with_host_options
 from orchestrator.connect import resolve_host
 from orchestrator.errors import OrchError
@@ -52,13 +53,18 @@ def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, g
         raise SystemExit(1)
 
 
-@cli.command("status")
+@cli.command("status", cls=JsonCommand)
 @with_host_options
-def status_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool) -> None:
+@json_option
+def status_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """What orch launched on the host and is still running, its ports, and GPU memory."""
     with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
         state = host.call("status", namespace=default_namespace(), nvidia_smi=host.config.nvidia_smi)
     procs = state["processes"]
+    if as_json:
+        # Command lines come back from the host already masked (processes._cmdline): no secret reaches stdout.
+        emit({"status": "ok", "host": host_spec, "processes": procs, "gpus": state["gpus"]})
+        return
     if not procs:
         click.echo(f"nothing launched by orch is running on {host_spec}")
     for p in sorted(procs, key=lambda d: (d["launch_id"], d["pid"])):
@@ -111,15 +117,31 @@ def hosts_list(inventory: str | None) -> None:
         click.echo(f"{name}  {where}  python={h.python or 'default'}  gpus={h.gpus}  [{h.source}]")
 
 
-@hosts_group.command("check")
+@hosts_group.command("check", cls=JsonCommand)
 @click.argument("host_spec", metavar="HOST")
 @click.option("--inventory", type=click.Path(dir_okay=False), default=None)
 @click.option("--accept-new-host-key", is_flag=True)
-def hosts_check(host_spec: str, inventory: str | None, accept_new_host_key: bool) -> None:
+@json_option
+def hosts_check(host_spec: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Connect and report what matters for a benchmark, one ok/warn/fail line each; exits 1 on any fail."""
     with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
         report = check_host(host, default_namespace())
         calls = host.stats.calls
+    levels = {level for level, _ in report}
+    if as_json:
+        # "status" is the worst check: a host that answers but fails a check is not an error of orch's.
+        worst = "fail" if "fail" in levels else "warn" if "warn" in levels else "ok"
+        emit(
+            {
+                "status": worst,
+                "host": host_spec,
+                "checks": [{"level": level, "text": text} for level, text in report],
+                "host_calls": calls,
+            }
+        )
+        if worst == "fail":
+            raise SystemExit(1)
+        return
     for level, text in report:
         click.echo(f"{level:<4}  {text}")
     click.echo(f"({calls} host-side calls)")

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 import click
 import yaml
 
+from orchestrator import engines
 from orchestrator import profile as profiles_mod
 from orchestrator.cli.base import EXIT_USAGE, cli
+from orchestrator.cli.jsonout import JsonCommand, emit, json_option
+from orchestrator.engines.base import OPTIONAL_FIELDS
 from orchestrator.errors import ProfileError
 from orchestrator.redaction import redact, redact_argv
+
+REDACTED_MARK = "<redacted hmac:"
 
 # ---------------------------------------------------------------- profiles
 
@@ -20,51 +26,114 @@ def profiles_group() -> None:
     """List, show and validate server profiles (./profiles, the user config dir, then the bundled set)."""
 
 
-@profiles_group.command("list")
-def profiles_list() -> None:
+@profiles_group.command("list", cls=JsonCommand)
+@json_option
+def profiles_list(as_json: bool) -> None:
     """Every profile name visible from here, with where it comes from."""
     found = profiles_mod.available()
-    if not found:
+    rows: list[dict[str, Any]] = []
+    for name, path in sorted(found.items()):
+        row: dict[str, Any] = {"name": name, "path": str(path), "description": None, "valid": True}
+        try:
+            row["description"] = profiles_mod.load(str(path)).description
+        except ProfileError as e:
+            row.update(valid=False, error=str(e))
+        rows.append(row)
+    if as_json:
+        dirs = [str(d) for d in profiles_mod.search_dirs()]
+        emit({"status": "ok", "search_dirs": dirs, "profiles": rows})
+        return
+    if not rows:
         click.echo("no profiles found in " + ", ".join(str(d) for d in profiles_mod.search_dirs()))
         return
-    width = max(len(n) for n in found)
-    for name, path in sorted(found.items()):
-        try:
-            desc = profiles_mod.load(str(path)).description
-        except ProfileError as e:
-            desc = f"INVALID: {e}"
-        click.echo(f"{name.ljust(width)}  {desc}  [{path}]")
+    width = max(len(r["name"]) for r in rows)
+    for r in rows:
+        desc = r["description"] if r["valid"] else "INVALID: " + r["error"].replace("\n", "; ")
+        click.echo(f"{r['name'].ljust(width)}  {desc}  [{r['path']}]")
 
 
-@profiles_group.command("show")
+# The order a hand-written profile has its fields in.
+FILE_FIELDS = (*profiles_mod.TOP_FIELDS, "speculative", "env", "sim")
+
+
+def file_fields(prof: profiles_mod.Profile) -> dict[str, Any]:
+    """The resolved profile as a profile file would have it: no `extends`, nothing unset, only the fields its
+    engine takes, so the YAML validates as it is when saved under profiles/."""
+    data = prof.to_dict()
+    takes = engines.get(prof.engine).fields
+    out: dict[str, Any] = {}
+    for key in FILE_FIELDS:
+        value = data.get(key)
+        if key in OPTIONAL_FIELDS and key not in takes:
+            continue
+        if isinstance(value, dict):
+            value = {k: v for k, v in value.items() if v is not None}
+        if value is None or value == "" or value == [] or value == {}:
+            continue
+        out[key] = value
+    return out
+
+
+def _launch_line(prof: profiles_mod.Profile, python: str, sim: bool) -> tuple[list[str], dict[str, str]]:
+    env = prof.env_dict() | (prof.sim_env() if sim else {})
+    # Secret-looking values are shown as digests: this output ends up in terminals, tickets and chat.
+    return redact_argv(prof.launch_argv(python, simulate=sim)), {k: redact(k, v) for k, v in sorted(env.items())}
+
+
+@profiles_group.command("show", cls=JsonCommand)
 @click.argument("name")
 @click.option("--sim", is_flag=True, help="Show the launch as `--sim` would run it (the simulator).")
 @click.option("--python", "python", default="python3", show_default=True, help="Interpreter shown in the command.")
-def profiles_show(name: str, sim: bool, python: str) -> None:
-    """The resolved profile, the exact launch command line and its environment."""
+@json_option
+def profiles_show(name: str, sim: bool, python: str, as_json: bool) -> None:
+    """The resolved profile as YAML that starts a new profile file, and the exact launch command as a comment.
+
+    Save it as profiles/NEW.yaml and edit; the `extends` chain is already applied."""
     prof = profiles_mod.load(name)
-    data = prof.to_dict()
+    fields = file_fields(prof)
+    argv, env = _launch_line(prof, python, sim)
+    if as_json:
+        emit(
+            {
+                "status": "ok",
+                "name": prof.name,
+                "source": prof.source,
+                "extends_chain": list(prof.chain),
+                "profile": fields,
+                "simulated": sim,
+                "command": argv,
+                "env": env,
+            }
+        )
+        return
     click.echo(f"# {prof.name} (from {prof.source}; extends chain: {' -> '.join(prof.chain)})")
-    click.echo(yaml.safe_dump(data, sort_keys=False).rstrip())
-    click.echo("\n# launch command" + (" (SIMULATOR)" if sim else ""))
-    env = prof.env_dict() | (prof.sim_env() if sim else {})
-    # Secret-looking values are shown as digests: this output ends up in terminals, tickets and chat.
-    prefix = " ".join(f"{k}={shlex.quote(redact(k, v))}" for k, v in sorted(env.items()))
-    argv = redact_argv(prof.launch_argv(python, simulate=sim))
-    click.echo((prefix + " " if prefix else "") + shlex.join(argv))
+    click.echo("# resolved; as a file of its own it needs no `extends`")
+    text = yaml.safe_dump(fields, sort_keys=False, allow_unicode=True).rstrip()
+    if REDACTED_MARK in text:
+        click.echo("# secret-looking values are shown as digests: put the real values back in a copy")
+    click.echo(text)
+    click.echo("\n# launch command" + (" (SIMULATOR)" if sim else "") + ":")
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    command = (prefix + " " if prefix else "") + shlex.join(argv)
+    # A launcher script inside the command (llama.cpp's) spans lines: each stays a comment.
+    click.echo("\n".join("#   " + line for line in command.splitlines()))
 
 
 @profiles_group.command("validate")
-@click.argument("files", nargs=-1, required=True)
-def profiles_validate(files: tuple[str, ...]) -> None:
-    """Check profile files; prints one line per file and exits 2 (invalid input) if any is invalid."""
+@click.argument("profiles", metavar="NAME|FILE...", nargs=-1, required=True)
+def profiles_validate(profiles: tuple[str, ...]) -> None:
+    """Check profiles, given as names or files: one `ok` line per valid one, one `invalid` line per problem (every
+    problem of a file, not just the first); exits 2 (invalid input) if any is invalid."""
     bad = 0
-    for f in files:
+    for ref in profiles:
         try:
-            prof = profiles_mod.validate_file(f)
-            click.echo(f"ok      {f} ({prof.name})")
+            prof = profiles_mod.validate_file(ref)
         except ProfileError as e:
             bad += 1
-            click.echo(f"invalid {e}")
+            for problem in profiles_mod.problems_of(e):
+                click.echo(f"invalid {problem}")
+            continue
+        # A name says which file it found; a file says which profile name it has.
+        click.echo(f"ok      {ref} ({prof.source if ref == prof.name else prof.name})")
     if bad:
         raise SystemExit(EXIT_USAGE)

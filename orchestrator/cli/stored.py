@@ -5,55 +5,74 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
 from orchestrator import bundle as bundle_mod
 from orchestrator import results, yamlfile
 from orchestrator.cli.base import cli
+from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.options import db_option, open_existing, parse_effect
 from orchestrator.errors import StoreError
+from orchestrator.records import request_jsonl
 from orchestrator.report import ab_csv, ab_json, ab_markdown, ab_text
 from orchestrator.store import Store
 
 
-@cli.command("list")
+@cli.command("list", cls=JsonCommand)
 @db_option
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100000))
-def list_cmd(db: str | None, limit: int) -> None:
+@json_option
+def list_cmd(db: str | None, limit: int, as_json: bool) -> None:
     """Stored experiments, newest first: id, when, status, host, arms, launches done of planned."""
     store = open_existing(db)
     try:
-        rows = store.experiments(limit)
+        rows = [_list_row(r) for r in store.experiments(limit)]
     finally:
         store.close()
+    if as_json:
+        emit({"status": "ok", "database": str(store.path), "experiments": rows})
+        return
     if not rows:
         click.echo(f"no experiments in {store.path}")
         return
     table = [["id", "started", "status", "host", "arms", "launches", "blocks", ""]]
     for r in rows:
-        design = json.loads(r["design_json"]) if r.get("design_json") else None
-        arms = json.loads(r["arms_json"])
-        planned = len(arms) * (design["blocks"] if design else 1)
         table.append(
             [
                 r["id"],
                 time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created_at"])),
                 r["status"],
                 r["host"],
-                " vs ".join(arms),
-                f"{r['launches_complete']}/{planned}",
-                str(design["blocks"] if design else 1),
-                " ".join(
-                    word
-                    for word, on in (("SIMULATED", r["simulated"]), ("ATTACHED", _attached(r["config_json"])))
-                    if on
-                ),
+                " vs ".join(r["arms"]),
+                f"{r['launches_complete']}/{r['launches_planned']}",
+                str(r["blocks"]),
+                " ".join(word for word, on in (("SIMULATED", r["simulated"]), ("ATTACHED", r["attached"])) if on),
             ]
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _list_row(r: dict[str, Any]) -> dict[str, Any]:
+    """One stored experiment as `orch list --json` gives it (and the table is drawn from)."""
+    design = json.loads(r["design_json"]) if r.get("design_json") else None
+    arms = json.loads(r["arms_json"])
+    blocks = int(design["blocks"]) if design else 1
+    return {
+        "id": r["id"],
+        "created_at": r["created_at"],
+        "status": r["status"],
+        "host": r["host"],
+        "arms": arms,
+        "launches_complete": r["launches_complete"],
+        "launches_planned": len(arms) * blocks,
+        "blocks": blocks,
+        "simulated": bool(r["simulated"]),
+        "attached": _attached(r["config_json"]),
+    }
 
 
 def _attached(config_json: str) -> bool:
@@ -97,10 +116,11 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["json", "csv", "md", "html", "bundle"]),
+    type=click.Choice(["json", "csv", "jsonl", "md", "html", "bundle"]),
     default="json",
     show_default=True,
-    help="json: the `ab --json` document; csv: one row per timed run; md: the report as Markdown; html: the report "
+    help="json: the `ab --json` document; csv: one row per timed run; jsonl: one JSON line per request of every "
+    "timed run (per-request records: tokens, ttft_s, e2e_s, error); md: the report as Markdown; html: the report "
     "with plots, one self-contained file (`orch report`; needs pip install 'orch[report]'); bundle: one "
     "self-contained file to re-run and judge the experiment elsewhere (`orch reproduce FILE`, `orch import`, "
     "`orch show FILE`).",
@@ -113,20 +133,27 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
     help="Write to this file instead of stdout (a bundle: default <id>.orch.json in the current directory).",
 )
 def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) -> None:
-    """Export a stored experiment (or a result bundle FILE) as JSON, CSV, Markdown, HTML or a result bundle."""
+    """Export a stored experiment (or a result bundle FILE) as JSON, CSV, JSON Lines, Markdown, HTML or a bundle."""
     if fmt == "bundle":
         _export_bundle(experiment, db, output)
         return
     if fmt == "html":
         _export_html(experiment, db, output)
         return
-    result = stored_result(experiment, db)
-    require_launches(result)
-    text = {
-        "json": lambda: json.dumps(ab_json(result), indent=2) + "\n",
-        "csv": lambda: ab_csv(result),
-        "md": lambda: ab_markdown(result),
-    }[fmt]()
+    if fmt == "jsonl":
+        from orchestrator.cli import report
+
+        result, requests = report.load_with_requests(experiment, db)
+        require_launches(result)
+        text = request_jsonl(result, requests)
+    else:
+        result = stored_result(experiment, db)
+        require_launches(result)
+        text = {
+            "json": lambda: json.dumps(ab_json(result), indent=2) + "\n",
+            "csv": lambda: ab_csv(result),
+            "md": lambda: ab_markdown(result),
+        }[fmt]()
     if output is None:
         click.echo(text, nl=False)
         return

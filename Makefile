@@ -42,9 +42,10 @@ $(LLAMA_STAMP): $(STAMP)
 # The main job: an A/B of the bundled baseline against EAGLE-3 (3 steps) on this machine, against the simulator:
 # 3 blocks (each launches both arms once, in a random order), so the verdict rests on restart-to-restart noise.
 # Shorter runs than the seed's 2048 tokens so it finishes in about two minutes; the tok/s figures are the same.
+# Stored in the default results database, so `orch list`, `orch show last` and `orch report last --html F` work
+# right after it; it ends with the report and its verdict.
 demo: install
-	$(BIN)/orch ab baseline eagle3-3step --sim --blocks 3 --warmup 2 --runs 3 --max-tokens 256 --db $(VENV)/demo.db
-	@$(BIN)/orch status
+	$(BIN)/orch ab baseline eagle3-3step --sim --blocks 3 --warmup 2 --runs 3 --max-tokens 256
 
 test: install llamacpp
 	$(BIN)/pytest -q

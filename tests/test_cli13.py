@@ -243,3 +243,28 @@ def test_profiles_show_keeps_secrets_out(write_profile: WriteProfile, capsys: Ca
     assert "supersecret" not in out and "secret-looking values are shown as digests" in out
     assert main(["profiles", "show", str(path), "--json"]) == 0
     assert "supersecret" not in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- make demo
+
+
+def test_make_demo_stores_where_list_and_show_look_and_ends_with_the_report(
+    sim_profiles: Any, tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator import store
+
+    makefile = (REPO / "Makefile").read_text()
+    recipe = makefile.split("\ndemo: install\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(recipe) == 1 and "orch ab baseline eagle3-3step --sim" in recipe[0]  # nothing after the verdict
+    assert "--db" not in recipe[0]
+    # what the demo does, shortened: an A/B without --db, then list and show find it in the default database
+    sim_profiles()
+    monkeypatch.chdir(tmp_path)
+    args = ["--sim", "--blocks", "1", "--runs", "1", "--warmup", "0", "--max-tokens", "8", "--min-run-s", "0"]
+    assert main(["ab", "baseline", "eagle3", *args]) == 0
+    capsys.readouterr()
+    code, doc = run_json(capsys, "list")
+    assert code == 0 and len(doc["experiments"]) == 1
+    assert doc["database"] == str(store.default_path())  # in the user data dir (the tests' private XDG dir here)
+    assert main(["show", "last"]) == 0
+    assert doc["experiments"][0]["id"] in capsys.readouterr().out

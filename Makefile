@@ -11,6 +11,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	@# This checkout was installed as `orch` before it became `orch-bench`: drop the old name from an existing venv.
+	@$(BIN)/pip uninstall --quiet --yes orch >/dev/null 2>&1 || true
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 INSTALL_HINT = (
-    "the HTML report draws its plots with matplotlib, which is not installed: pip install 'orch[report]' "
+    "the HTML report draws its plots with matplotlib, which is not installed: pip install 'orch-bench[report]' "
     "(in a checkout: pip install -e '.[report]')"
 )
 VERDICT_COLORS = {"faster": "#1a7f37", "slower": "#cf222e", "no difference": "#0969da", "inconclusive": "#bf8700"}

@@ -268,3 +268,19 @@ def test_make_demo_stores_where_list_and_show_look_and_ends_with_the_report(
     assert doc["database"] == str(store.default_path())  # in the user data dir (the tests' private XDG dir here)
     assert main(["show", "last"]) == 0
     assert doc["experiments"][0]["id"] in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- packaging
+
+
+def test_packaging_metadata() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())
+    project = meta["project"]
+    # `orch` on the package index is an unrelated project; the command and the import package keep their names
+    assert project["name"] == "orch-bench" and project["scripts"] == {"orch": "orchestrator.cli:entry"}
+    # an SPDX expression (the table form is deprecated), which needs setuptools >= 77 and no licence classifier
+    assert project["license"] == "MIT" and meta["build-system"]["requires"] == ["setuptools>=77"]
+    assert not [c for c in project["classifiers"] if c.startswith("License ::")]
+    assert "Programming Language :: Python :: 3.10" in project["classifiers"]
+    assert "pipx install ." in (REPO / "README.md").read_text()

@@ -233,7 +233,7 @@ def test_missing_matplotlib_names_the_extra(
     target = tmp_path / "r.html"
     assert main(["report", "last", "--db", str(tmp_path / "none.db"), "--html", str(target)]) == 1
     err = capsys.readouterr().err
-    assert "pip install 'orch[report]'" in err and "Traceback" not in err and not target.exists()
+    assert "pip install 'orch-bench[report]'" in err and "Traceback" not in err and not target.exists()
 
 
 def test_help_does_not_import_matplotlib() -> None:

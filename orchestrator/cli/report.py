@@ -102,7 +102,7 @@ def html_report(ref: str, db: str | None, min_effect: float | None = None) -> tu
 def report_cmd(experiment: str, db: str | None, html_path: str, min_effect: float | None) -> None:
     """An experiment's report as one self-contained HTML file with plots.
 
-    ID: an id, a unique prefix, or 'last'; FILE: a result bundle. Needs matplotlib: pip install 'orch[report]'."""
+    ID: an id, a unique prefix, or 'last'; FILE: a result bundle. Needs matplotlib: pip install 'orch-bench[report]'."""
     target = check_target(html_path)
     text, launches = html_report(experiment, db, min_effect)
     write_atomically(target, text)

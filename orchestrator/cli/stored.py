@@ -121,7 +121,7 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
     show_default=True,
     help="json: the `ab --json` document; csv: one row per timed run; jsonl: one JSON line per request of every "
     "timed run (per-request records: tokens, ttft_s, e2e_s, error); md: the report as Markdown; html: the report "
-    "with plots, one self-contained file (`orch report`; needs pip install 'orch[report]'); bundle: one "
+    "with plots, one self-contained file (`orch report`; needs pip install 'orch-bench[report]'); bundle: one "
     "self-contained file to re-run and judge the experiment elsewhere (`orch reproduce FILE`, `orch import`, "
     "`orch show FILE`).",
 )

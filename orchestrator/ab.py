@@ -485,10 +485,17 @@ def _run_launch(
             gpus = next((r.gpus for r in runs if r.gpus and r.gpus.get("available")), None)
             store.update_launch(srv.launch.launch_id, gpus_json=gpus)
     except BaseException as e:
+        interrupted = _interrupted(e)
         if "launch" in state:
-            status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+            status = "interrupted" if interrupted else "failed"
             error = scrub(str(e), server.profile_secrets(profile)) or type(e).__name__
             store.update_launch(state["launch"].launch_id, status=status, error=error)
+        if interrupted and not isinstance(e, KeyboardInterrupt):
+            # Ctrl-C came first and the teardown that followed failed too (seen: the SSH agent restarting after an
+            # interrupted call). It is still an interrupt: exit 130 and an `interrupted` experiment, with the
+            # teardown's error shown.
+            on_event(f"{profile.name}: after the interrupt, cleaning up failed: {type(e).__name__}: {e}")
+            raise KeyboardInterrupt from e
         raise
     store.update_launch(state["launch"].launch_id, status="complete")
     return LaunchResult(
@@ -505,6 +512,18 @@ def _run_launch(
         gpus=gpus,
         fingerprint=fp,
     )
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Whether e is, or was raised while handling, a Ctrl-C (or orch's SIGTERM, which raises the same)."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return True
+        seen.add(id(cur))
+        cur = cur.__context__
+    return False
 
 
 def server_problem(host: Host, srv: server.RunningServer, profile: Profile) -> str | None:

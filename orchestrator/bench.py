@@ -402,11 +402,15 @@ class Plan:
                 f"{self.prompt_token_ids_per_launch} random prompt tokens per launch is over the limit of "
                 f"{MAX_PROMPT_TOKEN_IDS}; lower --input-len or the number of requests"
             )
+        return None
+
+    def too_short(self) -> str | None:
+        """Why the simulator's calibration expects every run of an arm to be invalid (shorter than --min-run-s):
+        `orch ab` warns before launching, a nightly suite refuses the item."""
         if self.calibrated and self.shortest_run_s is not None and self.shortest_run_s < self.min_run_s:
-            # Every such run would be stored invalid and the experiment end with nothing to compare.
             return (
                 f"by the simulator's calibration the quickest arm's runs would last about {self.shortest_run_s:.2f}s, "
-                f"under --min-run-s {self.min_run_s:g}s, so they would all be invalid; raise --max-tokens (or "
+                f"under --min-run-s {self.min_run_s:g}s, so they would be invalid; raise --max-tokens (or "
                 "--requests-per-stream) or lower --min-run-s"
             )
         return None

@@ -410,12 +410,17 @@ class SSHHost(Host):
 
     def _start_agent(self) -> None:
         transport = self._transport()
-        channel = transport.open_session(timeout=30)
         cmd = (
             f"cd {shlex.quote(self.workdir)} && exec {shlex.quote(self.python)} "
             f"{shlex.quote(self.agent_dir + '/hostside.py')} --serve"
         )
-        channel.exec_command(cmd)
+        try:
+            channel = transport.open_session(timeout=30)
+            channel.exec_command(cmd)
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            # A transport closing under us: a lost connection (reconnect), never an EOFError that click would turn
+            # into a bare "Aborted."
+            raise ConnectionLost(f"could not start the agent: {type(e).__name__}: {e}") from e
         self._agent = channel
         self._stderr.clear()
         threading.Thread(target=self._drain_stderr, args=(channel,), daemon=True).start()

@@ -376,7 +376,8 @@ def _check_plan(bench: BenchConfig, profiles: tuple[Profile, ...], blocks: int, 
     speeds = [sim_speed(p.env_dict() | p.sim_env(), p.server_flags()) for p in profiles] if sim else []
     calibrated = bool(speeds) and all(s is not None for s in speeds)
     arms = [s for s in speeds if s is not None] if calibrated else [assumed_speed()] * len(profiles)
-    refusal = plan(bench, arms, blocks=blocks, calibrated=calibrated).refusal()
+    work = plan(bench, arms, blocks=blocks, calibrated=calibrated)
+    refusal = work.refusal() or work.too_short()
     if refusal:
         raise SuiteError(f"{label}: workload: {refusal}")
     try:

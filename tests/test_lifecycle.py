@@ -201,3 +201,16 @@ def test_ab_end_to_end_tells_the_seed_story(sim_profiles: SimProfiles, tmp_path:
     assert exp is not None and exp["status"] == "complete" and exp["simulated"] == 1
     assert sum(len(store.runs(la["launch_id"])) for la in store.launches(result.experiment_id)) == 6
     _nothing_left()
+
+
+def test_an_interrupt_stays_an_interrupt_when_the_teardown_after_it_fails() -> None:
+    from orchestrator import ab
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise OSError("teardown failed") from None  # `from None` hides the cause, never the context
+    except OSError as e:
+        assert ab._interrupted(e)
+    assert not ab._interrupted(OSError("a failure of its own"))

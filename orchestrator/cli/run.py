@@ -130,6 +130,9 @@ def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> r
     refusal = work.refusal()
     if refusal:
         raise click.UsageError(refusal)
+    short = work.too_short()
+    if short:
+        click.echo(f"WARNING: {short}", err=True)
     request_items(bench)  # bad prompt files or options fail here, before any server starts
     return execute(store, profiles, bench, kw["sim"], kw["strict_env"], kw["host_spec"], kw, None)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__, attach, engines, fingerprint, server
+from orchestrator import __version__, attach, engines, fingerprint, progress, server
 from orchestrator.bench import (
     BenchConfig,
     RunResult,
@@ -249,6 +249,7 @@ def run_ab(
             )
         names = [p.name for p in profiles]
         try:  # from here on the stored experiment ends interrupted, failed or complete, whatever happens
+            progress.phase("experiment", id=exp_id, arms=names, simulated=config.simulate)
             auto = f"blocks auto ({design.auto.min_blocks} to {design.auto.max_blocks})" if design.auto else ""
             on_event(
                 f"experiment {exp_id} on {host.name}: {' vs '.join(names)}, {auto or f'{design.blocks} block(s)'}, "
@@ -267,6 +268,15 @@ def run_ab(
                 for block, position, arm in [slot for slot in design.slots() if (slot[0], slot[2]) not in done]:
                     n += 1
                     cap = f" (at most {design.auto.max_blocks})" if design.auto else ""
+                    progress.phase(
+                        "slot",
+                        n=n,
+                        total=len(design.slots()),
+                        block=block + 1,
+                        blocks=design.blocks,
+                        max_blocks=design.auto.max_blocks if design.auto else None,
+                        arm=arm_label(names, arm),
+                    )
                     on_event(
                         f"launch {n}/{len(design.slots())}: block {block + 1}/{design.blocks}{cap}, "
                         f"{arm_label(names, arm)}"
@@ -278,6 +288,7 @@ def run_ab(
                     )
                 if design.auto is None:
                     break
+                progress.phase("look")
                 now = ABResult(exp_id, config.simulate, host.name, tuple(names), tuple(launches), facts)
                 stop, line = auto_look(dataclasses.replace(now, design=design, min_effect=config.min_effect))
                 on_event(line)
@@ -354,6 +365,7 @@ def acquire_host_lock(
     got = host.call("lock", path=path, holder=holder, wait_s=0)
     if not got["acquired"] and wait_s > 0:
         on_event(f"{host.name} is busy ({describe_holder(got['holder'])}); waiting up to {wait_s:.0f}s")
+        progress.phase("lock wait", holder=describe_holder(got["holder"]))
         got = host.call("lock", path=path, holder=holder, wait_s=wait_s)
     if not got["acquired"]:
         if purpose == "orch down":

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from orchestrator import client, prompts
+from orchestrator import client, progress, prompts
 from orchestrator.engines import Engine
 from orchestrator.errors import BenchError
 from orchestrator.hosts import Host
@@ -289,6 +289,12 @@ def run_benchmark(
             # during the first timed run.
             probe = (warm and index == config.warmup - 1) or (
                 config.warmup == 0 and not warm and index == 0 and concurrency == config.concurrency[0]
+            )
+            progress.phase(
+                "warmup" if warm else "run",
+                index=index,
+                of=config.warmup if warm else config.runs,
+                concurrency=concurrency,
             )
             summary = runner(bodies, [max_tokens] * n, concurrency, probe)
             if summary.get("aborted"):

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from orchestrator import engines
+from orchestrator import engines, progress
 from orchestrator.errors import HostError, ServerError
 from orchestrator.hosts import Host, connect_address
 from orchestrator.hostside import MARKER
@@ -213,6 +213,10 @@ def launch(
     )
 
 
+LOG_TAIL_EVERY_S = 1.0  # while a server loads, its log's last line is read this often (when progress is shown)
+LOG_TAIL_BYTES = 8192
+
+
 def wait_ready(
     host: Host,
     launch_: Launch,
@@ -227,8 +231,17 @@ def wait_ready(
     url = host.url(launch_.port, connect_address(profile.host)) + engine.health_path
     t0 = time.monotonic()
     phase = "loading"
+    log, next_tail = "", t0 + LOG_TAIL_EVERY_S / 2
     with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
         while True:
+            if progress.listening() and time.monotonic() >= next_tail:
+                # For the live view only: what a 30-minute model load is doing (the server's args, keys included,
+                # are in that log: scrubbed).
+                with contextlib.suppress(HostError):  # the liveness check below reports a lost host
+                    tail = host.call("log_tail", path=launch_.log_path, lines=3, max_bytes=LOG_TAIL_BYTES)
+                    log = progress.log_line(scrub(tail, profile_secrets(profile)))
+                next_tail = time.monotonic() + LOG_TAIL_EVERY_S
+            progress.phase("loading", profile=profile.name, state=phase, log=log)
             state = host.call("alive", pid=launch_.pid)
             if not state["alive"]:
                 # The server's own startup dump (`server_args=ServerArgs(... api_key='…')`) is in it: scrub.
@@ -376,7 +389,9 @@ def running(
     """Fresh launch → ready → env verified; the server is torn down however the block exits.
 
     redaction_key: the store's key for the digests of secret values in what gets recorded (none: a random one)."""
+    progress.phase("cleanup", profile=profile.name)
     pre = preflight(host, profile, namespace, on_event, force=force)
+    progress.phase("launch", profile=profile.name)
     launched = launch(host, profile, simulate=simulate, namespace=namespace, redaction_key=redaction_key)
     on_event(f"{profile.name}: launched PID {launched.pid} ({launched.launch_id}), log {launched.log_path}")
     srv = RunningServer(launch=launched, base_url=host.url(profile.port, connect_address(profile.host)), preflight=pre)
@@ -387,6 +402,7 @@ def running(
         timeout = ready_timeout_s if ready_timeout_s is not None else profile.ready_timeout_s
         srv.ready_s = wait_ready(host, launched, profile, timeout_s=timeout, on_event=on_event)
         on_event(f"{profile.name}: ready after {srv.ready_s:.1f}s")
+        progress.phase("env check", profile=profile.name)
         srv.env_report = verify_env(host, launched, profile, redaction_key=redaction_key)
         srv.processes = host.call("launch_procs", launch_id=launched.launch_id, pid=launched.pid)
         yield srv
@@ -394,7 +410,9 @@ def running(
     finally:
         with _shielded(on_event):
             try:
+                progress.phase("teardown", profile=profile.name)
                 srv.teardown = teardown(host, launched, grace_s=grace_s, known=srv.processes)
+                progress.phase("gpu wait", profile=profile.name, timeout_s=gpu_wait_s)
                 srv.teardown["gpus_after"] = wait_gpus_idle(host, gpu_wait_s)
             except HostError as e:
                 srv.teardown = {"error": str(e)}

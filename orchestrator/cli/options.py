@@ -304,6 +304,22 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
     return fn
 
 
+def verbosity_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """-q and -v of `orch ab` and `orch bench`."""
+    fn = click.option(
+        "-v",
+        "--verbose",
+        is_flag=True,
+        help="Also print every request of every run (tokens, TTFT, end-to-end time, accept length, error).",
+    )(fn)
+    return click.option(
+        "-q",
+        "--quiet",
+        is_flag=True,
+        help="Print only the verdict (each comparison's line, warnings, --fail-on's decision) and errors; no progress.",
+    )(fn)
+
+
 # What a resumed experiment takes from its stored record: giving any of these with --resume is an error.
 MEASUREMENT_OPTIONS = (
     "sim",

@@ -29,11 +29,14 @@ from orchestrator.cli.options import (
     fixed_bench_options,
     open_existing,
     option_given,
+    verbosity_options,
 )
 from orchestrator.connect import resolve_host
 from orchestrator.errors import InputError
 from orchestrator.hosts import Host, default_namespace
-from orchestrator.report import SIM_BANNER, ab_json, ab_text, run_line
+from orchestrator.progress import PlainReporter
+from orchestrator.progress import reporter as make_reporter
+from orchestrator.report import SIM_BANNER, ab_json, ab_text, attached_banner, comparison_line
 from orchestrator.stats_seq import SequentialPlan
 from orchestrator.store import Store
 
@@ -46,6 +49,7 @@ def run_experiment(
     expect: profiles_mod.Expect | None = None,
     **kw: Any,
 ) -> None:
+    rep = reporter_for(kw)
     store = Store(kw["db"]) if resume is None else open_existing(kw["db"])
     try:
         result = (
@@ -56,21 +60,52 @@ def run_experiment(
     finally:
         store.close()
     decision = failon.fail_on_verdict(result, fail_on, expect=expect) if fail_on else None
-    print_result(result, kw["as_json"], decision)
+    print_result(result, kw["as_json"], decision, rep)
     if decision is not None:
         raise SystemExit(decision.exit_code)
 
 
-def print_result(result: results.ABResult, as_json: bool, decision: failon.FailOn | None = None) -> None:
-    """The report; under it, with --fail-on, the decision (one JSON document under --json, its key "fail_on")."""
+def print_result(
+    result: results.ABResult,
+    as_json: bool,
+    decision: failon.FailOn | None = None,
+    rep: PlainReporter | None = None,
+) -> None:
+    """The report (-q: the verdict alone); under it, with --fail-on, the decision (one JSON document under --json,
+    its key "fail_on"). On a terminal verdicts and warnings are coloured."""
     if as_json:
         doc = ab_json(result) | ({"fail_on": decision.to_dict()} if decision is not None else {})
         click.echo(json.dumps(doc, indent=2))
         return
-    click.echo(ab_text(result))
+    quiet = rep is not None and rep.quiet
+    text = "\n".join(verdict_lines(result)) if quiet else ab_text(result)
     if decision is not None:
-        click.echo("")
-        click.echo("\n".join(decision.lines()))
+        text += ("\n" if quiet else "\n\n") + "\n".join(decision.lines())
+    if rep is None:
+        click.echo(text)
+    else:
+        rep.report(text)
+
+
+def verdict_lines(result: results.ABResult) -> list[str]:
+    """-q: what was concluded, and what a reader must know before trusting it (a simulator, warnings)."""
+    lines = [SIM_BANNER] if result.simulated else []
+    lines += attached_banner(result)
+    for level in result.levels or [1]:
+        if len(result.arms) > 1:
+            lines += [comparison_line(c) for c in result.comparisons_at(level)]
+            continue
+        arm = result.arms[0]
+        spread = arm.spread_at(level)
+        if spread is None:
+            lines.append(f"{arm.label} @ {level}: no valid timed run")
+            continue
+        lines.append(
+            f"{arm.label} @ {level}: median {spread.median:.1f} tok/s per stream over {len(arm.launches)} launch(es)"
+            + (f", CV across launches {spread.cv_across * 100:.2f}%" if spread.cv_across is not None else "")
+        )
+    lines += [f"WARNING: {w}" for w in result.warnings()]
+    return lines
 
 
 def parse_fail_on(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -126,7 +161,7 @@ def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> r
     auto = sequential_plan(kw)
     work = plan(bench, arms, blocks=auto.max_blocks if auto else kw["blocks"], calibrated=calibrated)
     least = plan(bench, arms, blocks=auto.min_blocks, calibrated=calibrated) if auto else None
-    click.echo(work.line(least), file=sys.stderr if kw["as_json"] else sys.stdout)
+    reporter_for(kw).event(work.line(least))
     refusal = work.refusal()
     if refusal:
         raise click.UsageError(refusal)
@@ -220,17 +255,27 @@ def ab_config(kw: dict[str, Any], bench: BenchConfig, sim: bool, strict_env: boo
     )
 
 
-def progress(kw: dict[str, Any]) -> tuple[Callable[[str], None], Callable[[str, RunResult], None]]:
-    """Where progress goes (stderr under --json, so stdout holds only the document) and how a run is printed."""
-    out = sys.stderr if kw["as_json"] else sys.stdout
+def reporter_for(kw: dict[str, Any]) -> PlainReporter:
+    """The command's one progress reporter: stderr under --json (stdout holds only the document); live on a
+    terminal, timestamped lines elsewhere; -q and -v as given."""
+    if "_reporter" not in kw:
+        if kw.get("quiet") and kw.get("verbose"):
+            raise click.UsageError("-q (verdict only) and -v (every request) exclude each other")
+        out = sys.stderr if kw["as_json"] else sys.stdout
+        kw["_reporter"] = make_reporter(out, quiet=bool(kw.get("quiet")), verbose=bool(kw.get("verbose")))
+    rep: PlainReporter = kw["_reporter"]
+    return rep
 
-    def event(msg: str) -> None:
-        click.echo(msg, file=out)
+
+def progress(kw: dict[str, Any]) -> tuple[Callable[[str], None], Callable[[str, RunResult], None]]:
+    """How an event and a finished run are printed (the runs once kw["_bench"] is known)."""
+    rep = reporter_for(kw)
 
     def on_run(name: str, run: RunResult) -> None:
-        click.echo(run_line(run, kw["_bench"]), file=out)
+        rep.bench = kw["_bench"]
+        rep.run(name, run)
 
-    return event, on_run
+    return rep.event, on_run
 
 
 def open_host(kw: dict[str, Any], host_spec: str) -> Host:
@@ -253,12 +298,20 @@ def execute(
     config = ab_config(kw, bench, sim, strict_env)
     kw["_bench"] = bench
     event, on_run = progress(kw)
-    if sim:
-        event(SIM_BANNER)
-    event(f"results database: {store.path}")
-    with open_host(kw, host_spec) as host:
-        where = {"host_spec": host_spec, "workdir": kw["workdir"], "namespace": config.namespace, **(provenance or {})}
-        return ab.run_ab(host, profiles, config, store, on_event=event, on_run=on_run, resume=resume, provenance=where)
+    with reporter_for(kw):  # the live view, from here to the report
+        if sim:
+            event(SIM_BANNER)
+        event(f"results database: {store.path}")
+        with open_host(kw, host_spec) as host:
+            where = {
+                "host_spec": host_spec,
+                "workdir": kw["workdir"],
+                "namespace": config.namespace,
+                **(provenance or {}),
+            }
+            return ab.run_ab(
+                host, profiles, config, store, on_event=event, on_run=on_run, resume=resume, provenance=where
+            )
 
 
 @cli.command("ab")
@@ -286,6 +339,7 @@ def execute(
 )
 @bench_options
 @fail_on_option
+@verbosity_options
 def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
     """Compare PROFILES (the first is the baseline), each launch from fresh, verified state.
 
@@ -318,6 +372,7 @@ def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
 )
 @fixed_bench_options
 @fail_on_option
+@verbosity_options
 def bench_cmd(profile: str, **kw: Any) -> None:
     """Benchmark one profile from a fresh, verified launch (--blocks N: N launches, with the spread across them).
 

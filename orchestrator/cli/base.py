@@ -35,3 +35,36 @@ def cli() -> None:
     Every arm starts from a fresh, verified server launch; the environment each worker process
     really got is read back; every run is stored the moment it finishes.
     """
+
+
+# `orch ab --help` and its kin list their options under these headings (by the option's first name).
+OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Server", ("--sim", "--attach", "--allow-mixed", "--ready-timeout", "--grace", "--strict-env", "--force",
+                "--gpu-wait")),
+    ("Workload", ("--runs", "--warmup", "--max-tokens", "--seed", "--concurrency", "--requests-per-stream",
+                  "--endpoint", "--prompts", "--input-len", "--client", "--min-run-s", "--stall-timeout",
+                  "--first-token-timeout")),
+    ("Design and verdict", ("--resume", "--blocks", "--max-blocks", "--order", "--order-seed", "--min-effect",
+                            "--target-tps", "--fail-on", "--claim", "--claim-ratio", "--vs", "--tolerance")),
+    ("Host", ("--host", "--workdir", "--wait", "--inventory", "--accept-new-host-key")),
+    ("Output", ("--db", "--json", "-q", "-v")),
+)  # fmt: skip
+
+
+class GroupedCommand(click.Command):
+    """A command whose --help shows its options under headings (server, workload, design, host, output), as the
+    field's benchmark CLIs do, instead of one list of thirty."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            first = param.opts[0] if param.opts else ""
+            group = next((name for name, opts in OPTION_GROUPS if first in opts), "Other options")
+            rows.setdefault(group, []).append(record)
+        for name in [*(g for g, _ in OPTION_GROUPS), "Other options"]:
+            if rows.get(name):
+                with formatter.section(name):
+                    formatter.write_dl(rows[name])

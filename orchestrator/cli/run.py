@@ -22,7 +22,7 @@ from orchestrator.bench import (
     request_items,
     sim_speed,
 )
-from orchestrator.cli.base import cli
+from orchestrator.cli.base import GroupedCommand, cli
 from orchestrator.cli.options import (
     MEASUREMENT_OPTIONS,
     bench_options,
@@ -314,7 +314,7 @@ def execute(
             )
 
 
-@cli.command("ab")
+@cli.command("ab", cls=GroupedCommand)
 @click.argument("profiles", nargs=-1)
 @click.option(
     "--resume",
@@ -359,7 +359,7 @@ def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
     run_experiment(profiles, resume, **kw)
 
 
-@cli.command("bench")
+@cli.command("bench", cls=GroupedCommand)
 @click.argument("profile")
 @click.option(
     "--attach",

@@ -1,0 +1,86 @@
+"""Issue 13 section 4, the rest: `orch status` per launch, single-arm reports, block numbering, completion."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import hostside
+from orchestrator.cli import main
+from orchestrator.cli.launches import age_text, launch_started, stored_profiles, summarize, table
+from tests.conftest import NAMESPACE
+
+Capsys = pytest.CaptureFixture[str]
+SimProfiles = Callable[..., dict[str, Path]]
+
+# ---------------------------------------------------------------- orch status
+
+
+def _proc(pid: int, pgid: int, lid: str, ports: list[int], owner_state: str = "dead") -> dict[str, Any]:
+    return {"pid": pid, "pgid": pgid, "cmdline": "x", "launch_id": lid, "owner_state": owner_state, "ports": ports}
+
+
+def test_status_summary_is_one_line_per_launch() -> None:
+    old, new = "ns:20260101T100000-aaaaaaaa", "ns:20260101T110000-bbbbbbbb"
+    workers = [_proc(12, 10, new, []), _proc(10, 10, new, [8000]), _proc(11, 10, new, [])]
+    procs = [*workers, _proc(20, 20, old, [], "alive")]
+    now = launch_started(new)
+    assert now is not None
+    launches = summarize(procs, {new: "eagle3-3step"}, now=now + 75)
+    assert [x["launch_id"] for x in launches] == [old, new]  # oldest first
+    latest = launches[1]
+    assert latest["pid"] == 10 and latest["ports"] == [8000] and latest["processes"] == 3
+    assert latest["profile"] == "eagle3-3step" and latest["age_s"] == 75
+    lines = table(launches)
+    assert lines[0].split() == ["profile", "launch", "PID", "port", "age", "state"]
+    assert lines[1].split()[:5] == ["?", old, "20", "-", "1h01m"]
+    assert "not listening yet, in use by a running orch session" in lines[1]
+    assert lines[2].split()[:5] == ["eagle3-3step", new, "10", "8000", "1m15s"]
+    assert "serving, left behind: its orch session is gone (`orch down` stops it)" in lines[2]
+    assert [age_text(s) for s in (None, 5, 3675, 90000)] == ["?", "5s", "1h01m", "1d01h"]
+    assert launch_started("ns:attach-without-stamp") is None
+
+
+def test_status_profiles_come_from_the_database_and_never_fail(tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    assert stored_profiles(db, ["a"]) == {}  # no file
+    db.write_text("not a database")
+    assert stored_profiles(db, ["a"]) == {}
+    db.unlink()
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE launches (launch_id TEXT, profile TEXT)")
+    conn.executemany("INSERT INTO launches VALUES (?, ?)", [("a", "baseline"), ("b", "eagle3")])
+    conn.commit()
+    conn.close()
+    assert stored_profiles(db, ["a", "c"]) == {"a": "baseline"}
+
+
+def test_status_of_a_live_launch(sim_profiles: SimProfiles, capsys: Capsys, tmp_path: Path) -> None:
+    from orchestrator import server
+    from orchestrator.hosts import LocalHost
+    from orchestrator.profile import load
+
+    prof = load(str(sim_profiles()["baseline"]))
+    launched = server.launch(LocalHost(), prof, simulate=True, namespace=NAMESPACE)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # until the simulator listens on its port
+            assert main(["status", "--db", str(tmp_path / "none.db")]) == 0
+            out = capsys.readouterr().out
+            if f" {prof.port} " in out:
+                break
+            time.sleep(0.2)
+        lines = [line for line in out.splitlines() if launched.launch_id in line]
+        assert len(lines) == 1, out  # the workers of the launch are not listed one by one
+        assert lines[0].split()[:4] == ["?", launched.launch_id, str(launched.pid), str(prof.port)]
+        assert "-v lists each" in out
+        assert main(["status", "-v"]) == 0
+        out = capsys.readouterr().out
+        assert f"{launched.launch_id}  PID {launched.pid} (pgid {launched.pgid}) ports {prof.port}" in out
+    finally:
+        hostside.op_down(NAMESPACE, grace_s=2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from collections.abc import Callable
@@ -84,3 +85,35 @@ def test_status_of_a_live_launch(sim_profiles: SimProfiles, capsys: Capsys, tmp_
         assert f"{launched.launch_id}  PID {launched.pid} (pgid {launched.pgid}) ports {prof.port}" in out
     finally:
         hostside.op_down(NAMESPACE, grace_s=2)
+
+
+# ---------------------------------------------------------------- single-arm reports, block numbers
+
+
+def test_single_arm_report_and_block_numbers(sim_profiles: SimProfiles, tmp_path: Path, capsys: Capsys) -> None:
+    sim_profiles()
+    db = str(tmp_path / "r.db")
+    args = ["--sim", "--runs", "1", "--warmup", "0", "--max-tokens", "16", "--grace", "2", "--min-run-s", "0"]
+    assert main(["bench", "baseline", "--blocks", "2", *args, "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "========== benchmark of baseline (" in out and "A/B" not in out
+    header = next(line for line in out.splitlines() if line.strip().startswith("arm "))
+    assert header.split()[-1] == "accept" and "vs" not in header.split()
+    assert "vs: mean per-block ratio" not in out
+    assert "block 1: baseline" in out and "block 2: baseline" in out and "block 0" not in out
+
+    assert main(["export", "last", "--format", "md", "--db", db]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("# Benchmark of baseline, ") and "| vs " not in md
+
+    assert main(["export", "last", "--format", "csv", "--db", db]) == 0
+    csv_blocks = sorted({line.split(",")[5] for line in capsys.readouterr().out.splitlines()[1:]})
+    assert csv_blocks == ["1", "2"]
+
+    assert main(["show", "last", "--json", "--db", db]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    launches = doc["launches"]
+    assert sorted(x["block_number"] for x in launches) == [1, 2]
+    assert all(x["block_number"] == x["block"] + 1 and x["position_number"] == 1 for x in launches)
+    runs = doc["arms"][0]["runs"]
+    assert sorted(r["block_number"] for r in runs) == [1, 2] and {r["run_number"] for r in runs} == {1}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ import pytest
 from orchestrator import hostside
 from orchestrator.cli import main
 from orchestrator.cli.launches import age_text, launch_started, stored_profiles, summarize, table
-from tests.conftest import NAMESPACE
+from tests.conftest import NAMESPACE, free_port
 
 Capsys = pytest.CaptureFixture[str]
 SimProfiles = Callable[..., dict[str, Path]]
@@ -117,3 +118,17 @@ def test_single_arm_report_and_block_numbers(sim_profiles: SimProfiles, tmp_path
     assert all(x["block_number"] == x["block"] + 1 and x["position_number"] == 1 for x in launches)
     runs = doc["arms"][0]["runs"]
     assert sorted(r["block_number"] for r in runs) == [1, 2] and {r["run_number"] for r in runs} == {1}
+
+
+# ---------------------------------------------------------------- retry messages
+
+
+def test_connect_retries_say_what_is_retried(caplog: pytest.LogCaptureFixture, capsys: Capsys) -> None:
+    port = free_port()  # nothing listens there: every attempt is refused
+    with caplog.at_level(logging.WARNING, logger="orchestrator.ssh"):
+        assert main(["status", "--host", f"nobody@127.0.0.1:{port}"]) == 1
+    retries = [r.getMessage() for r in caplog.records if "connecting again" in r.getMessage()]
+    assert len(retries) == 2, caplog.text  # three attempts, two waits between them
+    assert retries[0].startswith(f"nobody@127.0.0.1:{port}: the SSH connection to nobody@127.0.0.1:{port} failed")
+    assert " failed on attempt 1 of 3: connection refused" in retries[0] and "on attempt 2 of 3: " in retries[1]
+    assert "cannot connect to" in capsys.readouterr().err

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 from orchestrator import hostside
 from orchestrator.cli import main
 from orchestrator.cli.launches import age_text, launch_started, stored_profiles, summarize, table
-from tests.conftest import NAMESPACE, free_port
+from tests.conftest import NAMESPACE, REPO, free_port
 
 Capsys = pytest.CaptureFixture[str]
 SimProfiles = Callable[..., dict[str, Path]]
@@ -132,3 +135,43 @@ def test_connect_retries_say_what_is_retried(caplog: pytest.LogCaptureFixture, c
     assert retries[0].startswith(f"nobody@127.0.0.1:{port}: the SSH connection to nobody@127.0.0.1:{port} failed")
     assert " failed on attempt 1 of 3: connection refused" in retries[0] and "on attempt 2 of 3: " in retries[1]
     assert "cannot connect to" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- shell completion
+
+
+def _complete(words: str, cwd: Path) -> list[str]:
+    """What bash completion offers for the words (click's bash_complete protocol: 'type,value' lines)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "_ORCH_COMPLETE": "bash_complete", "COMP_WORDS": words}
+    env["COMP_CWORD"] = str(len(words.split()) - (0 if words.endswith(" ") else 1))
+    proc = subprocess.run([sys.executable, "-m", "orchestrator"], cwd=cwd, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_completion_of_experiment_ids_and_profile_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "r.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE experiments (id TEXT, created_at REAL, status TEXT, arms_json TEXT)")
+    rows = [("20260101-1-aaa", 1.0, "complete", '["baseline", "eagle3"]'), ("20260102-2-bbb", 2.0, "failed", "[]")]
+    conn.executemany("INSERT INTO experiments VALUES (?, ?, ?, ?)", rows)
+    conn.commit()
+    conn.close()
+    newest_first = ["plain,last", "plain,20260102-2-bbb", "plain,20260101-1-aaa"]
+    assert _complete(f"orch show --db {db} ", tmp_path) == newest_first
+    assert _complete(f"orch export --db {db} 20260101", tmp_path) == ["plain,20260101-1-aaa"]
+    assert _complete(f"orch report --db {db} l", tmp_path) == ["plain,last"]
+    assert _complete(f"orch show --db {db} ./res", tmp_path) == ["file,./res"]  # a bundle file
+    assert _complete(f"orch show --db {tmp_path / 'missing.db'} x", tmp_path) == ["file,x"]  # never an error
+    (tmp_path / "broken.db").write_text("not sqlite")
+    assert _complete(f"orch show --db {tmp_path / 'broken.db'} ", tmp_path) == ["plain,last"]
+
+    import click
+
+    from orchestrator.cli.complete import profile_names
+
+    monkeypatch.chdir(REPO)
+    ctx = click.Context(click.Command("x"))
+    names = [item.value for item in profile_names(ctx, click.Argument(["p"]), "eagle3")]
+    assert names == ["eagle3-2step", "eagle3-3step"]
+    assert profile_names(ctx, click.Argument(["p"]), "zz-none") == []

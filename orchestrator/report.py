@@ -157,11 +157,25 @@ def _arm_row(arm: ArmResult, level: int, vs: str) -> list[str]:
 def _level_rows(result: ABResult, level: int) -> list[list[str]]:
     """The header and one row per arm at one concurrency level (text and Markdown share them)."""
     ratios = {c.arm_index: c for c in result.comparisons_at(level)}
+    if not is_ab(result):  # one arm: nothing to be "vs"
+        return [HEADER, *(_arm_row(arm, level, "")[:-1] for arm in result.arms)]
     rows = [[*HEADER, "vs " + result.arms[0].label]]
     for i, arm in enumerate(result.arms):
         cmp = ratios.get(i)
         rows.append(_arm_row(arm, level, "1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-")))
     return rows
+
+
+def is_ab(result: ABResult) -> bool:
+    """Whether the experiment compares arms (`orch ab`) or measures one (`orch bench`)."""
+    return len(result.arms) > 1
+
+
+def title(result: ABResult) -> str:
+    """The report's heading: an A/B names what it compares, a single-arm benchmark names its profile."""
+    if is_ab(result):
+        return f"A/B results ({result.experiment_id}, host {result.host})"
+    return f"benchmark of {result.arms[0].label} ({result.experiment_id}, host {result.host})"
 
 
 def comparison_line(c: Comparison) -> str:
@@ -194,9 +208,7 @@ def comparison_line(c: Comparison) -> str:
 
 def _design_lines(result: ABResult) -> list[str]:
     d = result.design
-    head = f"  design: {d.blocks} block(s), launch order {d.order}" + (
-        f" (seed {d.seed})" if d.order == "random" else ""
-    )
+    head = f"  design: {d.blocks} block(s)" + _order_text(result)
     lines = [head]
     if d.blocks < 2 and len(result.arms) < 2:
         return lines
@@ -218,8 +230,16 @@ def _design_lines(result: ABResult) -> list[str]:
     return lines
 
 
+def _order_text(result: ABResult) -> str:
+    # With one arm there is no order within a block to speak of.
+    d = result.design
+    if not is_ab(result):
+        return ", one launch each"
+    return f", launch order {d.order}" + (f" (seed {d.seed})" if d.order == "random" else "")
+
+
 def ab_text(result: ABResult) -> str:
-    lines = ["", f"========== A/B results ({result.experiment_id}, host {result.host}) =========="]
+    lines = ["", f"========== {title(result)} =========="]
     if result.simulated:
         lines.append(SIM_BANNER)
     lines += attached_banner(result)
@@ -231,7 +251,8 @@ def ab_text(result: ABResult) -> str:
         rows = _level_rows(result, level)
         lines.append(
             f"  tok/s per stream at concurrency {level}" + (" (simulated)" if result.simulated else "") + ": median "
-            "of launch medians; min/max over runs; CV within and across launches; vs: mean per-block ratio"
+            "of launch medians; min/max over runs; CV within and across launches"
+            + ("; vs: mean per-block ratio" if is_ab(result) else "")
         )
         lines += _table(rows)
         for c in result.comparisons_at(level):
@@ -276,7 +297,9 @@ def _run_json(run: RunResult, launch: LaunchResult | None = None) -> dict[str, A
         "accept_source": run.accept_source,
         "token_source": run.token_source,
         "index": run.index,
-        **({"launch_id": launch.launch_id, "block": launch.block} if launch else {}),
+        # "index" and "block" count from 0 (kept: a contract); the *_number fields count from 1 like text and CSV.
+        "run_number": run.index + 1,
+        **({"launch_id": launch.launch_id, "block": launch.block, "block_number": launch.block + 1} if launch else {}),
         **{k: run.metrics.get(k) for k in ("ttft", "itl", "tpot", "e2e", "chunks", "multi_token_chunks")},
         # drafted / accepted tokens and their ratio, where the engine reports them (None where it does not)
         "spec": run.metrics.get("spec"),
@@ -329,6 +352,8 @@ def _launch_json(result: ABResult, launch: LaunchResult) -> dict[str, Any]:
         "launch_id": launch.launch_id,
         "block": launch.block,
         "position": launch.position,
+        "block_number": launch.block + 1,
+        "position_number": launch.position + 1,
         "ready_s": None if launch.attached else launch.ready_s,
         "env_ok": launch.env_report.get("ok", True),
         "attached": launch.attached,
@@ -440,14 +465,15 @@ def _md_table(rows: list[list[str]]) -> list[str]:
 
 def ab_markdown(result: ABResult) -> str:
     """The report as Markdown, for a ticket or a pull request."""
-    lines = [f"# A/B {result.experiment_id} on {result.host}", ""]
+    head = "A/B" if is_ab(result) else f"Benchmark of {result.arms[0].label},"
+    lines = [f"# {head} {result.experiment_id} on {result.host}", ""]
     if result.simulated:
         lines += [f"**{SIM_BANNER}**", ""]
     lines += [line for banner in attached_banner(result) for line in (f"**{banner}**", "")]
     d = result.design
     lines.append(
-        f"Status: {result.status}. Design: {d.blocks} block(s), launch order {d.order}"
-        + (f" (seed {d.seed})" if d.order == "random" else "")
+        f"Status: {result.status}. Design: {d.blocks} block(s)"
+        + _order_text(result)
         + f"; minimum effect of interest ±{result.min_effect * 100:.1f}%."
     )
     lines += [f"> NOTE: {n}" for n in result.notes]

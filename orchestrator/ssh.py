@@ -323,7 +323,13 @@ class SSHHost(Host):
         exc = state.outcome.exception() if state.outcome is not None else None
         wait = state.next_action.sleep if state.next_action is not None else 0.0
         what = _connect_failure(exc) if isinstance(exc, Exception) else "failed"
-        log.warning("%s: cannot connect to %s yet (%s); trying again in %.1fs", self.name, self.display, what, wait)
+        attempts = getattr(state.retry_object.stop, "max_attempt_number", None)
+        bound = f"attempt {state.attempt_number} of {attempts}" if attempts else f"attempt {state.attempt_number}"
+        limit = "" if attempts else f", for up to {self.config.reconnect_s:.0f}s in all"
+        log.warning(
+            "%s: the SSH connection to %s failed on %s: %s; connecting again in %.1fs%s",
+            self.name, self.display, bound, what, wait, limit,
+        )  # fmt: skip
 
     def _connect_advice(self, e: BaseException) -> str:
         ep = self.endpoint
@@ -542,8 +548,10 @@ class SSHHost(Host):
                     # Not repeatable: we cannot know whether it started. The marker will find it either way.
                     raise HostError(f"{self.name}: connection lost while launching ({first})") from first
                 log.warning(
-                    "%s: connection lost (%s); reconnecting for up to %.0fs", self.name, first, self.config.reconnect_s
-                )
+                    "%s: the SSH connection was lost during the host-side call %r (%s); reconnecting for up to %.0fs, "
+                    "then making that call again",
+                    self.name, request["op"], first, self.config.reconnect_s,
+                )  # fmt: skip
                 self.ensure_connected(force=True)
                 reply = self._request(request, timeout)
         if request["op"] == "lock" and reply.get("ok") and reply["result"].get("acquired"):

@@ -107,7 +107,8 @@ def test_text_output_has_seed_style_run_lines_and_summary(
     lines = [ln for ln in lines if ln.strip().startswith("Run ")]
     assert len(lines) == 2
     assert re.fullmatch(r"\s+Run 1/2: 24 tokens in \d+\.\d\ds = \d+\.\d tok/s \(prompt: \d+ toks\)", lines[0])
-    assert "A/B results" in out and "SIMULATED" in out and "median" in out
+    assert "benchmark of baseline (" in out and "A/B" not in out and "vs " not in out
+    assert "SIMULATED" in out and "median" in out
 
 
 def test_ctrl_c_tears_down_and_marks_interrupted(sim_profiles: SimProfiles, tmp_path: Path) -> None:

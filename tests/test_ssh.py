@@ -206,7 +206,7 @@ def test_full_ab_over_ssh_through_the_cli(remote: HostConfig, sim_profiles: SimP
 
 
 def test_connection_dropped_mid_run_reconnects_and_finishes(
-    remote: HostConfig, sshd: SSHD, sim_profiles: SimProfiles, tmp_path: Path
+    remote: HostConfig, sshd: SSHD, sim_profiles: SimProfiles, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     prof = load(str(sim_profiles()["baseline"]))
     store = Store(tmp_path / "r.db")
@@ -223,6 +223,9 @@ def test_connection_dropped_mid_run_reconnects_and_finishes(
         reconnects = host.stats.reconnects
     assert dropped, "the test should have killed the sshd session processes"
     assert reconnects >= 1
+    # The warning names what is retried: the host-side call that was cut off (when a call, not a tunnel, saw it).
+    lost = [r.getMessage() for r in caplog.records if "connection was lost" in r.getMessage()]
+    assert all("during the host-side call '" in m and "then making that call again" in m for m in lost), lost
     (arm,) = result.arms
     assert len(arm.timed) == 3 and all(r.tokens == 40 for r in arm.timed)
     _nothing_left()
@@ -298,7 +301,7 @@ def test_a_call_after_close_is_refused_not_reconnected(remote: HostConfig, caplo
     host.close()
     with pytest.raises(HostError, match="closed by orch"):
         host.call("hello")
-    assert not any("connection lost" in r.getMessage() for r in caplog.records)
+    assert not any("connection was lost" in r.getMessage() for r in caplog.records)
     assert host.stats.reconnects == 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -9,10 +10,12 @@ import click
 from orchestrator import ab
 from orchestrator.cli.base import FiniteFloat, cli
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
-from orchestrator.cli.options import with_host_options
+from orchestrator.cli.launches import stored_profiles, summarize, table
+from orchestrator.cli.options import db_option, with_host_options
 from orchestrator.connect import resolve_host
 from orchestrator.errors import OrchError
 from orchestrator.hosts import check_host, default_namespace, inventory_paths, load_inventory
+from orchestrator.store import default_path as default_db_path
 
 
 @cli.command("down")
@@ -55,21 +58,34 @@ def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, g
 
 @cli.command("status", cls=JsonCommand)
 @with_host_options
+@db_option
+@click.option("-v", "--verbose", is_flag=True, help="Also list every process of each launch (workers included).")
 @json_option
-def status_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
-    """What orch launched on the host and is still running, its ports, and GPU memory."""
+def status_cmd(
+    host_spec: str, inventory: str | None, accept_new_host_key: bool, db: str | None, verbose: bool, as_json: bool
+) -> None:
+    """What orch launched on the host and is still running: one line per launch (profile, launch id, PID, port,
+    age, state), then GPU memory. The profile names come from the results database (--db)."""
     with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
         state = host.call("status", namespace=default_namespace(), nvidia_smi=host.config.nvidia_smi)
     procs = state["processes"]
+    profiles = stored_profiles(Path(db) if db else default_db_path(), (str(p["launch_id"]) for p in procs))
+    summary = summarize(procs, profiles)
     if as_json:
         # Command lines come back from the host already masked (processes._cmdline): no secret reaches stdout.
-        emit({"status": "ok", "host": host_spec, "processes": procs, "gpus": state["gpus"]})
+        emit({"status": "ok", "host": host_spec, "launches": summary, "processes": procs, "gpus": state["gpus"]})
         return
     if not procs:
         click.echo(f"nothing launched by orch is running on {host_spec}")
-    for p in sorted(procs, key=lambda d: (d["launch_id"], d["pid"])):
-        ports = f" ports {','.join(map(str, p['ports']))}" if p["ports"] else ""
-        click.echo(f"{p['launch_id']}  PID {p['pid']} (pgid {p['pgid']}){ports}  {p['cmdline']}")
+    else:
+        for line in table(summary):
+            click.echo(line)
+    if verbose:
+        for p in sorted(procs, key=lambda d: (d["launch_id"], d["pid"])):
+            ports = f" ports {','.join(map(str, p['ports']))}" if p["ports"] else ""
+            click.echo(f"{p['launch_id']}  PID {p['pid']} (pgid {p['pgid']}){ports}  {p['cmdline']}")
+    elif procs and any(item["processes"] > 1 for item in summary):
+        click.echo(f"({len(procs)} processes in all; -v lists each with its command line)")
     for line in gpu_lines(state["gpus"]):
         click.echo(line)
 

@@ -11,6 +11,7 @@ import click
 from orchestrator import bundle as bundle_mod
 from orchestrator import results, yamlfile
 from orchestrator.cli.base import cli
+from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.options import db_option, open_existing, parse_effect
 from orchestrator.errors import InputError, StoreError
 from orchestrator.store import Store
@@ -84,7 +85,7 @@ def html_report(ref: str, db: str | None, min_effect: float | None = None) -> tu
 
 
 @cli.command("report")
-@click.argument("experiment", metavar="ID|FILE")
+@click.argument("experiment", metavar="ID|FILE", shell_complete=experiment_ids)
 @db_option
 @click.option(
     "--html",

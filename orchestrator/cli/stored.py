@@ -12,6 +12,7 @@ import click
 from orchestrator import bundle as bundle_mod
 from orchestrator import results, yamlfile
 from orchestrator.cli.base import cli
+from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.options import db_option, open_existing, parse_effect
 from orchestrator.errors import StoreError
@@ -92,7 +93,7 @@ def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> 
 
 
 @cli.command("show")
-@click.argument("experiment", metavar="ID|FILE")
+@click.argument("experiment", metavar="ID|FILE", shell_complete=experiment_ids)
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="The same JSON document as `orch ab --json`.")
 @click.option(
@@ -111,7 +112,7 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
 
 
 @cli.command("export")
-@click.argument("experiment", metavar="ID|FILE")
+@click.argument("experiment", metavar="ID|FILE", shell_complete=experiment_ids)
 @db_option
 @click.option(
     "--format",

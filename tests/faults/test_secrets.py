@@ -133,7 +133,7 @@ def test_a_successful_run_and_status_leak_no_secret(write_profile: WriteProfile,
     path = _secret_profile(write_profile, api_key, hf_token)
     # `orch status` from another process while a server launched with the secrets runs.
     with server.running(LocalHost(), load(str(path)), simulate=True, namespace=NAMESPACE, grace_s=2) as srv:
-        code, status_out, status_err = _orch("status", cwd=tmp_path)
+        code, status_out, status_err = _orch("status", "-v", cwd=tmp_path)
     assert code == 0, status_err
     assert srv.launch.launch_id in status_out and "--api-key <redacted>" in status_out, status_out
 

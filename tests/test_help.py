@@ -19,3 +19,22 @@ def test_help_groups_options_and_loses_none(command: str) -> None:
     for param in cli.commands[command].params:
         if param.opts and param.opts[0].startswith("-"):
             assert out.count(f"{param.opts[0]} ") + out.count(f"{param.opts[0]},") >= 1, param.opts[0]
+
+
+def test_profile_names_complete_on_ab_bench_and_profiles(tmp_path: object) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    for words, cword in (("orch ab cpu-", 2), ("orch bench cpu-p", 2), ("orch profiles show vllm-", 3)):
+        env = {**os.environ, "COMP_WORDS": words, "COMP_CWORD": str(cword), "_ORCH_COMPLETE": "bash_complete",
+               "PYTHONPATH": str(repo)}  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", "from orchestrator.cli import cli; cli(prog_name='orch')"],
+            env=env, capture_output=True, text=True, cwd=str(tmp_path), timeout=60,
+        ).stdout  # fmt: skip
+        names = [line.split(",", 1)[1] for line in out.splitlines() if "," in line]
+        prefix = words.rsplit(" ", 1)[1]
+        assert names and all(n.startswith(prefix) for n in names), (words, out)

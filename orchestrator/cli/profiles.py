@@ -11,6 +11,7 @@ import yaml
 from orchestrator import engines
 from orchestrator import profile as profiles_mod
 from orchestrator.cli.base import EXIT_USAGE, cli
+from orchestrator.cli.complete import profile_names
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.engines.base import OPTIONAL_FIELDS
 from orchestrator.errors import ProfileError
@@ -81,7 +82,7 @@ def _launch_line(prof: profiles_mod.Profile, python: str, sim: bool) -> tuple[li
 
 
 @profiles_group.command("show", cls=JsonCommand)
-@click.argument("name")
+@click.argument("name", shell_complete=profile_names)
 @click.option("--sim", is_flag=True, help="Show the launch as `--sim` would run it (the simulator).")
 @click.option("--python", "python", default="python3", show_default=True, help="Interpreter shown in the command.")
 @json_option
@@ -120,7 +121,7 @@ def profiles_show(name: str, sim: bool, python: str, as_json: bool) -> None:
 
 
 @profiles_group.command("validate")
-@click.argument("profiles", metavar="NAME|FILE...", nargs=-1, required=True)
+@click.argument("profiles", metavar="NAME|FILE...", nargs=-1, required=True, shell_complete=profile_names)
 def profiles_validate(profiles: tuple[str, ...]) -> None:
     """Check profiles, given as names or files: one `ok` line per valid one, one `invalid` line per problem (every
     problem of a file, not just the first); exits 2 (invalid input) if any is invalid."""

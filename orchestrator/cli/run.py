@@ -23,6 +23,7 @@ from orchestrator.bench import (
     sim_speed,
 )
 from orchestrator.cli.base import GroupedCommand, cli
+from orchestrator.cli.complete import profile_names
 from orchestrator.cli.options import (
     MEASUREMENT_OPTIONS,
     bench_options,
@@ -315,7 +316,7 @@ def execute(
 
 
 @cli.command("ab", cls=GroupedCommand)
-@click.argument("profiles", nargs=-1)
+@click.argument("profiles", nargs=-1, shell_complete=profile_names)
 @click.option(
     "--resume",
     metavar="ID",
@@ -360,7 +361,7 @@ def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
 
 
 @cli.command("bench", cls=GroupedCommand)
-@click.argument("profile")
+@click.argument("profile", shell_complete=profile_names)
 @click.option(
     "--attach",
     "attach",

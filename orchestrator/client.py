@@ -42,6 +42,20 @@ MAX_EVENT_BYTES = 64 * 1024 * 1024
 MAX_PROMPT_TOKENS = 1 << 31
 
 
+# The run in flight in this process, for live progress (read from another thread; plain floats, no lock needed).
+_LIVE: dict[str, float] = {"active": 0.0, "tokens": 0.0, "started": 0.0}
+
+
+def live() -> dict[str, float]:
+    """Output tokens received so far by the run in flight here, and for how long it has run."""
+    active = _LIVE["active"]
+    return {
+        "active": active,
+        "tokens": _LIVE["tokens"],
+        "elapsed": time.monotonic() - _LIVE["started"] if active else 0.0,
+    }
+
+
 class BadAnswer(ValueError):
     """The server answered something the client cannot believe; the request fails with this message."""
 
@@ -403,6 +417,7 @@ async def _stream(
                     if rec.first is None:
                         rec.first = now
                     rec.tokens += added
+                    _LIVE["tokens"] += added
                     rec.arrivals.append((now, added))
                     rec.chunks += 1
                 rec.end = now
@@ -564,6 +579,7 @@ async def run_requests(
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     path = ENDPOINTS[endpoint]
     before = await _scrape(host, port)
+    _LIVE.update(active=1.0, tokens=0.0, started=time.monotonic())
     t0 = time.perf_counter()
     records = [Record(index=i, start=0.0, max_tokens=max_tokens[i]) for i in range(len(bodies))]
     next_index = 0
@@ -616,6 +632,7 @@ async def run_requests(
     try:
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
     finally:
+        _LIVE["active"] = 0.0
         if watcher is not None:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)

@@ -41,6 +41,35 @@ def listen(listener: Listener) -> Iterator[None]:
         _LISTENER.reset(token)
 
 
+# ---------------------------------------------------------------- the run in flight
+
+_REMOTE: dict[str, float] = {}
+# A host's report this old is stale (its heartbeats come every second while a run is in flight).
+REMOTE_FRESH_S = 3.0
+
+
+def remote_live(data: dict[str, Any]) -> None:
+    """A host agent's heartbeat said how far the run in flight there is (SSH hosts)."""
+    with contextlib.suppress(TypeError, ValueError):
+        _REMOTE.update(
+            active=float(data.get("active", 0)),
+            tokens=float(data.get("tokens", 0)),
+            elapsed=float(data.get("elapsed", 0)),
+            at=time.monotonic(),
+        )
+
+
+def live_run() -> tuple[float, float] | None:
+    """(tokens so far, seconds) of the benchmark run in flight: from the host's heartbeats, else from the client
+    in this process (a local host, or --client local); None when no run is in flight."""
+    if _REMOTE.get("active") and time.monotonic() - _REMOTE.get("at", 0.0) < REMOTE_FRESH_S:
+        return _REMOTE["tokens"], _REMOTE["elapsed"]
+    from orchestrator import client  # stdlib only: cheap
+
+    here = client.live()
+    return (here["tokens"], here["elapsed"]) if here["active"] else None
+
+
 # ---------------------------------------------------------------- what is going on, and how long the rest takes
 
 _ERROR = ("FAILED", " failed;", " interrupted;", "not repeating the run", "NOT idle", "would not die", "still busy")

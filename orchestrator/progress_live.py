@@ -11,6 +11,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator import progress
 from orchestrator.progress import PlainReporter, duration, severity
 
 STYLES = {"error": "bold red", "warning": "yellow", "info": ""}
@@ -147,6 +148,9 @@ class LiveReporter(PlainReporter):
             text.append(f" (at most {d['timeout_s']:.0f}s)")
         elif p == "lock wait" and d.get("holder"):
             text.append(f" ({d['holder']})")
+        flight = progress.live_run() if p == "run" else None
+        if flight is not None and flight[1] > 0:
+            text.append(f"  {flight[0]:.0f} tokens, {flight[0] / flight[1]:.1f} tok/s so far", style="green")
         if p in ("warmup", "run") and t.tokens:
             text.append(f"  {t.tokens} tokens so far this launch")
             if t.last is not None and not t.last.warmup:

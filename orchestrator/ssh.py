@@ -31,7 +31,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from orchestrator import hostside, yamlfile
+from orchestrator import hostside, progress, yamlfile
 from orchestrator.errors import HostError
 from orchestrator.hosts import TARGET_RE, CallStats, Host, HostConfig
 
@@ -492,6 +492,8 @@ class SSHHost(Host):
                     heard = time.monotonic()
                 line, self._buffer = self._buffer.split(b"\n", 1)
                 reply: dict[str, Any] = json.loads(line)
+                if reply.get("id") == rid and isinstance(reply.get("progress"), dict):
+                    progress.remote_live(reply["progress"])
                 if reply.get("id") != rid or reply.get("heartbeat"):
                     continue  # a heartbeat, or the late answer to a request we gave up on
                 return reply

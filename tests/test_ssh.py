@@ -558,3 +558,37 @@ def test_blocks_over_ssh_interrupted_resumed_and_gpu_clock_drift_warned(
     assert any("GPU 0 SM clock under load changed between launches" in w and "1980" in w for w in doc["warnings"])
     assert not any("GPU 1" in w for w in doc["warnings"])
     _nothing_left()
+
+
+def test_a_run_over_ssh_reports_its_tokens_live_through_the_agents_heartbeats(
+    remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator import progress
+
+    seen: list[dict[str, float]] = []
+    monkeypatch.setattr(progress, "remote_live", lambda data: seen.append(dict(data)))
+    prof = load(str(sim_profiles()["baseline"]))
+    with SSHHost(remote) as host:
+        # 160 tokens at the simulator's ~82 tok/s: about 2 s per run, so the 1 s heartbeat fires mid-run.
+        cfg = ABConfig(bench=_bench(runs=1, max_tokens=160), simulate=True, namespace=NAMESPACE, grace_s=2)
+        run_ab(host, [prof], cfg, Store(tmp_path / "r.db"))
+    mid_run = [s for s in seen if s.get("active") and 0 < s["tokens"] < 160]
+    assert mid_run and all(s["elapsed"] > 0 for s in mid_run), seen
+    _nothing_left()
+
+
+def test_live_run_prefers_a_fresh_host_report_and_falls_back_to_this_process() -> None:
+    from orchestrator import client, progress
+
+    progress._REMOTE.clear()
+    assert progress.live_run() is None  # nothing in flight anywhere
+    progress.remote_live({"active": 1, "tokens": 42, "elapsed": 2.0})
+    assert progress.live_run() == (42.0, 2.0)
+    progress._REMOTE["at"] -= progress.REMOTE_FRESH_S + 1  # stale: the run ended or the link is quiet
+    client._LIVE.update(active=1.0, tokens=7.0, started=time.monotonic() - 1.0)
+    try:
+        tokens, elapsed = progress.live_run() or (0.0, 0.0)
+        assert tokens == 7.0 and 0.9 < elapsed < 5.0
+    finally:
+        client._LIVE["active"] = 0.0
+        progress._REMOTE.clear()

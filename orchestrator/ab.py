@@ -474,7 +474,7 @@ def _run_launch(
                 )
 
             def recover(err: str) -> bool:
-                on_event(f"{profile.name}: {err}; checking the connection and the server before repeating the run")
+                on_event(f"{profile.name}: {err}")
                 host.ensure_connected()
                 problem = server_problem(host, srv, profile)
                 if problem is not None:

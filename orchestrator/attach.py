@@ -297,7 +297,7 @@ def run_session(
         on_run(profile.name, run)
 
     def recover(err: str) -> bool:
-        on_event(f"{profile.name}: {err}; checking the connection and the attached server before repeating the run")
+        on_event(f"{profile.name}: {err} (an attached server: checked, never restarted)")
         host.ensure_connected()
         problem = server.health_problem(base_url, profile, timeout_s=HEALTH_TIMEOUT_S)
         if problem is not None:

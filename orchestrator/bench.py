@@ -310,7 +310,20 @@ def run_benchmark(
             if not summary["errors"] or recover is None:
                 break
             first = next(r["error"] for r in summary["per_request"] if r["error"])
-            if not recover(first):
+            which = f"{'warmup' if warm else 'run'} {index + 1}/{config.warmup if warm else config.runs}"
+            left = recoveries < MAX_RECOVERIES
+            what = (
+                f"{which} at concurrency {concurrency}: {summary['errors']} of {summary['requests']} requests failed "
+                f"(first: {first}); checking the connection and the server, then "
+                + (
+                    f"repeating the run if both are fine (repeat {recoveries + 1} of at most {MAX_RECOVERIES} in "
+                    "this launch)"
+                    if left
+                    else f"keeping the run, invalid: no repeats left ({MAX_RECOVERIES} per launch)"
+                )
+            )
+            # The server is checked either way: a dead one ends the launch now instead of failing every later run.
+            if not recover(what):
                 failed = RunResult.from_summary(index, warm, summary)
                 results.append(failed)
                 if on_run is not None:
@@ -319,7 +332,7 @@ def run_benchmark(
                     f"the server failed during run {index + 1} at concurrency {concurrency} ({first}); "
                     "the launch was torn down and the run not repeated. Its log is named above"
                 )
-            if recoveries >= MAX_RECOVERIES:
+            if not left:
                 break
             recoveries += 1
         if not warm and summary["window_s"] < config.min_run_s and summary["valid"]:

@@ -38,3 +38,13 @@ def test_profile_names_complete_on_ab_bench_and_profiles(tmp_path: object) -> No
         names = [line.split(",", 1)[1] for line in out.splitlines() if "," in line]
         prefix = words.rsplit(" ", 1)[1]
         assert names and all(n.startswith(prefix) for n in names), (words, out)
+
+
+def test_ab_json_answers_in_json_when_it_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from orchestrator.cli import main
+
+    code = main(["ab", "no-such-profile", "baseline", "--sim", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 2 and doc["status"] == "error" and doc["exit_code"] == 2 and "no-such-profile" in doc["error"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.base import EXIT_USAGE
+from orchestrator.cli.base import EXIT_USAGE, GroupedCommand
 from orchestrator.errors import InputError, OrchError
 
 JSON_HELP = 'Print one JSON document on stdout (also on failure: "status": "error" and "error").'
@@ -55,6 +55,10 @@ class JsonCommand(click.Command):
             if ctx.params.get("as_json"):
                 emit(error_doc(f"unexpected {type(e).__name__}: {e}", 1))
             raise
+
+
+class RunCommand(JsonCommand, GroupedCommand):
+    """ab, bench, reproduce: options under headings, and with --json a document even when the experiment fails."""
 
 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -12,7 +12,8 @@ from orchestrator import bundle as bundle_mod
 from orchestrator import profile as profiles_mod
 from orchestrator import reproduce as reproduce_mod
 from orchestrator import yamlfile
-from orchestrator.cli.base import FiniteFloat, GroupedCommand, cli
+from orchestrator.cli.base import FiniteFloat, cli
+from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import (
     MEASUREMENT_OPTIONS,
     db_option,
@@ -29,7 +30,7 @@ from orchestrator.results import ABResult
 from orchestrator.store import Store
 
 
-@cli.command("reproduce", cls=GroupedCommand)
+@cli.command("reproduce", cls=RunCommand)
 @click.argument("target", metavar="BUNDLE|PROFILE")
 @click.option("--claim", "claim_tps", type=FiniteFloat(min=0, max=1e7, min_open=True), default=None,
               help="The claimed single-stream tok/s of the profile [default: its expect.tok_s].")  # fmt: skip

@@ -147,12 +147,15 @@ def test_auto_stops_early_on_a_big_simulated_effect(sim_profiles: SimProfiles, t
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
     assert "plan (--blocks auto): 6 to 16 launches" in err
-    assert "look after block 3: every comparison is decided; stopping (--blocks auto)" in err
     doc = json.loads(out)
-    assert doc["blocks"] == 3 and doc["design"]["blocks"] == 3 and doc["design"]["auto"]["max_blocks"] == 8
+    # A ~26 % gap is decided long before the maximum of 8, usually at the first look (3 blocks); the simulated
+    # EAGLE arm's launch-to-launch spread (acceptance is random) sometimes needs a look or two more (seen: 5).
+    n = doc["blocks"]
+    assert 3 <= n <= 6 and doc["design"]["blocks"] == n and doc["design"]["auto"]["max_blocks"] == 8
+    assert f"look after block {n}: every comparison is decided; stopping (--blocks auto)" in err
     (c,) = doc["comparisons"]
-    assert c["verdict"] == "slower" and c["sequential"]["look_blocks"] == 3 and "repeated 95% CI" in c["ci_method"]
-    assert any("stopped after 3 blocks: every comparison is decided" in n for n in doc["notes"])
+    assert c["verdict"] == "slower" and c["sequential"]["look_blocks"] == n and "repeated 95% CI" in c["ci_method"]
+    assert any(f"stopped after {n} blocks: every comparison is decided" in note for note in doc["notes"])
     assert hostside.op_find(NAMESPACE) == []
 
 

@@ -22,13 +22,11 @@ from orchestrator import __version__, attach, engines, fingerprint, progress, se
 from orchestrator.bench import (
     BenchConfig,
     RunResult,
-    host_runner,
-    local_runner,
     request_items,
     run_benchmark,
-    with_engine_counters,
+    runner_for,
 )
-from orchestrator.errors import BenchError, HostError, OrchError, ServerError
+from orchestrator.errors import BenchError, HostError, OrchError, ServerError, was_interrupted
 from orchestrator.hosts import Host, connect_address
 from orchestrator.profile import Profile
 from orchestrator.redaction import scrub
@@ -484,11 +482,14 @@ def _run_launch(
                 return True
 
             bench = config.bench
-            runner = with_engine_counters(
-                host_runner(host, connect_address(profile.host), srv.launch.port, bench, srv.processes)
-                if bench.client == "host"
-                else local_runner(srv.base_url, bench, host, srv.processes),
+            runner = runner_for(
+                host,
+                connect_address(profile.host),
+                srv.launch.port,
+                srv.base_url,
+                bench,
                 engines.get(profile.engine),
+                watch=srv.processes,
             )
             model = profile.served_model_name or profile.model_path
             run_benchmark(runner, bench, model=model, on_run=record, recover=recover)
@@ -497,7 +498,7 @@ def _run_launch(
             gpus = next((r.gpus for r in runs if r.gpus and r.gpus.get("available")), None)
             store.update_launch(srv.launch.launch_id, gpus_json=gpus)
     except BaseException as e:
-        interrupted = _interrupted(e)
+        interrupted = was_interrupted(e)
         if "launch" in state:
             status = "interrupted" if interrupted else "failed"
             error = scrub(str(e), server.profile_secrets(profile)) or type(e).__name__
@@ -524,18 +525,6 @@ def _run_launch(
         gpus=gpus,
         fingerprint=fp,
     )
-
-
-def _interrupted(e: BaseException) -> bool:
-    """Whether e is, or was raised while handling, a Ctrl-C (or orch's SIGTERM, which raises the same)."""
-    seen: set[int] = set()
-    cur: BaseException | None = e
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, KeyboardInterrupt):
-            return True
-        seen.add(id(cur))
-        cur = cur.__context__
-    return False
 
 
 def server_problem(host: Host, srv: server.RunningServer, profile: Profile) -> str | None:

@@ -13,15 +13,11 @@ import httpx
 
 from orchestrator import __version__, engines, fingerprint, server
 from orchestrator.bench import (
-    BenchConfig,
-    Runner,
     RunResult,
-    host_runner,
-    local_runner,
     run_benchmark,
-    with_engine_counters,
+    runner_for,
 )
-from orchestrator.errors import InputError, ServerError
+from orchestrator.errors import InputError, ServerError, was_interrupted
 from orchestrator.hosts import Host
 from orchestrator.profile import Profile
 from orchestrator.redaction import scrub
@@ -221,16 +217,6 @@ def collect_fingerprint(
     return fp
 
 
-def _runner(host: Host, address: str, port: int, base_url: str, bench: BenchConfig, profile: Profile) -> Runner:
-    """The usual runner, without GPU probes: the GPUs orch could read are not known to be the server's. (Counter
-    deltas from its /metrics also count any other client's traffic: part of what "not fresh" means.)"""
-    inner = with_engine_counters(
-        host_runner(host, address, port, bench) if bench.client == "host" else local_runner(base_url, bench, None),
-        engines.get(profile.engine),
-    )
-    return lambda bodies, max_tokens, concurrency, _probe: inner(bodies, max_tokens, concurrency, False)
-
-
 def run_session(
     host: Host,
     profile: Profile,
@@ -307,14 +293,16 @@ def run_session(
 
     try:
         run_benchmark(
-            _runner(host, address, port, base_url, config.bench, profile),
+            # No GPU probes: the GPUs --host can read are not known to be the server's. (Its /metrics counter deltas
+            # also count any other client's traffic: part of what "not fresh" means.)
+            runner_for(host, address, port, base_url, config.bench, engines.get(profile.engine), probe_gpus=False),
             config.bench,
             model=model,
             on_run=record,
             recover=recover,
         )
     except BaseException as e:
-        status = "interrupted" if isinstance(e, KeyboardInterrupt) else "failed"
+        status = "interrupted" if was_interrupted(e) else "failed"
         error = scrub(str(e), server.profile_secrets(profile)) or type(e).__name__
         store.update_launch(launch_id, status=status, error=error)
         raise

@@ -249,6 +249,31 @@ def with_engine_counters(runner: Runner, engine: Engine) -> Runner:
     return run
 
 
+def runner_for(
+    host: Host,
+    address: str,
+    port: int,
+    base_url: str,
+    config: BenchConfig,
+    engine: Engine,
+    *,
+    watch: list[dict[str, Any]] | None = None,
+    probe_gpus: bool = True,
+) -> Runner:
+    """The runner for config.client (on the host through the agent, or here against base_url) whose runs take the
+    engine's own counters where the responses carried no speculative statistics. probe_gpus=False: never read the
+    GPUs (an attached server's GPUs are not known to be the ones --host can see)."""
+    inner = (
+        host_runner(host, address, port, config, watch)
+        if config.client == "host"
+        else local_runner(base_url, config, host if probe_gpus or watch else None, watch)
+    )
+    counted = with_engine_counters(inner, engine)
+    if probe_gpus:
+        return counted
+    return lambda bodies, max_tokens, concurrency, _probe: counted(bodies, max_tokens, concurrency, False)
+
+
 def request_items(config: BenchConfig) -> list[dict[str, Any]]:
     """Every input the benchmark will send, in order: identical for every arm (a pure function of the config)."""
     total = config.warmup + sum(config.runs * config.requests_per_run(c) for c in config.concurrency)

@@ -6,13 +6,12 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__, prompts
+from orchestrator import __version__, files, prompts
 from orchestrator import profile as profiles_mod
 from orchestrator.bench import BenchConfig, request_items
 from orchestrator.bundleformat import (
@@ -200,20 +199,7 @@ def prompt_file_text(bundle: Mapping[str, Any]) -> str | None:
 
 def write_bundle(bundle: Mapping[str, Any], path: str | Path) -> None:
     """Write atomically: the file is either the whole bundle or not there."""
-    target = Path(path)
-    data = json.dumps(bundle, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
-    # Not mkstemp: its 0600 would make a file meant to be sent to someone unreadable to them; this one gets the umask.
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        try:
-            with open(tmp, "x", encoding="utf-8") as f:
-                f.write(data)
-            os.replace(tmp, target)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-    except OSError as e:
-        raise StoreError(f"{path}: cannot write the bundle: {e.strerror or e}") from e
+    files.write_atomically(path, json.dumps(bundle, indent=1, sort_keys=True, ensure_ascii=False) + "\n", "the bundle")
 
 
 # ---------------------------------------------------------------- using one

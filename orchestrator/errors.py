@@ -41,3 +41,16 @@ class StoreError(OrchError):
 
 class BundleError(InputError):
     """A result bundle file is not JSON, truncated, not a bundle, of a newer version, tampered with or incomplete."""
+
+
+def was_interrupted(e: BaseException) -> bool:
+    """Whether e is, or was raised while handling, a Ctrl-C (or orch's SIGTERM, which raises the same): a teardown
+    that fails after an interrupt must not turn the interrupt into a failure."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return True
+        seen.add(id(cur))
+        cur = cur.__context__
+    return False

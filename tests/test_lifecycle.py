@@ -12,7 +12,7 @@ import pytest
 from orchestrator import hostside, server
 from orchestrator.ab import ABConfig, describe_env, run_ab
 from orchestrator.bench import BenchConfig, local_runner, run_benchmark
-from orchestrator.errors import BenchError, ServerError
+from orchestrator.errors import BenchError, ServerError, was_interrupted
 from orchestrator.hosts import LocalHost
 from orchestrator.profile import Profile, load
 from orchestrator.results import load_result
@@ -204,13 +204,11 @@ def test_ab_end_to_end_tells_the_seed_story(sim_profiles: SimProfiles, tmp_path:
 
 
 def test_an_interrupt_stays_an_interrupt_when_the_teardown_after_it_fails() -> None:
-    from orchestrator import ab
-
     try:
         try:
             raise KeyboardInterrupt
         except KeyboardInterrupt:
             raise OSError("teardown failed") from None  # `from None` hides the cause, never the context
     except OSError as e:
-        assert ab._interrupted(e)
-    assert not ab._interrupted(OSError("a failure of its own"))
+        assert was_interrupted(e)
+    assert not was_interrupted(OSError("a failure of its own"))

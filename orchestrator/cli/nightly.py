@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from datetime import datetime
 from pathlib import Path
 
 import click
 
+from orchestrator import files, report_nightly
 from orchestrator import history as history_mod
 from orchestrator import nightly as nightly_mod
-from orchestrator import report_nightly
 from orchestrator import suite as suite_mod
 from orchestrator.cli.base import cli
 from orchestrator.cli.options import db_option, open_existing
@@ -37,16 +36,8 @@ def parse_now(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 def _writable(path: str | None, option: str) -> None:
     """Refuse an output file that cannot be written before the night, not after it (cron would lose the summary)."""
-    if not path:
-        return
-    target = Path(path)
-    parent = target.parent
-    if target.is_dir():
-        raise InputError(f"{option} {path}: is a directory; give a file name")
-    if not parent.is_dir():
-        raise InputError(f"{option} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise InputError(f"{option} {path}: not writable")
+    if path:
+        files.writable_target(path, option)
 
 
 def _write(path: str | None, text: str) -> None:

@@ -2,49 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import click
 
 from orchestrator import bundle as bundle_mod
-from orchestrator import results, yamlfile
+from orchestrator import files, results, yamlfile
 from orchestrator.cli.base import cli
 from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.options import db_option, open_existing, parse_effect
-from orchestrator.errors import InputError, StoreError
 from orchestrator.store import Store
-
-
-def check_target(path: str) -> Path:
-    """Refuse, before any work, a file that could not be written (exit 2: the argument is wrong)."""
-    target = Path(path)
-    parent = target.parent
-    if target.is_dir():
-        raise InputError(f"{path}: is a directory; give a file name such as report.html")
-    if not parent.is_dir():
-        raise InputError(f"{path}: the directory {parent} does not exist")
-    # The file is written next to itself and renamed into place, so the directory must be writable too.
-    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise InputError(f"{path}: not writable (permission denied)")
-    return target
-
-
-def write_atomically(target: Path, text: str) -> None:
-    """Readers see the old file or the whole new one, never half of it."""
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as e:
-        raise StoreError(f"{target}: cannot write the report: {e.strerror or e}") from e
 
 
 def load_with_requests(
@@ -104,7 +71,7 @@ def report_cmd(experiment: str, db: str | None, html_path: str, min_effect: floa
     """An experiment's report as one self-contained HTML file with plots.
 
     ID: an id, a unique prefix, or 'last'; FILE: a result bundle. Needs matplotlib: pip install 'orch-bench[report]'."""
-    target = check_target(html_path)
+    target = files.writable_target(html_path)
     text, launches = html_report(experiment, db, min_effect)
-    write_atomically(target, text)
+    files.write_atomically(target, text, "the report")
     click.echo(f"wrote {target} (HTML report, {launches} launches)", err=True)

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from orchestrator import bundle as bundle_mod
-from orchestrator import results, yamlfile
+from orchestrator import files, results, yamlfile
 from orchestrator.cli.base import cli
 from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
@@ -158,24 +158,19 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
     if output is None:
         click.echo(text, nl=False)
         return
-    tmp = Path(output).with_name(Path(output).name + ".tmp")
-    try:
-        tmp.write_text(text)
-        tmp.replace(output)  # never a half-written export
-    except OSError as e:
-        raise StoreError(f"{output}: cannot write the export: {e.strerror or e}") from e
+    files.write_atomically(output, text, "the export")  # never a half-written export
     click.echo(f"wrote {output} ({fmt}, {len(result.launches)} launches)", err=True)
 
 
 def _export_html(ref: str, db: str | None, output: str | None) -> None:
     from orchestrator.cli import report
 
-    target = report.check_target(output) if output is not None else None
+    target = files.writable_target(output) if output is not None else None
     text, launches = report.html_report(ref, db)
     if target is None:
         click.echo(text, nl=False)
         return
-    report.write_atomically(target, text)
+    files.write_atomically(target, text, "the report")
     click.echo(f"wrote {target} (html, {launches} launches)", err=True)
 
 

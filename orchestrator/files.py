@@ -19,7 +19,7 @@ def writable_target(path: str, option: str | None = None) -> Path:
     if target.is_dir():
         raise InputError(f"{where}: is a directory; give a file name")
     if not parent.is_dir():
-        raise InputError(f"{where}: the directory {parent} does not exist")
+        raise InputError(f"{where}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise InputError(f"{where}: not writable (permission denied)")
     return target

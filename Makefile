@@ -51,8 +51,10 @@ $(LLAMA_STAMP): $(STAMP)
 demo: install
 	$(BIN)/orch ab baseline eagle3-3step --sim --blocks 3 --warmup 1 --runs 2 --max-tokens 192
 
+# Four workers even on 2 cores: most of the suite waits on servers starting, streaming and stopping (its CPU time is a
+# sixth of its wall time), and every test is hermetic (own ports, homes, namespaces), so they run side by side.
 test: install llamacpp
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 4
 
 lint: install
 	$(BIN)/ruff check orchestrator tests benchmarks

@@ -1,0 +1,123 @@
+"""orchestrator.slurm without a cluster: job names, requests, error messages from Slurm's own words, job states."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from orchestrator import processes, slurm
+from orchestrator.errors import HostError, InputError
+from orchestrator.slurm import AllocationRequest, JobState, Slurm, SlurmError, SlurmInputError
+
+
+def test_a_job_name_carries_namespace_and_session_and_parses_back() -> None:
+    name = slurm.job_name("ns-1.a", label="nightly_2")
+    host = socket.gethostname()
+    assert name.startswith(f"orch:ns-1.a:{host}:{os.getpid()}:")
+    parsed = slurm.parse_name(name)
+    assert parsed is not None
+    assert (parsed.namespace, parsed.host, parsed.label) == ("ns-1.a", host, "nightly_2")
+    assert processes.owner_state(parsed.owner) == "me"
+    assert slurm.parse_name(slurm.job_name("ns", "h:1:2.5")) == slurm.JobName("ns", "h", "1:2.5", None)
+    for other in ("orch", "orch:ns:h:1", "orch:ns:h:x:2", "orch:ns:h:1:2:l:more", "orch::h:1:2", "interactive"):
+        assert slurm.parse_name(other) is None
+    with pytest.raises(InputError, match="namespace 'a:b' is invalid"):
+        slurm.job_name("a:b")
+    with pytest.raises(InputError, match="allocation label 'x y' is invalid"):
+        slurm.job_name("ns", label="x y")
+
+
+def test_a_request_becomes_sallocs_arguments_and_refuses_nonsense() -> None:
+    req = AllocationRequest(partition="gpu", nodes=2, time_limit_min=90, gres="gpu:h100:8", account="proj-1")
+    assert req.salloc_args("N") == [
+        "--no-shell",
+        "-J",
+        "N",
+        "--time=90",
+        "-N",
+        "2",
+        "--exclusive",
+        "--gres=gpu:h100:8",
+        "-p",
+        "gpu",
+        "-A",
+        "proj-1",
+    ]
+    shared = AllocationRequest(exclusive=False).salloc_args("N")
+    assert "--exclusive" not in shared and "-p" not in shared and not any(a.startswith("--gres") for a in shared)
+    with pytest.raises(InputError, match="nodes: 0 is invalid"):
+        AllocationRequest(nodes=0)
+    with pytest.raises(InputError, match="time limit: 0 min is invalid: use 1 to 525600 minutes"):
+        AllocationRequest(time_limit_min=0)
+    with pytest.raises(InputError, match=r"partition: 'gpu; rm -rf /' is invalid"):
+        AllocationRequest(partition="gpu; rm -rf /")
+
+
+# What Slurm 22.05's clients print (seen on the test cluster), and what orch makes of it.
+MUNGE_DOWN = (
+    "salloc: error: If munged is up, restart with --num-threads=10\n"
+    'salloc: error: Munge encode failed: Failed to access "/run/munge/munge.socket.2": No such file or directory\n'
+    "salloc: error: Job submit/allocate failed: Protocol authentication error\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("stderr", "kind", "message"),
+    [
+        (
+            "salloc: error: invalid partition specified: nope\n"
+            "salloc: error: Job submit/allocate failed: Invalid partition name specified\n",
+            SlurmInputError,
+            "Slurm has no partition 'nope' (salloc: error: invalid partition specified: nope; ",
+        ),
+        (
+            "salloc: error: Job submit/allocate failed: Requested node configuration is not available\n",
+            SlurmInputError,
+            "no node of the partition can ever satisfy 1 node(s) with GRES 'gpu:9' in partition 'nope'",
+        ),
+        ("salloc: error: Invalid generic resource (gres) specification\n", SlurmInputError, "refused GRES 'gpu:9'"),
+        (MUNGE_DOWN, SlurmError, "Slurm could not authenticate `salloc` through munge"),
+        (
+            "squeue: error: fetch_config: DNS SRV lookup failed\n"
+            "squeue: fatal: Could not establish a configuration source\n",
+            SlurmError,
+            "found no Slurm configuration",
+        ),
+        (
+            "salloc: error: mpi/pmix_v4: init: (null) [0]: mpi_pmix.c:195: pmi/pmix: can not load PMIx library\n"
+            "salloc: error: something new\n",
+            SlurmError,
+            "`salloc` failed (exit 1): salloc: error: something new",
+        ),
+    ],
+)
+def test_slurms_errors_become_clear_orch_errors(stderr: str, kind: type[SlurmError], message: str) -> None:
+    err = slurm.failure("salloc", 1, stderr, AllocationRequest(partition="nope", gres="gpu:9"))
+    assert type(err) is kind and isinstance(err, HostError)
+    assert message in str(err)
+    assert isinstance(err, InputError) == (kind is SlurmInputError)  # exit 2 for a bad request
+
+
+def test_no_slurm_on_path_and_a_missing_config_fail_before_running_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SlurmError, match="Slurm's `squeue` is not on PATH: run orch on a machine that can submit"):
+        Slurm().argv("squeue")
+    fake = tmp_path / "squeue"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    with pytest.raises(SlurmError, match=rf"SLURM_CONF={tmp_path}/none.conf does not exist"):
+        Slurm(conf=str(tmp_path / "none.conf")).argv("squeue")
+    assert Slurm(conf="/x.conf").env({"A": "1"}) == {"A": "1", "SLURM_CONF": "/x.conf"}
+
+
+def test_a_job_state_says_what_happened() -> None:
+    assert JobState("7", "PENDING", "Resources").describe() == "allocation 7 is PENDING, reason Resources"
+    assert JobState("7", "RUNNING", "None").describe() == "allocation 7 is RUNNING"
+    timeout = JobState("7", "TIMEOUT", "TimeLimit")
+    assert not timeout.live and timeout.describe() == "allocation 7 was ended by Slurm at its time limit (TIMEOUT)"
+    assert JobState("7", "WEIRD", "").describe() == "allocation 7 ended (WEIRD)"

@@ -11,10 +11,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import engines
-from orchestrator.bench import RunResult
 from orchestrator.stats import (
     DEFAULT_MIN_EFFECT,
     ArmSpread,
@@ -37,6 +36,10 @@ from orchestrator.stats import (
 )
 from orchestrator.stats_seq import SequentialPlan
 from orchestrator.store import Store
+
+if TYPE_CHECKING:
+    # Imported where runs are read back (stored_launches): the results model itself needs none of the run loop.
+    from orchestrator.bench import RunResult
 
 
 def has_valid_run(launches: Sequence[LaunchResult], arm_index: int) -> bool:
@@ -604,6 +607,8 @@ def spec_steps(profile_dict: dict[str, Any]) -> int | None:
 
 def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], list[CutShort]]:
     """The experiment's completed launches (in execution order), and those that were cut short."""
+    from orchestrator.bench import RunResult
+
     out: list[LaunchResult] = []
     discarded: list[CutShort] = []
     for row in store.launches(exp_id):

@@ -6,8 +6,6 @@ import contextlib
 import functools
 import json
 import os
-import secrets
-import socket
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -16,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-import psutil
 
 from orchestrator.errors import StoreError
+
+# psutil, socket and secrets are imported where they are used: `orch list` opens the store and reads it, and should
+# not pay for what only a running experiment (its owner) or the secret-digest key needs.
 
 # Each entry migrates the schema from version i to i + 1; append only, never edit a shipped one.
 MIGRATIONS: tuple[str, ...] = (
@@ -216,14 +216,22 @@ def expected_schema(version: int) -> dict[str, set[str]]:
 
 def this_process() -> dict[str, Any]:
     """Who owns a running experiment: enough to tell later whether that process is still the same one."""
+    import socket
+
+    import psutil
+
     return {"pid": os.getpid(), "create_time": psutil.Process().create_time(), "host": socket.gethostname()}
 
 
 def owner_gone(owner: dict[str, Any]) -> str | None:
     """Why the owner process of a running experiment is known to be gone, or None (alive, elsewhere, or unknown)."""
+    import socket
+
     pid, created = owner.get("pid"), owner.get("create_time")
     if owner.get("host") != socket.gethostname() or not isinstance(pid, int) or not isinstance(created, int | float):
         return None  # another machine's process (or an owner we cannot read) is nobody's to judge from here
+    import psutil
+
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -436,6 +444,8 @@ class Store:
         """The random key of this store's secret digests (HMAC): a digest cannot be confirmed by guessing without it."""
         rows = self._query("SELECT value FROM meta WHERE key = 'redaction_key'")
         if not rows:
+            import secrets
+
             with self._write("storing its secret-digest key") as c:
                 c.execute(
                     "INSERT OR IGNORE INTO meta (key, value) VALUES ('redaction_key', ?)", (secrets.token_hex(32),)

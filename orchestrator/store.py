@@ -180,6 +180,18 @@ MIGRATIONS: tuple[str, ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
+# Indexes for the reads that must stay fast on a big store: `orch list` and `last` (newest first), the launches
+# completed per experiment, and the running experiments checked at every open. They are not a schema version: SQLite
+# keeps an index current on every write, whichever orch writes, so an older orch (which refuses a newer
+# user_version) reads and writes an indexed file exactly as before. Created on open where missing.
+INDEXES: dict[str, str] = {
+    "experiments_by_created": "CREATE INDEX IF NOT EXISTS experiments_by_created ON experiments(created_at)",
+    "experiments_running": "CREATE INDEX IF NOT EXISTS experiments_running ON experiments(status)"
+    " WHERE status = 'running'",
+    "launches_by_experiment_status": "CREATE INDEX IF NOT EXISTS launches_by_experiment_status"
+    " ON launches(experiment_id, status)",
+}
+
 
 def default_path() -> Path:
     return Path(platformdirs.user_data_dir("orch")) / "orch.db"
@@ -364,6 +376,21 @@ class Store:
                     self.conn.executescript("BEGIN;" + MIGRATIONS[target] + f"; PRAGMA user_version = {target + 1};")
             except sqlite3.Error as e:
                 raise self._error(e, f"upgrading its schema from version {target} to {target + 1}") from e
+        self._ensure_indexes()
+
+    def _ensure_indexes(self) -> None:
+        """Add the INDEXES a file lacks (one made by an older orch). Only reads get slower without them, so a file
+        orch may not write now (read-only, locked, full) is read as it is, and indexed at a later open."""
+        try:
+            have = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+            missing = [sql for name, sql in INDEXES.items() if name not in have]
+            if missing:
+                with self.conn:
+                    for sql in missing:
+                        self.conn.execute(sql)
+        except sqlite3.Error as e:
+            if _kind(e) not in ("readonly", "busy", "full"):
+                raise self._error(e, "adding its indexes") from e
 
     def _check_schema(self, version: int) -> None:
         try:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import statistics
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.bench import BenchConfig, RunResult
 from orchestrator.results import ABResult, ArmResult, Comparison, LaunchResult
 from orchestrator.stats import BreakEven
+
+if TYPE_CHECKING:
+    from orchestrator.bench import BenchConfig, RunResult
 
 SIM_BANNER = "SIMULATED: these numbers come from orch's simulator (of SGLang or vLLM), not from a real server on a GPU."
 

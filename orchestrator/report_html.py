@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime
 import html
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__, plots
-from orchestrator.bench import RunResult
 from orchestrator.report import SIM_BANNER, _level_rows, attached_banner, breakeven_lines, comparison_line
 from orchestrator.results import ABResult, ArmResult, LaunchResult
+
+if TYPE_CHECKING:
+    from orchestrator.bench import RunResult
 
 # launch id -> the store's per-request rows of that launch (store.requests): live results carry them in each run.
 Requests = Mapping[str, Sequence[Mapping[str, Any]]]

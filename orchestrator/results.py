@@ -11,10 +11,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import engines
-from orchestrator.bench import RunResult
 from orchestrator.stats import (
     DEFAULT_MIN_EFFECT,
     ArmSpread,
@@ -37,6 +36,10 @@ from orchestrator.stats import (
 )
 from orchestrator.stats_seq import SequentialPlan
 from orchestrator.store import Store
+
+if TYPE_CHECKING:
+    # Imported where runs are read back (stored_launches): the results model itself needs none of the run loop.
+    from orchestrator.bench import RunResult
 
 
 def has_valid_run(launches: Sequence[LaunchResult], arm_index: int) -> bool:
@@ -346,9 +349,27 @@ class ABResult:
         """Concurrency levels in the order they ran, over every launch (a partial experiment may lack an arm)."""
         return list(dict.fromkeys(level for launch in self.launches for level in launch.levels))
 
+    @cached_property
+    def _comparisons(self) -> dict[int, tuple[Comparison, ...]]:
+        """Each level's comparisons, once computed: the report's tables, verdict lines, advice and `--blocks auto`
+        notes all ask for them, and every one is a bootstrap. Safe to keep: the result is frozen, and
+        dataclasses.replace (another min_effect or design) makes a new result with an empty cache."""
+        return {}
+
+    def with_notes(self, *notes: str) -> ABResult:
+        """The same result with more notes; notes change no number, so the comparisons computed so far are kept."""
+        out = dataclasses.replace(self, notes=(*self.notes, *notes))
+        out.__dict__["_comparisons"] = self._comparisons
+        return out
+
     def comparisons_at(self, concurrency: int | None = None) -> list[Comparison]:
-        base = self.arms[0]
         level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
+        if level not in self._comparisons:
+            self._comparisons[level] = tuple(self._compare_at(level))
+        return list(self._comparisons[level])
+
+    def _compare_at(self, level: int) -> list[Comparison]:
+        base = self.arms[0]
         out = []
         for index, arm in enumerate(self.arms[1:], start=1):
             names: dict[str, Any] = {"arm_label": arm.label, "vs_label": base.label, "arm_index": index}
@@ -604,6 +625,8 @@ def spec_steps(profile_dict: dict[str, Any]) -> int | None:
 
 def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], list[CutShort]]:
     """The experiment's completed launches (in execution order), and those that were cut short."""
+    from orchestrator.bench import RunResult
+
     out: list[LaunchResult] = []
     discarded: list[CutShort] = []
     for row in store.launches(exp_id):
@@ -681,4 +704,4 @@ def load_result(
 
 def with_auto_notes(result: ABResult) -> ABResult:
     notes = auto_notes(result)
-    return dataclasses.replace(result, notes=(*result.notes, *notes)) if notes else result
+    return result.with_notes(*notes) if notes else result

@@ -212,6 +212,11 @@ T_SEED = 20_240_613
 
 @functools.lru_cache(maxsize=32)
 def t_boundaries(plan: SequentialPlan) -> tuple[float, ...]:
+    """The sequential t-test's boundaries of `plan` (see simulate_t_boundaries); the default plan's are known."""
+    return KNOWN_T_BOUNDARIES.get(plan) or simulate_t_boundaries(plan)
+
+
+def simulate_t_boundaries(plan: SequentialPlan) -> tuple[float, ...]:
     """The sequential t-test's boundaries: at the look with n blocks, |t| (n − 1 degrees of freedom) beyond b_n stops
     with "the CI excludes the true ratio" so that, with no effect, the chance of first crossing at that look is the
     α spent since the last look, exactly as `boundaries` does for a known variance.
@@ -249,3 +254,12 @@ def t_boundaries(plan: SequentialPlan) -> tuple[float, ...]:
         alive &= t < bound
         before = spend
     return tuple(out)
+
+
+# `orch ab`'s default plan (--blocks auto, 3 to 8 blocks, Pocock-like α = 0.05), as simulate_t_boundaries gives it:
+# every `orch show` of such an experiment would otherwise import numpy and simulate 200,000 paths (~0.15 s) for these
+# same six numbers. tests/test_auto.py simulates them again.
+KNOWN_T_BOUNDARIES: dict[SequentialPlan, tuple[float, ...]] = {
+    SequentialPlan(): (6.222502368544156, 5.376651198947975, 4.47274482472512, 3.937084516211764, 3.605768226802812,
+                       3.406801894074012),
+}  # fmt: skip

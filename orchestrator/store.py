@@ -6,8 +6,6 @@ import contextlib
 import functools
 import json
 import os
-import secrets
-import socket
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -16,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-import psutil
 
 from orchestrator.errors import StoreError
+
+# psutil, socket and secrets are imported where they are used: `orch list` opens the store and reads it, and should
+# not pay for what only a running experiment (its owner) or the secret-digest key needs.
 
 # Each entry migrates the schema from version i to i + 1; append only, never edit a shipped one.
 MIGRATIONS: tuple[str, ...] = (
@@ -180,6 +180,18 @@ MIGRATIONS: tuple[str, ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
+# Indexes for the reads that must stay fast on a big store: `orch list` and `last` (newest first), the launches
+# completed per experiment, and the running experiments checked at every open. They are not a schema version: SQLite
+# keeps an index current on every write, whichever orch writes, so an older orch (which refuses a newer
+# user_version) reads and writes an indexed file exactly as before. Created on open where missing.
+INDEXES: dict[str, str] = {
+    "experiments_by_created": "CREATE INDEX IF NOT EXISTS experiments_by_created ON experiments(created_at)",
+    "experiments_running": "CREATE INDEX IF NOT EXISTS experiments_running ON experiments(status)"
+    " WHERE status = 'running'",
+    "launches_by_experiment_status": "CREATE INDEX IF NOT EXISTS launches_by_experiment_status"
+    " ON launches(experiment_id, status)",
+}
+
 
 def default_path() -> Path:
     return Path(platformdirs.user_data_dir("orch")) / "orch.db"
@@ -216,14 +228,22 @@ def expected_schema(version: int) -> dict[str, set[str]]:
 
 def this_process() -> dict[str, Any]:
     """Who owns a running experiment: enough to tell later whether that process is still the same one."""
+    import socket
+
+    import psutil
+
     return {"pid": os.getpid(), "create_time": psutil.Process().create_time(), "host": socket.gethostname()}
 
 
 def owner_gone(owner: dict[str, Any]) -> str | None:
     """Why the owner process of a running experiment is known to be gone, or None (alive, elsewhere, or unknown)."""
+    import socket
+
     pid, created = owner.get("pid"), owner.get("create_time")
     if owner.get("host") != socket.gethostname() or not isinstance(pid, int) or not isinstance(created, int | float):
         return None  # another machine's process (or an owner we cannot read) is nobody's to judge from here
+    import psutil
+
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
@@ -356,6 +376,21 @@ class Store:
                     self.conn.executescript("BEGIN;" + MIGRATIONS[target] + f"; PRAGMA user_version = {target + 1};")
             except sqlite3.Error as e:
                 raise self._error(e, f"upgrading its schema from version {target} to {target + 1}") from e
+        self._ensure_indexes()
+
+    def _ensure_indexes(self) -> None:
+        """Add the INDEXES a file lacks (one made by an older orch). Only reads get slower without them, so a file
+        orch may not write now (read-only, locked, full) is read as it is, and indexed at a later open."""
+        try:
+            have = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+            missing = [sql for name, sql in INDEXES.items() if name not in have]
+            if missing:
+                with self.conn:
+                    for sql in missing:
+                        self.conn.execute(sql)
+        except sqlite3.Error as e:
+            if _kind(e) not in ("readonly", "busy", "full"):
+                raise self._error(e, "adding its indexes") from e
 
     def _check_schema(self, version: int) -> None:
         try:
@@ -436,6 +471,8 @@ class Store:
         """The random key of this store's secret digests (HMAC): a digest cannot be confirmed by guessing without it."""
         rows = self._query("SELECT value FROM meta WHERE key = 'redaction_key'")
         if not rows:
+            import secrets
+
             with self._write("storing its secret-digest key") as c:
                 c.execute(
                     "INSERT OR IGNORE INTO meta (key, value) VALUES ('redaction_key', ?)", (secrets.token_hex(32),)

@@ -202,3 +202,13 @@ def test_max_blocks_needs_blocks_auto(tmp_path: Path) -> None:
     proc = run_orch("ab", "a", "b", "--blocks", "lots", cwd=tmp_path)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "expected auto or a whole number of blocks" in err
+
+
+def test_the_default_plans_known_boundaries_are_the_simulated_ones() -> None:
+    from orchestrator.stats_seq import KNOWN_T_BOUNDARIES, simulate_t_boundaries
+
+    # `orch show` uses the table instead of importing numpy and simulating: it must be what the simulation gives.
+    assert SequentialPlan() in KNOWN_T_BOUNDARIES
+    for plan, known in KNOWN_T_BOUNDARIES.items():
+        assert simulate_t_boundaries(plan) == pytest.approx(known, rel=1e-12)
+        assert t_boundaries(plan) == known

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -16,7 +17,9 @@ def test_help_groups_options_and_loses_none(command: str) -> None:
     assert headings[:5] == [name for name, _ in OPTION_GROUPS][: len(headings[:5])]
     assert "Server" in headings and "Workload" in headings and "Output" in headings
     # every option still appears exactly once
-    for param in cli.commands[command].params:
+    loaded = cli.get_command(click.Context(cli), command)
+    assert loaded is not None
+    for param in loaded.params:
         if param.opts and param.opts[0].startswith("-"):
             assert out.count(f"{param.opts[0]} ") + out.count(f"{param.opts[0]},") >= 1, param.opts[0]
 

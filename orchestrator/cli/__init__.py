@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
-import traceback
 from types import FrameType
 from typing import NoReturn
 
 import click
 
-# Each module registers its commands on the group when imported.
-from orchestrator.cli import breakeven, hosts, nightly, profiles, report, reproduce, run, stored  # noqa: F401
+# The group imports a command's module only when that command runs (cli/lazy.py): `orch --version` stays fast.
 from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, cli
 from orchestrator.errors import InputError, OrchError
 
@@ -30,8 +27,6 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
 
 def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("ORCH_DEBUG") == "1"
-    # Retries and reconnects are logged as warnings; show them, briefly, unless debugging.
-    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="orch: %(message)s")
     try:
         cli.main(args=argv, prog_name="orch", standalone_mode=False)
     except click.ClickException as e:
@@ -42,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KeyboardInterrupt, click.exceptions.Abort) as e:
         # click turns Ctrl-C into Abort; by the time it reaches here every `finally` has torn its server down.
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         if isinstance(e, click.exceptions.Abort) and not isinstance(e.__cause__, KeyboardInterrupt):
             click.echo("Aborted.", err=True)
             return 1
@@ -50,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     except OrchError as e:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         click.echo(f"Error: {e}", err=True)
         return EXIT_USAGE if isinstance(e, InputError) else 1
     except SystemExit as e:
@@ -61,6 +56,12 @@ def main(argv: list[str] | None = None) -> int:
         click.echo(f"Error: unexpected {type(e).__name__}: {e} (set ORCH_DEBUG=1 for the traceback)", err=True)
         return 1
     return 0
+
+
+def _print_traceback() -> None:
+    import traceback
+
+    traceback.print_exc()
 
 
 def entry() -> None:

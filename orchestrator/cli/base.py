@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from orchestrator import __version__
+from orchestrator.cli.lazy import LazyGroup
 
 EXIT_INTERRUPTED = 130
 MAX_TPS = 1e7  # tok/s options: far above any server, low enough that the arithmetic cannot overflow
@@ -27,7 +28,7 @@ class FiniteFloat(click.FloatRange):
         return rv
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})
 @click.version_option(__version__, prog_name="orch")
 def cli() -> None:
     """orch: honest A/B benchmarks of LLM inference servers.

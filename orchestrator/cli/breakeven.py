@@ -5,12 +5,12 @@ from __future__ import annotations
 import click
 
 from orchestrator import stats
-from orchestrator.cli.base import MAX_TPS, FiniteFloat, cli
+from orchestrator.cli.base import MAX_TPS, FiniteFloat
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.report import breakeven_lines
 
 
-@cli.command("breakeven", cls=JsonCommand)
+@click.command("breakeven", cls=JsonCommand)
 @click.option(
     "--baseline-tps",
     type=FiniteFloat(min=0, max=MAX_TPS, min_open=True),

@@ -7,10 +7,13 @@ import json
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from click.shell_completion import CompletionItem
+
+if TYPE_CHECKING:
+    # Imported when a completion runs: `orch show ID` loads this module but completes nothing.
+    from click.shell_completion import CompletionItem
 
 # A completion runs at every Tab press: keep the answer short and the database read small.
 MAX_IDS = 200
@@ -19,6 +22,8 @@ MAX_IDS = 200
 def profile_names(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """Profile names visible from the current directory that start with what was typed. A completion must never
     print a traceback into the user's prompt, so any failure completes nothing."""
+    from click.shell_completion import CompletionItem
+
     try:
         from orchestrator import profile
 
@@ -31,6 +36,8 @@ def profile_names(ctx: click.Context, param: click.Parameter, incomplete: str) -
 def experiment_ids(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """`last` and the stored experiment ids (newest first, with their arms as help) from --db or the default
     database; a path-like word completes as a file (a result bundle). Never raises."""
+    from click.shell_completion import CompletionItem
+
     if "/" in incomplete or incomplete.startswith("."):
         return [CompletionItem(incomplete, type="file")]
     db = ctx.params.get("db") if ctx is not None else None

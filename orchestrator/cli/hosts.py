@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from orchestrator import ab
-from orchestrator.cli.base import FiniteFloat, cli
+from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
 from orchestrator.cli.options import db_option, with_host_options
@@ -18,7 +18,7 @@ from orchestrator.hosts import check_host, default_namespace, inventory_paths, l
 from orchestrator.store import default_path as default_db_path
 
 
-@cli.command("down")
+@click.command("down")
 @with_host_options
 @click.option("--grace", default=10.0, show_default=True, type=FiniteFloat(0, 600))
 @click.option(
@@ -56,7 +56,7 @@ def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, g
         raise SystemExit(1)
 
 
-@cli.command("status", cls=JsonCommand)
+@click.command("status", cls=JsonCommand)
 @with_host_options
 @db_option
 @click.option("-v", "--verbose", is_flag=True, help="Also list every process of each launch (workers included).")
@@ -105,7 +105,7 @@ def gpu_lines(gpus: dict[str, Any]) -> list[str]:
     return lines
 
 
-@cli.group("hosts")
+@click.group("hosts")
 def hosts_group() -> None:
     """The host inventory (hosts.yaml) and host checks."""
 

@@ -13,7 +13,6 @@ from orchestrator import files, report_nightly
 from orchestrator import history as history_mod
 from orchestrator import nightly as nightly_mod
 from orchestrator import suite as suite_mod
-from orchestrator.cli.base import cli
 from orchestrator.cli.options import db_option, open_existing
 from orchestrator.errors import InputError
 from orchestrator.nightresult import NightReport
@@ -48,7 +47,7 @@ def _write(path: str | None, text: str) -> None:
             click.echo(f"orch: could not write {path}: {e.strerror or e}", err=True)
 
 
-@cli.command("nightly")
+@click.command("nightly")
 @click.argument("suite_file", metavar="SUITE.yaml")
 @db_option
 @click.option(
@@ -133,7 +132,7 @@ def _output(report: NightReport, as_json: bool, markdown_out: str | None, json_o
     sys.stdout.flush()
 
 
-@cli.command("history")
+@click.command("history")
 @click.argument("item")
 @click.option("--host", default=None, help="The host it ran on [default: the only one].")
 @click.option(

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from orchestrator import client, stats, stats_seq
-from orchestrator.bench import (
-    CLIENT_PLACES,
-    MAX_OUTPUT_TOKENS_PER_LAUNCH,
-    MAX_REQUESTS_PER_LAUNCH,
-)
 from orchestrator.cli.base import MAX_TPS, FiniteFloat
 from orchestrator.errors import StoreError
-from orchestrator.store import Store
-from orchestrator.store import default_path as default_db_path
+
+if TYPE_CHECKING:
+    from orchestrator.store import Store
+
+# The benchmark's option sets import what they describe (the client's endpoints, the statistics' orders) when they
+# are built, i.e. by the modules of ab, bench and reproduce: `orch list` and `orch show` need db_option alone.
 
 # ---------------------------------------------------------------- running servers
 
@@ -81,6 +79,8 @@ def parse_blocks(ctx: click.Context, param: click.Parameter, value: str | int) -
 
 def blocks_options(auto: bool) -> list[Callable[..., Any]]:
     """--blocks N for every command; `auto` (the default of `orch ab`) and --max-blocks where there is a verdict."""
+    from orchestrator import stats_seq
+
     if not auto:
         return [
             click.option(
@@ -124,6 +124,9 @@ def fixed_bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
+    from orchestrator import client, stats
+    from orchestrator.bench import CLIENT_PLACES, MAX_OUTPUT_TOKENS_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH
+
     options = [
         click.option(
             "--host",
@@ -367,7 +370,9 @@ def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def open_existing(db: str | None) -> Store:
-    path = Path(db) if db else default_db_path()
+    from orchestrator.store import Store, default_path
+
+    path = Path(db) if db else default_path()
     if not path.exists():
         raise StoreError(f"{path}: no results database here yet (run `orch ab` first, or pass --db)")
     return Store(path)

@@ -10,7 +10,7 @@ import yaml
 
 from orchestrator import engines
 from orchestrator import profile as profiles_mod
-from orchestrator.cli.base import EXIT_USAGE, cli
+from orchestrator.cli.base import EXIT_USAGE
 from orchestrator.cli.complete import profile_names
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.engines.base import OPTIONAL_FIELDS
@@ -22,7 +22,7 @@ REDACTED_MARK = "<redacted hmac:"
 # ---------------------------------------------------------------- profiles
 
 
-@cli.group("profiles")
+@click.group("profiles")
 def profiles_group() -> None:
     """List, show and validate server profiles (./profiles, the user config dir, then the bundled set)."""
 

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from orchestrator import bundle as bundle_mod
-from orchestrator import files, results, yamlfile
-from orchestrator.cli.base import cli
 from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.options import db_option, open_existing, parse_effect
-from orchestrator.store import Store
+
+if TYPE_CHECKING:
+    from orchestrator import results
+    from orchestrator.store import Store
 
 
 def load_with_requests(
     ref: str, db: str | None, min_effect: float | None = None
 ) -> tuple[results.ABResult, dict[str, list[dict[str, object]]]]:
     """The result as `orch show` reads it, plus each launch's per-request rows (for the plots that need them)."""
-    if yamlfile.is_file(Path(ref)):
+    from orchestrator.cli.stored import is_file
+    from orchestrator.store import Store
+
+    if is_file(ref):
+        from orchestrator import bundle as bundle_mod
+
         bundle = bundle_mod.read_bundle(ref)
         store = Store(":memory:")  # read without importing into the user's store
         try:
@@ -36,6 +41,8 @@ def load_with_requests(
 def _read(
     store: Store, ref: str, min_effect: float | None
 ) -> tuple[results.ABResult, dict[str, list[dict[str, object]]]]:
+    from orchestrator import results
+
     result = results.load_result(store, ref, min_effect=min_effect)
     return result, {la.launch_id: store.requests(la.launch_id) for la in result.launches}
 
@@ -51,7 +58,7 @@ def html_report(ref: str, db: str | None, min_effect: float | None = None) -> tu
     return report_html.ab_html(result, requests), len(result.launches)
 
 
-@cli.command("report")
+@click.command("report")
 @click.argument("experiment", metavar="ID|FILE", shell_complete=experiment_ids)
 @db_option
 @click.option(
@@ -71,6 +78,8 @@ def report_cmd(experiment: str, db: str | None, html_path: str, min_effect: floa
     """An experiment's report as one self-contained HTML file with plots.
 
     ID: an id, a unique prefix, or 'last'; FILE: a result bundle. Needs matplotlib: pip install 'orch-bench[report]'."""
+    from orchestrator import files
+
     target = files.writable_target(html_path)
     text, launches = html_report(experiment, db, min_effect)
     files.write_atomically(target, text, "the report")

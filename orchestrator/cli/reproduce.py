@@ -12,7 +12,7 @@ from orchestrator import bundle as bundle_mod
 from orchestrator import profile as profiles_mod
 from orchestrator import reproduce as reproduce_mod
 from orchestrator import yamlfile
-from orchestrator.cli.base import FiniteFloat, cli
+from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import (
     MEASUREMENT_OPTIONS,
@@ -30,7 +30,7 @@ from orchestrator.results import ABResult
 from orchestrator.store import Store
 
 
-@cli.command("reproduce", cls=RunCommand)
+@click.command("reproduce", cls=RunCommand)
 @click.argument("target", metavar="BUNDLE|PROFILE")
 @click.option("--claim", "claim_tps", type=FiniteFloat(min=0, max=1e7, min_open=True), default=None,
               help="The claimed single-stream tok/s of the profile [default: its expect.tok_s].")  # fmt: skip
@@ -144,7 +144,7 @@ def verdict_out(result: ABResult, key: str, doc: dict[str, Any], text: str, as_j
         click.echo(text)
 
 
-@cli.command("compare")
+@click.command("compare")
 @click.argument("a", metavar="A")
 @click.argument("b", metavar="B")
 @db_option

@@ -22,7 +22,6 @@ from orchestrator.bench import (
     request_items,
     sim_speed,
 )
-from orchestrator.cli.base import cli
 from orchestrator.cli.complete import profile_names
 from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import (
@@ -316,7 +315,7 @@ def execute(
             )
 
 
-@cli.command("ab", cls=RunCommand)
+@click.command("ab", cls=RunCommand)
 @click.argument("profiles", nargs=-1, shell_complete=profile_names)
 @click.option(
     "--resume",
@@ -361,7 +360,7 @@ def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
     run_experiment(profiles, resume, **kw)
 
 
-@cli.command("bench", cls=RunCommand)
+@click.command("bench", cls=RunCommand)
 @click.argument("profile", shell_complete=profile_names)
 @click.option(
     "--attach",

@@ -5,23 +5,23 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from orchestrator import bundle as bundle_mod
-from orchestrator import files, results, yamlfile
-from orchestrator.cli.base import cli
 from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.options import db_option, open_existing, parse_effect
 from orchestrator.errors import StoreError
-from orchestrator.records import request_jsonl
-from orchestrator.report import ab_csv, ab_json, ab_markdown, ab_text
-from orchestrator.store import Store
+
+if TYPE_CHECKING:
+    from orchestrator import results
+
+# `orch list` imports nothing but the store: the results model, reports and bundles are imported by the commands
+# that read an experiment (tests/test_startup.py keeps it so).
 
 
-@cli.command("list", cls=JsonCommand)
+@click.command("list", cls=JsonCommand)
 @db_option
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100000))
 @json_option
@@ -83,7 +83,11 @@ def _attached(config_json: str) -> bool:
 
 def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> results.ABResult:
     """ID, prefix or `last` from the store; a path that exists is a result bundle, read without importing it."""
-    if yamlfile.is_file(Path(ref)):
+    from orchestrator import results
+
+    if is_file(ref):
+        from orchestrator import bundle as bundle_mod
+
         return bundle_mod.result_from_bundle(bundle_mod.read_bundle(ref), min_effect=min_effect)
     store = open_existing(db)
     try:
@@ -92,7 +96,7 @@ def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> 
         store.close()
 
 
-@cli.command("show")
+@click.command("show")
 @click.argument("experiment", metavar="ID|FILE", shell_complete=experiment_ids)
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="The same JSON document as `orch ab --json`.")
@@ -106,12 +110,14 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
     """An experiment's report from the store (ID: an id, a unique prefix, or 'last'); partial ones too.
 
     FILE: a result bundle (`orch export ID --format bundle`), shown without importing it."""
+    from orchestrator.report import ab_json, ab_text
+
     result = stored_result(experiment, db, min_effect)
     require_launches(result)
     click.echo(json.dumps(ab_json(result), indent=2) if as_json else ab_text(result).lstrip("\n"))
 
 
-@cli.command("export")
+@click.command("export")
 @click.argument("experiment", metavar="ID|FILE", shell_complete=experiment_ids)
 @db_option
 @click.option(
@@ -135,6 +141,10 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
 )
 def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) -> None:
     """Export a stored experiment (or a result bundle FILE) as JSON, CSV, JSON Lines, Markdown, HTML or a bundle."""
+    from orchestrator import files
+    from orchestrator.records import request_jsonl
+    from orchestrator.report import ab_csv, ab_json, ab_markdown
+
     if fmt == "bundle":
         _export_bundle(experiment, db, output)
         return
@@ -163,6 +173,7 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
 
 
 def _export_html(ref: str, db: str | None, output: str | None) -> None:
+    from orchestrator import files
     from orchestrator.cli import report
 
     target = files.writable_target(output) if output is not None else None
@@ -175,7 +186,9 @@ def _export_html(ref: str, db: str | None, output: str | None) -> None:
 
 
 def _export_bundle(ref: str, db: str | None, output: str | None) -> None:
-    if yamlfile.is_file(Path(ref)):
+    from orchestrator import bundle as bundle_mod
+
+    if is_file(ref):
         bundle = bundle_mod.read_bundle(ref)  # checked, then written again as it is
     else:
         store = open_existing(db)
@@ -195,11 +208,14 @@ def _export_bundle(ref: str, db: str | None, output: str | None) -> None:
     )
 
 
-@cli.command("import")
+@click.command("import")
 @click.argument("file", type=click.Path(dir_okay=False))
 @db_option
 def import_cmd(file: str, db: str | None) -> None:
     """Put a result bundle (`orch export ID --format bundle`) into the local store under its own id."""
+    from orchestrator import bundle as bundle_mod
+    from orchestrator.store import Store
+
     bundle = bundle_mod.read_bundle(file)
     store = Store(db)
     try:
@@ -213,6 +229,14 @@ def import_cmd(file: str, db: str | None) -> None:
     launches = len(bundle["content"]["launches"])
     click.echo(f"imported experiment {exp_id} ({launches} launches) into {path}")
     click.echo(f"next: orch show {exp_id}    orch reproduce {file}    orch compare {exp_id} ID")
+
+
+def is_file(ref: str) -> bool:
+    """Whether ID|FILE names a file (a result bundle): yamlfile.is_file's answer, without importing YAML for an id."""
+    try:
+        return Path(ref).is_file()
+    except (OSError, ValueError):  # names the OS refuses (too long, NUL bytes) are no file
+        return False
 
 
 def require_launches(result: results.ABResult) -> None:

@@ -70,6 +70,7 @@ $(REF)/.installed: benchmarks/requirements-reference.txt
 	touch $(REF)/.installed
 
 bench: install $(REF)/.installed
+	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/lifecycle_overhead.py
 	$(REF)/bin/python benchmarks/client_fidelity.py
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -382,9 +383,11 @@ def test_ab_fail_on_slower_exits_3_when_b_is_slower(
     db = str(tmp_path / "r.db")
     assert main(["ab", "fast", "slow", *SHORT, "--blocks", "2", "--fail-on", "slower", "--db", db]) == 3
     out = capsys.readouterr().out
-    assert "slow vs fast @ 1: 0.5" in out  # the report first
+    # The report first. The simulated arms differ 2x; a loaded machine moves the measured ratio by a few per cent.
+    assert re.search(r"slow vs fast @ 1: 0\.(4[5-9]|5[0-5])", out)
     (line,) = [ln for ln in out.splitlines() if ln.startswith("fail-on")]
-    assert line.startswith("fail-on slower: slow is slower than fast (ratio 0.5") and line.endswith("-> exit 3")
+    assert re.match(r"fail-on slower: slow is slower than fast \(ratio 0\.(4[5-9]|5[0-5])", line)
+    assert line.endswith("-> exit 3")
     assert hostside.op_find(NAMESPACE) == []
     # --fail-on is a decision, not a measurement setting: --resume takes it (and then finds nothing left to run).
     assert main(["ab", "--resume", "last", "--fail-on", "slower", "--db", db]) == 1

@@ -266,6 +266,8 @@ def ab_text(result: ABResult) -> str:
             f"{result.levels[0] if result.levels else 1}):"
         )
         lines += breakeven_lines(be, indent="    ")
+    if recommendation := _whatif_line(result):
+        lines.append(f"  {recommendation}")
     for arm in result.arms:
         for launch in arm.launches:
             for r in launch.invalid_runs:
@@ -491,7 +493,16 @@ def ab_markdown(result: ABResult) -> str:
         for spec_arm, be in spec:
             lines.append(f"{spec_arm.label}:")
             lines += [f"- {line}" for line in breakeven_lines(be)]
+        if recommendation := _whatif_line(result):
+            lines.append(f"- {recommendation}")
     warnings = result.warnings()
     if warnings:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]
     return "\n".join(lines) + "\n"
+
+
+def _whatif_line(result: ABResult) -> str | None:
+    """`orch whatif`'s one-line recommendation when the experiment measured two or more step counts of one drafter."""
+    from orchestrator import whatif  # only reports with speculative arms pay for the fit's imports
+
+    return whatif.recommendation_line(result)

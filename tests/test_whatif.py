@@ -485,6 +485,12 @@ def test_predictions_from_two_and_three_steps_match_measured_one_four_and_five_o
     best_measured = max(measured["predictions"], key=lambda r: r["tok_s"])["steps"]
     assert predicted["best"]["steps"] == best_measured == 5, "\n".join(report)
     assert predicted["profile_to_create"]["name"] == "eagle3-5step"
+    # The A/B report carries a one-line recommendation (fitted from every measured count, predicting 1 to 8).
+    shown = run_orch("show", "last", "--db", str(db), cwd=tmp_path)
+    out, _ = shown.communicate(timeout=60)
+    assert shown.returncode == 0
+    (line,) = [ln for ln in out.splitlines() if "what-if" in ln]
+    assert "measured at 1, 2, 3, 4, 5 steps): best of 1-8 steps is " in line and "orch whatif " in line, line
     print("\n".join(report))
 
 

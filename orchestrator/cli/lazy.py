@@ -57,6 +57,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("orchestrator.cli.hosts:status_cmd",
                "What orch launched on the host and is still running: one line per launch (profile, launch id, PID, "
                "port, age, state), then GPU memory. The profile names come from the results database (--db)."),
+    "whatif": ("orchestrator.cli.whatif:whatif_cmd",
+               "Predict accept length, cycle time and tok/s at every draft step count from the ones an experiment "
+               "measured."),
 }  # fmt: skip
 
 

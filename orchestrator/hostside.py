@@ -401,11 +401,17 @@ def _signal_procs(procs: Iterable[psutil.Process], sig: signal.Signals) -> list[
     return hit
 
 
+# Teardown's polls (a /proc read per process, a scan of the listening sockets): cheap on the host, and each one is
+# time a user waits between arms.
+GONE_POLL_S = 0.01
+PORT_POLL_S = 0.02
+
+
 def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
     alive = [p for p in procs if not _gone(p)]
     while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(GONE_POLL_S)
         alive = [p for p in alive if not _gone(p)]
     return alive
 
@@ -486,7 +492,7 @@ def _teardown(
     if port is not None:
         deadline = time.monotonic() + port_wait_s
         while (port_free := not _listening(port)) is False and time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(PORT_POLL_S)
         if not port_free:
             # Whoever still holds the port carries neither our marker nor a recorded PID: say so, never kill it.
             report["port_owner"] = op_port_owner(port)

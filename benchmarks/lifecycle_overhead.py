@@ -278,7 +278,7 @@ def _run(code: Path, env: dict[str, str], argv: list[str]) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--before", default="3e11be3", help="git ref of the code to compare against (default: 3e11be3)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds; each runs every configuration once, interleaved")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds; each runs every configuration once, interleaved")
     ap.add_argument("--arms", type=int, default=2, help="arms (launches) per experiment")
     ap.add_argument("--tp-size", type=int, default=8)
     ap.add_argument("--no-ssh", action="store_true", help="local host only")

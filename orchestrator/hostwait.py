@@ -7,7 +7,6 @@ and the log's last lines — goes to `report`, which the agent turns into heartb
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import time
@@ -49,6 +48,8 @@ def alive(pid: int) -> dict[str, Any]:
 def _request(
     address: str, port: int, method: str, path: str, body: Mapping[str, Any] | None, timeout: float
 ) -> tuple[int, bytes]:
+    import http.client  # ~12 ms (email, ssl): only a wait for readiness needs it
+
     conn = http.client.HTTPConnection(address, port, timeout=timeout)
     try:
         data = None if body is None else json.dumps(body).encode()
@@ -82,6 +83,8 @@ def _answer_state(status: int, data: bytes) -> str:
 
 def probe_once(address: str, port: int, probe: Mapping[str, Any], timeout_s: float) -> tuple[bool, str]:
     """(ready, state): one try of the engine's probe. State: loading (refused), warming up (503), HTTP N..."""
+    import http.client
+
     try:
         gate = probe.get("gate")
         if gate:

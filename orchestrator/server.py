@@ -12,8 +12,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from orchestrator import engines, progress
 from orchestrator.errors import HostError, ServerError
 from orchestrator.hosts import Host, connect_address
@@ -269,6 +267,8 @@ def wait_ready(
 def health_problem(base_url: str, profile: Profile, *, timeout_s: float) -> str | None:
     """None if the engine's health check (a 1-token generation where that is as cheap as its health endpoint)
     answers 200 within timeout_s, else what it did instead."""
+    import httpx  # only attached servers and a failed run's check send HTTP from here
+
     probe = engines.get(profile.engine).health_probe(profile)
     path = probe.label
     try:

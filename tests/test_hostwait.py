@@ -152,6 +152,7 @@ def test_the_agent_sends_progress_events_before_its_answer(stub: Stub, tmp_path:
     try:
         assert agent.stdin is not None and agent.stdout is not None
         args = {"pid": proc.pid, "port": stub.port, "probe": GENERATE, "log_path": str(tmp_path / "x"), "timeout_s": 9}
+        args["log_every_s"] = 0  # state changes only
         agent.stdin.write(json.dumps({"op": "wait_ready", "args": args, "id": 7}) + "\n")
         agent.stdin.flush()
         lines = []
@@ -173,6 +174,7 @@ def test_local_progress_reaches_the_caller_as_json(stub: Stub, tmp_path: Path) -
     try:
         heard: list[dict[str, Any]] = []
         args = {"pid": proc.pid, "port": stub.port, "probe": GENERATE, "log_path": str(tmp_path / "x"), "timeout_s": 9}
+        args["log_every_s"] = 0  # state changes only
         host = LocalHost()
         assert host.call("wait_ready", on_progress=heard.append, **args)["ready"]
         assert [h["state"] for h in heard] == ["warming up"] and host.stats.calls == 1

@@ -21,6 +21,7 @@ Report = Callable[[dict[str, Any]], None]
 
 MAX_ANSWER_BYTES = 1 << 20  # a 1-token answer is a few hundred bytes; never read an unbounded body
 LOG_TAIL_BYTES = 8192
+FIRST_LOG_S = 0.2
 
 
 def log_tail(path: str, lines: int = 40, max_bytes: int = 65536) -> str:
@@ -128,7 +129,8 @@ def wait(
     report gets {"state", "log", "elapsed", "changed"} when the state changes and every log_every_s (with the log's
     last line; 0: never read the log for progress)."""
     t0 = time.monotonic()
-    state, next_log, log = "loading", t0 + log_every_s / 2, ""
+    # The first look at the log comes early: a fast start should still show what the server said.
+    state, next_log, log = "loading", t0 + min(FIRST_LOG_S, log_every_s), ""
     while True:
         if not alive(pid)["alive"]:
             return {"ready": False, "why": "exited", "state": state, "elapsed": time.monotonic() - t0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -9,6 +10,7 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -140,12 +142,15 @@ def parse_target(spec: str, inventory: dict[str, HostConfig]) -> HostConfig:
 
 @dataclass
 class CallStats:
-    """Round trips to the host-side agent; orchestration overhead is dominated by these over SSH."""
+    """Round trips to the host-side agent, and SSH channels opened (one per tunnelled HTTP connection, the agent's
+    session, SFTP); orchestration overhead is dominated by these over SSH."""
 
     calls: int = 0
     seconds: float = 0.0
     by_op: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0
+    channels: int = 0
+    channels_by_kind: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, op: str, seconds: float) -> None:
@@ -153,6 +158,15 @@ class CallStats:
             self.calls += 1
             self.seconds += seconds
             self.by_op[op] = self.by_op.get(op, 0) + 1
+
+    def record_channel(self, kind: str) -> None:
+        with self._lock:
+            self.channels += 1
+            self.channels_by_kind[kind] = self.channels_by_kind.get(kind, 0) + 1
+
+
+# What a long host-side operation reports while it runs (hostside.report): a state, a log line, a step begun.
+Progress = Callable[[dict[str, Any]], None]
 
 
 class Host(ABC):
@@ -166,11 +180,14 @@ class Host(ABC):
     # PYTHONPATH that lets the host's Python import orchestrator.sim (None: it already can).
     sim_pythonpath: str | None = None
 
-    def call(self, op: str, *, call_timeout: float | None = None, **args: Any) -> Any:
-        """Run one host-side operation; `call_timeout` bounds a remote call that is expected to take long."""
+    def call(
+        self, op: str, *, call_timeout: float | None = None, on_progress: Progress | None = None, **args: Any
+    ) -> Any:
+        """Run one host-side operation; `call_timeout` bounds a remote call that is expected to take long, and
+        `on_progress` hears what the operation reports while it runs (in this thread)."""
         t0 = time.perf_counter()
         try:
-            reply = self._roundtrip({"op": op, "args": args}, call_timeout)
+            reply = self._roundtrip({"op": op, "args": args}, call_timeout, on_progress)
         finally:
             self.stats.record(op, time.perf_counter() - t0)
         if not reply.get("ok"):
@@ -178,7 +195,9 @@ class Host(ABC):
         return reply.get("result")
 
     @abstractmethod
-    def _roundtrip(self, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    def _roundtrip(
+        self, request: dict[str, Any], timeout: float | None = None, on_progress: Progress | None = None
+    ) -> dict[str, Any]:
         """Send one request to the host-side agent and return its decoded reply."""
 
     @abstractmethod
@@ -215,8 +234,12 @@ class LocalHost(Host):
         self.workdir = self.config.workdir or platformdirs.user_state_dir("orch")
         self.stats = CallStats()
 
-    def _roundtrip(self, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
-        reply = hostside.dispatch(json.loads(json.dumps(request)))
+    def _roundtrip(
+        self, request: dict[str, Any], timeout: float | None = None, on_progress: Progress | None = None
+    ) -> dict[str, Any]:
+        listen = contextlib.nullcontext() if on_progress is None else hostside.reporting_to(_as_json(on_progress))
+        with listen:
+            reply = hostside.dispatch(json.loads(json.dumps(request)))
         decoded: dict[str, Any] = json.loads(json.dumps(reply))
         return decoded
 
@@ -226,6 +249,11 @@ class LocalHost(Host):
     def close(self) -> None:
         # The lock of an in-process agent lives in this process; release it like a remote agent's exit would.
         hostside.op_unlock(self.lock_path)
+
+
+def _as_json(on_progress: Progress) -> Progress:
+    # What a remote agent's heartbeat would carry: the same JSON round trip as the request and the reply.
+    return lambda data: on_progress(json.loads(json.dumps(data)))
 
 
 def _bracket(address: str) -> str:

@@ -3,13 +3,18 @@
 The local host calls `dispatch()` in-process; a remote host runs this same file with the host's Python
 (`python3 hostside.py --serve`, one JSON request per line). It needs only the stdlib, psutil, and the shipped
 stdlib + psutil modules shipped beside it (`ssh.agent_files()`): `processes` (the marker, finding orch's processes),
-`hostfacts` (facts, GPUs, engine versions, fingerprints), `redaction`, `client` and `sim/`. Keep every other
-orchestrator import out of it.
+`hostfacts` (facts, GPUs, engine versions, fingerprints), `hostwait` (until a launch is ready, until the GPUs are
+idle), `redaction`, `client` and `sim/`. Keep every other orchestrator import out of it.
+
+A launch costs few round trips: one call each for preflight (leftovers, port owner, GPUs), launch, the wait until
+ready, the env read-back with the process list, and teardown with the GPU-idle wait. Long calls report progress
+(`report()`), which `serve()` sends as heartbeats and the local host hands to its caller directly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import json
 import os
@@ -18,11 +23,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import psutil
 
+from orchestrator import hostwait
 from orchestrator.hostfacts import op_check, op_facts, op_fingerprint, op_gpus
 from orchestrator.processes import (
     MARKER,
@@ -48,9 +54,44 @@ _LAUNCH_SH = (
     'setsid sh -c \'echo $$ > "$0"; exec "$@"\' "$pidfile" "$@" > "$log" 2>&1 < /dev/null &'
 )
 
-__all__ = ["MARKER", "OWNER", "HostSideError", "dispatch", "launch_problem", "op_gpus", "owner_state", "serve"]
+__all__ = [
+    "MARKER",
+    "OWNER",
+    "HostSideError",
+    "dispatch",
+    "launch_problem",
+    "op_gpus",
+    "owner_state",
+    "report",
+    "reporting_to",
+    "serve",
+]
 
-PROTOCOL_VERSION = 2  # 2: request ids echoed, heartbeats while a request runs
+PROTOCOL_VERSION = 3  # 2: request ids echoed, heartbeats while a request runs; 3: progress heartbeats, combined ops
+
+# ---------------------------------------------------------------- progress of a long operation
+
+Sink = Callable[[dict[str, Any]], None]
+_SINK: contextvars.ContextVar[Sink | None] = contextvars.ContextVar("orch_agent_progress", default=None)
+
+
+def report(data: dict[str, Any]) -> None:
+    """Progress of the operation in flight (a state, a log line, a step begun): to whoever listens, if anyone."""
+    sink = _SINK.get()
+    if sink is not None:
+        with contextlib.suppress(Exception):  # progress never fails the operation
+            sink(data)
+
+
+@contextlib.contextmanager
+def reporting_to(sink: Sink) -> Iterator[None]:
+    token = _SINK.set(sink)
+    try:
+        yield
+    finally:
+        _SINK.reset(token)
+
+
 # ---------------------------------------------------------------- operations
 
 
@@ -185,6 +226,24 @@ def op_port_owner(port: int) -> list[dict[str, Any]]:
     return owners
 
 
+def op_preflight(
+    namespace: str, port: int, nvidia_smi: str = "nvidia-smi", port_wait_s: float = 30.0
+) -> dict[str, Any]:
+    """Before a launch, in one round trip: orch's leftovers in this namespace torn down (none at all if any of them
+    belongs to a live session: the caller refuses), then who holds the port, then the GPUs' state."""
+    leftovers = op_find(namespace)
+    if any(p.get("owner_state") == "alive" for p in leftovers):
+        return {"leftovers": leftovers, "cleaned": [], "port_owner": None, "gpus": None}
+    cleaned = []
+    for launch_id in sorted({p["launch_id"] for p in leftovers}):
+        procs = [p for p in leftovers if p["launch_id"] == launch_id]
+        leader = next((p for p in procs if p["pid"] == p["pgid"]), None)
+        report({"step": "cleanup", "launch_id": launch_id, "processes": len(procs)})
+        td = op_teardown(launch_id, pgid=leader["pgid"] if leader else None, port_wait_s=port_wait_s)
+        cleaned.append({"launch_id": launch_id, "pids": [p["pid"] for p in procs], "teardown": td})
+    return {"leftovers": leftovers, "cleaned": cleaned, "port_owner": op_port_owner(port), "gpus": op_gpus(nvidia_smi)}
+
+
 def op_launch(argv: list[str], env: dict[str, str], log_path: str, cwd: str | None = None) -> dict[str, Any]:
     """Start argv detached in a new session, logging to log_path; return its PID (= PGID)."""
     if not argv:
@@ -224,12 +283,25 @@ def op_launch(argv: list[str], env: dict[str, str], log_path: str, cwd: str | No
 
 
 def op_alive(pid: int) -> dict[str, Any]:
-    try:
-        proc = psutil.Process(pid)
-        status = proc.status()
-    except psutil.NoSuchProcess:
-        return {"alive": False, "status": "gone"}
-    return {"alive": status != psutil.STATUS_ZOMBIE, "status": status}
+    return hostwait.alive(pid)
+
+
+def op_wait_ready(
+    pid: int,
+    port: int,
+    probe: dict[str, Any],
+    log_path: str,
+    timeout_s: float,
+    address: str = "127.0.0.1",
+    poll_s: float = 0.02,
+    log_every_s: float = 1.0,
+    probe_timeout_s: float = 10.0,
+) -> dict[str, Any]:
+    """Wait here, next to the server, until its probe succeeds, its process exits, or timeout_s passes."""
+    return hostwait.wait(
+        pid, port, probe, log_path, timeout_s, address=address, poll_s=poll_s, log_every_s=log_every_s,
+        probe_timeout_s=probe_timeout_s, report=report,
+    )  # fmt: skip
 
 
 def op_environ(launch_id: str, keys: list[str], digest_key: str | None = None) -> list[dict[str, Any]]:
@@ -267,6 +339,12 @@ def op_launch_procs(launch_id: str, pid: int) -> list[dict[str, Any]]:
             if not _gone(proc):
                 out.append({"pid": proc.pid, "create_time": proc.create_time(), "cmdline": _cmdline(proc, 120)})
     return sorted(out, key=lambda d: d["pid"])
+
+
+def op_launch_state(launch_id: str, pid: int, keys: list[str], digest_key: str | None = None) -> dict[str, Any]:
+    """Once ready, in one round trip: every process's environment (op_environ) and the launch's processes
+    (op_launch_procs)."""
+    return {"environ": op_environ(launch_id, keys, digest_key), "procs": op_launch_procs(launch_id, pid)}
 
 
 def _recorded(procs: Iterable[dict[str, Any]]) -> tuple[list[psutil.Process], list[dict[str, Any]]]:
@@ -323,11 +401,17 @@ def _signal_procs(procs: Iterable[psutil.Process], sig: signal.Signals) -> list[
     return hit
 
 
+# Teardown's polls (a /proc read per process, a scan of the listening sockets): cheap on the host, and each one is
+# time a user waits between arms.
+GONE_POLL_S = 0.01
+PORT_POLL_S = 0.02
+
+
 def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
     alive = [p for p in procs if not _gone(p)]
     while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(GONE_POLL_S)
         alive = [p for p in alive if not _gone(p)]
     return alive
 
@@ -345,12 +429,30 @@ def op_teardown(
     grace_s: float = 10.0,
     port_wait_s: float = 30.0,
     known: list[dict[str, Any]] | None = None,
+    gpu_wait_s: float | None = None,
+    nvidia_smi: str = "nvidia-smi",
+    gpu_idle_mib: int = 2048,
 ) -> dict[str, Any]:
-    """SIGTERM the group, wait, SIGKILL the group, SIGKILL any process still carrying the marker, wait for the port.
+    """SIGTERM the group, wait, SIGKILL the group, SIGKILL any process still carrying the marker, wait for the port;
+    with gpu_wait_s, then wait (bounded) for the GPUs' memory to be back to idle (`gpus_after`).
 
     Only processes in the recorded process group, carrying this exact launch marker, or recorded as this launch's
     (`known`: PID and start time, so a reused PID is never mistaken for ours) are ever signalled.
     """
+    report_ = _teardown(launch_id, pgid, port, grace_s, port_wait_s, known)
+    if gpu_wait_s is not None:
+        report_["gpus_after"] = hostwait.gpus_idle(nvidia_smi, gpu_idle_mib, gpu_wait_s, report=report)
+    return report_
+
+
+def _teardown(
+    launch_id: str,
+    pgid: int | None,
+    port: int | None,
+    grace_s: float,
+    port_wait_s: float,
+    known: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
     t0 = time.monotonic()
     procs = [p for p, _ in _marked(lambda v: v == launch_id)]
     # Recorded members that no longer carry the marker (a worker that re-exec'd with a clean environment).
@@ -390,7 +492,7 @@ def op_teardown(
     if port is not None:
         deadline = time.monotonic() + port_wait_s
         while (port_free := not _listening(port)) is False and time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(PORT_POLL_S)
         if not port_free:
             # Whoever still holds the port carries neither our marker nor a recorded PID: say so, never kill it.
             report["port_owner"] = op_port_owner(port)
@@ -506,16 +608,7 @@ def op_bench_run(
 
 
 def op_log_tail(path: str, lines: int = 40, max_bytes: int = 65536) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError as e:
-        return f"(no log at {path}: {e.strerror})"
-    text = data.decode("utf-8", errors="replace")
-    return "\n".join(text.splitlines()[-lines:])
+    return hostwait.log_tail(path, lines, max_bytes)
 
 
 OPS: dict[str, Callable[..., Any]] = {
@@ -525,6 +618,9 @@ OPS: dict[str, Callable[..., Any]] = {
     "port_owner": op_port_owner,
     "launch": op_launch,
     "alive": op_alive,
+    "wait_ready": op_wait_ready,
+    "preflight": op_preflight,
+    "launch_state": op_launch_state,
     "environ": op_environ,
     "teardown": op_teardown,
     "launch_procs": op_launch_procs,
@@ -576,14 +672,15 @@ def serve() -> None:
     """One JSON request per line on stdin, one JSON reply per line on stdout, until EOF (the connection closed).
 
     Each request runs in a worker thread while this loop (a) writes a heartbeat line every HEARTBEAT_S so orch can
-    tell a long benchmark run from a dead connection, and (b) watches stdin: requests come strictly one at a time,
-    so input during a request can only be EOF, and then the agent exits at once — a benchmark run orch gave up on
-    must not keep loading the server while orch repeats it.
+    tell a long benchmark run from a dead connection, and one at once for each progress event the operation
+    reports (`"event"`), and (b) watches stdin: requests come strictly one at a time, so input during a request can
+    only be EOF, and then the agent exits at once — a benchmark run or a wait orch gave up on must not go on.
     """
     import threading
 
     fd = sys.stdin.fileno()
     done_r, done_w = os.pipe()
+    event_r, event_w = os.pipe()
     buffer = b""
     while True:
         while b"\n" not in buffer:
@@ -600,19 +697,39 @@ def serve() -> None:
             _write({"ok": False, "error": f"request is not JSON: {e}"})
             continue
         box: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        lock = threading.Lock()
 
-        def work(b: list[dict[str, Any]] = box, r: dict[str, Any] = request) -> None:
+        def sink(data: dict[str, Any], q: list[dict[str, Any]] = events, guard: threading.Lock = lock) -> None:
+            with guard:
+                q.append(data)
+            os.write(event_w, b"e")  # wakes the loop below: the event goes out now, not with the next heartbeat
+
+        def work(b: list[dict[str, Any]] = box, r: dict[str, Any] = request, report_to: Sink = sink) -> None:
             try:
-                b.append(dispatch(r))
+                with reporting_to(report_to):
+                    b.append(dispatch(r))
             finally:
                 os.write(done_w, b"x")  # wakes the loop below at once: no polling latency per request
+
+        rid = request.get("id")
+
+        def flush(q: list[dict[str, Any]] = events, guard: threading.Lock = lock, rid: Any = rid) -> None:
+            with guard:
+                pending = q[:]
+                q.clear()
+            for event in pending:
+                _write({"id": rid, "heartbeat": True, "event": event})
 
         worker = threading.Thread(target=work, daemon=True)
         worker.start()
         every = RUN_HEARTBEAT_S if request.get("op") == "bench_run" else HEARTBEAT_S
         next_beat = time.monotonic() + every
         while True:
-            readable, _, _ = select.select([fd, done_r], [], [], max(0.0, next_beat - time.monotonic()))
+            readable, _, _ = select.select([fd, done_r, event_r], [], [], max(0.0, next_beat - time.monotonic()))
+            if event_r in readable:
+                os.read(event_r, 4096)
+                flush()
             if done_r in readable:
                 os.read(done_r, 1)
                 break
@@ -626,6 +743,7 @@ def serve() -> None:
                 _write(beat)
                 next_beat += every
         worker.join()
+        flush()  # events reported just before the answer go out before it
         _write(box[0] if box else {"ok": False, "error": "the request died without an answer", "id": request.get("id")})
 
 

@@ -12,12 +12,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from orchestrator import engines, progress
 from orchestrator.errors import HostError, ServerError
 from orchestrator.hosts import Host, connect_address
 from orchestrator.hostside import MARKER
+from orchestrator.hostwait import gpu_problems
 from orchestrator.profile import Profile
 from orchestrator.redaction import redact, redact_argv, scrub, secret_values
 
@@ -82,9 +81,28 @@ class EnvReport:
 def preflight(
     host: Host, profile: Profile, namespace: str, on_event: EventFn = _quiet, *, force: bool = False
 ) -> dict[str, Any]:
-    """Make the host fresh for a launch and verify it: no earlier orch launch, the port free, the GPUs idle."""
-    record: dict[str, Any] = {"cleaned": [], "port_owner": None, "gpus": None}
-    leftovers = host.call("find", namespace=namespace)
+    """Make the host fresh for a launch and verify it: no earlier orch launch, the port free, the GPUs idle.
+    One host round trip (the agent cleans up, then reads the port's owner and the GPUs), unless a port owner is
+    killed on request."""
+    cfg = host.config
+
+    def cleaning(event: dict[str, Any]) -> None:
+        if event.get("step") == "cleanup":
+            on_event(
+                f"cleaning up {event.get('processes')} leftover process(es) of earlier orch launch "
+                f"{event.get('launch_id')}"
+            )
+
+    state = host.call(
+        "preflight",
+        namespace=namespace,
+        port=profile.port,
+        nvidia_smi=cfg.nvidia_smi,
+        port_wait_s=30,
+        on_progress=cleaning,
+        call_timeout=PREFLIGHT_TIMEOUT_S,
+    )
+    leftovers = state["leftovers"]
     live = sorted({(p["launch_id"], p.get("owner")) for p in leftovers if p.get("owner_state") == "alive"})
     if live:
         # The host lock keeps a second session out; this is the last line of defence should anything slip past it.
@@ -93,82 +111,52 @@ def preflight(
             f"(process {live[0][1].split(':')[0]} on the host); orch never tears down a live session's server. "
             "Wait for it to finish, or stop it with `orch down --force` if you are sure."
         )
-    for launch_id in sorted({p["launch_id"] for p in leftovers}):
-        procs = [p for p in leftovers if p["launch_id"] == launch_id]
-        leader = next((p for p in procs if p["pid"] == p["pgid"]), None)
-        on_event(f"cleaning up {len(procs)} leftover process(es) of earlier orch launch {launch_id}")
-        td = host.call("teardown", launch_id=launch_id, pgid=leader["pgid"] if leader else None, port_wait_s=30)
-        record["cleaned"].append({"launch_id": launch_id, "pids": [p["pid"] for p in procs], "teardown": td})
-    owners = host.call("port_owner", port=profile.port)
+    record: dict[str, Any] = {"cleaned": state["cleaned"], "port_owner": None, "gpus": None}
+    gpus = state["gpus"]
+    owners = state["port_owner"]
     if owners:
         owner = owners[0]
         record["port_owner"] = owner
-        if force and host.config.foreign_port == "kill-with-force" and owner["pid"] is not None:
+        if force and cfg.foreign_port == "kill-with-force" and owner["pid"] is not None:
             on_event(
                 f"port {profile.port}: killing its owner PID {owner['pid']} ({owner['cmdline']}) "
                 "because the host's policy is kill-with-force and --force was given"
             )
             record["killed_port_owner"] = host.call("kill_port_owner", port=profile.port, pid=owner["pid"])
+            gpus = host.call("gpus", nvidia_smi=cfg.nvidia_smi)  # it may have been what held them
         else:
             how = (
                 "Stop it yourself or give the profile another port."
-                if host.config.foreign_port == "refuse"
+                if cfg.foreign_port == "refuse"
                 else "Stop it yourself, or pass --force to let orch kill exactly that process."
             )
             raise HostError(
                 f"port {profile.port} on {host.name} is in use by PID {owner['pid']} ({owner['cmdline']}), "
                 f"which this orch did not launch; orch will not kill it. {how}"
             )
-    record["gpus"] = check_gpus_idle(host, namespace)
+    record["gpus"] = _gpus_idle(host, gpus)
     return record
 
 
-def _gpu_problems(state: dict[str, Any], idle_mib: int, expected: int | None) -> list[str]:
-    problems = []
-    if expected is not None and len(state["gpus"]) != expected:
-        problems.append(f"expected {expected} GPUs, nvidia-smi shows {len(state['gpus'])}")
-    for app in state["apps"]:
-        problems.append(
-            f"GPU {app.get('gpu_index')} is used by PID {app['pid']} ({app.get('cmdline', '?')}, "
-            f"{app.get('used_memory')} MiB)" + (f", launch {app['launch_id']}" if app.get("launch_id") else "")
-        )
-    for gpu in state["gpus"]:
-        used = gpu.get("memory.used")
-        if isinstance(used, int | float) and used > idle_mib:
-            problems.append(f"GPU {gpu['index']} has {used} MiB in use (idle means <= {idle_mib} MiB)")
-    return problems
+# Cleaning up leftovers can take a while (each: grace, SIGKILL, a wait); the agent heartbeats meanwhile.
+PREFLIGHT_TIMEOUT_S = 600.0
 
 
-def check_gpus_idle(host: Host, namespace: str) -> dict[str, Any]:
-    """Refuse to launch on GPUs that someone is using; a host without nvidia-smi is recorded, not refused."""
+def _gpus_idle(host: Host, state: dict[str, Any]) -> dict[str, Any]:
     cfg = host.config
-    state: dict[str, Any] = host.call("gpus", nvidia_smi=cfg.nvidia_smi)
     if not state["available"]:
         if cfg.gpus:
             raise HostError(f"{host.name}: the inventory expects {cfg.gpus} GPUs but {state['error']}")
         return state
-    problems = _gpu_problems(state, cfg.gpu_idle_mib, cfg.gpus)
+    problems = gpu_problems(state, cfg.gpu_idle_mib, cfg.gpus)
     if problems:
         raise HostError(f"{host.name} is not idle; orch will not launch: " + "; ".join(problems))
     return state
 
 
-def wait_gpus_idle(host: Host, timeout_s: float) -> dict[str, Any]:
-    """After teardown: GPU teardown can lag the process exit, so wait (bounded) for memory to come back."""
-    cfg = host.config
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state: dict[str, Any] = host.call("gpus", nvidia_smi=cfg.nvidia_smi)
-        if not state["available"]:
-            return {"idle": None, "waited_s": 0.0, "error": state["error"]}
-        problems = _gpu_problems(state, cfg.gpu_idle_mib, None)
-        if not problems or time.monotonic() >= deadline:
-            return {
-                "idle": not problems,
-                "problems": problems,
-                "waited_s": round(timeout_s - max(0.0, deadline - time.monotonic()), 2),
-            }
-        time.sleep(1.0)
+def check_gpus_idle(host: Host, namespace: str) -> dict[str, Any]:
+    """Refuse to launch on GPUs that someone is using; a host without nvidia-smi is recorded, not refused."""
+    return _gpus_idle(host, host.call("gpus", nvidia_smi=host.config.nvidia_smi))
 
 
 def profile_secrets(profile: Profile) -> list[str]:
@@ -214,7 +202,10 @@ def launch(
 
 
 LOG_TAIL_EVERY_S = 1.0  # while a server loads, its log's last line is read this often (when progress is shown)
-LOG_TAIL_BYTES = 8192
+# The agent polls next to the server (a refused connect or one probe request, and a /proc read): cheap there, and
+# it bounds how late orch notices that the server is ready.
+READY_POLL_S = 0.02
+PROBE_TIMEOUT_S = 10.0
 
 
 def wait_ready(
@@ -223,57 +214,70 @@ def wait_ready(
     profile: Profile,
     *,
     timeout_s: float,
-    poll_s: float = 0.25,
+    poll_s: float = READY_POLL_S,
     on_event: EventFn = _quiet,
 ) -> float:
-    """Poll the health endpoint *and* the process; fail at once, with the log tail, if the process exits."""
+    """Wait until the engine's readiness probe (a real 1-token generation where the engine has one) succeeds, in one
+    host call: the agent polls the port, the probe and the process next to the server and answers ready, exited
+    (with the log tail) or timed out. Meanwhile its progress events feed the live view."""
     engine = engines.get(profile.engine)
-    url = host.url(launch_.port, connect_address(profile.host)) + engine.health_path
+    probe = engine.ready_probe(profile)
+    secrets = profile_secrets(profile)
     t0 = time.monotonic()
-    phase = "loading"
-    log, next_tail = "", t0 + LOG_TAIL_EVERY_S / 2
-    with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0)) as client:
-        while True:
-            if progress.listening() and time.monotonic() >= next_tail:
-                # For the live view only: what a 30-minute model load is doing (the server's args, keys included,
-                # are in that log: scrubbed).
-                with contextlib.suppress(HostError):  # the liveness check below reports a lost host
-                    tail = host.call("log_tail", path=launch_.log_path, lines=3, max_bytes=LOG_TAIL_BYTES)
-                    log = progress.log_line(scrub(tail, profile_secrets(profile)))
-                next_tail = time.monotonic() + LOG_TAIL_EVERY_S
-            progress.phase("loading", profile=profile.name, state=phase, log=log)
-            state = host.call("alive", pid=launch_.pid)
-            if not state["alive"]:
-                # The server's own startup dump (`server_args=ServerArgs(... api_key='…')`) is in it: scrub.
-                tail = scrub(host.call("log_tail", path=launch_.log_path, lines=30), profile_secrets(profile))
-                raise ServerError(
-                    f"{profile.name}: server process {launch_.pid} exited during startup "
-                    f"after {time.monotonic() - t0:.1f}s. Last lines of {launch_.log_path}:\n{tail}"
-                )
-            try:
-                resp = client.get(url)
-                if resp.status_code == 200:
-                    return time.monotonic() - t0
-                new_phase = "warming up" if resp.status_code == 503 else f"HTTP {resp.status_code}"
-            except httpx.TransportError:
-                new_phase = "loading"
-            if new_phase != phase:
-                on_event(f"{profile.name}: port {launch_.port} answers; {engine.health_path} says {new_phase}")
-                phase = new_phase
-            if time.monotonic() - t0 > timeout_s:
-                tail = scrub(host.call("log_tail", path=launch_.log_path, lines=30), profile_secrets(profile))
-                raise ServerError(
-                    f"{profile.name}: not ready after {timeout_s:.0f}s (still {phase}). "
-                    f"Last lines of {launch_.log_path}:\n{tail}"
-                )
-            time.sleep(poll_s)
+    progress.phase("loading", profile=profile.name, state="loading", log="")
+
+    def heard(event: dict[str, Any]) -> None:
+        state = str(event.get("state", "loading"))
+        if event.get("changed"):
+            on_event(f"{profile.name}: port {launch_.port} answers; {probe.label} says {scrub(state, secrets)}")
+        # For the live view only: what a 30-minute model load is doing (the server's args, keys included, are in
+        # that log: scrubbed).
+        log = progress.log_line(scrub(str(event.get("log") or ""), secrets))
+        progress.phase("loading", profile=profile.name, state=state, log=log)
+
+    result = host.call(
+        "wait_ready",
+        pid=launch_.pid,
+        port=launch_.port,
+        address=connect_address(profile.host),
+        probe=probe.to_dict(),
+        log_path=launch_.log_path,
+        timeout_s=timeout_s,
+        poll_s=poll_s,
+        log_every_s=LOG_TAIL_EVERY_S if progress.listening() else 0.0,
+        probe_timeout_s=PROBE_TIMEOUT_S,
+        on_progress=heard,
+        call_timeout=timeout_s + PROBE_TIMEOUT_S + 60,
+    )
+    if result["ready"]:
+        return time.monotonic() - t0
+    # The server's own startup dump (`server_args=ServerArgs(... api_key='…')`) is in its log: scrub.
+    tail = scrub(str(result.get("log_tail", "")), secrets)
+    if result.get("why") == "exited":
+        raise ServerError(
+            f"{profile.name}: server process {launch_.pid} exited during startup "
+            f"after {time.monotonic() - t0:.1f}s. Last lines of {launch_.log_path}:\n{tail}"
+        )
+    raise ServerError(
+        f"{profile.name}: not ready after {timeout_s:.0f}s (still {scrub(str(result.get('state')), secrets)}). "
+        f"Last lines of {launch_.log_path}:\n{tail}"
+    )
 
 
 def health_problem(base_url: str, profile: Profile, *, timeout_s: float) -> str | None:
-    """None if the health endpoint answers 200 within timeout_s, else what it did instead."""
-    path = engines.get(profile.engine).health_path
+    """None if the engine's health check (a 1-token generation where that is as cheap as its health endpoint)
+    answers 200 within timeout_s, else what it did instead."""
+    import httpx  # only attached servers and a failed run's check send HTTP from here
+
+    probe = engines.get(profile.engine).health_probe(profile)
+    path = probe.label
     try:
-        resp = httpx.get(base_url + path, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 2.0)))
+        resp = httpx.request(
+            probe.method,
+            base_url + probe.path,
+            json=dict(probe.body) if probe.body is not None else None,
+            timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 2.0)),
+        )
     except httpx.TimeoutException:
         return f"the server is not healthy: {path} gave no answer within {timeout_s:.0f}s"
     except httpx.TransportError as e:
@@ -285,11 +289,25 @@ def health_problem(base_url: str, profile: Profile, *, timeout_s: float) -> str 
 
 def verify_env(host: Host, launch_: Launch, profile: Profile, *, redaction_key: bytes | None = None) -> EnvReport:
     """Read every process's environment back and compare with the profile (secrets as keyed digests)."""
-    engine = engines.get(profile.engine)
+    return read_back(host, launch_, profile, redaction_key=redaction_key)[0]
+
+
+def read_back(
+    host: Host, launch_: Launch, profile: Profile, *, redaction_key: bytes | None = None
+) -> tuple[EnvReport, list[dict[str, Any]]]:
+    """One host round trip once ready: the env check (verify_env) and every process of the launch (PID and start
+    time), recorded for liveness checks during runs and for teardown."""
     # The host digests with the same key, so equal values compare equal without leaving the host in clear.
     key = redaction_key or os.urandom(32)
     expected = {k: redact(k, v, key) for k, v in profile.env_dict().items()}
-    procs = host.call("environ", launch_id=launch_.launch_id, keys=sorted(expected), digest_key=key.hex())
+    state = host.call(
+        "launch_state", launch_id=launch_.launch_id, pid=launch_.pid, keys=sorted(expected), digest_key=key.hex()
+    )
+    return _env_report(state["environ"], expected, launch_, profile), state["procs"]
+
+
+def _env_report(procs: list[dict[str, Any]], expected: dict[str, str], launch_: Launch, profile: Profile) -> EnvReport:
+    engine = engines.get(profile.engine)
     if not procs:
         raise ServerError(f"{profile.name}: no process carrying launch marker {launch_.launch_id} was found")
     mismatches = []
@@ -313,10 +331,22 @@ def teardown(
     grace_s: float = 10.0,
     port_wait_s: float = 60.0,
     known: list[dict[str, Any]] | None = None,
+    gpu_wait_s: float | None = None,
+    profile: str = "",
 ) -> dict[str, Any]:
+    """Stop the launch (see hostside.op_teardown); with gpu_wait_s, the agent then waits (bounded) for the GPUs'
+    memory to be back to idle, in the same round trip (`gpus_after`)."""
     args: dict[str, Any] = {}
     if known:
-        args["known"] = known  # only sent when there is something: older agents do not take it
+        args["known"] = known
+    if gpu_wait_s is not None:
+        cfg = host.config
+        args.update(gpu_wait_s=gpu_wait_s, nvidia_smi=cfg.nvidia_smi, gpu_idle_mib=cfg.gpu_idle_mib)
+
+    def waiting(event: dict[str, Any]) -> None:
+        if event.get("step") == "gpu wait":
+            progress.phase("gpu wait", profile=profile, timeout_s=gpu_wait_s)
+
     report: dict[str, Any] = host.call(
         "teardown",
         launch_id=launch_.launch_id,
@@ -324,6 +354,7 @@ def teardown(
         port=launch_.port,
         grace_s=grace_s,
         port_wait_s=port_wait_s,
+        on_progress=waiting,
         **args,
     )
     return report
@@ -403,17 +434,16 @@ def running(
         srv.ready_s = wait_ready(host, launched, profile, timeout_s=timeout, on_event=on_event)
         on_event(f"{profile.name}: ready after {srv.ready_s:.1f}s")
         progress.phase("env check", profile=profile.name)
-        srv.env_report = verify_env(host, launched, profile, redaction_key=redaction_key)
-        srv.processes = host.call("launch_procs", launch_id=launched.launch_id, pid=launched.pid)
+        srv.env_report, srv.processes = read_back(host, launched, profile, redaction_key=redaction_key)
         yield srv
         failed = False
     finally:
         with _shielded(on_event):
             try:
                 progress.phase("teardown", profile=profile.name)
-                srv.teardown = teardown(host, launched, grace_s=grace_s, known=srv.processes)
-                progress.phase("gpu wait", profile=profile.name, timeout_s=gpu_wait_s)
-                srv.teardown["gpus_after"] = wait_gpus_idle(host, gpu_wait_s)
+                srv.teardown = teardown(
+                    host, launched, grace_s=grace_s, known=srv.processes, gpu_wait_s=gpu_wait_s, profile=profile.name
+                )
             except HostError as e:
                 srv.teardown = {"error": str(e)}
                 on_event(f"{profile.name}: TEARDOWN FAILED: {e}")

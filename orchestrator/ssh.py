@@ -33,7 +33,7 @@ from tenacity import (
 
 from orchestrator import hostside, progress, yamlfile
 from orchestrator.errors import HostError
-from orchestrator.hosts import TARGET_RE, CallStats, Host, HostConfig
+from orchestrator.hosts import TARGET_RE, CallStats, Host, HostConfig, Progress
 
 log = logging.getLogger("orch.ssh")
 
@@ -108,6 +108,7 @@ def agent_files() -> dict[str, bytes]:
         "orchestrator/redaction.py": (PACKAGE_DIR / "redaction.py").read_bytes(),
         "orchestrator/processes.py": (PACKAGE_DIR / "processes.py").read_bytes(),
         "orchestrator/hostfacts.py": (PACKAGE_DIR / "hostfacts.py").read_bytes(),
+        "orchestrator/hostwait.py": (PACKAGE_DIR / "hostwait.py").read_bytes(),
         "orchestrator/stats.py": (PACKAGE_DIR / "stats.py").read_bytes(),  # the simulator's chain model
     }
     for path in sorted((PACKAGE_DIR / "sim").glob("*.py")):
@@ -389,6 +390,7 @@ class SSHHost(Host):
         files = agent_files()
         version = agent_version(files)
         sftp = self._client.open_sftp()
+        self.stats.record_channel("sftp")
         try:
             home = sftp.normalize(".")
             workdir = self.config.workdir or ".orch"
@@ -421,6 +423,7 @@ class SSHHost(Host):
             f"{shlex.quote(self.agent_dir + '/hostside.py')} --serve"
         )
         try:
+            self.stats.record_channel("agent")
             channel = transport.open_session(timeout=30)
             channel.exec_command(cmd)
         except (OSError, EOFError, paramiko.SSHException) as e:
@@ -455,8 +458,9 @@ class SSHHost(Host):
 
     # ------------------------------------------------------------ requests
 
-    def _request(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """Send one request and read its reply, by id, under our own deadlines (paramiko's would wait forever)."""
+    def _request(self, request: dict[str, Any], timeout: float, on_progress: Progress | None = None) -> dict[str, Any]:
+        """Send one request and read its reply, by id, under our own deadlines (paramiko's would wait forever).
+        Heartbeats carrying an operation's progress events go to on_progress, a run's live counts to the display."""
         channel = self._agent
         if channel is None or channel.closed or channel.exit_status_ready():
             raise ConnectionLost("the agent channel is closed")
@@ -494,6 +498,8 @@ class SSHHost(Host):
                 reply: dict[str, Any] = json.loads(line)
                 if reply.get("id") == rid and isinstance(reply.get("progress"), dict):
                     progress.remote_live(reply["progress"])
+                if reply.get("id") == rid and isinstance(reply.get("event"), dict) and on_progress is not None:
+                    on_progress(reply["event"])
                 if reply.get("id") != rid or reply.get("heartbeat"):
                     continue  # a heartbeat, or the late answer to a request we gave up on
                 return reply
@@ -526,14 +532,13 @@ class SSHHost(Host):
         self._start_agent()
         self._retake_lock()
 
-    def _roundtrip(self, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    def _roundtrip(
+        self, request: dict[str, Any], timeout: float | None = None, on_progress: Progress | None = None
+    ) -> dict[str, Any]:
         args = request.get("args", {})
         if timeout is None:
-            timeout = (
-                BASE_CALL_TIMEOUT_S
-                + float(args.get("grace_s", 0))
-                + float(args.get("port_wait_s", 0))
-                + float(args.get("wait_s", 0))
+            timeout = BASE_CALL_TIMEOUT_S + sum(
+                float(args.get(k) or 0) for k in ("grace_s", "port_wait_s", "wait_s", "gpu_wait_s", "timeout_s")
             )
         with self._io_lock:
             if self._closed:
@@ -544,7 +549,7 @@ class SSHHost(Host):
             try:
                 if self._agent_abandoned:
                     self._restart_abandoned_agent()
-                reply = self._request(request, timeout)
+                reply = self._request(request, timeout, on_progress)
             except ConnectionLost as first:
                 if request["op"] == "launch":
                     # Not repeatable: we cannot know whether it started. The marker will find it either way.
@@ -555,7 +560,7 @@ class SSHHost(Host):
                     self.name, request["op"], first, self.config.reconnect_s,
                 )  # fmt: skip
                 self.ensure_connected(force=True)
-                reply = self._request(request, timeout)
+                reply = self._request(request, timeout, on_progress)
         if request["op"] == "lock" and reply.get("ok") and reply["result"].get("acquired"):
             self._held_lock = (args["path"], args["holder"])
         if request["op"] == "unlock":
@@ -649,6 +654,7 @@ class _Tunnel:
     def _serve(self, client: socket.socket) -> None:
         try:
             # The current transport: after a reconnect new connections use the new one.
+            self.host.stats.record_channel("tunnel")
             channel = self.host._transport().open_channel(
                 "direct-tcpip", (self.address, self.port), client.getpeername(), timeout=10
             )

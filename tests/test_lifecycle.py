@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +40,10 @@ def test_full_lifecycle_with_env_check_and_clean_teardown(sim_profiles: SimProfi
         assert srv.env_report.processes >= prof.tp_size + 2  # main + tp schedulers + detokenizer
         pids = [p["pid"] for p in hostside.op_find(NAMESPACE)]
         assert srv.launch.pid in pids
-        assert httpx.get(srv.base_url + "/health_generate").status_code == 200
+        # Ready means a real generation succeeded (SGLang's own /health_generate may still say 503 while its
+        # warmup request runs).
+        one = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}
+        assert httpx.post(srv.base_url + "/generate", json=one).json()["meta_info"]["completion_tokens"] == 1
         cfg = BenchConfig(min_run_s=0, runs=1, warmup=1, max_tokens=16, warmup_max_tokens=4)
         runs = run_benchmark(local_runner(srv.base_url, cfg), cfg, model="m")
         assert [r.tokens for r in runs] == [4, 16]
@@ -68,6 +72,37 @@ def test_hang_during_load_times_out_and_leaves_nothing(sim_profiles: SimProfiles
         _running(LocalHost(), prof, ready_timeout_s=2.0),
     ):
         pass
+    _nothing_left()
+
+
+def test_ctrl_c_while_waiting_for_readiness_tears_down_at_once(sim_profiles: SimProfiles) -> None:
+    prof = load(str(sim_profiles(sim={"fault": "hang-during-load"})["baseline"]))
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt), _running(LocalHost(), prof, ready_timeout_s=60):
+            pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.monotonic() - t0 < 8
+    _nothing_left()
+
+
+def test_an_arm_costs_six_host_calls_and_one_per_run(sim_profiles: SimProfiles, tmp_path: Path) -> None:
+    prof = load(str(sim_profiles()["baseline"]))
+    host = LocalHost()
+    cfg = ABConfig(bench=BenchConfig(min_run_s=0, runs=2, warmup=1, max_tokens=8, warmup_max_tokens=4),
+                   simulate=True, namespace=NAMESPACE, grace_s=2)  # fmt: skip
+    run_ab(host, [prof, prof], cfg, Store(tmp_path / "r.db"))
+    by_op = dict(host.stats.by_op)
+    assert [by_op.pop(op) for op in ("facts", "lock", "unlock", "bench_run")] == [1, 1, 1, 6]
+    assert by_op == dict.fromkeys(("preflight", "launch", "wait_ready", "launch_state", "fingerprint", "teardown"), 2)
     _nothing_left()
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -293,6 +294,51 @@ def test_ctrl_c_over_ssh_tears_down_the_remote_server(
     assert "torn down" in out
     # orch dropped the connection on purpose: nothing may look like a network failure.
     assert "connection lost" not in out.lower() and "reconnect" not in out.lower(), out
+    _nothing_left()
+
+
+def test_ctrl_c_while_the_server_loads_over_ssh_tears_it_down_at_once(
+    remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
+) -> None:
+    # The wait for readiness is one long agent call: Ctrl-C must end it (the agent exits with its channel) and the
+    # teardown must follow through a fresh agent, promptly.
+    sim_profiles(sim={"load_s": 120})
+    args = ["--host", "testbox", "--sim", "--warmup", "0", "--grace", "2", "--min-run-s", "0"]
+    proc = orch("bench", "baseline", *args, "--db", str(tmp_path / "r.db"), cwd=tmp_path)
+    seen: list[str] = []
+    wait_for_line(proc, "launched PID", seen)
+    time.sleep(1.0)  # well inside the wait
+    assert hostside.op_find(NAMESPACE)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(seen) + out
+    assert time.monotonic() - t0 < 15 and "torn down" in out
+    assert "connection lost" not in out.lower() and "reconnect" not in out.lower(), out
+    _nothing_left()
+
+
+def test_an_arm_over_ssh_costs_six_calls_and_one_channel_whatever_its_load_time(
+    remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
+) -> None:
+    from orchestrator import progress
+
+    prof = load(str(sim_profiles(sim={"load_s": 2.0})["baseline"]))
+    states: list[tuple[str, Any]] = []
+    with SSHHost(remote) as host:
+        tunnels = host.stats.channels_by_kind.get("tunnel", 0)
+        cfg = ABConfig(bench=_bench(runs=2, max_tokens=8), simulate=True, namespace=NAMESPACE, grace_s=2)
+        # Listening, like the CLI's live view: the server's log lines come with the agent's progress events.
+        with progress.listen(lambda name, data: states.append((name, data.get("log")))):
+            run_ab(host, [prof], cfg, Store(tmp_path / "r.db"))
+        by_op = dict(host.stats.by_op)
+        tunnels = host.stats.channels_by_kind.get("tunnel", 0) - tunnels
+    per_experiment = sum(by_op.pop(op) for op in ("facts", "lock", "unlock"))
+    assert per_experiment == 3 and by_op.pop("bench_run") == 3  # one per run: 1 warmup + 2 timed
+    assert sum(by_op.values()) == 6, by_op  # preflight, launch, wait_ready, launch_state, fingerprint, teardown
+    assert tunnels == 1  # the fingerprint's GET /server_info; readiness is probed on the host
+    loading_logs = [log for name, log in states if name == "loading" and log]
+    assert any("Load weight begin" in log for log in loading_logs), states
     _nothing_left()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from orchestrator.engines.base import Engine
+from orchestrator.engines.base import Engine, Probe
 from orchestrator.engines.llamacpp import LlamaCpp
 from orchestrator.engines.sglang import SGLang
 from orchestrator.engines.vllm import VLLM
@@ -67,4 +67,4 @@ register(SGLang())
 register(VLLM())
 register(LlamaCpp())
 
-__all__ = ["Engine", "check_use", "common_endpoint", "get", "names", "register"]
+__all__ = ["Engine", "Probe", "check_use", "common_endpoint", "get", "names", "register"]

@@ -18,6 +18,27 @@ OPTIONAL_SPEC_FIELDS = ("draft_model_path", "num_steps", "eagle_topk", "num_draf
 
 
 @dataclass(frozen=True)
+class Probe:
+    """One HTTP request whose 200 means "ready" (JSON-able: the host-side agent sends it next to the server).
+
+    A generation probe (a body) must also answer with a JSON object that carries no `error`. `gate`: a cheap GET
+    polled first while the server answers "not yet" (llama.cpp's /health during loading), so a long load is not a
+    stream of generation requests in the server's log."""
+
+    method: str
+    path: str
+    body: Mapping[str, Any] | None = None
+    gate: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} {self.path}" if self.body is not None else self.path
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "path": self.path, "body": dict(self.body or {}) or None, "gate": self.gate}
+
+
+@dataclass(frozen=True)
 class SpecCounters:
     """Speculative decoding over one run, read from an engine's own counters (deltas across the run)."""
 
@@ -56,6 +77,16 @@ class Engine(ABC):
     endpoints: tuple[str, ...] = ("completions", "chat")
     # Whether orch ships a simulator of this engine (`--sim`).
     simulated: bool = False
+
+    def ready_probe(self, profile: Profile) -> Probe:
+        """What says a server orch launched is ready. Default: its health endpoint answers 200; engines that can
+        answer a real 1-token generation say so here (ready = a real generation succeeded)."""
+        return Probe("GET", self.health_path)
+
+    def health_probe(self, profile: Profile) -> Probe:
+        """The check before repeating a failed run and of an attached server (whose served model orch may not know):
+        by default the health endpoint."""
+        return Probe("GET", self.health_path)
 
     @abstractmethod
     def server_flags(self, profile: Profile) -> list[str]:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.engines.base import Engine, SpecCounters, spec_decode_counters
+from orchestrator.engines.base import Engine, Probe, SpecCounters, spec_decode_counters
 from orchestrator.errors import InputError
 
 if TYPE_CHECKING:
@@ -86,6 +86,11 @@ class LlamaCpp(Engine):
     )
     endpoints = ("completions", "chat")
     simulated = False
+
+    def ready_probe(self, profile: Profile) -> Probe:
+        # llama-server's own completion endpoint, one token; /health (503 "Loading model" while loading, unlogged)
+        # is polled first so a long load is not a stream of 503 completions in the server's log.
+        return Probe("POST", "/completion", {"prompt": "Hi", "n_predict": 1, "temperature": 0}, gate="/health")
 
     def server_flags(self, profile: Profile) -> list[str]:
         # --metrics: the per-run counter deltas; no web UI on a benchmark server.

@@ -6,10 +6,16 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from orchestrator.engines.base import OPTIONAL_FIELDS, OPTIONAL_SPEC_FIELDS, Engine, SpecCounters
+from orchestrator.engines.base import OPTIONAL_FIELDS, OPTIONAL_SPEC_FIELDS, Engine, Probe, SpecCounters
 
 if TYPE_CHECKING:
     from orchestrator.profile import Profile, Speculative
+
+# A real 1-token generation, the request SGLang's own /health_generate submits; asked for directly it answers as
+# soon as the token is out, where /health_generate sleeps a whole second before it looks (http_server.py).
+GENERATE_ONE = Probe(
+    "POST", "/generate", {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+)
 
 # Algorithms that run a separate draft model and so need its path (SGLang refuses to start without it).
 NEEDS_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
@@ -18,7 +24,7 @@ NEEDS_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
 class SGLang(Engine):
     name = "sglang"
     # /health and /health_generate share one handler in 0.5.x; /model_info and /v1/models answer during warmup
-    # and so are not readiness signals.
+    # and so are not readiness signals. Readiness and health checks use GENERATE_ONE instead (no 1 s wait).
     health_path = "/health_generate"
     env_overrides: Mapping[str, str] = MappingProxyType(
         {
@@ -58,6 +64,14 @@ class SGLang(Engine):
     )
     endpoints = ("generate", "completions", "chat")
     simulated = True
+
+    def ready_probe(self, profile: Profile) -> Probe:
+        # The port refuses connections until the workers are loaded; from then on a generation is served (SGLang's
+        # own 8-token warmup request is one too). orch's warmup requests still come before anything is measured.
+        return GENERATE_ONE
+
+    def health_probe(self, profile: Profile) -> Probe:
+        return GENERATE_ONE  # needs no model name, so it fits attached servers too
 
     def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
         if spec.algorithm in NEEDS_DRAFT_MODEL and not spec.draft_model_path:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.engines.base import Engine, SpecCounters, spec_decode_counters
+from orchestrator.engines.base import Engine, Probe, SpecCounters, spec_decode_counters
 
 if TYPE_CHECKING:
     from orchestrator.profile import Profile, Speculative
@@ -22,8 +22,9 @@ NEEDS_DRAFT_MODEL = ("eagle", "eagle3", "draft_model")
 
 class VLLM(Engine):
     name = "vllm"
-    # 200 once the engine core answers (the port refuses connections until then); 503 once the engine is dead.
-    # Like SGLang's /health_generate, orch then measures with real generations (the warmup requests).
+    # 200 once the engine core answers (the port refuses connections until then); 503 once the engine is dead. It
+    # reads a flag, generates nothing: the health check of attached servers and before a repeat; readiness of a
+    # launch is a real 1-token completion (ready_probe).
     health_path = "/health"
     env_overrides: Mapping[str, str] = MappingProxyType(
         {
@@ -63,6 +64,11 @@ class VLLM(Engine):
     )
     endpoints = ("completions", "chat")
     simulated = True
+
+    def ready_probe(self, profile: Profile) -> Probe:
+        # The model as served: --served-model-name, else the --model value as given (vLLM's default).
+        model = profile.served_model_name or profile.model_path
+        return Probe("POST", "/v1/completions", {"model": model, "prompt": [0], "max_tokens": 1, "temperature": 0})
 
     def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
         if spec.algorithm in NEEDS_DRAFT_MODEL and not spec.draft_model_path:

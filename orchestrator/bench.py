@@ -8,17 +8,15 @@ import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from orchestrator import client, progress, prompts
+from orchestrator import progress, prompts
 from orchestrator.engines import Engine
 from orchestrator.errors import BenchError
-from orchestrator.hosts import Host
-from orchestrator.sim.args import SimArgError
-from orchestrator.sim.knobs import knob_float, read_knobs
-from orchestrator.sim.timing import TimingModel
-from orchestrator.sim.vllm_args import parse_launch_args
+
+if TYPE_CHECKING:  # `orch show` imports this module for its result types: no asyncio client, psutil or simulator
+    from orchestrator.hosts import Host
 
 CLIENT_PLACES = ("host", "local")
 GPU_PROBE_AFTER_S = 0.2  # into the run: the GPUs are busy, and even short test runs last longer
@@ -206,6 +204,8 @@ def local_runner(
                 return None if state["ok"] else str(state["problem"])
 
         try:
+            from orchestrator import client
+
             result = client.run(
                 address,
                 port,
@@ -298,6 +298,8 @@ def run_benchmark(
     which it is recorded as invalid. If the server is gone or unhealthy, BenchError (recorded as an invalid run
     first, so it is stored).
     """
+    from orchestrator import client
+
     items = request_items(config)
     position = 0
     results: list[RunResult] = []
@@ -494,6 +496,11 @@ def assumed_speed() -> ArmSpeed:
 
 def sim_speed(env: Mapping[str, str], server_flags: Sequence[str]) -> ArmSpeed | None:
     """The simulator's calibrated speed for a launch with this env and these flags (None: it would not start)."""
+    from orchestrator.sim.args import SimArgError
+    from orchestrator.sim.knobs import knob_float, read_knobs
+    from orchestrator.sim.timing import TimingModel
+    from orchestrator.sim.vllm_args import parse_launch_args
+
     try:
         # argparse reports a bad flag on stderr and exits; the launch itself will say so properly.
         with contextlib.redirect_stderr(io.StringIO()):

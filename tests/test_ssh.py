@@ -370,7 +370,9 @@ def test_two_sessions_on_one_host_are_serialised_by_the_lock(
         "--min-run-s",
         "0",
     ]
-    first = orch("bench", "baseline", *common, "--db", str(tmp_path / "1.db"), cwd=tmp_path)
+    # The first session runs long enough (3 runs of 200 tokens at ~80 tok/s) for the two others to find it holding
+    # the host; readiness alone no longer takes a second.
+    first = orch("bench", "baseline", *common, "--max-tokens", "200", "--db", str(tmp_path / "1.db"), cwd=tmp_path)
     seen: list[str] = []
     wait_for_line(first, "launched PID", seen)
     busy = orch("bench", "baseline", *common, "--db", str(tmp_path / "2.db"), cwd=tmp_path)

@@ -13,7 +13,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -490,7 +490,7 @@ class SimServer:
         return 1
 
     async def _serve_health_only(
-        self, group: NodeGroup, stop_wait: asyncio.Future[bool], broken: set[asyncio.Future[bool]]
+        self, group: NodeGroup, stop_wait: asyncio.Future[Any], broken: Iterable[asyncio.Future[Any]]
     ) -> int:
         """Node rank >= 1: no tokenizer, no API; SGLang's dummy health app on --host/--port until its schedulers end."""
         ok: tuple[tuple[str, ...], Handler] = (("GET",), self._always_ok)

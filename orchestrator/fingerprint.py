@@ -7,6 +7,7 @@ import hashlib
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -375,3 +376,30 @@ def environment_diff(before: dict[str, Any], after: dict[str, Any]) -> list[Diff
             out.append(Difference(path, x, y, category, weight))
     out.sort(key=lambda d: (-d.weight, d.field))
     return out
+
+
+# What must be equal on every node of one multi-node server: (label, how to read it from a node's host facts).
+NODE_FIELDS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
+    ("GPU model", lambda f: sorted({str(g.get("name")) for g in f.get("gpus") or []}) or None),
+    ("GPU driver", lambda f: sorted({str(g.get("driver_version")) for g in f.get("gpus") or []}) or None),
+    ("sglang version", lambda f: f.get("sglang")),
+    ("torch version", lambda f: f.get("torch")),
+)
+
+
+def node_mismatches(facts: dict[str, dict[str, Any]]) -> list[str]:
+    """Per field that differs between the nodes of a group (their host facts by node name): the field and what
+    each node has, e.g. "GPU driver: gpu-a has 550.54.15, gpu-b has 535.161.08"."""
+    out = []
+    for label, read in NODE_FIELDS:
+        values = {node: read(f) for node, f in facts.items()}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            shown = ", ".join(f"{node} has {_node_value(v)}" for node, v in values.items())
+            out.append(f"{label}: {shown}")
+    return out
+
+
+def _node_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    return " + ".join(value) if isinstance(value, list) else str(value)

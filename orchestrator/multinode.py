@@ -180,7 +180,9 @@ def free_port(host: Host, avoid: set[int], tries: int = 20) -> int:
     """A port nothing listens on at `host` (for the distributed init: rank 0 listens there)."""
     draw = random.SystemRandom()
     for _ in range(tries):
-        port = draw.randrange(20000, 61000)
+        # Below Linux's ephemeral range (32768-60999): an outgoing connection's local port is not a listener, so
+        # port_owner cannot see it, yet it would make rank 0's bind fail.
+        port = draw.randrange(20000, 32768)
         if port not in avoid and not host.call("port_owner", port=port):
             return port
     raise HostError(f"{host.name}: found no free port for the distributed init address in {tries} tries")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__, attach, engines, fingerprint, progress, server
+from orchestrator import __version__, attach, engines, fingerprint, multinode, progress, server
 from orchestrator.bench import (
     BenchConfig,
     RunResult,
@@ -26,7 +26,7 @@ from orchestrator.bench import (
     run_benchmark,
     runner_for,
 )
-from orchestrator.errors import BenchError, HostError, OrchError, ServerError, was_interrupted
+from orchestrator.errors import BenchError, HostError, InputError, OrchError, ServerError, was_interrupted
 from orchestrator.hosts import Host, connect_address
 from orchestrator.profile import Profile
 from orchestrator.redaction import scrub
@@ -204,11 +204,16 @@ def run_ab(
     key = store.redaction_key
     secrets = [v for p in profiles for v in server.profile_secrets(p)]
     on_event = _scrubbing(on_event, secrets)
-    facts = host.call("facts", nvidia_smi=host.config.nvidia_smi)
+    check_nodes(host, profiles)
+    if isinstance(host, multinode.GroupHost):
+        # Every node's facts, compared before anything starts; rank 0's stand for the experiment (its API is measured).
+        per_node = multinode.node_facts(host)
+        facts = {**per_node[host.nodes[0].name], "nodes": per_node}
+    else:
+        facts = host.call("facts", nvidia_smi=host.config.nvidia_smi)
     exp_id = store.find_experiment(resume)["id"] if resume is not None else new_experiment_id()
-    lock_path = host.lock_path
     # The host lock comes before any write: a session that cannot have the host changes nothing in the store.
-    acquire_host_lock(host, lock_path, exp_id, config.lock_wait_s, on_event)
+    locked = lock_nodes(host, exp_id, config.lock_wait_s, on_event)
     try:
         notes: list[str] = []
         launches: list[LaunchResult] = []
@@ -315,8 +320,9 @@ def run_ab(
         store.finish_experiment(exp_id, "complete")
     finally:
         # Never let a failed unlock hide why we are here; the lock also goes when the agent's connection closes.
-        with contextlib.suppress(Exception):
-            host.call("unlock", path=lock_path)
+        for node in reversed(locked):
+            with contextlib.suppress(Exception):
+                node.call("unlock", path=node.lock_path)
     return with_auto_notes(
         ABResult(
             exp_id,
@@ -346,11 +352,58 @@ def facts_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(before) | set(after) if k not in _VOLATILE_FACTS and before.get(k) != after.get(k))
 
 
+def check_nodes(host: Host, profiles: Sequence[Profile]) -> None:
+    """A multi-node profile needs an inventory group with enough hosts as --host (exit 2 otherwise)."""
+    for p in profiles:
+        if p.nnodes == 1 or attach.url_of(p) is not None:
+            continue
+        nodes = len(host.nodes) if isinstance(host, multinode.GroupHost) else 1
+        if nodes < p.nnodes:
+            what = f"group {host.name} has {nodes} host(s)" if nodes > 1 else f"{host.name} is one host"
+            raise InputError(
+                f"profile {p.name!r} has nnodes: {p.nnodes}, so --host must name an inventory group of at least "
+                f"{p.nnodes} hosts (hosts.yaml: `gpu-pair: {{nodes: [gpu-a, gpu-b]}}` under hosts), but {what}"
+            )
+
+
+def lock_nodes(host: Host, exp_id: str, wait_s: float, on_event: Callable[[str], None]) -> list[Host]:
+    """The host lock of every node (a group's in name order, so two sessions wanting overlapping groups cannot
+    deadlock); the hosts whose lock this session now holds."""
+    if not isinstance(host, multinode.GroupHost):
+        acquire_host_lock(host, host.lock_path, exp_id, wait_s, on_event)
+        return [host]
+    held: list[Host] = []
+
+    def ours(holder: dict[str, Any]) -> bool:
+        return holder.get("session") == SESSION and holder.get("experiment_id") == exp_id
+
+    try:
+        for node in sorted(host.nodes, key=lambda h: h.name):
+            if acquire_host_lock(node, node.lock_path, exp_id, wait_s, on_event, shared_ok=ours):
+                held.append(node)
+            else:
+                on_event(f"NOTE: {node.name} is the same machine as another node of {host.name} (one host lock)")
+    except BaseException:
+        for node in held:
+            with contextlib.suppress(Exception):
+                node.call("unlock", path=node.lock_path)
+        raise
+    return held
+
+
 def acquire_host_lock(
-    host: Host, path: str, exp_id: str, wait_s: float, on_event: Callable[[str], None], *, purpose: str = "run"
-) -> None:
+    host: Host,
+    path: str,
+    exp_id: str,
+    wait_s: float,
+    on_event: Callable[[str], None],
+    *,
+    purpose: str = "run",
+    shared_ok: Callable[[dict[str, Any]], bool] | None = None,
+) -> bool:
     """One orch session per host: two sessions launching on one box would measure each other (or, for `orch down`,
-    stop each other's servers)."""
+    stop each other's servers). False: not taken because shared_ok accepts its holder (this session already holds
+    that machine's lock as another node of a group)."""
     holder = {
         "session": SESSION,
         "user": getpass.getuser(),
@@ -361,6 +414,8 @@ def acquire_host_lock(
         "command": " ".join(sys.argv[:12]),
     }
     got = host.call("lock", path=path, holder=holder, wait_s=0)
+    if not got["acquired"] and shared_ok is not None and shared_ok(got.get("holder") or {}):
+        return False
     if not got["acquired"] and wait_s > 0:
         on_event(f"{host.name} is busy ({describe_holder(got['holder'])}); waiting up to {wait_s:.0f}s")
         progress.phase("lock wait", holder=describe_holder(got["holder"]))
@@ -376,6 +431,7 @@ def acquire_host_lock(
             "Use --wait SECONDS to queue behind it. (The lock goes away by itself when that session ends or "
             "its connection drops.)"
         )
+    return True
 
 
 def describe_holder(holder: dict[str, Any]) -> str:
@@ -431,8 +487,12 @@ def _run_launch(
         store.add_run(state["launch"].launch_id, run.to_dict())
         on_run(profile.name, run)
 
+    multi = isinstance(host, multinode.GroupHost) and profile.nnodes > 1
+    lifecycle: Callable[..., contextlib.AbstractContextManager[server.RunningServer]] = (
+        multinode.running if multi else server.running
+    )
     try:
-        with server.running(
+        with lifecycle(
             host,
             profile,
             simulate=config.simulate,
@@ -476,7 +536,7 @@ def _run_launch(
                 host.ensure_connected()
                 problem = server_problem(host, srv, profile)
                 if problem is not None:
-                    tail = host.call("log_tail", path=srv.launch.log_path, lines=20)
+                    tail = srv.failure_tail(host, 20)
                     on_event(f"{profile.name}: {problem}; not repeating the run. Last lines of its log:\n{tail}")
                     return False
                 return True

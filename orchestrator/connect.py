@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from orchestrator.hosts import Host, HostConfig, LocalHost, load_inventory, parse_target
+from orchestrator.hosts import Host, HostConfig, LocalHost, load_groups, load_inventory, parse_target
 
 
 def resolve_host(
@@ -16,6 +16,11 @@ def resolve_host(
 ) -> Host:
     """Turn `--host` into a connected Host."""
     hosts = load_inventory(inventory)
+    groups = load_groups(inventory) if hosts else {}
+    if spec in groups:
+        from orchestrator.multinode import open_group  # several hosts: one multi-node launch spans them
+
+        return open_group(groups[spec], hosts, workdir=workdir, accept_new_host_key=accept_new_host_key)
     config = parse_target(spec, hosts)
     if workdir:
         config = replace(config, workdir=workdir)

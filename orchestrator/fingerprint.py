@@ -7,6 +7,7 @@ import hashlib
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -375,3 +376,41 @@ def environment_diff(before: dict[str, Any], after: dict[str, Any]) -> list[Diff
             out.append(Difference(path, x, y, category, weight))
     out.sort(key=lambda d: (-d.weight, d.field))
     return out
+
+
+# What must be equal on every node of one multi-node server, read from each node's host facts: the GPUs, and the
+# version of every package the host facts report that an engine adapter names as its own or a fingerprint package.
+NODE_GPU_FIELDS = (("GPU model", "name"), ("GPU driver", "driver_version"))
+
+
+def _gpu_values(key: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda f: sorted({str(g.get(key)) for g in f.get("gpus") or []}) or None
+
+
+def _fact(key: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda f: f.get(key)
+
+
+def _node_fields(facts: dict[str, dict[str, Any]]) -> list[tuple[str, Callable[[dict[str, Any]], Any]]]:
+    fields = [(label, _gpu_values(key)) for label, key in NODE_GPU_FIELDS]
+    packages = {p for name in engines.names() for p in engines.get(name).packages}
+    reported = sorted(packages & {k for f in facts.values() for k in f})
+    return fields + [(f"{pkg} version", _fact(pkg)) for pkg in reported]
+
+
+def node_mismatches(facts: dict[str, dict[str, Any]]) -> list[str]:
+    """Per field that differs between the nodes of a group (their host facts by node name): the field and what
+    each node has, e.g. "GPU driver: gpu-a has 550.54.15, gpu-b has 535.161.08"."""
+    out = []
+    for label, read in _node_fields(facts):
+        values = {node: read(f) for node, f in facts.items()}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            shown = ", ".join(f"{node} has {_node_value(v)}" for node, v in values.items())
+            out.append(f"{label}: {shown}")
+    return out
+
+
+def _node_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    return " + ".join(value) if isinstance(value, list) else str(value)

@@ -111,6 +111,8 @@ def load_inventory(explicit: str | None = None) -> dict[str, HostConfig]:
                 )
             if not isinstance(settings, dict):
                 raise InventoryError(f"{path}: hosts.{name}: expected a mapping of settings, got {show(settings)}")
+            if "nodes" in settings:
+                continue  # a group of hosts (load_groups)
             values = check_fields(settings, HOST_FIELDS, f"{path}: hosts.{name}", InventoryError)
             if name != "local" and "address" not in values:
                 values["address"] = name  # like ssh: a name is also an address or ssh_config alias
@@ -324,3 +326,47 @@ def check_host(host: Host, namespace: str) -> list[tuple[str, str]]:
     else:
         out.append(("ok", "no orch launches running"))
     return out
+
+
+GROUP_FIELDS = {"nodes": str_list, "port_stride": int_range(0, 1000), "init_address": nonempty_str}
+
+
+@dataclass(frozen=True)
+class HostGroup:
+    """An inventory group (`gpu-pair: {nodes: [gpu-a, gpu-b]}`): the hosts one multi-node launch spreads over,
+    node rank i on nodes[i]."""
+
+    name: str
+    nodes: tuple[str, ...]
+    port_stride: int = 0  # node rank i serves on the profile's port + i * port_stride (nodes sharing one machine)
+    init_address: str | None = None  # where the other nodes reach node rank 0 (default: its inventory address)
+    source: str = ""
+
+
+def load_groups(explicit: str | None = None) -> dict[str, HostGroup]:
+    """The inventory's groups (entries with `nodes:`), each node an inventory host; {} without an inventory."""
+    hosts = load_inventory(explicit)
+    for path in inventory_paths(explicit):
+        if not yamlfile.is_file(path):
+            continue
+        entries = (yamlfile.load(path, InventoryError, "host inventory") or {}).get("hosts") or {}
+        out = {}
+        for name, settings in entries.items():
+            if not (isinstance(settings, dict) and "nodes" in settings):
+                continue
+            where = f"{path}: hosts.{name}"
+            values = check_fields(settings, GROUP_FIELDS, where, InventoryError)
+            nodes = tuple(values.pop("nodes"))
+            if not nodes:
+                raise InventoryError(f"{where}.nodes: a group needs at least one host")
+            for node in nodes:
+                if node not in hosts:
+                    known = ", ".join(sorted(hosts)) or "none"
+                    raise InventoryError(
+                        f"{where}.nodes: {node!r} is not a host of this inventory (its hosts: {known})"
+                    )
+            if len(set(nodes)) != len(nodes):
+                raise InventoryError(f"{where}.nodes: a host is listed twice in {list(nodes)}")
+            out[name] = HostGroup(name=name, nodes=nodes, source=str(path), **values)
+        return out
+    return {}

@@ -85,6 +85,7 @@ class Profile:
     model_path: str
     port: int
     tp_size: int = 1
+    nnodes: int = 1  # > 1: one launch spreads over that many hosts of an inventory group (multinode.py)
     host: str = "127.0.0.1"
     served_model_name: str | None = None
     trust_remote_code: bool = False
@@ -136,6 +137,8 @@ class Profile:
             "ready_timeout_s": self.ready_timeout_s,
             "description": self.description,
             "attach": self.attach,
+            # Only when set: experiments stored before the field existed still compare equal on resume.
+            **({"nnodes": self.nnodes} if self.nnodes != 1 else {}),
         }
 
 
@@ -162,6 +165,7 @@ TOP_FIELDS: dict[str, Any] = {
     "model_path": nonempty_str,
     "served_model_name": nonempty_str,
     "tp_size": int_range(1, 1024),
+    "nnodes": int_range(1, 1024),
     "host": nonempty_str,
     "port": int_range(1, 65535),
     "trust_remote_code": boolean,
@@ -447,7 +451,13 @@ def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
         raise ProfileProblems(problems)  # nothing past this point can be checked without the engine
     engine = engines.get(values["engine"])
     for key in OPTIONAL_FIELDS:
-        if key in values and key not in engine.fields:
+        if key == "nnodes" and key not in engine.fields:
+            if values.get(key, 1) != 1:
+                problems.append(
+                    f"{path}: nnodes: multi-node launches are supported for SGLang profiles only (engine: sglang), "
+                    f"not {engine.name}; remove the field or set it to 1"
+                )
+        elif key in values and key not in engine.fields:
             takes = ", ".join(sorted(engine.fields)) or "none of " + ", ".join(OPTIONAL_FIELDS)
             problems.append(
                 f"{path}: {key}: not a field of {engine.name} profiles (of the engine-specific fields it takes: "

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,12 +165,19 @@ def profile_secrets(profile: Profile) -> list[str]:
 
 
 def launch(
-    host: Host, profile: Profile, *, simulate: bool, namespace: str, redaction_key: bytes | None = None
+    host: Host,
+    profile: Profile,
+    *,
+    simulate: bool,
+    namespace: str,
+    redaction_key: bytes | None = None,
+    extra_args: Sequence[str] = (),
+    launch_id: str | None = None,
 ) -> Launch:
     """Start the server detached; the returned Launch (which gets stored) holds its argv and env with digests
-    (keyed with redaction_key) in place of secret values."""
-    launch_id = new_launch_id(namespace)
-    argv = profile.launch_argv(host.python, simulate=simulate)
+    (keyed with redaction_key) in place of secret values. extra_args: one node's flags of a multi-node launch."""
+    launch_id = launch_id or new_launch_id(namespace)
+    argv = [*profile.launch_argv(host.python, simulate=simulate), *extra_args]
     env = profile.env_dict()
     if simulate:
         env.update(profile.sim_env())
@@ -374,6 +381,10 @@ class RunningServer:
     # teardown that also finds members which dropped the marker.
     processes: list[dict[str, Any]] = field(default_factory=list)
 
+    def failure_tail(self, host: Host, lines: int = 20) -> str:
+        """The server's last log lines, to show why it failed (a multi-node launch: those of the ranks that died)."""
+        return str(host.call("log_tail", path=self.launch.log_path, lines=lines))
+
     def problem(self, host: Host) -> str | None:
         """Why the launch is no longer healthy, or None: a recorded process exited."""
         if not self.processes:
@@ -479,3 +490,9 @@ def _teardown_line(profile: Profile, td: dict[str, Any]) -> str:
         + (f"; GPU memory idle after {gpus['waited_s']}s" if gpus.get("idle") else "")
         + (f"; GPUs NOT idle: {'; '.join(gpus['problems'])}" if gpus.get("idle") is False else "")
     )
+
+
+# For multinode.py, which runs the same lifecycle over several hosts.
+quiet = _quiet
+shielded = _shielded
+teardown_line = _teardown_line

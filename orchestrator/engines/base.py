@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from orchestrator.profile import Profile, Speculative
 
 # Top-level profile fields only some engines take; every engine takes the rest (model_path, host, port, env...).
-OPTIONAL_FIELDS = ("served_model_name", "tp_size", "trust_remote_code", "mem_fraction_static")
+OPTIONAL_FIELDS = ("served_model_name", "tp_size", "trust_remote_code", "mem_fraction_static", "nnodes")
 # speculative.* fields only some engines take (algorithm is always there).
 OPTIONAL_SPEC_FIELDS = ("draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens")
 
@@ -95,6 +95,15 @@ class Engine(ABC):
     @abstractmethod
     def launch_argv(self, profile: Profile, python: str, *, simulate: bool) -> list[str]:
         """The whole command line: the engine itself, or orch's simulator of it (same flags)."""
+
+    def node_flags(self, nnodes: int, rank: int, init_addr: str) -> list[str]:
+        """The flags that make one launch node `rank` of an `nnodes`-node server (engines whose profiles take
+        `nnodes`); the rest of the command line is the same on every node."""
+        raise NotImplementedError(f"{self.name} has no multi-node launches")
+
+    def rank_probe(self) -> Probe:
+        """What says a node of rank >= 1 is up (it serves no API of its own)."""
+        return Probe("GET", self.health_path)
 
     def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
         """(field, why) when a speculative block is valid field by field but not as a whole for this engine."""

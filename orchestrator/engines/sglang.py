@@ -60,6 +60,10 @@ class SGLang(Engine):
             "--speculative-num-steps": "speculative.num_steps",
             "--speculative-eagle-topk": "speculative.eagle_topk",
             "--speculative-num-draft-tokens": "speculative.num_draft_tokens",
+            "--nnodes": "nnodes",
+            "--node-rank": "nnodes",
+            "--dist-init-addr": "nnodes",
+            "--nccl-init-addr": "nnodes",
         }
     )
     endpoints = ("generate", "completions", "chat")
@@ -72,6 +76,14 @@ class SGLang(Engine):
 
     def health_probe(self, profile: Profile) -> Probe:
         return GENERATE_ONE  # needs no model name, so it fits attached servers too
+
+    def node_flags(self, nnodes: int, rank: int, init_addr: str) -> list[str]:
+        return ["--nnodes", str(nnodes), "--node-rank", str(rank), "--dist-init-addr", init_addr]
+
+    def rank_probe(self) -> Probe:
+        # Ranks >= 1 serve only a dummy app (/health, /health_generate, /ping: always 200) once their schedulers
+        # are in the group, i.e. once every rank has joined (entrypoints/engine.py, launch_dummy_health_check_server).
+        return Probe("GET", "/health")
 
     def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
         if spec.algorithm in NEEDS_DRAFT_MODEL and not spec.draft_model_path:

@@ -105,9 +105,9 @@ FLAGS: tuple[Flag, ...] = (
     _f("--download-dir", "str", None, False, "weight download dir"),
     _f("--device", "str", None, False, "device type"),
     _f("--base-gpu-id", "int", 0, False, "first GPU id"),
-    _f("--nnodes", "int", 1, False, "number of nodes"),
-    _f("--node-rank", "int", 0, False, "this node's rank"),
-    _f("--dist-init-addr --nccl-init-addr", "str", None, False, "distributed init address"),
+    _f("--nnodes", "int", 1, True, "number of nodes (ranks rendezvous at --dist-init-addr)"),
+    _f("--node-rank", "int", 0, True, "this node's rank (0 serves the API; others a health app)"),
+    _f("--dist-init-addr --nccl-init-addr", "str", None, True, "distributed init address HOST:PORT"),
     _f("--enable-symm-mem", "bool", False, True, "symmetric memory (sets NCCL_CUMEM_ENABLE/NCCL_NVLS_ENABLE=1)"),
     _f("--enable-nccl-nvls", "bool", False, True, "NCCL NVLS (sets NCCL_NVLS_ENABLE=1)"),
     _f("--disable-custom-all-reduce", "bool", False, False, "disable custom all-reduce"),
@@ -210,6 +210,9 @@ class ServerConfig:
     enable_nccl_nvls: bool
     spec: SpecConfig | None
     speculative_draft_model_path: str | None
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: tuple[str, int] | None = None
     resolved: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -263,6 +266,7 @@ def parse_server_args(argv: Sequence[str]) -> ServerConfig:
     if max_running < 1:
         raise SimArgError(f"--max-running-requests must be >= 1, got {max_running}")
 
+    nnodes, node_rank, init_addr = _resolve_nodes(values)
     model_path = str(values["model_path"])
     served = str(values["served_model_name"] or model_path)
     values.update(
@@ -292,10 +296,28 @@ def parse_server_args(argv: Sequence[str]) -> ServerConfig:
         enable_nccl_nvls=bool(values["enable_nccl_nvls"]),
         spec=spec,
         speculative_draft_model_path=values["speculative_draft_model_path"],
+        nnodes=nnodes,
+        node_rank=node_rank,
+        dist_init_addr=init_addr,
         resolved=values,
         warnings=warnings,
         notes=notes,
     )
+
+
+def _resolve_nodes(values: dict[str, Any]) -> tuple[int, int, tuple[str, int] | None]:
+    """--nnodes / --node-rank / --dist-init-addr, checked the way a multi-node launch needs them."""
+    nnodes, rank, addr = int(values["nnodes"]), int(values["node_rank"]), values["dist_init_addr"]
+    if nnodes < 1:
+        raise SimArgError(f"--nnodes must be >= 1, got {nnodes}")
+    if not 0 <= rank < nnodes:
+        raise SimArgError(f"--node-rank must be between 0 and --nnodes - 1 = {nnodes - 1}, got {rank}")
+    if nnodes == 1:
+        return 1, 0, None
+    host, sep, port = str(addr or "").rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SimArgError(f"--nnodes {nnodes} needs --dist-init-addr HOST:PORT (rank 0's address), got {addr!r}")
+    return nnodes, rank, (host.strip("[]"), int(port))
 
 
 def _show(value: Any) -> str:

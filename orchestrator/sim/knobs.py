@@ -78,6 +78,14 @@ _KNOB_LIST: tuple[Knob, ...] = (
     Knob("drain_s", float, 2.0, "on SIGTERM, how long in-flight requests may finish before being aborted", 0.0, 3600.0),
     Knob("seed", int, None, "seeds every random draw; unset: drawn at random and logged", 0.0, float(2**63 - 1)),
     Knob("fault", str, None, "comma-separated faults to inject (see FAULTS)"),
+    Knob(
+        "fault_node_rank",
+        int,
+        None,
+        "multi-node: inject `fault` on this node rank only (unset: on every rank)",
+        0.0,
+        1023.0,
+    ),
     Knob("drop_env", str, None, "comma-separated env var names removed from the workers' environment"),
     Knob("version", str, None, "the engine version the server reports (GET /server_info); unset: the simulated 0.5.9"),
     Knob(

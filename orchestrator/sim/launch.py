@@ -72,6 +72,9 @@ def launch(
 ) -> int:
     """What every mode does once its flags are parsed: seed, speed, env rewrite, then serve until stopped."""
     logs.set_level(cfg.log_level)
+    fault_rank = knobs.get("fault_node_rank")
+    if fault_rank is not None and fault_rank != cfg.node_rank:
+        knobs = {**knobs, "fault": None}  # a fault aimed at another node of the group
     if "ignore-sigterm" in knob_faults(knobs):
         # Set before anything else runs; the workers reset it so only this process is deaf to SIGTERM.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -13,7 +13,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -42,6 +42,7 @@ from orchestrator.sim.httpio import (
 )
 from orchestrator.sim.knobs import knob_faults, knob_float
 from orchestrator.sim.launch import launch, load_knobs
+from orchestrator.sim.nodes import NodeGroup
 from orchestrator.sim.timing import TimingModel
 from orchestrator.sim.workers import WorkerSpec, run_worker
 
@@ -362,6 +363,7 @@ class SimServer:
         # A socket bound before loading (vLLM's way: the port is taken but refuses connections until it listens).
         self.listen_sock: socket.socket | None = None
         self._routes = self.routes()
+        self._group_task: asyncio.Future[None] | None = None
 
     def routes(self) -> dict[str, tuple[tuple[str, ...], Handler]]:
         return {
@@ -393,18 +395,36 @@ class SimServer:
                 continue
             loop.add_signal_handler(sig, self._on_signal, sig)
         self._spawn_workers()
+        group = self._start_group()
         ready_wait = asyncio.ensure_future(self._ready.wait())
         stop_wait = asyncio.ensure_future(self._shutdown.wait())
-        await asyncio.wait({ready_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        broken = {asyncio.ensure_future(group.broken.wait())} if group is not None else set()
+        await asyncio.wait({ready_wait, stop_wait, *broken}, return_when=asyncio.FIRST_COMPLETED)
         ready_wait.cancel()
         if self._init_failure is not None:
             await self._report_init_failure(self._init_failure)
             await self._stop_workers(kill=True)
             return 1
+        if group is not None and group.broken.is_set() and not self._shutdown.is_set():
+            return await self._group_failed(group, loading=True)
         if self._shutdown.is_set():
             logs.log("Shutdown requested while loading; stopping workers")
             await self._stop_workers()
             return 0
+        if group is not None:
+            # Loaded, but no rank finishes initialising before every rank has joined: the port stays closed.
+            formed = asyncio.ensure_future(group.formed.wait())
+            await asyncio.wait({formed, stop_wait, *broken}, return_when=asyncio.FIRST_COMPLETED)
+            formed.cancel()
+            if group.broken.is_set() and not self._shutdown.is_set():
+                return await self._group_failed(group, loading=True)
+            if self._shutdown.is_set():
+                logs.log("Shutdown requested while waiting for the other nodes; stopping workers")
+                group.close()
+                await self._stop_workers()
+                return 0
+            if self.cfg.node_rank >= 1:
+                return await self._serve_health_only(group, stop_wait, broken)
         await self._before_listen()
         if self._shutdown.is_set():
             logs.log("Shutdown requested before the server listened; stopping workers")
@@ -438,11 +458,69 @@ class SimServer:
         )
         engine_task = asyncio.ensure_future(self.engine.run())
         warmup_task = asyncio.ensure_future(self._warmup())
-        await stop_wait
+        await asyncio.wait({stop_wait, *broken}, return_when=asyncio.FIRST_COMPLETED)
         warmup_task.cancel()
+        if group is not None and not self._shutdown.is_set():
+            engine_task.cancel()
+            return await self._group_failed(group, loading=False)
         await self._graceful_shutdown()
         engine_task.cancel()
         return 0
+
+    def _start_group(self) -> NodeGroup | None:
+        if self.cfg.nnodes == 1 or self.cfg.dist_init_addr is None:
+            return None
+        group = NodeGroup(self.cfg.nnodes, self.cfg.node_rank, self.cfg.dist_init_addr)
+        self._group_task = asyncio.ensure_future(group.form())
+        return group
+
+    async def _group_failed(self, group: NodeGroup, *, loading: bool) -> int:
+        """A rank is gone: the collective this node's schedulers wait in fails, and the server kills its own tree."""
+        logs.log(f"Scheduler hit an exception: RuntimeError: {group.why}", "error")
+        if loading:
+            logs.log("Initialization failed. Please see the error messages above.", "error")
+        else:
+            logs.log("Received sigquit from a child process. It usually means the child failed.", "error")
+        group.close()
+        if self.http is not None:
+            self.http.close()
+        for w in list(self.conns):
+            w.close()
+        await self._stop_workers(kill=True)
+        return 1
+
+    async def _serve_health_only(
+        self, group: NodeGroup, stop_wait: asyncio.Future[Any], broken: Iterable[asyncio.Future[Any]]
+    ) -> int:
+        """Node rank >= 1: no tokenizer, no API; SGLang's dummy health app on --host/--port until its schedulers end."""
+        ok: tuple[tuple[str, ...], Handler] = (("GET",), self._always_ok)
+        self._routes = {"/health": ok, "/health_generate": ok, "/ping": ok}
+        try:
+            self.http = await asyncio.start_server(
+                self._on_conn, self.cfg.host, self.cfg.port, reuse_address=True, backlog=256, limit=64 * 1024
+            )
+        except OSError as exc:
+            logs.log(str(exc), "error")
+            group.close()
+            await self._stop_workers(kill=True)
+            return 1
+        self.phase = UP
+        logs.log(f"Dummy health check server at {self.cfg.host}:{self.cfg.port} (node rank {self.cfg.node_rank})")
+        await asyncio.wait({stop_wait, *broken}, return_when=asyncio.FIRST_COMPLETED)
+        if not self._shutdown.is_set():
+            first = next(w for w in self.workers if w.spec.role == "scheduler")
+            logs.log(f"Scheduler or DataParallelController {first.proc.pid} terminated with 1", "error")
+            return await self._group_failed(group, loading=False)
+        self.phase = SHUTTING_DOWN
+        self.http.close()
+        group.close()
+        await self._stop_workers()
+        logs.log("Shutdown complete (simulated server)")
+        return 0
+
+    async def _always_ok(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        writer.write(response(200, b"", None, req.keep_alive))
+        return req.keep_alive
 
     def _on_signal(self, sig: int) -> None:
         self._signals += 1
@@ -470,7 +548,7 @@ class SimServer:
         assert self.engine is not None
         self.engine.broken = True
         self.engine.crash_pending = False
-        victim = next(w for w in self.workers if w.spec.role == "scheduler" and w.spec.rank == 0)
+        victim = next(w for w in self.workers if w.spec.role == "scheduler")
         logs.log(
             f"FAULT worker-hang-after-tokens: {tokens} tokens generated; {victim.label} (pid {victim.proc.pid}) "
             "hard-exits now; the HTTP port stays open but nothing is generated any more (no watchdog)",
@@ -522,20 +600,28 @@ class SimServer:
 
     def _worker_specs(self, common: dict[str, Any]) -> list[WorkerSpec]:
         """SGLang's processes: one scheduler per TP rank and a detokenizer."""
+        ranks = self._local_tp_ranks()
+        first, last = ranks[0], ranks[-1]
         specs = [
             WorkerSpec(
                 "scheduler",
                 rank,
-                fault_exit=rank == 0 and "exit-during-load" in self.faults,
-                fault_hang=rank == 0 and "hang-during-load" in self.faults,
-                escape=rank == self.cfg.tp_size - 1 and "escape-setsid" in self.faults,
-                double_fork=rank == 0 and "escape-double-fork" in self.faults,
+                fault_exit=rank == first and "exit-during-load" in self.faults,
+                fault_hang=rank == first and "hang-during-load" in self.faults,
+                escape=rank == last and "escape-setsid" in self.faults,
+                double_fork=rank == first and "escape-double-fork" in self.faults,
                 **common,
             )
-            for rank in range(self.cfg.tp_size)
+            for rank in ranks
         ]
-        specs.append(WorkerSpec("detokenizer", 0, reexec="reexec-no-marker" in self.faults, **common))
+        if self.cfg.node_rank == 0:  # ranks >= 1 run no tokenizer or detokenizer
+            specs.append(WorkerSpec("detokenizer", 0, reexec="reexec-no-marker" in self.faults, **common))
         return specs
+
+    def _local_tp_ranks(self) -> list[int]:
+        """The TP ranks whose schedulers run on this node: tp_size is split evenly over the nodes."""
+        per_node = max(1, self.cfg.tp_size // self.cfg.nnodes)
+        return list(range(self.cfg.node_rank * per_node, (self.cfg.node_rank + 1) * per_node))
 
     def _on_worker_readable(self, w: _Worker) -> None:
         try:

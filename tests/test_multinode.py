@@ -1,0 +1,281 @@
+"""Multi-node launches: one arm over two SSH hosts (two sshd on 127.0.0.1), rank failures, node checks, the sim."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator import hostside
+from orchestrator.ab import ABConfig, run_ab
+from orchestrator.bench import BenchConfig
+from orchestrator.connect import resolve_host
+from orchestrator.errors import InputError, InventoryError, OrchError, ServerError
+from orchestrator.hosts import load_groups
+from orchestrator.multinode import GroupHost, NodeMismatchError
+from orchestrator.profile import ProfileError, load
+from orchestrator.store import Store
+from tests import fake_nvidia_smi
+from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port
+from tests.sshd import SSHD
+
+pytestmark = pytest.mark.skipif(
+    not Path("/usr/sbin/sshd").exists() and not os.environ.get("CI"),
+    reason="openssh-server is not installed (apt-get install openssh-server)",
+)
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[SSHD, Path]]]:
+    """Two sshd on 127.0.0.1, each with its own fake nvidia-smi (and its state file, to pretend another GPU)."""
+    started: dict[str, tuple[SSHD, Path]] = {}
+    try:
+        for name in ("node-a", "node-b"):
+            fake = tmp_path_factory.mktemp(f"fakebin-{name}")
+            fake_nvidia_smi.install(fake, fake / "state.json", gpus=2)
+            sshd = SSHD.start(tmp_path_factory.mktemp(f"sshd-{name}"), path_prepend=str(fake))
+            started[name] = (sshd, fake / "state.json")
+        yield started
+    finally:
+        for sshd, _ in started.values():
+            sshd.stop()
+
+
+@pytest.fixture
+def pair(nodes: dict[str, tuple[SSHD, Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The inventory: node-a and node-b (ssh_config aliases) and the group `pair` of both."""
+    config, known = [], []
+    for name, (sshd, _) in nodes.items():
+        config.append(
+            f"Host {name}\n    HostName 127.0.0.1\n    Port {sshd.port}\n    User root\n"
+            f"    IdentityFile {sshd.client_key}\n    IdentitiesOnly yes\n"
+            f"    UserKnownHostsFile {tmp_path / 'known_hosts'}\n    StrictHostKeyChecking yes\n"
+        )
+        known.append(f"[127.0.0.1]:{sshd.port} {sshd.host_public_key()}\n")
+    (tmp_path / "ssh_config").write_text("".join(config))
+    (tmp_path / "known_hosts").write_text("".join(known))
+    monkeypatch.setenv("ORCH_SSH_CONFIG", str(tmp_path / "ssh_config"))
+    host = {"python": sys.executable, "workdir": str(tmp_path / "remote"), "reconnect_s": 5, "gpu_idle_mib": 1024}
+    inventory = {
+        "hosts": {
+            "node-a": dict(host),
+            "node-b": dict(host),
+            # Both "nodes" are this machine: rank 1 serves on the next port so the two do not collide.
+            "pair": {"nodes": ["node-a", "node-b"], "port_stride": 1},
+        }
+    }
+    (tmp_path / "hosts.yaml").write_text(yaml.safe_dump(inventory))
+    monkeypatch.setenv("ORCH_HOSTS", str(tmp_path / "hosts.yaml"))
+    return "pair"
+
+
+def _profiles(write_profile: WriteProfile, sim: dict[str, Any] | None = None) -> None:
+    write_profile(
+        "base",
+        engine="sglang",
+        model_path="/models/test-model",
+        tp_size=2,
+        nnodes=2,
+        port=free_port(),
+        ready_timeout_s=30,
+        env={"NCCL_PROTO": "LL"},
+        sim={**FAST_SIM, **(sim or {})},
+    )
+    write_profile("baseline", extends="base")
+    write_profile(
+        "eagle3",
+        extends="base",
+        port=free_port(),
+        speculative={"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 3, "eagle_topk": 1},
+    )
+
+
+def _config(runs: int = 2) -> ABConfig:
+    bench = BenchConfig(min_run_s=0, runs=runs, warmup=1, max_tokens=24, warmup_max_tokens=4)
+    return ABConfig(bench=bench, simulate=True, namespace=NAMESPACE, grace_s=2, gpu_wait_s=10)
+
+
+def _nothing_left() -> None:
+    assert hostside.op_find(NAMESPACE) == []
+
+
+def _load(name: str, profile_dir: Path) -> Any:
+    return load(name, cwd=profile_dir.parent)
+
+
+def test_two_node_ab_over_two_ssh_hosts(
+    pair: str, write_profile: WriteProfile, profile_dir: Path, tmp_path: Path
+) -> None:
+    _profiles(write_profile)
+    events: list[str] = []
+    profiles = [_load("baseline", profile_dir), _load("eagle3", profile_dir)]
+    store = Store(tmp_path / "r.db")
+    with resolve_host(pair) as host:
+        assert isinstance(host, GroupHost) and [n.name for n in host.nodes] == ["node-a", "node-b"]
+        result = run_ab(host, profiles, _config(), store, on_event=events.append)
+    text = "\n".join(events)
+    assert [len([r for r in a.launches[0].runs if not r.warmup]) for a in result.arms] == [2, 2]
+    assert all(r.tokens == 24 for a in result.arms for r in a.launches[0].runs if not r.warmup)
+    for arm in result.arms:
+        launch = arm.launches[0]
+        assert launch.env_report["ok"], launch.env_report  # every process of both nodes holds the profile's env
+        ranks = launch.teardown["nodes"]
+        assert [r["rank"] for r in ranks] == [0, 1] and [r["host"] for r in ranks] == ["node-a", "node-b"]
+        argv = " ".join(ranks[1]["argv"])
+        assert "--nnodes 2 --node-rank 1 --dist-init-addr 127.0.0.1:" in argv
+    assert "node rank 1 (node-b) ready" in text and "same machine as another node of pair" in text
+    assert sorted(result.host_facts["nodes"]) == ["node-a", "node-b"]
+    _nothing_left()
+
+
+def test_a_rank_dying_during_load_tears_down_every_node_with_its_log(
+    pair: str, write_profile: WriteProfile, profile_dir: Path, tmp_path: Path
+) -> None:
+    _profiles(write_profile, sim={"fault": "exit-during-load", "fault_node_rank": 1, "load_s": 1.0})
+    events: list[str] = []
+    store = Store(tmp_path / "r.db")
+    with resolve_host(pair) as host, pytest.raises(ServerError) as err:
+        run_ab(host, [_load("baseline", profile_dir)], _config(), store, on_event=events.append)
+    message = str(err.value)
+    assert "node rank 1 (node-b)" in message and "exited during startup" in message
+    assert "--- node rank 1 (node-b)" in message and "Initialization failed" in message
+    assert "simulated failure while loading weights" in message  # rank 1's own log, not rank 0's echo
+    assert any(e.startswith("node rank 0 (node-a): ") and "torn down" in e for e in events), events
+    _nothing_left()
+
+
+def test_a_rank_dying_mid_run_ends_the_arm_and_every_rank_is_gone(
+    pair: str, write_profile: WriteProfile, profile_dir: Path, tmp_path: Path
+) -> None:
+    _profiles(write_profile)
+    events: list[str] = []
+
+    def kill_rank_1(name: str, run: object) -> None:
+        rank1 = [p for p in hostside.op_find(NAMESPACE) if p["launch_id"].endswith("-rank1")]
+        main = [p for p in rank1 if "--node-rank" in p["cmdline"] and "multiprocessing" not in p["cmdline"]]
+        if main:
+            os.kill(main[0]["pid"], signal.SIGKILL)  # the node is gone, as if it crashed
+
+    store = Store(tmp_path / "r.db")
+    with resolve_host(pair) as host, pytest.raises(OrchError) as err:
+        run_ab(
+            host,
+            [_load("baseline", profile_dir)],
+            _config(runs=4),
+            store,
+            on_event=events.append,
+            on_run=kill_rank_1,
+        )
+    text = "\n".join(events) + "\n" + str(err.value)
+    assert "node rank 1 (node-b)" in text, text
+    assert "--- node rank 1 (node-b)" in text, text  # its log tail is shown
+    _nothing_left()
+
+
+def test_nodes_that_differ_are_refused_before_anything_launches(
+    pair: str, nodes: dict[str, tuple[SSHD, Path]], write_profile: WriteProfile, profile_dir: Path, tmp_path: Path
+) -> None:
+    _profiles(write_profile)
+    state = nodes["node-b"][1]
+    state.write_text('{"name": "NVIDIA H100 80GB HBM3"}')
+    try:
+        store = Store(tmp_path / "r.db")
+        with resolve_host(pair) as host, pytest.raises(NodeMismatchError) as err:
+            run_ab(host, [_load("baseline", profile_dir)], _config(), store)
+    finally:
+        state.unlink()
+    assert "GPU model: node-a has" in str(err.value) and "node-b has NVIDIA H100 80GB HBM3" in str(err.value)
+    _nothing_left()
+
+
+def test_multi_node_profiles_need_a_group_and_sglang(write_profile: WriteProfile, profile_dir: Path) -> None:
+    write_profile("v", engine="vllm", model_path="/m", port=8000, nnodes=2)
+    with pytest.raises(ProfileError, match="nnodes: multi-node launches are supported for SGLang profiles only"):
+        _load("v", profile_dir)
+    write_profile("s", engine="sglang", model_path="/m", port=8000, tp_size=2, nnodes=2, server_args=["--node-rank=1"])
+    with pytest.raises(ProfileError, match="--node-rank is set by the field 'nnodes'"):
+        _load("s", profile_dir)
+    write_profile("ok", engine="sglang", model_path="/m", port=free_port(), tp_size=2, nnodes=2)
+    prof = _load("ok", profile_dir)
+    assert prof.nnodes == 2 and prof.to_dict()["nnodes"] == 2
+    assert "nnodes" not in _load_one(write_profile, profile_dir).to_dict()  # unchanged for stored experiments
+    from orchestrator.ab import check_nodes
+    from orchestrator.hosts import LocalHost
+
+    with pytest.raises(InputError, match="must name an inventory group of at least 2 hosts"):
+        check_nodes(LocalHost(), [prof])
+
+
+def _load_one(write_profile: WriteProfile, profile_dir: Path) -> Any:
+    write_profile("one", engine="sglang", model_path="/m", port=8000, tp_size=1)
+    return _load("one", profile_dir)
+
+
+def test_inventory_groups_are_validated(tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text("hosts:\n  a: {}\n  g: {nodes: [a, b]}\n")
+    with pytest.raises(InventoryError, match=r"hosts.g.nodes: 'b' is not a host of this inventory"):
+        load_groups(str(inv))
+    inv.write_text("hosts:\n  a: {}\n  g: {nodes: [a], port_strid: 1}\n")
+    with pytest.raises(InventoryError, match="port_strid: unknown field"):
+        load_groups(str(inv))
+    inv.write_text("hosts:\n  a: {}\n  b: {}\n  g: {nodes: [a, b]}\n")
+    assert load_groups(str(inv))["g"].nodes == ("a", "b")
+
+
+def _get(url: str, data: bytes | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=2) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+def test_sim_rank_0_waits_for_the_others_and_exits_when_one_is_lost(tmp_path: Path) -> None:
+    ports = [free_port(), free_port(), free_port()]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ORCH_SIM_LOAD_S": "0.1", "ORCH_SIM_WARMUP_S": "0.1"}
+
+    def rank(i: int) -> subprocess.Popen[bytes]:
+        argv = [sys.executable, "-m", "orchestrator.sim", "--model-path", "m", "--tp-size", "2", "--port"]
+        argv += [str(ports[i]), "--nnodes", "2", "--node-rank", str(i), "--dist-init-addr", f"127.0.0.1:{ports[2]}"]
+        log = (tmp_path / f"r{i}.log").open("wb")
+        return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    gen = b'{"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}'
+    r0 = rank(0)
+    r1: subprocess.Popen[bytes] | None = None
+    try:
+        time.sleep(1.0)
+        assert _get(f"http://127.0.0.1:{ports[0]}/generate", gen) == 0  # loaded, but rank 1 is missing: port closed
+        assert "waiting for node ranks 1..1 to join" in (tmp_path / "r0.log").read_text()
+        r1 = rank(1)
+        deadline = time.monotonic() + 15
+        # Rank 1's dummy app comes up once its own schedulers have loaded: orch waits for both.
+        while time.monotonic() < deadline and (
+            _get(f"http://127.0.0.1:{ports[0]}/generate", gen) != 200
+            or _get(f"http://127.0.0.1:{ports[1]}/health") != 200
+        ):
+            time.sleep(0.05)
+        assert _get(f"http://127.0.0.1:{ports[0]}/generate", gen) == 200
+        assert _get(f"http://127.0.0.1:{ports[1]}/health") == 200  # rank 1: the dummy health app only
+        assert _get(f"http://127.0.0.1:{ports[1]}/generate", gen) == 404
+        r1.kill()
+        assert r0.wait(10) == 1
+        assert "connection to node rank 1 lost" in (tmp_path / "r0.log").read_text()
+    finally:
+        for proc in (r0, r1):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(5)

@@ -7,7 +7,12 @@
 # - The agent is one step: `srun --jobid J --overlap -N1 -n1 -w NODE -u python -c BOOTSTRAP`. Nothing is assumed
 #   about shared home directories: the bootstrap reads the agent's files from its stdin (length-prefixed, exact
 #   reads, so no byte of the requests that follow is swallowed), writes them to <workdir>/agent-<version>/ on the
-#   node once per version (atomically, as over SSH), says where, and execs `hostside.py --serve` on the same stdio.
+#   node once per version (atomically, as over SSH), says where, and starts `hostside.py --serve` on the same stdio
+#   as its child. When Slurm ends the step (the job's time limit, scancel, or orch's srun gone with orch), every
+#   step process gets SIGTERM, then SIGKILL after KillWait: the bootstrap passes the SIGTERM on and, once the agent
+#   is gone, tears down the launches it owned (op_down: only launches whose owner is dead), since a detached server
+#   escapes Slurm's process tracking where that follows parentage (proctrack/linuxproc). Over SSH the next session
+#   cleans them up; here the next session may never get that node.
 # - The step gets all of the job's GRES (no --gres): the servers the agent launches see the allocated GPUs.
 # - Ending srun ends the step (and what Slurm tracks of it), never the allocation; scancel ends both.
 # - HTTP from here to a server on the node (the fingerprint's GET, --client local) goes through one small step per
@@ -40,7 +45,7 @@ log = logging.getLogger("orch.slurm")
 
 # Runs on the node with the host's python (3.8+, stdlib only) as `python -c BOOTSTRAP`.
 BOOTSTRAP = r"""
-import base64, json, os, shutil, sys, zlib
+import base64, json, os, shutil, signal, sys, zlib
 def read(n):
     data = b""
     while len(data) < n:
@@ -71,7 +76,25 @@ if not os.path.exists(os.path.join(agent, ".complete")):
 os.chdir(workdir)
 sys.stdout.write(json.dumps({"workdir": workdir, "agent_dir": agent}) + "\n")
 sys.stdout.flush()
-os.execv(sys.executable, [sys.executable, os.path.join(agent, "hostside.py"), "--serve"])
+argv = [sys.executable, os.path.join(agent, "hostside.py"), "--serve"]
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, argv)
+ended = []
+def forward(signum, frame):
+    ended.append(signum)
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(sig, forward)
+status = os.waitpid(pid, 0)[1]
+if ended:
+    sys.path.insert(0, agent)
+    import hostside
+    hostside.op_down(payload["namespace"], grace_s=2)
+sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 """
 
 # Relays one TCP connection on the node between the step's stdio and ADDRESS:PORT.
@@ -160,12 +183,13 @@ class _StepStream(Stream):
                     pipe.close()
 
 
-def _payload(workdir: str) -> bytes:
+def _payload(workdir: str, namespace: str) -> bytes:
     from orchestrator.ssh import agent_files, agent_version  # what SSH hosts install, the same bytes
 
     files = agent_files()
     data = {
         "workdir": workdir,
+        "namespace": namespace,
         "version": agent_version(files),
         "files": {name: base64.b64encode(body).decode() for name, body in files.items()},
     }
@@ -214,7 +238,7 @@ class SlurmHost(Host):
         self.workdir = ""
         self.agent_dir = ""
         self.sim_pythonpath = None
-        namespace = default_namespace()
+        self._namespace = namespace = default_namespace()
         self.request = request_for(config)
         for left in slurm.release_leftovers(self.cli, namespace):
             self._event(f"released allocation {left.job_id} ({left.state}) left by an orch session that is gone")
@@ -310,7 +334,7 @@ class SlurmHost(Host):
         stream = _StepStream(proc)
         link = AgentLink(stream, self._seq)
         try:
-            stream.send(_payload(self.config.workdir or "~/.orch"))
+            stream.send(_payload(self.config.workdir or "~/.orch", self._namespace))
             where = json.loads(link.line(time.monotonic() + START_TIMEOUT_S, "the agent's start", START_TIMEOUT_S))
             self.workdir, self.agent_dir = where["workdir"], where["agent_dir"]
             self.sim_pythonpath = self.agent_dir

@@ -66,6 +66,7 @@ def _orch(cluster: SlurmCluster, tmp_path: Path, *args: str) -> subprocess.Popen
 
 
 def _ab(*extra: str, runs: int = 2, max_tokens: int = 32) -> list[str]:
+    # --workdir: the servers' logs (and the agent) go to the node's ~/.orch otherwise
     return [
         "ab",
         "baseline",
@@ -85,6 +86,8 @@ def _ab(*extra: str, runs: int = 2, max_tokens: int = 32) -> list[str]:
         "0",
         "--db",
         "r.db",
+        "--workdir",
+        "w",
         *extra,
     ]
 
@@ -109,7 +112,7 @@ def test_ab_through_slurm_end_to_end(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:
     sim_profiles()
-    proc = _orch(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", "--json", "--workdir", str(tmp_path / "w")))
+    proc = _orch(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", "--json"))
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert f"slurm:{PARTITION}: Slurm granted allocation" in out
@@ -130,7 +133,9 @@ def test_every_arm_runs_in_one_allocation_released_at_close(
     cluster: SlurmCluster, cli: Slurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events: list[str] = []
-    config = HostConfig(name="gpus", scheduler="slurm", partition=PARTITION, gpus=8, python=sys.executable)
+    config = HostConfig(
+        name="gpus", scheduler="slurm", partition=PARTITION, gpus=8, python=sys.executable, workdir=str(tmp_path)
+    )
     with SlurmHost(config, cli=cli, on_event=events.append, poll_s=0.2) as host:
         job = host.job_id
         assert slurm.job_state(cli, job).state == "RUNNING"
@@ -172,10 +177,10 @@ def test_ctrl_c_while_running_leaves_no_job_and_no_process(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:
     sim_profiles()
-    proc = _orch(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", runs=50, max_tokens=400))
+    proc = _orch(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", runs=50, max_tokens=100))
     seen: list[str] = []
     job = _job_of(_until(proc, "granted allocation", seen))
-    _until(proc, "run 1/", seen)
+    _until(proc, "Run 1/", seen)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(seen) + out
@@ -197,7 +202,7 @@ def test_an_allocation_ended_at_its_time_limit_is_reported_and_the_runs_kept(
     proc = _orch(cluster, tmp_path, *_ab("--host", "cluster", runs=500, max_tokens=200))
     seen: list[str] = []
     job = _job_of(_until(proc, "granted allocation", seen))
-    _until(proc, "run 2/", seen)
+    _until(proc, "Run 2/", seen)
     # Slurm's own time-limit enforcement, without waiting a minute: it acts at its next 30-second check.
     cluster.run("scontrol", "update", f"JobId={job}", "EndTime=now+1")
     out, _ = proc.communicate(timeout=90)
@@ -222,7 +227,7 @@ def test_a_crashed_sessions_allocation_is_released_by_the_next(
         "from orchestrator.hosts import HostConfig\n"
         "from orchestrator.slurm import Slurm\n"
         "from orchestrator.slurmhost import SlurmHost\n"
-        "c = HostConfig(name='c', scheduler='slurm', python=sys.executable)\n"
+        f"c = HostConfig(name='c', scheduler='slurm', python=sys.executable, workdir={str(tmp_path)!r})\n"
         f"h = SlurmHost(c, cli=Slurm({str(cluster.conf)!r}), poll_s=0.2)\n"
         "print(h.job_id, flush=True)\n"
         "time.sleep(300)\n"
@@ -236,7 +241,8 @@ def test_a_crashed_sessions_allocation_is_released_by_the_next(
     child.wait()
     assert slurm.job_state(cli, job).state == "RUNNING"
     events: list[str] = []
-    with SlurmHost(HostConfig(name="c", scheduler="slurm", python=sys.executable), cli=cli, on_event=events.append):
+    config = HostConfig(name="c", scheduler="slurm", python=sys.executable, workdir=str(tmp_path))
+    with SlurmHost(config, cli=cli, on_event=events.append):
         assert slurm.job_state(cli, job).state == "CANCELLED"
     assert f"released allocation {job} (RUNNING) left by an orch session that is gone" in events[0]
 

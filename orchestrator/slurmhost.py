@@ -8,11 +8,11 @@
 #   about shared home directories: the bootstrap reads the agent's files from its stdin (length-prefixed, exact
 #   reads, so no byte of the requests that follow is swallowed), writes them to <workdir>/agent-<version>/ on the
 #   node once per version (atomically, as over SSH), says where, and starts `hostside.py --serve` on the same stdio
-#   as its child. When Slurm ends the step (the job's time limit, scancel, or orch's srun gone with orch), every
-#   step process gets SIGTERM, then SIGKILL after KillWait: the bootstrap passes the SIGTERM on and, once the agent
-#   is gone, tears down the launches it owned (op_down: only launches whose owner is dead), since a detached server
-#   escapes Slurm's process tracking where that follows parentage (proctrack/linuxproc). Over SSH the next session
-#   cleans them up; here the next session may never get that node.
+#   as its child. Once the agent is gone, however it ended (EOF when orch closes it, is interrupted or dies; SIGTERM,
+#   passed on, when Slurm ends the step at the job's time limit or scancel, SIGKILL following after KillWait), the
+#   bootstrap tears down the launches it owned (op_down: only launches whose owner is dead): a detached server
+#   escapes Slurm's process tracking where that follows parentage (proctrack/linuxproc), and where over SSH the
+#   next session cleans up, here the next session may never get that node. After a normal session there is none.
 # - The step gets all of the job's GRES (no --gres): the servers the agent launches see the allocated GPUs.
 # - Ending srun ends the step (and what Slurm tracks of it), never the allocation; scancel ends both.
 # - HTTP from here to a server on the node (the fingerprint's GET, --client local) goes through one small step per
@@ -80,9 +80,7 @@ argv = [sys.executable, os.path.join(agent, "hostside.py"), "--serve"]
 pid = os.fork()
 if pid == 0:
     os.execv(sys.executable, argv)
-ended = []
 def forward(signum, frame):
-    ended.append(signum)
     try:
         os.kill(pid, signum)
     except OSError:
@@ -90,10 +88,9 @@ def forward(signum, frame):
 for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
     signal.signal(sig, forward)
 status = os.waitpid(pid, 0)[1]
-if ended:
-    sys.path.insert(0, agent)
-    import hostside
-    hostside.op_down(payload["namespace"], grace_s=2)
+sys.path.insert(0, agent)
+import hostside
+hostside.op_down(payload["namespace"], grace_s=2)
 sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 """
 

@@ -219,26 +219,18 @@ def test_an_allocation_ended_at_its_time_limit_is_reported_and_the_runs_kept(
 
 
 @needs_cluster
-def test_a_crashed_sessions_allocation_is_released_by_the_next(
-    cluster: SlurmCluster, cli: Slurm, tmp_path: Path
+def test_a_crashed_session_leaves_no_server_and_its_allocation_is_released_by_the_next(
+    cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:
-    script = (
-        "import os, sys, time\n"
-        "from orchestrator.hosts import HostConfig\n"
-        "from orchestrator.slurm import Slurm\n"
-        "from orchestrator.slurmhost import SlurmHost\n"
-        f"c = HostConfig(name='c', scheduler='slurm', python=sys.executable, workdir={str(tmp_path)!r})\n"
-        f"h = SlurmHost(c, cli=Slurm({str(cluster.conf)!r}), poll_s=0.2)\n"
-        "print(h.job_id, flush=True)\n"
-        "time.sleep(300)\n"
-    )
-    child = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}
-    )
-    assert child.stdout is not None
-    job = child.stdout.readline().strip()
-    child.kill()  # no cleanup of its own: the allocation stays, its agent's step ends with srun's stdin
-    child.wait()
+    sim_profiles()
+    proc = _orch(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", runs=50, max_tokens=100))
+    seen: list[str] = []
+    job = _job_of(_until(proc, "granted allocation", seen))
+    _until(proc, "Run 1/", seen)
+    proc.kill()  # no cleanup of its own: the agent sees its stdin close, the allocation stays
+    proc.communicate(timeout=10)
+    cluster.wait_no_processes()  # the agent's step, and the server the agent's parent tore down
+    assert hostside.op_find(NAMESPACE) == []
     assert slurm.job_state(cli, job).state == "RUNNING"
     events: list[str] = []
     config = HostConfig(name="c", scheduler="slurm", python=sys.executable, workdir=str(tmp_path))

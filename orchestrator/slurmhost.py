@@ -294,7 +294,7 @@ class SlurmHost(Host):
                 self.job_id, e, self.job_id,
             )  # fmt: skip
             return
-        if end.state not in ("CANCELLED", "COMPLETED"):
+        if end.state not in ("CANCELLED", "COMPLETED") and self._lost is None:  # a loss already said why
             self._event(f"{self.name}: {end.describe()}")
 
     def _allocation_ended(self, cause: BaseException) -> None:

@@ -18,8 +18,18 @@ from typing import Any
 import platformdirs
 
 from orchestrator import hostside, yamlfile
-from orchestrator.errors import HostError, InventoryError
-from orchestrator.fields import check_fields, choice, float_range, int_range, key_name, nonempty_str, show, str_list
+from orchestrator.errors import HostError, InputError, InventoryError
+from orchestrator.fields import (
+    boolean,
+    check_fields,
+    choice,
+    float_range,
+    int_range,
+    key_name,
+    nonempty_str,
+    show,
+    str_list,
+)
 
 FOREIGN_PORT_POLICIES = ("refuse", "kill-with-force")
 HOST_FIELDS = {
@@ -35,7 +45,16 @@ HOST_FIELDS = {
     "foreign_port": choice(FOREIGN_PORT_POLICIES),
     "connect_timeout_s": float_range(1.0, 600.0),
     "reconnect_s": float_range(0.0, 3600.0),
+    # A host that is a Slurm allocation (slurmhost.py): what orch asks Slurm for.
+    "scheduler": choice(("slurm",)),
+    "partition": nonempty_str,
+    "account": nonempty_str,
+    "gres": nonempty_str,
+    "time_limit_min": int_range(1, 525_600),
+    "exclusive": boolean,
 }
+SLURM_FIELDS = ("partition", "account", "gres", "time_limit_min", "exclusive")
+SLURM_PREFIX = "slurm:"
 NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # The host lock's directory: host-wide, so HOME and --workdir cannot give two sessions two locks.
 LOCK_DIR = "/tmp"
@@ -75,10 +94,16 @@ class HostConfig:
     connect_timeout_s: float = 10.0
     reconnect_s: float = 60.0  # how long to keep trying after the connection drops
     source: str = ""
+    scheduler: str | None = None  # "slurm": each session runs in an allocation of its own
+    partition: str | None = None  # None: the cluster's default partition
+    account: str | None = None
+    gres: str | None = None  # None: `gpu:<gpus>` when gpus is set, else no GRES asked for
+    time_limit_min: int = 60
+    exclusive: bool = True
 
     @property
     def is_local(self) -> bool:
-        return self.address is None
+        return self.address is None and self.scheduler is None
 
 
 def inventory_paths(explicit: str | None = None) -> list[Path]:
@@ -114,7 +139,8 @@ def load_inventory(explicit: str | None = None) -> dict[str, HostConfig]:
             if "nodes" in settings:
                 continue  # a group of hosts (load_groups)
             values = check_fields(settings, HOST_FIELDS, f"{path}: hosts.{name}", InventoryError)
-            if name != "local" and "address" not in values:
+            _check_scheduler(values, f"{path}: hosts.{name}")
+            if name != "local" and "address" not in values and "scheduler" not in values:
                 values["address"] = name  # like ssh: a name is also an address or ssh_config alias
             if name == "local" and "address" in values:
                 raise InventoryError(
@@ -125,12 +151,31 @@ def load_inventory(explicit: str | None = None) -> dict[str, HostConfig]:
     return {}
 
 
+def _check_scheduler(values: dict[str, Any], where: str) -> None:
+    if values.get("scheduler") is None:
+        given = [k for k in SLURM_FIELDS if k in values]
+        if given:
+            raise InventoryError(f"{where}.{given[0]}: only a Slurm host has it; add `scheduler: slurm`")
+        return
+    if "address" in values:
+        raise InventoryError(
+            f"{where}.address: a `scheduler: slurm` host is reached through Slurm's own commands (salloc, srun) "
+            "from the machine orch runs on, a login node; remove address"
+        )
+
+
 def parse_target(spec: str, inventory: dict[str, HostConfig]) -> HostConfig:
-    """`local`, an inventory name, or `[user@]address[:port]` (an ssh_config alias works as the address)."""
+    """`local`, an inventory name, `slurm:[PARTITION]`, or `[user@]address[:port]` (an ssh_config alias works as
+    the address)."""
     if spec in ("local", "localhost", ""):
         return inventory.get("local", HostConfig(name="local"))
     if spec in inventory:
         return inventory[spec]
+    if spec.startswith(SLURM_PREFIX):
+        partition = spec[len(SLURM_PREFIX) :]
+        if partition and not re.match(r"^[A-Za-z0-9_.-]{1,64}$", partition):
+            raise InputError(f"--host {spec!r}: {partition!r} is not a partition name (letters, digits, '_', '.', '-')")
+        return HostConfig(name=spec, scheduler="slurm", partition=partition or None)
     m = TARGET_RE.match(spec)
     if not m:
         raise HostError(f"--host {spec!r}: expected 'local', a name from the host inventory, or user@address[:port]")

@@ -126,6 +126,11 @@ class Slurm:
         return res
 
 
+def noise(line: str) -> bool:
+    """Whether a line a Slurm client printed is known noise (a missing PMIx plugin), never why it failed."""
+    return bool(_NOISE_RE.search(line))
+
+
 def _message(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip() and not _NOISE_RE.search(ln)]
     return "; ".join(lines[-4:]) or "(no message)"

@@ -6,7 +6,6 @@ import base64
 import contextlib
 import hashlib
 import io
-import json
 import logging
 import os
 import select
@@ -31,7 +30,8 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from orchestrator import hostside, progress, yamlfile
+from orchestrator import hostside, yamlfile
+from orchestrator.agentlink import BASE_CALL_TIMEOUT_S, SILENCE_S, AgentLink, ConnectionLost, Stream, call_timeout
 from orchestrator.errors import HostError
 from orchestrator.hosts import TARGET_RE, CallStats, Host, HostConfig, Progress
 
@@ -47,14 +47,36 @@ class _QuietRefusedChannels(logging.Filter):
 
 logging.getLogger("paramiko.transport").addFilter(_QuietRefusedChannels())
 PACKAGE_DIR = Path(__file__).resolve().parent
-# Slow operations get their own deadline on top of the arguments that make them slow.
-BASE_CALL_TIMEOUT_S = 60.0
-# The agent heartbeats every hostside.HEARTBEAT_S while a request runs; this much silence means a dead path.
-SILENCE_S = 6 * hostside.HEARTBEAT_S
+# The agent protocol's client (agentlink.py) is shared with Slurm hosts; these names stay importable from here.
+__all__ = ["BASE_CALL_TIMEOUT_S", "SILENCE_S", "ConnectionLost", "SSHHost"]
 
 
-class ConnectionLost(Exception):
-    """The SSH transport or the agent channel went away; reconnecting may help."""
+class _ChannelStream(Stream):
+    """The agent's SSH channel as the byte stream AgentLink reads and writes."""
+
+    def __init__(self, host: SSHHost, channel: paramiko.Channel) -> None:
+        self.host = host
+        self.channel = channel
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.channel.sendall(data)
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise ConnectionLost(f"send failed: {e}") from e
+
+    def recv(self, timeout: float) -> bytes | None:
+        self.channel.settimeout(timeout)
+        try:
+            return bytes(self.channel.recv(65536))
+        except TimeoutError:
+            self.host._transport()  # raises if the transport died meanwhile
+            return None
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise ConnectionLost(f"receive failed: {e}") from e
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.channel.close()
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -205,7 +227,7 @@ class SSHHost(Host):
         self._client: paramiko.SSHClient | None = None
         self._jump: paramiko.SSHClient | None = None
         self._agent: paramiko.Channel | None = None
-        self._buffer = b""
+        self._link: AgentLink | None = None
         self._stderr: deque[str] = deque(maxlen=50)
         self._tunnels: dict[tuple[str, int], _Tunnel] = {}
         self._held_lock: tuple[str, dict[str, Any]] | None = None
@@ -376,7 +398,7 @@ class SSHHost(Host):
                 with contextlib.suppress(Exception):
                     c.close()
         self._agent = self._client = self._jump = None
-        self._buffer = b""
+        self._link = None
 
     def _transport(self) -> paramiko.Transport:
         t = self._client.get_transport() if self._client else None
@@ -431,6 +453,7 @@ class SSHHost(Host):
             # into a bare "Aborted."
             raise ConnectionLost(f"could not start the agent: {type(e).__name__}: {e}") from e
         self._agent = channel
+        self._link = AgentLink(_ChannelStream(self, channel), self._seq)
         self._stderr.clear()
         threading.Thread(target=self._drain_stderr, args=(channel,), daemon=True).start()
         try:
@@ -461,48 +484,11 @@ class SSHHost(Host):
     def _request(self, request: dict[str, Any], timeout: float, on_progress: Progress | None = None) -> dict[str, Any]:
         """Send one request and read its reply, by id, under our own deadlines (paramiko's would wait forever).
         Heartbeats carrying an operation's progress events go to on_progress, a run's live counts to the display."""
-        channel = self._agent
-        if channel is None or channel.closed or channel.exit_status_ready():
+        channel, link = self._agent, self._link
+        if channel is None or link is None or channel.closed or channel.exit_status_ready():
             raise ConnectionLost("the agent channel is closed")
-        self._seq += 1
-        rid = self._seq
         try:
-            try:
-                channel.sendall((json.dumps({**request, "id": rid}) + "\n").encode())
-            except (OSError, EOFError, paramiko.SSHException) as e:
-                raise ConnectionLost(f"send failed: {e}") from e
-            deadline = time.monotonic() + timeout
-            heard = time.monotonic()
-            while True:
-                while b"\n" not in self._buffer:
-                    now = time.monotonic()
-                    if now >= deadline:
-                        raise ConnectionLost(f"no answer to {request['op']} within {timeout:.0f}s")
-                    if now - heard > SILENCE_S:
-                        # The agent heartbeats every few seconds while it works: silence means the path is dead
-                        # even if TCP has not noticed yet.
-                        raise ConnectionLost(f"nothing from the agent for {SILENCE_S:.0f}s during {request['op']}")
-                    channel.settimeout(min(deadline - now, 1.0))
-                    try:
-                        data = channel.recv(65536)
-                    except TimeoutError:
-                        self._transport()  # raises if the transport died meanwhile
-                        continue
-                    except (OSError, EOFError, paramiko.SSHException) as e:
-                        raise ConnectionLost(f"receive failed: {e}") from e
-                    if not data:
-                        raise ConnectionLost("the agent closed the channel")
-                    self._buffer += data
-                    heard = time.monotonic()
-                line, self._buffer = self._buffer.split(b"\n", 1)
-                reply: dict[str, Any] = json.loads(line)
-                if reply.get("id") == rid and isinstance(reply.get("progress"), dict):
-                    progress.remote_live(reply["progress"])
-                if reply.get("id") == rid and isinstance(reply.get("event"), dict) and on_progress is not None:
-                    on_progress(reply["event"])
-                if reply.get("id") != rid or reply.get("heartbeat"):
-                    continue  # a heartbeat, or the late answer to a request we gave up on
-                return reply
+            return link.request(request, timeout, on_progress)
         except ConnectionLost:
             self._drop()
             raise
@@ -513,13 +499,15 @@ class SSHHost(Host):
             # starts a fresh agent on it instead of looking like, and being handled as, a network failure.
             self._abandon_agent()
             raise
+        finally:
+            self._seq = link.seq
 
     def _abandon_agent(self) -> None:
         if self._agent is not None:
             with contextlib.suppress(Exception):
                 self._agent.close()
         self._agent = None
-        self._buffer = b""
+        self._link = None
         self._agent_abandoned = True
 
     def _restart_abandoned_agent(self) -> None:
@@ -536,10 +524,7 @@ class SSHHost(Host):
         self, request: dict[str, Any], timeout: float | None = None, on_progress: Progress | None = None
     ) -> dict[str, Any]:
         args = request.get("args", {})
-        if timeout is None:
-            timeout = BASE_CALL_TIMEOUT_S + sum(
-                float(args.get(k) or 0) for k in ("grace_s", "port_wait_s", "wait_s", "gpu_wait_s", "timeout_s")
-            )
+        timeout = call_timeout(request, timeout)
         with self._io_lock:
             if self._closed:
                 # A call after close() (e.g. from a late tunnel thread) is our doing, not a network failure.

@@ -1,0 +1,555 @@
+"""Slurm hosts: one allocation per session, orch's agent in a step of it (`srun --overlap`), the same JSON protocol."""
+
+# How it fits together (facts verified on the tests' one-node cluster, tests/slurmcluster.py; see slurm.py):
+# - The allocation is asked for when the host is opened and released when it is closed: every arm of an experiment
+#   runs on the same node(s). Its name carries this session (slurm.job_name), so the next orch releases it if this
+#   one crashes (slurm.release_leftovers); its time limit bounds how long a crash can hold GPUs anyway.
+# - The agent is one step: `srun --jobid J --overlap -N1 -n1 -w NODE -u python -c BOOTSTRAP`. Nothing is assumed
+#   about shared home directories: the bootstrap reads the agent's files from its stdin (length-prefixed, exact
+#   reads, so no byte of the requests that follow is swallowed), writes them to <workdir>/agent-<version>/ on the
+#   node once per version (atomically, as over SSH), says where, and starts `hostside.py --serve` on the same stdio
+#   as its child. Once the agent is gone, however it ended (EOF when orch closes it, is interrupted or dies; SIGTERM,
+#   passed on, when Slurm ends the step at the job's time limit or scancel, SIGKILL following after KillWait), the
+#   bootstrap tears down the launches it owned (op_down: only launches whose owner is dead): a detached server
+#   escapes Slurm's process tracking where that follows parentage (proctrack/linuxproc), and where over SSH the
+#   next session cleans up, here the next session may never get that node. After a normal session there is none.
+# - The step gets all of the job's GRES (no --gres): the servers the agent launches see the allocated GPUs.
+# - Ending srun ends the step (and what Slurm tracks of it), never the allocation; scancel ends both.
+# - HTTP from here to a server on the node (the fingerprint's GET, --client local) goes through one small step per
+#   connection that relays between its stdio and the node's 127.0.0.1:PORT, like SSH's direct-tcpip channels.
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import select
+import socket
+import subprocess
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator import hostside, progress, slurm
+from orchestrator.agentlink import AgentLink, ConnectionLost, Stream, call_timeout
+from orchestrator.errors import HostError
+from orchestrator.hosts import CallStats, Host, HostConfig, Progress, default_namespace
+from orchestrator.slurm import AllocationRequest, QueueState, Slurm, SlurmError
+
+log = logging.getLogger("orch.slurm")
+
+# Runs on the node with the host's python (3.8+, stdlib only) as `python -c BOOTSTRAP`.
+BOOTSTRAP = r"""
+import base64, json, os, shutil, signal, sys, zlib
+def read(n):
+    data = b""
+    while len(data) < n:
+        chunk = os.read(0, n - len(data))
+        if not chunk:
+            sys.exit("orch bootstrap: stdin closed early")
+        data += chunk
+    return data
+head = b""
+while not head.endswith(b"\n"):
+    head += read(1)
+payload = json.loads(zlib.decompress(base64.b64decode(read(int(head)))))
+workdir = os.path.abspath(os.path.expanduser(payload["workdir"]))
+agent = os.path.join(workdir, "agent-" + payload["version"])
+if not os.path.exists(os.path.join(agent, ".complete")):
+    tmp = "%s.tmp-%d" % (agent, os.getpid())
+    for name, data in payload["files"].items():
+        path = os.path.join(tmp, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(data))
+    with open(os.path.join(tmp, ".complete"), "w") as f:
+        f.write(payload["version"])
+    try:
+        os.rename(tmp, agent)
+    except OSError:  # another session installed the same version meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+os.chdir(workdir)
+sys.stdout.write(json.dumps({"workdir": workdir, "agent_dir": agent}) + "\n")
+sys.stdout.flush()
+argv = [sys.executable, os.path.join(agent, "hostside.py"), "--serve"]
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, argv)
+def forward(signum, frame):
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(sig, forward)
+status = os.waitpid(pid, 0)[1]
+sys.path.insert(0, agent)
+import hostside
+hostside.op_down(payload["namespace"], grace_s=2)
+sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+"""
+
+# Relays one TCP connection on the node between the step's stdio and ADDRESS:PORT.
+RELAY = r"""
+import os, select, socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+s.settimeout(None)
+inputs = [0, s]
+while True:
+    readable = select.select(inputs, [], [])[0]
+    if 0 in readable:
+        data = os.read(0, 65536)
+        if data:
+            s.sendall(data)
+        else:
+            s.shutdown(socket.SHUT_WR)
+            inputs.remove(0)
+    if s in readable:
+        data = s.recv(65536)
+        if not data:
+            break
+        while data:
+            data = data[os.write(1, data):]
+"""
+START_TIMEOUT_S = 60.0
+# How long a job Slurm is ending (COMPLETING) is watched for its final state (TIMEOUT, CANCELLED, ...).
+ENDING_S = 30.0
+# How often a long queue wait is said again in plain output (the live view shows it all the time).
+QUEUE_REPEAT_S = 60.0
+
+
+class _StepStream(Stream):
+    """A step's stdin and stdout (srun's pipes); its stderr (the task's and Slurm's messages) kept for errors."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        self.proc = proc
+        self.stderr: deque[str] = deque(maxlen=50)
+        self._fd = proc.stdout.fileno()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        # Read concurrently so a chatty step can never fill the pipe and block.
+        assert self.proc.stderr is not None
+        with contextlib.suppress(Exception):
+            for raw in self.proc.stderr:
+                self.stderr.append(raw.decode(errors="replace").rstrip())
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (OSError, ValueError) as e:
+            raise ConnectionLost(f"the agent's step took no more input ({e})") from e
+
+    def recv(self, timeout: float) -> bytes | None:
+        try:
+            if not select.select([self._fd], [], [], max(0.0, timeout))[0]:
+                return None
+            return os.read(self._fd, 65536)
+        except (OSError, ValueError) as e:
+            raise ConnectionLost(f"reading from the agent's step failed: {e}") from e
+
+    def error_text(self) -> str:
+        time.sleep(0.1)  # srun's last words come on stderr right after stdout's EOF
+        return "; ".join(line for line in self.stderr if line.strip() and not slurm.noise(line))
+
+    def close(self) -> None:
+        """End the step: EOF on the agent's stdin (it exits at once, even mid-request), srun ended if it lingers."""
+        with contextlib.suppress(OSError, ValueError):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()  # srun cancels its step in about a second
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
+
+
+def _payload(workdir: str, namespace: str) -> bytes:
+    from orchestrator.ssh import agent_files, agent_version  # what SSH hosts install, the same bytes
+
+    files = agent_files()
+    data = {
+        "workdir": workdir,
+        "namespace": namespace,
+        "version": agent_version(files),
+        "files": {name: base64.b64encode(body).decode() for name, body in files.items()},
+    }
+    blob = base64.b64encode(zlib.compress(json.dumps(data).encode(), 6))
+    return str(len(blob)).encode() + b"\n" + blob
+
+
+def request_for(config: HostConfig) -> AllocationRequest:
+    """What orch asks Slurm for on behalf of this host: one node, the entry's partition, account, GRES, time limit."""
+    gres = config.gres or (f"gpu:{config.gpus}" if config.gpus else None)
+    return AllocationRequest(
+        partition=config.partition,
+        nodes=1,
+        time_limit_min=config.time_limit_min,
+        gres=gres,
+        account=config.account,
+        exclusive=config.exclusive,
+    )
+
+
+class SlurmHost(Host):
+    """A node of a Slurm allocation held for the session; the agent runs there as one long-lived step."""
+
+    def __init__(
+        self,
+        config: HostConfig,
+        *,
+        on_event: Callable[[str], None] | None = None,
+        cli: Slurm | None = None,
+        poll_s: float = 5.0,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.stats = CallStats()
+        self.python = config.python or "python3"
+        self.cli = cli or Slurm()
+        self._on_event = on_event
+        self._io_lock = threading.RLock()
+        self._link: AgentLink | None = None
+        self._seq = 0
+        self._held_lock: tuple[str, dict[str, Any]] | None = None
+        self._tunnels: dict[tuple[str, int], _Tunnel] = {}
+        self._closed = False
+        self._lost: str | None = None
+        self._queue_said: tuple[str, str, float] | None = None
+        self.workdir = ""
+        self.agent_dir = ""
+        self.sim_pythonpath = None
+        self._namespace = namespace = default_namespace()
+        self.request = request_for(config)
+        for left in slurm.release_leftovers(self.cli, namespace):
+            self._event(f"released allocation {left.job_id} ({left.state}) left by an orch session that is gone")
+        self.allocation = slurm.allocate(
+            self.cli, self.request, namespace=namespace, on_state=self._queued, poll_s=poll_s
+        )
+        self.job_id = self.allocation.job_id
+        self.node = self.allocation.nodes[0]
+        self.display = f"node {self.node} of Slurm job {self.job_id}"
+        try:
+            self._start_agent()
+        except BaseException:
+            self._release()
+            raise
+
+    # ------------------------------------------------------------ the allocation
+
+    def _event(self, msg: str) -> None:
+        if self._on_event is not None:
+            self._on_event(msg)
+        else:
+            log.warning("%s", msg)
+
+    def _queued(self, st: QueueState) -> None:
+        progress.phase("slurm queue", job=st.job_id, state=st.state, reason=st.reason, waited_s=st.waited_s)
+        said = self._queue_said
+        if st.state != "PENDING":
+            where = f"partition {self.request.partition}" if self.request.partition else "the default partition"
+            self._event(
+                f"{self.name}: Slurm granted allocation {st.job_id} in {where} after {progress.duration(st.waited_s)} "
+                f"(time limit {self.request.time_limit_min} min)"
+            )
+            return
+        if said is None or (st.state, st.reason) != said[:2] or st.waited_s - said[2] >= QUEUE_REPEAT_S:
+            self._queue_said = (st.state, st.reason, st.waited_s)
+            first = f"asked Slurm for {self._describe_request()}: " if said is None else ""
+            self._event(
+                f"{self.name}: {first}allocation {st.job_id} is queued ({st.state}, reason {st.reason}) for "
+                f"{progress.duration(st.waited_s)}"
+            )
+
+    def _describe_request(self) -> str:
+        r = self.request
+        parts = [f"{r.nodes} node", f"{r.time_limit_min} min"]
+        parts += [f"GRES {r.gres}"] if r.gres else []
+        parts += ["exclusive"] if r.exclusive else []
+        parts += [f"account {r.account}"] if r.account else []
+        return ", ".join(parts)
+
+    def _release(self) -> None:
+        try:
+            end = slurm.release(self.cli, self.job_id)
+        except SlurmError as e:
+            log.warning(
+                "%s: could not release Slurm allocation %s (%s); cancel it with: scancel %s", self.name,
+                self.job_id, e, self.job_id,
+            )  # fmt: skip
+            return
+        if end.state not in ("CANCELLED", "COMPLETED") and self._lost is None:  # a loss already said why
+            self._event(f"{self.name}: {end.describe()}")
+
+    def _allocation_ended(self, cause: BaseException) -> None:
+        """Raise (and remember) a HostError saying so when the allocation is over; return when it still runs."""
+        try:
+            state = slurm.job_state(self.cli, self.job_id)
+            deadline = time.monotonic() + ENDING_S
+            while state.state == "COMPLETING" and time.monotonic() < deadline:
+                # Slurm is ending the job (its steps get SIGTERM, then SIGKILL after KillWait): wait for the verdict.
+                time.sleep(0.2)
+                state = slurm.job_state(self.cli, self.job_id)
+        except SlurmError:
+            return  # cannot tell: handled as a lost agent
+        if state.live:
+            return
+        why = state.describe()
+        if state.state == "TIMEOUT":
+            why += (
+                f": orch asked for {self.request.time_limit_min} min; raise time_limit_min in the host's inventory "
+                "entry for longer experiments"
+            )
+        self._lost = f"{self.name}: {why}; its agent on {self.node} is gone ({cause})"
+        raise HostError(self._lost) from cause
+
+    # ------------------------------------------------------------ the agent
+
+    def _start_agent(self) -> None:
+        argv = [self.python, "-c", BOOTSTRAP]
+        try:
+            proc = slurm.step(self.cli, self.job_id, self.node, argv)
+        except OSError as e:
+            raise HostError(f"{self.name}: could not run srun: {e}") from e
+        self.stats.record_channel("agent")
+        stream = _StepStream(proc)
+        link = AgentLink(stream, self._seq)
+        try:
+            stream.send(_payload(self.config.workdir or "~/.orch", self._namespace))
+            where = json.loads(link.line(time.monotonic() + START_TIMEOUT_S, "the agent's start", START_TIMEOUT_S))
+            self.workdir, self.agent_dir = where["workdir"], where["agent_dir"]
+            self.sim_pythonpath = self.agent_dir
+            hello = link.request({"op": "hello", "args": {}}, 30)
+        except ConnectionLost as e:
+            stream.close()
+            self._allocation_ended(e)
+            err = stream.error_text()
+            raise HostError(
+                f"{self.name}: could not start orch's agent on {self.node} with {self.python!r} "
+                f"({err or e}); set the host's `python` in hosts.yaml to an interpreter with psutil"
+            ) from None
+        except BaseException:
+            stream.close()
+            raise
+        self._seq = link.seq
+        if not hello.get("ok") or hello["result"].get("protocol") != hostside.PROTOCOL_VERSION:
+            stream.close()
+            raise HostError(f"{self.name}: agent protocol mismatch: {hello}")
+        self._link = link
+
+    def _drop_agent(self) -> None:
+        link, self._link = self._link, None
+        if link is not None:
+            self._seq = link.seq
+            link.stream.close()
+
+    def _restart_agent(self) -> None:
+        self._drop_agent()
+        self.stats.reconnects += 1
+        self._start_agent()
+        if self._held_lock is not None:
+            path, holder = self._held_lock
+            reply = self._request(
+                {"op": "lock", "args": {"path": path, "holder": holder, "wait_s": 10, "reclaim": True}}, 60
+            )
+            if not reply.get("ok") or not reply["result"]["acquired"]:
+                self._held_lock = None
+                raise HostError(f"{self.name}: after restarting orch's agent, the host lock is held by someone else")
+
+    def _request(self, request: dict[str, Any], timeout: float, on_progress: Progress | None = None) -> dict[str, Any]:
+        link = self._link
+        if link is None:
+            raise ConnectionLost("no agent is running")
+        try:
+            return link.request(request, timeout, on_progress)
+        except BaseException:
+            # Lost, or Ctrl-C mid-request with a reply in flight: never let a later call read it. Closing the step's
+            # stdin ends the agent (and a benchmark running there) at once; the next call starts a fresh one.
+            self._drop_agent()
+            raise
+
+    def _roundtrip(
+        self, request: dict[str, Any], timeout: float | None = None, on_progress: Progress | None = None
+    ) -> dict[str, Any]:
+        limit = call_timeout(request, timeout)
+        op = request["op"]
+        with self._io_lock:
+            if self._closed:
+                raise HostError(f"{self.name}: orch released allocation {self.job_id}; no more host-side calls")
+            if self._lost is not None:
+                raise HostError(self._lost)
+            try:
+                if self._link is None:
+                    self._restart_agent()  # after an interrupted call: quietly, one try
+                reply = self._request(request, limit, on_progress)
+            except ConnectionLost as first:
+                self._allocation_ended(first)
+                if op == "launch":
+                    # Not repeatable: we cannot know whether it started. The marker will find it either way.
+                    raise HostError(f"{self.name}: lost orch's agent while launching ({first})") from first
+                log.warning(
+                    "%s: lost orch's agent on %s during the host-side call %r (%s); starting it again in allocation "
+                    "%s, then making that call again", self.name, self.node, op, first, self.job_id,
+                )  # fmt: skip
+                try:
+                    self._restart_agent()
+                    reply = self._request(request, limit, on_progress)
+                except ConnectionLost as again:
+                    self._allocation_ended(again)
+                    self._lost = f"{self.name}: lost orch's agent on {self.node} twice ({again})"
+                    raise HostError(self._lost) from again
+        args = request.get("args", {})
+        if op == "lock" and reply.get("ok") and reply["result"].get("acquired"):
+            self._held_lock = (args["path"], args["holder"])
+        if op == "unlock":
+            self._held_lock = None
+        return reply
+
+    def ensure_connected(self, force: bool = False) -> None:
+        with self._io_lock:
+            if self._closed:
+                raise HostError(f"{self.name}: orch released allocation {self.job_id}")
+            if self._lost is not None:
+                raise HostError(self._lost)
+            link = self._link
+            stream = link.stream if link is not None else None
+            if not force and isinstance(stream, _StepStream) and stream.proc.poll() is None:
+                return
+            self._allocation_ended(ConnectionLost("the agent's step ended"))
+            try:
+                self._restart_agent()
+            except ConnectionLost as e:
+                self._allocation_ended(e)
+                raise HostError(f"{self.name}: could not start orch's agent again: {e}") from e
+
+    # ------------------------------------------------------------ HTTP, the end
+
+    def url(self, port: int, address: str = "127.0.0.1") -> str:
+        tunnel = self._tunnels.get((address, port))
+        if tunnel is None:
+            tunnel = self._tunnels[(address, port)] = _Tunnel(self, address, port)
+        return f"http://127.0.0.1:{tunnel.local_port}"
+
+    def close(self) -> None:
+        """Unlock, end the agent's step and release the allocation (waiting until Slurm has ended it)."""
+        if self._closed:
+            return
+        try:
+            for tunnel in self._tunnels.values():
+                tunnel.close()
+            self._tunnels.clear()
+            if self._held_lock is not None and self._lost is None and self._link is not None:
+                with contextlib.suppress(Exception):
+                    self.call("unlock", path=self._held_lock[0])
+        finally:
+            self._closed = True
+            try:
+                self._drop_agent()
+            finally:
+                self._release()
+
+
+class _Tunnel:
+    """A local port relayed to address:port on the node, one small step per connection."""
+
+    def __init__(self, host: SlurmHost, address: str, port: int) -> None:
+        self.host = host
+        self.address = address
+        self.port = port
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.local_port = int(self.sock.getsockname()[1])
+        self.closed = False
+        self._procs: set[subprocess.Popen[bytes]] = set()
+        threading.Thread(target=self._accept, daemon=True, name=f"slurm-tunnel-{port}").start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    def _serve(self, client: socket.socket) -> None:
+        h = self.host
+        try:
+            h.stats.record_channel("tunnel")
+            proc = slurm.step(
+                h.cli, h.job_id, h.node, [h.python, "-c", RELAY, self.address, str(self.port)], gres="none"
+            )
+        except (OSError, SlurmError):
+            client.close()  # the HTTP client sees a reset connection, as if the port were closed
+            return
+        self._procs.add(proc)
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin = proc.stdin
+        threading.Thread(target=self._upstream, args=(client, stdin), daemon=True).start()
+        fd = proc.stdout.fileno()
+        try:
+            while not self.closed:
+                if not select.select([fd], [], [], 1.0)[0]:
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    return
+                client.sendall(data)
+        except OSError:
+            return
+        finally:
+            client.close()
+            _end(proc)
+            self._procs.discard(proc)
+
+    @staticmethod
+    def _upstream(client: socket.socket, stdin: Any) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while True:
+                data = client.recv(65536)
+                if not data:
+                    break
+                stdin.write(data)
+                stdin.flush()
+        with contextlib.suppress(OSError, ValueError):
+            stdin.close()
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not on Linux
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        for proc in list(self._procs):
+            _end(proc)
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            if pipe is not None:
+                pipe.close()

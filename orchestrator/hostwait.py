@@ -143,7 +143,8 @@ def wait(
         tick = log_every_s > 0 and now >= next_log
         if tick:
             log = log_tail(log_path, 3, LOG_TAIL_BYTES)
-            next_log = now + log_every_s
+            # Until the server has written something, look again soon: its first line may come just after start-up.
+            next_log = now + (log_every_s if log.strip() else min(FIRST_LOG_S, log_every_s))
         if report is not None and (changed or tick):
             report({"state": state, "log": log, "elapsed": round(now - t0, 3), "changed": changed})
         if now - t0 > timeout_s:

@@ -2,7 +2,8 @@
 
 It runs next to the server (through the host-side agent) by default, or on the orch machine (`--client local`).
 Token accounting is per token, not per chunk: under speculative decoding one stream chunk carries several tokens,
-and a chunk of k tokens after a gap g contributes k inter-token latencies of g/k.
+and a chunk of k tokens after a gap g contributes k inter-token latencies of g/k. Each read is parsed where it lands
+(`streamparse`), with one timestamp for every event it brought; see docs/client.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from orchestrator.streamparse import BadAnswer, EventStream, generate_count
 
@@ -372,9 +373,8 @@ class _Exchange(asyncio.BufferedProtocol):
         self.buffer, self.view = _read_buffer()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        transport.write(self.request)
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.write(self.request)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.view

@@ -79,3 +79,25 @@ def test_the_before_client_comes_from_the_named_commit() -> None:
             check=True,
         )
         assert out.stdout.strip() == str(tree / "orchestrator" / "client.py")
+
+
+def test_per_core_is_compared_with_the_best_reference_at_the_highest_rate_both_passed() -> None:
+    kinds = {"orch": "orch", "ref a": "reference", "ref b": "reference"}
+    steps = [
+        {"truth": 16000, "rows": [{"client": "orch", "per_core": 100}, {"client": "ref a", "per_core": 40}]},
+        {
+            "truth": 32000,
+            "rows": [
+                {"client": "orch", "per_core": 120},
+                {"client": "ref a", "per_core": 50},
+                {"client": "ref b", "per_core": 60},
+            ],
+        },
+        {"truth": 48000, "rows": [{"client": "orch"}, {"client": "ref b", "per_core": 80}]},  # orch: machine limit
+    ]
+    assert client_fidelity.compare_to_references("orch", steps, kinds) == {
+        "vs_best_reference": 2.0,
+        "compared_at": 32000,
+    }
+    assert client_fidelity.compare_to_references("ref b", steps, kinds)["vs_best_reference"] == 1.0
+    assert math.isnan(client_fidelity.compare_to_references("nobody", steps, kinds)["vs_best_reference"])

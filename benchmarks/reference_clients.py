@@ -67,6 +67,29 @@ def _ms_stats(prefix: str, seconds: Sequence[float]) -> dict[str, float]:
     }
 
 
+Arrivals = list[tuple[float, float]]  # (seconds on the run's clock, tokens that arrived then)
+
+
+def steady_rate(requests: Sequence[tuple[float, Arrivals]], concurrency: int) -> dict[str, float]:
+    """Aggregate tok/s in the steady window, computed the same way for every client from its own timestamps.
+
+    `requests` are (start, arrivals) on one clock. The window opens when every request of the first wave (the first
+    `concurrency` by start time) has its first token (ramp-up over) and closes at the first completion after the
+    last request was sent (a stream has run out of work: the drain begins), like orch's own summary. With one wave
+    of requests that is [last first token, first completion]. Requests without a token are left out.
+    """
+    reqs = sorted((r for r in requests if r[1]), key=lambda r: r[0])
+    if not reqs:
+        return {"tok_s": math.nan, "window_start": math.nan, "window_end": math.nan}
+    start = max(arrivals[0][0] for _, arrivals in reqs[:concurrency])
+    last_sent = reqs[-1][0]
+    end = min((arrivals[-1][0] for _, arrivals in reqs if arrivals[-1][0] >= last_sent), default=math.nan)
+    if not end > start:
+        return {"tok_s": math.nan, "window_start": start, "window_end": end}
+    tokens = sum(k for _, arrivals in reqs for t, k in arrivals if start < t <= end)
+    return {"tok_s": tokens / (end - start), "window_start": start, "window_end": end}
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 1. OpenAI SDK loop
 
@@ -83,6 +106,8 @@ class StreamRecord:
     naive_itl_s: list[float] = field(default_factory=list)  # gaps between content chunks
     usage_per_chunk: bool = False  # did the server send cumulative usage with the chunks (continuous_usage_stats)?
     max_tokens_per_chunk: int = 0
+    start_s: float = math.nan  # on the run's clock (perf_counter)
+    arrivals: Arrivals = field(default_factory=list)  # token-carrying chunks: (perf_counter, tokens)
     error: str | None = None
 
 
@@ -100,7 +125,7 @@ async def _openai_one(
     opts = {"include_usage": True, "continuous_usage_stats": True}
     extra = {"ignore_eos": True}
     async with sem if sem is not None else contextlib.nullcontext():
-        t0 = time.perf_counter()
+        t0 = rec.start_s = time.perf_counter()
         try:
             if endpoint == "chat":
                 stream = await client.chat.completions.create(
@@ -152,6 +177,7 @@ async def _openai_one(
                 if k <= 0:
                     continue
                 rec.max_tokens_per_chunk = max(rec.max_tokens_per_chunk, k)
+                rec.arrivals.append((now, k))
                 if prev is None:
                     rec.ttft_s = now - t0
                 else:
@@ -189,6 +215,7 @@ async def _run_openai_async(
     chunks = sum(r.content_chunks for r in ok)
     itl = [x for r in ok for x in r.itl_s]
     naive_itl = [x for r in ok for x in r.naive_itl_s]
+    steady = steady_rate([(r.start_s, r.arrivals) for r in ok], concurrency)
     out: dict[str, Any] = {
         "client": f"openai-sdk ({endpoint})",
         "completed": len(ok),
@@ -196,6 +223,10 @@ async def _run_openai_async(
         "wall_s": wall,
         "total_output_tokens": tokens,
         "output_throughput": tokens / wall if wall > 0 else math.nan,
+        "steady_tok_s": steady["tok_s"],
+        "steady_window_s": steady["window_end"] - steady["window_start"],
+        "stream_cpu_s": cpu,
+        "stream_wall_s": wall,
         "per_stream_tok_s": statistics.fmean(r.tokens / r.e2e_s for r in ok) if ok else math.nan,
         **_ms_stats("itl", itl),
         **_ms_stats("ttft", [r.ttft_s for r in ok]),
@@ -306,11 +337,27 @@ def _offline_env() -> dict[str, str]:
 # Runs bench_serving unmodified, as `python -m MODULE ARGS` would, but first imports it so that the CPU time of the
 # benchmark itself (tokenizer load, prompt generation, warmup request, the run, metrics) can be told apart from the
 # ~2 s of importing transformers/datasets/aiohttp. Writes that CPU time (time.process_time, all threads) to a file.
+# It also notes, without changing what aiohttp does, when each request is sent (aiohttp's ClientSession._request is
+# called right after bench_serving reads its start time `st`) and when each response is done with: bench_serving's
+# output has each request's TTFT and ITLs but not its start, which the steady window needs; and the CPU between the
+# first timed request and the last response is the streaming alone (not the tokenizer, prompts or metrics).
 _WRAPPER = """\
-import importlib, runpy, sys, time, warnings
-mod, out = sys.argv[1], sys.argv[2]
+import importlib, json, runpy, sys, time, warnings
+import aiohttp
+mod, out, marks_out = sys.argv[1], sys.argv[2], sys.argv[3]
 importlib.import_module(mod)
-sys.argv = [mod, *sys.argv[3:]]
+marks = []
+_request = aiohttp.ClientSession._request
+def noted_request(self, method, url, *args, **kwargs):
+    marks.append(["send", str(url), time.perf_counter(), time.process_time()])
+    return _request(self, method, url, *args, **kwargs)
+aiohttp.ClientSession._request = noted_request
+_aexit = aiohttp.ClientResponse.__aexit__
+async def noted_aexit(self, *exc):
+    marks.append(["done", str(self.url), time.perf_counter(), time.process_time()])
+    return await _aexit(self, *exc)
+aiohttp.ClientResponse.__aexit__ = noted_aexit
+sys.argv = [mod, *sys.argv[4:]]
 warnings.filterwarnings("ignore", category=RuntimeWarning, module="runpy")
 t = time.process_time()
 try:
@@ -318,7 +365,43 @@ try:
 finally:
     with open(out, "w") as f:
         f.write(repr(time.process_time() - t))
+    with open(marks_out, "w") as f:
+        json.dump(marks, f)
 """
+
+
+def _bench_serving_arrivals(
+    res: dict[str, Any], marks: list[list[Any]], path: str, num_requests: int
+) -> tuple[list[tuple[float, Arrivals]], float, float]:
+    """Each timed request's (start, token arrivals) from bench_serving's TTFTs and ITLs and the noted send times,
+    plus the CPU seconds and wall seconds from the first timed send to the last response.
+
+    bench_serving's ITL list has one entry per token (`sglang`: a chunk of k tokens after a gap g gives k entries of
+    g/k) or one per chunk (`sglang-oai`); tokens not covered by it arrive with the first chunk, and per-chunk
+    entries share the rest evenly (exact for one token per chunk, the capacity sweep's case).
+    """
+    sends = [m for m in marks if m[0] == "send" and m[1].endswith(path)]
+    if len(sends) < num_requests:
+        raise RuntimeError(f"noted {len(sends)} requests to {path}, expected at least {num_requests}")
+    sends = sends[-num_requests:]  # the warmup request(s) came first
+    dones = [m for m in marks if m[0] == "done" and m[1].endswith(path) and m[2] >= sends[0][2]]
+    last = max(dones, key=lambda m: m[2]) if dones else None
+    cpu = last[3] - sends[0][3] if last else math.nan
+    wall = last[2] - sends[0][2] if last else math.nan
+    out: list[tuple[float, Arrivals]] = []
+    for send, ttft, itls, n in zip(
+        sends, res.get("ttfts") or [], res.get("itls") or [], res.get("output_lens") or [], strict=False
+    ):
+        if not ttft or not n:
+            continue
+        per_entry = 1.0 if len(itls) <= n - 1 and res.get("backend") != "sglang-oai" else n / (len(itls) + 1)
+        t = send[2] + ttft
+        arrivals: Arrivals = [(t, n - per_entry * len(itls))]
+        for gap in itls:
+            t += gap
+            arrivals.append((t, per_entry))
+        out.append((send[2], arrivals))
+    return out, cpu, wall
 
 
 def run_bench_serving(
@@ -343,9 +426,9 @@ def run_bench_serving(
     tok = ensure_tokenizer(tokenizer_dir or DEFAULT_TOKENIZER_DIR, python)
     module = _bench_serving_module(python)
     with tempfile.TemporaryDirectory(prefix="orch-bench-serving-") as tmp:
-        out_file, cpu_file = Path(tmp) / "result.jsonl", Path(tmp) / "cpu_s"
+        out_file, cpu_file, marks_file = Path(tmp) / "result.jsonl", Path(tmp) / "cpu_s", Path(tmp) / "marks.json"
         cmd = [
-            str(python), "-c", _WRAPPER, module, str(cpu_file),
+            str(python), "-c", _WRAPPER, module, str(cpu_file), str(marks_file),
             "--backend", backend,
             "--base-url", base_url.rstrip("/"),
             "--tokenizer", str(tok),
@@ -368,6 +451,10 @@ def run_bench_serving(
             raise RuntimeError(f"bench_serving failed (exit {proc.returncode}):\n{log[-4000:]}")
         res: dict[str, Any] = json.loads(out_file.read_text().strip().splitlines()[-1])
         cpu_run = float(cpu_file.read_text()) if cpu_file.is_file() else math.nan
+        marks = json.loads(marks_file.read_text()) if marks_file.is_file() else []
+    path = "/generate" if backend == "sglang" else "/v1/completions"
+    requests, stream_cpu, stream_wall = _bench_serving_arrivals(res, marks, path, num_requests)
+    steady = steady_rate(requests, concurrency)
 
     tokens = int(res.get("total_output_tokens") or 0)
     output_lens = res.get("output_lens") or []
@@ -385,6 +472,10 @@ def run_bench_serving(
         "total_output_tokens": tokens,
         "total_output_tokens_retokenized": res.get("total_output_tokens_retokenized"),
         "output_throughput": res.get("output_throughput"),
+        "steady_tok_s": steady["tok_s"],
+        "steady_window_s": steady["window_end"] - steady["window_start"],
+        "stream_cpu_s": stream_cpu,
+        "stream_wall_s": stream_wall,
         # bench_serving reports no per-stream rate; mean length / mean E2E is the closest honest reading of it
         "per_stream_tok_s": mean_len / (mean_e2e_ms / 1000) if mean_e2e_ms else math.nan,
         "mean_tpot_ms": res.get("mean_tpot_ms"),
@@ -507,7 +598,8 @@ def _print_case(title: str, truth: dict[str, float], rows: list[dict[str, Any]])
         f"ITL {truth['itl_ms']:.3f} ms, TTFT ≈ 0 ms (prefill costs 0)"
     )
     hdr = (
-        f"{'client':<42} {'agg tok/s':>10} {'stream tok/s':>12} {'ITL mean':>9} {'ITL med':>8} {'ITL p99':>8} "
+        f"{'client':<42} {'agg tok/s':>10} {'steady':>10} {'stream tok/s':>12} {'ITL mean':>9} {'ITL med':>8} "
+        f"{'ITL p99':>8} "
         f"{'TTFT mean':>9} {'TTFT p99':>8} {'cpu s':>7} {'cpu µs/tok':>10} {'sim late':>9}"
     )
     print(hdr)
@@ -518,7 +610,8 @@ def _print_case(title: str, truth: dict[str, float], rows: list[dict[str, Any]])
             continue
         cpu = r.get("cpu_s_run", r["cpu_s"])
         print(
-            f"{r['client']:<42} {_fmt(r['output_throughput']):>10} {_fmt(r['per_stream_tok_s']):>12} "
+            f"{r['client']:<42} {_fmt(r['output_throughput']):>10} {_fmt(r.get('steady_tok_s')):>10} "
+            f"{_fmt(r['per_stream_tok_s']):>12} "
             f"{_fmt(r['mean_itl_ms'], 3):>9} {_fmt(r['median_itl_ms'], 3):>8} {_fmt(r['p99_itl_ms'], 3):>8} "
             f"{_fmt(r['mean_ttft_ms'], 2):>9} {_fmt(r['p99_ttft_ms'], 2):>8} {_fmt(cpu, 2):>7} "
             f"{_fmt(1e6 * r['cpu_s_per_token']):>10} {r.get('sim_late', '—')!s:>9}"
@@ -526,7 +619,7 @@ def _print_case(title: str, truth: dict[str, float], rows: list[dict[str, Any]])
         if "naive" in r:
             n = r["naive"]
             print(
-                f"{'  ↳ same run, naive (1 chunk = 1 token)':<42} {_fmt(n['output_throughput']):>10} "
+                f"{'  ↳ same run, naive (1 chunk = 1 token)':<42} {_fmt(n['output_throughput']):>10} {'':>10} "
                 f"{_fmt(n['per_stream_tok_s']):>12} {_fmt(n['mean_itl_ms'], 3):>9} {_fmt(n['median_itl_ms'], 3):>8} "
                 f"{_fmt(n['p99_itl_ms'], 3):>8}"
             )
@@ -594,8 +687,9 @@ def demo(argv: Sequence[str] | None = None) -> int:
         _print_case(label, truth, rows)
         results.append({"case": label, "truth": truth, "results": rows})
     print(
-        "\nNotes: aggregate truth is the steady state (all streams decoding); a finite run includes ramp-up/tail and "
-        "client overhead. 'sim late' counts simulator decode iterations that ran late because this host's CPU was "
+        "\nNotes: aggregate truth is the steady state (all streams decoding); 'agg tok/s' is each client's own figure "
+        "(tokens / wall: ramp-up and tail included), 'steady' the same tokens counted over the steady window "
+        "(steady_rate). 'sim late' counts simulator decode iterations that ran late because this host's CPU was "
         "busy — non-zero means the server side, not only the client, fell behind."
     )
     if args.json_out:

@@ -2,7 +2,8 @@
 
 It runs next to the server (through the host-side agent) by default, or on the orch machine (`--client local`).
 Token accounting is per token, not per chunk: under speculative decoding one stream chunk carries several tokens,
-and a chunk of k tokens after a gap g contributes k inter-token latencies of g/k.
+and a chunk of k tokens after a gap g contributes k inter-token latencies of g/k. Each read is parsed where it lands
+(`streamparse`), with one timestamp for every event it brought; see docs/client.md.
 """
 
 from __future__ import annotations
@@ -11,21 +12,16 @@ import asyncio
 import contextlib
 import json
 import math
-import re
 import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
+
+from orchestrator.streamparse import BadAnswer, EventStream, generate_count
 
 ENDPOINTS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
-# The last "completion_tokens" in a /generate event is meta_info's (text and output_ids come first); reading it
-# with a regex instead of parsing the whole cumulative event keeps the client's cost per token flat.
-# The value is captured up to the next delimiter, not as digits only: `1e18` or `-5` must be seen whole and refused,
-# not read as 1 or 5.
-_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*([^,}\]\s]+)')
-_FINISH_NULL = re.compile(rb'"finish_reason"\s*:\s*null')
 
 
 # A server's numbers are checked before they are used: a token count drives per-token lists, so a lying server
@@ -54,10 +50,6 @@ def live() -> dict[str, float]:
         "tokens": _LIVE["tokens"],
         "elapsed": time.monotonic() - _LIVE["started"] if active else 0.0,
     }
-
-
-class BadAnswer(ValueError):
-    """The server answered something the client cannot believe; the request fails with this message."""
 
 
 def _whole(value: Any, what: str, limit: int) -> int:
@@ -293,7 +285,7 @@ async def fetch(
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s)
     text_chunks: list[int] = []
-    streams: list[asyncio.StreamWriter] = []
+    streams: list[asyncio.BaseTransport] = []
     inner = asyncio.get_running_loop().create_task(_stream(host, port, path, body, rec, t0, streams, text_chunks))
     guard = _Guard(inner, rec, t0, timeout=timeout, stall_s=stall_s, first_token_s=first_token_s)
     if guards is not None:
@@ -338,115 +330,227 @@ async def _stream(
     body: dict[str, Any],
     rec: Record,
     t0: float,
-    streams: list[asyncio.StreamWriter],
+    streams: list[asyncio.BaseTransport],
     text_chunks: list[int],
 ) -> None:
     payload = json.dumps(body).encode()
-    openai = path != "/generate"
-    reader, writer = await asyncio.open_connection(host, port)
-    streams.append(writer)
-    writer.write(
+    request = (
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
         f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
         + payload
     )
-    status_line = await reader.readline()
-    parts = status_line.split()
-    status = int(parts[1]) if len(parts) >= 2 and parts[1].isdigit() and len(parts[1]) == 3 else 0
-    chunked = False
-    while True:
-        line = await reader.readline()
-        if line in (b"\r\n", b"\n", b""):
-            break
-        name, _, value = line.decode("latin-1").partition(":")
-        if name.strip().lower() == "transfer-encoding" and "chunked" in value.lower():
-            chunked = True
-    if status != 200:
-        text = (await reader.read(2000)).decode(errors="replace")
-        what = f"HTTP {status}" if status else f"not an HTTP answer ({status_line[:60]!r})"
-        rec.error = f"{what}: {text.strip()[:300]}"
-        return
-    buffer = b""
-    done = False
-    final_meta: dict[str, Any] | None = None
-    while not done:
-        if chunked:
-            size_line = await reader.readline()
-            if not size_line:
-                break
-            size = int(size_line.split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                break
-            if size > MAX_EVENT_BYTES:
-                raise BadAnswer(f"server announced a chunk of {size} bytes")
-            data = await reader.readexactly(size + 2)
-            piece = data[:-2]
+    loop = asyncio.get_running_loop()
+    exchange = _Exchange(request, rec, t0, path != "/generate", text_chunks, loop.create_future())
+    transport, _ = await loop.create_connection(lambda: exchange, host, port)
+    streams.append(transport)
+    await exchange.finished
+    exchange.conclude()
+
+
+class _Exchange(asyncio.BufferedProtocol):
+    """One streamed request on its own connection, parsed inside the event loop's read callback: a read costs no
+    task wake-up and takes one timestamp, shared by every event it brought. `finished` resolves at [DONE], at the end
+    of the connection or at the first thing the server got wrong (its exception)."""
+
+    def __init__(
+        self,
+        request: bytes,
+        rec: Record,
+        t0: float,
+        openai: bool,
+        text_chunks: list[int],
+        finished: asyncio.Future[None],
+    ) -> None:
+        self.request, self.rec, self.t0 = request, rec, t0
+        self.text_chunks = text_chunks
+        self.finished = finished
+        self.parser = EventStream(self._openai if openai else self._generate, MAX_EVENT_BYTES)
+        self.transport: asyncio.Transport | None = None
+        self.now = 0.0
+        self.done = False  # [DONE] came
+        self.final_meta: dict[str, Any] | None = None
+        self.limit = token_limit(rec.max_tokens)
+        self.buffer, self.view = _read_buffer()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.transport.write(self.request)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.finished.done():
+            return
+        self.now = time.perf_counter() - self.t0
+        parser = self.parser
+        try:
+            parser.feed(self.buffer, nbytes)
+        except Exception as e:  # what the server sent cannot be read: the request fails with why
+            self._end(e)
+            return
+        if self.done or parser.ended:
+            self._end(None)
+        elif parser.error_body:
+            self._refused()
+
+    def eof_received(self) -> bool:
+        return False  # close: the answer is complete
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.finished.done():
+            return
+        parser = self.parser
+        try:
+            parser.eof()
+        except Exception as e:
+            self._end(e)
+            return
+        if parser.status not in (0, 200):
+            self._refused()
+        elif exc is not None:
+            self._end(exc)
+        elif parser.status == 0:
+            self._refused()
+        elif parser.cut_mid_chunk:
+            self._end(asyncio.IncompleteReadError(b"", None))
         else:
-            piece = await reader.read(65536)
-            if not piece:
-                break
-        now = time.perf_counter() - t0
-        if b"\r" in piece:
-            piece = piece.replace(b"\r\n", b"\n")
-        buffer = buffer + piece if buffer else piece  # no copy in the usual case: one event per chunk
-        if len(buffer) > MAX_EVENT_BYTES:
-            raise BadAnswer(f"server sent an event longer than {MAX_EVENT_BYTES} bytes")
-        while b"\n\n" in buffer:
-            event, buffer = buffer.split(b"\n\n", 1)
-            # /generate events are cumulative (they grow with every token): avoid copying them line by line.
-            lines = (event,) if b"\n" not in event else event.split(b"\n")
-            for line_b in lines:
-                if not line_b.startswith(b"data:"):
-                    continue
-                data_b = line_b[5:].strip()
-                if data_b == b"[DONE]":
-                    done = True
-                    break
-                if openai:
-                    added = _count_openai(json.loads(data_b), rec, text_chunks)
+            self._end(None)
+
+    def _refused(self) -> None:
+        parser = self.parser
+        what = f"HTTP {parser.status}" if parser.status else f"not an HTTP answer ({parser.status_line[:60]!r})"
+        self.rec.error = f"{what}: {parser.error_body.decode(errors='replace').strip()[:300]}"
+        self._end(None)
+
+    def _end(self, exc: BaseException | None) -> None:
+        if self.finished.done():
+            return
+        if exc is None:
+            self.finished.set_result(None)
+        else:
+            self.finished.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def _count(self, added: int) -> None:
+        rec = self.rec
+        if added > 0:
+            if rec.first is None:
+                rec.first = self.now
+            rec.tokens += added
+            _LIVE["tokens"] += added
+            rec.arrivals.append((self.now, added))
+            rec.chunks += 1
+        rec.end = self.now
+
+    def _generate(self, buf: bytes | bytearray, start: int, end: int) -> None:
+        """One /generate event: its count from the tail (see streamparse.generate_count), else the whole event."""
+        rec = self.rec
+        value = generate_count(buf, start, end)
+        if value is not None and value.isdigit() and len(value) < 19:
+            count = int(value)
+            if count <= self.limit:
+                self._count(count - rec.tokens)
+                return
+        if value is None:
+            if self._is_done(buf, start, end):
+                return
+            event = _loads(buf, start, end)
+            if isinstance(event, dict) and "meta_info" not in event and isinstance(event.get("error"), dict):
+                raise BadAnswer(f"server reported an error: {str(event['error'].get('message'))[:300]}")
+            # The final event (or an unusual one): its meta_info from the whole event.
+            self.final_meta = _meta_info(event)
+            value = self.final_meta.get("completion_tokens", rec.tokens)
+        self._count(_tokens(value, rec) - rec.tokens)
+
+    def _openai(self, buf: bytes | bytearray, start: int, end: int) -> None:
+        if self._is_done(buf, start, end):
+            return
+        event = _loads(buf, start, end)
+        rec = self.rec
+        # The usual chunk of a server sending usage with every chunk, checked as _count_openai would check it.
+        if type(event) is dict and "timings" not in event:
+            usage, choices = event.get("usage"), event.get("choices")
+            if type(usage) is dict and type(choices) is list and choices and type(choices[0]) is dict:
+                total, prompt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+                if (
+                    type(total) is int
+                    and 0 <= total <= self.limit
+                    and type(prompt) is int
+                    and 0 <= prompt <= MAX_PROMPT_TOKENS
+                ):
+                    rec.prompt_tokens = prompt
+                    rec.token_source = "usage (per chunk)"
+                    self._count(total - rec.tokens)
+                    return
+        self._count(_count_openai(event, rec, self.text_chunks))
+
+    def _is_done(self, buf: bytes | bytearray, start: int, end: int) -> bool:
+        if end - start <= 16 and buf[start:end].strip() == b"[DONE]":
+            self.done = True
+            self.parser.stop()
+            return True
+        return False
+
+    def conclude(self) -> None:
+        """After the stream: what only its end tells (the error of a cut stream, the accept length)."""
+        rec = self.rec
+        if rec.error is not None:
+            return
+        if not self.done:
+            rec.error = f"the stream ended without [DONE] after {rec.tokens} tokens"
+        if rec.accepted is not None and rec.tokens > rec.accepted:
+            # Every target forward pass yields one token of its own plus the drafts it accepted.
+            rec.verify_ct = rec.tokens - rec.accepted
+            rec.accept_length = rec.tokens / rec.verify_ct
+        meta = self.final_meta
+        if meta is not None:
+            rec.prompt_tokens = _whole(meta.get("prompt_tokens", 0), "prompt_tokens", MAX_PROMPT_TOKENS)
+            if meta.get("spec_verify_ct"):
+                rec.verify_ct = _whole(meta["spec_verify_ct"], "spec_verify_ct", max(rec.tokens, 1))
+                accept = meta.get("spec_accept_length")
+                if accept is None or accept == 0:
+                    rec.accept_length = rec.tokens / rec.verify_ct if rec.verify_ct else None
+                elif (
+                    isinstance(accept, int | float)
+                    and not isinstance(accept, bool)
+                    and math.isfinite(accept)
+                    and 0 < accept <= token_limit(rec.max_tokens)
+                ):
+                    rec.accept_length = float(accept)
                 else:
-                    matches = _COMPLETION_TOKENS.findall(data_b, max(0, len(data_b) - 4096))
-                    if not matches or not _FINISH_NULL.search(data_b, max(0, len(data_b) - 4096)):
-                        # The final event (or an unusual one): parse it fully.
-                        final_meta = _meta_info(json.loads(data_b))
-                        cumulative = _tokens(final_meta.get("completion_tokens", rec.tokens), rec)
-                    else:
-                        cumulative = _tokens(matches[-1], rec)
-                    added = cumulative - rec.tokens
-                if added > 0:
-                    if rec.first is None:
-                        rec.first = now
-                    rec.tokens += added
-                    _LIVE["tokens"] += added
-                    rec.arrivals.append((now, added))
-                    rec.chunks += 1
-                rec.end = now
-            if done:
-                break
-    if not done:
-        rec.error = f"the stream ended without [DONE] after {rec.tokens} tokens"
-    if rec.accepted is not None and rec.tokens > rec.accepted:
-        # Every target forward pass yields one token of its own plus the drafts it accepted.
-        rec.verify_ct = rec.tokens - rec.accepted
-        rec.accept_length = rec.tokens / rec.verify_ct
-    if final_meta is not None:
-        rec.prompt_tokens = _whole(final_meta.get("prompt_tokens", 0), "prompt_tokens", MAX_PROMPT_TOKENS)
-        if final_meta.get("spec_verify_ct"):
-            rec.verify_ct = _whole(final_meta["spec_verify_ct"], "spec_verify_ct", max(rec.tokens, 1))
-            accept = final_meta.get("spec_accept_length")
-            if accept is None or accept == 0:
-                rec.accept_length = rec.tokens / rec.verify_ct if rec.verify_ct else None
-            elif (
-                isinstance(accept, int | float)
-                and not isinstance(accept, bool)
-                and math.isfinite(accept)
-                and 0 < accept <= token_limit(rec.max_tokens)
-            ):
-                rec.accept_length = float(accept)
-            else:
-                raise BadAnswer(
-                    f"server sent spec_accept_length={json.dumps(accept, default=str)[:40]}, not a plausible length"
-                )
+                    raise BadAnswer(
+                        f"server sent spec_accept_length={json.dumps(accept, default=str)[:40]}, not a plausible length"
+                    )
+
+
+_RAW_DECODE = json.JSONDecoder().raw_decode
+_THREAD = threading.local()
+READ_BUFFER_BYTES = 256 * 1024  # asyncio's own read size
+
+
+def _read_buffer() -> tuple[bytearray, memoryview]:
+    """The buffer every connection of this thread's event loop reads into. One is enough: a read is parsed before
+    the loop reads again, and the parser keeps nothing of it. Reading into it saves what asyncio's plain read costs:
+    a fresh 256 KiB bytes object per read, which glibc maps and unmaps every time (~8 µs of a ~12 µs read)."""
+    shared: tuple[bytearray, memoryview] | None = getattr(_THREAD, "buffer", None)
+    if shared is None:
+        buffer = bytearray(READ_BUFFER_BYTES)
+        shared = _THREAD.buffer = (buffer, memoryview(buffer))
+    return shared
+
+
+def _loads(buf: bytes | bytearray, start: int, end: int) -> Any:
+    """json.loads(buf[start:end]) without its per-call detours (encoding detection, the whitespace regexes)."""
+    text = buf[start:end].decode()
+    try:
+        value, stop = _RAW_DECODE(text)
+    except ValueError:
+        return json.loads(text)  # leading whitespace is fine; anything else raises json's own error
+    if stop != len(text) and not text[stop:].isspace():
+        return json.loads(text)  # raises "Extra data"
+    return value
 
 
 def _meta_info(event: Any) -> dict[str, Any]:

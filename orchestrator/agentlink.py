@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any
 
 from orchestrator import hostside, progress
@@ -97,3 +99,31 @@ class AgentLink:
             if reply.get("id") != rid or reply.get("heartbeat"):
                 continue  # a heartbeat, or the late answer to a request we gave up on
             return reply
+
+
+# What a host needs to run orch's agent, its benchmark client and the simulator: stdlib + psutil code only. The agent
+# imports nothing else (tests/test_hostside.py runs it, and the client, from these files alone).
+SHIPPED_MODULES = ("client", "streamparse", "redaction", "processes", "hostfacts", "hostwait", "stats")
+
+
+def agent_files() -> dict[str, bytes]:
+    """The agent's files by their path on the host: hostside.py beside an `orchestrator/` package of SHIPPED_MODULES
+    and `sim/`."""
+    package = Path(__file__).resolve().parent
+    files = {
+        "hostside.py": (package / "hostside.py").read_bytes(),
+        "orchestrator/__init__.py": (package / "__init__.py").read_bytes(),
+    }
+    for name in SHIPPED_MODULES:
+        files[f"orchestrator/{name}.py"] = (package / f"{name}.py").read_bytes()
+    for path in sorted((package / "sim").glob("*.py")):
+        files[f"orchestrator/sim/{path.name}"] = path.read_bytes()
+    return files
+
+
+def agent_version(files: dict[str, bytes]) -> str:
+    """A digest of the files: each version is installed once per host, beside older ones."""
+    h = hashlib.sha256()
+    for name, data in sorted(files.items()):
+        h.update(name.encode() + b"\0" + data + b"\0")
+    return h.hexdigest()[:12]

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator import hostside, progress, slurm
-from orchestrator.agentlink import AgentLink, ConnectionLost, Stream, call_timeout
+from orchestrator.agentlink import AgentLink, ConnectionLost, Stream, agent_files, agent_version, call_timeout
 from orchestrator.errors import HostError
 from orchestrator.hosts import CallStats, Host, HostConfig, Progress, default_namespace
 from orchestrator.slurm import AllocationRequest, QueueState, Slurm, SlurmError
@@ -181,8 +181,6 @@ class _StepStream(Stream):
 
 
 def _payload(workdir: str, namespace: str) -> bytes:
-    from orchestrator.ssh import agent_files, agent_version  # what SSH hosts install, the same bytes
-
     files = agent_files()
     data = {
         "workdir": workdir,

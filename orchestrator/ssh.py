@@ -31,7 +31,16 @@ from tenacity import (
 )
 
 from orchestrator import hostside, yamlfile
-from orchestrator.agentlink import BASE_CALL_TIMEOUT_S, SILENCE_S, AgentLink, ConnectionLost, Stream, call_timeout
+from orchestrator.agentlink import (
+    BASE_CALL_TIMEOUT_S,
+    SILENCE_S,
+    AgentLink,
+    ConnectionLost,
+    Stream,
+    agent_files,
+    agent_version,
+    call_timeout,
+)
 from orchestrator.errors import HostError
 from orchestrator.hosts import TARGET_RE, CallStats, Host, HostConfig, Progress
 
@@ -48,7 +57,7 @@ class _QuietRefusedChannels(logging.Filter):
 logging.getLogger("paramiko.transport").addFilter(_QuietRefusedChannels())
 PACKAGE_DIR = Path(__file__).resolve().parent
 # The agent protocol's client (agentlink.py) is shared with Slurm hosts; these names stay importable from here.
-__all__ = ["BASE_CALL_TIMEOUT_S", "SILENCE_S", "ConnectionLost", "SSHHost"]
+__all__ = ["BASE_CALL_TIMEOUT_S", "SILENCE_S", "ConnectionLost", "SSHHost", "agent_files", "agent_version"]
 
 
 class _ChannelStream(Stream):
@@ -119,30 +128,6 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
         client.get_host_keys().add(hostname, key.get_name(), key)
         log.warning("accepted new host key for %s: %s %s (saved to %s)", hostname, key.get_name(), fp, self.known_hosts)
-
-
-def agent_files() -> dict[str, bytes]:
-    """What a host needs to run orch's agent and simulator: stdlib + psutil code only."""
-    files = {
-        "hostside.py": (PACKAGE_DIR / "hostside.py").read_bytes(),
-        "orchestrator/__init__.py": (PACKAGE_DIR / "__init__.py").read_bytes(),
-        "orchestrator/client.py": (PACKAGE_DIR / "client.py").read_bytes(),
-        "orchestrator/redaction.py": (PACKAGE_DIR / "redaction.py").read_bytes(),
-        "orchestrator/processes.py": (PACKAGE_DIR / "processes.py").read_bytes(),
-        "orchestrator/hostfacts.py": (PACKAGE_DIR / "hostfacts.py").read_bytes(),
-        "orchestrator/hostwait.py": (PACKAGE_DIR / "hostwait.py").read_bytes(),
-        "orchestrator/stats.py": (PACKAGE_DIR / "stats.py").read_bytes(),  # the simulator's chain model
-    }
-    for path in sorted((PACKAGE_DIR / "sim").glob("*.py")):
-        files[f"orchestrator/sim/{path.name}"] = path.read_bytes()
-    return files
-
-
-def agent_version(files: dict[str, bytes]) -> str:
-    h = hashlib.sha256()
-    for name, data in sorted(files.items()):
-        h.update(name.encode() + b"\0" + data + b"\0")
-    return h.hexdigest()[:12]
 
 
 @dataclass(frozen=True)

@@ -361,8 +361,9 @@ def test_recorded_pids_are_matched_with_their_start_time() -> None:
 
 
 def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> None:
-    """A host gets only ssh.agent_files(): the agent must import from those alone (no stray orchestrator import)."""
-    from orchestrator.ssh import agent_files
+    """A host gets only agent_files(): the agent and its benchmark client must import from those alone (no stray
+    orchestrator import)."""
+    from orchestrator.agentlink import agent_files
 
     for name, data in agent_files().items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -386,3 +387,13 @@ def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> 
         replies.append(json.loads(agent.stdout.readline()))
     _, err = agent.communicate(timeout=30)
     assert [(r["ok"], r["id"]) for r in replies] == [(True, 0), (True, 1)], err
+    # bench_run imports the client (and what it imports) only when a run starts: import it from the same files.
+    client = subprocess.run(
+        [sys.executable, "-S", "-c", "import orchestrator.client, orchestrator.hostwait, orchestrator.sim.__main__"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": f"{tmp_path}:{site}"},
+        timeout=60,
+    )
+    assert client.returncode == 0, client.stderr

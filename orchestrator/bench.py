@@ -244,6 +244,11 @@ def with_engine_counters(runner: Runner, engine: Engine) -> Runner:
                     "accepted": counted.accepted,
                     "acceptance_rate": counted.acceptance_rate,
                 }
+                if counted.per_position and counted.drafts:
+                    # Accepted tokens at draft position 1, 2, … and the drafts behind them: orch whatif's acceptance
+                    # per position.
+                    summary["spec"]["per_position"] = list(counted.per_position)
+                    summary["spec"]["drafts"] = counted.drafts
         return summary
 
     return run

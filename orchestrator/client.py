@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 import signal
 import threading
 import time
@@ -616,8 +617,15 @@ def _parse_metrics(raw: bytes) -> dict[str, float] | None:
         except ValueError:
             continue
         if math.isfinite(value):
-            out[words[0]] = out.get(words[0], 0.0) + value
+            name = words[0]
+            if name.endswith("_per_pos_total") and (pos := _POSITION.search(line)):
+                # Per draft position (vLLM, llama.cpp): kept apart, as NAME[i], for the acceptance per position.
+                name = f"{name}[{pos.group(1)}]"
+            out[name] = out.get(name, 0.0) + value
     return out
+
+
+_POSITION = re.compile(r'[{,]position="(\d+)"')
 
 
 def _dechunk(data: bytes) -> bytes:
@@ -749,7 +757,7 @@ async def run_requests(
     if before is not None and after is not None:
         # Every counter: the engine adapter decides which ones describe speculative decoding (orch side).
         # Only counters in both scrapes: one that appears mid-run has no known starting value.
-        deltas = {k: after[k] - before[k] for k in after if k.endswith("_total") and k in before}
+        deltas = {k: after[k] - before[k] for k in after if (k.endswith("_total") or "_total[" in k) and k in before}
     return records, window_end if window_end is not None else time.perf_counter() - t0, deltas, aborted
 
 
@@ -872,7 +880,10 @@ def summarize_run(
         },
         # Deltas of the server's /metrics counters across the run ({} without /metrics): the engine adapter reads
         # its own speculative counters from them when the responses carried no per-request statistics.
-        "counter_deltas": {k: v for k, v in deltas.items() if v and ("spec" in k or "token" in k)},
+        # Per draft position even when 0: positions a run never reached still count (their drafts were rejected).
+        "counter_deltas": {
+            k: v for k, v in deltas.items() if (v or "_per_pos_" in k) and ("spec" in k or "token" in k)
+        },
         "valid": not reasons,
         "invalid_reason": "; ".join(reasons) or None,
         "aborted": aborted or None,

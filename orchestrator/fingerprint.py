@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 
-from orchestrator import engines
+from orchestrator import engines, server
 from orchestrator.bench import BenchConfig, request_items
-from orchestrator.errors import OrchError
+from orchestrator.errors import HostError, OrchError
 from orchestrator.hosts import Host
 from orchestrator.profile import Profile
 from orchestrator.server import EnvReport, RunningServer
@@ -122,24 +122,23 @@ def _collect(
 ) -> dict[str, Any]:
     launch = srv.launch
     unreadable: list[dict[str, str]] = []
-    # The server's own interpreter: its packages are what the server runs, whatever orch's agent runs on.
-    python = launch.argv[0] if launch.argv else host.python
     engine = engines.get(profile.engine)
-    # The simulator's interpreter has no engine worth importing (and importing a real one would cost seconds).
-    packages = [p for p in engine.packages if not (launch.simulated and p == engine.version_package)]
-    try:
-        part = host.call(
-            "fingerprint",
-            python=python,
-            packages=packages,
-            nvidia_smi=host.config.nvidia_smi,
-            call_timeout=HOST_CALL_TIMEOUT_S,
-        )
-    except OrchError as e:
-        part = {"host": None, "gpus": None, "software": None, "unreadable": [{"field": "host", "why": str(e)}]}
+    pre = srv.prefetched.get("fingerprint")
+    part: dict[str, Any]
+    if pre is not None and "value" in pre:
+        part = pre["value"]  # the agent probed while the server loaded
+    else:
+        try:
+            if pre is not None:
+                raise HostError(str(pre.get("error") or "the host-side fingerprint probe failed"))
+            part = host.call(
+                "fingerprint", **server.fingerprint_probe(host, launch, profile), call_timeout=HOST_CALL_TIMEOUT_S
+            )
+        except OrchError as e:
+            part = {"host": None, "gpus": None, "software": None, "unreadable": [{"field": "host", "why": str(e)}]}
     unreadable += part.get("unreadable") or []
     software: dict[str, Any] = dict(part.get("software") or {})
-    info = _server_info(srv.base_url)
+    info = srv.prefetched["server_info"] if "server_info" in srv.prefetched else _server_info(srv.base_url)
     reported = info.get("version")
     if launch.simulated:
         # The simulator's "engine" is what it says it is: its reported version stands in for an import.

@@ -296,12 +296,41 @@ def op_wait_ready(
     poll_s: float = 0.02,
     log_every_s: float = 1.0,
     probe_timeout_s: float = 10.0,
+    then: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Wait here, next to the server, until its probe succeeds, its process exits, or timeout_s passes."""
-    return hostwait.wait(
+    """Wait here, next to the server, until its probe succeeds, its process exits, or timeout_s passes.
+
+    then: what orch needs next, done here without another round trip — "fingerprint" (op_fingerprint's arguments:
+    run while the server loads, since importing the engine's packages can take seconds), and once ready
+    "launch_state" (op_launch_state's arguments) and "server_info" (GET /server_info)."""
+    import threading
+
+    then = then or {}
+    fingerprint: dict[str, Any] = {}
+
+    def probe_packages() -> None:
+        try:
+            fingerprint["value"] = op_fingerprint(**then["fingerprint"])
+        except Exception as e:  # evidence only: orch records it as unreadable
+            fingerprint["error"] = f"{type(e).__name__}: {e}"[:500]
+
+    worker = threading.Thread(target=probe_packages, daemon=True) if "fingerprint" in then else None
+    if worker is not None:
+        worker.start()
+    result = hostwait.wait(
         pid, port, probe, log_path, timeout_s, address=address, poll_s=poll_s, log_every_s=log_every_s,
         probe_timeout_s=probe_timeout_s, report=report,
     )  # fmt: skip
+    if not result["ready"]:
+        return result  # a failed start is reported at once; the probe thread's answer is not needed
+    if "launch_state" in then:
+        result["launch_state"] = op_launch_state(**then["launch_state"])
+    if then.get("server_info"):
+        result["server_info"] = hostwait.server_info(address, port)
+    if worker is not None:
+        worker.join()
+        result["fingerprint"] = fingerprint
+    return result
 
 
 def op_environ(launch_id: str, keys: list[str], digest_key: str | None = None) -> list[dict[str, Any]]:

@@ -62,6 +62,21 @@ def _request(
         conn.close()
 
 
+def server_info(address: str, port: int, timeout_s: float = 5.0) -> dict[str, Any]:
+    """GET /server_info (older SGLang: /get_server_info) as a JSON object; {} when neither answers one."""
+    import http.client
+
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            status, data = _request(address, port, "GET", path, None, timeout_s)
+            doc = json.loads(data) if status == 200 else None
+        except (OSError, http.client.HTTPException, ValueError):
+            continue
+        if isinstance(doc, dict):
+            return doc
+    return {}
+
+
 def _message(data: bytes) -> str:
     """The error message in a JSON answer ({"error": {"message": ...}}, {"error": "..."}, {"detail": ...})."""
     try:

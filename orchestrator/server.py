@@ -223,6 +223,8 @@ def wait_ready(
     timeout_s: float,
     poll_s: float = READY_POLL_S,
     on_event: EventFn = _quiet,
+    then: dict[str, Any] | None = None,
+    extras: dict[str, Any] | None = None,
 ) -> float:
     """Wait until the engine's readiness probe (a real 1-token generation where the engine has one) succeeds, in one
     host call: the agent polls the port, the probe and the process next to the server and answers ready, exited
@@ -255,8 +257,11 @@ def wait_ready(
         probe_timeout_s=PROBE_TIMEOUT_S,
         on_progress=heard,
         call_timeout=timeout_s + PROBE_TIMEOUT_S + 60,
+        **({"then": then} if then else {}),
     )
     if result["ready"]:
+        if extras is not None:  # what `then` asked for, done by the agent in the same call
+            extras.update({k: result[k] for k in ("launch_state", "server_info", "fingerprint") if k in result})
         return time.monotonic() - t0
     # The server's own startup dump (`server_args=ServerArgs(... api_key='…')`) is in its log: scrub.
     tail = scrub(str(result.get("log_tail", "")), secrets)
@@ -304,13 +309,35 @@ def read_back(
 ) -> tuple[EnvReport, list[dict[str, Any]]]:
     """One host round trip once ready: the env check (verify_env) and every process of the launch (PID and start
     time), recorded for liveness checks during runs and for teardown."""
+    args, expected = _state_args(launch_, profile, redaction_key)
+    return _from_state(host.call("launch_state", **args), expected, launch_, profile)
+
+
+def _state_args(
+    launch_: Launch, profile: Profile, redaction_key: bytes | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """launch_state's arguments and the env the profile expects, secrets as digests under the same key."""
     # The host digests with the same key, so equal values compare equal without leaving the host in clear.
     key = redaction_key or os.urandom(32)
     expected = {k: redact(k, v, key) for k, v in profile.env_dict().items()}
-    state = host.call(
-        "launch_state", launch_id=launch_.launch_id, pid=launch_.pid, keys=sorted(expected), digest_key=key.hex()
-    )
+    args = {"launch_id": launch_.launch_id, "pid": launch_.pid, "keys": sorted(expected), "digest_key": key.hex()}
+    return args, expected
+
+
+def _from_state(
+    state: dict[str, Any], expected: dict[str, str], launch_: Launch, profile: Profile
+) -> tuple[EnvReport, list[dict[str, Any]]]:
     return _env_report(state["environ"], expected, launch_, profile), state["procs"]
+
+
+def fingerprint_probe(host: Host, launch_: Launch, profile: Profile) -> dict[str, Any]:
+    """The host-side fingerprint probe's arguments (op_fingerprint): the server's own interpreter — its packages are
+    what the server runs, whatever orch's agent runs on — and the engine's packages."""
+    engine = engines.get(profile.engine)
+    # The simulator's interpreter has no engine worth importing (and importing a real one would cost seconds).
+    packages = [p for p in engine.packages if not (launch_.simulated and p == engine.version_package)]
+    python = launch_.argv[0] if launch_.argv else host.python
+    return {"python": python, "packages": packages, "nvidia_smi": host.config.nvidia_smi}
 
 
 def _env_report(procs: list[dict[str, Any]], expected: dict[str, str], launch_: Launch, profile: Profile) -> EnvReport:
@@ -380,6 +407,9 @@ class RunningServer:
     # Every process of the launch once it was ready (PID, start time): for liveness checks during runs and for a
     # teardown that also finds members which dropped the marker.
     processes: list[dict[str, Any]] = field(default_factory=list)
+    # Read by the agent while waiting for readiness (fingerprint.collect uses them instead of asking again):
+    # "fingerprint" ({"value": op_fingerprint's answer} or {"error": …}) and "server_info" (GET /server_info).
+    prefetched: dict[str, Any] = field(default_factory=dict)
 
     def failure_tail(self, host: Host, lines: int = 20) -> str:
         """The server's last log lines, to show why it failed (a multi-node launch: those of the ranks that died)."""
@@ -442,10 +472,20 @@ def running(
         if on_launch is not None:
             on_launch(launched)
         timeout = ready_timeout_s if ready_timeout_s is not None else profile.ready_timeout_s
-        srv.ready_s = wait_ready(host, launched, profile, timeout_s=timeout, on_event=on_event)
+        # The agent answers the wait with the env read-back and the fingerprint's host part, so a ready server is
+        # benchmarked without more round trips (and the package probe ran while the server loaded).
+        state_args, expected = _state_args(launched, profile, redaction_key)
+        then = {"launch_state": state_args, "fingerprint": fingerprint_probe(host, launched, profile)}
+        extras: dict[str, Any] = {}
+        srv.ready_s = wait_ready(
+            host, launched, profile, timeout_s=timeout, on_event=on_event, then={**then, "server_info": True},
+            extras=extras,
+        )  # fmt: skip
         on_event(f"{profile.name}: ready after {srv.ready_s:.1f}s")
         progress.phase("env check", profile=profile.name)
-        srv.env_report, srv.processes = read_back(host, launched, profile, redaction_key=redaction_key)
+        state = extras.get("launch_state") or host.call("launch_state", **state_args)
+        srv.env_report, srv.processes = _from_state(state, expected, launched, profile)
+        srv.prefetched = {k: extras[k] for k in ("fingerprint", "server_info") if k in extras}
         yield srv
         failed = False
     finally:

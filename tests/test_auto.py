@@ -166,7 +166,10 @@ def test_auto_experiment_interrupted_then_resumed_continues_its_design(
     `--resume` finishes that block and stops at the maximum, saying why the comparison stayed inconclusive."""
     sim_profiles(sim={"launch_noise": 0.02})
     db = str(tmp_path / "r.db")
-    proc = run_orch("ab", "baseline", "baseline", "--sim", "--max-blocks", "4", *COMMON, "--db", db, cwd=tmp_path)
+    # --min-effect 0.5%: three launches of 2 % noise cannot show "no difference" within ±0.5 % (at ±2 % a quiet
+    # draw sometimes did, and the experiment stopped at 3 blocks).
+    args = ("--sim", "--max-blocks", "4", "--min-effect", "0.5%", *COMMON, "--db", db)
+    proc = run_orch("ab", "baseline", "baseline", *args, cwd=tmp_path)
     seen: list[str] = []
     wait_for_line(proc, "adding block 4 of at most 4", seen)
     wait_for_line(proc, "launch 7/8: block 4/4 (at most 4)", seen)

@@ -318,7 +318,7 @@ def test_ctrl_c_while_the_server_loads_over_ssh_tears_it_down_at_once(
     _nothing_left()
 
 
-def test_an_arm_over_ssh_costs_six_calls_and_one_channel_whatever_its_load_time(
+def test_an_arm_over_ssh_costs_four_calls_and_no_channel_whatever_its_load_time(
     remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:
     from orchestrator import progress
@@ -335,8 +335,8 @@ def test_an_arm_over_ssh_costs_six_calls_and_one_channel_whatever_its_load_time(
         tunnels = host.stats.channels_by_kind.get("tunnel", 0) - tunnels
     per_experiment = sum(by_op.pop(op) for op in ("facts", "lock", "unlock"))
     assert per_experiment == 3 and by_op.pop("bench_run") == 3  # one per run: 1 warmup + 2 timed
-    assert sum(by_op.values()) == 6, by_op  # preflight, launch, wait_ready, launch_state, fingerprint, teardown
-    assert tunnels == 1  # the fingerprint's GET /server_info; readiness is probed on the host
+    assert sum(by_op.values()) == 4, by_op  # preflight, launch, wait_ready (+ env, fingerprint), teardown
+    assert tunnels == 0  # readiness, GET /server_info and the benchmark all run on the host
     loading_logs = [log for name, log in states if name == "loading" and log]
     assert any("Load weight begin" in log for log in loading_logs), states
     _nothing_left()

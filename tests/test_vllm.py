@@ -199,6 +199,13 @@ def test_ab_on_simulated_vllm_reads_accept_length_from_metrics(write_profile: Wr
     spec_runs = [r for launch in loaded.launches if launch.arm_index == 1 for r in launch.timed_at()]
     assert spec_runs and all("vllm:spec_decode" in (r.accept_source or "") for r in spec_runs)
     assert all(r.spec_accept_length is not None and 1.0 <= r.spec_accept_length <= 4.0 for r in spec_runs)
+    # vLLM's accepted tokens per draft position reach the store (orch whatif's acceptance per position): one count per
+    # drafted position, never more than the drafts, and falling with the position (a chain: position 2 needs 1).
+    for r in spec_runs:
+        counted = r.metrics["spec"]
+        per_pos, drafts = counted["per_position"], counted["drafts"]
+        assert len(per_pos) == 3 and drafts > 0 and all(0 <= n <= drafts for n in per_pos), counted
+        assert per_pos[0] >= per_pos[1] >= per_pos[2] and sum(per_pos) == counted["accepted"], counted
     text = ab_text(loaded)
     assert "break-even accept length" in text and "measured accept length" in text
     fingerprint = loaded.launches[0].fingerprint

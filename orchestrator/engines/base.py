@@ -47,6 +47,8 @@ class SpecCounters:
     drafted: float | None
     accepted: float | None
     source: str
+    drafts: float | None = None  # drafts proposed (one per verify pass that drafted)
+    per_position: tuple[float, ...] | None = None  # accepted tokens at draft position 1, 2, … (where reported)
 
 
 class Engine(ABC):
@@ -126,10 +128,16 @@ def spec_decode_counters(deltas: Mapping[str, float], prefix: str, what: str) ->
         return None
     accepted = max(deltas.get(f"{prefix}spec_decode_num_accepted_tokens_total", 0.0), 0.0)
     drafted = deltas.get(f"{prefix}spec_decode_num_draft_tokens_total")
+    per_pos = f"{prefix}spec_decode_num_accepted_tokens_per_pos_total["
+    positions = sorted((int(k[len(per_pos) : -1]), v) for k, v in deltas.items() if k.startswith(per_pos))
+    if [i for i, _ in positions] != list(range(len(positions))):
+        positions = []  # a gap (a series missing from one scrape): no per-position figures rather than wrong ones
     return SpecCounters(
         accept_length=1.0 + accepted / drafts,
         acceptance_rate=accepted / drafted if drafted else None,
         drafted=drafted,
         accepted=accepted,
         source=f"metrics ({what} counter deltas across this run)",
+        drafts=drafts,
+        per_position=tuple(max(v, 0.0) for _, v in positions) or None,
     )

@@ -137,6 +137,8 @@ class LlamaCpp(Engine):
             drafted=counted.drafted,
             accepted=counted.accepted,
             source="metrics (llamacpp:tokens_predicted_total and spec_decode_* counter deltas across this run)",
+            drafts=counted.drafts,
+            per_position=counted.per_position,
         )
 
     def spec_steps(self, spec: Mapping[str, Any]) -> int:

@@ -181,7 +181,7 @@ def test_errors_are_scrubbed_before_they_are_stored(
         # Any error text, not only a log tail, may quote a secret: the store gets it scrubbed.
         raise ServerError(f"health check said: bad key {api_key}; HF_TOKEN={hf_token} Authorization: Bearer x1y2")
 
-    monkeypatch.setattr(server, "read_back", leaky)  # the env check (and process list) once ready
+    monkeypatch.setattr(server, "_from_state", leaky)  # the env check (and process list) once ready
     store = Store(tmp_path / "r.db")
     events: list[str] = []
     config = ABConfig(bench=BenchConfig(min_run_s=0, runs=1, warmup=0, max_tokens=8), simulate=True, grace_s=2)

@@ -61,8 +61,9 @@ lint: install
 	$(BIN)/ruff format --check orchestrator tests benchmarks
 	$(BIN)/mypy
 
-# Reproduces docs/performance.md: orchestration overhead (local vs SSH) and the client fidelity/capacity tables,
-# the latter side by side with the field's clients installed into their own venv (.venv-ref).
+# Reproduces docs/performance.md (about 7 min): start-up times, orchestration overhead and host round trips (local vs
+# SSH), and the client's fidelity/capacity side by side with the field's clients installed into their own venv
+# (.venv-ref); each measures the code before issue 14 (git ref 3e11be3) and this checkout in the same run.
 REF := .venv-ref
 $(REF)/.installed: benchmarks/requirements-reference.txt
 	$(PYTHON) -m venv $(REF)

@@ -39,6 +39,7 @@ from orchestrator import hostside, progress, slurm
 from orchestrator.agentlink import AgentLink, ConnectionLost, Stream, agent_files, agent_version, call_timeout
 from orchestrator.errors import HostError
 from orchestrator.hosts import CallStats, Host, HostConfig, Progress, default_namespace
+from orchestrator.relay import Relay
 from orchestrator.slurm import AllocationRequest, QueueState, Slurm, SlurmError
 
 log = logging.getLogger("orch.slurm")
@@ -463,29 +464,13 @@ class SlurmHost(Host):
                 self._release()
 
 
-class _Tunnel:
+class _Tunnel(Relay):
     """A local port relayed to address:port on the node, one small step per connection."""
 
     def __init__(self, host: SlurmHost, address: str, port: int) -> None:
         self.host = host
-        self.address = address
-        self.port = port
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.local_port = int(self.sock.getsockname()[1])
-        self.closed = False
         self._procs: set[subprocess.Popen[bytes]] = set()
-        threading.Thread(target=self._accept, daemon=True, name=f"slurm-tunnel-{port}").start()
-
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        super().__init__(address, port, backlog=16, name=f"slurm-tunnel-{port}")
 
     def _serve(self, client: socket.socket) -> None:
         h = self.host
@@ -530,11 +515,7 @@ class _Tunnel:
             stdin.close()
 
     def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not on Linux
-        with contextlib.suppress(OSError):
-            self.sock.close()
+        super().close()
         for proc in list(self._procs):
             _end(proc)
 

@@ -43,6 +43,7 @@ from orchestrator.agentlink import (
 )
 from orchestrator.errors import HostError
 from orchestrator.hosts import TARGET_RE, CallStats, Host, HostConfig, Progress
+from orchestrator.relay import Relay
 
 log = logging.getLogger("orch.ssh")
 
@@ -598,28 +599,12 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
                 sftp.mkdir(current)
 
 
-class _Tunnel:
+class _Tunnel(Relay):
     """A local port forwarded to address:port on the host through `direct-tcpip` channels."""
 
     def __init__(self, host: SSHHost, address: str, port: int) -> None:
         self.host = host
-        self.address = address
-        self.port = port
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(128)
-        self.local_port = int(self.sock.getsockname()[1])
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True, name=f"tunnel-{port}").start()
-
-    def _accept(self) -> None:
-        while not self.closed:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        super().__init__(address, port, backlog=128, name=f"tunnel-{port}")
 
     def _serve(self, client: socket.socket) -> None:
         try:
@@ -652,10 +637,3 @@ class _Tunnel:
             with contextlib.suppress(Exception):
                 channel.close()
             client.close()
-
-    def close(self) -> None:
-        self.closed = True
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not on Linux
-        with contextlib.suppress(OSError):
-            self.sock.close()

@@ -129,6 +129,22 @@ def test_ab_through_slurm_end_to_end(
 
 
 @needs_cluster
+def test_a_local_client_reaches_the_node_through_the_relay(
+    cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
+) -> None:
+    """--client local: every connection goes from here to the node's server through a relay step (relay.Relay);
+    one run of one arm, since each connection costs a step."""
+    sim_profiles()
+    args = _ab("--host", f"slurm:{PARTITION}", "--client", "local", "--json", runs=1)
+    proc = _orch(cluster, tmp_path, "bench", *args[2:])  # `orch bench baseline`, not `ab baseline eagle3`
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    doc = json.loads(out[out.index("{\n") :])
+    assert [r["tokens"] for a in doc["arms"] for r in a["runs"]] == [32]
+    assert cluster.live_jobs() == []
+
+
+@needs_cluster
 def test_every_arm_runs_in_one_allocation_released_at_close(
     cluster: SlurmCluster, cli: Slurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -351,6 +351,21 @@ def test_a_call_after_close_is_refused_not_reconnected(remote: HostConfig, caplo
     assert host.stats.reconnects == 0
 
 
+def test_a_local_client_reaches_the_host_through_the_ssh_tunnel(
+    remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
+) -> None:
+    """--client local: the requests go from here through direct-tcpip channels (relay.Relay) to the host's server."""
+    sim_profiles()
+    args = ("--host", "testbox", "--sim", "--runs", "2", "--warmup", "0", "--max-tokens", "32", "--client", "local")
+    proc = orch(
+        "bench", "baseline", *args, "--grace", "2", "--min-run-s", "0", "--db", str(tmp_path / "r.db"), cwd=tmp_path
+    )
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert len(re.findall(r"Run \d/2: 32 tokens", out)) == 2, out
+    _nothing_left()
+
+
 def test_two_sessions_on_one_host_are_serialised_by_the_lock(
     remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:

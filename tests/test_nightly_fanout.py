@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -100,3 +101,44 @@ def test_fan_out_must_be_a_boolean(tmp_path: Path, write_profile: WriteProfile) 
     suite.write_text(yaml.safe_dump({"fan_out": "slurm", "items": [{"name": "one", "bench": "one", "sim": True}]}))
     with pytest.raises(SuiteError, match=r"fan_out: expected true or false, got 'slurm'"):
         suite_mod.load(str(suite))
+
+
+@needs_cluster
+def test_ctrl_c_stops_every_item_and_releases_every_allocation(
+    cluster: SlurmCluster, write_profile: WriteProfile, tmp_path: Path
+) -> None:
+    for name in ("one", "two"):
+        sim_profile(write_profile, name)
+    entry = {"scheduler": "slurm", "partition": PARTITION, "exclusive": False, "gres": "gpu:1", "time_limit_min": 5}
+    (tmp_path / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"c1": entry, "c2": entry}}))
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        yaml.safe_dump(
+            {
+                "suite": "fan", "deadline": "10m", "wait": "60s", "min_history": 3, "fan_out": True,
+                "defaults": {**DEFAULTS, "workload": {**DEFAULTS["workload"], "runs": 50, "max_tokens": 100}},
+                "items": [{"name": "one", "bench": "one", "host": "c1"}, {"name": "two", "bench": "two", "host": "c2"}],
+            },
+            sort_keys=False,
+        )
+    )  # fmt: skip
+    env = cluster.env({**os.environ, "PYTHONPATH": str(REPO), "PATH": VENV_BIN + os.pathsep + os.environ["PATH"]})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "nightly", str(suite), "--db", "n.db", "--now", "2026-11-01T02:00"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while len(_jobs(cluster)) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, "two allocations never existed at once"
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out
+    with sqlite3.connect(tmp_path / "n.db") as db:
+        rows = db.execute("SELECT item, status FROM night_items ORDER BY item").fetchall()
+    assert [r[0] for r in rows] == ["one", "two"] and {r[1] for r in rows} <= {"interrupted", "skipped"}, rows
+    assert _jobs(cluster) == []
+    cluster.wait_no_processes()
+    assert hostside.op_find(NAMESPACE) == []

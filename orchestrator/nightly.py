@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import ab, failon, history, server
+from orchestrator import ab, failon, history, nightly_fanout, server
 from orchestrator.ab import ABConfig
 from orchestrator.connect import open_host
 from orchestrator.errors import InputError, OrchError
@@ -113,6 +113,7 @@ def suite_summary(suite: Suite) -> dict[str, Any]:
         "wait_s": suite.wait_s,
         "confirm": suite.confirm,
         "min_history": suite.min_history,
+        "fan_out": suite.fan_out,
         "inventory": suite.inventory,
         "items": [
             {
@@ -203,19 +204,26 @@ class NightRunner:
             f"night {self.night_id}: suite {suite.name} ({len(items)} item(s)), deadline {suite.deadline_s / 60:.0f} "
             f"min, results database {self.store.path}"
         )
+        fan = nightly_fanout.FanOut(self, deadline)
+        parallel = nightly_fanout.fanned(suite, items, suite_inventory(suite))
         try:
-            for n, item in enumerate(items, start=1):
+            for n, item in enumerate(parallel + [i for i in items if i not in parallel], start=1):
                 if time.monotonic() >= deadline:
                     status = "deadline"
                     reports.append(self._skipped(item, "the night's deadline had passed before it could start"))
                     continue
-                self.on_event(f"item {n}/{len(items)}: {item.name} on {item.host}")
-                report = self._item(item, deadline)
-                reports.append(report)
-                if report.status == "timeout" and report.error and "deadline" in report.error:
-                    status = "deadline"
+                own = " (its own allocation, in parallel)" if item in parallel else ""
+                self.on_event(f"item {n}/{len(items)}: {item.name} on {item.host}{own}")
+                if item in parallel:
+                    fan.start(item)  # reported by fan.wait()
+                else:
+                    reports.append(self._item(item, deadline))
+            reports += fan.wait()
+            if any(r.status == "timeout" and r.error and "deadline" in r.error for r in reports):
+                status = "deadline"
         except KeyboardInterrupt:
             status = "interrupted"
+            reports += fan.stop()
             if self._cut is not None:
                 reports.append(self._cut)
             done = {r.item for r in reports}
@@ -226,8 +234,18 @@ class NightRunner:
             raise
         finally:
             self._alarm.cancel()
+            reports += fan.stop()  # no child outlives the night
+            order = {i.name: n for n, i in enumerate(items)}
+            reports.sort(key=lambda r: order[r.item])
             report_obj = NightReport(
-                self.night_id, suite.name, str(suite.path), self.night_at, started, time.time(), status, tuple(reports)
+                self.night_id,
+                suite.name,
+                str(suite.path),
+                self.night_at,
+                started,
+                time.time(),
+                status,
+                tuple(reports),
             )
             history.finish_night(self.store, self.night_id, status, report_obj.exit_code, report_obj.to_dict())
             self.last = report_obj

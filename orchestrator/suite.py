@@ -106,6 +106,7 @@ class Suite:
     confirm: bool = True  # re-measure an item that looks like a regression before reporting it
     min_history: int = 5
     inventory: str | None = None
+    fan_out: bool = False  # items on Slurm hosts each run in their own allocation, in parallel
     fields: dict[str, Any] = field(default_factory=dict, compare=False)  # the file's top-level mapping, as read
 
 
@@ -241,6 +242,7 @@ TOP_FIELDS: dict[str, Callable[[Any], Any]] = {
     "wait": lambda v: 0.0 if v == 0 else duration(v),
     "confirm": boolean,
     "min_history": int_range(3, 100),
+    "fan_out": boolean,
     "inventory": nonempty_str,
     "defaults": lambda v: v,
     "items": lambda v: v,
@@ -475,5 +477,6 @@ def load(path: str | Path) -> Suite:
         confirm=top.get("confirm", True),
         min_history=top.get("min_history", 5),
         inventory=inventory,
+        fan_out=top.get("fan_out", False),
         fields=dict(data),
     )

@@ -1,0 +1,210 @@
+"""`fan_out: true`: each Slurm item of a night runs in a child orch process (its own allocation), all in parallel."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from orchestrator.hosts import parse_target
+from orchestrator.nightresult import ItemReport
+from orchestrator.suite import Item, Suite
+
+if TYPE_CHECKING:
+    from orchestrator.nightly import NightRunner
+
+# A child stops itself at its item's timeout or the night's deadline; this is only for one that then hangs.
+CHILD_GRACE_S = 120.0
+# After Ctrl-C (or a hung child): time for a child to tear its servers down and release its allocation.
+STOP_WAIT_S = 60.0
+
+
+def fanned(suite: Suite, items: list[Item], inventory: dict[str, Any]) -> list[Item]:
+    """The items that run as their own allocations tonight: those on Slurm hosts, when the suite fans out."""
+    if not suite.fan_out:
+        return []
+    return [i for i in items if parse_target(i.host, inventory).scheduler == "slurm"]
+
+
+@dataclass
+class _Child:
+    item: Item
+    proc: subprocess.Popen[str]
+    out: Path
+    began: float
+    budget: float
+    reader: threading.Thread
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=5))
+    stopping: float | None = None
+    why: str | None = None  # set when the parent had to stop it
+
+
+class FanOut:
+    """The night's child processes: started together, watched, stopped on Ctrl-C, their reports collected."""
+
+    def __init__(self, runner: NightRunner, deadline: float) -> None:
+        self.runner = runner
+        self.deadline = deadline
+        self.children: list[_Child] = []
+        self._dir: str | None = None
+
+    def __contains__(self, item: Item) -> bool:
+        return any(c.item.name == item.name for c in self.children)
+
+    def start(self, item: Item) -> None:
+        """Start the item in a child process; its report comes from wait() (or stop())."""
+        if self._dir is None:
+            self._dir = tempfile.mkdtemp(prefix="orch-fanout-")
+        remaining = self.deadline - time.monotonic()
+        out = Path(self._dir) / f"{item.name}.report"
+        spec = {
+            "suite": str(self.runner.suite.path),
+            "sha256": self.runner.suite.sha256,
+            "item": item.name,
+            "db": str(self.runner.store.path),
+            "night_id": self.runner.night_id,
+            "night_at": self.runner.night_at,
+            "remaining_s": remaining,
+            "out": str(out),
+        }
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.nightly_fanout", json.dumps(spec)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,  # Ctrl-C reaches it once, from us, so its teardown is not interrupted twice
+        )
+        child = _Child(item, proc, out, time.monotonic(), min(item.timeout_s, remaining), threading.Thread())
+        child.reader = threading.Thread(target=self._forward, args=(child, proc.stdout), daemon=True)
+        child.reader.start()
+        self.children.append(child)
+
+    def _forward(self, child: _Child, stream: IO[str] | None) -> None:
+        assert stream is not None
+        prefix = f"[{child.item.name}]"
+        for line in stream:
+            line = line.rstrip("\n")
+            child.tail.append(line)
+            self.runner.on_event(line if line.startswith(prefix) else f"{prefix} {line}")
+
+    def wait(self) -> list[ItemReport]:
+        """Every child's report, once all have ended; a child past its time is stopped the way Ctrl-C would."""
+        while any(c.proc.poll() is None for c in self.children):
+            now = time.monotonic()
+            for c in self.children:
+                if c.proc.poll() is None and c.stopping is None and now > c.began + c.budget + CHILD_GRACE_S:
+                    self._interrupt(c, f"still running {CHILD_GRACE_S:.0f}s past its time")
+                elif c.stopping is not None and c.proc.poll() is None and now > c.stopping + STOP_WAIT_S:
+                    c.proc.kill()
+            time.sleep(0.2)
+        return self._collect()
+
+    def stop(self) -> list[ItemReport]:
+        """Ctrl-C (or a failure) in the parent: every child interrupted, given time to release its allocation."""
+        try:
+            for c in self.children:
+                if c.proc.poll() is None and c.stopping is None:
+                    self._interrupt(c, None)
+            until = time.monotonic() + STOP_WAIT_S
+            while any(c.proc.poll() is None for c in self.children) and time.monotonic() < until:
+                time.sleep(0.2)
+        finally:
+            for c in self.children:
+                if c.proc.poll() is None:
+                    c.proc.kill()  # the allocation is time-limited and the next orch on Slurm releases it
+                    c.proc.wait()
+        return self._collect()
+
+    def _interrupt(self, c: _Child, why: str | None) -> None:
+        c.stopping, c.why = time.monotonic(), why
+        with contextlib.suppress(ProcessLookupError):
+            c.proc.send_signal(signal.SIGINT)
+
+    def _collect(self) -> list[ItemReport]:
+        reports = []
+        for c in self.children:
+            c.reader.join(timeout=5)
+            reports.append(self._report(c))
+        self.children = []
+        if self._dir is not None:
+            for f in Path(self._dir).iterdir():
+                f.unlink()
+            os.rmdir(self._dir)
+            self._dir = None
+        return reports
+
+    def _report(self, c: _Child) -> ItemReport:
+        if c.out.exists():
+            with c.out.open("rb") as f:
+                report: ItemReport = pickle.load(f)  # written by our own child, in our own private directory
+            return report
+        tail = " | ".join(c.tail) or "no output"
+        if c.why is not None:
+            return self.runner._failed(c.item, "timeout", f"its process was {c.why} and was stopped", c.began)
+        if c.stopping is not None:
+            return self.runner._failed(c.item, "interrupted", "interrupted while it ran", c.began)
+        error = f"its process ended (exit {c.proc.returncode}) without a result; last output: {tail}"
+        return self.runner._failed(c.item, "failed", error, c.began)
+
+
+def _watch_parent(parent: int) -> None:
+    # A parent killed outright (SIGKILL) cannot forward Ctrl-C: stop the item rather than run on unattended.
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def child_main(spec: dict[str, Any]) -> int:
+    """One item of the parent's night, the way the night runs it, into the same store; its report to a file."""
+    from orchestrator import nightly
+    from orchestrator import suite as suite_mod
+    from orchestrator.store import Store
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    deadline = time.monotonic() + float(spec["remaining_s"])
+    suite = suite_mod.load(spec["suite"])
+    if suite.sha256 != spec["sha256"]:
+        print(f"{spec['suite']} changed after the night started; this item did not run", flush=True)
+        return 1
+    item = next(i for i in suite.items if i.name == spec["item"])
+    store = Store(spec["db"])
+    runner = nightly.NightRunner(
+        suite, store, float(spec["night_at"]), lambda msg: print(msg, flush=True), night_id=spec["night_id"]
+    )
+    code = 0
+    report: ItemReport | None = None
+    try:
+        report = runner._item(item, deadline)
+    except KeyboardInterrupt:
+        report, code = runner._cut, 130
+    finally:
+        store.close()
+        if report is not None:
+            tmp = spec["out"] + ".tmp"
+            with open(tmp, "wb") as f:
+                pickle.dump(report, f)
+            os.replace(tmp, spec["out"])
+    return code
+
+
+if __name__ == "__main__":
+    from orchestrator.errors import OrchError
+
+    try:
+        sys.exit(child_main(json.loads(sys.argv[1])))
+    except OrchError as e:
+        print(str(e), flush=True)
+        sys.exit(1)

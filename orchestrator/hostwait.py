@@ -62,6 +62,28 @@ def _request(
         conn.close()
 
 
+def _foreign_listener(port: int, pid: int) -> dict[str, Any] | None:
+    """The process listening on the port when it is neither the launch's main process nor one of its descendants;
+    None when the launch owns it (or the owner cannot be told: then the probe's answer stands)."""
+    try:
+        ours = {pid} | {p.pid for p in psutil.Process(pid).children(recursive=True)}
+        owners = {
+            c.pid
+            for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid is not None
+        }
+    except (psutil.Error, OSError):
+        return None
+    if not owners or owners & ours:
+        return None
+    other = min(owners)
+    try:
+        cmdline = " ".join(psutil.Process(other).cmdline())[:300]
+    except psutil.Error:
+        cmdline = "?"
+    return {"pid": other, "cmdline": cmdline}
+
+
 def server_info(address: str, port: int, timeout_s: float = 5.0) -> dict[str, Any]:
     """GET /server_info (older SGLang: /get_server_info) as a JSON object; {} when neither answers one."""
     import http.client
@@ -152,6 +174,11 @@ def wait(
                     "log_tail": log_tail(log_path, 30)}  # fmt: skip
         ready, new = probe_once(address, port, probe, probe_timeout_s)
         now = time.monotonic()
+        if ready and (stranger := _foreign_listener(port, pid)) is not None:
+            # Someone else took the port between preflight and our server's bind (ours then fails to bind): their
+            # answer is not our server's. Seen with two orch sessions of different namespaces on one port.
+            return {"ready": False, "why": "port_taken", "state": new, "elapsed": now - t0, "owner": stranger,
+                    "log_tail": log_tail(log_path, 30)}  # fmt: skip
         if ready:
             return {"ready": True, "state": "ready", "elapsed": now - t0}
         changed, state = new != state, new

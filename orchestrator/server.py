@@ -265,6 +265,14 @@ def wait_ready(
         return time.monotonic() - t0
     # The server's own startup dump (`server_args=ServerArgs(... api_key='…')`) is in its log: scrub.
     tail = scrub(str(result.get("log_tail", "")), secrets)
+    if result.get("why") == "port_taken":
+        owner = result.get("owner") or {}
+        raise ServerError(
+            f"{profile.name}: port {launch_.port} was taken by PID {owner.get('pid')} "
+            f"({scrub(str(owner.get('cmdline', '?')), secrets)}) while the server started, so the answers on it are "
+            f"not this server's; orch did not touch that process. Give the profile another port, or wait for it to "
+            f"finish. Last lines of {launch_.log_path}:\n{tail}"
+        )
     if result.get("why") == "exited":
         raise ServerError(
             f"{profile.name}: server process {launch_.pid} exited during startup "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -110,14 +111,16 @@ def test_the_wait_ends_ready_exited_or_timed_out_and_reports_changes(stub: Stub,
         stub.script["/generate"] = [(503, {}), (503, {}), (200, {"text": "x"})]
         events: list[dict[str, Any]] = []
         t0 = time.monotonic()
-        result = hostwait.wait(proc.pid, stub.port, GENERATE, str(log), 10, report=events.append, log_every_s=0.01)
+        # The stub listens in this process: for the ownership check at ready, this process is the server.
+        me = os.getpid()
+        result = hostwait.wait(me, stub.port, GENERATE, str(log), 10, report=events.append, log_every_s=0.01)
         assert result["ready"] and time.monotonic() - t0 < 1.0
         assert events[0]["state"] == "warming up" and events[0]["changed"]
         assert any(e["log"].endswith("Load weight end") for e in events)  # the log's last lines, while waiting
         assert result["elapsed"] >= 0.03  # three probes, 20 ms apart
 
         stub.script["/generate"] = [(503, {})]
-        result = hostwait.wait(proc.pid, stub.port, GENERATE, str(log), 0.2)
+        result = hostwait.wait(me, stub.port, GENERATE, str(log), 0.2)
         assert not result["ready"] and result["why"] == "timeout" and result["state"] == "warming up"
         assert result["log_tail"] == "Load weight begin\nLoad weight end"
     finally:
@@ -125,6 +128,20 @@ def test_the_wait_ends_ready_exited_or_timed_out_and_reports_changes(stub: Stub,
         proc.wait()
     result = hostwait.wait(proc.pid, stub.port, GENERATE, str(tmp_path / "missing.log"), 10)
     assert not result["ready"] and result["why"] == "exited" and "no log at" in result["log_tail"]
+
+
+def test_an_answer_from_a_port_someone_else_took_is_not_ready(stub: Stub, tmp_path: Path) -> None:
+    """Our server has not bound its port (it will fail to: someone else took it after preflight); the stranger's
+    200 must not count as our server being ready."""
+    stub.script["/generate"] = [(200, {"text": "x"})]
+    proc = _sleeper(30)  # our launch: alive, listening nowhere
+    try:
+        result = hostwait.wait(proc.pid, stub.port, GENERATE, str(tmp_path / "x.log"), 10)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not result["ready"] and result["why"] == "port_taken"
+    assert result["owner"]["pid"] == os.getpid() and "python" in result["owner"]["cmdline"]
 
 
 def test_engines_declare_a_real_generation_as_their_readiness(write_profile: WriteProfile) -> None:
@@ -151,7 +168,13 @@ def test_the_agent_sends_progress_events_before_its_answer(stub: Stub, tmp_path:
     )
     try:
         assert agent.stdin is not None and agent.stdout is not None
-        args = {"pid": proc.pid, "port": stub.port, "probe": GENERATE, "log_path": str(tmp_path / "x"), "timeout_s": 9}
+        args = {
+            "pid": os.getpid(),
+            "port": stub.port,
+            "probe": GENERATE,
+            "log_path": str(tmp_path / "x"),
+            "timeout_s": 9,
+        }
         args["log_every_s"] = 0  # state changes only
         agent.stdin.write(json.dumps({"op": "wait_ready", "args": args, "id": 7}) + "\n")
         agent.stdin.flush()
@@ -173,7 +196,13 @@ def test_local_progress_reaches_the_caller_as_json(stub: Stub, tmp_path: Path) -
     proc = _sleeper(30)
     try:
         heard: list[dict[str, Any]] = []
-        args = {"pid": proc.pid, "port": stub.port, "probe": GENERATE, "log_path": str(tmp_path / "x"), "timeout_s": 9}
+        args = {
+            "pid": os.getpid(),
+            "port": stub.port,
+            "probe": GENERATE,
+            "log_path": str(tmp_path / "x"),
+            "timeout_s": 9,
+        }
         args["log_every_s"] = 0  # state changes only
         host = LocalHost()
         assert host.call("wait_ready", on_progress=heard.append, **args)["ready"]

@@ -94,8 +94,12 @@ def test_status_of_a_live_launch(sim_profiles: SimProfiles, capsys: Capsys, tmp_
 # ---------------------------------------------------------------- single-arm reports, block numbers
 
 
-def test_single_arm_report_and_block_numbers(sim_profiles: SimProfiles, tmp_path: Path, capsys: Capsys) -> None:
+def test_single_arm_report_and_block_numbers(
+    sim_profiles: SimProfiles, tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sim_profiles()
+    # ./profiles/baseline.yaml (a free port), not the bundled baseline on 8000, which a user's orch may be using.
+    monkeypatch.chdir(tmp_path)
     db = str(tmp_path / "r.db")
     args = ["--sim", "--runs", "1", "--warmup", "0", "--max-tokens", "16", "--grace", "2", "--min-run-s", "0"]
     assert main(["bench", "baseline", "--blocks", "2", *args, "--db", db]) == 0

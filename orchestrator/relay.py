@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import socket
 import threading
 from abc import ABC, abstractmethod
@@ -16,7 +17,7 @@ class Relay(ABC):
         self.port = port
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        _bind_below_ephemeral(self.sock)
         self.sock.listen(backlog)
         self.local_port = int(self.sock.getsockname()[1])
         self.closed = False
@@ -40,3 +41,21 @@ class Relay(ABC):
             self.sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept(); close() alone does not on Linux
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def _bind_below_ephemeral(sock: socket.socket, low: int = 20000) -> None:
+    """Bind 127.0.0.1 on a free port below the kernel's ephemeral range: a port the kernel hands out (bind to 0) may
+    be the very one a server is about to be launched on when the host is this machine (a free port picked the same
+    way), and orch's own relay would then hold it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            first = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768
+    for port in random.sample(range(low, first), min(64, max(first - low, 0))):
+        try:
+            sock.bind(("127.0.0.1", port))
+            return
+        except OSError:
+            continue
+    sock.bind(("127.0.0.1", 0))

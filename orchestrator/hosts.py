@@ -262,6 +262,11 @@ class Host(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections, tunnels and the host lock."""
 
+    def members(self) -> list[Host]:
+        """The machines behind this host: itself, or every node of an inventory group (`orch down`/`status` act on
+        each)."""
+        return [self]
+
     def __enter__(self) -> Host:
         return self
 

@@ -62,6 +62,9 @@ class GroupHost(Host):
         for node in self.nodes:
             node.ensure_connected(force)
 
+    def members(self) -> list[Host]:
+        return list(self.nodes)
+
     def close(self) -> None:
         for node in reversed(self.nodes):
             with contextlib.suppress(Exception):

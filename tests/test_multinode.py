@@ -182,6 +182,27 @@ def test_a_rank_dying_mid_run_ends_the_arm_and_every_rank_is_gone(
     _nothing_left()
 
 
+def test_down_and_status_visit_every_node_of_a_group(
+    pair: str, write_profile: WriteProfile, profile_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A crashed multi-node launch leaves ranks on every node: `orch down --host GROUP` goes to each of them."""
+    from orchestrator import server
+    from orchestrator.cli import main
+
+    prof = load(str(write_profile("solo", engine="sglang", model_path="/m", tp_size=1, port=free_port(), sim=FAST_SIM)))
+    with resolve_host("node-b") as node_b:  # its agent (the launch's owner) ends with the connection
+        leftover = server.launch(node_b, prof, simulate=True, namespace=NAMESPACE)
+    assert main(["status", "--host", pair]) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if leftover.launch_id in ln and "left behind" in ln]
+    assert len(rows) == 2 and "== pair (node-a)" in out and "== pair (node-b)" in out, out  # one machine: both see it
+    assert main(["down", "--host", pair, "--grace", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"stopped {leftover.launch_id} on pair (node-a)" in out, out
+    assert "nothing launched by orch is running on pair (node-b)" in out, out
+    _nothing_left()
+
+
 def test_nodes_that_differ_are_refused_before_anything_launches(
     pair: str, nodes: dict[str, tuple[SSHD, Path]], write_profile: WriteProfile, profile_dir: Path, tmp_path: Path
 ) -> None:

@@ -31,29 +31,39 @@ def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, g
 
     A live orch session's servers are left alone unless --force: down takes the host lock like a run does.
     """
+    any_live = False
     with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
-        if not force:
-            ab.acquire_host_lock(host, host.lock_path, "orch down", 0.0, lambda _: None, purpose="orch down")
-        try:
-            result = host.call("down", namespace=default_namespace(), grace_s=grace, force=force)
-        finally:
+        nodes = host.members()
+        for node in nodes:  # a group: every node (a crashed multi-node launch left ranks on each)
+            where = host_spec if len(nodes) == 1 else f"{host_spec} ({node.name})"
             if not force:
-                host.call("unlock", path=host.lock_path)
+                ab.acquire_host_lock(node, node.lock_path, "orch down", 0.0, lambda _: None, purpose="orch down")
+            try:
+                result = node.call("down", namespace=default_namespace(), grace_s=grace, force=force)
+            finally:
+                if not force:
+                    node.call("unlock", path=node.lock_path)
+            any_live |= _print_down(where, result)
+    if any_live:
+        raise SystemExit(1)
+
+
+def _print_down(where: str, result: dict[str, Any]) -> bool:
+    """What `down` did on one machine; True when a live session's launch was left running."""
     stopped, live = result["stopped"], result["live"]
     if not stopped and not live:
-        click.echo(f"nothing launched by orch is running on {host_spec}")
+        click.echo(f"nothing launched by orch is running on {where}")
     for item in stopped:
         click.echo(
-            f"stopped {item['launch_id']}: {len(item['found'])} process(es)"
+            f"stopped {item['launch_id']} on {where}: {len(item['found'])} process(es)"
             + (f", {len(item['remaining'])} would not die" if item["remaining"] else "")
         )
     for item in live:
         click.echo(
-            f"left {item['launch_id']} running: it belongs to a live orch session (process "
+            f"left {item['launch_id']} running on {where}: it belongs to a live orch session (process "
             f"{str(item['owner']).split(':')[0]} on the host); `orch down --force` stops it anyway"
         )
-    if live:
-        raise SystemExit(1)
+    return bool(live)
 
 
 @click.command("status", cls=JsonCommand)
@@ -67,16 +77,32 @@ def status_cmd(
     """What orch launched on the host and is still running: one line per launch (profile, launch id, PID, port,
     age, state), then GPU memory. The profile names come from the results database (--db)."""
     with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
-        state = host.call("status", namespace=default_namespace(), nvidia_smi=host.config.nvidia_smi)
+        # A group: every node, one section each (its ranks and GPUs).
+        states = [(n.name, n.call("status", namespace=default_namespace(), nvidia_smi=n.config.nvidia_smi))
+                  for n in host.members()]  # fmt: skip
+    if as_json:
+        docs = [_status_doc(host_spec if len(states) == 1 else name, state, db) for name, state in states]
+        emit({"status": "ok", "host": host_spec, **docs[0]} if len(docs) == 1 else
+             {"status": "ok", "host": host_spec, "nodes": docs})  # fmt: skip
+        return
+    for name, state in states:
+        if len(states) > 1:
+            click.echo(f"== {host_spec} ({name})")
+        _print_status(host_spec if len(states) == 1 else f"{host_spec} ({name})", state, db, verbose)
+
+
+def _status_doc(node: str, state: dict[str, Any], db: str | None) -> dict[str, Any]:
     procs = state["processes"]
     profiles = stored_profiles(Path(db) if db else default_db_path(), (str(p["launch_id"]) for p in procs))
-    summary = summarize(procs, profiles)
-    if as_json:
-        # Command lines come back from the host already masked (processes._cmdline): no secret reaches stdout.
-        emit({"status": "ok", "host": host_spec, "launches": summary, "processes": procs, "gpus": state["gpus"]})
-        return
+    # Command lines come back from the host already masked (processes._cmdline): no secret reaches stdout.
+    return {"node": node, "launches": summarize(procs, profiles), "processes": procs, "gpus": state["gpus"]}
+
+
+def _print_status(where: str, state: dict[str, Any], db: str | None, verbose: bool) -> None:
+    doc = _status_doc(where, state, db)
+    procs, summary = doc["processes"], doc["launches"]
     if not procs:
-        click.echo(f"nothing launched by orch is running on {host_spec}")
+        click.echo(f"nothing launched by orch is running on {where}")
     else:
         for line in table(summary):
             click.echo(line)

@@ -36,7 +36,15 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator import hostside, progress, slurm
-from orchestrator.agentlink import AgentLink, ConnectionLost, Stream, agent_files, agent_version, call_timeout
+from orchestrator.agentlink import (
+    AgentLink,
+    ConnectionLost,
+    HeldLock,
+    Stream,
+    agent_files,
+    agent_version,
+    call_timeout,
+)
 from orchestrator.errors import HostError
 from orchestrator.hosts import CallStats, Host, HostConfig, Progress, default_namespace
 from orchestrator.relay import Relay
@@ -226,7 +234,7 @@ class SlurmHost(Host):
         self._io_lock = threading.RLock()
         self._link: AgentLink | None = None
         self._seq = 0
-        self._held_lock: tuple[str, dict[str, Any]] | None = None
+        self._host_lock = HeldLock()
         self._tunnels: dict[tuple[str, int], _Tunnel] = {}
         self._closed = False
         self._lost: str | None = None
@@ -362,14 +370,7 @@ class SlurmHost(Host):
         self._drop_agent()
         self.stats.reconnects += 1
         self._start_agent()
-        if self._held_lock is not None:
-            path, holder = self._held_lock
-            reply = self._request(
-                {"op": "lock", "args": {"path": path, "holder": holder, "wait_s": 10, "reclaim": True}}, 60
-            )
-            if not reply.get("ok") or not reply["result"]["acquired"]:
-                self._held_lock = None
-                raise HostError(f"{self.name}: after restarting orch's agent, the host lock is held by someone else")
+        self._host_lock.retake(self._request, f"{self.name}: after restarting orch's agent")
 
     def _request(self, request: dict[str, Any], timeout: float, on_progress: Progress | None = None) -> dict[str, Any]:
         link = self._link
@@ -413,11 +414,7 @@ class SlurmHost(Host):
                     self._allocation_ended(again)
                     self._lost = f"{self.name}: lost orch's agent on {self.node} twice ({again})"
                     raise HostError(self._lost) from again
-        args = request.get("args", {})
-        if op == "lock" and reply.get("ok") and reply["result"].get("acquired"):
-            self._held_lock = (args["path"], args["holder"])
-        if op == "unlock":
-            self._held_lock = None
+        self._host_lock.note(request, reply)
         return reply
 
     def ensure_connected(self, force: bool = False) -> None:
@@ -453,9 +450,9 @@ class SlurmHost(Host):
             for tunnel in self._tunnels.values():
                 tunnel.close()
             self._tunnels.clear()
-            if self._held_lock is not None and self._lost is None and self._link is not None:
+            if self._host_lock.held is not None and self._lost is None and self._link is not None:
                 with contextlib.suppress(Exception):
-                    self.call("unlock", path=self._held_lock[0])
+                    self.call("unlock", path=self._host_lock.held[0])
         finally:
             self._closed = True
             try:

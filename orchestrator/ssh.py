@@ -36,6 +36,7 @@ from orchestrator.agentlink import (
     SILENCE_S,
     AgentLink,
     ConnectionLost,
+    HeldLock,
     Stream,
     agent_files,
     agent_version,
@@ -216,7 +217,7 @@ class SSHHost(Host):
         self._link: AgentLink | None = None
         self._stderr: deque[str] = deque(maxlen=50)
         self._tunnels: dict[tuple[str, int], _Tunnel] = {}
-        self._held_lock: tuple[str, dict[str, Any]] | None = None
+        self._host_lock = HeldLock()
         self._closed = False
         self._agent_abandoned = False  # orch closed the agent channel on purpose (Ctrl-C mid-request)
         self._closing = False
@@ -362,17 +363,7 @@ class SSHHost(Host):
         self._retake_lock()
 
     def _retake_lock(self) -> None:
-        if self._held_lock is not None:
-            # Re-take the host lock. After a silent drop our previous agent may still hold it; the lock file
-            # names this session, so the agent may end that one agent of ours (and nothing else) to get it back.
-            path, holder = self._held_lock
-            reply = self._request(
-                {"op": "lock", "args": {"path": path, "holder": holder, "wait_s": 10, "reclaim": True}}, 60
-            )
-            if not reply.get("ok") or not reply["result"]["acquired"]:
-                self._held_lock = None
-                held_by = reply.get("result", {}).get("holder") if reply.get("ok") else reply.get("error")
-                raise HostError(f"{self.name}: after reconnecting, the host lock is held by {held_by}")
+        self._host_lock.retake(self._request, f"{self.name}: after reconnecting")
 
     def _drop(self) -> None:
         for ch in (self._agent,):
@@ -509,7 +500,6 @@ class SSHHost(Host):
     def _roundtrip(
         self, request: dict[str, Any], timeout: float | None = None, on_progress: Progress | None = None
     ) -> dict[str, Any]:
-        args = request.get("args", {})
         timeout = call_timeout(request, timeout)
         with self._io_lock:
             if self._closed:
@@ -532,10 +522,7 @@ class SSHHost(Host):
                 )  # fmt: skip
                 self.ensure_connected(force=True)
                 reply = self._request(request, timeout, on_progress)
-        if request["op"] == "lock" and reply.get("ok") and reply["result"].get("acquired"):
-            self._held_lock = (args["path"], args["holder"])
-        if request["op"] == "unlock":
-            self._held_lock = None
+        self._host_lock.note(request, reply)
         return reply
 
     def ensure_connected(self, force: bool = False) -> None:
@@ -580,9 +567,9 @@ class SSHHost(Host):
         for tunnel in self._tunnels.values():
             tunnel.close()
         self._tunnels.clear()
-        if self._held_lock is not None and self._lost is None and not self._agent_abandoned:
+        if self._host_lock.held is not None and self._lost is None and not self._agent_abandoned:
             with contextlib.suppress(Exception):
-                self.call("unlock", path=self._held_lock[0])
+                self.call("unlock", path=self._host_lock.held[0])
         self._closed = True
         self._drop()
 

@@ -352,6 +352,11 @@ def facts_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return sorted(k for k in set(before) | set(after) if k not in _VOLATILE_FACTS and before.get(k) != after.get(k))
 
 
+def nodes_needed(profiles: Sequence[Profile]) -> int:
+    """How many nodes the experiment's largest launched profile spans (what a Slurm host asks Slurm for)."""
+    return max((p.nnodes for p in profiles if attach.url_of(p) is None), default=1)
+
+
 def check_nodes(host: Host, profiles: Sequence[Profile]) -> None:
     """A multi-node profile needs an inventory group with enough hosts as --host (exit 2 otherwise)."""
     for p in profiles:

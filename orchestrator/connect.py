@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from orchestrator.hosts import Host, HostConfig, LocalHost, load_groups, load_inventory, parse_target
+from orchestrator.hosts import Host, HostConfig, HostGroup, LocalHost, load_groups, load_inventory, parse_target
 
 
 def resolve_host(
@@ -16,8 +16,10 @@ def resolve_host(
     inventory: str | None = None,
     accept_new_host_key: bool = False,
     on_event: Callable[[str], None] | None = None,
+    nodes: int = 1,
 ) -> Host:
-    """Turn `--host` into a connected Host; `on_event` hears what opening it takes long for (a Slurm queue)."""
+    """Turn `--host` into a connected Host; `on_event` hears what opening it takes long for (a Slurm queue).
+    `nodes`: how many nodes the experiment's largest multi-node profile spans (a Slurm host asks for that many)."""
     hosts = load_inventory(inventory)
     groups = load_groups(inventory) if hosts else {}
     if spec in groups:
@@ -27,17 +29,33 @@ def resolve_host(
     config = parse_target(spec, hosts)
     if workdir:
         config = replace(config, workdir=workdir)
-    return open_host(config, accept_new_host_key=accept_new_host_key, on_event=on_event)
+    return open_host(config, accept_new_host_key=accept_new_host_key, on_event=on_event, nodes=nodes)
 
 
 def open_host(
-    config: HostConfig, *, accept_new_host_key: bool = False, on_event: Callable[[str], None] | None = None
+    config: HostConfig,
+    *,
+    accept_new_host_key: bool = False,
+    on_event: Callable[[str], None] | None = None,
+    nodes: int = 1,
 ) -> Host:
-    """A Host for one resolved inventory entry (`scheduler: slurm`, `slurm:PARTITION`, or `user@addr[:port]`)."""
+    """A Host for one resolved inventory entry (`scheduler: slurm`, `slurm:PARTITION`, or `user@addr[:port]`);
+    a Slurm entry with `nodes` > 1 is one allocation of that many nodes, as a group (one node per rank)."""
     if config.scheduler == "slurm":
-        from orchestrator.slurmhost import SlurmHost  # only when Slurm is used
+        from orchestrator.slurmhost import SlurmHost, open_nodes  # only when Slurm is used
 
-        return SlurmHost(config, on_event=on_event)
+        if nodes == 1:
+            return SlurmHost(config, on_event=on_event)
+        from orchestrator.multinode import GroupHost
+
+        members = open_nodes(config, nodes, on_event=on_event)
+        group = HostGroup(
+            name=config.name,
+            nodes=tuple(m.name for m in members),
+            port_stride=config.port_stride,
+            init_address=config.init_address,
+        )
+        return GroupHost(group, list(members))
     if config.is_local:
         return LocalHost(config)
     from orchestrator.ssh import SSHHost  # paramiko is only imported when a remote host is used

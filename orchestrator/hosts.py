@@ -52,8 +52,11 @@ HOST_FIELDS = {
     "gres": nonempty_str,
     "time_limit_min": int_range(1, 525_600),
     "exclusive": boolean,
+    # A Slurm host's multi-node allocations (profiles with nnodes > 1): as an inventory group's fields.
+    "port_stride": int_range(0, 1000),
+    "init_address": nonempty_str,
 }
-SLURM_FIELDS = ("partition", "account", "gres", "time_limit_min", "exclusive")
+SLURM_FIELDS = ("partition", "account", "gres", "time_limit_min", "exclusive", "port_stride", "init_address")
 SLURM_PREFIX = "slurm:"
 NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # The host lock's directory: host-wide, so HOME and --workdir cannot give two sessions two locks.
@@ -100,6 +103,8 @@ class HostConfig:
     gres: str | None = None  # None: `gpu:<gpus>` when gpus is set, else no GRES asked for
     time_limit_min: int = 60
     exclusive: bool = True
+    port_stride: int = 0  # a multi-node allocation: node rank i serves on port + i * port_stride (shared machines)
+    init_address: str | None = None  # a multi-node allocation: where ranks reach rank 0 (default: its NodeAddr)
 
     @property
     def is_local(self) -> bool:
@@ -250,6 +255,11 @@ class Host(ABC):
     @abstractmethod
     def url(self, port: int, address: str = "127.0.0.1") -> str:
         """Base URL at which orch reaches a server listening on address:port of this host."""
+
+    @property
+    def reach_address(self) -> str | None:
+        """Where other machines reach this host (a multi-node launch's rank 0), when orch knows it."""
+        return self.config.address
 
     @property
     def lock_path(self) -> str:

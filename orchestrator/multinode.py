@@ -174,9 +174,7 @@ def init_address(group: GroupHost) -> str:
     """Where the other nodes reach node rank 0: the group's init_address, else rank 0's address as orch reaches it."""
     if group.group.init_address:
         return group.group.init_address
-    endpoint = getattr(group.nodes[0], "endpoint", None)
-    address = getattr(endpoint, "hostname", None) or group.nodes[0].config.address
-    return address or "127.0.0.1"
+    return group.nodes[0].reach_address or "127.0.0.1"
 
 
 def free_port(host: Host, avoid: set[int], tries: int = 20) -> int:

@@ -413,6 +413,13 @@ def nodes(slurm: Slurm, job_id: str) -> tuple[str, ...]:
     return expand_hostnames(slurm, slurm.run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%N").stdout.strip())
 
 
+def node_address(slurm: Slurm, node: str) -> str:
+    """Where other nodes reach `node`: its NodeAddr in slurm.conf (the node name when that is not set)."""
+    out = slurm.run("scontrol", "show", "node", "-o", node).stdout
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", out)
+    return m.group(1) if m else node
+
+
 def step(
     slurm: Slurm,
     job_id: str,

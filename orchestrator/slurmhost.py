@@ -48,7 +48,7 @@ from orchestrator.agentlink import (
 from orchestrator.errors import HostError
 from orchestrator.hosts import CallStats, Host, HostConfig, Progress, default_namespace
 from orchestrator.relay import Relay
-from orchestrator.slurm import AllocationRequest, QueueState, Slurm, SlurmError
+from orchestrator.slurm import Allocation, AllocationRequest, QueueState, Slurm, SlurmError
 
 log = logging.getLogger("orch.slurm")
 
@@ -201,12 +201,13 @@ def _payload(workdir: str, namespace: str) -> bytes:
     return str(len(blob)).encode() + b"\n" + blob
 
 
-def request_for(config: HostConfig) -> AllocationRequest:
-    """What orch asks Slurm for on behalf of this host: one node, the entry's partition, account, GRES, time limit."""
+def request_for(config: HostConfig, nodes: int = 1) -> AllocationRequest:
+    """What orch asks Slurm for on behalf of this host: `nodes` nodes (a multi-node profile's nnodes), the entry's
+    partition, account, GRES (per node), time limit."""
     gres = config.gres or (f"gpu:{config.gpus}" if config.gpus else None)
     return AllocationRequest(
         partition=config.partition,
-        nodes=1,
+        nodes=nodes,
         time_limit_min=config.time_limit_min,
         gres=gres,
         account=config.account,
@@ -215,7 +216,11 @@ def request_for(config: HostConfig) -> AllocationRequest:
 
 
 class SlurmHost(Host):
-    """A node of a Slurm allocation held for the session; the agent runs there as one long-lived step."""
+    """A node of a Slurm allocation held for the session; the agent runs there as one long-lived step.
+
+    Without `node_of` it asks Slurm for the allocation (`nodes` nodes), runs on its first node and releases it when
+    closed; with `node_of` (an allocation another SlurmHost holds, and one of its nodes) it only runs there.
+    """
 
     def __init__(
         self,
@@ -224,6 +229,8 @@ class SlurmHost(Host):
         on_event: Callable[[str], None] | None = None,
         cli: Slurm | None = None,
         poll_s: float = 5.0,
+        nodes: int = 1,
+        node_of: tuple[Allocation, str] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -243,14 +250,21 @@ class SlurmHost(Host):
         self.agent_dir = ""
         self.sim_pythonpath = None
         self._namespace = namespace = default_namespace()
-        self.request = request_for(config)
-        for left in slurm.release_leftovers(self.cli, namespace):
-            self._event(f"released allocation {left.job_id} ({left.state}) left by an orch session that is gone")
-        self.allocation = slurm.allocate(
-            self.cli, self.request, namespace=namespace, on_state=self._queued, poll_s=poll_s
-        )
+        self._address: str | None = None
+        self.request = request_for(config, nodes)
+        self.owns_allocation = node_of is None
+        if node_of is None:
+            for left in slurm.release_leftovers(self.cli, namespace):
+                self._event(f"released allocation {left.job_id} ({left.state}) left by an orch session that is gone")
+            self.allocation = slurm.allocate(
+                self.cli, self.request, namespace=namespace, on_state=self._queued, poll_s=poll_s
+            )
+            self.node = self.allocation.nodes[0]
+        else:
+            self.allocation, self.node = node_of
         self.job_id = self.allocation.job_id
-        self.node = self.allocation.nodes[0]
+        if len(self.allocation.nodes) > 1:
+            self.name = f"{config.name}/{self.node}"  # each node of a group is named apart (its lock, messages)
         self.display = f"node {self.node} of Slurm job {self.job_id}"
         try:
             self._start_agent()
@@ -286,13 +300,21 @@ class SlurmHost(Host):
 
     def _describe_request(self) -> str:
         r = self.request
-        parts = [f"{r.nodes} node", f"{r.time_limit_min} min"]
+        parts = [f"{r.nodes} node{'s' if r.nodes > 1 else ''}", f"{r.time_limit_min} min"]
         parts += [f"GRES {r.gres}"] if r.gres else []
         parts += ["exclusive"] if r.exclusive else []
         parts += [f"account {r.account}"] if r.account else []
         return ", ".join(parts)
 
+    @property
+    def reach_address(self) -> str | None:
+        if self._address is None:
+            self._address = slurm.node_address(self.cli, self.node)
+        return self._address
+
     def _release(self) -> None:
+        if not self.owns_allocation:
+            return  # another node's host holds the allocation and releases it
         try:
             end = slurm.release(self.cli, self.job_id)
         except SlurmError as e:
@@ -443,7 +465,8 @@ class SlurmHost(Host):
         return f"http://127.0.0.1:{tunnel.local_port}"
 
     def close(self) -> None:
-        """Unlock, end the agent's step and release the allocation (waiting until Slurm has ended it)."""
+        """Unlock, end the agent's step and release the allocation if this host holds it (waiting until Slurm
+        has ended it)."""
         if self._closed:
             return
         try:
@@ -459,6 +482,29 @@ class SlurmHost(Host):
                 self._drop_agent()
             finally:
                 self._release()
+
+
+def open_nodes(
+    config: HostConfig,
+    nodes: int,
+    *,
+    on_event: Callable[[str], None] | None = None,
+    cli: Slurm | None = None,
+    poll_s: float = 5.0,
+) -> list[SlurmHost]:
+    """One allocation of `nodes` nodes and a host on each (its own agent step), in Slurm's node order. The first
+    holds the allocation: close it last (closing it releases the allocation, and every step with it)."""
+    first = SlurmHost(config, on_event=on_event, cli=cli, poll_s=poll_s, nodes=nodes)
+    hosts = [first]
+    try:
+        for node in first.allocation.nodes[1:]:
+            hosts.append(SlurmHost(config, on_event=on_event, cli=first.cli, node_of=(first.allocation, node)))
+    except BaseException:
+        for host in reversed(hosts):
+            with contextlib.suppress(Exception):
+                host.close()
+        raise
+    return hosts
 
 
 class _Tunnel(Relay):

@@ -229,6 +229,10 @@ class SSHHost(Host):
         self.sim_pythonpath = None
         self._connect_with_retry(attempts=3)
 
+    @property
+    def reach_address(self) -> str | None:
+        return self.endpoint.hostname  # an ssh_config alias resolved: what other nodes can reach too
+
     # ------------------------------------------------------------ connecting
 
     def _resolve_ssh_config(self, path: str | None) -> None:

@@ -23,6 +23,10 @@
 #   src/slurmctld/controller.c), so the wait is 0-31 s, not the 60-90 s of a real one-minute limit.
 # - Start: a client (or slurmd) that finds no controller listening retries one second later, so slurmd is started
 #   once slurmctld listens (~0.2 s in all, instead of ~1.1 s).
+# - Several nodes on this one machine (`nodes=N`): Debian's slurmd, built without --enable-multiple-slurmd, still
+#   runs as the node `-N NAME` says, listening on that node's `Port=`; nodes n1..nN share NodeHostname=localhost
+#   and NodeAddr=127.0.0.1, and `%n` in SlurmdSpoolDir, SlurmdPidFile and SlurmdLogFile keeps their files apart.
+#   `srun -N2` runs one task on each, `-w n2` picks one: what orch needs of a multi-node allocation.
 
 from __future__ import annotations
 
@@ -142,8 +146,10 @@ class SlurmCluster:
     name: str
     conf: Path
     gpus: int
+    nodes: int = 1
     ctld_port: int = 0
     slurmd_port: int = 0
+    node_ports: dict[str, int] = field(default_factory=dict)
     started_in_s: float = 0.0
     stopped_in_s: float = 0.0
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
@@ -151,21 +157,26 @@ class SlurmCluster:
     # ---- lifecycle ---------------------------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, *, gpus: int = 8, prefix: str = "orch-slurm-") -> SlurmCluster:
-        """Configure and start munged, slurmctld and slurmd in a new private dir; return once the node is idle."""
+    def start(cls, *, gpus: int = 8, nodes: int = 1, prefix: str = "orch-slurm-") -> SlurmCluster:
+        """Configure and start munged, slurmctld and a slurmd per node in a new private dir; return once every node
+        is idle. One node is `localhost`; `nodes` > 1 are n1..nN, all on this machine, `gpus` GPUs each."""
         why = unavailable_reason()
         if why is not None:
             raise SlurmClusterError(why)
         t0 = time.monotonic()
         root = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
         root.chmod(0o755)
-        cluster = cls(root=root, name="t" + root.name.rsplit("-", 1)[-1].lower(), conf=root / "slurm.conf", gpus=gpus)
+        cluster = cls(
+            root=root, name="t" + root.name.rsplit("-", 1)[-1].lower(), conf=root / "slurm.conf", gpus=gpus, nodes=nodes
+        )
         try:
             cluster._prepare()
             cluster._start_munged()
             last: SlurmClusterError | None = None
             for _ in range(5):  # a free port can be taken by someone else before a daemon binds it
                 cluster.ctld_port, cluster.slurmd_port = _free_port(), _free_port()
+                cluster.node_ports = {n: _free_port() for n in cluster.node_names[1:]}
+                cluster.node_ports[cluster.node_names[0]] = cluster.slurmd_port
                 cluster._write_conf()
                 try:
                     cluster._start_slurm()
@@ -218,6 +229,11 @@ class SlurmCluster:
         self.stop()
 
     # ---- using it ----------------------------------------------------------------------------------------------
+
+    @property
+    def node_names(self) -> list[str]:
+        """Slurm's names of the nodes, in its order."""
+        return [NODE] if self.nodes == 1 else [f"n{i}" for i in range(1, self.nodes + 1)]
 
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """An environment for Slurm clients of this cluster: `base` (default os.environ) plus SLURM_CONF."""
@@ -288,10 +304,12 @@ class SlurmCluster:
     def log_tail(self, lines: int = 20) -> str:
         """The last lines of each daemon's log, for failure messages."""
         parts = []
-        for name in ("munged", "slurmctld", "slurmd"):
-            path = self.root / f"{name}.log"
+        logs = [self.root / f"{name}.log" for name in ("munged", "slurmctld")] + sorted(self.root.glob("slurmd*.log"))
+        for path in logs:
             with contextlib.suppress(OSError):
-                parts.append(f"--- {name} ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:]))
+                parts.append(
+                    f"--- {path.stem} ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+                )
         return "\n".join(parts)
 
     # ---- internals ---------------------------------------------------------------------------------------------
@@ -315,10 +333,19 @@ class SlurmCluster:
         )
         key.chmod(0o600)
 
+    def _node_lines(self) -> list[str]:
+        hw = " ".join(f"{k}={v}" for k, v in _node_hardware().items())
+        if self.nodes == 1:
+            return [f"NodeName={NODE} {hw} Gres=gpu:{self.gpus} State=UNKNOWN"]
+        return [
+            f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={self.node_ports[name]} {hw} "
+            f"Gres=gpu:{self.gpus} State=UNKNOWN"
+            for name in self.node_names
+        ]
+
     def _write_conf(self) -> None:
-        hw = _node_hardware()
-        node = " ".join(f"{k}={v}" for k, v in hw.items())
         r = self.root
+        per_node = "" if self.nodes == 1 else "-%n"
         self.conf.write_text(
             "\n".join(
                 [
@@ -332,11 +359,11 @@ class SlurmCluster:
                     "CredType=cred/munge",
                     f"AuthInfo=socket={r}/munge.sock",
                     f"StateSaveLocation={r}/state",
-                    f"SlurmdSpoolDir={r}/spool",
+                    f"SlurmdSpoolDir={r}/spool{per_node}",
                     f"SlurmctldPidFile={r}/slurmctld.pid",
-                    f"SlurmdPidFile={r}/slurmd.pid",
+                    f"SlurmdPidFile={r}/slurmd{per_node}.pid",
                     f"SlurmctldLogFile={r}/slurmctld.log",
-                    f"SlurmdLogFile={r}/slurmd.log",
+                    f"SlurmdLogFile={r}/slurmd{per_node}.log",
                     f"TaskProlog={r}/task_prolog.sh",
                     "ProctrackType=proctrack/linuxproc",
                     "TaskPlugin=task/none",
@@ -348,7 +375,7 @@ class SlurmCluster:
                     "JobCompType=jobcomp/filetxt",
                     f"JobCompLoc={r}/jobcomp.txt",
                     "KillWait=5",
-                    f"NodeName={NODE} {node} Gres=gpu:{self.gpus} State=UNKNOWN",
+                    *self._node_lines(),
                     f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
                 ]
             )
@@ -394,16 +421,23 @@ class SlurmCluster:
         ctld = self._spawn("slurmctld", [_tool("slurmctld"), "-D", "-f", str(self.conf)])
         # A client (or slurmd) that finds no controller listening retries a second later: wait for the port first.
         self._wait(lambda: _listening(self.ctld_port), "slurmctld to listen", [ctld])
-        slurmd = self._spawn("slurmd", [_tool("slurmd"), "-D", "-f", str(self.conf)])
+        if self.nodes == 1:
+            slurmds = [self._spawn("slurmd", [_tool("slurmd"), "-D", "-f", str(self.conf)])]
+        else:
+            slurmds = [
+                self._spawn(f"slurmd-{n}", [_tool("slurmd"), "-D", "-N", n, "-f", str(self.conf)])
+                for n in self.node_names
+            ]
 
         def idle() -> bool:
-            res = self.run("sinfo", "-h", "-n", NODE, "-o", "%t", check=False, timeout=15)
-            state = res.stdout.strip()
-            if state in ("drain", "drng", "inval", "fail"):
-                raise SlurmClusterError(f"node {NODE} is {state}:\n{self.log_tail()}")
-            return state == "idle"
+            res = self.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=15)
+            states = dict(line.split() for line in res.stdout.splitlines() if len(line.split()) == 2)
+            for node, state in states.items():
+                if state in ("drain", "drng", "inval", "fail"):
+                    raise SlurmClusterError(f"node {node} is {state}:\n{self.log_tail()}")
+            return all(states.get(n) == "idle" for n in self.node_names)
 
-        self._wait(idle, "the node to be idle", [ctld, slurmd])
+        self._wait(idle, "every node to be idle", [ctld, *slurmds])
 
     def _wait(self, ready: Callable[[], bool], what: str, procs: list[subprocess.Popen[bytes]]) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -421,7 +455,8 @@ class SlurmCluster:
             time.sleep(0.05)
 
     def _stop_slurm(self) -> None:
-        self._stop_daemon("slurmd")
+        for name in [n for n in self._procs if n.startswith("slurmd")]:
+            self._stop_daemon(name)
         self._stop_daemon("slurmctld")
 
     def _stop_daemon(self, name: str) -> None:
@@ -464,9 +499,9 @@ def _kill_and_wait(procs: list[psutil.Process], timeout: float = 5.0) -> list[in
 
 
 @contextlib.contextmanager
-def running(*, gpus: int = 8) -> Iterator[SlurmCluster]:
+def running(*, gpus: int = 8, nodes: int = 1) -> Iterator[SlurmCluster]:
     """A started cluster, stopped afterwards; fails if anything had to be cleaned up."""
-    cluster = SlurmCluster.start(gpus=gpus)
+    cluster = SlurmCluster.start(gpus=gpus, nodes=nodes)
     try:
         yield cluster
     finally:

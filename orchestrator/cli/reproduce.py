@@ -80,7 +80,9 @@ def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoRetu
         if simulated:
             event(SIM_BANNER)
         event(f"reproducing {bundle['content']['experiment']['id']} from {path}; results database: {store.path}")
-        with open_host(kw, kw["host_spec"]) as host:
+        # A Slurm host asks for as many nodes as the bundle's largest multi-node profile spans.
+        nodes = max((int(p.get("nnodes") or 1) for p in bundle["content"]["profiles"]), default=1)
+        with open_host(kw, kw["host_spec"], nodes=nodes) as host:
             base = ab_config(kw, kw["_bench"], simulated, False)
             new, verdict = reproduce_mod.reproduce_bundle(
                 host,

@@ -279,13 +279,16 @@ def progress(kw: dict[str, Any]) -> tuple[Callable[[str], None], Callable[[str, 
     return rep.event, on_run
 
 
-def open_host(kw: dict[str, Any], host_spec: str, on_event: Callable[[str], None] | None = None) -> Host:
+def open_host(
+    kw: dict[str, Any], host_spec: str, on_event: Callable[[str], None] | None = None, nodes: int = 1
+) -> Host:
     return resolve_host(
         host_spec,
         workdir=kw["workdir"],
         inventory=kw["inventory"],
         accept_new_host_key=kw["accept_new_host_key"],
         on_event=on_event,
+        nodes=nodes,
     )
 
 
@@ -307,7 +310,7 @@ def execute(
         if sim:
             event(SIM_BANNER)
         event(f"results database: {store.path}")
-        with open_host(kw, host_spec, event) as host:
+        with open_host(kw, host_spec, event, nodes=ab.nodes_needed(profiles)) as host:
             where = {
                 "host_spec": host_spec,
                 "workdir": kw["workdir"],

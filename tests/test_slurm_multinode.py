@@ -1,0 +1,151 @@
+"""Multi-node profiles through Slurm: one allocation of nnodes nodes, a rank on each (its own agent step), against a
+real two-node cluster (two slurmd on this machine, tests/slurmcluster.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import hostside
+from orchestrator.slurm import Slurm
+from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port
+from tests.slurmcluster import PARTITION, SlurmCluster, unavailable_reason
+
+UNAVAILABLE = unavailable_reason()
+needs_cluster = pytest.mark.skipif(UNAVAILABLE is not None and not os.environ.get("CI"), reason=str(UNAVAILABLE))
+VENV_BIN = str(Path(sys.executable).parent)
+HOST = "pair"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SlurmCluster]:
+    c = SlurmCluster.start(nodes=2, gpus=2)
+    try:
+        yield c
+    finally:
+        leaked = c.stop()
+    assert not leaked, f"the test cluster had to clean up after the tests: {leaked}"
+
+
+@pytest.fixture
+def cli(cluster: SlurmCluster) -> Iterator[Slurm]:
+    """Afterwards no job may be live and no step, task or server process alive."""
+    yield Slurm(conf=str(cluster.conf), timeout_s=20)
+    live = cluster.live_jobs()
+    cluster.cancel_all()
+    cluster.wait_no_processes()
+    assert not live, f"the test left jobs live: {live}"
+    assert hostside.op_find(NAMESPACE) == [], "the test left servers running"
+
+
+@pytest.fixture
+def two_node(write_profile: WriteProfile, tmp_path: Path) -> Path:
+    """An inventory entry `pair` (scheduler: slurm; rank 1 serves on the next port: both nodes are this machine)
+    and two nnodes: 2 profiles."""
+    inventory = {
+        "hosts": {
+            HOST: {
+                "scheduler": "slurm",
+                "partition": PARTITION,
+                "gpus": 2,
+                "python": sys.executable,
+                "port_stride": 1,
+                "time_limit_min": 10,
+            }
+        }
+    }
+    (tmp_path / "hosts.yaml").write_text(yaml.safe_dump(inventory))
+    common = {
+        "engine": "sglang",
+        "model_path": "/models/test-model",
+        "tp_size": 4,
+        "nnodes": 2,
+        "ready_timeout_s": 30,
+        "env": {"NCCL_PROTO": "LL"},
+        "sim": FAST_SIM,
+    }
+    write_profile("base2", **common, port=free_port())
+    write_profile(
+        "eagle2",
+        **common,
+        port=free_port(),
+        speculative={"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 3, "eagle_topk": 1},
+    )
+    return tmp_path / "hosts.yaml"
+
+
+def _orch(cluster: SlurmCluster, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    env = cluster.env({**os.environ, "PYTHONPATH": str(REPO), "PATH": VENV_BIN + os.pathsep + os.environ["PATH"]})
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,  # SIGINT comes from the test only
+    )
+
+
+def _ab(*extra: str, runs: int = 2, max_tokens: int = 24) -> list[str]:
+    return [
+        "ab", "base2", "eagle2", "--sim", "--host", HOST, "--blocks", "1", "--runs", str(runs), "--warmup", "0",
+        "--max-tokens", str(max_tokens), "--grace", "2", "--min-run-s", "0", "--db", "r.db", "--workdir", "w", *extra,
+    ]  # fmt: skip
+
+
+@needs_cluster
+def test_a_two_node_ab_runs_in_one_two_node_allocation(
+    cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
+) -> None:
+    proc = _orch(cluster, tmp_path, *_ab())
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    assert f"{HOST}: Slurm granted allocation" in out
+    job = out.split("granted allocation ", 1)[1].split()[0]
+    # rank i on the allocation's i-th node, each through its own agent step; rank 0 reached at its NodeAddr
+    for profile in ("base2", "eagle2"):
+        assert f"{profile}: node rank 0 ({HOST}/n1) launched" in out, out
+        assert f"{profile}: node rank 1 ({HOST}/n2) launched" in out, out
+    assert "2 nodes rendezvous at 127.0.0.1:" in out
+    assert "ready after" in out and "(every node)" in out
+    with sqlite3.connect(tmp_path / "r.db") as db:
+        config = json.loads(db.execute("SELECT config_json FROM experiments").fetchone()[0])
+        nodes = [json.loads(row[0])["nodes"] for row in db.execute("SELECT preflight_json FROM launches")]
+        counts = db.execute("SELECT COUNT(*) FROM runs WHERE warmup = 0").fetchone()[0]
+    assert sorted(config["host_facts"]["nodes"]) == [f"{HOST}/n1", f"{HOST}/n2"]
+    assert [[(n["rank"], n["host"]) for n in launch] for launch in nodes] == [
+        [(0, f"{HOST}/n1"), (1, f"{HOST}/n2")]
+    ] * 2
+    assert counts == 4
+    assert job not in cluster.live_jobs()  # released at the end
+
+
+@needs_cluster
+def test_ctrl_c_mid_run_leaves_no_job_and_no_rank(
+    cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
+) -> None:
+    proc = _orch(cluster, tmp_path, *_ab(runs=50, max_tokens=100))
+    assert proc.stdout is not None
+    seen: list[str] = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "Run 1/" in line:
+            break
+    else:
+        pytest.fail("".join(seen))
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(seen) + out
+    assert cluster.live_jobs() == []
+    cluster.wait_no_processes()
+    assert hostside.op_find(NAMESPACE) == []

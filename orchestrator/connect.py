@@ -3,6 +3,7 @@ knows them all)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -23,8 +24,6 @@ def resolve_host(
     hosts = load_inventory(inventory)
     groups = load_groups(inventory) if hosts else {}
     if spec in groups:
-        from orchestrator.multinode import open_group  # several hosts: one multi-node launch spans them
-
         return open_group(groups[spec], hosts, workdir=workdir, accept_new_host_key=accept_new_host_key)
     config = parse_target(spec, hosts)
     if workdir:
@@ -61,3 +60,22 @@ def open_host(
     from orchestrator.ssh import SSHHost  # paramiko is only imported when a remote host is used
 
     return SSHHost(config, accept_new_host_key=accept_new_host_key)
+
+
+def open_group(
+    group: HostGroup, hosts: dict[str, HostConfig], *, workdir: str | None, accept_new_host_key: bool
+) -> Host:
+    """Connect to every node of the group (closing those already open if one cannot be reached)."""
+    opened: list[Host] = []
+    try:
+        for name in group.nodes:
+            config = replace(hosts[name], workdir=workdir) if workdir else hosts[name]
+            opened.append(open_host(config, accept_new_host_key=accept_new_host_key))
+    except BaseException:
+        for node in opened:
+            with contextlib.suppress(Exception):
+                node.close()
+        raise
+    from orchestrator.multinode import GroupHost  # several hosts: one multi-node launch spans them
+
+    return GroupHost(group, opened)

@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator import engines, fingerprint, progress, server
 from orchestrator.errors import HostError, OrchError, ServerError
-from orchestrator.hosts import Host, HostConfig, HostGroup, Progress, connect_address
+from orchestrator.hosts import Host, HostGroup, Progress, connect_address
 from orchestrator.profile import Profile
 from orchestrator.redaction import scrub
 
@@ -69,25 +69,6 @@ class GroupHost(Host):
         for node in reversed(self.nodes):
             with contextlib.suppress(Exception):
                 node.close()
-
-
-def open_group(
-    group: HostGroup, hosts: dict[str, HostConfig], *, workdir: str | None, accept_new_host_key: bool
-) -> GroupHost:
-    """Connect to every node of the group (closing those already open if one cannot be reached)."""
-    from orchestrator.connect import open_host
-
-    opened: list[Host] = []
-    try:
-        for name in group.nodes:
-            config = replace(hosts[name], workdir=workdir) if workdir else hosts[name]
-            opened.append(open_host(config, accept_new_host_key=accept_new_host_key))
-    except BaseException:
-        for node in opened:
-            with contextlib.suppress(Exception):
-                node.close()
-        raise
-    return GroupHost(group, opened)
 
 
 def node_facts(group: GroupHost) -> dict[str, dict[str, Any]]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator import engines, fingerprint, progress, server
-from orchestrator.errors import HostError, OrchError, ServerError
+from orchestrator.errors import AllocationEnded, HostError, OrchError, ServerError
 from orchestrator.hosts import Host, HostConfig, HostGroup, Progress, connect_address
 from orchestrator.profile import Profile
 from orchestrator.redaction import scrub
@@ -269,6 +269,7 @@ def _teardown_all(
     """Every launched rank at once (each on its own host; nodes that share a machine each wait for the GPUs only
     once every rank there is gone)."""
     launched = [r for r in ranks if r.launch is not None]
+    ended: dict[str, AllocationEnded] = {}  # rank label: Slurm had ended its allocation
 
     def one(rank: Rank) -> None:
         assert rank.launch is not None
@@ -281,6 +282,9 @@ def _teardown_all(
                 gpu_wait_s=gpu_wait_s,
                 profile=profile.name,
             )
+        except AllocationEnded as e:
+            rank.teardown = {"error": str(e), "allocation_ended": e.state}
+            ended[rank.label] = e
         except HostError as e:
             rank.teardown = {"error": str(e)}
 
@@ -289,7 +293,10 @@ def _teardown_all(
             list(pool.map(one, launched))
     for rank in launched:
         td = rank.teardown or {}
-        if "error" in td:
+        if rank.label in ended:
+            # Slurm ended every process of the job: not a failed teardown (the error is said once, at the end).
+            on_event(f"{profile.name}: {rank.label}: {server.allocation_ended_line(ended[rank.label])}")
+        elif "error" in td:
             on_event(f"{profile.name}: {rank.label}: TEARDOWN FAILED: {td['error']}")
         else:
             on_event(f"{rank.label}: " + server.teardown_line(rank.profile, td))

@@ -86,14 +86,27 @@ def check_hosts(suite: Suite) -> None:
             raise InputError(f"{suite.path}: item {item.name!r}: host: {e}") from None
 
 
+def check_warnings(suite: Suite) -> list[str]:
+    """What --check warns about (valid, exit code unchanged): `fan_out: true` that cannot run items in parallel."""
+    return nightly_fanout.warnings(suite, suite_inventory(suite))
+
+
 def describe_hosts(suite: Suite) -> str:
-    """Where each host of the suite comes from, for --check: an inventory entry, or an SSH name tried at night."""
+    """Where each host of the suite comes from, for --check: an inventory entry, a Slurm allocation asked for at
+    night, or an SSH name tried at night."""
     inventory = suite_inventory(suite)
     out = []
     for spec in dict.fromkeys(item.host for item in suite.items):
         config = parse_target(spec, inventory)
         if config.is_local:
             out.append(f"{spec} (this machine)")
+        elif config.scheduler == "slurm":
+            where = f"partition {config.partition}" if config.partition else "the default partition"
+            nodes = (
+                "an exclusive node" if config.exclusive else "a node it may share with other jobs (exclusive: false)"
+            )
+            source = f", from {config.source}" if spec in inventory else ""
+            out.append(f"{spec} (a Slurm allocation in {where}, {nodes}, asked for when the night runs{source})")
         elif spec in inventory:
             target = f"{config.user + '@' if config.user else ''}{config.address}:{config.port or 22}"
             out.append(f"{spec} ({target}, from {config.source})")
@@ -115,6 +128,7 @@ def suite_summary(suite: Suite) -> dict[str, Any]:
         "min_history": suite.min_history,
         "fan_out": suite.fan_out,
         "inventory": suite.inventory,
+        "warnings": check_warnings(suite),
         "items": [
             {
                 "name": i.name, "kind": i.kind, "profiles": [p.name for p in i.profiles], "host": i.host,

@@ -19,6 +19,17 @@ class HostError(OrchError):
     """Something about the host: a foreign port owner, a failed host-side call, an unreachable host."""
 
 
+class AllocationEnded(HostError):
+    """Slurm ended the allocation a host runs in (its time limit, scancel, a node failure): every process of the job
+    is gone with it, so there is nothing left on the node to tear down."""
+
+    # Keyword defaults keep it constructible from its message alone, as pickle and copy rebuild exceptions.
+    def __init__(self, message: str, *, job_id: str = "", state: str = "") -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.state = state
+
+
 class InventoryError(HostError, InputError):
     """The host inventory file (hosts.yaml) is missing, malformed or invalid; still a HostError for old callers."""
 

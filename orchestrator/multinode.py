@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator import engines, fingerprint, progress, server
-from orchestrator.errors import HostError, OrchError, ServerError
+from orchestrator.errors import AllocationEnded, HostError, OrchError, ServerError
 from orchestrator.hosts import Host, HostGroup, Progress, connect_address
 from orchestrator.profile import Profile
 from orchestrator.redaction import scrub
@@ -244,10 +244,11 @@ def _env_report(reports: list[tuple[Rank, server.EnvReport]]) -> server.EnvRepor
 
 def _teardown_all(
     ranks: list[Rank], profile: Profile, *, grace_s: float, gpu_wait_s: float, on_event: server.EventFn
-) -> None:
+) -> AllocationEnded | None:
     """Every launched rank at once (each on its own host; nodes that share a machine each wait for the GPUs only
-    once every rank there is gone)."""
+    once every rank there is gone); the AllocationEnded of a rank whose Slurm allocation had ended, if any."""
     launched = [r for r in ranks if r.launch is not None]
+    ended: dict[str, AllocationEnded] = {}  # rank label: Slurm had ended its allocation
 
     def one(rank: Rank) -> None:
         assert rank.launch is not None
@@ -260,6 +261,9 @@ def _teardown_all(
                 gpu_wait_s=gpu_wait_s,
                 profile=profile.name,
             )
+        except AllocationEnded as e:
+            rank.teardown = {"error": str(e), "allocation_ended": e.state}
+            ended[rank.label] = e
         except HostError as e:
             rank.teardown = {"error": str(e)}
 
@@ -268,10 +272,14 @@ def _teardown_all(
             list(pool.map(one, launched))
     for rank in launched:
         td = rank.teardown or {}
-        if "error" in td:
+        if rank.label in ended:
+            # Slurm ended every process of the job: not a failed teardown (the error is said once, at the end).
+            on_event(f"{profile.name}: {rank.label}: {server.allocation_ended_line(ended[rank.label])}")
+        elif "error" in td:
             on_event(f"{profile.name}: {rank.label}: TEARDOWN FAILED: {td['error']}")
         else:
             on_event(f"{rank.label}: " + server.teardown_line(rank.profile, td))
+    return next(iter(ended.values()), None)
 
 
 @contextlib.contextmanager
@@ -352,7 +360,7 @@ def running(
     finally:
         with server.shielded(on_event):
             progress.phase("teardown", profile=profile.name)
-            _teardown_all(ranks, profile, grace_s=grace_s, gpu_wait_s=gpu_wait_s, on_event=on_event)
+            ended = _teardown_all(ranks, profile, grace_s=grace_s, gpu_wait_s=gpu_wait_s, on_event=on_event)
             if srv is not None:
                 srv.teardown = {
                     **(ranks[0].teardown or {}),
@@ -361,5 +369,7 @@ def running(
                 errors = [r for r in ranks if "error" in (r.teardown or {})]
                 if on_teardown is not None:
                     on_teardown(srv)
+                if ended is not None and not failed:
+                    raise ended  # said once (every node of one allocation ended with it), with its own hint
                 if errors and not failed:
                     raise HostError("; ".join(f"{r.label}: {(r.teardown or {})['error']}" for r in errors))

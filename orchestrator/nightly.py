@@ -17,9 +17,17 @@ from typing import Any
 
 from orchestrator import ab, failon, history, nightly_fanout, server
 from orchestrator.ab import ABConfig
-from orchestrator.connect import open_host
+from orchestrator.connect import open_host, resolve_host
 from orchestrator.errors import InputError, OrchError
-from orchestrator.hosts import LOCK_DIR, HostConfig, default_namespace, load_inventory, parse_target
+from orchestrator.hosts import (
+    LOCK_DIR,
+    HostConfig,
+    HostGroup,
+    default_namespace,
+    load_groups,
+    load_inventory,
+    parse_target,
+)
 from orchestrator.hostside import op_lock, op_unlock
 from orchestrator.nightresult import ItemReport, NightReport, SeriesVerdict, item_status, judge
 from orchestrator.redaction import scrub
@@ -76,24 +84,62 @@ def suite_inventory(suite: Suite) -> dict[str, HostConfig]:
         raise InputError(f"{suite.path}: inventory: {e}") from None
 
 
+def suite_groups(suite: Suite) -> dict[str, HostGroup]:
+    """The suite inventory's groups of hosts (multi-node launches); {} without an inventory."""
+    try:
+        return load_groups(suite.inventory) if suite.inventory else {}
+    except OrchError as e:
+        raise InputError(f"{suite.path}: inventory: {e}") from None
+
+
 def check_hosts(suite: Suite) -> None:
-    """Every item's host must resolve before anything launches (connecting is the night's job)."""
-    inventory = suite_inventory(suite)
+    """Every item's host must resolve before anything launches (connecting is the night's job), and a multi-node
+    item's host must be an inventory group of enough hosts or a Slurm host (which asks for that many nodes)."""
+    inventory, groups = suite_inventory(suite), suite_groups(suite)
     for item in suite.items:
+        where = f"{suite.path}: item {item.name!r}: host"
+        nodes = ab.nodes_needed(item.profiles)
+        if item.host in groups:
+            have = len(groups[item.host].nodes)
+            if nodes > have:
+                raise InputError(f"{where}: group {item.host} has {have} host(s), but a profile has nnodes: {nodes}")
+            continue
         try:
-            parse_target(item.host, inventory)
+            config = parse_target(item.host, inventory)
         except OrchError as e:
-            raise InputError(f"{suite.path}: item {item.name!r}: host: {e}") from None
+            raise InputError(f"{where}: {e}") from None
+        if nodes > 1 and config.scheduler != "slurm":
+            raise InputError(
+                f"{where}: {item.host!r} is one host, but a profile has nnodes: {nodes}; name an inventory group of "
+                f"at least {nodes} hosts or a Slurm host"
+            )
+
+
+def check_warnings(suite: Suite) -> list[str]:
+    """What --check warns about (valid, exit code unchanged): `fan_out: true` that cannot run items in parallel."""
+    return nightly_fanout.warnings(suite, suite_inventory(suite))
 
 
 def describe_hosts(suite: Suite) -> str:
-    """Where each host of the suite comes from, for --check: an inventory entry, or an SSH name tried at night."""
-    inventory = suite_inventory(suite)
+    """Where each host of the suite comes from, for --check: an inventory entry, a Slurm allocation asked for at
+    night, or an SSH name tried at night."""
+    inventory, groups = suite_inventory(suite), suite_groups(suite)
     out = []
     for spec in dict.fromkeys(item.host for item in suite.items):
+        if spec in groups:
+            group = groups[spec]
+            out.append(f"{spec} (a group of {len(group.nodes)} hosts: {', '.join(group.nodes)}, from {group.source})")
+            continue
         config = parse_target(spec, inventory)
         if config.is_local:
             out.append(f"{spec} (this machine)")
+        elif config.scheduler == "slurm":
+            where = f"partition {config.partition}" if config.partition else "the default partition"
+            nodes = (
+                "an exclusive node" if config.exclusive else "a node it may share with other jobs (exclusive: false)"
+            )
+            source = f", from {config.source}" if spec in inventory else ""
+            out.append(f"{spec} (a Slurm allocation in {where}, {nodes}, asked for when the night runs{source})")
         elif spec in inventory:
             target = f"{config.user + '@' if config.user else ''}{config.address}:{config.port or 22}"
             out.append(f"{spec} ({target}, from {config.source})")
@@ -115,6 +161,7 @@ def suite_summary(suite: Suite) -> dict[str, Any]:
         "min_history": suite.min_history,
         "fan_out": suite.fan_out,
         "inventory": suite.inventory,
+        "warnings": check_warnings(suite),
         "items": [
             {
                 "name": i.name, "kind": i.kind, "profiles": [p.name for p in i.profiles], "host": i.host,
@@ -278,7 +325,11 @@ class NightRunner:
         prefix = f"[{item.name}] "
         self._alarm.arm(budget, why)
         try:
-            host = open_host(parse_target(item.host, suite_inventory(self.suite)))
+            nodes = ab.nodes_needed(item.profiles)
+            if self.suite.inventory:  # its groups too
+                host = resolve_host(item.host, inventory=self.suite.inventory, nodes=nodes)
+            else:
+                host = open_host(parse_target(item.host, {}), nodes=nodes)
             with host:
                 return ab.run_ab(
                     host,

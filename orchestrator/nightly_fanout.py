@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from orchestrator import progress
 from orchestrator.hosts import parse_target
 from orchestrator.nightresult import ItemReport
 from orchestrator.suite import Item, Suite
@@ -35,6 +36,39 @@ def fanned(suite: Suite, items: list[Item], inventory: dict[str, Any]) -> list[I
     if not suite.fan_out:
         return []
     return [i for i in items if parse_target(i.host, inventory).scheduler == "slurm"]
+
+
+def warnings(suite: Suite, inventory: dict[str, Any]) -> list[str]:
+    """What --check says about `fan_out: true` that is valid but may not do what the suite's author expects (hosts
+    resolved from the inventory only: Slurm is not asked)."""
+    if not suite.fan_out:
+        return []
+    config = {i.name: parse_target(i.host, inventory) for i in suite.items}
+    on_slurm = [i for i in suite.items if config[i.name].scheduler == "slurm"]
+    others = ", ".join(f"{i.name} (on {i.host})" for i in suite.items if i not in on_slurm)
+    out = []
+    if not on_slurm:
+        out.append(
+            "fan_out: true has no effect for this suite: it fans out only items on a Slurm host (`host: "
+            "slurm:PARTITION`, or an inventory entry with `scheduler: slurm`), and none is; every item runs in this "
+            f"process, one after another: {others}"
+        )
+    elif others:
+        out.append(
+            f"fan_out: true has no effect for {others}: only items on a Slurm host run as their own allocations; "
+            "these run in this process, one after another, while the Slurm items run in parallel"
+        )
+    shared = [i for i in on_slurm if not config[i.name].exclusive]
+    if len(shared) > 1:
+        names = ", ".join(f"{i.name} (on {i.host})" for i in shared)
+        out.append(
+            f"fan_out: {names} run on Slurm hosts with `exclusive: false`: allocations that land on the same node "
+            "take turns on that node's host lock (orch runs one session per machine at a time, so servers never "
+            "contend for its ports and GPU memory), so they may not run in parallel; each waits for its turn up to "
+            f"the suite's wait: ({progress.duration(suite.wait_s)}). Set `exclusive: true` for parallel items, or a "
+            "wait: as long as the others take"
+        )
+    return out
 
 
 @dataclass

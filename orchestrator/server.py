@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import engines, progress
-from orchestrator.errors import HostError, ServerError
+from orchestrator.errors import AllocationEnded, HostError, ServerError
 from orchestrator.hosts import Host, connect_address
 from orchestrator.hostside import MARKER
 from orchestrator.hostwait import gpu_problems
@@ -503,6 +503,12 @@ def running(
                 srv.teardown = teardown(
                     host, launched, grace_s=grace_s, known=srv.processes, gpu_wait_s=gpu_wait_s, profile=profile.name
                 )
+            except AllocationEnded as e:
+                # Not a failed teardown: Slurm already ended every process. The error itself is said once, at the end.
+                srv.teardown = {"error": str(e), "allocation_ended": e.state}
+                on_event(f"{profile.name}: {allocation_ended_line(e)}")
+                if not failed:
+                    raise
             except HostError as e:
                 srv.teardown = {"error": str(e)}
                 on_event(f"{profile.name}: TEARDOWN FAILED: {e}")
@@ -512,6 +518,11 @@ def running(
                 on_event(_teardown_line(profile, srv.teardown))
             if on_teardown is not None:
                 on_teardown(srv)
+
+
+def allocation_ended_line(e: AllocationEnded) -> str:
+    """What a teardown says when Slurm had ended the allocation under the server (multinode.py says it per rank)."""
+    return f"teardown: nothing left to stop — Slurm ended allocation {e.job_id} ({e.state}) and every process in it"
 
 
 def _owners(td: dict[str, Any]) -> str:

@@ -45,7 +45,7 @@ from orchestrator.agentlink import (
     agent_version,
     call_timeout,
 )
-from orchestrator.errors import HostError
+from orchestrator.errors import AllocationEnded, HostError
 from orchestrator.hosts import CallStats, Host, HostConfig, Progress, default_namespace
 from orchestrator.relay import Relay
 from orchestrator.slurm import Allocation, AllocationRequest, QueueState, Slurm, SlurmError
@@ -327,7 +327,7 @@ class SlurmHost(Host):
             self._event(f"{self.name}: {end.describe()}")
 
     def _allocation_ended(self, cause: BaseException) -> None:
-        """Raise (and remember) a HostError saying so when the allocation is over; return when it still runs."""
+        """Raise (and remember) AllocationEnded saying so when the allocation is over; return when it still runs."""
         try:
             state = slurm.job_state(self.cli, self.job_id)
             deadline = time.monotonic() + ENDING_S
@@ -346,7 +346,18 @@ class SlurmHost(Host):
                 "entry for longer experiments"
             )
         self._lost = f"{self.name}: {why}; its agent on {self.node} is gone ({cause})"
-        raise HostError(self._lost) from cause
+        self._ended = state.state
+        raise self._lost_error() from cause
+
+    # Slurm's final state (TIMEOUT, ...) once it ended the allocation; _lost then says so.
+    _ended: str | None = None
+
+    def _lost_error(self) -> HostError:
+        """The error every call gets once the session is lost: AllocationEnded when Slurm ended the allocation."""
+        assert self._lost is not None
+        if self._ended is not None:
+            return AllocationEnded(self._lost, job_id=self.job_id, state=self._ended)
+        return HostError(self._lost)
 
     # ------------------------------------------------------------ the agent
 
@@ -415,7 +426,7 @@ class SlurmHost(Host):
             if self._closed:
                 raise HostError(f"{self.name}: orch released allocation {self.job_id}; no more host-side calls")
             if self._lost is not None:
-                raise HostError(self._lost)
+                raise self._lost_error()
             try:
                 if self._link is None:
                     self._restart_agent()  # after an interrupted call: quietly, one try
@@ -444,7 +455,7 @@ class SlurmHost(Host):
             if self._closed:
                 raise HostError(f"{self.name}: orch released allocation {self.job_id}")
             if self._lost is not None:
-                raise HostError(self._lost)
+                raise self._lost_error()
             link = self._link
             stream = link.stream if link is not None else None
             if not force and isinstance(stream, _StepStream) and stream.proc.poll() is None:

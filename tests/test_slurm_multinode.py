@@ -149,3 +149,26 @@ def test_ctrl_c_mid_run_leaves_no_job_and_no_rank(
     assert cluster.live_jobs() == []
     cluster.wait_no_processes()
     assert hostside.op_find(NAMESPACE) == []
+
+
+@needs_cluster
+def test_a_nightly_item_with_a_two_node_profile_gets_a_two_node_allocation(
+    cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
+) -> None:
+    suite = {
+        "suite": "pair-night", "deadline": "5m", "wait": "5s", "min_history": 3,
+        "defaults": {"host": HOST, "sim": True, "timeout": "120s", "gpu_wait": 0, "grace": 2,
+                     "workload": {"runs": 1, "warmup": 0, "max_tokens": 24, "min_run_s": 0}},
+        "items": [{"name": "two-node", "bench": "base2"}],
+    }  # fmt: skip
+    (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
+    check = _orch(cluster, tmp_path, "nightly", "suite.yaml", "--check")
+    out, _ = check.communicate(timeout=60)
+    assert check.returncode == 0, out
+    proc = _orch(cluster, tmp_path, "nightly", "suite.yaml", "--db", "n.db", "--now", "2026-11-01T02:00")
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    assert f"node rank 1 ({HOST}/n2) launched" in out, out
+    with sqlite3.connect(tmp_path / "n.db") as db:
+        assert db.execute("SELECT item, status FROM night_items").fetchall() == [("two-node", "complete")]
+    assert cluster.live_jobs() == []

@@ -224,7 +224,13 @@ def test_an_allocation_ended_at_its_time_limit_is_reported_and_the_runs_kept(
     out, _ = proc.communicate(timeout=90)
     text = "".join(seen) + out
     assert proc.returncode == 1, text
-    assert f"allocation {job} was ended by Slurm at its time limit (TIMEOUT): orch asked for 1 min" in text
+    reason = f"allocation {job} was ended by Slurm at its time limit (TIMEOUT): orch asked for 1 min"
+    # Slurm ended every process of the job: the teardown says there was nothing left, and the reason comes once.
+    ended = f": teardown: nothing left to stop — Slurm ended allocation {job} (TIMEOUT) and every process in it"
+    assert any(line.split(ended)[0].endswith(("baseline", "eagle3")) for line in text.splitlines() if ended in line)
+    assert "TEARDOWN FAILED" not in text
+    assert text.count(reason) == 1, text
+    assert f"Error: cluster: {reason}" in text
     assert "continue it with: orch ab --resume" in text
     assert "Traceback" not in text
     with sqlite3.connect(tmp_path / "r.db") as db:

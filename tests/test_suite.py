@@ -187,3 +187,84 @@ def test_profiles_and_prompt_files_are_found_next_to_the_suite(suite_dir: Path, 
     assert s.name == "nightly" and s.items[0].profiles[0].name == "plain"
     assert s.items[0].bench.prompts == str(suite_dir / "prompts.jsonl")
     assert s.items[1].threshold == suite_mod.DEFAULT_THRESHOLD and s.items[1].blocks == 1
+
+
+def _fan(suite_dir: Path, hosts: dict[str, Any], items: list[tuple[str, str]], **top: Any) -> Path:
+    (suite_dir / "hosts.yaml").write_text(yaml.safe_dump({"hosts": hosts}))
+    data = {"fan_out": True, **top, "items": [{"name": n, "bench": "plain", "host": h} for n, h in items]}
+    return write_suite(suite_dir, data)
+
+
+def test_check_warns_when_fan_out_has_no_slurm_item_to_fan_out(suite_dir: Path, tmp_path: Path) -> None:
+    path = _fan(suite_dir, {"gpu": {"address": "10.1.2.3"}}, [("a", "local"), ("b", "gpu")])
+    out = run("nightly", str(path), "--check", cwd=tmp_path)
+    assert out.rc == 0, out.text  # a warning, not an error
+    (line,) = [x for x in out.out.splitlines() if "WARNING" in x]
+    assert "fan_out: true has no effect for this suite" in line and "a (on local), b (on gpu)" in line, line
+    doc = json.loads(run("nightly", str(path), "--check", "--json", cwd=tmp_path).out)
+    assert len(doc["warnings"]) == 1 and "no effect for this suite" in doc["warnings"][0]
+    # Some items on Slurm: the others are named as running in-process, one after another.
+    path = _fan(suite_dir, {"h100": {"scheduler": "slurm", "partition": "gpu"}}, [("a", "local"), ("b", "h100")])
+    out = run("nightly", str(path), "--check", cwd=tmp_path)
+    assert out.rc == 0, out.text
+    (line,) = [x for x in out.out.splitlines() if "WARNING" in x]
+    assert "fan_out: true has no effect for a (on local)" in line and "b (on" not in line, line
+    # Hosts are resolved without asking Slurm, and a Slurm host is described as one (not as an SSH name).
+    assert "h100 (a Slurm allocation in partition gpu, an exclusive node" in out.out, out.text
+
+
+def test_check_warns_that_non_exclusive_slurm_items_take_turns_on_a_shared_node(
+    suite_dir: Path, tmp_path: Path
+) -> None:
+    shared = {"scheduler": "slurm", "partition": "gpu", "exclusive": False, "gres": "gpu:1"}
+    hosts = {"c1": shared, "c2": shared, "whole": {"scheduler": "slurm"}}
+    path = _fan(suite_dir, hosts, [("a", "c1"), ("b", "c2"), ("c", "whole"), ("d", "slurm:gpu")], wait="20m")
+    out = run("nightly", str(path), "--check", cwd=tmp_path)
+    assert out.rc == 0, out.text
+    (line,) = [x for x in out.out.splitlines() if "WARNING" in x]
+    assert "a (on c1), b (on c2) run on Slurm hosts with `exclusive: false`" in line, line
+    assert "take turns on that node's host lock" in line and "wait: (20m00s)" in line, line
+    assert "c (on" not in line and "d (on" not in line  # exclusive allocations never share a node
+    assert (
+        "slurm:gpu (a Slurm allocation in partition gpu" in out.out
+        and "a node it may share with other jobs (exclusive: false)" in out.out
+    )
+    doc = json.loads(run("nightly", str(path), "--check", "--json", cwd=tmp_path).out)
+    assert doc["warnings"] == [line.strip().removeprefix("WARNING: ")]
+    # Without fan_out nothing runs at once; one non-exclusive item has nothing of the night's to take turns with.
+    data = yaml.safe_load(path.read_text())
+    data["fan_out"] = False
+    out = run("nightly", str(write_suite(suite_dir, data)), "--check", cwd=tmp_path)
+    assert out.rc == 0 and "WARNING" not in out.out, out.text
+    assert json.loads(run("nightly", str(path), "--check", "--json", cwd=tmp_path).out)["warnings"] == []
+    out = run("nightly", str(_fan(suite_dir, hosts, [("a", "c1"), ("c", "whole")])), "--check", cwd=tmp_path)
+    assert out.rc == 0 and "WARNING" not in out.out, out.text
+
+
+def test_check_refuses_a_multi_node_item_on_a_host_that_cannot_hold_it(
+    suite_dir: Path, write_profile: WriteProfile, tmp_path: Path
+) -> None:
+    write_profile("wide", extends="plain", tp_size=2, nnodes=2)
+    hosts = {
+        "a": {"address": "10.1.2.3"},
+        "b": {"address": "10.1.2.4"},
+        "pair": {"nodes": ["a", "b"]},
+        "solo": {"nodes": ["a"]},
+        "h100": {"scheduler": "slurm", "partition": "gpu"},
+    }
+    (suite_dir / "hosts.yaml").write_text(yaml.safe_dump({"hosts": hosts}))
+
+    def check(host: str) -> Any:
+        return run("nightly", str(write_suite(suite_dir, {"items": [{"name": "w", "bench": "wide", "host": host}]})),
+                   "--check", cwd=tmp_path)  # fmt: skip
+
+    out = check("pair")  # a group of two, and a Slurm host (asks for two nodes): both fine
+    assert out.rc == 0, out.text
+    assert "pair (a group of 2 hosts: a, b, from" in out.out, out.out
+    assert check("h100").rc == 0
+    out = check("a")
+    assert out.rc == 2 and "item 'w': host: 'a' is one host, but a profile has nnodes: 2" in out.err, out.text
+    assert "an inventory group of at least 2 hosts or a Slurm host" in out.err
+    out = check("solo")
+    assert out.rc == 2 and "group solo has 1 host(s), but a profile has nnodes: 2" in out.err, out.text
+    assert_plain(out.text)

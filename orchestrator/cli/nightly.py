@@ -57,7 +57,11 @@ def _write(path: str | None, text: str) -> None:
     help="The night's date and time (ISO 8601) [default: now]: for backfills and tests.",
 )
 @click.option("--only", multiple=True, metavar="ITEM", help="Run only this item (repeatable).")
-@click.option("--check", is_flag=True, help="Validate the suite, its profiles and hosts; run nothing (exit 0 or 2).")
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Validate the suite, its profiles and hosts, warn of what may not work as meant; run nothing (exit 0 or 2).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the night's JSON document instead of the Markdown.")
 @click.option("--markdown-out", type=click.Path(dir_okay=False), help="Also write the Markdown summary to this file.")
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Also write the JSON document to this file.")
@@ -101,6 +105,8 @@ def nightly_cmd(
                 f"  {item.name}: {item.kind} {what} on {item.host}{sim}; {metrics}; timeout {item.timeout_s:.0f}s"
             )
         click.echo(f"  hosts: {nightly_mod.describe_hosts(suite)}")
+        for warning in nightly_mod.check_warnings(suite):
+            click.echo(f"  WARNING: {warning}")
         return
     store = Store(db)
 

@@ -172,3 +172,38 @@ def test_a_nightly_item_with_a_two_node_profile_gets_a_two_node_allocation(
     with sqlite3.connect(tmp_path / "n.db") as db:
         assert db.execute("SELECT item, status FROM night_items").fetchall() == [("two-node", "complete")]
     assert cluster.live_jobs() == []
+
+
+@needs_cluster
+def test_a_two_node_allocation_ended_at_its_time_limit_is_said_once_with_the_runs_kept(
+    cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
+) -> None:
+    proc = _orch(cluster, tmp_path, *_ab(runs=500, max_tokens=200))
+    assert proc.stdout is not None
+    seen: list[str] = []
+    job = ""
+    for line in proc.stdout:
+        seen.append(line)
+        if "granted allocation " in line:
+            job = line.split("granted allocation ", 1)[1].split()[0]
+        if "Run 2/" in line:
+            break
+    assert job, "".join(seen)
+    # Slurm's own time-limit enforcement, without waiting ten minutes: it acts at its next 30-second check.
+    cluster.run("scontrol", "update", f"JobId={job}", "EndTime=now+1")
+    out, _ = proc.communicate(timeout=90)
+    text = "".join(seen) + out
+    assert proc.returncode == 1, text
+    reason = f"allocation {job} was ended by Slurm at its time limit (TIMEOUT): orch asked for 10 min"
+    ended = f"teardown: nothing left to stop — Slurm ended allocation {job} (TIMEOUT) and every process in it"
+    # every node says its teardown had nothing left; the reason itself comes once, as the error
+    assert f"node rank 0 ({HOST}/n1): {ended}" in text and f"node rank 1 ({HOST}/n2): {ended}" in text, text
+    assert "TEARDOWN FAILED" not in text and "Traceback" not in text
+    assert text.count(reason) == 1, text
+    with sqlite3.connect(tmp_path / "r.db") as db:
+        runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        status = db.execute("SELECT status FROM experiments").fetchone()[0]
+    assert runs >= 1 and status == "failed"
+    assert cluster.live_jobs() == []
+    cluster.wait_no_processes()
+    assert hostside.op_find(NAMESPACE) == []

@@ -200,6 +200,12 @@ def test_a_two_node_allocation_ended_at_its_time_limit_is_said_once_with_the_run
     assert f"node rank 0 ({HOST}/n1): {ended}" in text and f"node rank 1 ({HOST}/n2): {ended}" in text, text
     assert "TEARDOWN FAILED" not in text and "Traceback" not in text
     assert text.count(reason) == 1, text
+    # said before Slurm was asked: the plan (about 48 min here) outlasts the limit
+    warning = "WARNING: the plan takes about "
+    assert (
+        warning in text and "longer than the 10 min time limit orch asks Slurm for (time_limit_min of pair in" in text
+    )
+    assert text.index(warning) < text.index("granted allocation")
     with sqlite3.connect(tmp_path / "r.db") as db:
         runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
         status = db.execute("SELECT status FROM experiments").fetchone()[0]

@@ -121,3 +121,22 @@ def test_a_job_state_says_what_happened() -> None:
     timeout = JobState("7", "TIMEOUT", "TimeLimit")
     assert not timeout.live and timeout.describe() == "allocation 7 was ended by Slurm at its time limit (TIMEOUT)"
     assert JobState("7", "WEIRD", "").describe() == "allocation 7 ended (WEIRD)"
+
+
+def test_a_plan_longer_than_the_slurm_time_limit_is_warned_about_before_asking(tmp_path: Path) -> None:
+    from orchestrator.bench import Plan
+    from orchestrator.cli.run import time_limit_warning
+
+    def plan(seconds: float, calibrated: bool = True) -> Plan:
+        return Plan(2, 3, 3, 300, 0, seconds, calibrated)
+
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("hosts:\n  h100: {scheduler: slurm, time_limit_min: 5}\n  box: {address: 10.0.0.1}\n")
+    said = time_limit_warning(plan(301), "h100", str(inventory))
+    assert said is not None and said.startswith("the plan takes about 5m")
+    assert f"the 5 min time limit orch asks Slurm for (time_limit_min of h100 in {inventory})" in said
+    assert time_limit_warning(plan(300), "h100", str(inventory)) is None  # fits exactly
+    assert time_limit_warning(plan(10_000), "box", str(inventory)) is None  # not Slurm: no limit
+    said = time_limit_warning(plan(3601, calibrated=False), "slurm:gpu", str(inventory))
+    assert said is not None and "at least 1h" in said and "60 min" in said and "the default; set" in said
+    assert time_limit_warning(plan(3601), "slurm:gpu", str(tmp_path / "missing.yaml")) is None  # said when opened

@@ -16,6 +16,7 @@ from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
 from orchestrator.bench import (
     BenchConfig,
+    Plan,
     RunResult,
     assumed_speed,
     plan,
@@ -33,9 +34,9 @@ from orchestrator.cli.options import (
     verbosity_options,
 )
 from orchestrator.connect import resolve_host
-from orchestrator.errors import InputError
-from orchestrator.hosts import Host, default_namespace
-from orchestrator.progress import PlainReporter
+from orchestrator.errors import InputError, OrchError
+from orchestrator.hosts import Host, default_namespace, load_inventory, parse_target
+from orchestrator.progress import PlainReporter, duration
 from orchestrator.progress import reporter as make_reporter
 from orchestrator.report import SIM_BANNER, ab_json, ab_text, attached_banner, comparison_line
 from orchestrator.stats_seq import SequentialPlan
@@ -169,8 +170,32 @@ def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> r
     short = work.too_short()
     if short:
         click.echo(f"WARNING: {short}", err=True)
+    over = time_limit_warning(work, kw["host_spec"], kw["inventory"])
+    if over:
+        click.echo(f"WARNING: {over}", err=True)
     request_items(bench)  # bad prompt files or options fail here, before any server starts
     return execute(store, profiles, bench, kw["sim"], kw["strict_env"], kw["host_spec"], kw, None)
+
+
+def time_limit_warning(work: Plan, host_spec: str, inventory: str | None) -> str | None:
+    """A Slurm host whose time limit the plan will outlast: said before asking Slurm, not found out mid-run."""
+    try:
+        config = parse_target(host_spec, load_inventory(inventory))
+    except OrchError:
+        return None  # opening the host says what is wrong, in its place
+    limit_s = config.time_limit_min * 60
+    if config.scheduler != "slurm" or work.seconds <= limit_s:
+        return None
+    where = (
+        f"time_limit_min of {config.name} in {config.source}"
+        if config.source
+        else "the default; set time_limit_min in an inventory entry with `scheduler: slurm`"
+    )
+    return (
+        f"the plan takes {'about' if work.calibrated else 'at least'} {duration(work.seconds)}, longer than the "
+        f"{config.time_limit_min} min time limit orch asks Slurm for ({where}): Slurm will end the allocation "
+        "part-way; the finished runs are kept, and `orch ab --resume ID` continues in a new allocation"
+    )
 
 
 def sequential_plan(kw: dict[str, Any]) -> SequentialPlan | None:

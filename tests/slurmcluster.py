@@ -498,6 +498,25 @@ def _kill_and_wait(procs: list[psutil.Process], timeout: float = 5.0) -> list[in
     return [p.pid for p in procs if _alive(p)]
 
 
+def for_module(*, gpus: int = 8, nodes: int = 1) -> Iterator[SlurmCluster]:
+    """A module fixture's body (`yield from`): a cluster for the module's tests, stopped afterwards; fails the
+    module if anything had to be cleaned up."""
+    cluster = SlurmCluster.start(gpus=gpus, nodes=nodes)
+    try:
+        yield cluster
+    finally:
+        leaked = cluster.stop()
+    assert not leaked, f"the test cluster had to clean up after the tests: {leaked}"
+
+
+def left_clean(cluster: SlurmCluster) -> None:
+    """After a test: cancel what it left, wait for its processes to go; fail if a job was still live."""
+    live = cluster.live_jobs()
+    cluster.cancel_all()
+    cluster.wait_no_processes()
+    assert not live, f"the test left jobs live: {live}"
+
+
 @contextlib.contextmanager
 def running(*, gpus: int = 8, nodes: int = 1) -> Iterator[SlurmCluster]:
     """A started cluster, stopped afterwards; fails if anything had to be cleaned up."""

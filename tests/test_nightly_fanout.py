@@ -20,6 +20,7 @@ import yaml
 from orchestrator import hostside
 from orchestrator import suite as suite_mod
 from orchestrator.suite import SuiteError
+from tests import slurmcluster
 from tests.conftest import NAMESPACE, REPO, WriteProfile
 from tests.slurmcluster import PARTITION, SlurmCluster
 from tests.test_nightly import DEFAULTS, sim_profile
@@ -30,12 +31,7 @@ NIGHT = [sys.executable, "-m", "orchestrator", "nightly", "suite.yaml", "--db", 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
-    c = SlurmCluster.start()
-    try:
-        yield c
-    finally:
-        leaked = c.stop()
-    assert not leaked, f"the test cluster had to clean up after the tests: {leaked}"
+    yield from slurmcluster.for_module()
 
 
 def _jobs(cluster: SlurmCluster) -> list[str]:

@@ -20,6 +20,7 @@ import pytest
 
 from orchestrator import slurm
 from orchestrator.slurm import AllocationRequest, Slurm, SlurmError, SlurmInputError
+from tests import slurmcluster
 from tests.conftest import NAMESPACE
 from tests.slurmcluster import NODE, PARTITION, SlurmCluster, unavailable_reason
 
@@ -46,10 +47,7 @@ def cluster() -> Iterator[SlurmCluster]:
 def cli(cluster: SlurmCluster) -> Iterator[Slurm]:
     """orch's view of the test cluster; afterwards no job may be live and no step or client process alive."""
     yield Slurm(conf=str(cluster.conf), timeout_s=20)
-    live = cluster.live_jobs()
-    cluster.cancel_all()
-    cluster.wait_no_processes()
-    assert not live, f"the test left jobs live: {live}"
+    slurmcluster.left_clean(cluster)
 
 
 def _no_trace(cluster: SlurmCluster, job_id: str) -> None:

@@ -4,10 +4,8 @@ real two-node cluster (two slurmd on this machine, tests/slurmcluster.py)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,33 +15,24 @@ import yaml
 
 from orchestrator import hostside
 from orchestrator.slurm import Slurm
-from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port
-from tests.slurmcluster import PARTITION, SlurmCluster, unavailable_reason
+from tests import slurmcluster
+from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
+from tests.slurmcluster import PARTITION, SlurmCluster
+from tests.test_slurmhost import job_of, needs_cluster, orch_on, read_until
 
-UNAVAILABLE = unavailable_reason()
-needs_cluster = pytest.mark.skipif(UNAVAILABLE is not None and not os.environ.get("CI"), reason=str(UNAVAILABLE))
-VENV_BIN = str(Path(sys.executable).parent)
 HOST = "pair"
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
-    c = SlurmCluster.start(nodes=2, gpus=2)
-    try:
-        yield c
-    finally:
-        leaked = c.stop()
-    assert not leaked, f"the test cluster had to clean up after the tests: {leaked}"
+    yield from slurmcluster.for_module(nodes=2, gpus=2)
 
 
 @pytest.fixture
 def cli(cluster: SlurmCluster) -> Iterator[Slurm]:
     """Afterwards no job may be live and no step, task or server process alive."""
     yield Slurm(conf=str(cluster.conf), timeout_s=20)
-    live = cluster.live_jobs()
-    cluster.cancel_all()
-    cluster.wait_no_processes()
-    assert not live, f"the test left jobs live: {live}"
+    slurmcluster.left_clean(cluster)
     assert hostside.op_find(NAMESPACE) == [], "the test left servers running"
 
 
@@ -83,19 +72,6 @@ def two_node(write_profile: WriteProfile, tmp_path: Path) -> Path:
     return tmp_path / "hosts.yaml"
 
 
-def _orch(cluster: SlurmCluster, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
-    env = cluster.env({**os.environ, "PYTHONPATH": str(REPO), "PATH": VENV_BIN + os.pathsep + os.environ["PATH"]})
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=tmp_path,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,  # SIGINT comes from the test only
-    )
-
-
 def _ab(*extra: str, runs: int = 2, max_tokens: int = 24) -> list[str]:
     return [
         "ab", "base2", "eagle2", "--sim", "--host", HOST, "--blocks", "1", "--runs", str(runs), "--warmup", "0",
@@ -107,11 +83,11 @@ def _ab(*extra: str, runs: int = 2, max_tokens: int = 24) -> list[str]:
 def test_a_two_node_ab_runs_in_one_two_node_allocation(
     cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
 ) -> None:
-    proc = _orch(cluster, tmp_path, *_ab())
+    proc = orch_on(cluster, tmp_path, *_ab())
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     assert f"{HOST}: Slurm granted allocation" in out
-    job = out.split("granted allocation ", 1)[1].split()[0]
+    job = job_of(out.split("Slurm granted ", 1)[1])
     # rank i on the allocation's i-th node, each through its own agent step; rank 0 reached at its NodeAddr
     for profile in ("base2", "eagle2"):
         assert f"{profile}: node rank 0 ({HOST}/n1) launched" in out, out
@@ -134,15 +110,9 @@ def test_a_two_node_ab_runs_in_one_two_node_allocation(
 def test_ctrl_c_mid_run_leaves_no_job_and_no_rank(
     cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
 ) -> None:
-    proc = _orch(cluster, tmp_path, *_ab(runs=50, max_tokens=100))
-    assert proc.stdout is not None
+    proc = orch_on(cluster, tmp_path, *_ab(runs=50, max_tokens=100))
     seen: list[str] = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "Run 1/" in line:
-            break
-    else:
-        pytest.fail("".join(seen))
+    read_until(proc, "Run 1/", seen)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(seen) + out
@@ -162,10 +132,10 @@ def test_a_nightly_item_with_a_two_node_profile_gets_a_two_node_allocation(
         "items": [{"name": "two-node", "bench": "base2"}],
     }  # fmt: skip
     (tmp_path / "suite.yaml").write_text(yaml.safe_dump(suite, sort_keys=False))
-    check = _orch(cluster, tmp_path, "nightly", "suite.yaml", "--check")
+    check = orch_on(cluster, tmp_path, "nightly", "suite.yaml", "--check")
     out, _ = check.communicate(timeout=60)
     assert check.returncode == 0, out
-    proc = _orch(cluster, tmp_path, "nightly", "suite.yaml", "--db", "n.db", "--now", "2026-11-01T02:00")
+    proc = orch_on(cluster, tmp_path, "nightly", "suite.yaml", "--db", "n.db", "--now", "2026-11-01T02:00")
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     assert f"node rank 1 ({HOST}/n2) launched" in out, out
@@ -178,17 +148,10 @@ def test_a_nightly_item_with_a_two_node_profile_gets_a_two_node_allocation(
 def test_a_two_node_allocation_ended_at_its_time_limit_is_said_once_with_the_runs_kept(
     cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
 ) -> None:
-    proc = _orch(cluster, tmp_path, *_ab(runs=500, max_tokens=200))
-    assert proc.stdout is not None
+    proc = orch_on(cluster, tmp_path, *_ab(runs=500, max_tokens=200))
     seen: list[str] = []
-    job = ""
-    for line in proc.stdout:
-        seen.append(line)
-        if "granted allocation " in line:
-            job = line.split("granted allocation ", 1)[1].split()[0]
-        if "Run 2/" in line:
-            break
-    assert job, "".join(seen)
+    job = job_of(read_until(proc, "granted allocation", seen))
+    read_until(proc, "Run 2/", seen)
     # Slurm's own time-limit enforcement, without waiting ten minutes: it acts at its next 30-second check.
     cluster.run("scontrol", "update", f"JobId={job}", "EndTime=now+1")
     out, _ = proc.communicate(timeout=90)

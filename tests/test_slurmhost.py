@@ -21,6 +21,7 @@ from orchestrator.errors import HostError, InventoryError
 from orchestrator.hosts import HostConfig, load_inventory, parse_target
 from orchestrator.slurm import Slurm
 from orchestrator.slurmhost import SlurmHost, request_for
+from tests import slurmcluster
 from tests.conftest import NAMESPACE, REPO
 from tests.slurmcluster import PARTITION, SlurmCluster, unavailable_reason
 
@@ -32,26 +33,19 @@ VENV_BIN = str(Path(sys.executable).parent)
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
-    c = SlurmCluster.start()
-    try:
-        yield c
-    finally:
-        leaked = c.stop()
-    assert not leaked, f"the test cluster had to clean up after the tests: {leaked}"
+    yield from slurmcluster.for_module()
 
 
 @pytest.fixture
 def cli(cluster: SlurmCluster) -> Iterator[Slurm]:
     """orch's view of the test cluster; afterwards no job may be live and no step, task or server process alive."""
     yield Slurm(conf=str(cluster.conf), timeout_s=20)
-    live = cluster.live_jobs()
-    cluster.cancel_all()
-    cluster.wait_no_processes()
-    assert not live, f"the test left jobs live: {live}"
+    slurmcluster.left_clean(cluster)
     assert hostside.op_find(NAMESPACE) == [], "the test left servers running"
 
 
-def _orch(cluster: SlurmCluster, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+def orch_on(cluster: SlurmCluster, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    """`orch ARGS` in tmp_path as a subprocess whose Slurm commands reach this cluster."""
     # `python3` on the node is the tests' interpreter (it has psutil): srun hands orch's PATH to the step.
     env = cluster.env({**os.environ, "PYTHONPATH": str(REPO), "PATH": VENV_BIN + os.pathsep + os.environ["PATH"]})
     return subprocess.Popen(
@@ -92,7 +86,8 @@ def _ab(*extra: str, runs: int = 2, max_tokens: int = 32) -> list[str]:
     ]
 
 
-def _until(proc: subprocess.Popen[str], needle: str, seen: list[str], timeout: float = 60.0) -> str:
+def read_until(proc: subprocess.Popen[str], needle: str, seen: list[str], timeout: float = 60.0) -> str:
+    """Read orch's output into `seen` until a line holds `needle`; that line."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout
     for line in proc.stdout:
@@ -103,7 +98,7 @@ def _until(proc: subprocess.Popen[str], needle: str, seen: list[str], timeout: f
     raise AssertionError(f"{needle!r} never appeared:\n{''.join(seen)}")
 
 
-def _job_of(line: str) -> str:
+def job_of(line: str) -> str:
     return line.split("allocation ", 1)[1].split()[0]
 
 
@@ -112,7 +107,7 @@ def test_ab_through_slurm_end_to_end(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:
     sim_profiles()
-    proc = _orch(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", "--json"))
+    proc = orch_on(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", "--json"))
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert f"slurm:{PARTITION}: Slurm granted allocation" in out
@@ -136,7 +131,7 @@ def test_a_local_client_reaches_the_node_through_the_relay(
     one run of one arm, since each connection costs a step."""
     sim_profiles()
     args = _ab("--host", f"slurm:{PARTITION}", "--client", "local", "--json", runs=1)
-    proc = _orch(cluster, tmp_path, "bench", *args[2:])  # `orch bench baseline`, not `ab baseline eagle3`
+    proc = orch_on(cluster, tmp_path, "bench", *args[2:])  # `orch bench baseline`, not `ab baseline eagle3`
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     doc = json.loads(out[out.index("{\n") :])
@@ -175,11 +170,11 @@ def test_ctrl_c_while_queued_leaves_no_job_and_no_process(
 ) -> None:
     sim_profiles()
     cluster.run("salloc", "--no-shell", "-J", "holder", "--time=5", "--exclusive", "-N1")  # the node is taken
-    proc = _orch(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}"))
+    proc = orch_on(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}"))
     seen: list[str] = []
-    line = _until(proc, "is queued (PENDING, reason Resources)", seen)
+    line = read_until(proc, "is queued (PENDING, reason Resources)", seen)
     assert "asked Slurm for 1 node, 60 min, exclusive" in line
-    job = _job_of(line)
+    job = job_of(line)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130, "".join(seen) + out
@@ -193,10 +188,10 @@ def test_ctrl_c_while_running_leaves_no_job_and_no_process(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:
     sim_profiles()
-    proc = _orch(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", runs=50, max_tokens=100))
+    proc = orch_on(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", runs=50, max_tokens=100))
     seen: list[str] = []
-    job = _job_of(_until(proc, "granted allocation", seen))
-    _until(proc, "Run 1/", seen)
+    job = job_of(read_until(proc, "granted allocation", seen))
+    read_until(proc, "Run 1/", seen)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(seen) + out
@@ -215,10 +210,10 @@ def test_an_allocation_ended_at_its_time_limit_is_reported_and_the_runs_kept(
             {"hosts": {"cluster": {"scheduler": "slurm", "partition": PARTITION, "time_limit_min": 1, "gres": "gpu:8"}}}
         )
     )
-    proc = _orch(cluster, tmp_path, *_ab("--host", "cluster", runs=500, max_tokens=200))
+    proc = orch_on(cluster, tmp_path, *_ab("--host", "cluster", runs=500, max_tokens=200))
     seen: list[str] = []
-    job = _job_of(_until(proc, "granted allocation", seen))
-    _until(proc, "Run 2/", seen)
+    job = job_of(read_until(proc, "granted allocation", seen))
+    read_until(proc, "Run 2/", seen)
     # Slurm's own time-limit enforcement, without waiting a minute: it acts at its next 30-second check.
     cluster.run("scontrol", "update", f"JobId={job}", "EndTime=now+1")
     out, _ = proc.communicate(timeout=90)
@@ -245,10 +240,10 @@ def test_a_crashed_session_leaves_no_server_and_its_allocation_is_released_by_th
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:
     sim_profiles()
-    proc = _orch(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", runs=50, max_tokens=100))
+    proc = orch_on(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", runs=50, max_tokens=100))
     seen: list[str] = []
-    job = _job_of(_until(proc, "granted allocation", seen))
-    _until(proc, "Run 1/", seen)
+    job = job_of(read_until(proc, "granted allocation", seen))
+    read_until(proc, "Run 1/", seen)
     proc.kill()  # no cleanup of its own: the agent sees its stdin close, the allocation stays
     proc.communicate(timeout=10)
     cluster.wait_no_processes()  # the agent's step, and the server the agent's parent tore down

@@ -74,6 +74,7 @@ class ABConfig:
     order_seed: int | None = None  # None: drawn at random, then recorded with the experiment
     min_effect: float = DEFAULT_MIN_EFFECT  # the smallest relative difference worth calling
     allow_mixed: bool = False  # compare arms on servers orch did not launch (attached) with launched ones
+    allow_node_mismatch: bool = False  # launch on a group whose nodes differ (recorded in the host facts)
 
 
 # Names this orch process in the host lock, so after a silent network drop it can take its own lock back.
@@ -116,6 +117,7 @@ def experiment_config(
         "min_effect": config.min_effect,
         "target_tps": config.target_tps,
         "allow_mixed": config.allow_mixed,
+        **({"allow_node_mismatch": True} if config.allow_node_mismatch else {}),  # a resume allows it too
         **(provenance or {}),
     }
 
@@ -205,13 +207,9 @@ def run_ab(
     secrets = [v for p in profiles for v in server.profile_secrets(p)]
     on_event = _scrubbing(on_event, secrets)
     check_nodes(host, profiles)
-    if isinstance(host, multinode.GroupHost):
-        # Every node's facts, compared before anything starts; rank 0's stand for the experiment (its API is measured).
-        per_node = multinode.node_facts(host)
-        facts = {**per_node[host.nodes[0].name], "nodes": per_node}
-    else:
-        facts = host.call("facts", nvidia_smi=host.config.nvidia_smi)
-    exp_id = store.find_experiment(resume)["id"] if resume is not None else new_experiment_id()
+    resumed = store.find_experiment(resume) if resume is not None else None
+    exp_id = resumed["id"] if resumed is not None else new_experiment_id()
+    facts = host_facts(host, config, resumed, on_event)
     # The host lock comes before any write: a session that cannot have the host changes nothing in the store.
     locked = lock_nodes(host, exp_id, config.lock_wait_s, on_event)
     try:
@@ -357,6 +355,28 @@ def nodes_needed(profiles: Sequence[Profile]) -> int:
     return max((p.nnodes for p in profiles if attach.url_of(p) is None), default=1)
 
 
+def host_facts(
+    host: Host, config: ABConfig, resumed: dict[str, Any] | None, on_event: Callable[[str], None]
+) -> dict[str, Any]:
+    """The host facts stored with the experiment. A group's: every node's, compared before anything starts; rank
+    0's stand for the experiment (its API is measured), every node's under `nodes`, and how they differ under
+    `node_mismatches` when --allow-node-mismatch (or the resumed experiment's own) let them launch anyway."""
+    if not isinstance(host, multinode.GroupHost):
+        facts: dict[str, Any] = host.call("facts", nvidia_smi=host.config.nvidia_smi)
+        return facts
+    allowed = config.allow_node_mismatch or (
+        resumed is not None and bool(json.loads(resumed["config_json"]).get("allow_node_mismatch"))
+    )
+    per_node, mismatches = multinode.node_facts(host, allow_mismatch=allowed)
+    if not mismatches:
+        return {**per_node[host.nodes[0].name], "nodes": per_node}
+    on_event(
+        f"WARNING: the nodes of {host.name} differ ({'; '.join(mismatches)}); launching anyway "
+        "(--allow-node-mismatch): the experiment records it and its reports show it"
+    )
+    return {**per_node[host.nodes[0].name], "nodes": per_node, "node_mismatches": mismatches}
+
+
 def check_nodes(host: Host, profiles: Sequence[Profile]) -> None:
     """A multi-node profile needs an inventory group with enough hosts as --host (exit 2 otherwise)."""
     for p in profiles:
@@ -367,7 +387,8 @@ def check_nodes(host: Host, profiles: Sequence[Profile]) -> None:
             what = f"group {host.name} has {nodes} host(s)" if nodes > 1 else f"{host.name} is one host"
             raise InputError(
                 f"profile {p.name!r} has nnodes: {p.nnodes}, so --host must name an inventory group of at least "
-                f"{p.nnodes} hosts (hosts.yaml: `gpu-pair: {{nodes: [gpu-a, gpu-b]}}` under hosts), but {what}"
+                f"{p.nnodes} hosts (hosts.yaml: `gpu-pair: {{nodes: [gpu-a, gpu-b]}}` under hosts) or a Slurm host "
+                f"(`slurm:PARTITION`: orch asks for {p.nnodes} nodes), but {what}"
             )
 
 

@@ -71,17 +71,19 @@ class GroupHost(Host):
                 node.close()
 
 
-def node_facts(group: GroupHost) -> dict[str, dict[str, Any]]:
-    """Every node's host facts; refuses (NodeMismatchError, exit 1) nodes that differ in GPU model, driver or engine
-    version, before anything is launched."""
+def node_facts(group: GroupHost, *, allow_mismatch: bool = False) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Every node's host facts, and how the nodes differ (GPU model, driver, engine package versions: one line per
+    field). Nodes that differ are refused (NodeMismatchError, exit 1) before anything is launched, unless
+    allow_mismatch (--allow-node-mismatch; `orch hosts check` only reports them)."""
     facts = {node.name: node.call("facts", nvidia_smi=node.config.nvidia_smi) for node in group.nodes}
     problems = fingerprint.node_mismatches(facts)
-    if problems:
+    if problems and not allow_mismatch:
         raise NodeMismatchError(
             f"the nodes of {group.name} differ, so one server spread over them would not be what a single-node "
-            "profile describes; orch launches nothing: " + "; ".join(problems)
+            "profile describes; orch launches nothing: " + "; ".join(problems) + ". To launch anyway (the "
+            "experiment then records the mismatch and its reports show it), add --allow-node-mismatch"
         )
-    return facts
+    return facts, problems
 
 
 @dataclass

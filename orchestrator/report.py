@@ -32,6 +32,14 @@ def attached_banner(result: ABResult) -> list[str]:
     return lines
 
 
+def node_mismatch_lines(result: ABResult) -> list[str]:
+    """Said before any number: the nodes of the multi-node group differed (launched with --allow-node-mismatch)."""
+    mismatches = result.host_facts.get("node_mismatches") or []
+    if not mismatches:
+        return []
+    return [f"the nodes of {result.host} differ (launched anyway with --allow-node-mismatch): {'; '.join(mismatches)}"]
+
+
 def run_line(run: RunResult, config: BenchConfig) -> str:
     if run.warmup:
         return f"  Warmup {run.index + 1}/{config.warmup} done ({run.tokens} tokens)"
@@ -245,6 +253,7 @@ def ab_text(result: ABResult) -> str:
     if result.simulated:
         lines.append(SIM_BANNER)
     lines += attached_banner(result)
+    lines += [f"  WARNING: {w}" for w in node_mismatch_lines(result)]
     for note in result.notes:
         lines.append(f"  NOTE: {note}")
     lines += _design_lines(result)
@@ -395,7 +404,7 @@ def ab_json(result: ABResult) -> dict[str, Any]:
             {"arm": arm.profile, "arm_label": arm.label, **be.to_dict()} for arm, be in result.speculation()
         ],
         "comparisons_by_concurrency": [c.to_dict() for level in levels for c in result.comparisons_at(level)],
-        "warnings": result.warnings(),
+        "warnings": node_mismatch_lines(result) + result.warnings(),
         "notes": list(result.notes),
     }
 
@@ -474,6 +483,7 @@ def ab_markdown(result: ABResult) -> str:
     if result.simulated:
         lines += [f"**{SIM_BANNER}**", ""]
     lines += [line for banner in attached_banner(result) for line in (f"**{banner}**", "")]
+    lines += [line for w in node_mismatch_lines(result) for line in (f"**WARNING: {w}**", "")]
     d = result.design
     lines.append(
         f"Status: {result.status}. Design: {d.blocks} block(s)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 import yaml
 
 from orchestrator import hostside
-from orchestrator.ab import ABConfig, run_ab
+from orchestrator.ab import ABConfig, host_facts, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.connect import resolve_host
 from orchestrator.errors import InputError, InventoryError, OrchError, ServerError
@@ -216,7 +217,143 @@ def test_nodes_that_differ_are_refused_before_anything_launches(
     finally:
         state.unlink()
     assert "GPU model: node-a has" in str(err.value) and "node-b has NVIDIA H100 80GB HBM3" in str(err.value)
+    assert "add --allow-node-mismatch" in str(err.value)  # the way out is named
     _nothing_left()
+
+
+@pytest.fixture
+def other_gpu(nodes: dict[str, tuple[SSHD, Path]]) -> Iterator[None]:
+    """node-b pretends to have another GPU model than node-a."""
+    state = nodes["node-b"][1]
+    state.write_text('{"name": "NVIDIA H100 80GB HBM3"}')
+    try:
+        yield
+    finally:
+        state.unlink()
+
+
+FAST = ["--runs", "2", "--warmup", "1", "--max-tokens", "24", "--min-run-s", "0", "--grace", "2", "--gpu-wait", "10"]
+
+
+def test_cli_ab_over_a_group(
+    pair: str,
+    write_profile: WriteProfile,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`orch ab --host GROUP` end to end through the real entry point: profiles from ./profiles, a verdict."""
+    from orchestrator.cli import main
+    from orchestrator.results import stored_launches
+
+    _profiles(write_profile)
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "r.db"
+    args = ["ab", "baseline", "eagle3", "--host", pair, "--sim", "--blocks", "2", *FAST, "--db", str(db)]
+    code = main(args)
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "eagle3 vs baseline @ 1: " in out and "over 2 blocks -> " in out, out
+    assert "differ" not in out  # the two nodes agree: no mismatch warning
+    store = Store(db)
+    (exp,) = store.experiments()
+    launches, cut = stored_launches(store, exp["id"])
+    assert len(launches) == 4 and not cut
+    for launch in launches:  # the stored launch is rank 0's; its teardown carries both ranks
+        assert [(r["rank"], r["host"]) for r in launch.teardown["nodes"]] == [(0, "node-a"), (1, "node-b")]
+    assert "node_mismatches" not in json.loads(exp["config_json"])["host_facts"]
+    _nothing_left()
+
+
+def test_allow_node_mismatch_launches_and_every_report_says_so(
+    pair: str,
+    other_gpu: None,
+    write_profile: WriteProfile,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from orchestrator.cli import main
+    from orchestrator.report import ab_markdown, ab_text
+    from orchestrator.results import load_result
+
+    _profiles(write_profile)
+    monkeypatch.chdir(tmp_path)
+    db = tmp_path / "r.db"
+    args = ["bench", "baseline", "--host", pair, "--sim", *FAST, "--db", str(db)]
+    assert main(args) == 1  # refused, naming the flag; nothing stored, nothing launched
+    err = capsys.readouterr().err
+    assert "the nodes of pair differ" in err and "add --allow-node-mismatch" in err, err
+    assert not db.exists() or Store(db).experiments() == []
+    _nothing_left()
+
+    assert main([*args, "--allow-node-mismatch"]) == 0  # `orch bench` takes it too: one option of both
+    out = capsys.readouterr().out
+    mismatch = "GPU model: node-a has NVIDIA RTX PRO 6000 Blackwell Server Edition, node-b has NVIDIA H100 80GB HBM3"
+    assert f"WARNING: the nodes of pair differ ({mismatch}); launching anyway" in out, out
+    store = Store(db)
+    (exp,) = store.experiments()
+    config = json.loads(exp["config_json"])
+    assert config["allow_node_mismatch"] is True and config["host_facts"]["node_mismatches"] == [mismatch]
+    line = f"the nodes of pair differ (launched anyway with --allow-node-mismatch): {mismatch}"
+    assert f"WARNING: {line}" in out  # the report printed at the end
+    result = load_result(store, exp["id"])
+    assert f"  WARNING: {line}" in ab_text(result) and f"**WARNING: {line}**" in ab_markdown(result)
+    assert main(["show", exp["id"], "--db", str(db), "--json"]) == 0
+    assert line in json.loads(capsys.readouterr().out)["warnings"]
+    with resolve_host(pair) as host:  # resuming such an experiment needs no flag: it was allowed when it started
+        facts = host_facts(host, _config(), {"config_json": exp["config_json"]}, lambda _: None)
+    assert facts["node_mismatches"] == [mismatch]
+    _nothing_left()
+
+
+def test_hosts_check_of_a_group_checks_every_node_and_compares_them(
+    pair: str, nodes: dict[str, tuple[SSHD, Path]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from orchestrator.cli import main
+
+    code = main(["hosts", "check", pair])
+    out = capsys.readouterr().out
+    assert code == (1 if "\nfail" in out else 0), out
+    lines = out.splitlines()
+    heads = [ln for ln in lines if ln.startswith("== ")]
+    assert heads == ["== pair (node-a)", "== pair (node-b)", "== pair (group: node-a, node-b)"], out
+    assert lines[lines.index("== pair (node-a)") + 1].startswith("ok    connected to node-a (")
+    assert lines[lines.index("== pair (node-b)") + 1].startswith("ok    connected to node-b (")
+    assert "ok    nodes agree on GPU model, driver, engine packages" in lines
+    calls = int(lines[-1].strip("()").split()[0])
+
+    code = main(["hosts", "check", pair, "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert [n["node"] for n in doc["nodes"]] == ["node-a", "node-b"]
+    assert doc["nodes"][1]["checks"][0]["text"].startswith("connected to node-b (")
+    assert all(n["status"] in ("ok", "warn") for n in doc["nodes"]) or code == 1
+    assert doc["checks"] == [{"level": "ok", "text": "nodes agree on GPU model, driver, engine packages"}]
+    assert doc["host_calls"] == calls and calls >= 2 * 3  # every node's calls: check, find, facts at least
+
+    state = nodes["node-b"][1]
+    state.write_text('{"name": "NVIDIA H100 80GB HBM3"}')
+    try:
+        assert main(["hosts", "check", pair]) == 1
+        out = capsys.readouterr().out
+        assert main(["hosts", "check", pair, "--json"]) == 1
+        doc = json.loads(capsys.readouterr().out)
+    finally:
+        state.unlink()
+    fail = (
+        "fail  nodes differ in GPU model: node-a has NVIDIA RTX PRO 6000 Blackwell Server Edition, node-b has "
+        "NVIDIA H100 80GB HBM3 (a multi-node launch is refused unless --allow-node-mismatch)"
+    )
+    assert fail in out.splitlines(), out
+    assert doc["status"] == "fail" and [c["level"] for c in doc["checks"]] == ["fail"]
+
+    # One node of it, as a plain host: today's output, no sections
+    assert main(["hosts", "check", "node-a"]) in (0, 1)
+    out = capsys.readouterr().out
+    assert "==" not in out and out.startswith("ok    connected to node-a (") and "nodes agree" not in out
+    main(["hosts", "check", "node-a", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert "nodes" not in doc and doc["host"] == "node-a"
 
 
 def test_multi_node_profiles_need_a_group_and_sglang(write_profile: WriteProfile, profile_dir: Path) -> None:

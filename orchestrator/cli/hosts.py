@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from orchestrator import ab
+from orchestrator import ab, multinode
 from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
@@ -165,27 +166,68 @@ def hosts_list(inventory: str | None) -> None:
 @click.option("--accept-new-host-key", is_flag=True)
 @json_option
 def hosts_check(host_spec: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
-    """Connect and report what matters for a benchmark, one ok/warn/fail line each; exits 1 on any fail."""
+    """Connect and report what matters for a benchmark, one ok/warn/fail line each; exits 1 on any fail.
+
+    HOST may be an inventory group: then every node is checked (one section each), and the nodes are compared in
+    what one multi-node server needs equal on all of them (GPU model, driver, engine package versions)."""
     with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
-        report = check_host(host, default_namespace())
-        calls = host.stats.calls
-    levels = {level for level, _ in report}
+        if isinstance(host, multinode.GroupHost):
+            sections = [(node.name, check_host(node, default_namespace())) for node in host.nodes]
+            report = group_checks(host)
+        else:
+            sections, report = [], check_host(host, default_namespace())
+        calls = sum(node.stats.calls for node in host.members())
+    everything = [level for _, checks in sections for level, _ in checks] + [level for level, _ in report]
+    failed = "fail" in everything
     if as_json:
         # "status" is the worst check: a host that answers but fails a check is not an error of orch's.
-        worst = "fail" if "fail" in levels else "warn" if "warn" in levels else "ok"
+        nodes = [
+            {"node": name, "status": _worst(lv for lv, _ in checks), "checks": _checks_doc(checks)}
+            for name, checks in sections
+        ]
         emit(
             {
-                "status": worst,
+                "status": _worst(everything),
                 "host": host_spec,
-                "checks": [{"level": level, "text": text} for level, text in report],
+                **({"nodes": nodes} if sections else {}),
+                "checks": _checks_doc(report),
                 "host_calls": calls,
             }
         )
-        if worst == "fail":
+        if failed:
             raise SystemExit(1)
         return
-    for level, text in report:
-        click.echo(f"{level:<4}  {text}")
+    for name, checks in sections:
+        click.echo(f"== {host_spec} ({name})")
+        _print_checks(checks)
+    if sections:
+        click.echo(f"== {host_spec} (group: {', '.join(name for name, _ in sections)})")
+    _print_checks(report)
     click.echo(f"({calls} host-side calls)")
-    if any(level == "fail" for level, _ in report):
+    if failed:
         raise SystemExit(1)
+
+
+def group_checks(group: multinode.GroupHost) -> list[tuple[str, str]]:
+    """The nodes compared: one fail per field that differs between them (what `orch ab` refuses to launch on)."""
+    _, mismatches = multinode.node_facts(group, allow_mismatch=True)
+    if not mismatches:
+        return [("ok", "nodes agree on GPU model, driver, engine packages")]
+    return [
+        ("fail", f"nodes differ in {m} (a multi-node launch is refused unless --allow-node-mismatch)")
+        for m in mismatches
+    ]
+
+
+def _worst(levels: Iterable[str]) -> str:
+    seen = set(levels)
+    return "fail" if "fail" in seen else "warn" if "warn" in seen else "ok"
+
+
+def _checks_doc(checks: list[tuple[str, str]]) -> list[dict[str, str]]:
+    return [{"level": level, "text": text} for level, text in checks]
+
+
+def _print_checks(checks: list[tuple[str, str]]) -> None:
+    for level, text in checks:
+        click.echo(f"{level:<4}  {text}")

@@ -294,6 +294,13 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             help="Kill a foreign process holding the profile's port, if the host's policy is kill-with-force.",
         ),
         click.option(
+            "--allow-node-mismatch",
+            is_flag=True,
+            help="With --host naming an inventory group: launch even if its nodes differ in GPU model, GPU driver or "
+            "engine package versions (refused otherwise, exit 1); the experiment records the differences and its "
+            "reports show them.",
+        ),
+        click.option(
             "--gpu-wait",
             default=120.0,
             show_default=True,

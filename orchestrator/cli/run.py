@@ -278,6 +278,7 @@ def ab_config(kw: dict[str, Any], bench: BenchConfig, sim: bool, strict_env: boo
         order_seed=kw["order_seed"],
         min_effect=kw["min_effect"],
         allow_mixed=kw.get("allow_mixed", False),
+        allow_node_mismatch=kw.get("allow_node_mismatch", False),
     )
 
 

@@ -105,7 +105,10 @@ class AgentLink:
 
 # What a host needs to run orch's agent, its benchmark client and the simulator: stdlib + psutil code only. The agent
 # imports nothing else (tests/test_hostside.py runs it, and the client, from these files alone).
-SHIPPED_MODULES = ("client", "streamparse", "redaction", "processes", "hostfacts", "hostwait", "stats")
+SHIPPED_MODULES = (
+    "client", "client_requests", "client_stream", "client_metrics", "client_summary", "streamparse",
+    "redaction", "processes", "hostfacts", "hostwait", "stats",
+)  # fmt: skip
 
 
 def agent_files() -> dict[str, bytes]:

@@ -13,7 +13,7 @@ from typing import Any
 from orchestrator import engines, stats, yamlfile
 from orchestrator import profile as profiles_mod
 from orchestrator.bench import CLIENT_PLACES, BenchConfig, assumed_speed, plan, request_items, sim_speed
-from orchestrator.client import ENDPOINTS
+from orchestrator.client_requests import ENDPOINTS
 from orchestrator.errors import InputError, OrchError
 from orchestrator.fields import (
     FieldError,

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import client, engines, prompts
+from orchestrator import client, client_metrics, engines, prompts
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig, request_items, with_engine_counters
-from orchestrator.client import Record, itl_samples, percentile, summarize_run
+from orchestrator.client_requests import Record
+from orchestrator.client_summary import itl_samples, percentile, summarize_run
 from orchestrator.errors import BenchError
 from orchestrator.hosts import LocalHost
 from orchestrator.profile import load
@@ -334,7 +335,7 @@ def test_metrics_are_read_to_the_end_of_the_answer() -> None:
         for k in range(0, len(body), 1000):
             reader.feed_data(body[k : k + 1000])
         reader.feed_eof()
-        return client._parse_metrics(await client._read_to_eof(reader, 1 << 24))
+        return client_metrics._parse_metrics(await client_metrics._read_to_eof(reader, 1 << 24))
 
     parsed = asyncio.run(go())
     assert parsed is not None and len(parsed) == 5000  # read to the end, not one buffer's worth

@@ -25,7 +25,7 @@ import pytest
 from orchestrator.sim import timing
 from orchestrator.sim.args import SimArgError, parse_server_args
 from orchestrator.sim.knobs import ALPHA_TAU2_K3, KNOBS, parse_fault, read_knobs
-from orchestrator.sim.server import rewrite_env
+from orchestrator.sim.sglang_env import rewrite_env
 
 REPO = Path(__file__).resolve().parents[1]
 EAGLE3_3STEP = [

@@ -641,17 +641,17 @@ def test_a_run_over_ssh_reports_its_tokens_live_through_the_agents_heartbeats(
 
 
 def test_live_run_prefers_a_fresh_host_report_and_falls_back_to_this_process() -> None:
-    from orchestrator import client, progress
+    from orchestrator import client_stream, progress
 
     progress._REMOTE.clear()
     assert progress.live_run() is None  # nothing in flight anywhere
     progress.remote_live({"active": 1, "tokens": 42, "elapsed": 2.0})
     assert progress.live_run() == (42.0, 2.0)
     progress._REMOTE["at"] -= progress.REMOTE_FRESH_S + 1  # stale: the run ended or the link is quiet
-    client._LIVE.update(active=1.0, tokens=7.0, started=time.monotonic() - 1.0)
+    client_stream._LIVE.update(active=1.0, tokens=7.0, started=time.monotonic() - 1.0)
     try:
         tokens, elapsed = progress.live_run() or (0.0, 0.0)
         assert tokens == 7.0 and 0.9 < elapsed < 5.0
     finally:
-        client._LIVE["active"] = 0.0
+        client_stream._LIVE["active"] = 0.0
         progress._REMOTE.clear()

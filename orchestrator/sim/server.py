@@ -1,325 +1,39 @@
-"""The simulator's main process: env rewrite, worker spawn, readiness phases, HTTP API and shutdown."""
+"""The simulator's main process: readiness phases, the worker processes' fate, HTTP routes and handlers, shutdown."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import multiprocessing
 import os
 import random
 import signal
 import socket
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from orchestrator.sim import logs
 from orchestrator.sim.args import SGLANG_VERSION, ServerConfig, SimArgError, parse_server_args
-from orchestrator.sim.engine import (
-    HEALTH_CHECK_TIMEOUT_S,
-    MAX_TOTAL_TOKENS,
-    Engine,
-    Req,
-    Sink,
-    count_chat_tokens,
-    count_text_tokens,
-)
-from orchestrator.sim.httpio import (
-    LAST_CHUNK,
-    HttpError,
-    Request,
-    chunk,
-    json_response,
-    read_request,
-    response,
-    stream_head,
-)
+from orchestrator.sim.documents import metrics_text, model_info_obj, models_obj, server_info_obj
+from orchestrator.sim.engine import Engine, Req, Sink, count_text_tokens
+from orchestrator.sim.httpio import HttpError, Request, json_response, read_request, response, stream_head
 from orchestrator.sim.knobs import knob_faults, knob_float
 from orchestrator.sim.launch import launch, load_knobs
 from orchestrator.sim.nodes import NodeGroup
+from orchestrator.sim.requests import Body, generate_body, openai_body
+from orchestrator.sim.sglang_env import health_check_timeout, rewrite_env
+from orchestrator.sim.sinks import GenerateSink, OpenAISink, openai_error
 from orchestrator.sim.timing import TimingModel
-from orchestrator.sim.workers import WorkerSpec, run_worker
+from orchestrator.sim.workerpool import Worker, report_init_failure, spawn_workers, stop_workers
+from orchestrator.sim.workers import WorkerSpec
 
 KEEP_ALIVE_S = 5.0  # uvicorn's timeout_keep_alive default, which SGLang keeps
-WORKER_STOP_S = 3.0
 WORKER_DEATH_GRACE_S = 0.5
 WARMUP_TEXT = "The capital city of France is"
 WARMUP_MAX_NEW_TOKENS = 8
 
 LOADING, STARTING, UP, UNHEALTHY, SHUTTING_DOWN = "loading", "starting", "up", "unhealthy", "shutting_down"
-
-
-def rewrite_env(
-    env: MutableMapping[str, str],
-    *,
-    enable_symm_mem: bool = False,
-    enable_nccl_nvls: bool = False,
-    enable_metrics: bool = False,
-    drop: Sequence[str] = (),
-    run_id: str | None = None,
-) -> list[str]:
-    """Apply SGLang's pre-spawn env rules (engine.py `_set_envs_and_config`) plus drop_env; describe changes."""
-    changes: list[str] = []
-
-    def put(key: str, value: str) -> None:
-        old = env.get(key)
-        if old != value:
-            changes.append(f"{key}={value}" + ("" if old is None else f" (was {old})"))
-        env[key] = value
-
-    if "NCCL_CUMEM_ENABLE" not in env or enable_symm_mem:
-        put("NCCL_CUMEM_ENABLE", str(int(enable_symm_mem)))
-    if "NCCL_NVLS_ENABLE" not in env or enable_nccl_nvls or enable_symm_mem:
-        put("NCCL_NVLS_ENABLE", str(int(enable_nccl_nvls or enable_symm_mem)))
-    put("CUDA_DEVICE_MAX_CONNECTIONS", "8")
-    put("CUDA_MODULE_LOADING", "AUTO")
-    if env.get("TRTLLM_ENABLE_PDL", "1") != "0":
-        put("TRTLLM_ENABLE_PDL", "1")
-    if env.get("CUTE_DSL_LOG_LEVEL") is None:
-        put("CUTE_DSL_LOG_LEVEL", "30")
-    if env.get("CUTE_DSL_LOG_TO_CONSOLE") is None:
-        put("CUTE_DSL_LOG_TO_CONSOLE", "1")
-    put("SGLANG_RUN_ID", run_id or f"sglang-run-{time.time()}-{random.randint(0, 100000000)}")
-    if enable_metrics and "PROMETHEUS_MULTIPROC_DIR" not in env:
-        # SGLang points this at a fresh temp dir; the simulator writes no metric files, so it only names one.
-        put("PROMETHEUS_MULTIPROC_DIR", os.path.join(tempfile.gettempdir(), f"orch-sim-prometheus-{os.getpid()}"))
-    for name in drop:
-        if name in env:
-            del env[name]
-            changes.append(f"{name} removed (drop_env)")
-    return changes
-
-
-def health_check_timeout(environ: Mapping[str, str]) -> float:
-    """SGLang's SGLANG_HEALTH_CHECK_TIMEOUT (seconds health waits for output before 503), default 20."""
-    raw = environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "").strip()
-    if not raw:
-        return HEALTH_CHECK_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not (0 < value < 86400):
-        logs.log(f"SGLANG_HEALTH_CHECK_TIMEOUT={raw!r} is not a positive number of seconds; using 20", "warning")
-        return HEALTH_CHECK_TIMEOUT_S
-    return value
-
-
-def _openai_error(message: str, status: int = 400) -> dict[str, Any]:
-    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, str(status))
-    return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
-
-
-def _openai_finish(reason: dict[str, Any] | None) -> tuple[str | None, Any]:
-    if reason is None:
-        return None, None
-    kind = str(reason.get("type"))
-    return kind, reason.get("matched")
-
-
-# ---- output sinks ---------------------------------------------------------------------------------------------
-
-
-class _HttpSink(Sink):
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    def disconnected(self) -> bool:
-        return self.writer.transport.is_closing() or self.reader.at_eof()
-
-    def _data(self, payload: bytes) -> None:
-        if not self.writer.transport.is_closing():
-            self.writer.write(chunk(b"data: " + payload + b"\n\n"))
-
-    def _done(self) -> None:
-        if not self.writer.transport.is_closing():
-            self.writer.write(chunk(b"data: [DONE]\n\n") + LAST_CHUNK)
-
-
-class GenerateSink(_HttpSink):
-    """Native /generate: cumulative text and output_ids; streamed as SSE or returned once."""
-
-    def __init__(
-        self, server: SimServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, stream: bool, keep: bool
-    ) -> None:
-        super().__init__(reader, writer)
-        self.server = server
-        self.stream = stream
-        self.keep = keep
-
-    def emit(self, req: Req) -> None:
-        if self.stream:
-            self._data(self.server.generate_payload(req, final=False))
-
-    def finish(self, req: Req) -> None:
-        payload = self.server.generate_payload(req, final=True)
-        if self.stream:
-            self._data(payload)
-            self._done()
-        elif not self.writer.transport.is_closing():
-            self.writer.write(response(200, payload, "application/json", self.keep))
-
-
-class OpenAISink(_HttpSink):
-    """OpenAI /v1/completions and /v1/chat/completions: text deltas, optional usage chunk."""
-
-    def __init__(
-        self,
-        server: SimServer,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        *,
-        chat: bool,
-        stream: bool,
-        include_usage: bool,
-        keep: bool,
-        continuous_usage: bool = False,
-    ) -> None:
-        super().__init__(reader, writer)
-        self.server = server
-        self.chat = chat
-        self.stream = stream
-        self.include_usage = include_usage
-        # stream_options.continuous_usage_stats (vLLM's name, also honoured by other OpenAI-compatible servers):
-        # every chunk carries the cumulative usage, so a client can count the tokens in a multi-token chunk.
-        self.continuous_usage = continuous_usage
-        self.keep = keep
-        self.created = int(time.time())
-        self.role_sent = False
-
-    def _chunk_obj(self, req: Req, choice: dict[str, Any]) -> bytes:
-        obj = {
-            "id": req.rid,
-            "object": "chat.completion.chunk" if self.chat else "text_completion",
-            "created": self.created,
-            "model": self.server.cfg.served_model_name,
-            "choices": [choice],
-            "usage": self._usage(req) if self.continuous_usage else None,
-        }
-        return json.dumps(obj).encode()
-
-    def _delta(self, content: str | None, role: str | None = None) -> dict[str, Any]:
-        return {"role": role, "content": content, "reasoning_content": None, "tool_calls": None}
-
-    def _take(self, req: Req) -> str:
-        delta = req.text[req.sent_text :]
-        req.sent_text = len(req.text)
-        return delta
-
-    def _role(self, req: Req) -> None:
-        if self.chat and not self.role_sent:
-            self.role_sent = True
-            choice = {"index": 0, "delta": self._delta("", "assistant"), "logprobs": None, "finish_reason": None}
-            self._data(self._chunk_obj(req, choice))
-
-    def emit(self, req: Req) -> None:
-        if not self.stream:
-            return
-        self._role(req)
-        delta = self._take(req)
-        if not delta:
-            return
-        if self.chat:
-            choice = {"index": 0, "delta": self._delta(delta), "logprobs": None, "finish_reason": None}
-        else:
-            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": None, self.server.stop_key: None}
-        self._data(self._chunk_obj(req, choice))
-
-    def _usage(self, req: Req) -> dict[str, Any]:
-        return {
-            "prompt_tokens": req.prompt_tokens,
-            "completion_tokens": req.completion_tokens,
-            "total_tokens": req.prompt_tokens + req.completion_tokens,
-            "prompt_tokens_details": None,
-        }
-
-    def finish(self, req: Req) -> None:
-        reason, matched = _openai_finish(req.finish_reason)
-        if not self.stream:
-            self._finish_once(req, reason, matched)
-            return
-        self._role(req)
-        delta = self._take(req)
-        if self.chat:
-            if delta:
-                choice = {"index": 0, "delta": self._delta(delta), "logprobs": None, "finish_reason": None}
-                self._data(self._chunk_obj(req, choice))
-            choice = {
-                "index": 0,
-                "delta": self._delta(None),
-                "logprobs": None,
-                "finish_reason": reason,
-                self.server.stop_key: matched,
-            }
-        else:
-            stop = self.server.stop_key
-            choice = {"index": 0, "text": delta, "logprobs": None, "finish_reason": reason, stop: matched}
-        self._data(self._chunk_obj(req, choice))
-        if self.include_usage:
-            obj: dict[str, Any] = {
-                "id": req.rid,
-                "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created,
-                "model": self.server.cfg.served_model_name,
-                "choices": [],
-                "usage": self._usage(req),
-            }
-            self._data(json.dumps(obj).encode())
-        self._done()
-
-    def _finish_once(self, req: Req, reason: str | None, matched: Any) -> None:
-        if self.chat:
-            message = {"role": "assistant", "content": req.text, "reasoning_content": None, "tool_calls": None}
-            choice = {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": reason,
-                self.server.stop_key: matched,
-            }
-            obj_type = "chat.completion"
-        else:
-            choice = {
-                "index": 0,
-                "text": req.text,
-                "logprobs": None,
-                "finish_reason": reason,
-                self.server.stop_key: matched,
-            }
-            obj_type = "text_completion"
-        obj: dict[str, Any] = {
-            "id": req.rid,
-            "object": obj_type,
-            "created": self.created,
-            "model": self.server.cfg.served_model_name,
-            "choices": [choice],
-            "usage": self._usage(req),
-        }
-        if not self.writer.transport.is_closing():
-            self.writer.write(json_response(200, obj, self.keep))
-
-
-# ---- workers --------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Worker:
-    spec: WorkerSpec
-    proc: BaseProcess
-    conn: Connection
-    ready: bool = False
-    dead: bool = False
-
-    @property
-    def label(self) -> str:
-        return f"Rank {self.spec.rank} scheduler" if self.spec.role == "scheduler" else "Detokenizer"
 
 
 Handler = Callable[[Request, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[bool]]
@@ -349,7 +63,7 @@ class SimServer:
         self.faults = knob_faults(knobs)
         self.health_timeout_s = health_check_timeout(os.environ)
         self.phase = LOADING
-        self.workers: list[_Worker] = []
+        self.workers: list[Worker] = []
         self.conns: set[asyncio.StreamWriter] = set()
         self.busy_conns: set[asyncio.StreamWriter] = set()
         self.http: asyncio.base_events.Server | None = None
@@ -357,7 +71,7 @@ class SimServer:
         self.engine: Engine | None = None
         self._ready = asyncio.Event()
         self._shutdown = asyncio.Event()
-        self._init_failure: _Worker | None = None
+        self._init_failure: Worker | None = None
         self._drain_deadline: float | None = None
         self._signals = 0
         # A socket bound before loading (vLLM's way: the port is taken but refuses connections until it listens).
@@ -402,14 +116,14 @@ class SimServer:
         await asyncio.wait({ready_wait, stop_wait, *broken}, return_when=asyncio.FIRST_COMPLETED)
         ready_wait.cancel()
         if self._init_failure is not None:
-            await self._report_init_failure(self._init_failure)
-            await self._stop_workers(kill=True)
+            await report_init_failure(self._init_failure)
+            await stop_workers(self.workers, kill=True)
             return 1
         if group is not None and group.broken.is_set() and not self._shutdown.is_set():
             return await self._group_failed(group, loading=True)
         if self._shutdown.is_set():
             logs.log("Shutdown requested while loading; stopping workers")
-            await self._stop_workers()
+            await stop_workers(self.workers)
             return 0
         if group is not None:
             # Loaded, but no rank finishes initialising before every rank has joined: the port stays closed.
@@ -421,14 +135,14 @@ class SimServer:
             if self._shutdown.is_set():
                 logs.log("Shutdown requested while waiting for the other nodes; stopping workers")
                 group.close()
-                await self._stop_workers()
+                await stop_workers(self.workers)
                 return 0
             if self.cfg.node_rank >= 1:
                 return await self._serve_health_only(group, stop_wait, broken)
         await self._before_listen()
         if self._shutdown.is_set():
             logs.log("Shutdown requested before the server listened; stopping workers")
-            await self._stop_workers()
+            await stop_workers(self.workers)
             return 0
         try:
             if self.listen_sock is not None:
@@ -439,7 +153,7 @@ class SimServer:
                 )
         except OSError as exc:
             logs.log(str(exc), "error")
-            await self._stop_workers(kill=True)
+            await stop_workers(self.workers, kill=True)
             return 1
         self.phase = STARTING
         logs.log(self._listening_message())
@@ -486,7 +200,7 @@ class SimServer:
             self.http.close()
         for w in list(self.conns):
             w.close()
-        await self._stop_workers(kill=True)
+        await stop_workers(self.workers, kill=True)
         return 1
 
     async def _serve_health_only(
@@ -502,7 +216,7 @@ class SimServer:
         except OSError as exc:
             logs.log(str(exc), "error")
             group.close()
-            await self._stop_workers(kill=True)
+            await stop_workers(self.workers, kill=True)
             return 1
         self.phase = UP
         logs.log(f"Dummy health check server at {self.cfg.host}:{self.cfg.port} (node rank {self.cfg.node_rank})")
@@ -514,7 +228,7 @@ class SimServer:
         self.phase = SHUTTING_DOWN
         self.http.close()
         group.close()
-        await self._stop_workers()
+        await stop_workers(self.workers)
         logs.log("Shutdown complete (simulated server)")
         return 0
 
@@ -577,8 +291,6 @@ class SimServer:
 
     # ---- workers ---------------------------------------------------------------------------------------------
     def _spawn_workers(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        loop = asyncio.get_running_loop()
         load_s = knob_float(self.knobs, "load_s")
         common: dict[str, Any] = {
             "parent_pid": os.getpid(),
@@ -587,16 +299,7 @@ class SimServer:
             "disable_cuda_graph": self.cfg.disable_cuda_graph,
             "escape_linger_s": knob_float(self.knobs, "escape_linger_s"),
         }
-        for spec in self._worker_specs(common):
-            parent_conn, child_conn = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=run_worker, args=(spec, child_conn), name=spec.title, daemon=False)
-            proc.start()
-            child_conn.close()
-            worker = _Worker(spec, proc, parent_conn)
-            self.workers.append(worker)
-            loop.add_reader(parent_conn.fileno(), self._on_worker_readable, worker)
-        pids = ", ".join(f"{w.spec.title}={w.proc.pid}" for w in self.workers)
-        logs.log(f"Started {len(self.workers)} worker processes (spawn): {pids}")
+        spawn_workers(self._worker_specs(common), self.workers, self._on_worker_readable)
 
     def _worker_specs(self, common: dict[str, Any]) -> list[WorkerSpec]:
         """SGLang's processes: one scheduler per TP rank and a detokenizer."""
@@ -623,19 +326,14 @@ class SimServer:
         per_node = max(1, self.cfg.tp_size // self.cfg.nnodes)
         return list(range(self.cfg.node_rank * per_node, (self.cfg.node_rank + 1) * per_node))
 
-    def _on_worker_readable(self, w: _Worker) -> None:
-        try:
-            while w.conn.poll(0):
-                msg = w.conn.recv()
-                if isinstance(msg, dict) and msg.get("status") == "ready":
-                    w.ready = True
-        except (EOFError, OSError):
+    def _on_worker_readable(self, w: Worker) -> None:
+        if not w.take_messages():
             self._on_worker_eof(w)
             return
         if self.phase == LOADING and all(x.ready for x in self.workers):
             self._ready.set()
 
-    def _on_worker_eof(self, w: _Worker) -> None:
+    def _on_worker_eof(self, w: Worker) -> None:
         with contextlib.suppress(ValueError, OSError):
             asyncio.get_running_loop().remove_reader(w.conn.fileno())
         w.dead = True
@@ -648,7 +346,7 @@ class SimServer:
         # A kill of the whole group delivers SIGTERM to us and to the workers at once; give ours a moment.
         asyncio.get_running_loop().call_later(WORKER_DEATH_GRACE_S, self._worker_died, w)
 
-    def _worker_died(self, w: _Worker) -> None:
+    def _worker_died(self, w: Worker) -> None:
         if self.phase == SHUTTING_DOWN or self._shutdown.is_set():
             return
         w.proc.join(0.2)
@@ -659,48 +357,6 @@ class SimServer:
                 "warning",
             )
             self.engine.broken = True
-
-    async def _report_init_failure(self, w: _Worker) -> None:
-        logs.log(f"{w.label} is dead. Please check if there are relevant logs.", "error")
-        await asyncio.get_running_loop().run_in_executor(None, w.proc.join, 2.0)
-        logs.log(f"Exit code: {w.proc.exitcode}", "error")
-        logs.log("Initialization failed. Please see the error messages above.", "error")
-
-    async def _stop_workers(self, kill: bool = False) -> None:
-        loop = asyncio.get_running_loop()
-        # A reexec-no-marker worker answers "stop" by becoming another program: waiting for it (and then
-        # SIGKILLing it) would undo the fault, so unless this is a kill it only gets the message.
-        reexec = [] if kill else [w for w in self.workers if w.spec.reexec]
-        keep = [w for w in self.workers if not w.spec.escape and w not in reexec]
-        for w in self.workers:
-            with contextlib.suppress(ValueError, OSError):
-                loop.remove_reader(w.conn.fileno())
-        for w in reexec:
-            logs.log(f"FAULT reexec-no-marker: telling the {w.label} (pid {w.proc.pid}) to stop; it re-execs instead")
-            with contextlib.suppress(OSError, ValueError, BrokenPipeError):
-                w.conn.send("stop")
-        for w in keep:
-            if kill:
-                with contextlib.suppress(OSError, ValueError):
-                    w.proc.kill()
-            else:
-                with contextlib.suppress(OSError, ValueError, BrokenPipeError):
-                    w.conn.send("stop")
-        deadline = loop.time() + WORKER_STOP_S
-        while any(w.proc.is_alive() for w in keep) and loop.time() < deadline:
-            await asyncio.sleep(0.02)
-        for w in keep:
-            if w.proc.is_alive():
-                logs.log(f"{w.label} (pid {w.proc.pid}) did not stop; killing it", "warning")
-                w.proc.kill()
-                w.proc.join(1.0)
-        for w in self.workers:
-            if w.spec.escape:
-                logs.log(
-                    f"FAULT escape-setsid: leaving the escaped scheduler (pid {w.proc.pid}) running; it is not "
-                    "this process's child any more in spirit and will outlive the server",
-                    "warning",
-                )
 
     async def _graceful_shutdown(self) -> None:
         loop = asyncio.get_running_loop()
@@ -724,7 +380,7 @@ class SimServer:
             self.http.close()
         for w in list(self.conns):
             w.close()
-        await self._stop_workers()
+        await stop_workers(self.workers)
         logs.log("Shutdown complete (simulated server)")
 
     # ---- HTTP ------------------------------------------------------------------------------------------------
@@ -758,17 +414,17 @@ class SimServer:
         route = self._routes.get(req.path.rstrip("/") or "/")
         keep = req.keep_alive
         if route is None or (req.path == "/metrics" and not self.cfg.enable_metrics):
-            writer.write(json_response(404, _openai_error("Not Found", 404) | {"type": "404"}, keep))
+            writer.write(json_response(404, openai_error("Not Found", 404) | {"type": "404"}, keep))
             return keep
         methods, handler = route
         if req.method not in methods:
-            writer.write(json_response(405, _openai_error("Method Not Allowed", 405) | {"type": "405"}, keep))
+            writer.write(json_response(405, openai_error("Method Not Allowed", 405) | {"type": "405"}, keep))
             return keep
         try:
             return await handler(req, reader, writer) and keep
         except HttpError as exc:
             body = (
-                _openai_error(exc.message, exc.status)
+                openai_error(exc.message, exc.status)
                 if req.path.startswith("/v1/")
                 else {"error": {"message": exc.message}}
             )
@@ -813,61 +469,16 @@ class SimServer:
         writer.write(response(503, b"", None, keep))
         return keep
 
-    def _model_info_obj(self) -> dict[str, Any]:
-        return {
-            "model_path": self.cfg.model_path,
-            "tokenizer_path": self.cfg.resolved.get("tokenizer_path") or self.cfg.model_path,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": "default",
-            "has_image_understanding": False,
-            "has_audio_understanding": False,
-            "orch_simulator": True,
-        }
-
     async def _model_info(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        writer.write(json_response(200, self._model_info_obj(), req.keep_alive))
+        writer.write(json_response(200, model_info_obj(self.cfg), req.keep_alive))
         return req.keep_alive
 
-    def server_info_obj(self) -> dict[str, Any]:
-        engine = self.engine
-        state = engine.internal_state() if engine is not None else {"last_gen_throughput": 0.0}
-        return {
-            **self.cfg.resolved,
-            "max_total_num_tokens": MAX_TOTAL_TOKENS,
-            "max_req_input_len": self.cfg.context_length - 1,
-            "internal_states": [state],
-            "version": self.knobs.get("version") or self.engine_version,
-            "orch_simulator": True,
-            "orch_sim": {
-                "seed": self.seed,
-                "speed_factor": self.speed_factor,
-                "knobs": self.knobs,
-                "faults": self.faults,
-                "env_changes": self.env_changes,
-                "expected_single_stream_tok_s": self.model.steady_tokens_per_s(1),
-                "mean_accept_length": self.model.mean_accept_length,
-                "late_iterations": engine.late_iterations if engine else 0,
-                "max_late_s": engine.max_late_s if engine else 0.0,
-                "phase": self.phase,
-            },
-        }
-
     async def _server_info(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        writer.write(json_response(200, self.server_info_obj(), req.keep_alive))
+        writer.write(json_response(200, server_info_obj(self), req.keep_alive))
         return req.keep_alive
 
     async def _models(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        name = self.cfg.served_model_name
-        card = {
-            "id": name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": self.owned_by,
-            "root": name,
-            "max_model_len": self.cfg.context_length,
-        }
-        writer.write(json_response(200, {"object": "list", "data": [card]}, req.keep_alive))
+        writer.write(json_response(200, models_obj(self.cfg, self.owned_by), req.keep_alive))
         return req.keep_alive
 
     async def _flush_cache(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -876,76 +487,13 @@ class SimServer:
         return req.keep_alive
 
     def metrics_text(self) -> str:
-        e = self.engine
-        label = '{model_name="' + self.cfg.served_model_name.replace("\\", "\\\\").replace('"', '\\"') + '"}'
-        rows: list[tuple[str, str, str, float]] = [
-            ("generation_tokens_total", "counter", "Number of generation tokens processed.", 0.0),
-            ("prompt_tokens_total", "counter", "Number of prefill tokens processed.", 0.0),
-            ("spec_verify_calls_total", "counter", "Number of speculative verify calls.", 0.0),
-            ("spec_accept_length", "gauge", "The average acceptance length of speculative decoding.", 0.0),
-            ("gen_throughput", "gauge", "The generation throughput (token/s).", 0.0),
-            ("num_running_reqs", "gauge", "The number of running requests.", 0.0),
-            ("num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0.0),
-        ]
-        if e is not None:
-            values = [
-                e.gen_tokens_total,
-                e.prompt_tokens_total,
-                e.verify_calls_total,
-                e.last_accept_len,
-                e.last_gen_throughput,
-                len(e.running),
-                len(e.waiting),
-            ]
-            rows = [(n, k, h, float(v)) for (n, k, h, _), v in zip(rows, values, strict=False)]
-        out = ["# orch-sim: SIMULATED metrics (not measured on a GPU)"]
-        for name, kind, help_text, value in rows:
-            out.append(f"# HELP sglang:{name} {help_text}")
-            out.append(f"# TYPE sglang:{name} {kind}")
-            out.append(f"sglang:{name}{label} {float(value)}")
-        return "\n".join(out) + "\n"
+        return metrics_text(self.engine, self.cfg.served_model_name)
 
     async def _metrics(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         writer.write(response(200, self.metrics_text().encode(), "text/plain; version=0.0.4", req.keep_alive))
         return req.keep_alive
 
     # ---- generation ------------------------------------------------------------------------------------------
-    def generate_payload(self, req: Req, final: bool) -> bytes:
-        meta: dict[str, Any] = {
-            "id": req.rid,
-            "finish_reason": req.finish_reason,
-            "prompt_tokens": req.prompt_tokens,
-            "weight_version": "default",
-            "completion_tokens": req.completion_tokens,
-            "cached_tokens": 0,
-        }
-        if final:
-            meta["e2e_latency"] = req.e2e_latency
-            if self.engine is not None:
-                meta.update(self.engine.spec_meta(req))
-        # The text is made of plain ASCII words, so it is spliced in without JSON escaping.
-        return (
-            '{"text":"' + req.text + '","output_ids":[' + req.ids_str + '],"meta_info":' + json.dumps(meta) + "}"
-        ).encode()
-
-    def _check_budget(self, prompt: int, max_new: int | None) -> int:
-        ctx = self.cfg.context_length
-        if prompt >= ctx:
-            raise HttpError(
-                400, f"The input ({prompt} tokens) is longer than the model's context length ({ctx} tokens)."
-            )
-        if max_new is None:
-            return ctx - prompt
-        if prompt + max_new > ctx:
-            raise HttpError(
-                400,
-                f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
-                f"a total of {prompt + max_new} tokens: {prompt} tokens from the input messages and {max_new} "
-                "tokens for the completion. Please reduce the number of tokens in the input messages or the "
-                "completion to fit within the limit.",
-            )
-        return max_new
-
     def _accepting(self) -> None:
         if self.phase == SHUTTING_DOWN or self.engine is None:
             raise HttpError(503, "The server is shutting down")
@@ -957,42 +505,9 @@ class SimServer:
 
     async def _generate(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         self._accepting()
-        body = req.json()
-        if not isinstance(body, dict):
-            raise HttpError(400, "request body must be a JSON object")
-        text, input_ids = body.get("text"), body.get("input_ids")
-        if isinstance(text, list):
-            text = _single(text, "text")
-        if isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list):
-            input_ids = _single(input_ids, "input_ids")
-        if text is None and input_ids is None:
-            raise HttpError(400, "Either text or input_ids should be provided.")
-        if text is not None and not isinstance(text, str):
-            raise HttpError(400, "text must be a string")
-        if input_ids is not None and not (isinstance(input_ids, list) and all(isinstance(t, int) for t in input_ids)):
-            raise HttpError(400, "input_ids must be a list of integers")
-        prompt = count_text_tokens(text) if isinstance(text, str) else len(input_ids or [0]) or 1
-        sp = body.get("sampling_params") or {}
-        if not isinstance(sp, dict):
-            raise HttpError(400, "sampling_params must be an object")
-        max_new = _opt_int(sp, "max_new_tokens", 128)
-        min_new = _opt_int(sp, "min_new_tokens", 0) or 0
-        max_new = self._check_budget(prompt, max_new)
-        stream = bool(body.get("stream", False))
+        b = generate_body(req.json(), self.cfg.context_length)
         keep = req.keep_alive
-        r = Req(
-            prompt,
-            max_new,
-            min_new_tokens=min_new,
-            ignore_eos=bool(sp.get("ignore_eos", False)),
-            stop=_stops(sp.get("stop")),
-            sink=GenerateSink(self, reader, writer, stream, keep),
-            rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
-        )
-        if stream:
-            writer.write(stream_head(keep))
-        await self._run_req(r)
-        return keep
+        return await self._answer(b, GenerateSink(self, reader, writer, b.stream, keep), writer, keep)
 
     async def _completions(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         return await self._openai(req, reader, writer, chat=False)
@@ -1007,85 +522,29 @@ class SimServer:
         ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype != "application/json":
             raise HttpError(400, "Unsupported Media Type: Only 'application/json' is allowed")
-        body = req.json()
-        if not isinstance(body, dict):
-            raise HttpError(400, "request body must be a JSON object")
-        if int(body.get("n") or 1) != 1:
-            raise HttpError(400, "the simulator supports n=1 only")
-        if chat:
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise HttpError(400, "messages must be a non-empty list")
-            prompt = count_chat_tokens(messages)
-            max_new = _opt_int(body, "max_completion_tokens", None)
-            if max_new is None:
-                max_new = _opt_int(body, "max_tokens", None)
-        else:
-            p = body.get("prompt")
-            if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-                p = _single(p, "prompt")
-            if isinstance(p, str):
-                prompt = count_text_tokens(p)
-            elif isinstance(p, list) and all(isinstance(t, int) for t in p):
-                prompt = max(1, len(p))
-            else:
-                raise HttpError(400, "prompt must be a string or a list of token ids")
-            max_new = _opt_int(body, "max_tokens", 16)
-        max_new = self._check_budget(prompt, max_new)
-        stream = bool(body.get("stream", False))
-        opts = body.get("stream_options") or {}
-        include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
-        continuous = bool(opts.get("continuous_usage_stats")) if isinstance(opts, dict) else False
+        b = openai_body(req.json(), self.cfg.context_length, chat=chat)
         keep = req.keep_alive
         sink = OpenAISink(
             self,
             reader,
             writer,
             chat=chat,
-            stream=stream,
-            include_usage=include_usage,
+            stream=b.stream,
+            include_usage=b.include_usage,
             keep=keep,
-            continuous_usage=continuous,
+            continuous_usage=b.continuous_usage,
         )
+        return await self._answer(b, sink, writer, keep)
+
+    async def _answer(self, b: Body, sink: Sink, writer: asyncio.StreamWriter, keep: bool) -> bool:
+        """Generate for one checked request, its answer written by sink as tokens come."""
         r = Req(
-            prompt,
-            max_new,
-            min_new_tokens=_opt_int(body, "min_tokens", 0) or 0,
-            ignore_eos=bool(body.get("ignore_eos", False)),
-            stop=_stops(body.get("stop")),
-            sink=sink,
+            b.prompt, b.max_new, min_new_tokens=b.min_new, ignore_eos=b.ignore_eos, stop=b.stop, sink=sink, rid=b.rid
         )
-        if stream:
+        if b.stream:
             writer.write(stream_head(keep))
         await self._run_req(r)
         return keep
-
-
-def _single(items: list[Any], name: str) -> Any:
-    if len(items) != 1:
-        raise HttpError(400, f"batched {name} ({len(items)} items) is not supported by the simulator; send one")
-    return items[0]
-
-
-def _opt_int(obj: dict[str, Any], key: str, default: int | None) -> int | None:
-    value = obj.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise HttpError(400, f"{key} must be an integer, got {value!r}")
-    if value < 0:
-        raise HttpError(400, f"{key} must be >= 0, got {value}")
-    return value
-
-
-def _stops(value: Any) -> list[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and all(isinstance(s, str) for s in value):
-        return list(value)
-    raise HttpError(400, "stop must be a string or a list of strings")
 
 
 # ---- entry point -----------------------------------------------------------------------------------------------

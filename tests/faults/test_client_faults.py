@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import client
+from orchestrator import client, client_requests
 
 # A handler gets the connection and the request line, and answers however it likes.
 Handler = Callable[[socket.socket, bytes], None]
@@ -262,7 +262,7 @@ def test_fuzzed_answers_always_give_a_summary(
     assert isinstance(s, dict) and s["requests"] == 2
     for r in s["per_request"]:
         assert r["error"] is None or isinstance(r["error"], str)
-        assert r["tokens"] <= client.token_limit(4)
+        assert r["tokens"] <= client_requests.token_limit(4)
     if not s["valid"]:
         assert isinstance(s["invalid_reason"], str) and s["invalid_reason"]
     else:

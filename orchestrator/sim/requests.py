@@ -1,0 +1,143 @@
+"""Request bodies read as the imitated servers read them; each refusal an HttpError with the server's message."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.sim.engine import count_chat_tokens, count_text_tokens
+from orchestrator.sim.httpio import HttpError
+
+
+@dataclass
+class Body:
+    """One generation request, checked: what the engine's Req and the response writer are built from."""
+
+    prompt: int
+    max_new: int
+    min_new: int
+    ignore_eos: bool
+    stop: list[str]
+    stream: bool
+    rid: str | None = None
+    include_usage: bool = False
+    continuous_usage: bool = False
+
+
+def generate_body(body: Any, context_length: int) -> Body:
+    """A /generate body (SGLang's native API)."""
+    if not isinstance(body, dict):
+        raise HttpError(400, "request body must be a JSON object")
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if isinstance(text, list):
+        text = single(text, "text")
+    if isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list):
+        input_ids = single(input_ids, "input_ids")
+    if text is None and input_ids is None:
+        raise HttpError(400, "Either text or input_ids should be provided.")
+    if text is not None and not isinstance(text, str):
+        raise HttpError(400, "text must be a string")
+    if input_ids is not None and not (isinstance(input_ids, list) and all(isinstance(t, int) for t in input_ids)):
+        raise HttpError(400, "input_ids must be a list of integers")
+    prompt = count_text_tokens(text) if isinstance(text, str) else len(input_ids or [0]) or 1
+    sp = body.get("sampling_params") or {}
+    if not isinstance(sp, dict):
+        raise HttpError(400, "sampling_params must be an object")
+    max_new = opt_int(sp, "max_new_tokens", 128)
+    min_new = opt_int(sp, "min_new_tokens", 0) or 0
+    max_new = check_budget(context_length, prompt, max_new)
+    return Body(
+        prompt,
+        max_new,
+        min_new,
+        ignore_eos=bool(sp.get("ignore_eos", False)),
+        stop=stops(sp.get("stop")),
+        stream=bool(body.get("stream", False)),
+        rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
+    )
+
+
+def openai_body(body: Any, context_length: int, *, chat: bool) -> Body:
+    """A /v1/completions or /v1/chat/completions body."""
+    if not isinstance(body, dict):
+        raise HttpError(400, "request body must be a JSON object")
+    if int(body.get("n") or 1) != 1:
+        raise HttpError(400, "the simulator supports n=1 only")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise HttpError(400, "messages must be a non-empty list")
+        prompt = count_chat_tokens(messages)
+        max_new = opt_int(body, "max_completion_tokens", None)
+        if max_new is None:
+            max_new = opt_int(body, "max_tokens", None)
+    else:
+        p = body.get("prompt")
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            p = single(p, "prompt")
+        if isinstance(p, str):
+            prompt = count_text_tokens(p)
+        elif isinstance(p, list) and all(isinstance(t, int) for t in p):
+            prompt = max(1, len(p))
+        else:
+            raise HttpError(400, "prompt must be a string or a list of token ids")
+        max_new = opt_int(body, "max_tokens", 16)
+    max_new = check_budget(context_length, prompt, max_new)
+    stream = bool(body.get("stream", False))
+    opts = body.get("stream_options") or {}
+    include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
+    continuous = bool(opts.get("continuous_usage_stats")) if isinstance(opts, dict) else False
+    return Body(
+        prompt,
+        max_new,
+        min_new=opt_int(body, "min_tokens", 0) or 0,
+        ignore_eos=bool(body.get("ignore_eos", False)),
+        stop=stops(body.get("stop")),
+        stream=stream,
+        include_usage=include_usage,
+        continuous_usage=continuous,
+    )
+
+
+def check_budget(ctx: int, prompt: int, max_new: int | None) -> int:
+    """The tokens to generate: max_new, or the rest of the context without one; refused past the context length."""
+    if prompt >= ctx:
+        raise HttpError(400, f"The input ({prompt} tokens) is longer than the model's context length ({ctx} tokens).")
+    if max_new is None:
+        return ctx - prompt
+    if prompt + max_new > ctx:
+        raise HttpError(
+            400,
+            f"Requested token count exceeds the model's maximum context length of {ctx} tokens. You requested "
+            f"a total of {prompt + max_new} tokens: {prompt} tokens from the input messages and {max_new} "
+            "tokens for the completion. Please reduce the number of tokens in the input messages or the "
+            "completion to fit within the limit.",
+        )
+    return max_new
+
+
+def single(items: list[Any], name: str) -> Any:
+    if len(items) != 1:
+        raise HttpError(400, f"batched {name} ({len(items)} items) is not supported by the simulator; send one")
+    return items[0]
+
+
+def opt_int(obj: dict[str, Any], key: str, default: int | None) -> int | None:
+    value = obj.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HttpError(400, f"{key} must be an integer, got {value!r}")
+    if value < 0:
+        raise HttpError(400, f"{key} must be >= 0, got {value}")
+    return value
+
+
+def stops(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return list(value)
+    raise HttpError(400, "stop must be a string or a list of strings")

@@ -81,7 +81,8 @@ def node_facts(group: GroupHost, *, allow_mismatch: bool = False) -> tuple[dict[
         raise NodeMismatchError(
             f"the nodes of {group.name} differ, so one server spread over them would not be what a single-node "
             "profile describes; orch launches nothing: " + "; ".join(problems) + ". To launch anyway (the "
-            "experiment then records the mismatch and its reports show it), add --allow-node-mismatch"
+            "experiment then records the mismatch and its reports show it), add --allow-node-mismatch (in a nightly "
+            "suite: `allow_node_mismatch: true` on the item)"
         )
     return facts, problems
 

@@ -167,6 +167,7 @@ def suite_summary(suite: Suite) -> dict[str, Any]:
                 "name": i.name, "kind": i.kind, "profiles": [p.name for p in i.profiles], "host": i.host,
                 "simulated": i.sim, "blocks": i.blocks, "timeout_s": i.timeout_s, "threshold": i.threshold,
                 "fail_on": list(i.fail_on), "metrics": {m.key: m.threshold for m in i.metrics},
+                "allow_node_mismatch": i.allow_node_mismatch,
                 "workload": i.bench.to_dict(),
             }
             for i in suite.items
@@ -316,6 +317,7 @@ class NightRunner:
             ready_timeout_s=item.ready_timeout_s,
             grace_s=item.grace_s,
             strict_env=item.strict_env,
+            allow_node_mismatch=item.allow_node_mismatch,
             lock_wait_s=max(0.0, min(self.suite.wait_s, budget)),
             gpu_wait_s=item.gpu_wait_s,
             blocks=item.blocks,

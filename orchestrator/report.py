@@ -33,11 +33,9 @@ def attached_banner(result: ABResult) -> list[str]:
 
 
 def node_mismatch_lines(result: ABResult) -> list[str]:
-    """Said before any number: the nodes of the multi-node group differed (launched with --allow-node-mismatch)."""
-    mismatches = result.host_facts.get("node_mismatches") or []
-    if not mismatches:
-        return []
-    return [f"the nodes of {result.host} differ (launched anyway with --allow-node-mismatch): {'; '.join(mismatches)}"]
+    """Said before any number (and again among the warnings): the nodes of the multi-node group differed."""
+    node = result.node_mismatch()
+    return [node] if node else []
 
 
 def run_line(run: RunResult, config: BenchConfig) -> str:
@@ -404,7 +402,7 @@ def ab_json(result: ABResult) -> dict[str, Any]:
             {"arm": arm.profile, "arm_label": arm.label, **be.to_dict()} for arm, be in result.speculation()
         ],
         "comparisons_by_concurrency": [c.to_dict() for level in levels for c in result.comparisons_at(level)],
-        "warnings": node_mismatch_lines(result) + result.warnings(),
+        "warnings": result.warnings(),
         "notes": list(result.notes),
     }
 

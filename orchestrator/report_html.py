@@ -351,6 +351,9 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     if result.simulated:
         body.append(f'<div class="banner sim" id="banner-simulated">{_e(SIM_BANNER)}</div>')
     body += [f'<div class="banner attached" id="banner-attached">{_e(b)}</div>' for b in attached_banner(result)]
+    node = result.node_mismatch()
+    if node:
+        body.append(f'<div class="banner attached" id="banner-nodes">WARNING: {_e(node)}</div>')
     lines = [
         (c.verdict or "none", comparison_line(c)) for lv in result.levels or [1] for c in result.comparisons_at(lv)
     ]

@@ -433,9 +433,17 @@ class ABResult:
             out.append((arm, spec_from_run(base_tps, tps, tau, arm.spec_steps, self.target_tps)))
         return out
 
+    def node_mismatch(self) -> str | None:
+        """The nodes of the multi-node group differed (launched with --allow-node-mismatch), or None."""
+        mismatches = self.host_facts.get("node_mismatches") or []
+        if not mismatches:
+            return None
+        return f"the nodes of {self.host} differ (launched anyway with --allow-node-mismatch): {'; '.join(mismatches)}"
+
     def warnings(self) -> list[str]:
         """What a careful reader should know before trusting the numbers; printed, never raised."""
-        out: list[str] = attached_warnings(self.arms)
+        node = self.node_mismatch()
+        out: list[str] = ([node] if node else []) + attached_warnings(self.arms)
         if self.blocks < 2 and len(self.arms) > 1:
             if self.design.blocks < 2:
                 out.append(

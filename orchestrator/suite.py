@@ -82,6 +82,7 @@ class Item:
     timeout_s: float
     fail_on: tuple[str, ...] = ()
     strict_env: bool = False
+    allow_node_mismatch: bool = False  # a multi-node item: launch even if its nodes differ (recorded, reported)
     ready_timeout_s: float | None = None
     grace_s: float = 10.0
     gpu_wait_s: float = 120.0
@@ -231,6 +232,7 @@ ITEM_FIELDS: dict[str, Callable[[Any], Any]] = {
     "timeout": duration,
     "fail_on": _fail_on,
     "strict_env": boolean,
+    "allow_node_mismatch": boolean,
     "ready_timeout": seconds(1.0, 86400.0),
     "grace": seconds(0.0, 600.0),
     "gpu_wait": seconds(0.0, 3600.0),
@@ -360,6 +362,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         timeout_s=fields.get("timeout", DEFAULT_TIMEOUT_S),
         fail_on=fail_on,
         strict_env=fields.get("strict_env", False),
+        allow_node_mismatch=fields.get("allow_node_mismatch", False),
         ready_timeout_s=fields.get("ready_timeout"),
         grace_s=fields.get("grace", 10.0),
         gpu_wait_s=fields.get("gpu_wait", 120.0),

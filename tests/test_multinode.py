@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import signal
@@ -274,7 +275,9 @@ def test_allow_node_mismatch_launches_and_every_report_says_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from orchestrator.cli import main
+    from orchestrator.cli.run import verdict_lines
     from orchestrator.report import ab_markdown, ab_text
+    from orchestrator.report_html import ab_html
     from orchestrator.results import load_result
 
     _profiles(write_profile)
@@ -301,6 +304,10 @@ def test_allow_node_mismatch_launches_and_every_report_says_so(
     assert f"  WARNING: {line}" in ab_text(result) and f"**WARNING: {line}**" in ab_markdown(result)
     assert main(["show", exp["id"], "--db", str(db), "--json"]) == 0
     assert line in json.loads(capsys.readouterr().out)["warnings"]
+    assert f"WARNING: {line}" in verdict_lines(result)  # -q keeps it
+    page = ab_html(result)  # matplotlib: a dev dependency
+    assert f'id="banner-nodes">WARNING: {html.escape(line)}</div>' in page
+    assert page.count(html.escape(line)) == 2  # the banner, and among the warnings
     with resolve_host(pair) as host:  # resuming such an experiment needs no flag: it was allowed when it started
         facts = host_facts(host, _config(), {"config_json": exp["config_json"]}, lambda _: None)
     assert facts["node_mismatches"] == [mismatch]

@@ -268,3 +268,12 @@ def test_check_refuses_a_multi_node_item_on_a_host_that_cannot_hold_it(
     out = check("solo")
     assert out.rc == 2 and "group solo has 1 host(s), but a profile has nnodes: 2" in out.err, out.text
     assert_plain(out.text)
+
+
+def test_an_item_may_allow_its_nodes_to_differ(suite_dir: Path) -> None:
+    items = [{"name": "a", "bench": "plain", "allow_node_mismatch": True}, {"name": "b", "bench": "plain"}]
+    s = suite_mod.load(write_suite(suite_dir, {"items": items}))
+    assert [i.allow_node_mismatch for i in s.items] == [True, False]
+    items[0]["allow_node_mismatch"] = "sometimes"
+    with pytest.raises(SuiteError, match="allow_node_mismatch"):
+        suite_mod.load(write_suite(suite_dir, {"items": items}))

@@ -18,7 +18,7 @@ from orchestrator.slurm import Slurm
 from tests import slurmcluster
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
 from tests.slurmcluster import PARTITION, SlurmCluster
-from tests.test_slurmhost import job_of, needs_cluster, orch_on, read_until
+from tests.test_slurmhost import end_at_time_limit, job_of, needs_cluster, orch_on, read_until, runs_kept
 
 HOST = "pair"
 
@@ -149,13 +149,7 @@ def test_a_two_node_allocation_ended_at_its_time_limit_is_said_once_with_the_run
     cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
 ) -> None:
     proc = orch_on(cluster, tmp_path, *_ab(runs=500, max_tokens=200))
-    seen: list[str] = []
-    job = job_of(read_until(proc, "granted allocation", seen))
-    read_until(proc, "Run 2/", seen)
-    # Slurm's own time-limit enforcement, without waiting ten minutes: it acts at its next 30-second check.
-    cluster.run("scontrol", "update", f"JobId={job}", "EndTime=now+1")
-    out, _ = proc.communicate(timeout=90)
-    text = "".join(seen) + out
+    job, text = end_at_time_limit(cluster, proc)
     assert proc.returncode == 1, text
     reason = f"allocation {job} was ended by Slurm at its time limit (TIMEOUT): orch asked for 10 min"
     ended = f"teardown: nothing left to stop — Slurm ended allocation {job} (TIMEOUT) and every process in it"
@@ -169,10 +163,7 @@ def test_a_two_node_allocation_ended_at_its_time_limit_is_said_once_with_the_run
         warning in text and "longer than the 10 min time limit orch asks Slurm for (time_limit_min of pair in" in text
     )
     assert text.index(warning) < text.index("granted allocation")
-    with sqlite3.connect(tmp_path / "r.db") as db:
-        runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
-        status = db.execute("SELECT status FROM experiments").fetchone()[0]
-    assert runs >= 1 and status == "failed"
+    runs_kept(tmp_path / "r.db")
     assert cluster.live_jobs() == []
     cluster.wait_no_processes()
     assert hostside.op_find(NAMESPACE) == []

@@ -102,6 +102,25 @@ def job_of(line: str) -> str:
     return line.split("allocation ", 1)[1].split()[0]
 
 
+def end_at_time_limit(cluster: SlurmCluster, proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Once orch runs its second run, Slurm ends the allocation as at its time limit: (job id, orch's output)."""
+    seen: list[str] = []
+    job = job_of(read_until(proc, "granted allocation", seen))
+    read_until(proc, "Run 2/", seen)
+    # Slurm's own time-limit enforcement, without waiting the limit out: it acts at its next 30-second check.
+    cluster.run("scontrol", "update", f"JobId={job}", "EndTime=now+1")
+    out, _ = proc.communicate(timeout=90)
+    return job, "".join(seen) + out
+
+
+def runs_kept(db_path: Path) -> None:
+    """The experiment failed, and the runs that finished before are in the store."""
+    with sqlite3.connect(db_path) as db:
+        runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        status = db.execute("SELECT status FROM experiments").fetchone()[0]
+    assert runs >= 1 and status == "failed"
+
+
 @needs_cluster
 def test_ab_through_slurm_end_to_end(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
@@ -211,13 +230,7 @@ def test_an_allocation_ended_at_its_time_limit_is_reported_and_the_runs_kept(
         )
     )
     proc = orch_on(cluster, tmp_path, *_ab("--host", "cluster", runs=500, max_tokens=200))
-    seen: list[str] = []
-    job = job_of(read_until(proc, "granted allocation", seen))
-    read_until(proc, "Run 2/", seen)
-    # Slurm's own time-limit enforcement, without waiting a minute: it acts at its next 30-second check.
-    cluster.run("scontrol", "update", f"JobId={job}", "EndTime=now+1")
-    out, _ = proc.communicate(timeout=90)
-    text = "".join(seen) + out
+    job, text = end_at_time_limit(cluster, proc)
     assert proc.returncode == 1, text
     reason = f"allocation {job} was ended by Slurm at its time limit (TIMEOUT): orch asked for 1 min"
     # Slurm ended every process of the job: the teardown says there was nothing left, and the reason comes once.
@@ -228,10 +241,7 @@ def test_an_allocation_ended_at_its_time_limit_is_reported_and_the_runs_kept(
     assert f"Error: cluster: {reason}" in text
     assert "continue it with: orch ab --resume" in text
     assert "Traceback" not in text
-    with sqlite3.connect(tmp_path / "r.db") as db:
-        runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
-        status = db.execute("SELECT status FROM experiments").fetchone()[0]
-    assert runs >= 1 and status == "failed"
+    runs_kept(tmp_path / "r.db")
     assert cluster.live_jobs() == []
 
 

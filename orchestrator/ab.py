@@ -27,7 +27,7 @@ from orchestrator.bench import (
     runner_for,
 )
 from orchestrator.errors import BenchError, HostError, InputError, OrchError, ServerError, was_interrupted
-from orchestrator.hosts import Host, connect_address
+from orchestrator.hosts.base import Host, connect_address
 from orchestrator.profile import Profile
 from orchestrator.redaction import scrub
 from orchestrator.results import (

@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator import engines, fingerprint, progress, server
 from orchestrator.errors import AllocationEnded, HostError, OrchError, ServerError
-from orchestrator.hosts import Host, HostGroup, Progress, connect_address
+from orchestrator.hosts.base import Host, HostGroup, Progress, connect_address
 from orchestrator.profile import Profile
 from orchestrator.redaction import scrub
 

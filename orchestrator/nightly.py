@@ -17,9 +17,9 @@ from typing import Any
 
 from orchestrator import ab, failon, history, nightly_fanout, server
 from orchestrator.ab import ABConfig
-from orchestrator.connect import open_host, resolve_host
 from orchestrator.errors import InputError, OrchError
-from orchestrator.hosts import (
+from orchestrator.hosts import open_host, resolve_host
+from orchestrator.hosts.base import (
     LOCK_DIR,
     HostConfig,
     HostGroup,

@@ -20,9 +20,9 @@ import yaml
 from orchestrator import hostside
 from orchestrator.ab import ABConfig, host_facts, run_ab
 from orchestrator.bench import BenchConfig
-from orchestrator.connect import resolve_host
 from orchestrator.errors import InputError, InventoryError, OrchError, ServerError
-from orchestrator.hosts import load_groups
+from orchestrator.hosts import resolve_host
+from orchestrator.hosts.base import load_groups
 from orchestrator.multinode import GroupHost, NodeMismatchError
 from orchestrator.profile import ProfileError, load
 from orchestrator.store import Store
@@ -368,7 +368,7 @@ def test_multi_node_profiles_need_a_group_and_sglang(write_profile: WriteProfile
     assert prof.nnodes == 2 and prof.to_dict()["nnodes"] == 2
     assert "nnodes" not in _load_one(write_profile, profile_dir).to_dict()  # unchanged for stored experiments
     from orchestrator.ab import check_nodes
-    from orchestrator.hosts import LocalHost
+    from orchestrator.hosts.base import LocalHost
 
     with pytest.raises(InputError, match="must name an inventory group of at least 2 hosts"):
         check_nodes(LocalHost(), [prof])

@@ -13,9 +13,9 @@ from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
 from orchestrator.cli.options import db_option, with_host_options
-from orchestrator.connect import resolve_host
 from orchestrator.errors import OrchError
-from orchestrator.hosts import check_host, default_namespace, inventory_paths, load_inventory
+from orchestrator.hosts import resolve_host
+from orchestrator.hosts.base import check_host, default_namespace, inventory_paths, load_inventory
 from orchestrator.store import default_path as default_db_path
 
 
@@ -141,7 +141,7 @@ def hosts_group() -> None:
 @click.option("--inventory", type=click.Path(dir_okay=False), default=None)
 def hosts_list(inventory: str | None) -> None:
     """Hosts in the inventory."""
-    from orchestrator.ssh import effective_endpoint  # paramiko is slow to import; only this command needs it
+    from orchestrator.hosts.ssh import effective_endpoint  # paramiko is slow to import; only this command needs it
 
     hosts = load_inventory(inventory)
     if not hosts:

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 
-from orchestrator.hosts import Host, HostConfig, HostGroup, LocalHost, load_groups, load_inventory, parse_target
+from orchestrator.hosts.base import Host, HostConfig, HostGroup, LocalHost, load_groups, load_inventory, parse_target
 
 
 def resolve_host(
@@ -41,7 +41,7 @@ def open_host(
     """A Host for one resolved inventory entry (`scheduler: slurm`, `slurm:PARTITION`, or `user@addr[:port]`);
     a Slurm entry with `nodes` > 1 is one allocation of that many nodes, as a group (one node per rank)."""
     if config.scheduler == "slurm":
-        from orchestrator.slurmhost import SlurmHost, open_nodes  # only when Slurm is used
+        from orchestrator.hosts.slurm import SlurmHost, open_nodes  # only when Slurm is used
 
         if nodes == 1:
             return SlurmHost(config, on_event=on_event)
@@ -57,7 +57,7 @@ def open_host(
         return GroupHost(group, list(members))
     if config.is_local:
         return LocalHost(config)
-    from orchestrator.ssh import SSHHost  # paramiko is only imported when a remote host is used
+    from orchestrator.hosts.ssh import SSHHost  # paramiko is only imported when a remote host is used
 
     return SSHHost(config, accept_new_host_key=accept_new_host_key)
 

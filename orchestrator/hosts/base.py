@@ -45,7 +45,7 @@ HOST_FIELDS = {
     "foreign_port": choice(FOREIGN_PORT_POLICIES),
     "connect_timeout_s": float_range(1.0, 600.0),
     "reconnect_s": float_range(0.0, 3600.0),
-    # A host that is a Slurm allocation (slurmhost.py): what orch asks Slurm for.
+    # A host that is a Slurm allocation (hosts/slurm.py): what orch asks Slurm for.
     "scheduler": choice(("slurm",)),
     "partition": nonempty_str,
     "account": nonempty_str,

@@ -48,7 +48,8 @@ def worker(args: argparse.Namespace) -> None:
     from orchestrator import progress
     from orchestrator.ab import ABConfig, run_ab
     from orchestrator.bench import BenchConfig
-    from orchestrator.hosts.base import HostConfig, LocalHost
+    from orchestrator.hosts.base import HostConfig
+    from orchestrator.hosts.local import LocalHost
     from orchestrator.profile import load
     from orchestrator.store import Store
 

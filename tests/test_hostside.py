@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator import hostside, redaction, server
 from orchestrator.errors import HostError
-from orchestrator.hosts.base import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from tests.conftest import NAMESPACE, WriteProfile, free_port
 

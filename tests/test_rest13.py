@@ -67,7 +67,7 @@ def test_status_profiles_come_from_the_database_and_never_fail(tmp_path: Path) -
 
 def test_status_of_a_live_launch(sim_profiles: SimProfiles, capsys: Capsys, tmp_path: Path) -> None:
     from orchestrator import server
-    from orchestrator.hosts.base import LocalHost
+    from orchestrator.hosts.local import LocalHost
     from orchestrator.profile import load
 
     prof = load(str(sim_profiles()["baseline"]))

@@ -19,7 +19,8 @@ import yaml
 from orchestrator import hostside
 from orchestrator.errors import HostError, InventoryError
 from orchestrator.hosts import slurm_cli
-from orchestrator.hosts.base import HostConfig, load_inventory, parse_target
+from orchestrator.hosts.base import HostConfig
+from orchestrator.hosts.inventory import load_inventory, parse_target
 from orchestrator.hosts.slurm import SlurmHost, request_for
 from orchestrator.hosts.slurm_cli import Slurm
 from tests import slurmcluster

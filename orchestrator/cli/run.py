@@ -35,7 +35,8 @@ from orchestrator.cli.options import (
 )
 from orchestrator.errors import InputError, OrchError
 from orchestrator.hosts import resolve_host
-from orchestrator.hosts.base import Host, default_namespace, load_inventory, parse_target
+from orchestrator.hosts.base import Host, default_namespace
+from orchestrator.hosts.inventory import load_inventory, parse_target
 from orchestrator.progress import PlainReporter, duration
 from orchestrator.progress import reporter as make_reporter
 from orchestrator.report import SIM_BANNER, ab_json, ab_text, attached_banner, comparison_line

@@ -1,5 +1,4 @@
-"""Turning `--host` into a connected Host: this machine, an SSH host or a Slurm allocation (the one module that
-knows them all)."""
+"""Turning `--host` into a connected Host: the one module that knows every transport (local, SSH, Slurm, groups)."""
 
 from __future__ import annotations
 
@@ -7,7 +6,13 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 
-from orchestrator.hosts.base import Host, HostConfig, HostGroup, LocalHost, load_groups, load_inventory, parse_target
+from orchestrator.hosts.base import Host, HostConfig
+from orchestrator.hosts.group import GroupHost
+from orchestrator.hosts.inventory import HostGroup, load_groups, load_inventory, parse_target
+from orchestrator.hosts.local import LocalHost
+
+# Callers import every other name from the module that owns it (hosts.base, hosts.inventory, hosts.local, ...).
+__all__ = ["open_group", "open_host", "resolve_host"]
 
 
 def resolve_host(
@@ -45,8 +50,6 @@ def open_host(
 
         if nodes == 1:
             return SlurmHost(config, on_event=on_event)
-        from orchestrator.multinode import GroupHost
-
         members = open_nodes(config, nodes, on_event=on_event)
         group = HostGroup(
             name=config.name,
@@ -76,6 +79,4 @@ def open_group(
             with contextlib.suppress(Exception):
                 node.close()
         raise
-    from orchestrator.multinode import GroupHost  # several hosts: one multi-node launch spans them
-
     return GroupHost(group, opened)

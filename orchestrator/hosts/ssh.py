@@ -41,7 +41,8 @@ from orchestrator.hosts.agentlink import (
     agent_version,
     call_timeout,
 )
-from orchestrator.hosts.base import TARGET_RE, CallStats, Host, HostConfig, Progress
+from orchestrator.hosts.base import CallStats, Host, HostConfig, Progress
+from orchestrator.hosts.inventory import TARGET_RE
 from orchestrator.hosts.relay import Relay
 
 log = logging.getLogger("orch.ssh")

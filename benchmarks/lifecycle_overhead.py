@@ -48,7 +48,8 @@ def worker(args: argparse.Namespace) -> None:
     from orchestrator import progress
     from orchestrator.ab import ABConfig, run_ab
     from orchestrator.bench import BenchConfig
-    from orchestrator.hosts import HostConfig, LocalHost
+    from orchestrator.hosts.base import HostConfig
+    from orchestrator.hosts.local import LocalHost
     from orchestrator.profile import load
     from orchestrator.store import Store
 
@@ -57,7 +58,7 @@ def worker(args: argparse.Namespace) -> None:
     if args.host == "ssh":
         import paramiko
 
-        from orchestrator.ssh import SSHHost
+        from orchestrator.hosts.ssh import SSHHost
 
         original = paramiko.Transport.open_channel
 

@@ -27,7 +27,8 @@ from orchestrator.bench import (
     runner_for,
 )
 from orchestrator.errors import BenchError, HostError, InputError, OrchError, ServerError, was_interrupted
-from orchestrator.hosts import Host, connect_address
+from orchestrator.hosts.base import Host, connect_address
+from orchestrator.hosts.group import GroupHost
 from orchestrator.profile import Profile
 from orchestrator.redaction import scrub
 from orchestrator.results import (
@@ -361,7 +362,7 @@ def host_facts(
     """The host facts stored with the experiment. A group's: every node's, compared before anything starts; rank
     0's stand for the experiment (its API is measured), every node's under `nodes`, and how they differ under
     `node_mismatches` when --allow-node-mismatch (or the resumed experiment's own) let them launch anyway."""
-    if not isinstance(host, multinode.GroupHost):
+    if not isinstance(host, GroupHost):
         facts: dict[str, Any] = host.call("facts", nvidia_smi=host.config.nvidia_smi)
         return facts
     allowed = config.allow_node_mismatch or (
@@ -382,7 +383,7 @@ def check_nodes(host: Host, profiles: Sequence[Profile]) -> None:
     for p in profiles:
         if p.nnodes == 1 or attach.url_of(p) is not None:
             continue
-        nodes = len(host.nodes) if isinstance(host, multinode.GroupHost) else 1
+        nodes = len(host.nodes) if isinstance(host, GroupHost) else 1
         if nodes < p.nnodes:
             what = f"group {host.name} has {nodes} host(s)" if nodes > 1 else f"{host.name} is one host"
             raise InputError(
@@ -395,7 +396,7 @@ def check_nodes(host: Host, profiles: Sequence[Profile]) -> None:
 def lock_nodes(host: Host, exp_id: str, wait_s: float, on_event: Callable[[str], None]) -> list[Host]:
     """The host lock of every node (a group's in name order, so two sessions wanting overlapping groups cannot
     deadlock); the hosts whose lock this session now holds."""
-    if not isinstance(host, multinode.GroupHost):
+    if not isinstance(host, GroupHost):
         acquire_host_lock(host, host.lock_path, exp_id, wait_s, on_event)
         return [host]
     held: list[Host] = []
@@ -513,7 +514,7 @@ def _run_launch(
         store.add_run(state["launch"].launch_id, run.to_dict())
         on_run(profile.name, run)
 
-    multi = isinstance(host, multinode.GroupHost) and profile.nnodes > 1
+    multi = isinstance(host, GroupHost) and profile.nnodes > 1
     lifecycle: Callable[..., contextlib.AbstractContextManager[server.RunningServer]] = (
         multinode.running if multi else server.running
     )

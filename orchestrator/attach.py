@@ -18,7 +18,7 @@ from orchestrator.bench import (
     runner_for,
 )
 from orchestrator.errors import InputError, ServerError, was_interrupted
-from orchestrator.hosts import Host
+from orchestrator.hosts.base import Host
 from orchestrator.profile import Profile
 from orchestrator.redaction import scrub
 from orchestrator.results import LaunchResult, spec_steps

@@ -16,7 +16,7 @@ from orchestrator.engines import Engine
 from orchestrator.errors import BenchError
 
 if TYPE_CHECKING:  # `orch show` imports this module for its result types: no asyncio client, psutil or simulator
-    from orchestrator.hosts import Host
+    from orchestrator.hosts.base import Host
 
 CLIENT_PLACES = ("host", "local")
 GPU_PROBE_AFTER_S = 0.2  # into the run: the GPUs are busy, and even short test runs last longer

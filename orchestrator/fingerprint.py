@@ -17,7 +17,7 @@ import httpx
 from orchestrator import engines, server
 from orchestrator.bench import BenchConfig, request_items
 from orchestrator.errors import HostError, OrchError
-from orchestrator.hosts import Host
+from orchestrator.hosts.base import Host
 from orchestrator.profile import Profile
 from orchestrator.server import EnvReport, RunningServer
 

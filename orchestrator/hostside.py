@@ -2,9 +2,9 @@
 
 The local host calls `dispatch()` in-process; a remote host runs this same file with the host's Python
 (`python3 hostside.py --serve`, one JSON request per line). It needs only the stdlib, psutil, and the shipped
-stdlib + psutil modules shipped beside it (`ssh.agent_files()`): `processes` (the marker, finding orch's processes),
-`hostfacts` (facts, GPUs, engine versions, fingerprints), `hostwait` (until a launch is ready, until the GPUs are
-idle), `redaction`, `client` and `sim/`. Keep every other orchestrator import out of it.
+stdlib + psutil modules shipped beside it (`hosts.agentlink.agent_files()`): `processes` (the marker, finding orch's
+processes), `hostfacts` (facts, GPUs, engine versions, fingerprints), `hostwait` (until a launch is ready, until the
+GPUs are idle), `redaction`, `client` and `sim/`. Keep every other orchestrator import out of it.
 
 A launch costs few round trips: one call each for preflight (leftovers, port owner, GPUs), launch, the wait until
 ready, the env read-back with the process list, and teardown with the GPU-idle wait. Long calls report progress

@@ -17,17 +17,10 @@ from typing import Any
 
 from orchestrator import ab, failon, history, nightly_fanout, server
 from orchestrator.ab import ABConfig
-from orchestrator.connect import open_host, resolve_host
 from orchestrator.errors import InputError, OrchError
-from orchestrator.hosts import (
-    LOCK_DIR,
-    HostConfig,
-    HostGroup,
-    default_namespace,
-    load_groups,
-    load_inventory,
-    parse_target,
-)
+from orchestrator.hosts import open_host, resolve_host
+from orchestrator.hosts.base import LOCK_DIR, HostConfig, default_namespace
+from orchestrator.hosts.inventory import HostGroup, load_groups, load_inventory, parse_target
 from orchestrator.hostside import op_lock, op_unlock
 from orchestrator.nightresult import ItemReport, NightReport, SeriesVerdict, item_status, judge
 from orchestrator.redaction import scrub

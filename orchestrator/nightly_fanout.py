@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from orchestrator import progress
-from orchestrator.hosts import parse_target
+from orchestrator.hosts.inventory import parse_target
 from orchestrator.nightresult import ItemReport
 from orchestrator.suite import Item, Suite
 

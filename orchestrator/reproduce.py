@@ -14,7 +14,7 @@ from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import RunResult, request_items
 from orchestrator.compare import ExperimentComparison, compare
 from orchestrator.errors import InputError
-from orchestrator.hosts import Host
+from orchestrator.hosts.base import Host
 from orchestrator.results import ABResult
 from orchestrator.store import Store
 

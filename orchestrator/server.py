@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator import engines, progress
 from orchestrator.errors import AllocationEnded, HostError, ServerError
-from orchestrator.hosts import Host, connect_address
+from orchestrator.hosts.base import Host, connect_address
 from orchestrator.hostside import MARKER
 from orchestrator.hostwait import gpu_problems
 from orchestrator.profile import Profile

@@ -23,7 +23,7 @@ from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.cli import main
 from orchestrator.errors import InputError
-from orchestrator.hosts import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from orchestrator.report import ab_csv, ab_json, ab_markdown, ab_text
 from orchestrator.results import load_result

@@ -213,7 +213,7 @@ def test_errors_are_one_line_without_traceback(
 
 def test_status_and_down(sim_profiles: SimProfiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from orchestrator import server
-    from orchestrator.hosts import LocalHost
+    from orchestrator.hosts.local import LocalHost
     from orchestrator.profile import load
 
     prof = load(str(sim_profiles()["baseline"]))

@@ -98,7 +98,7 @@ def stored(write_profile: WriteProfile, tmp_path: Path) -> tuple[Path, str]:
     """One short simulated A/B (one block of two arms) in its own store."""
     from orchestrator.ab import ABConfig, run_ab
     from orchestrator.bench import BenchConfig
-    from orchestrator.hosts import LocalHost
+    from orchestrator.hosts.local import LocalHost
     from orchestrator.store import Store
     from tests.conftest import FAST_SIM, NAMESPACE, free_port
 

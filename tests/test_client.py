@@ -19,7 +19,7 @@ from orchestrator.bench import BenchConfig, request_items, with_engine_counters
 from orchestrator.client_requests import Record
 from orchestrator.client_summary import itl_samples, percentile, summarize_run
 from orchestrator.errors import BenchError
-from orchestrator.hosts import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from orchestrator.store import Store
 from tests.conftest import NAMESPACE

@@ -427,7 +427,7 @@ def test_levels_keep_their_run_order_and_partial_experiments_say_so(tmp_path: Pa
 def test_interrupt_right_after_the_experiment_is_stored_still_marks_it(tmp_path: Path, write_profile: Any) -> None:
     """No window in which Ctrl-C leaves an experiment `running` for ever (nothing is launched here)."""
     from orchestrator.ab import ABConfig, run_ab
-    from orchestrator.hosts import LocalHost
+    from orchestrator.hosts.local import LocalHost
     from orchestrator.profile import load
 
     prof = load(str(write_profile("arm", engine="sglang", model_path="/m", tp_size=1, port=8123)))

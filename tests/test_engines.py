@@ -14,7 +14,7 @@ from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.engines import Engine
 from orchestrator.errors import ProfileError
-from orchestrator.hosts import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import Profile, load
 from orchestrator.results import load_result
 from orchestrator.store import Store

@@ -15,7 +15,8 @@ from orchestrator.bench import BenchConfig
 from orchestrator.cli import main
 from orchestrator.errors import HostError
 from orchestrator.fingerprint import Difference, collect, diff
-from orchestrator.hosts import HostConfig, LocalHost
+from orchestrator.hosts.base import HostConfig
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from orchestrator.results import stored_launches
 from orchestrator.store import Store

@@ -20,7 +20,7 @@ import pytest
 
 from orchestrator import hostside, redaction, server
 from orchestrator.errors import HostError
-from orchestrator.hosts import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from tests.conftest import NAMESPACE, WriteProfile, free_port
 
@@ -363,7 +363,7 @@ def test_recorded_pids_are_matched_with_their_start_time() -> None:
 def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> None:
     """A host gets only agent_files(): the agent and its benchmark client must import from those alone (no stray
     orchestrator import)."""
-    from orchestrator.agentlink import agent_files
+    from orchestrator.hosts.agentlink import agent_files
 
     for name, data in agent_files().items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)

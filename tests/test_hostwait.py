@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from orchestrator import engines, hostside, hostwait
-from orchestrator.hosts import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from tests.conftest import WriteProfile, free_port
 

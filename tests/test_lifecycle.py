@@ -14,7 +14,7 @@ from orchestrator import hostside, server
 from orchestrator.ab import ABConfig, describe_env, run_ab
 from orchestrator.bench import BenchConfig, local_runner, run_benchmark
 from orchestrator.errors import BenchError, ServerError, was_interrupted
-from orchestrator.hosts import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import Profile, load
 from orchestrator.results import load_result
 from orchestrator.store import Store

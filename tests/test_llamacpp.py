@@ -17,7 +17,8 @@ from orchestrator import engines, hostside, prompts
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.errors import InputError, ProfileError, PromptFileError, ServerError
-from orchestrator.hosts import HostConfig, LocalHost
+from orchestrator.hosts.base import HostConfig
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from orchestrator.store import Store
 from tests.conftest import NAMESPACE, WriteProfile, free_port, run_orch

@@ -21,10 +21,11 @@ import yaml
 from orchestrator import hostside
 from orchestrator.ab import ABConfig, host_facts, run_ab
 from orchestrator.bench import BenchConfig
-from orchestrator.connect import resolve_host
 from orchestrator.errors import InputError, InventoryError, OrchError, ServerError
-from orchestrator.hosts import load_groups
-from orchestrator.multinode import GroupHost, NodeMismatchError
+from orchestrator.hosts import resolve_host
+from orchestrator.hosts.group import GroupHost
+from orchestrator.hosts.inventory import load_groups
+from orchestrator.multinode import NodeMismatchError
 from orchestrator.profile import ProfileError, load
 from orchestrator.store import Store
 from tests import fake_nvidia_smi
@@ -375,7 +376,7 @@ def test_multi_node_profiles_need_a_group_and_sglang(write_profile: WriteProfile
     assert prof.nnodes == 2 and prof.to_dict()["nnodes"] == 2
     assert "nnodes" not in _load_one(write_profile, profile_dir).to_dict()  # unchanged for stored experiments
     from orchestrator.ab import check_nodes
-    from orchestrator.hosts import LocalHost
+    from orchestrator.hosts.local import LocalHost
 
     with pytest.raises(InputError, match="must name an inventory group of at least 2 hosts"):
         check_nodes(LocalHost(), [prof])

@@ -16,7 +16,7 @@ import pytest
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig, RunResult
 from orchestrator.cli import main
-from orchestrator.hosts import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from orchestrator.report import comparison_line
 from orchestrator.report_html import ab_html

@@ -67,7 +67,7 @@ def test_status_profiles_come_from_the_database_and_never_fail(tmp_path: Path) -
 
 def test_status_of_a_live_launch(sim_profiles: SimProfiles, capsys: Capsys, tmp_path: Path) -> None:
     from orchestrator import server
-    from orchestrator.hosts import LocalHost
+    from orchestrator.hosts.local import LocalHost
     from orchestrator.profile import load
 
     prof = load(str(sim_profiles()["baseline"]))
@@ -132,7 +132,7 @@ def test_single_arm_report_and_block_numbers(
 
 def test_connect_retries_say_what_is_retried(caplog: pytest.LogCaptureFixture, capsys: Capsys) -> None:
     port = free_port()  # nothing listens there: every attempt is refused
-    with caplog.at_level(logging.WARNING, logger="orchestrator.ssh"):
+    with caplog.at_level(logging.WARNING, logger="orch.ssh"):
         assert main(["status", "--host", f"nobody@127.0.0.1:{port}"]) == 1
     retries = [r.getMessage() for r in caplog.records if "connecting again" in r.getMessage()]
     assert len(retries) == 2, caplog.text  # three attempts, two waits between them

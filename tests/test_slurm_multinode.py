@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from orchestrator import hostside
-from orchestrator.slurm import Slurm
+from orchestrator.hosts.slurm_cli import Slurm
 from tests import slurmcluster
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
 from tests.slurmcluster import PARTITION, SlurmCluster

@@ -1,4 +1,4 @@
-"""orchestrator.slurm without a cluster: job names, requests, error messages from Slurm's own words, job states."""
+"""hosts/slurm_cli.py without a cluster: job names, requests, error messages from Slurm's own words, job states."""
 
 from __future__ import annotations
 
@@ -8,26 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import processes, slurm
+from orchestrator import processes
 from orchestrator.errors import HostError, InputError
-from orchestrator.slurm import AllocationRequest, JobState, Slurm, SlurmError, SlurmInputError
+from orchestrator.hosts import slurm_cli
+from orchestrator.hosts.slurm_cli import AllocationRequest, JobState, Slurm, SlurmError, SlurmInputError
 
 
 def test_a_job_name_carries_namespace_and_session_and_parses_back() -> None:
-    name = slurm.job_name("ns-1.a", label="nightly_2")
+    name = slurm_cli.job_name("ns-1.a", label="nightly_2")
     host = socket.gethostname()
     assert name.startswith(f"orch:ns-1.a:{host}:{os.getpid()}:")
-    parsed = slurm.parse_name(name)
+    parsed = slurm_cli.parse_name(name)
     assert parsed is not None
     assert (parsed.namespace, parsed.host, parsed.label) == ("ns-1.a", host, "nightly_2")
     assert processes.owner_state(parsed.owner) == "me"
-    assert slurm.parse_name(slurm.job_name("ns", "h:1:2.5")) == slurm.JobName("ns", "h", "1:2.5", None)
+    assert slurm_cli.parse_name(slurm_cli.job_name("ns", "h:1:2.5")) == slurm_cli.JobName("ns", "h", "1:2.5", None)
     for other in ("orch", "orch:ns:h:1", "orch:ns:h:x:2", "orch:ns:h:1:2:l:more", "orch::h:1:2", "interactive"):
-        assert slurm.parse_name(other) is None
+        assert slurm_cli.parse_name(other) is None
     with pytest.raises(InputError, match="namespace 'a:b' is invalid"):
-        slurm.job_name("a:b")
+        slurm_cli.job_name("a:b")
     with pytest.raises(InputError, match="allocation label 'x y' is invalid"):
-        slurm.job_name("ns", label="x y")
+        slurm_cli.job_name("ns", label="x y")
 
 
 def test_a_request_becomes_sallocs_arguments_and_refuses_nonsense() -> None:
@@ -95,7 +96,7 @@ MUNGE_DOWN = (
     ],
 )
 def test_slurms_errors_become_clear_orch_errors(stderr: str, kind: type[SlurmError], message: str) -> None:
-    err = slurm.failure("salloc", 1, stderr, AllocationRequest(partition="nope", gres="gpu:9"))
+    err = slurm_cli.failure("salloc", 1, stderr, AllocationRequest(partition="nope", gres="gpu:9"))
     assert type(err) is kind and isinstance(err, HostError)
     assert message in str(err)
     assert isinstance(err, InputError) == (kind is SlurmInputError)  # exit 2 for a bad request

@@ -1,4 +1,4 @@
-"""Slurm as a host (orchestrator/slurmhost.py) against a real one-node cluster: `orch ab --host slurm:PARTITION`
+"""Slurm as a host (orchestrator/hosts/slurm.py) against a real one-node cluster: `orch ab --host slurm:PARTITION`
 end to end, Ctrl-C while queued and while running, an allocation ended at its time limit, a crashed session."""
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import hostside, slurm
+from orchestrator import hostside
 from orchestrator.errors import HostError, InventoryError
-from orchestrator.hosts import HostConfig, load_inventory, parse_target
-from orchestrator.slurm import Slurm
-from orchestrator.slurmhost import SlurmHost, request_for
+from orchestrator.hosts import slurm_cli
+from orchestrator.hosts.base import HostConfig
+from orchestrator.hosts.inventory import load_inventory, parse_target
+from orchestrator.hosts.slurm import SlurmHost, request_for
+from orchestrator.hosts.slurm_cli import Slurm
 from tests import slurmcluster
 from tests.conftest import NAMESPACE, REPO
 from tests.slurmcluster import PARTITION, SlurmCluster, unavailable_reason
@@ -168,16 +170,16 @@ def test_every_arm_runs_in_one_allocation_released_at_close(
     )
     with SlurmHost(config, cli=cli, on_event=events.append, poll_s=0.2) as host:
         job = host.job_id
-        assert slurm.job_state(cli, job).state == "RUNNING"
+        assert slurm_cli.job_state(cli, job).state == "RUNNING"
         name = cluster.run("squeue", "-h", "-j", job, "-o", "%j|%l|%b").stdout.strip().split("|")
-        assert slurm.parse_name(name[0]) is not None and name[1] == "1:00:00" and "gpu:8" in name[2]
+        assert slurm_cli.parse_name(name[0]) is not None and name[1] == "1:00:00" and "gpu:8" in name[2]
         assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
         # the agent's step ends (here: killed); the next call starts another in the same allocation
         assert host._link is not None
         host._link.stream.proc.kill()  # type: ignore[attr-defined]
         assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
         assert host.job_id == job and host.stats.reconnects == 1
-    assert slurm.job_state(cli, job).state == "CANCELLED"
+    assert slurm_cli.job_state(cli, job).state == "CANCELLED"
     with pytest.raises(HostError, match="orch released allocation"):
         host.call("hello")
     assert any("granted allocation" in e for e in events)
@@ -197,7 +199,7 @@ def test_ctrl_c_while_queued_leaves_no_job_and_no_process(
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130, "".join(seen) + out
-    assert slurm.job_state(cli, job).state == "CANCELLED"
+    assert slurm_cli.job_state(cli, job).state == "CANCELLED"
     assert cluster.run("squeue", "-h", "-o", "%j").stdout.split() == ["holder"]
     cluster.cancel_all()
 
@@ -215,7 +217,7 @@ def test_ctrl_c_while_running_leaves_no_job_and_no_process(
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(seen) + out
     assert "interrupted; continue it with: orch ab --resume" in out
-    assert slurm.job_state(cli, job).state == "CANCELLED"
+    assert slurm_cli.job_state(cli, job).state == "CANCELLED"
     assert cluster.live_jobs() == []
 
 
@@ -258,11 +260,11 @@ def test_a_crashed_session_leaves_no_server_and_its_allocation_is_released_by_th
     proc.communicate(timeout=10)
     cluster.wait_no_processes()  # the agent's step, and the server the agent's parent tore down
     assert hostside.op_find(NAMESPACE) == []
-    assert slurm.job_state(cli, job).state == "RUNNING"
+    assert slurm_cli.job_state(cli, job).state == "RUNNING"
     events: list[str] = []
     config = HostConfig(name="c", scheduler="slurm", python=sys.executable, workdir=str(tmp_path))
     with SlurmHost(config, cli=cli, on_event=events.append):
-        assert slurm.job_state(cli, job).state == "CANCELLED"
+        assert slurm_cli.job_state(cli, job).state == "CANCELLED"
     assert f"released allocation {job} (RUNNING) left by an orch session that is gone" in events[0]
 
 

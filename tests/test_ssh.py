@@ -22,9 +22,10 @@ from orchestrator import hostside
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.errors import HostError
-from orchestrator.hosts import HostConfig, load_inventory, parse_target
+from orchestrator.hosts.base import HostConfig
+from orchestrator.hosts.inventory import load_inventory, parse_target
+from orchestrator.hosts.ssh import SSHHost
 from orchestrator.profile import load
-from orchestrator.ssh import SSHHost
 from orchestrator.store import Store
 from tests import fake_nvidia_smi
 from tests.conftest import NAMESPACE, run_orch, wait_for_line

@@ -87,6 +87,19 @@ def test_version_help_and_list_import_nothing_heavy(tmp_path: Path) -> None:
     assert code == 0 and heavy == [] and "no experiments in" in out, out
 
 
+def test_the_host_factory_imports_a_remote_transport_only_when_a_host_needs_it(tmp_path: Path) -> None:
+    script = (
+        "import sys\nfrom orchestrator.hosts import resolve_host\nresolve_host('local').close()\n"
+        "print(sorted(m for m in sys.modules if m.startswith('orchestrator.hosts.') or m == 'paramiko'))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "ORCH_HOSTS": str(tmp_path / "no-hosts.yaml")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    loaded = proc.stdout.strip()
+    assert loaded == str([f"orchestrator.hosts.{m}" for m in ("base", "group", "inventory", "local")]), proc.stderr
+
+
 def test_completing_a_command_name_imports_no_command_module(tmp_path: Path) -> None:
     script = (
         "import sys\nfrom orchestrator.cli import cli\nimport click\n"

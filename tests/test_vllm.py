@@ -21,7 +21,7 @@ from orchestrator import engines, hostside
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.errors import ProfileError
-from orchestrator.hosts import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from orchestrator.report import ab_text
 from orchestrator.results import load_result

@@ -13,9 +13,12 @@ from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
 from orchestrator.cli.options import db_option, with_host_options
-from orchestrator.connect import resolve_host
 from orchestrator.errors import OrchError
-from orchestrator.hosts import check_host, default_namespace, inventory_paths, load_inventory
+from orchestrator.hosts import resolve_host
+from orchestrator.hosts.base import default_namespace
+from orchestrator.hosts.check import check_host
+from orchestrator.hosts.group import GroupHost
+from orchestrator.hosts.inventory import inventory_paths, load_inventory
 from orchestrator.store import default_path as default_db_path
 
 
@@ -141,7 +144,7 @@ def hosts_group() -> None:
 @click.option("--inventory", type=click.Path(dir_okay=False), default=None)
 def hosts_list(inventory: str | None) -> None:
     """Hosts in the inventory."""
-    from orchestrator.ssh import effective_endpoint  # paramiko is slow to import; only this command needs it
+    from orchestrator.hosts.ssh import effective_endpoint  # paramiko is slow to import; only this command needs it
 
     hosts = load_inventory(inventory)
     if not hosts:
@@ -171,7 +174,7 @@ def hosts_check(host_spec: str, inventory: str | None, accept_new_host_key: bool
     HOST may be an inventory group: then every node is checked (one section each), and the nodes are compared in
     what one multi-node server needs equal on all of them (GPU model, driver, engine package versions)."""
     with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
-        if isinstance(host, multinode.GroupHost):
+        if isinstance(host, GroupHost):
             sections = [(node.name, check_host(node, default_namespace())) for node in host.nodes]
             report = group_checks(host)
         else:
@@ -208,7 +211,7 @@ def hosts_check(host_spec: str, inventory: str | None, accept_new_host_key: bool
         raise SystemExit(1)
 
 
-def group_checks(group: multinode.GroupHost) -> list[tuple[str, str]]:
+def group_checks(group: GroupHost) -> list[tuple[str, str]]:
     """The nodes compared: one fail per field that differs between them (what `orch ab` refuses to launch on)."""
     _, mismatches = multinode.node_facts(group, allow_mismatch=True)
     if not mismatches:

@@ -33,9 +33,10 @@ from orchestrator.cli.options import (
     option_given,
     verbosity_options,
 )
-from orchestrator.connect import resolve_host
 from orchestrator.errors import InputError, OrchError
-from orchestrator.hosts import Host, default_namespace, load_inventory, parse_target
+from orchestrator.hosts import resolve_host
+from orchestrator.hosts.base import Host, default_namespace
+from orchestrator.hosts.inventory import load_inventory, parse_target
 from orchestrator.progress import PlainReporter, duration
 from orchestrator.progress import reporter as make_reporter
 from orchestrator.report import SIM_BANNER, ab_json, ab_text, attached_banner, comparison_line

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from orchestrator import profile as P
 from orchestrator.cli import main
 from orchestrator.errors import HostError, InputError, ProfileError
-from orchestrator.hosts import load_inventory
+from orchestrator.hosts.inventory import load_inventory
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port, run_orch
 
 BASE: dict[str, Any] = {"engine": "sglang", "model_path": "/m", "tp_size": 1, "port": 8000}

@@ -21,7 +21,7 @@ from orchestrator import hostside, server
 from orchestrator.ab import HEALTH_TIMEOUT_S, server_problem
 from orchestrator.bench import BenchConfig, local_runner, run_benchmark
 from orchestrator.errors import BenchError
-from orchestrator.hosts import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from tests.conftest import NAMESPACE, wait_for_line
 from tests.faults.support import (

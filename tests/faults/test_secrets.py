@@ -22,7 +22,7 @@ from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.cli import main
 from orchestrator.errors import HostError, ServerError
-from orchestrator.hosts import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from orchestrator.store import Store
 from tests import fake_nvidia_smi

@@ -13,7 +13,7 @@ import yaml
 
 from orchestrator import hostside, server
 from orchestrator.errors import HostError
-from orchestrator.hosts import LocalHost
+from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from tests.conftest import NAMESPACE, REPO, wait_for_line
 from tests.faults.support import FAST, assert_nothing_left, assert_plain, orch_env, run, start, stored

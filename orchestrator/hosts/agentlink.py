@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator import hostside, progress
 from orchestrator.errors import HostError
-from orchestrator.hosts import Progress
+from orchestrator.hosts.base import Progress
 
 # Slow operations get their own deadline on top of the arguments that make them slow.
 BASE_CALL_TIMEOUT_S = 60.0
@@ -114,7 +114,7 @@ SHIPPED_MODULES = (
 def agent_files() -> dict[str, bytes]:
     """The agent's files by their path on the host: hostside.py beside an `orchestrator/` package of SHIPPED_MODULES
     and `sim/`."""
-    package = Path(__file__).resolve().parent
+    package = Path(hostside.__file__).resolve().parent  # orchestrator/, where the shipped modules live
     files = {
         "hostside.py": (package / "hostside.py").read_bytes(),
         "orchestrator/__init__.py": (package / "__init__.py").read_bytes(),

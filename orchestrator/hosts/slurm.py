@@ -1,9 +1,9 @@
 """Slurm hosts: one allocation per session, orch's agent in a step of it (`srun --overlap`), the same JSON protocol."""
 
-# How it fits together (facts verified on the tests' one-node cluster, tests/slurmcluster.py; see slurm.py):
+# How it fits together (facts verified on the tests' one-node cluster, tests/slurmcluster.py; see slurm_cli.py):
 # - The allocation is asked for when the host is opened and released when it is closed: every arm of an experiment
-#   runs on the same node(s). Its name carries this session (slurm.job_name), so the next orch releases it if this
-#   one crashes (slurm.release_leftovers); its time limit bounds how long a crash can hold GPUs anyway.
+#   runs on the same node(s). Its name carries this session (slurm_cli.job_name), so the next orch releases it if this
+#   one crashes (slurm_cli.release_leftovers); its time limit bounds how long a crash can hold GPUs anyway.
 # - The agent is one step: `srun --jobid J --overlap -N1 -n1 -w NODE -u python -c BOOTSTRAP`. Nothing is assumed
 #   about shared home directories: the bootstrap reads the agent's files from its stdin (length-prefixed, exact
 #   reads, so no byte of the requests that follow is swallowed), writes them to <workdir>/agent-<version>/ on the
@@ -35,8 +35,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator import hostside, progress, slurm
-from orchestrator.agentlink import (
+from orchestrator import hostside, progress
+from orchestrator.errors import AllocationEnded, HostError
+from orchestrator.hosts import slurm_cli
+from orchestrator.hosts.agentlink import (
     AgentLink,
     ConnectionLost,
     HeldLock,
@@ -45,10 +47,9 @@ from orchestrator.agentlink import (
     agent_version,
     call_timeout,
 )
-from orchestrator.errors import AllocationEnded, HostError
-from orchestrator.hosts import CallStats, Host, HostConfig, Progress, default_namespace
-from orchestrator.relay import Relay
-from orchestrator.slurm import Allocation, AllocationRequest, QueueState, Slurm, SlurmError
+from orchestrator.hosts.base import CallStats, Host, HostConfig, Progress, default_namespace
+from orchestrator.hosts.relay import Relay
+from orchestrator.hosts.slurm_cli import Allocation, AllocationRequest, QueueState, Slurm, SlurmError
 
 log = logging.getLogger("orch.slurm")
 
@@ -167,7 +168,7 @@ class _StepStream(Stream):
 
     def error_text(self) -> str:
         time.sleep(0.1)  # srun's last words come on stderr right after stdout's EOF
-        return "; ".join(line for line in self.stderr if line.strip() and not slurm.noise(line))
+        return "; ".join(line for line in self.stderr if line.strip() and not slurm_cli.noise(line))
 
     def close(self) -> None:
         """End the step: EOF on the agent's stdin (it exits at once, even mid-request), srun ended if it lingers."""
@@ -254,9 +255,9 @@ class SlurmHost(Host):
         self.request = request_for(config, nodes)
         self.owns_allocation = node_of is None
         if node_of is None:
-            for left in slurm.release_leftovers(self.cli, namespace):
+            for left in slurm_cli.release_leftovers(self.cli, namespace):
                 self._event(f"released allocation {left.job_id} ({left.state}) left by an orch session that is gone")
-            self.allocation = slurm.allocate(
+            self.allocation = slurm_cli.allocate(
                 self.cli, self.request, namespace=namespace, on_state=self._queued, poll_s=poll_s
             )
             self.node = self.allocation.nodes[0]
@@ -309,14 +310,14 @@ class SlurmHost(Host):
     @property
     def reach_address(self) -> str | None:
         if self._address is None:
-            self._address = slurm.node_address(self.cli, self.node)
+            self._address = slurm_cli.node_address(self.cli, self.node)
         return self._address
 
     def _release(self) -> None:
         if not self.owns_allocation:
             return  # another node's host holds the allocation and releases it
         try:
-            end = slurm.release(self.cli, self.job_id)
+            end = slurm_cli.release(self.cli, self.job_id)
         except SlurmError as e:
             log.warning(
                 "%s: could not release Slurm allocation %s (%s); cancel it with: scancel %s", self.name,
@@ -329,12 +330,12 @@ class SlurmHost(Host):
     def _allocation_ended(self, cause: BaseException) -> None:
         """Raise (and remember) AllocationEnded saying so when the allocation is over; return when it still runs."""
         try:
-            state = slurm.job_state(self.cli, self.job_id)
+            state = slurm_cli.job_state(self.cli, self.job_id)
             deadline = time.monotonic() + ENDING_S
             while state.state == "COMPLETING" and time.monotonic() < deadline:
                 # Slurm is ending the job (its steps get SIGTERM, then SIGKILL after KillWait): wait for the verdict.
                 time.sleep(0.2)
-                state = slurm.job_state(self.cli, self.job_id)
+                state = slurm_cli.job_state(self.cli, self.job_id)
         except SlurmError:
             return  # cannot tell: handled as a lost agent
         if state.live:
@@ -364,7 +365,7 @@ class SlurmHost(Host):
     def _start_agent(self) -> None:
         argv = [self.python, "-c", BOOTSTRAP]
         try:
-            proc = slurm.step(self.cli, self.job_id, self.node, argv)
+            proc = slurm_cli.step(self.cli, self.job_id, self.node, argv)
         except OSError as e:
             raise HostError(f"{self.name}: could not run srun: {e}") from e
         self.stats.record_channel("agent")
@@ -530,7 +531,7 @@ class _Tunnel(Relay):
         h = self.host
         try:
             h.stats.record_channel("tunnel")
-            proc = slurm.step(
+            proc = slurm_cli.step(
                 h.cli, h.job_id, h.node, [h.python, "-c", RELAY, self.address, str(self.port)], gres="none"
             )
         except (OSError, SlurmError):

@@ -1,5 +1,4 @@
-"""Turning `--host` into a connected Host: this machine, an SSH host or a Slurm allocation (the one module that
-knows them all)."""
+"""Turning `--host` into a connected Host: the one module that knows every transport (local, SSH, Slurm, groups)."""
 
 from __future__ import annotations
 
@@ -7,7 +6,13 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 
-from orchestrator.hosts import Host, HostConfig, HostGroup, LocalHost, load_groups, load_inventory, parse_target
+from orchestrator.hosts.base import Host, HostConfig
+from orchestrator.hosts.group import GroupHost
+from orchestrator.hosts.inventory import HostGroup, load_groups, load_inventory, parse_target
+from orchestrator.hosts.local import LocalHost
+
+# Callers import every other name from the module that owns it (hosts.base, hosts.inventory, hosts.local, ...).
+__all__ = ["open_group", "open_host", "resolve_host"]
 
 
 def resolve_host(
@@ -41,12 +46,10 @@ def open_host(
     """A Host for one resolved inventory entry (`scheduler: slurm`, `slurm:PARTITION`, or `user@addr[:port]`);
     a Slurm entry with `nodes` > 1 is one allocation of that many nodes, as a group (one node per rank)."""
     if config.scheduler == "slurm":
-        from orchestrator.slurmhost import SlurmHost, open_nodes  # only when Slurm is used
+        from orchestrator.hosts.slurm import SlurmHost, open_nodes  # only when Slurm is used
 
         if nodes == 1:
             return SlurmHost(config, on_event=on_event)
-        from orchestrator.multinode import GroupHost
-
         members = open_nodes(config, nodes, on_event=on_event)
         group = HostGroup(
             name=config.name,
@@ -57,7 +60,7 @@ def open_host(
         return GroupHost(group, list(members))
     if config.is_local:
         return LocalHost(config)
-    from orchestrator.ssh import SSHHost  # paramiko is only imported when a remote host is used
+    from orchestrator.hosts.ssh import SSHHost  # paramiko is only imported when a remote host is used
 
     return SSHHost(config, accept_new_host_key=accept_new_host_key)
 
@@ -76,6 +79,4 @@ def open_group(
             with contextlib.suppress(Exception):
                 node.close()
         raise
-    from orchestrator.multinode import GroupHost  # several hosts: one multi-node launch spans them
-
     return GroupHost(group, opened)

@@ -31,9 +31,8 @@ from tenacity import (
 )
 
 from orchestrator import hostside, yamlfile
-from orchestrator.agentlink import (
-    BASE_CALL_TIMEOUT_S,
-    SILENCE_S,
+from orchestrator.errors import HostError
+from orchestrator.hosts.agentlink import (
     AgentLink,
     ConnectionLost,
     HeldLock,
@@ -42,9 +41,9 @@ from orchestrator.agentlink import (
     agent_version,
     call_timeout,
 )
-from orchestrator.errors import HostError
-from orchestrator.hosts import TARGET_RE, CallStats, Host, HostConfig, Progress
-from orchestrator.relay import Relay
+from orchestrator.hosts.base import CallStats, Host, HostConfig, Progress
+from orchestrator.hosts.inventory import TARGET_RE
+from orchestrator.hosts.relay import Relay
 
 log = logging.getLogger("orch.ssh")
 
@@ -57,9 +56,6 @@ class _QuietRefusedChannels(logging.Filter):
 
 
 logging.getLogger("paramiko.transport").addFilter(_QuietRefusedChannels())
-PACKAGE_DIR = Path(__file__).resolve().parent
-# The agent protocol's client (agentlink.py) is shared with Slurm hosts; these names stay importable from here.
-__all__ = ["BASE_CALL_TIMEOUT_S", "SILENCE_S", "ConnectionLost", "SSHHost", "agent_files", "agent_version"]
 
 
 class _ChannelStream(Stream):

@@ -211,6 +211,8 @@ def run_ab(
     resumed = store.find_experiment(resume) if resume is not None else None
     exp_id = resumed["id"] if resumed is not None else new_experiment_id()
     facts = host_facts(host, config, resumed, on_event)
+    if isinstance(host, GroupHost):
+        multinode.check_ports(host, facts["nodes"], nodes_needed(profiles))
     # The host lock comes before any write: a session that cannot have the host changes nothing in the store.
     locked = lock_nodes(host, exp_id, config.lock_wait_s, on_event)
     try:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator import engines, fingerprint, progress, server
-from orchestrator.errors import AllocationEnded, HostError, OrchError, ServerError
+from orchestrator.errors import AllocationEnded, HostError, InputError, OrchError, ServerError
 from orchestrator.hosts.base import Host, connect_address
 from orchestrator.hosts.group import GroupHost
 from orchestrator.profile import Profile
@@ -42,6 +42,36 @@ def node_facts(group: GroupHost, *, allow_mismatch: bool = False) -> tuple[dict[
             "suite: `allow_node_mismatch: true` on the item)"
         )
     return facts, problems
+
+
+def check_ports(group: GroupHost, facts: dict[str, dict[str, Any]], nnodes: int) -> None:
+    """Node ranks on nodes that are one machine (same hostname and boot time) need a port_stride, or every rank
+    would bind the profile's port there: refused (exit 2) before anything launches, naming where to set it."""
+    if group.group.port_stride or nnodes < 2:
+        return
+    seen: dict[tuple[Any, Any], str] = {}
+    for node in group.nodes[:nnodes]:
+        f = facts.get(node.name) or {}
+        machine = (f.get("hostname"), f.get("boot_time"))
+        if machine[0] is None:
+            continue
+        if machine not in seen:
+            seen[machine] = node.name
+            continue
+        config = node.config
+        if config.scheduler == "slurm" and not config.source:
+            where = (
+                "--host slurm:PARTITION has no inventory entry: write one with `scheduler: slurm`, the partition and"
+            )
+        elif config.scheduler == "slurm":
+            where = f"in {config.source}, give the Slurm entry {config.name}"
+        else:
+            where = f"in {group.group.source or 'the inventory'}, give the group {group.name}"
+        raise InputError(
+            f"{seen[machine]} and {node.name} of {group.name} are one machine ({machine[0]}), so their node ranks "
+            f"would both serve on the profile's port there; {where} `port_stride: 1` (node rank i then serves on "
+            "port + i)"
+        )
 
 
 @dataclass

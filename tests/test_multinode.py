@@ -223,6 +223,23 @@ def test_nodes_that_differ_are_refused_before_anything_launches(
     _nothing_left()
 
 
+def test_nodes_that_are_one_machine_need_a_port_stride(
+    pair: str, write_profile: WriteProfile, profile_dir: Path, tmp_path: Path
+) -> None:
+    _profiles(write_profile)
+    inventory = Path(os.environ["ORCH_HOSTS"])
+    data = yaml.safe_load(inventory.read_text())
+    del data["hosts"]["pair"]["port_stride"]  # both "nodes" are this machine: every rank would bind one port
+    inventory.write_text(yaml.safe_dump(data))
+    with resolve_host(pair) as host, pytest.raises(InputError) as err:
+        run_ab(host, [_load("baseline", profile_dir)], _config(), Store(tmp_path / "r.db"))
+    msg = str(err.value)
+    assert "node-a and node-b of pair are one machine (" in msg, msg
+    assert f"in {inventory}, give the group pair `port_stride: 1` (node rank i then serves on port + i)" in msg, msg
+    assert Store(tmp_path / "r.db").experiments() == []  # refused before anything was stored or launched
+    _nothing_left()
+
+
 @pytest.fixture
 def other_gpu(nodes: dict[str, tuple[SSHD, Path]]) -> Iterator[None]:
     """node-b pretends to have another GPU model than node-a."""

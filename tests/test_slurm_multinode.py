@@ -167,3 +167,18 @@ def test_a_two_node_allocation_ended_at_its_time_limit_is_said_once_with_the_run
     assert cluster.live_jobs() == []
     cluster.wait_no_processes()
     assert hostside.op_find(NAMESPACE) == []
+
+
+@needs_cluster
+def test_slurm_nodes_on_one_machine_without_a_port_stride_are_refused_before_launching(
+    cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
+) -> None:
+    args = _ab()
+    args[args.index(HOST)] = f"slurm:{PARTITION}"  # no inventory entry, so no port_stride
+    proc = orch_on(cluster, tmp_path, *args)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 2, out
+    assert f"slurm:{PARTITION}/n1 and slurm:{PARTITION}/n2 of slurm:{PARTITION} are one machine" in out, out
+    assert "--host slurm:PARTITION has no inventory entry: write one with `scheduler: slurm`" in out
+    assert "launched" not in out and "Traceback" not in out
+    assert cluster.live_jobs() == []  # the allocation is released

@@ -192,10 +192,15 @@ def time_limit_warning(work: Plan, host_spec: str, inventory: str | None) -> str
         if config.source
         else "the default; set time_limit_min in an inventory entry with `scheduler: slurm`"
     )
+    after = (
+        "launches that finished are kept, and `orch ab --resume ID` continues in a new allocation"
+        if work.launches > 1
+        else "the launch it cuts short is stored but left out of the statistics"
+    )
     return (
         f"the plan takes {'about' if work.calibrated else 'at least'} {duration(work.seconds)}, longer than the "
         f"{config.time_limit_min} min time limit orch asks Slurm for ({where}): Slurm will end the allocation "
-        "part-way; the finished runs are kept, and `orch ab --resume ID` continues in a new allocation"
+        f"part-way; {after}"
     )
 
 

@@ -10,15 +10,15 @@ import click
 
 from orchestrator import ab, multinode
 from orchestrator.cli.base import FiniteFloat
+from orchestrator.cli.hostlist import entry_line, group_entry, host_entry
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
 from orchestrator.cli.options import db_option, with_host_options
-from orchestrator.errors import OrchError
 from orchestrator.hosts import resolve_host
 from orchestrator.hosts.base import default_namespace
 from orchestrator.hosts.check import check_host
 from orchestrator.hosts.group import GroupHost
-from orchestrator.hosts.inventory import inventory_paths, load_inventory
+from orchestrator.hosts.inventory import inventory_paths, load_groups, load_inventory
 from orchestrator.store import default_path as default_db_path
 
 
@@ -140,27 +140,25 @@ def hosts_group() -> None:
     """The host inventory (hosts.yaml) and host checks."""
 
 
-@hosts_group.command("list")
+@hosts_group.command("list", cls=JsonCommand)
 @click.option("--inventory", type=click.Path(dir_okay=False), default=None)
-def hosts_list(inventory: str | None) -> None:
-    """Hosts in the inventory."""
-    from orchestrator.hosts.ssh import effective_endpoint  # paramiko is slow to import; only this command needs it
-
+@json_option
+def hosts_list(inventory: str | None, as_json: bool) -> None:
+    """Hosts in the inventory: SSH hosts (where orch will connect), Slurm entries (what orch asks Slurm for) and
+    groups of hosts (multi-node profiles)."""
     hosts = load_inventory(inventory)
-    if not hosts:
-        click.echo("no host inventory found in " + ", ".join(str(p) for p in inventory_paths(inventory)))
-    for name, h in sorted(hosts.items()):
-        if h.is_local:
-            where = "this machine"
-        else:
-            # What orch will really connect to: ssh_config fills in what the inventory leaves unset.
-            try:
-                ep = effective_endpoint(h)
-                alias = "" if ep.hostname == h.address else f" (ssh_config Host {h.address})"
-                where = ep.display + alias
-            except OrchError as e:
-                where = f"{h.address} ({e})"
-        click.echo(f"{name}  {where}  python={h.python or 'default'}  gpus={h.gpus}  [{h.source}]")
+    groups = load_groups(inventory) if hosts else {}
+    entries = [host_entry(h) for _, h in sorted(hosts.items())]
+    entries += [group_entry(g) for _, g in sorted(groups.items())]
+    searched = [str(p) for p in inventory_paths(inventory)]
+    if as_json:
+        emit({"status": "ok", "inventory": entries[0]["source"] if entries else None, "searched": searched,
+              "hosts": entries})  # fmt: skip
+        return
+    if not entries:
+        click.echo("no host inventory found in " + ", ".join(searched))
+    for doc in entries:
+        click.echo(entry_line(doc))
 
 
 @hosts_group.command("check", cls=JsonCommand)

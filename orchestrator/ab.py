@@ -382,12 +382,19 @@ def host_facts(
 
 def check_nodes(host: Host, profiles: Sequence[Profile]) -> None:
     """A multi-node profile needs an inventory group with enough hosts as --host (exit 2 otherwise)."""
+    check_nodes_for(profiles, len(host.nodes) if isinstance(host, GroupHost) else 1, host.name)
+
+
+def check_nodes_for(profiles: Sequence[Profile], nodes: int, host_name: str, is_slurm: bool = False) -> None:
+    """check_nodes before connecting (the CLI, from the inventory alone): `nodes` hosts under --host `host_name`; a
+    Slurm host asks Slurm for as many nodes as the profiles need, so it always has enough."""
+    if is_slurm:
+        return
     for p in profiles:
         if p.nnodes == 1 or attach.url_of(p) is not None:
             continue
-        nodes = len(host.nodes) if isinstance(host, GroupHost) else 1
         if nodes < p.nnodes:
-            what = f"group {host.name} has {nodes} host(s)" if nodes > 1 else f"{host.name} is one host"
+            what = f"group {host_name} has {nodes} host(s)" if nodes > 1 else f"{host_name} is one host"
             raise InputError(
                 f"profile {p.name!r} has nnodes: {p.nnodes}, so --host must name an inventory group of at least "
                 f"{p.nnodes} hosts (hosts.yaml: `gpu-pair: {{nodes: [gpu-a, gpu-b]}}` under hosts) or a Slurm host "

@@ -36,7 +36,7 @@ from orchestrator.cli.options import (
 from orchestrator.errors import InputError, OrchError
 from orchestrator.hosts import resolve_host
 from orchestrator.hosts.base import Host, default_namespace
-from orchestrator.hosts.inventory import load_inventory, parse_target
+from orchestrator.hosts.inventory import load_groups, load_inventory, parse_target
 from orchestrator.progress import PlainReporter, duration
 from orchestrator.progress import reporter as make_reporter
 from orchestrator.report import SIM_BANNER, ab_json, ab_text, attached_banner, comparison_line
@@ -118,19 +118,24 @@ def parse_fail_on(ctx: click.Context, param: click.Parameter, value: tuple[str, 
         raise click.BadParameter(str(e)) from None
 
 
-def fail_on_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+# --fail-on as each command judges it: orch ab against the first arm (and it has --resume), orch bench against the
+# profile's expect.tok_s.
+FAIL_ON_HELP = {
+    "ab": "Set the exit code from the verdict: 3 if MODE fails, 4 if that is undecided (inconclusive, or one block: "
+    "no CI), else 0. Modes: slower (an arm slower than the first, at any concurrency level), different (slower or "
+    "faster), env (workers without their profile's env, or launches of one arm whose fingerprints differ in engine, "
+    "GPUs, env or profile). Repeatable or comma-separated (slower,env); allowed with --resume.",
+    "bench": "Set the exit code from the result: 3 if MODE fails, 4 if that cannot be told, else 0. Modes: slower "
+    "(single-stream tok/s below the profile's expect.tok_s beyond 3%; refused before launching without it), "
+    "different (beyond 3% either way), env (workers without their profile's env, or launches whose fingerprints "
+    "differ in engine, GPUs, env or profile). Repeatable or comma-separated (slower,env).",
+}
+
+
+def fail_on_option(command: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return click.option(
-        "--fail-on",
-        "fail_on",
-        multiple=True,
-        metavar="MODE",
-        callback=parse_fail_on,
-        help="Set the exit code from the verdict: 3 if MODE fails, 4 if that is undecided (inconclusive, or one "
-        "block: no CI), else 0. Modes: slower (an arm slower than the first, at any concurrency level; orch bench: "
-        "below the profile's expect.tok_s beyond 3%), different (slower or faster), env (workers without their "
-        "profile's env, or launches of one arm whose fingerprints differ in engine, GPUs, env or profile). "
-        "Repeatable or comma-separated (slower,env); allowed with --resume.",
-    )(fn)
+        "--fail-on", "fail_on", multiple=True, metavar="MODE", callback=parse_fail_on, help=FAIL_ON_HELP[command]
+    )
 
 
 def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> results.ABResult:
@@ -141,6 +146,7 @@ def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> r
     attach.check_arms(
         profiles, allow_mixed=kw.get("allow_mixed", False), strict_env=kw["strict_env"], simulate=kw["sim"]
     )
+    check_host_nodes(profiles, kw["host_spec"], kw["inventory"])
     bench = BenchConfig(
         runs=kw["runs"],
         warmup=kw["warmup"],
@@ -204,6 +210,22 @@ def time_limit_warning(work: Plan, host_spec: str, inventory: str | None) -> str
     )
 
 
+def check_host_nodes(profiles: list[profiles_mod.Profile], host_spec: str, inventory: str | None) -> None:
+    """A multi-node profile on a --host with too few nodes, refused from the inventory alone (no connection), before
+    the plan and the header lines make it look as if the run had started; run_ab checks it again on the open host."""
+    try:
+        hosts = load_inventory(inventory)
+        groups = load_groups(inventory) if hosts else {}
+        if host_spec in groups:
+            nodes, name, slurm = len(groups[host_spec].nodes), host_spec, False
+        else:
+            config = parse_target(host_spec, hosts)
+            nodes, name, slurm = 1, config.name, config.scheduler == "slurm"
+    except OrchError:
+        return  # opening the host says what is wrong with the inventory or the spec, in its place
+    ab.check_nodes_for(profiles, nodes, name, is_slurm=slurm)
+
+
 def sequential_plan(kw: dict[str, Any]) -> SequentialPlan | None:
     """--blocks auto's plan, or None for a fixed number of blocks (where --max-blocks has no meaning)."""
     if kw["blocks"] != "auto":
@@ -246,6 +268,7 @@ def resume_experiment(store: Store, ref: str, profile_names: tuple[str, ...], kw
         raise click.UsageError(
             f"experiment {exp['id']} ran on {host_spec!r}; it must be resumed there, not on {kw['host_spec']!r}"
         )
+    check_host_nodes(profiles, host_spec, kw["inventory"])
     bench = ab.bench_config_from(stored["bench"])
     # How long to wait for a hung server is not part of what is measured: a resume may change it.
     for option, name in (("stall_timeout", "stall_timeout_s"), ("first_token_timeout", "first_token_timeout_s")):
@@ -378,7 +401,7 @@ def execute(
     help="Compare attached arms with launched ones (refused otherwise); every report then carries a WARNING.",
 )
 @bench_options
-@fail_on_option
+@fail_on_option("ab")
 @verbosity_options
 def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
     """Compare PROFILES (the first is the baseline), each launch from fresh, verified state.
@@ -411,7 +434,7 @@ def ab_cmd(profiles: tuple[str, ...], resume: str | None, **kw: Any) -> None:
     "Its state is not fresh and its env not verified, and every report says so.",
 )
 @fixed_bench_options
-@fail_on_option
+@fail_on_option("bench")
 @verbosity_options
 def bench_cmd(profile: str, **kw: Any) -> None:
     """Benchmark one profile from a fresh, verified launch (--blocks N: N launches, with the spread across them).

@@ -11,7 +11,8 @@ from typing import NoReturn
 import click
 
 # The group imports a command's module only when that command runs (cli/lazy.py): `orch --version` stays fast.
-from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, cli
+from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, cli, interrupted_message
+from orchestrator.cli.lazy import Interrupted
 from orchestrator.errors import InputError, OrchError
 
 __all__ = ["cli", "entry", "main"]
@@ -38,10 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         # click turns Ctrl-C into Abort; by the time it reaches here every `finally` has torn its server down.
         if debug:
             _print_traceback()
-        if isinstance(e, click.exceptions.Abort) and not isinstance(e.__cause__, KeyboardInterrupt):
+        cause = e.__cause__ if isinstance(e, click.exceptions.Abort) else e
+        if not isinstance(cause, KeyboardInterrupt):
             click.echo("Aborted.", err=True)
             return 1
-        click.echo("Interrupted: servers started by this run were torn down; results so far are stored.", err=True)
+        # What the interrupted command leaves behind: only ab, bench, reproduce and nightly start servers.
+        click.echo(interrupted_message(cause.command if isinstance(cause, Interrupted) else None), err=True)
         return EXIT_INTERRUPTED
     except OrchError as e:
         if debug:

@@ -15,6 +15,19 @@ MAX_TPS = 1e7  # tok/s options: far above any server, low enough that the arithm
 EXIT_USAGE = 2  # click's code for usage errors; invalid input files (InputError) get it too
 
 
+# What Ctrl-C (or SIGTERM) leaves behind, by command: only these launch servers (torn down in `finally`) and store
+# results as they come; `orch down` may have stopped only part of what it found.
+LAUNCHING_COMMANDS = frozenset({"ab", "bench", "reproduce", "nightly"})
+
+
+def interrupted_message(command: str | None) -> str:
+    if command in LAUNCHING_COMMANDS:
+        return "Interrupted: servers started by this run were torn down; results so far are stored."
+    if command == "down":
+        return "Interrupted: orch down may have stopped only some of orch's servers on the host; run it again."
+    return "Interrupted."
+
+
 class FiniteFloat(click.FloatRange):
     """A float option within a range that also refuses nan and inf (every comparison with nan is false, so a
     plain FloatRange lets `--ready-timeout nan` through, and then readiness waits forever)."""
@@ -47,7 +60,7 @@ OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
                   "--first-token-timeout")),
     ("Design and verdict", ("--resume", "--blocks", "--max-blocks", "--order", "--order-seed", "--min-effect",
                             "--target-tps", "--fail-on", "--claim", "--claim-ratio", "--vs", "--tolerance")),
-    ("Host", ("--host", "--workdir", "--wait", "--inventory", "--accept-new-host-key")),
+    ("Host", ("--host", "--workdir", "--wait", "--inventory", "--accept-new-host-key", "--allow-node-mismatch")),
     ("Output", ("--db", "--json", "-q", "-v")),
 )  # fmt: skip
 
@@ -60,7 +73,8 @@ class GroupedCommand(click.Command):
         rows: dict[str, list[tuple[str, str]]] = {}
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
-            if record is None:
+            # click 8.5.1 gives arguments a help row too; click's own layout leaves them to the usage line, as here.
+            if record is None or isinstance(param, click.Argument):
                 continue
             first = param.opts[0] if param.opts else ""
             group = next((name for name, opts in OPTION_GROUPS if first in opts), "Other options")

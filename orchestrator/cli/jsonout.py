@@ -1,4 +1,4 @@
-"""`--json` on the read-only commands: one JSON document on stdout, a failure included (`"status": "error"`)."""
+"""`--json`: one JSON document on stdout, a failure (`"status": "error"`) or an interruption included."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.base import EXIT_USAGE, GroupedCommand
+from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, GroupedCommand, interrupted_message
 from orchestrator.errors import InputError, OrchError
 
-JSON_HELP = 'Print one JSON document on stdout (also on failure: "status": "error" and "error").'
+JSON_HELP = 'Print one JSON document on stdout (also on failure: "status": "error" and "error"; Ctrl-C: "interrupted").'
 
 
 def emit(doc: dict[str, Any]) -> None:
@@ -48,6 +48,12 @@ class JsonCommand(click.Command):
         except click.ClickException as e:
             if ctx.params.get("as_json"):
                 emit(error_doc(e.format_message(), e.exit_code))
+            raise
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM: still one document, so a script reading stdout learns why there is no result.
+            if ctx.params.get("as_json"):
+                message = interrupted_message(ctx.find_root().invoked_subcommand)
+                emit({"status": "interrupted", "error": message, "exit_code": EXIT_INTERRUPTED})
             raise
         except (click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise

@@ -72,6 +72,14 @@ def configure_logging() -> None:
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="orch: %(message)s")
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) while `orch COMMAND` ran: main() says what that command leaves behind."""
+
+    def __init__(self, command: str | None) -> None:
+        super().__init__(command)
+        self.command = command
+
+
 class LazyGroup(click.Group):
     """A group that knows its commands' names and help lines from COMMANDS and imports a command's module only when
     that command is resolved (click's "lazily loading subcommands"): to run it, show its --help, or complete its
@@ -90,6 +98,14 @@ class LazyGroup(click.Group):
         configure_logging()
         self.add_command(command, cmd_name)
         return command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except Interrupted:
+            raise
+        except KeyboardInterrupt as e:
+            raise Interrupted(ctx.invoked_subcommand) from e
 
     def resolve_command(
         self, ctx: click.Context, args: list[str]

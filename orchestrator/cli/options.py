@@ -41,6 +41,13 @@ def parse_effect(ctx: click.Context, param: click.Parameter, value: str) -> floa
     return effect
 
 
+HOST_HELP = (
+    "local, a name from hosts.yaml (a host, a `scheduler: slurm` entry, or a group of hosts for multi-node profiles), "
+    "slurm:PARTITION (an allocation there; slurm: for the cluster's default partition), or user@address[:port] "
+    "(ssh_config aliases work)."
+)
+
+
 def host_options() -> list[Callable[..., Any]]:
     return [
         click.option(
@@ -59,7 +66,9 @@ def host_options() -> list[Callable[..., Any]]:
 
 
 def with_host_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    for opt in reversed([click.option("--host", "host_spec", default="local", show_default=True), *host_options()]):
+    """--host and its inventory options for `orch status` and `orch down` (a group or multi-node host: every node)."""
+    host = click.option("--host", "host_spec", default="local", show_default=True, help=HOST_HELP)
+    for opt in reversed([host, *host_options()]):
         fn = opt(fn)
     return fn
 
@@ -133,7 +142,7 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             "host_spec",
             default="local",
             show_default=True,
-            help="local, a name from hosts.yaml, or user@address[:port] (ssh_config aliases work).",
+            help=HOST_HELP,
         ),
         click.option(
             "--sim",
@@ -279,7 +288,12 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             default=None,
             help="SQLite results file [default: the user data dir].",
         ),
-        click.option("--workdir", default=None, help="Where logs go on the host [default: the user state dir]."),
+        click.option(
+            "--workdir",
+            default=None,
+            help="Where logs go on the host [default: the host's workdir in hosts.yaml, else the user state dir on "
+            "this machine and ~/.orch on SSH and Slurm hosts].",
+        ),
         click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout (progress → stderr)."),
         click.option(
             "--wait",
@@ -296,9 +310,9 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
         click.option(
             "--allow-node-mismatch",
             is_flag=True,
-            help="With --host naming an inventory group: launch even if its nodes differ in GPU model, GPU driver or "
-            "engine package versions (refused otherwise, exit 1); the experiment records the differences and its "
-            "reports show them.",
+            help="For a multi-node launch (--host naming an inventory group, or a Slurm host with a profile of "
+            "nnodes > 1): launch even if its nodes differ in GPU model, GPU driver or engine package versions "
+            "(refused otherwise, exit 1); the experiment records the differences and its reports show them.",
         ),
         click.option(
             "--gpu-wait",

@@ -189,6 +189,33 @@ class Tracker:
 # ---------------------------------------------------------------- plain lines (cron, CI, pipes)
 
 
+def run_line(run: RunResult, config: BenchConfig) -> str:
+    """A finished run (or warmup) as one progress line."""
+    if run.warmup:
+        return f"  Warmup {run.index + 1}/{config.warmup} done ({run.tokens} tokens)"
+    if run.concurrency == 1:  # the seed's line, character for character
+        line = (
+            f"  Run {run.index + 1}/{config.runs}: {run.tokens} tokens in {run.seconds:.2f}s = {run.tok_s:.1f} tok/s "
+            f"(prompt: {run.prompt_tokens} toks)"
+        )
+    else:
+        itl = run.metrics.get("itl", {})
+        line = (
+            f"  Run {run.index + 1}/{config.runs} @ {run.concurrency} streams: {run.requests} requests, "
+            f"{run.tokens} tokens in {run.seconds:.2f}s = {run.tok_s:.1f} tok/s per stream, "
+            f"{run.aggregate_tok_s:.0f} tok/s aggregate"
+            + (f", ITL p50 {itl['p50'] * 1000:.1f} ms" if itl.get("p50") is not None else "")
+        )
+    if run.spec_accept_length is not None:
+        line += f" accept len {run.spec_accept_length:.2f}"
+        spec = run.metrics.get("spec") or {}
+        if spec.get("drafted"):
+            line += f" ({spec['accepted']:.0f} of {spec['drafted']:.0f} drafted tokens accepted)"
+    if not run.valid:
+        line += f"  INVALID: {run.invalid_reason}"
+    return line
+
+
 def request_line(req: dict[str, Any]) -> str:
     """-v: one request of a run."""
     ttft, e2e = req.get("ttft_s"), req.get("e2e_s")
@@ -224,8 +251,6 @@ class PlainReporter:
         self.emit(msg)
 
     def run(self, name: str, run: RunResult) -> None:
-        from orchestrator.report import run_line
-
         self.tracker.finished(run)
         if self.quiet or self.bench is None:
             return
@@ -267,12 +292,3 @@ def is_terminal(out: TextIO) -> bool:
     except (AttributeError, ValueError):
         return False
     return tty and os.environ.get("TERM", "") != "dumb"
-
-
-def reporter(out: TextIO, *, quiet: bool = False, verbose: bool = False) -> PlainReporter:
-    """The live view on a terminal (unless -q), timestamped plain lines anywhere else."""
-    if is_terminal(out):
-        from orchestrator.progress_live import LiveReporter
-
-        return LiveReporter(out, quiet=quiet, verbose=verbose)
-    return PlainReporter(out, quiet=quiet, verbose=verbose)

@@ -7,11 +7,12 @@ import io
 import statistics
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.progress import run_line as run_line  # a progress line; nightly.py still imports it from here
 from orchestrator.results import ABResult, ArmResult, Comparison, LaunchResult
 from orchestrator.stats import BreakEven
 
 if TYPE_CHECKING:
-    from orchestrator.bench import BenchConfig, RunResult
+    from orchestrator.bench import RunResult
 
 SIM_BANNER = "SIMULATED: these numbers come from orch's simulator (of SGLang or vLLM), not from a real server on a GPU."
 
@@ -36,32 +37,6 @@ def node_mismatch_lines(result: ABResult) -> list[str]:
     """Said before any number (and again among the warnings): the nodes of the multi-node group differed."""
     node = result.node_mismatch()
     return [node] if node else []
-
-
-def run_line(run: RunResult, config: BenchConfig) -> str:
-    if run.warmup:
-        return f"  Warmup {run.index + 1}/{config.warmup} done ({run.tokens} tokens)"
-    if run.concurrency == 1:  # the seed's line, character for character
-        line = (
-            f"  Run {run.index + 1}/{config.runs}: {run.tokens} tokens in {run.seconds:.2f}s = {run.tok_s:.1f} tok/s "
-            f"(prompt: {run.prompt_tokens} toks)"
-        )
-    else:
-        itl = run.metrics.get("itl", {})
-        line = (
-            f"  Run {run.index + 1}/{config.runs} @ {run.concurrency} streams: {run.requests} requests, "
-            f"{run.tokens} tokens in {run.seconds:.2f}s = {run.tok_s:.1f} tok/s per stream, "
-            f"{run.aggregate_tok_s:.0f} tok/s aggregate"
-            + (f", ITL p50 {itl['p50'] * 1000:.1f} ms" if itl.get("p50") is not None else "")
-        )
-    if run.spec_accept_length is not None:
-        line += f" accept len {run.spec_accept_length:.2f}"
-        spec = run.metrics.get("spec") or {}
-        if spec.get("drafted"):
-            line += f" ({spec['accepted']:.0f} of {spec['drafted']:.0f} drafted tokens accepted)"
-    if not run.valid:
-        line += f"  INVALID: {run.invalid_reason}"
-    return line
 
 
 def _ms(value: float | None) -> str:

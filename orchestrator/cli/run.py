@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
@@ -37,8 +37,7 @@ from orchestrator.errors import InputError, OrchError
 from orchestrator.hosts import resolve_host
 from orchestrator.hosts.base import Host, default_namespace
 from orchestrator.hosts.inventory import load_groups, load_inventory, parse_target
-from orchestrator.progress import PlainReporter, duration
-from orchestrator.progress import reporter as make_reporter
+from orchestrator.progress import PlainReporter, duration, is_terminal
 from orchestrator.report import SIM_BANNER, ab_json, ab_text, attached_banner, comparison_line
 from orchestrator.stats_seq import SequentialPlan
 from orchestrator.store import Store
@@ -309,6 +308,15 @@ def ab_config(kw: dict[str, Any], bench: BenchConfig, sim: bool, strict_env: boo
         allow_mixed=kw.get("allow_mixed", False),
         allow_node_mismatch=kw.get("allow_node_mismatch", False),
     )
+
+
+def make_reporter(out: TextIO, *, quiet: bool = False, verbose: bool = False) -> PlainReporter:
+    """The live view on a terminal (unless -q), timestamped plain lines anywhere else."""
+    if is_terminal(out):
+        from orchestrator.progress_live import LiveReporter  # rich is imported only for a terminal
+
+        return LiveReporter(out, quiet=quiet, verbose=verbose)
+    return PlainReporter(out, quiet=quiet, verbose=verbose)
 
 
 def reporter_for(kw: dict[str, Any]) -> PlainReporter:

@@ -10,7 +10,7 @@ from typing import Any
 
 from orchestrator.errors import InputError
 from orchestrator.results import ABResult
-from orchestrator.stats import alpha_for_accept_length, breakeven, t_975
+from orchestrator.stats import alpha_for_accept_length, breakeven
 from orchestrator.whatif_arms import SpecArm, WhatIfError, baseline_of, family, mean_point, profiles_of, select_arms
 from orchestrator.whatif_fit import (
     AcceptModel,
@@ -21,6 +21,7 @@ from orchestrator.whatif_fit import (
     fit_cost,
     t_band,
 )
+from orchestrator.whatif_text import recommendation, warnings_for  # the wording lives with the rest of the text
 
 __all__ = ["DEFAULT_STEPS", "WhatIf", "WhatIfError", "analyse", "recommendation_line"]
 
@@ -171,8 +172,6 @@ def analyse(
         target_tps=target_tps,
         target=target,
     )
-    from orchestrator.whatif_text import warnings_for  # the wording lives with the rest of the text
-
     return dataclasses.replace(out, warnings=tuple(warnings_for(out, per_block)))
 
 
@@ -232,11 +231,6 @@ def _target_row(k: int, target_tps: float, pooled: Fit, per_block: Sequence[Fit]
     return TargetRow(k, cycle, target_tps * cycle / 1000.0, alpha_needed(target_tps, cycle, k), rng)
 
 
-def t_factor(n: int) -> float | None:
-    """The Student t the bands of n blocks use (None for one block: no band)."""
-    return t_975(n - 1) if n >= 2 else None
-
-
 def recommendation_line(result: ABResult, profiles: Sequence[Mapping[str, Any] | None] | None = None) -> str | None:
     """The A/B report's one line when the experiment has two or more step counts of one drafter; None otherwise.
     Never raises: a report must not fail because a what-if cannot be fitted."""
@@ -244,6 +238,4 @@ def recommendation_line(result: ABResult, profiles: Sequence[Mapping[str, Any] |
         w = analyse(result, profiles)
     except (InputError, ValueError, ArithmeticError, LookupError, TypeError):  # also malformed stored profiles
         return None
-    from orchestrator.whatif_text import recommendation
-
     return recommendation(w)

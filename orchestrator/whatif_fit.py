@@ -145,3 +145,8 @@ def t_band(point: float, replicates: Sequence[float]) -> tuple[float, float] | N
         return None
     half = t_975(len(replicates) - 1) * statistics.stdev(replicates) / math.sqrt(len(replicates))
     return point - half, point + half
+
+
+def t_factor(n: int) -> float | None:
+    """The Student t the bands of n blocks use (None for one block: no band)."""
+    return t_975(n - 1) if n >= 2 else None

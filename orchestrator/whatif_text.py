@@ -6,12 +6,14 @@ import math
 import re
 import statistics
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.stats import alpha_for_accept_length
-from orchestrator.whatif import Fit, WhatIf, t_factor
 from orchestrator.whatif_arms import SpecArm, describe_family, mean_point
-from orchestrator.whatif_fit import t_band
+from orchestrator.whatif_fit import t_band, t_factor
+
+if TYPE_CHECKING:  # the what-if is handed in: whatif calls this module, never the other way round
+    from orchestrator.whatif import Fit, WhatIf
 
 UNCERTAINTY = "Student's t (95%) over per-block refits: each block's launches fitted on their own"
 # Settings arms of one drafter may differ in without changing what is modelled (a port, a name, a label).

@@ -1,4 +1,4 @@
-"""Stored experiments: `orch list`, `show`, `export` (incl. bundles) and `import`."""
+"""Stored experiments: `orch list`, `show`, `export` (incl. bundles) and `import`; what `orch report` reads."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from orchestrator.errors import StoreError
 
 if TYPE_CHECKING:
     from orchestrator import results
+    from orchestrator.store import Store
 
 # `orch list` imports nothing but the store: the results model, reports and bundles are imported by the commands
 # that read an experiment (tests/test_startup.py keeps it so).
@@ -96,6 +97,48 @@ def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> 
         store.close()
 
 
+def load_with_requests(
+    ref: str, db: str | None, min_effect: float | None = None
+) -> tuple[results.ABResult, dict[str, list[dict[str, object]]]]:
+    """The result as `orch show` reads it, plus each launch's per-request rows (for the plots that need them)."""
+    from orchestrator.store import Store
+
+    if is_file(ref):
+        from orchestrator import bundle as bundle_mod
+
+        bundle = bundle_mod.read_bundle(ref)
+        store = Store(":memory:")  # read without importing into the user's store
+        try:
+            ref = bundle_mod.import_bundle(store, bundle)
+            return _read(store, ref, min_effect)
+        finally:
+            store.close()
+    store = open_existing(db)
+    try:
+        return _read(store, ref, min_effect)
+    finally:
+        store.close()
+
+
+def _read(
+    store: Store, ref: str, min_effect: float | None
+) -> tuple[results.ABResult, dict[str, list[dict[str, object]]]]:
+    from orchestrator import results
+
+    result = results.load_result(store, ref, min_effect=min_effect)
+    return result, {la.launch_id: store.requests(la.launch_id) for la in result.launches}
+
+
+def html_report(ref: str, db: str | None, min_effect: float | None = None) -> tuple[str, int]:
+    """The report's HTML text and the number of launches in it; matplotlib is imported only here."""
+    from orchestrator import plots, report_html
+
+    plots.require_matplotlib()  # before reading anything: a missing extra is said first
+    result, requests = load_with_requests(ref, db, min_effect)
+    require_launches(result)
+    return report_html.ab_html(result, requests), len(result.launches)
+
+
 @click.command("show")
 @click.argument("experiment", metavar="ID|FILE", shell_complete=experiment_ids)
 @db_option
@@ -152,9 +195,7 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
         _export_html(experiment, db, output)
         return
     if fmt == "jsonl":
-        from orchestrator.cli import report
-
-        result, requests = report.load_with_requests(experiment, db)
+        result, requests = load_with_requests(experiment, db)
         require_launches(result)
         text = request_jsonl(result, requests)
     else:
@@ -174,10 +215,9 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
 
 def _export_html(ref: str, db: str | None, output: str | None) -> None:
     from orchestrator import files
-    from orchestrator.cli import report
 
     target = files.writable_target(output) if output is not None else None
-    text, launches = report.html_report(ref, db)
+    text, launches = html_report(ref, db)
     if target is None:
         click.echo(text, nl=False)
         return

@@ -551,13 +551,9 @@ class SimServer:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the simulator; returns an exit code for argument errors, otherwise exits the process itself.
-    `serve MODEL ...` (vLLM's command line) imitates vLLM, anything else SGLang's launch_server."""
+    """Run the simulator's SGLang mode (launch_server's flags); returns an exit code for argument errors, otherwise
+    exits the process itself. `serve MODEL ...` (vLLM mode) is vllm_server.main's, picked in sim/__main__.py."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["serve"]:
-        from orchestrator.sim.vllm_server import main as vllm_main
-
-        return vllm_main(args[1:])
     logs.banner()
     knobs = load_knobs()
     if knobs is None:

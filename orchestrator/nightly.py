@@ -55,12 +55,21 @@ class _Alarm:
 
     def _fire(self, reason: str) -> None:
         self.fired = reason
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), _stop_signal())
 
     def cancel(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def _stop_signal() -> signal.Signals:
+    """The signal that stops this process the way Ctrl-C does. Started with SIGINT ignored (`orch nightly &` in a
+    script, some cron wrappers), Python installs no handler for it and a self-sent SIGINT is lost, so the item would
+    run on past its timeout and the night's deadline: then SIGTERM, which orch's entry point unwinds like Ctrl-C."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and callable(signal.getsignal(signal.SIGTERM)):
+        return signal.SIGTERM
+    return signal.SIGINT
 
 
 def night_lock_path(namespace: str) -> str:

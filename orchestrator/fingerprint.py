@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
@@ -192,7 +193,10 @@ class Difference:
     weight: int
 
     def describe(self) -> str:
-        """One line, e.g. `engine version: 0.5.9 -> 0.5.10`."""
+        """One line, e.g. `engine version: 0.5.9 -> 0.5.10`; of two lists only what differs, e.g. `server argv:
+        --dist-init-addr 10.0.0.1:25109 -> 10.0.0.2:25109` or `server argv: added --enable-torch-compile`."""
+        if isinstance(self.before, list) and isinstance(self.after, list):
+            return f"{_label(self.field)}: {_list_change(self.before, self.after, self.field == 'argv')}"
         return f"{_label(self.field)}: {_show(self.before)} -> {_show(self.after)}"
 
 
@@ -251,8 +255,9 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
 )
 # Never differences of the state measured: the format version, when it was collected, what could not be read or
 # went wrong while reading (a field that could not be read shows as its own value, None), the profile's digest
-# (its fields are compared one by one), where the profile file lives and its description, and argv[0] (the
-# interpreter's path, compared as software.python_executable).
+# (its fields are compared one by one), where the profile file lives and its description, argv[0] (the
+# interpreter's path, compared as software.python_executable) and the argv values orch chooses per launch
+# (PER_LAUNCH_VALUES).
 _SKIPPED = {
     "version",
     "collected_at",
@@ -293,6 +298,60 @@ def _show(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+SHOWN_LIST_CHANGES = 3
+
+
+def _is_flag(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("-") and not value[1:2].isdigit()
+
+
+def _units(argv: list[Any]) -> list[list[Any]]:
+    """An argv as its options: each flag with the values that follow it (a value after no flag stands alone)."""
+    units: list[list[Any]] = []
+    for arg in argv:
+        if _is_flag(arg) or not units or not _is_flag(units[-1][0]):
+            units.append([arg])
+        else:
+            units[-1].append(arg)
+    return units
+
+
+def _list_change(before: list[Any], after: list[Any], argv: bool) -> str:
+    """What differs between two lists, each change once: the common start and end are left out (two argvs share a
+    long start, and a truncated whole would cut away what differs). An argv is compared option by option, so a
+    changed value is shown with its flag: `--tp-size 2 -> 4`, `added --enable-x`, `removed --port 1`."""
+    a = _units(before) if argv else [[v] for v in before]
+    b = _units(after) if argv else [[v] for v in after]
+    sep = " " if argv else ", "
+
+    def text(units: list[list[Any]]) -> str:
+        return _show(sep.join(_show(v) for unit in units for v in unit))
+
+    matcher = difflib.SequenceMatcher(a=[_key(u) for u in a], b=[_key(u) for u in b], autojunk=False)
+    parts = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        old, new = a[i1:i2], b[j1:j2]
+        pairs = list(zip(old, new, strict=True)) if len(old) == len(new) else []
+        if tag == "equal":
+            continue
+        if tag == "insert":
+            parts.append(f"added {text(new)}")
+        elif tag == "delete":
+            parts.append(f"removed {text(old)}")
+        elif argv and pairs and all(o[0] == n[0] and o[1:] and n[1:] for o, n in pairs):
+            parts += [f"{o[0]} {text([o[1:]])} -> {text([n[1:]])}" for o, n in pairs]
+        else:
+            parts.append(f"{text(old)} -> {text(new)}")
+    if not parts:  # equal as shown (1 and "1"): the whole lists, then
+        return f"{_show(before)} -> {_show(after)}"
+    more = len(parts) - SHOWN_LIST_CHANGES
+    return "; ".join(parts[:SHOWN_LIST_CHANGES]) + (f"; and {more} more change(s)" if more > 0 else "")
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
+
+
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in data.items():
@@ -313,11 +372,42 @@ def _unkeyed(value: Any) -> Any:
     return value
 
 
+# Flags whose value orch itself chooses anew for every launch, with what stands in for that value when two launches
+# are compared. A multi-node launch's --dist-init-addr is rank 0's address and a port drawn free for that launch
+# (multinode.free_port): compared as it is, every multi-node launch would differ from every other and a nightly
+# history of one would never build. The flag stays (with --nnodes and --node-rank, which are stable, it says the
+# launch was multi-node, and the argv around it still lines up); the address goes with the port, as which machine
+# rank 0 ran on is compared already (GPU UUIDs, hostname) and a rendezvous address moves no number.
+PER_LAUNCH_VALUES = {"--dist-init-addr": "<rank 0>:<port>"}
+
+
+def stable_argv(argv: list[Any]) -> list[Any]:
+    """argv with the values orch chooses per launch (PER_LAUNCH_VALUES) replaced by their placeholders, in either
+    form (`--flag VALUE`, `--flag=VALUE`)."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if not isinstance(arg, str):
+            continue
+        if arg in PER_LAUNCH_VALUES and i + 1 < len(out):
+            out[i + 1] = PER_LAUNCH_VALUES[arg]
+        flag, eq, _ = arg.partition("=")
+        if eq and flag in PER_LAUNCH_VALUES:
+            out[i] = f"{flag}={PER_LAUNCH_VALUES[flag]}"
+    return out
+
+
+def stable_environment(env: dict[str, Any]) -> dict[str, Any]:
+    """An environment as stored by a night (`environment`'s output), with its argv as `stable_argv` makes it: a
+    night stored before the placeholders existed then compares equal to one stored after."""
+    argv = env.get("argv")
+    return {**env, "argv": stable_argv(argv)} if isinstance(argv, list) else env
+
+
 def _comparable(fp: dict[str, Any]) -> dict[str, Any]:
     flat = _flatten(fp)
     argv = flat.get("argv")
     if isinstance(argv, list):
-        flat["argv"] = argv[1:]
+        flat["argv"] = stable_argv(argv[1:])
     return {k: _unkeyed(v) for k, v in flat.items() if k not in _SKIPPED}
 
 

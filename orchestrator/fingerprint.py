@@ -200,7 +200,7 @@ class Difference:
         return f"{_label(self.field)}: {_show(self.before)} -> {_show(self.after)}"
 
 
-# (field or field prefix, category, weight, label): first match wins, so longer prefixes come first. Weights order
+# (field or field prefix, category, weight, label): the longest matching prefix wins. Weights order
 # the causes: what changes the code that runs (engine, torch, NCCL) and the environment its workers get first; then
 # the hardware and its settings; then what was asked (profile, workload); then facts about the box that seldom
 # move a number by themselves.
@@ -270,20 +270,23 @@ _SKIPPED = {
 _REDACTED_PREFIX = "<redacted"
 
 
+def _match(path: str) -> tuple[str, str, int, str] | None:
+    # The longest prefix wins: gpus.uuids is a fact about the box (host, 15), not a GPU setting like the rest of
+    # gpus (70), whatever the order of the rules.
+    found = [r for r in _RULES if path == r[0] or path.startswith(r[0] + ".")]
+    return max(found, key=lambda r: len(r[0])) if found else None
+
+
 def _rule(path: str) -> tuple[str, int, str]:
-    for prefix, category, weight, label in _RULES:
-        if path == prefix or path.startswith(prefix + "."):
-            return category, weight, label
-    return "other", 10, path
+    rule = _match(path)
+    return (rule[1], rule[2], rule[3]) if rule else ("other", 10, path)
 
 
 def _label(path: str) -> str:
-    for prefix, _, _, label in _RULES:
-        if path == prefix:
-            return label
-        if path.startswith(prefix + "."):
-            return f"{label} {path[len(prefix) + 1 :]}"
-    return path
+    rule = _match(path)
+    if rule is None:
+        return path
+    return rule[3] if path == rule[0] else f"{rule[3]} {path[len(rule[0]) + 1 :]}"
 
 
 def _show(value: Any, limit: int = 120) -> str:

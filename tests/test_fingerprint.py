@@ -279,3 +279,12 @@ def test_other_list_differences_show_items_added_and_removed() -> None:
         "served models: added m2"
     )
     assert Difference("software.served_models", None, ["m1"], "engine", 93).describe() == "served models: none -> [m1]"
+
+
+def test_gpu_uuids_are_a_fact_about_the_box_not_a_gpu_setting() -> None:
+    # The longest rule wins whatever the rules' order: `gpus.uuids`, not the `gpus` catch-all (a GPU setting, 70,
+    # which --fail-on env would count as an environment change of its own).
+    (d,) = diff(_fp(), _fp(gpus__uuids=["GPU-1", "GPU-2"]))
+    assert (d.category, d.weight, d.describe()) == ("host", 15, "GPU UUIDs: added GPU-2")
+    (d,) = diff(_fp(), _fp(gpus__ecc_mode="Disabled"))
+    assert (d.category, d.weight, d.describe()) == ("gpu", 71, "GPU ECC mode: none -> Disabled")

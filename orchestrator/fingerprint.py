@@ -6,6 +6,7 @@ import difflib
 import functools
 import hashlib
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -243,6 +244,8 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("host.cpu_model", "host", 40, "CPU model"),
     ("host.cpu_governor", "host", 39, "CPU governor"),
     ("host.kernel", "host", 35, "kernel"),
+    # Which of the node's GPUs the launch was given (its inherited CUDA_VISIBLE_DEVICES; compared as a count above).
+    ("host.visible_devices", "host", 16, "GPUs used (inherited CUDA_VISIBLE_DEVICES)"),
     # Where the server's venv lives does not move a number; what is installed in it (above) does.
     ("software.python_executable", "host", 20, "server Python path"),
     # Same model, other physical GPUs: another box (its GPU settings above say whether that matters).
@@ -399,19 +402,43 @@ def stable_argv(argv: list[Any]) -> list[Any]:
     return out
 
 
+# Which GPUs of a node an allocation gets is Slurm's choice, anew for every allocation: the CUDA_VISIBLE_DEVICES a
+# server inherits from its Slurm step ("0" one night, "1" the next, on a node shared by gres) is compared by how many
+# devices it names. Which ones they were is a fact about the box, like gpus.uuids: shown (host.visible_devices), never
+# an environment change by itself.
+VISIBLE_DEVICES = "env.inherited.CUDA_VISIBLE_DEVICES"
+
+
+def _device_count(value: Any) -> Any:
+    if not isinstance(value, str) or _COUNTED.fullmatch(value):  # None (not inherited), or counted already
+        return value
+    n = len([d for d in value.split(",") if d.strip()])
+    return f"{n} device{'s' if n != 1 else ''}"
+
+
+_COUNTED = re.compile(r"\d+ devices?")
+
+
 def stable_environment(env: dict[str, Any]) -> dict[str, Any]:
-    """An environment as stored by a night (`environment`'s output), with its argv as `stable_argv` makes it: a
-    night stored before the placeholders existed then compares equal to one stored after."""
-    argv = env.get("argv")
-    return {**env, "argv": stable_argv(argv)} if isinstance(argv, list) else env
+    """A flattened environment (`environment`'s output, as a night stores it) without the values chosen anew for
+    every launch or allocation (`stable_argv`, VISIBLE_DEVICES): a night stored before they were left out compares
+    equal to one stored after."""
+    out = dict(env)
+    if isinstance(out.get("argv"), list):
+        out["argv"] = stable_argv(out["argv"])
+    if VISIBLE_DEVICES in out:
+        out[VISIBLE_DEVICES] = _device_count(out[VISIBLE_DEVICES])
+    return out
 
 
 def _comparable(fp: dict[str, Any]) -> dict[str, Any]:
     flat = _flatten(fp)
     argv = flat.get("argv")
     if isinstance(argv, list):
-        flat["argv"] = stable_argv(argv[1:])
-    return {k: _unkeyed(v) for k, v in flat.items() if k not in _SKIPPED}
+        flat["argv"] = argv[1:]
+    if VISIBLE_DEVICES in flat:
+        flat["host.visible_devices"] = flat[VISIBLE_DEVICES]
+    return {k: _unkeyed(v) for k, v in stable_environment(flat).items() if k not in _SKIPPED}
 
 
 def diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[Difference]:

@@ -288,3 +288,24 @@ def test_gpu_uuids_are_a_fact_about_the_box_not_a_gpu_setting() -> None:
     assert (d.category, d.weight, d.describe()) == ("host", 15, "GPU UUIDs: added GPU-2")
     (d,) = diff(_fp(), _fp(gpus__ecc_mode="Disabled"))
     assert (d.category, d.weight, d.describe()) == ("gpu", 71, "GPU ECC mode: none -> Disabled")
+
+
+def test_which_gpus_an_allocation_got_is_no_environment_change_but_how_many_is() -> None:
+    # Slurm gives a shared node's gres GPUs anew for every allocation: GPU 0 one night, GPU 1 the next.
+    def visible(devices: str) -> dict[str, Any]:
+        return _fp(env__inherited={"CUDA_VISIBLE_DEVICES": devices})
+
+    (d,) = diff(visible("0"), visible("1"))
+    assert (d.category, d.weight, d.describe()) == ("host", 16, "GPUs used (inherited CUDA_VISIBLE_DEVICES): 0 -> 1")
+    assert fingerprint.environment(visible("0")) == fingerprint.environment(visible("1"))
+    shown = [x.describe() for x in diff(visible("0"), visible("0,1"))]
+    assert shown == [
+        "inherited env CUDA_VISIBLE_DEVICES: 1 device -> 2 devices",
+        "GPUs used (inherited CUDA_VISIBLE_DEVICES): 0 -> 0,1",
+    ]
+    assert fingerprint.environment(visible("0")) != fingerprint.environment(visible("2,3"))
+    # A night stored before this compares as one stored after; an environment made stable stays as it is.
+    key = fingerprint.VISIBLE_DEVICES
+    assert fingerprint.stable_environment({key: "3"}) == {key: fingerprint.environment(visible("0"))[key]}
+    assert fingerprint.stable_environment({key: "2 devices"}) == {key: "2 devices"}
+    assert fingerprint.stable_environment({key: None}) == {key: None}

@@ -195,7 +195,7 @@ class Difference:
 
     def describe(self) -> str:
         """One line, e.g. `engine version: 0.5.9 -> 0.5.10`; of two lists only what differs, e.g. `server argv:
-        --dist-init-addr 10.0.0.1:25109 -> 10.0.0.2:25109` or `server argv: added --enable-torch-compile`."""
+        --tp-size 2 -> 4` or `server argv: added --enable-torch-compile`."""
         if isinstance(self.before, list) and isinstance(self.after, list):
             return f"{_label(self.field)}: {_list_change(self.before, self.after, self.field == 'argv')}"
         return f"{_label(self.field)}: {_show(self.before)} -> {_show(self.after)}"
@@ -336,10 +336,10 @@ def _list_change(before: list[Any], after: list[Any], argv: bool) -> str:
     matcher = difflib.SequenceMatcher(a=[_key(u) for u in a], b=[_key(u) for u in b], autojunk=False)
     parts = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        old, new = a[i1:i2], b[j1:j2]
-        pairs = list(zip(old, new, strict=True)) if len(old) == len(new) else []
         if tag == "equal":
             continue
+        old, new = a[i1:i2], b[j1:j2]
+        pairs = list(zip(old, new, strict=True)) if len(old) == len(new) else []
         if tag == "insert":
             parts.append(f"added {text(new)}")
         elif tag == "delete":

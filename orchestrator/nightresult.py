@@ -148,8 +148,8 @@ def item_status(series: Sequence[SeriesVerdict], relative_failed: bool) -> str:
 
 
 def night_envs(night: history.ItemNight) -> dict[str, dict[str, Any]]:
-    """A night's environments by arm as they compare now: a night stored before orch left a value it chooses per
-    launch out of the argv (fingerprint.stable_argv) compares equal to one stored after."""
+    """A night's environments by arm as they compare now: a night stored before the values chosen anew for every
+    launch or allocation were left out (fingerprint.stable_environment) compares equal to one stored after."""
     return {arm: stable_environment(env) for arm, env in night.envs.items()}
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -192,11 +194,14 @@ class Difference:
     weight: int
 
     def describe(self) -> str:
-        """One line, e.g. `engine version: 0.5.9 -> 0.5.10`."""
+        """One line, e.g. `engine version: 0.5.9 -> 0.5.10`; of two lists only what differs, e.g. `server argv:
+        --tp-size 2 -> 4` or `server argv: added --enable-torch-compile`."""
+        if isinstance(self.before, list) and isinstance(self.after, list):
+            return f"{_label(self.field)}: {_list_change(self.before, self.after, self.field == 'argv')}"
         return f"{_label(self.field)}: {_show(self.before)} -> {_show(self.after)}"
 
 
-# (field or field prefix, category, weight, label): first match wins, so longer prefixes come first. Weights order
+# (field or field prefix, category, weight, label): the longest matching prefix wins. Weights order
 # the causes: what changes the code that runs (engine, torch, NCCL) and the environment its workers get first; then
 # the hardware and its settings; then what was asked (profile, workload); then facts about the box that seldom
 # move a number by themselves.
@@ -239,6 +244,8 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("host.cpu_model", "host", 40, "CPU model"),
     ("host.cpu_governor", "host", 39, "CPU governor"),
     ("host.kernel", "host", 35, "kernel"),
+    # Which of the node's GPUs the launch was given (its inherited CUDA_VISIBLE_DEVICES; compared as a count above).
+    ("host.visible_devices", "host", 16, "GPUs used (inherited CUDA_VISIBLE_DEVICES)"),
     # Where the server's venv lives does not move a number; what is installed in it (above) does.
     ("software.python_executable", "host", 20, "server Python path"),
     # Same model, other physical GPUs: another box (its GPU settings above say whether that matters).
@@ -251,8 +258,9 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
 )
 # Never differences of the state measured: the format version, when it was collected, what could not be read or
 # went wrong while reading (a field that could not be read shows as its own value, None), the profile's digest
-# (its fields are compared one by one), where the profile file lives and its description, and argv[0] (the
-# interpreter's path, compared as software.python_executable).
+# (its fields are compared one by one), where the profile file lives and its description, argv[0] (the
+# interpreter's path, compared as software.python_executable) and the argv values orch chooses per launch
+# (PER_LAUNCH_VALUES).
 _SKIPPED = {
     "version",
     "collected_at",
@@ -265,20 +273,23 @@ _SKIPPED = {
 _REDACTED_PREFIX = "<redacted"
 
 
+def _match(path: str) -> tuple[str, str, int, str] | None:
+    # The longest prefix wins: gpus.uuids is a fact about the box (host, 15), not a GPU setting like the rest of
+    # gpus (70), whatever the order of the rules.
+    found = [r for r in _RULES if path == r[0] or path.startswith(r[0] + ".")]
+    return max(found, key=lambda r: len(r[0])) if found else None
+
+
 def _rule(path: str) -> tuple[str, int, str]:
-    for prefix, category, weight, label in _RULES:
-        if path == prefix or path.startswith(prefix + "."):
-            return category, weight, label
-    return "other", 10, path
+    rule = _match(path)
+    return (rule[1], rule[2], rule[3]) if rule else ("other", 10, path)
 
 
 def _label(path: str) -> str:
-    for prefix, _, _, label in _RULES:
-        if path == prefix:
-            return label
-        if path.startswith(prefix + "."):
-            return f"{label} {path[len(prefix) + 1 :]}"
-    return path
+    rule = _match(path)
+    if rule is None:
+        return path
+    return rule[3] if path == rule[0] else f"{rule[3]} {path[len(rule[0]) + 1 :]}"
 
 
 def _show(value: Any, limit: int = 120) -> str:
@@ -291,6 +302,60 @@ def _show(value: Any, limit: int = 120) -> str:
     else:
         text = str(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+SHOWN_LIST_CHANGES = 3
+
+
+def _is_flag(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("-") and not value[1:2].isdigit()
+
+
+def _units(argv: list[Any]) -> list[list[Any]]:
+    """An argv as its options: each flag with the values that follow it (a value after no flag stands alone)."""
+    units: list[list[Any]] = []
+    for arg in argv:
+        if _is_flag(arg) or not units or not _is_flag(units[-1][0]):
+            units.append([arg])
+        else:
+            units[-1].append(arg)
+    return units
+
+
+def _list_change(before: list[Any], after: list[Any], argv: bool) -> str:
+    """What differs between two lists, each change once: the common start and end are left out (two argvs share a
+    long start, and a truncated whole would cut away what differs). An argv is compared option by option, so a
+    changed value is shown with its flag: `--tp-size 2 -> 4`, `added --enable-x`, `removed --port 1`."""
+    a = _units(before) if argv else [[v] for v in before]
+    b = _units(after) if argv else [[v] for v in after]
+    sep = " " if argv else ", "
+
+    def text(units: list[list[Any]]) -> str:
+        return _show(sep.join(_show(v) for unit in units for v in unit))
+
+    matcher = difflib.SequenceMatcher(a=[_key(u) for u in a], b=[_key(u) for u in b], autojunk=False)
+    parts = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        old, new = a[i1:i2], b[j1:j2]
+        pairs = list(zip(old, new, strict=True)) if len(old) == len(new) else []
+        if tag == "insert":
+            parts.append(f"added {text(new)}")
+        elif tag == "delete":
+            parts.append(f"removed {text(old)}")
+        elif argv and pairs and all(o[0] == n[0] and o[1:] and n[1:] for o, n in pairs):
+            parts += [f"{o[0]} {text([o[1:]])} -> {text([n[1:]])}" for o, n in pairs]
+        else:
+            parts.append(f"{text(old)} -> {text(new)}")
+    if not parts:  # equal as shown (1 and "1"): the whole lists, then
+        return f"{_show(before)} -> {_show(after)}"
+    more = len(parts) - SHOWN_LIST_CHANGES
+    return "; ".join(parts[:SHOWN_LIST_CHANGES]) + (f"; and {more} more change(s)" if more > 0 else "")
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -313,12 +378,67 @@ def _unkeyed(value: Any) -> Any:
     return value
 
 
+# Flags whose value orch itself chooses anew for every launch, with what stands in for that value when two launches
+# are compared. A multi-node launch's --dist-init-addr is rank 0's address and a port drawn free for that launch
+# (multinode.free_port): compared as it is, every multi-node launch would differ from every other and a nightly
+# history of one would never build. The flag stays (with --nnodes and --node-rank, which are stable, it says the
+# launch was multi-node, and the argv around it still lines up); the address goes with the port, as which machine
+# rank 0 ran on is compared already (GPU UUIDs, hostname) and a rendezvous address moves no number.
+PER_LAUNCH_VALUES = {"--dist-init-addr": "<rank 0>:<port>"}
+
+
+def stable_argv(argv: list[Any]) -> list[Any]:
+    """argv with the values orch chooses per launch (PER_LAUNCH_VALUES) replaced by their placeholders, in either
+    form (`--flag VALUE`, `--flag=VALUE`)."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if not isinstance(arg, str):
+            continue
+        if arg in PER_LAUNCH_VALUES and i + 1 < len(out):
+            out[i + 1] = PER_LAUNCH_VALUES[arg]
+        flag, eq, _ = arg.partition("=")
+        if eq and flag in PER_LAUNCH_VALUES:
+            out[i] = f"{flag}={PER_LAUNCH_VALUES[flag]}"
+    return out
+
+
+# Which GPUs of a node an allocation gets is Slurm's choice, anew for every allocation: the CUDA_VISIBLE_DEVICES a
+# server inherits from its Slurm step ("0" one night, "1" the next, on a node shared by gres) is compared by how many
+# devices it names. Which ones they were is a fact about the box, like gpus.uuids: shown (host.visible_devices), never
+# an environment change by itself.
+VISIBLE_DEVICES = "env.inherited.CUDA_VISIBLE_DEVICES"
+
+
+def _device_count(value: Any) -> Any:
+    if not isinstance(value, str) or _COUNTED.fullmatch(value):  # None (not inherited), or counted already
+        return value
+    n = len([d for d in value.split(",") if d.strip()])
+    return f"{n} device{'s' if n != 1 else ''}"
+
+
+_COUNTED = re.compile(r"\d+ devices?")
+
+
+def stable_environment(env: dict[str, Any]) -> dict[str, Any]:
+    """A flattened environment (`environment`'s output, as a night stores it) without the values chosen anew for
+    every launch or allocation (`stable_argv`, VISIBLE_DEVICES): a night stored before they were left out compares
+    equal to one stored after."""
+    out = dict(env)
+    if isinstance(out.get("argv"), list):
+        out["argv"] = stable_argv(out["argv"])
+    if VISIBLE_DEVICES in out:
+        out[VISIBLE_DEVICES] = _device_count(out[VISIBLE_DEVICES])
+    return out
+
+
 def _comparable(fp: dict[str, Any]) -> dict[str, Any]:
     flat = _flatten(fp)
     argv = flat.get("argv")
     if isinstance(argv, list):
         flat["argv"] = argv[1:]
-    return {k: _unkeyed(v) for k, v in flat.items() if k not in _SKIPPED}
+    if VISIBLE_DEVICES in flat:
+        flat["host.visible_devices"] = flat[VISIBLE_DEVICES]
+    return {k: _unkeyed(v) for k, v in stable_environment(flat).items() if k not in _SKIPPED}
 
 
 def diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[Difference]:

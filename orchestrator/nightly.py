@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import ab, failon, history, nightly_fanout, server
+from orchestrator import ab, failon, history, nightly_fanout, progress, server
 from orchestrator.ab import ABConfig
 from orchestrator.errors import InputError, OrchError
 from orchestrator.hosts import open_host, resolve_host
@@ -27,7 +27,7 @@ from orchestrator.redaction import scrub
 from orchestrator.report import run_line
 from orchestrator.results import ABResult, Design
 from orchestrator.store import Store
-from orchestrator.suite import Item, Suite
+from orchestrator.suite import DEFAULT_TIMEOUT_S, Item, Suite
 
 
 class NightBusyError(OrchError):
@@ -55,12 +55,21 @@ class _Alarm:
 
     def _fire(self, reason: str) -> None:
         self.fired = reason
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), _stop_signal())
 
     def cancel(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+def _stop_signal() -> signal.Signals:
+    """The signal that stops this process the way Ctrl-C does. Started with SIGINT ignored (`orch nightly &` in a
+    script, some cron wrappers), Python installs no handler for it and a self-sent SIGINT is lost, so the item would
+    run on past its timeout and the night's deadline: then SIGTERM, which orch's entry point unwinds like Ctrl-C."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and callable(signal.getsignal(signal.SIGTERM)):
+        return signal.SIGTERM
+    return signal.SIGINT
 
 
 def night_lock_path(namespace: str) -> str:
@@ -109,8 +118,23 @@ def check_hosts(suite: Suite) -> None:
 
 
 def check_warnings(suite: Suite) -> list[str]:
-    """What --check warns about (valid, exit code unchanged): `fan_out: true` that cannot run items in parallel."""
-    return nightly_fanout.warnings(suite, suite_inventory(suite))
+    """What --check warns about (valid, exit code unchanged): items whose timeout the night's deadline cuts, and
+    `fan_out: true` that cannot run items in parallel."""
+    return deadline_warnings(suite) + nightly_fanout.warnings(suite, suite_inventory(suite))
+
+
+def deadline_warnings(suite: Suite) -> list[str]:
+    """Items whose `timeout` is longer than the whole night: the deadline stops them first, whatever else runs."""
+    long = [i for i in suite.items if i.timeout_s > suite.deadline_s]
+    if not long:
+        return []
+    names = ", ".join(f"{i.name} ({progress.duration(i.timeout_s)})" for i in long)
+    return [
+        f"timeout longer than the suite's deadline ({progress.duration(suite.deadline_s)}) for {names}: such an item "
+        "can never use its whole timeout, the night's deadline stops it first (and records it as timed out). Give it "
+        f"a timeout within the deadline (item `timeout:`, or `defaults: timeout:`; default "
+        f"{progress.duration(DEFAULT_TIMEOUT_S)}), or a longer deadline"
+    ]
 
 
 def describe_hosts(suite: Suite) -> str:
@@ -118,6 +142,9 @@ def describe_hosts(suite: Suite) -> str:
     night, or an SSH name tried at night."""
     inventory, groups = suite_inventory(suite), suite_groups(suite)
     out = []
+    nodes_asked: dict[str, set[int]] = {}
+    for item in suite.items:
+        nodes_asked.setdefault(item.host, set()).add(ab.nodes_needed(item.profiles))
     for spec in dict.fromkeys(item.host for item in suite.items):
         if spec in groups:
             group = groups[spec]
@@ -128,9 +155,7 @@ def describe_hosts(suite: Suite) -> str:
             out.append(f"{spec} (this machine)")
         elif config.scheduler == "slurm":
             where = f"partition {config.partition}" if config.partition else "the default partition"
-            nodes = (
-                "an exclusive node" if config.exclusive else "a node it may share with other jobs (exclusive: false)"
-            )
+            nodes = _slurm_nodes(sorted(nodes_asked[spec]), config.exclusive)
             source = f", from {config.source}" if spec in inventory else ""
             out.append(f"{spec} (a Slurm allocation in {where}, {nodes}, asked for when the night runs{source})")
         elif spec in inventory:
@@ -140,6 +165,19 @@ def describe_hosts(suite: Suite) -> str:
             out.append(f"{spec} (not in an inventory: an SSH name or address, first tried when the night connects; "
                        f"`orch hosts check {spec}` tries it now)")  # fmt: skip
     return "; ".join(out)
+
+
+def _slurm_nodes(counts: list[int], exclusive: bool) -> str:
+    """What a Slurm host's allocation asks for, by the node counts of the items on it: "an exclusive node",
+    "2 exclusive nodes", "1 or 2 (by item) exclusive nodes"."""
+    if counts == [1]:
+        what = "an exclusive node" if exclusive else "a node"
+    else:
+        by_item = " (by item)" if len(counts) > 1 else ""
+        shown = [str(n) for n in counts]
+        numbers = ", ".join(shown[:-1]) + " or " + shown[-1] if len(shown) > 1 else shown[0]
+        what = numbers + by_item + (" exclusive" if exclusive else "") + " nodes"
+    return what if exclusive else what + " it may share with other jobs (exclusive: false)"
 
 
 def suite_summary(suite: Suite) -> dict[str, Any]:

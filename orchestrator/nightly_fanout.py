@@ -206,6 +206,11 @@ def child_main(spec: dict[str, Any]) -> int:
     from orchestrator import suite as suite_mod
     from orchestrator.store import Store
 
+    # A night started with SIGINT ignored (`orch nightly &` in a script, some cron wrappers) passes that on to us, and
+    # Python then installs no KeyboardInterrupt handler: the parent's forwarded Ctrl-C, our own item timer and
+    # _watch_parent would all go unheard, and the parent would SIGKILL us with the allocation still held. We run in
+    # our own session, so no terminal's Ctrl-C reaches us: only the parent's signals and our own.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     deadline = time.monotonic() + float(spec["remaining_s"])

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import changepoint, history
-from orchestrator.fingerprint import environment_diff
+from orchestrator.fingerprint import environment_diff, stable_environment
 
 EXIT_OK, EXIT_ERROR, EXIT_REGRESSION, EXIT_INTERRUPTED = 0, 1, 3, 130
 # How a night's items can end, worst first (the order of the summary's verdicts).
@@ -147,13 +147,28 @@ def item_status(series: Sequence[SeriesVerdict], relative_failed: bool) -> str:
 # ---------------------------------------------------------------- judging one item
 
 
+def night_envs(night: history.ItemNight) -> dict[str, dict[str, Any]]:
+    """A night's environments by arm as they compare now: a night stored before the values chosen anew for every
+    launch or allocation were left out (fingerprint.stable_environment) compares equal to one stored after."""
+    return {arm: stable_environment(env) for arm, env in night.envs.items()}
+
+
+def night_env_key(night: history.ItemNight, value: history.SeriesValue) -> str:
+    """The digest of the environment a series was measured in (as `night_envs` makes it); the stored one for a
+    night without its environments."""
+    if not any(arm in night.envs for arm in value.env_arms):
+        return value.env
+    return history.env_key(night_envs(night), value.env_arms)
+
+
 def _describe_env_step(before: history.ItemNight, after: history.ItemNight, arms: Sequence[str]) -> str:
     parts = []
+    envs_before, envs_after = night_envs(before), night_envs(after)
     for arm in arms:
         # Only what both nights could read: a field one of them could not read says nothing.
         diffs = [
             d
-            for d in environment_diff(before.envs.get(arm, {}), after.envs.get(arm, {}))
+            for d in environment_diff(envs_before.get(arm, {}), envs_after.get(arm, {}))
             if d.before is not None and d.after is not None
         ]
         prefix = f"{arm}: " if len(arms) > 1 else ""
@@ -168,8 +183,8 @@ def judge(
 ) -> SeriesVerdict:
     """Tonight's value of a series against the nights before it (each with the environment it ran in)."""
     points = [(n, v) for n in past if n.status == "complete" and (v := n.value(value.series)) is not None]
-    envs = [history.series_environment(n.envs, value.env_arms) for n, _ in points]
-    ids = history.environment_ids([*envs, history.series_environment(tonight.envs, value.env_arms)])
+    envs = [history.series_environment(night_envs(n), value.env_arms) for n, _ in points]
+    ids = history.environment_ids([*envs, history.series_environment(night_envs(tonight), value.env_arms)])
     values = [v.value for _, v in points] + [value.value]
     nights = [changepoint.Night(x, env) for x, env in zip(values, ids, strict=True)]
     a = changepoint.assess(

@@ -217,3 +217,95 @@ def test_bench_stores_a_fingerprint_per_launch(
     bench = bench_config_from(json.loads(exp["config_json"])["bench"])
     assert fp["workload_digest"] == fingerprint.workload_digest(bench)
     assert json.loads(store.launches(exp["id"])[0]["fingerprint_json"]) == fp
+
+
+MULTI = ["-m", "orchestrator.sim", "--model-path", "/m", "--tp-size", "2", "--port", "40163"]
+
+
+def _ranks(addr: str) -> list[str]:
+    return ["/venv/bin/python", *MULTI, "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", addr]
+
+
+def test_stable_argv_leaves_out_what_orch_chooses_per_launch() -> None:
+    got = fingerprint.stable_argv([*MULTI, "--dist-init-addr", "127.0.0.1:25109", "--node-rank", "0"])
+    assert got == [*MULTI, "--dist-init-addr", "<rank 0>:<port>", "--node-rank", "0"]
+    assert fingerprint.stable_argv(["--dist-init-addr=10.0.0.1:2"]) == ["--dist-init-addr=<rank 0>:<port>"]
+    assert fingerprint.stable_argv(MULTI) == MULTI  # a single-node launch: nothing to replace
+    assert fingerprint.stable_argv(["--dist-init-addr"]) == ["--dist-init-addr"]  # no value to replace
+    # Two launches of one multi-node profile: a new port each time (and rank 0 reached elsewhere) is no difference.
+    a = _fp(argv=_ranks("127.0.0.1:25109"))
+    b = _fp(argv=_ranks("10.0.0.7:25801"))
+    assert diff(a, b) == []
+    assert fingerprint.environment(a) == fingerprint.environment(b)
+    # What the profile asks for still is: another node count.
+    wider = _ranks("127.0.0.1:1")
+    wider[wider.index("--nnodes") + 1] = "3"
+    c = _fp(argv=wider)
+    assert [d.describe() for d in diff(a, c)] == ["server argv: --nnodes 2 -> 3"]
+    # A night stored before the placeholder existed (argv[0] already left out) compares equal to one stored after.
+    old = {"argv": _ranks("127.0.0.1:25109")[1:], "gpus.model": "H100"}
+    assert fingerprint.stable_environment(old) == {"argv": fingerprint.environment(b)["argv"], "gpus.model": "H100"}
+    assert fingerprint.stable_environment({"gpus.model": "H100"}) == {"gpus.model": "H100"}
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "shown"),
+    [
+        (["--port", "40163", "--host", "127.0.0.1", "--nnodes", "2"],
+         ["--port", "40163", "--host", "0.0.0.0", "--nnodes", "2"],
+         "server argv: --host 127.0.0.1 -> 0.0.0.0"),
+        ([*MULTI, "--enable-x"], MULTI, "server argv: removed --enable-x"),
+        (MULTI, [*MULTI, "--mem-fraction-static", "0.8"], "server argv: added --mem-fraction-static 0.8"),
+        (["--tp-size", "2", "--port", "1"], ["--tp-size", "4", "--port", "2"],
+         "server argv: --tp-size 2 -> 4; --port 1 -> 2"),
+        (["--a", "1", "--b", "2", "--c", "3", "--d", "4"], ["--a", "5", "--b", "6", "--c", "7", "--d", "8"],
+         "server argv: --a 1 -> 5; --b 2 -> 6; --c 3 -> 7; and 1 more change(s)"),
+    ],
+)  # fmt: skip
+def test_a_list_difference_shows_only_what_differs(before: list[str], after: list[str], shown: str) -> None:
+    long = ["/venv/bin/python", "-m", "orchestrator.sim", *[f"--flag-{i}" for i in range(30)]]
+    (d,) = diff(_fp(argv=[*long, *before]), _fp(argv=[*long, *after]))
+    assert d.describe() == shown
+    assert len(d.describe()) < 120  # the long common start is left out, not what differs
+
+
+def test_other_list_differences_show_items_added_and_removed() -> None:
+    # As orch compare showed a multi-node launch's argv before its init address was left out of the comparison.
+    shown = Difference("argv", _ranks("127.0.0.1:25109")[1:], _ranks("127.0.0.1:25801")[1:], "profile", 59).describe()
+    assert shown == "server argv: --dist-init-addr 127.0.0.1:25109 -> 127.0.0.1:25801"
+    d = Difference("software.served_models", ["m1", "m2"], ["m1", "m3"], "engine", 93)
+    assert d.describe() == "served models: m2 -> m3"
+    assert Difference("software.served_models", ["m1"], ["m1", "m2"], "engine", 93).describe() == (
+        "served models: added m2"
+    )
+    assert Difference("software.served_models", None, ["m1"], "engine", 93).describe() == "served models: none -> [m1]"
+
+
+def test_gpu_uuids_are_a_fact_about_the_box_not_a_gpu_setting() -> None:
+    # The longest rule wins whatever the rules' order: `gpus.uuids`, not the `gpus` catch-all (a GPU setting, 70,
+    # which --fail-on env would count as an environment change of its own).
+    (d,) = diff(_fp(), _fp(gpus__uuids=["GPU-1", "GPU-2"]))
+    assert (d.category, d.weight, d.describe()) == ("host", 15, "GPU UUIDs: added GPU-2")
+    (d,) = diff(_fp(), _fp(gpus__ecc_mode="Disabled"))
+    assert (d.category, d.weight, d.describe()) == ("gpu", 71, "GPU ECC mode: none -> Disabled")
+
+
+def test_which_gpus_an_allocation_got_is_no_environment_change_but_how_many_is() -> None:
+    # Slurm gives a shared node's gres GPUs anew for every allocation: GPU 0 one night, GPU 1 the next.
+    def visible(devices: str) -> dict[str, Any]:
+        return _fp(env__inherited={"CUDA_VISIBLE_DEVICES": devices})
+
+    (d,) = diff(visible("0"), visible("1"))
+    assert (d.category, d.weight, d.describe()) == ("host", 16, "GPUs used (inherited CUDA_VISIBLE_DEVICES): 0 -> 1")
+    assert fingerprint.environment(visible("0")) == fingerprint.environment(visible("1"))
+    shown = [x.describe() for x in diff(visible("0"), visible("0,1"))]
+    assert shown == [
+        "inherited env CUDA_VISIBLE_DEVICES: 1 device -> 2 devices",
+        "GPUs used (inherited CUDA_VISIBLE_DEVICES): 0 -> 0,1",
+    ]
+    assert fingerprint.environment(visible("0")) != fingerprint.environment(visible("2,3"))
+    # A night stored before this compares as one stored after; an environment made stable stays as it is.
+    key = fingerprint.VISIBLE_DEVICES
+    assert fingerprint.stable_environment({key: "3"}) == {key: fingerprint.environment(visible("0"))[key]}
+    assert fingerprint.stable_environment({key: "2 devices"}) == {key: "2 devices"}
+    assert fingerprint.stable_environment({key: None}) == {key: None}

@@ -160,3 +160,26 @@ def test_fan_out_must_be_a_boolean(tmp_path: Path, write_profile: WriteProfile) 
     suite.write_text(yaml.safe_dump({"fan_out": "slurm", "items": [{"name": "one", "bench": "one", "sim": True}]}))
     with pytest.raises(SuiteError, match=r"fan_out: expected true or false, got 'slurm'"):
         suite_mod.load(str(suite))
+
+
+@needs_cluster
+def test_sigterm_with_sigint_ignored_still_stops_every_child(
+    cluster: SlurmCluster, write_profile: WriteProfile, tmp_path: Path
+) -> None:
+    # `orch nightly &` from a script (or some cron wrappers) starts orch with SIGINT ignored, and its children inherit
+    # that: the SIGINT the night forwards must still stop each child, or its allocation outlives the night.
+    env = _fan_suite(cluster, write_profile, tmp_path, {"runs": 50, "max_tokens": 100})
+    proc = subprocess.Popen(
+        NIGHT, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    _until_two_allocations(cluster, proc)
+    time.sleep(2)
+    began = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, out
+    assert time.monotonic() - began < 30, out  # each child stopped by the signal, not killed after STOP_WAIT_S
+    assert "Traceback" not in out and "was stopped" not in out, out
+    assert _night_items(tmp_path) == [("one", "interrupted"), ("two", "interrupted")]
+    _assert_nothing_left(cluster)

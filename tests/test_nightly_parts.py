@@ -168,3 +168,35 @@ def test_a_field_a_night_could_not_read_is_no_environment_change() -> None:
     assert history.environment_ids([]) == []
     env = history.series_environment({"b": {"x": 1}, "s": {"x": 2}}, ("s", "b"))
     assert env == {"s\tx": 2, "b\tx": 1}
+
+
+def test_multi_node_nights_share_one_environment_whatever_port_each_drew() -> None:
+    # Nights stored before the init address was left out of the argv carry the port each launch drew; tonight's
+    # environment has the placeholder. All are one environment: history builds, nothing says "environment change".
+    def argv(port: int) -> list[str]:
+        return [
+            "-m",
+            "sglang.launch_server",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--dist-init-addr",
+            f"10.0.0.1:{port}",
+        ]
+
+    def night(n: int, value: float, env: dict[str, Any]) -> history.ItemNight:
+        key = history.env_key({"a": env}, ("a",))
+        v = history.SeriesValue("a:tok_s", "a", "tok_s", value, None, None, 1, 0.03, True, key, ("a",), 3)
+        return history.ItemNight(f"n{n}", float(n), "s", "complete", None, (), (v,), {"a": env}, True)
+
+    tonight_env = fingerprint.environment(make_fingerprint(argv=["/py", *argv(31000)]))
+    assert tonight_env["argv"][-1] == "<rank 0>:<port>"
+    past = [night(n, 80.0 + 0.1 * n, {**tonight_env, "argv": argv(25000 + n)}) for n in range(4)]
+    tonight = night(9, 80.2, tonight_env)
+    verdict = nightresult.judge(tonight.series[0], past, tonight, 3)
+    assert verdict.status == "ok" and verdict.assessment.nights == 5, verdict
+    # `orch history` in hindsight sees one environment too (no environment step between the stored nights).
+    shown = report_nightly.series_history([*past, tonight], "a:tok_s", None)
+    assert shown.overall is not None and not [s for s in shown.overall.steps if s.kind == "environment"]
+    assert all(r.verdict is not None and r.verdict.status != "environment" for r in shown.rows)

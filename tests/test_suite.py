@@ -277,3 +277,39 @@ def test_an_item_may_allow_its_nodes_to_differ(suite_dir: Path) -> None:
     items[0]["allow_node_mismatch"] = "sometimes"
     with pytest.raises(SuiteError, match="allow_node_mismatch"):
         suite_mod.load(write_suite(suite_dir, {"items": items}))
+
+
+def test_check_says_how_many_nodes_a_slurm_host_asks_for(
+    suite_dir: Path, write_profile: WriteProfile, tmp_path: Path
+) -> None:
+    write_profile("wide", extends="plain", tp_size=2, nnodes=2)
+    hosts = {"h100": {"scheduler": "slurm", "partition": "gpu"}, "shared": {"scheduler": "slurm", "exclusive": False}}
+    (suite_dir / "hosts.yaml").write_text(yaml.safe_dump({"hosts": hosts}))
+
+    def described(items: list[tuple[str, str]]) -> str:
+        data = {"items": [{"name": f"i{n}", "bench": b, "host": h} for n, (b, h) in enumerate(items)]}
+        out = run("nightly", str(write_suite(suite_dir, data)), "--check", cwd=tmp_path)
+        assert out.rc == 0, out.text
+        return next(x for x in out.out.splitlines() if "hosts:" in x)
+
+    assert "h100 (a Slurm allocation in partition gpu, 2 exclusive nodes, asked for" in described([("wide", "h100")])
+    line = described([("wide", "shared")])
+    assert "2 nodes it may share with other jobs (exclusive: false)" in line, line
+    line = described([("wide", "h100"), ("plain", "h100")])
+    assert "1 or 2 (by item) exclusive nodes" in line, line
+    assert "an exclusive node" in described([("plain", "h100")])
+
+
+def test_check_warns_about_a_timeout_the_deadline_always_cuts(suite_dir: Path, tmp_path: Path) -> None:
+    items = [{"name": "long", "bench": "plain"}, {"name": "short", "bench": "plain", "timeout": "20m"}]
+    path = write_suite(suite_dir, {"deadline": "30m", "items": items})
+    out = run("nightly", str(path), "--check", cwd=tmp_path)
+    assert out.rc == 0, out.text  # a warning, not an error
+    (line,) = [x for x in out.out.splitlines() if "WARNING" in x]
+    assert "timeout longer than the suite's deadline (30m00s) for long (1h00m):" in line, line
+    assert "can never use its whole timeout" in line and "short" not in line, line
+    doc = json.loads(run("nightly", str(path), "--check", "--json", cwd=tmp_path).out)
+    assert doc["warnings"] == [line.strip().removeprefix("WARNING: ")]
+    # Within the deadline (the default one, 6h, included): nothing to say.
+    out = run("nightly", str(write_suite(suite_dir, {"items": items})), "--check", cwd=tmp_path)
+    assert out.rc == 0 and "WARNING" not in out.out, out.text

@@ -23,8 +23,8 @@ from orchestrator.hosts.base import LOCK_DIR, HostConfig, default_namespace
 from orchestrator.hosts.inventory import HostGroup, load_groups, load_inventory, parse_target
 from orchestrator.hostside import op_lock, op_unlock
 from orchestrator.nightresult import ItemReport, NightReport, SeriesVerdict, item_status, judge
+from orchestrator.progress import run_line
 from orchestrator.redaction import scrub
-from orchestrator.report import run_line
 from orchestrator.results import ABResult, Design
 from orchestrator.store import Store
 from orchestrator.suite import DEFAULT_TIMEOUT_S, Item, Suite

@@ -113,7 +113,7 @@ class FanOut:
             "out": str(out),
         }
         proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.nightly_fanout", json.dumps(spec)],
+            [sys.executable, "-m", "orchestrator.nightly_child", json.dumps(spec)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -191,59 +191,3 @@ class FanOut:
             return self.runner._failed(c.item, "interrupted", "interrupted while it ran", c.began)
         error = f"its process ended (exit {c.proc.returncode}) without a result; last output: {tail}"
         return self.runner._failed(c.item, "failed", error, c.began)
-
-
-def _watch_parent(parent: int) -> None:
-    # A parent killed outright (SIGKILL) cannot forward Ctrl-C: stop the item rather than run on unattended.
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os.kill(os.getpid(), signal.SIGINT)
-
-
-def child_main(spec: dict[str, Any]) -> int:
-    """One item of the parent's night, the way the night runs it, into the same store; its report to a file."""
-    from orchestrator import nightly
-    from orchestrator import suite as suite_mod
-    from orchestrator.store import Store
-
-    # A night started with SIGINT ignored (`orch nightly &` in a script, some cron wrappers) passes that on to us, and
-    # Python then installs no KeyboardInterrupt handler: the parent's forwarded Ctrl-C, our own item timer and
-    # _watch_parent would all go unheard, and the parent would SIGKILL us with the allocation still held. We run in
-    # our own session, so no terminal's Ctrl-C reaches us: only the parent's signals and our own.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    deadline = time.monotonic() + float(spec["remaining_s"])
-    suite = suite_mod.load(spec["suite"])
-    if suite.sha256 != spec["sha256"]:
-        print(f"{spec['suite']} changed after the night started; this item did not run", flush=True)
-        return 1
-    item = next(i for i in suite.items if i.name == spec["item"])
-    store = Store(spec["db"])
-    runner = nightly.NightRunner(
-        suite, store, float(spec["night_at"]), lambda msg: print(msg, flush=True), night_id=spec["night_id"]
-    )
-    code = 0
-    report: ItemReport | None = None
-    try:
-        report = runner._item(item, deadline)
-    except KeyboardInterrupt:
-        report, code = runner._cut, 130
-    finally:
-        store.close()
-        if report is not None:
-            tmp = spec["out"] + ".tmp"
-            with open(tmp, "wb") as f:
-                pickle.dump(report, f)
-            os.replace(tmp, spec["out"])
-    return code
-
-
-if __name__ == "__main__":
-    from orchestrator.errors import OrchError
-
-    try:
-        sys.exit(child_main(json.loads(sys.argv[1])))
-    except OrchError as e:
-        print(str(e), flush=True)
-        sys.exit(1)

@@ -7,7 +7,6 @@ import io
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.progress import run_line as run_line  # a progress line; nightly.py still imports it from here
 from orchestrator.results import ABResult, ArmResult, Comparison, LaunchResult
 from orchestrator.stats import BreakEven
 

@@ -253,3 +253,28 @@ def test_a_bad_inventory_is_left_to_opening_the_host(
     monkeypatch.setattr("orchestrator.cli.run.resolve_host", _never_connect)
     assert main(["bench", "nu-2node", "--sim", "--host", "a", "--inventory", str(bad)]) == 1
     assert "opened the host" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("two_node")
+def test_a_multi_node_bundle_on_one_host_is_refused_before_reproducing(
+    inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from orchestrator import bundleformat
+
+    db = str(tmp_path / "r.db")
+    fast = ["--runs", "1", "--warmup", "0", "--max-tokens", "8", "--min-run-s", "0", "--grace", "2", "--gpu-wait", "0"]
+    (tmp_path / "none.yaml").write_text("hosts: {}\n")  # this machine as it is (the fixture's `local` is not)
+    assert main(["bench", "one", "--sim", *fast, "--db", db, "--inventory", str(tmp_path / "none.yaml")]) == 0
+    bundle = tmp_path / "one.orch.json"
+    assert main(["export", "last", "--db", db, "--format", "bundle", "-o", str(bundle)]) == 0
+    data = json.loads(bundle.read_text())
+    data["content"]["profiles"][0].update(nnodes=2, tp_size=2)  # as if it had been measured on a group
+    data["digest"] = bundleformat.digest_of(data)
+    bundle.write_text(json.dumps(data))
+    capsys.readouterr()
+    monkeypatch.setattr("orchestrator.cli.run.resolve_host", _never_connect)
+    args = ["reproduce", str(bundle), "--host", "node-a", "--inventory", str(inventory), "--db", db]
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert "has nnodes: 2, so --host must name an inventory group of at least 2 hosts" in captured.err, captured.err
+    assert "reproducing" not in captured.out and "opened the host" not in captured.err

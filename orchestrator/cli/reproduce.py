@@ -21,7 +21,7 @@ from orchestrator.cli.options import (
     option_given,
     parse_tolerance,
 )
-from orchestrator.cli.run import ab_config, open_host, progress, start
+from orchestrator.cli.run import ab_config, check_host_nodes, open_host, progress, start
 from orchestrator.cli.stored import stored_result
 from orchestrator.compare import claim_verdict
 from orchestrator.report import SIM_BANNER, ab_json, ab_text
@@ -73,6 +73,8 @@ def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoRetu
             f"a bundle is re-run with its own settings; drop {', '.join(flag[n] for n in passed)} "
             "(--blocks may change the number of blocks)"
         )
+    # Before any header line: a multi-node bundle on a --host with too few nodes is refused from the inventory alone.
+    check_host_nodes(bundle_mod.profiles_from_bundle(bundle), kw["host_spec"], kw["inventory"])
     store = Store(kw["db"])
     try:
         event, on_run = progress(kw)

@@ -156,8 +156,8 @@ def is_ab(result: ABResult) -> bool:
 def title(result: ABResult) -> str:
     """The report's heading: an A/B names what it compares, a single-arm benchmark names its profile."""
     if is_ab(result):
-        return f"A/B results ({result.experiment_id}, host {result.host})"
-    return f"benchmark of {result.arms[0].label} ({result.experiment_id}, host {result.host})"
+        return f"A/B results ({result.experiment_id}, host {result.host_label})"
+    return f"benchmark of {result.arms[0].label} ({result.experiment_id}, host {result.host_label})"
 
 
 def comparison_line(c: Comparison) -> str:
@@ -451,7 +451,7 @@ def _md_table(rows: list[list[str]]) -> list[str]:
 def ab_markdown(result: ABResult) -> str:
     """The report as Markdown, for a ticket or a pull request."""
     head = "A/B" if is_ab(result) else f"Benchmark of {result.arms[0].label},"
-    lines = [f"# {head} {result.experiment_id} on {result.host}", ""]
+    lines = [f"# {head} {result.experiment_id} on {result.host_label}", ""]
     if result.simulated:
         lines += [f"**{SIM_BANNER}**", ""]
     lines += [line for banner in attached_banner(result) for line in (f"**{banner}**", "")]

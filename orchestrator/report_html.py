@@ -319,11 +319,18 @@ def _dig(d: Any, path: Sequence[str]) -> Any:
 
 
 def _host_section(result: ABResult) -> str:
-    facts = [["fact", "value"]] + [[k, _fact(v, k)] for k, v in result.host_facts.items()]
-    out = f"<h3>Host {_e(result.host)}</h3>"
+    per_node = {} if len(result.nodes) < 2 else result.host_facts["nodes"]
+    shown = {k: v for k, v in result.host_facts.items() if not (per_node and k in ("nodes", "node_mismatches"))}
+    facts = [["fact", "value"]] + [[k, _fact(v, k)] for k, v in shown.items()]
+    out = f"<h3>Host {_e(result.host_label)}</h3>"
     if any(arm.attached_url for arm in result.arms):
         out += '<p class="note">Host facts are --host\'s, not those of the attached server(s).</p>'
     out += _table(facts, "table-host", 99) if len(facts) > 1 else '<p class="note">No host facts stored.</p>'
+    if per_node:
+        # One column per node: the facts above are node rank 0's, and a multi-node server is only as even as these.
+        keys = list(dict.fromkeys(k for f in per_node.values() for k in f))
+        table = [["fact", *per_node]] + [[k, *(_fact(f.get(k), k) for f in per_node.values())] for k in keys]
+        out += f"<h3>Nodes (rank order)</h3>{_table(table, 'table-nodes', 99)}"
     prints = [(arm.label, next((la.fingerprint for la in arm.launches if la.fingerprint), None)) for arm in result.arms]
     rows: list[list[object]] = [["field", *[label for label, _ in prints]]]
     for name, path in FINGERPRINT_ROWS:
@@ -340,7 +347,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     reqs: Requests = requests or {}
     level = result.levels[0] if result.levels else 1
     d = result.design
-    title = f"A/B {result.experiment_id} on {result.host}" if len(result.arms) > 1 else f"{result.experiment_id}"
+    title = f"A/B {result.experiment_id} on {result.host_label}" if len(result.arms) > 1 else f"{result.experiment_id}"
     body = [f"<h1>{_e(title)}</h1>"]
     body.append(
         f'<p class="meta">Status: {_e(result.status)}. Arms: {_e(", ".join(a.label for a in result.arms))}. '

@@ -433,6 +433,19 @@ class ABResult:
             out.append((arm, spec_from_run(base_tps, tps, tau, arm.spec_steps, self.target_tps)))
         return out
 
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes of a multi-node host (an inventory group, a multi-node Slurm allocation) in rank order; []
+        for one host."""
+        nodes = self.host_facts.get("nodes")
+        return list(nodes) if isinstance(nodes, dict) else []
+
+    @property
+    def host_label(self) -> str:
+        """The host as reports name it: a multi-node host with its nodes."""
+        nodes = self.nodes
+        return f"{self.host} (nodes {', '.join(nodes)})" if len(nodes) > 1 else self.host
+
     def node_mismatch(self) -> str | None:
         """The nodes of the multi-node group differed (launched with --allow-node-mismatch), or None."""
         mismatches = self.host_facts.get("node_mismatches") or []

@@ -15,6 +15,10 @@ import yaml
 
 from orchestrator import hostside
 from orchestrator.hosts.slurm_cli import Slurm
+from orchestrator.report import ab_markdown, ab_text
+from orchestrator.report_html import ab_html
+from orchestrator.results import load_result
+from orchestrator.store import Store
 from tests import slurmcluster
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
 from tests.slurmcluster import PARTITION, SlurmCluster
@@ -104,6 +108,13 @@ def test_a_two_node_ab_runs_in_one_two_node_allocation(
     ] * 2
     assert counts == 4
     assert job not in cluster.live_jobs()  # released at the end
+    # the reports say it ran on two nodes, and the HTML one shows each node's facts in its own column
+    result = load_result(Store(tmp_path / "r.db"), "last")
+    label = f"{HOST} (nodes {HOST}/n1, {HOST}/n2)"
+    assert f"host {label})" in ab_text(result) and f"on {label}" in ab_markdown(result)
+    page = ab_html(result)
+    assert 'id="table-nodes"' in page and f"<th>{HOST}/n2</th>" in page, page
+    assert "{&#x27;" not in page and "{'" not in page  # no Python dict printed raw
 
 
 @needs_cluster

@@ -4,7 +4,8 @@ The local host calls `dispatch()` in-process; a remote host runs this same file 
 (`python3 hostside.py --serve`, one JSON request per line). It needs only the stdlib, psutil, and the shipped
 stdlib + psutil modules shipped beside it (`hosts.agentlink.agent_files()`): `processes` (the marker, finding orch's
 processes), `hostfacts` (facts, GPUs, engine versions, fingerprints), `hostwait` (until a launch is ready, until the
-GPUs are idle), `redaction`, `client` and `sim/`. Keep every other orchestrator import out of it.
+GPUs are idle), `teardown` (stopping a launch, a port's holder), `hostlock` (the host lock), `redaction`, `client`
+and `sim/`. Keep every other orchestrator import out of it.
 
 A launch costs few round trips: one call each for preflight (leftovers, port owner, GPUs), launch, the wait until
 ready, the env read-back with the process list, and teardown with the GPU-idle wait. Long calls report progress
@@ -15,21 +16,20 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import fcntl
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
 
 from orchestrator import hostwait
 from orchestrator.hostfacts import op_check, op_facts, op_fingerprint, op_gpus
+from orchestrator.hostlock import op_lock, op_unlock
 from orchestrator.processes import (
     MARKER,
     OWNER,
@@ -43,6 +43,7 @@ from orchestrator.processes import (
     owner_state,
 )
 from orchestrator.redaction import redact
+from orchestrator.teardown import _recorded, op_kill_port_owner, op_port_owner, stop_launch
 
 # Variables that change what an inference server does even when no profile set them.
 RELEVANT_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVIDIA_", "OMP_", "HF_", "TRITON_")
@@ -99,85 +100,6 @@ def op_hello() -> dict[str, Any]:
     return {"protocol": PROTOCOL_VERSION, "python": sys.version.split()[0], "psutil": psutil.__version__}
 
 
-# One orch session per host: an flock held by the agent process for as long as it lives. If orch or its SSH
-# connection dies, the agent sees EOF and exits, and the kernel releases the lock: nothing stale to clean up.
-_LOCKS: dict[str, int] = {}
-
-
-def op_lock(path: str, holder: dict[str, Any], wait_s: float = 0.0, reclaim: bool = False) -> dict[str, Any]:
-    """Take the host lock (waiting up to wait_s). With reclaim, a lock held by an older agent of the *same* orch
-    session (left behind by a silent network drop) is taken back by ending that agent."""
-    if path in _LOCKS:
-        return {"acquired": True, "holder": holder}
-    fd = _open_lock_file(path)
-    deadline = time.monotonic() + wait_s
-    reclaimed = False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            current: dict[str, Any] = {}
-            with contextlib.suppress(OSError, ValueError):
-                current = json.loads(os.pread(fd, 65536, 0).decode() or "{}")
-            if reclaim and not reclaimed and holder.get("session") and current.get("session") == holder["session"]:
-                reclaimed = True
-                _end_stale_agent(current.get("agent_pid"))
-                continue
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return {"acquired": False, "holder": current}
-            time.sleep(0.2)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps({**holder, "agent_pid": os.getpid()}).encode(), 0)
-    _LOCKS[path] = fd
-    return {"acquired": True, "holder": holder}
-
-
-def _open_lock_file(path: str) -> int:
-    # The lock lives in a host-wide directory (/tmp) so that every session on the host meets it, whatever its
-    # HOME or workdir, other users' included: created world-writable, and opened without O_CREAT when it exists
-    # (fs.protected_regular refuses O_CREAT on another user's file in a sticky directory).
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    try:
-        return os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        pass
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-    except FileExistsError:
-        return os.open(path, os.O_RDWR)
-    with contextlib.suppress(OSError):
-        os.fchmod(fd, 0o666)  # the umask must not lock other users out
-    return fd
-
-
-def _end_stale_agent(pid: Any) -> None:
-    # Only a process that is verifiably an orch agent (this file in --serve mode, same user) is ever ended here.
-    if not isinstance(pid, int) or pid in (os.getpid(), os.getppid()) or pid <= 1:
-        return
-    try:
-        proc = psutil.Process(pid)
-        cmd = proc.cmdline()
-        if proc.uids().real != os.getuid() or "--serve" not in cmd or not any(a.endswith("hostside.py") for a in cmd):
-            return
-        proc.terminate()
-        if _wait_gone([proc], 5.0):
-            proc.kill()
-            _wait_gone([proc], 5.0)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return
-
-
-def op_unlock(path: str) -> bool:
-    fd = _LOCKS.pop(path, None)
-    if fd is None:
-        return False
-    os.ftruncate(fd, 0)
-    os.close(fd)  # closing the last descriptor releases the flock
-    return True
-
-
 def op_find(namespace: str) -> list[dict[str, Any]]:
     """Every live process carrying an orch launch marker of this namespace, with its owning session's state."""
     prefix = namespace + ":"
@@ -202,28 +124,6 @@ def op_status(namespace: str, nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
     for p in procs:
         p["ports"] = sorted(set(ports.get(p["pid"], [])))
     return {"processes": procs, "gpus": op_gpus(nvidia_smi)}
-
-
-def op_port_owner(port: int) -> list[dict[str, Any]]:
-    """Who listens on the TCP port: pid, command line and orch marker (None when it is not orch's)."""
-    owners: list[dict[str, Any]] = []
-    seen: set[int | None] = set()
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status != psutil.CONN_LISTEN or not conn.laddr or conn.laddr.port != port:
-            continue
-        if conn.pid in seen:
-            continue
-        seen.add(conn.pid)
-        if conn.pid is None:
-            owners.append({"pid": None, "cmdline": "(a process orch may not inspect)", "launch_id": None})
-            continue
-        try:
-            proc = psutil.Process(conn.pid)
-        except psutil.NoSuchProcess:
-            continue
-        env = _environ(proc) or {}
-        owners.append(_describe(proc, env.get(MARKER)))
-    return owners
 
 
 def op_preflight(
@@ -376,21 +276,6 @@ def op_launch_state(launch_id: str, pid: int, keys: list[str], digest_key: str |
     return {"environ": op_environ(launch_id, keys, digest_key), "procs": op_launch_procs(launch_id, pid)}
 
 
-def _recorded(procs: Iterable[dict[str, Any]]) -> tuple[list[psutil.Process], list[dict[str, Any]]]:
-    """The recorded processes that are still the same processes (PID and start time), and those that are gone."""
-    alive, gone = [], []
-    for rec in procs:
-        try:
-            proc = psutil.Process(int(rec["pid"]))
-            if abs(proc.create_time() - float(rec["create_time"])) < 0.01 and not _gone(proc):
-                alive.append(proc)
-                continue
-        except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, TypeError, ValueError):
-            pass
-        gone.append(rec)
-    return alive, gone
-
-
 def launch_problem(procs: list[dict[str, Any]]) -> str | None:
     """Why a launch is no longer whole (a recorded process exited), or None while every one still runs."""
     _, gone = _recorded(procs)
@@ -407,50 +292,6 @@ def op_launch_health(procs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"ok": problem is None, "problem": problem}
 
 
-def _signal_group(pgid: int | None, sig: signal.Signals) -> bool:
-    if pgid is None or pgid <= 1:
-        return False
-    try:
-        os.killpg(pgid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _signal_procs(procs: Iterable[psutil.Process], sig: signal.Signals) -> list[int]:
-    hit = []
-    for proc in procs:
-        if _gone(proc):
-            continue
-        try:
-            proc.send_signal(sig)
-            hit.append(proc.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return hit
-
-
-# Teardown's polls (a /proc read per process, a scan of the listening sockets): cheap on the host, and each one is
-# time a user waits between arms.
-GONE_POLL_S = 0.01
-PORT_POLL_S = 0.02
-
-
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    alive = [p for p in procs if not _gone(p)]
-    while alive and time.monotonic() < deadline:
-        time.sleep(GONE_POLL_S)
-        alive = [p for p in alive if not _gone(p)]
-    return alive
-
-
-def _listening(port: int) -> bool:
-    return any(
-        c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in psutil.net_connections(kind="tcp")
-    )
-
-
 def op_teardown(
     launch_id: str,
     pgid: int | None = None,
@@ -462,79 +303,12 @@ def op_teardown(
     nvidia_smi: str = "nvidia-smi",
     gpu_idle_mib: int = 2048,
 ) -> dict[str, Any]:
-    """SIGTERM the group, wait, SIGKILL the group, SIGKILL any process still carrying the marker, wait for the port;
-    with gpu_wait_s, then wait (bounded) for the GPUs' memory to be back to idle (`gpus_after`).
-
-    Only processes in the recorded process group, carrying this exact launch marker, or recorded as this launch's
-    (`known`: PID and start time, so a reused PID is never mistaken for ours) are ever signalled.
-    """
-    report_ = _teardown(launch_id, pgid, port, grace_s, port_wait_s, known)
+    """The launch stopped (`teardown.stop_launch`: only its own processes are ever signalled); with gpu_wait_s,
+    then wait (bounded) for the GPUs' memory to be back to idle (`gpus_after`)."""
+    report_ = stop_launch(launch_id, pgid, port, grace_s, port_wait_s, known)
     if gpu_wait_s is not None:
         report_["gpus_after"] = hostwait.gpus_idle(nvidia_smi, gpu_idle_mib, gpu_wait_s, report=report)
     return report_
-
-
-def _teardown(
-    launch_id: str,
-    pgid: int | None,
-    port: int | None,
-    grace_s: float,
-    port_wait_s: float,
-    known: list[dict[str, Any]] | None,
-) -> dict[str, Any]:
-    t0 = time.monotonic()
-    procs = [p for p, _ in _marked(lambda v: v == launch_id)]
-    # Recorded members that no longer carry the marker (a worker that re-exec'd with a clean environment).
-    unmarked = [p for p in _recorded(known or [])[0] if p.pid not in {q.pid for q in procs}]
-    procs += unmarked
-    report: dict[str, Any] = {
-        "found": [p.pid for p in procs],
-        "unmarked": [p.pid for p in unmarked],
-        "sigterm": False,
-        "sigkill": [],
-        "escaped": [],
-    }
-    # A recorded PGID is only trusted while a member still carries our marker: after the launch died the number
-    # may belong to someone else's process group.
-    if pgid is not None and any(_pgid(p) == pgid for p in procs):
-        procs += [p for p in psutil.process_iter() if p.pid not in report["found"] and _pgid(p) == pgid]
-    else:
-        pgid = None
-    report["sigterm"] = _signal_group(pgid, signal.SIGTERM)
-    # Members that left the group (setsid) never saw the group signal: tell them directly.
-    _signal_procs([p for p in procs if _pgid(p) != pgid], signal.SIGTERM)
-    survivors = _wait_gone(procs, grace_s)
-    if survivors:
-        # Re-check just before the group SIGKILL: if every marked member left the group meanwhile, the number
-        # may already belong to a new group of someone else's.
-        if pgid is not None and any(_pgid(p) == pgid for p, _ in _marked(lambda v: v == launch_id)):
-            _signal_group(pgid, signal.SIGKILL)
-        _signal_procs(survivors, signal.SIGKILL)  # those outside the group; the rest may already be gone
-        report["sigkill"] = [p.pid for p in survivors]
-    # Processes started after our snapshot or reparented away from the group: found again by marker.
-    late = [p for p, _ in _marked(lambda v: v == launch_id)] + _recorded(known or [])[0]
-    if late:
-        report["escaped"] = sorted(set(_signal_procs(late, signal.SIGKILL)))
-    remaining = _wait_gone(procs + late, 10.0)
-    report["remaining"] = [_describe(p, launch_id) for p in remaining]
-    port_free = True
-    if port is not None:
-        deadline = time.monotonic() + port_wait_s
-        while (port_free := not _listening(port)) is False and time.monotonic() < deadline:
-            time.sleep(PORT_POLL_S)
-        if not port_free:
-            # Whoever still holds the port carries neither our marker nor a recorded PID: say so, never kill it.
-            report["port_owner"] = op_port_owner(port)
-    report["port_free"] = port_free
-    report["seconds"] = round(time.monotonic() - t0, 3)
-    return report
-
-
-def _pgid(proc: psutil.Process) -> int | None:
-    try:
-        return os.getpgid(proc.pid)
-    except ProcessLookupError:
-        return None
 
 
 def op_down(namespace: str, grace_s: float = 10.0, force: bool = False) -> dict[str, Any]:
@@ -556,25 +330,6 @@ def op_down(namespace: str, grace_s: float = 10.0, force: bool = False) -> dict[
         if lid not in live
     ]
     return {"stopped": stopped, "live": list(live.values())}
-
-
-def op_kill_port_owner(port: int, pid: int, grace_s: float = 10.0) -> dict[str, Any]:
-    """Kill exactly the process that owns the port (opt-in: host policy kill-with-force plus --force)."""
-    if pid <= 1 or pid in (os.getpid(), os.getppid()):
-        raise HostSideError(f"refusing to kill PID {pid} (init, or orch's own agent and its parent)")
-    try:
-        proc = psutil.Process(pid)  # before the ownership check, so a PID reused afterwards is not signalled
-    except psutil.NoSuchProcess:
-        return {"pid": pid, "sigkill": False, "gone": True}
-    owners = [o["pid"] for o in op_port_owner(port)]
-    if pid not in owners:
-        raise HostSideError(f"PID {pid} no longer owns port {port} (owners now: {owners}); nothing was killed")
-    _signal_procs([proc], signal.SIGTERM)
-    killed = []
-    if _wait_gone([proc], grace_s):
-        killed = _signal_procs([proc], signal.SIGKILL)
-        _wait_gone([proc], 10.0)
-    return {"pid": pid, "sigkill": bool(killed), "gone": _gone(proc)}
 
 
 def op_bench_run(

@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import ab, failon, history, nightly_fanout, progress, server
+from orchestrator import ab, experiment_host, failon, history, nightly_fanout, progress, server
 from orchestrator.ab import ABConfig
 from orchestrator.errors import InputError, OrchError
+from orchestrator.hostlock import op_lock, op_unlock
 from orchestrator.hosts import open_host, resolve_host
 from orchestrator.hosts.base import LOCK_DIR, HostConfig, default_namespace
 from orchestrator.hosts.inventory import HostGroup, load_groups, load_inventory, parse_target
-from orchestrator.hostside import op_lock, op_unlock
 from orchestrator.nightresult import ItemReport, NightReport, SeriesVerdict, item_status, judge
 from orchestrator.progress import run_line
 from orchestrator.redaction import scrub
@@ -100,7 +100,7 @@ def check_hosts(suite: Suite) -> None:
     inventory, groups = suite_inventory(suite), suite_groups(suite)
     for item in suite.items:
         where = f"{suite.path}: item {item.name!r}: host"
-        nodes = ab.nodes_needed(item.profiles)
+        nodes = experiment_host.nodes_needed(item.profiles)
         if item.host in groups:
             have = len(groups[item.host].nodes)
             if nodes > have:
@@ -144,7 +144,7 @@ def describe_hosts(suite: Suite) -> str:
     out = []
     nodes_asked: dict[str, set[int]] = {}
     for item in suite.items:
-        nodes_asked.setdefault(item.host, set()).add(ab.nodes_needed(item.profiles))
+        nodes_asked.setdefault(item.host, set()).add(experiment_host.nodes_needed(item.profiles))
     for spec in dict.fromkeys(item.host for item in suite.items):
         if spec in groups:
             group = groups[spec]
@@ -358,7 +358,7 @@ class NightRunner:
         prefix = f"[{item.name}] "
         self._alarm.arm(budget, why)
         try:
-            nodes = ab.nodes_needed(item.profiles)
+            nodes = experiment_host.nodes_needed(item.profiles)
             if self.suite.inventory:  # its groups too
                 host = resolve_host(item.host, inventory=self.suite.inventory, nodes=nodes)
             else:

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator import hostside, redaction, server
+from orchestrator import hostlock, hostside, redaction, server, teardown
 from orchestrator.errors import HostError
 from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
@@ -122,7 +122,7 @@ def test_foreign_port_owner_is_named_and_never_killed(
     foreign: subprocess.Popen[bytes], write_profile: WriteProfile
 ) -> None:
     port = foreign.port  # type: ignore[attr-defined]
-    owners = hostside.op_port_owner(port)
+    owners = teardown.op_port_owner(port)
     assert owners[0]["pid"] == foreign.pid and owners[0]["launch_id"] is None
     prof = load(str(write_profile("p", engine="sglang", model_path="/m", tp_size=1, port=port)))
     with pytest.raises(HostError, match=rf"port {port} on local is in use by PID {foreign.pid} \(.*python"):
@@ -171,8 +171,8 @@ def test_port_free_after_bind_close() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
         s.listen()
-        assert hostside._listening(port)
-    assert not hostside._listening(port)
+        assert teardown._listening(port)
+    assert not teardown._listening(port)
 
 
 def test_namespace_is_matched_exactly_not_as_a_prefix(tmp_path: Path) -> None:
@@ -282,7 +282,7 @@ def test_cmdlines_shown_from_the_host_are_masked(
     foreign_with_secrets: subprocess.Popen[bytes], write_profile: WriteProfile
 ) -> None:
     port = foreign_with_secrets.port  # type: ignore[attr-defined]
-    (owner,) = hostside.op_port_owner(port)
+    (owner,) = teardown.op_port_owner(port)
     assert "SECRET" not in owner["cmdline"] and "--api-key <redacted>" in owner["cmdline"]
     assert "--hf-token=<redacted>" in owner["cmdline"] and "--max-total-tokens 8" in owner["cmdline"]
     # The same masked line in preflight's refusal, and in what `orch status`/teardown reports list (_describe).
@@ -305,14 +305,14 @@ def test_lock_is_exclusive_and_reclaimed_only_from_our_own_session(tmp_path: Pat
         agent.stdin.write(json.dumps(req) + "\n")
         agent.stdin.flush()
         assert json.loads(agent.stdout.readline())["result"]["acquired"]
-        other = hostside.op_lock(lock, {"session": "S2"}, wait_s=0.3, reclaim=True)
+        other = hostlock.op_lock(lock, {"session": "S2"}, wait_s=0.3, reclaim=True)
         assert not other["acquired"] and other["holder"]["user"] == "alice" and agent.poll() is None
         # Same session (a reconnect after a silent drop): the stale agent of that session is ended, lock taken.
-        mine = hostside.op_lock(lock, {"session": "S1"}, wait_s=5, reclaim=True)
+        mine = hostlock.op_lock(lock, {"session": "S1"}, wait_s=5, reclaim=True)
         assert mine["acquired"]
         assert agent.wait(timeout=10) is not None
     finally:
-        hostside.op_unlock(lock)
+        hostlock.op_unlock(lock)
         if agent.poll() is None:
             agent.kill()
         agent.wait()
@@ -356,8 +356,8 @@ def test_recorded_pids_are_matched_with_their_start_time() -> None:
     me = psutil.Process()
     same = {"pid": me.pid, "create_time": me.create_time()}
     other = {"pid": me.pid, "create_time": me.create_time() - 100}
-    assert hostside._recorded([same])[0] == [me]
-    assert hostside._recorded([other])[0] == [] and hostside._recorded([other])[1] == [other]
+    assert teardown._recorded([same])[0] == [me]
+    assert teardown._recorded([other])[0] == [] and teardown._recorded([other])[1] == [other]
 
 
 def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from orchestrator import hostside, server
-from orchestrator.ab import ABConfig, describe_env, run_ab
+from orchestrator.ab import ABConfig, run_ab
+from orchestrator.ab_launch import describe_env
 from orchestrator.bench import BenchConfig, local_runner, run_benchmark
 from orchestrator.errors import BenchError, ServerError, was_interrupted
 from orchestrator.hosts.local import LocalHost

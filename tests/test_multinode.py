@@ -19,9 +19,10 @@ import pytest
 import yaml
 
 from orchestrator import hostside
-from orchestrator.ab import ABConfig, host_facts, run_ab
+from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.errors import InputError, InventoryError, OrchError, ServerError
+from orchestrator.experiment_host import host_facts
 from orchestrator.hosts import resolve_host
 from orchestrator.hosts.group import GroupHost
 from orchestrator.hosts.inventory import load_groups
@@ -392,7 +393,7 @@ def test_multi_node_profiles_need_a_group_and_sglang(write_profile: WriteProfile
     prof = _load("ok", profile_dir)
     assert prof.nnodes == 2 and prof.to_dict()["nnodes"] == 2
     assert "nnodes" not in _load_one(write_profile, profile_dir).to_dict()  # unchanged for stored experiments
-    from orchestrator.ab import check_nodes
+    from orchestrator.experiment_host import check_nodes
     from orchestrator.hosts.local import LocalHost
 
     with pytest.raises(InputError, match="must name an inventory group of at least 2 hosts"):

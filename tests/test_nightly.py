@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import hostside
+from orchestrator import hostlock
 from orchestrator.nightly import night_lock_path
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
 from tests.faults.support import assert_nothing_left, assert_plain, run, start, stored
@@ -142,11 +142,11 @@ def test_a_second_night_waits_then_gives_up(write_profile: WriteProfile, tmp_pat
     suite = write_suite(tmp_path, [{"name": "a", "bench": "fine"}], wait="1s")
     holder = {"suite": "the-first-night", "pid": 4242, "user": "cron", "machine": "box", "since": "02:00"}
     lock = night_lock_path(NAMESPACE)
-    assert hostside.op_lock(lock, holder)["acquired"]
+    assert hostlock.op_lock(lock, holder)["acquired"]
     try:
         rc, out, err = night(suite, tmp_path / "n.db", "2026-11-01", "--markdown-out", str(tmp_path / "night.md"))
     finally:
-        hostside.op_unlock(lock)
+        hostlock.op_unlock(lock)
     assert rc == 1, out + err
     assert "another night still runs on this machine (suite the-first-night" in err and "after waiting 1s" in err
     # Said where cron mails and where a webhook script posts from, like any night: a lost night is not silent.

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import hostside
+from orchestrator import hostlock, hostside
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
 from orchestrator.errors import HostError
@@ -546,7 +546,7 @@ def test_lock_and_server_of_a_crashed_orch_are_recovered(
 
 def test_interrupted_call_never_hands_its_reply_to_the_next_call(remote: HostConfig, tmp_path: Path) -> None:
     held = str(tmp_path / "held.lock")
-    assert hostside.op_lock(held, {"session": "other"})["acquired"]  # makes a remote lock call block
+    assert hostlock.op_lock(held, {"session": "other"})["acquired"]  # makes a remote lock call block
     try:
         with SSHHost(remote) as host:
 
@@ -566,7 +566,7 @@ def test_interrupted_call_never_hands_its_reply_to_the_next_call(remote: HostCon
             assert set(reply) == {"alive", "status"} and reply["alive"] is True
             assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
     finally:
-        hostside.op_unlock(held)
+        hostlock.op_unlock(held)
 
 
 def test_blocks_over_ssh_interrupted_resumed_and_gpu_clock_drift_warned(

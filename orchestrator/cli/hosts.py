@@ -8,12 +8,13 @@ from typing import Any
 
 import click
 
-from orchestrator import ab, multinode
+from orchestrator import multinode
 from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.hostlist import entry_line, group_entry, host_entry
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
 from orchestrator.cli.options import db_option, with_host_options
+from orchestrator.experiment_host import acquire_host_lock
 from orchestrator.hosts import resolve_host
 from orchestrator.hosts.base import default_namespace
 from orchestrator.hosts.check import check_host
@@ -41,7 +42,7 @@ def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, g
         for node in nodes:  # a group: every node (a crashed multi-node launch left ranks on each)
             where = host_spec if len(nodes) == 1 else f"{host_spec} ({node.name})"
             if not force:
-                ab.acquire_host_lock(node, node.lock_path, "orch down", 0.0, lambda _: None, purpose="orch down")
+                acquire_host_lock(node, node.lock_path, "orch down", 0.0, lambda _: None, purpose="orch down")
             try:
                 result = node.call("down", namespace=default_namespace(), grace_s=grace, force=force)
             finally:

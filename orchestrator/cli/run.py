@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 import click
 
-from orchestrator import ab, attach, engines, failon, results
+from orchestrator import ab, attach, engines, experiment_host, failon, results
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
 from orchestrator.bench import (
@@ -222,7 +222,7 @@ def check_host_nodes(profiles: list[profiles_mod.Profile], host_spec: str, inven
             nodes, name, slurm = 1, config.name, config.scheduler == "slurm"
     except OrchError:
         return  # opening the host says what is wrong with the inventory or the spec, in its place
-    ab.check_nodes_for(profiles, nodes, name, is_slurm=slurm)
+    experiment_host.check_nodes_for(profiles, nodes, name, is_slurm=slurm)
 
 
 def sequential_plan(kw: dict[str, Any]) -> SequentialPlan | None:
@@ -373,7 +373,7 @@ def execute(
         if sim:
             event(SIM_BANNER)
         event(f"results database: {store.path}")
-        with open_host(kw, host_spec, event, nodes=ab.nodes_needed(profiles)) as host:
+        with open_host(kw, host_spec, event, nodes=experiment_host.nodes_needed(profiles)) as host:
             where = {
                 "host_spec": host_spec,
                 "workdir": kw["workdir"],

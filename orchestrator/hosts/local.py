@@ -10,7 +10,7 @@ from typing import Any
 
 import platformdirs
 
-from orchestrator import hostside
+from orchestrator import hostlock, hostside
 from orchestrator.hosts.base import CallStats, Host, HostConfig, Progress
 
 
@@ -40,7 +40,7 @@ class LocalHost(Host):
 
     def close(self) -> None:
         # The lock of an in-process agent lives in this process; release it like a remote agent's exit would.
-        hostside.op_unlock(self.lock_path)
+        hostlock.op_unlock(self.lock_path)
 
 
 def _as_json(on_progress: Progress) -> Progress:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import hostside
+from orchestrator import hostside, teardown
 from tests.conftest import NAMESPACE, REPO
 
 FAST = ("--warmup", "0", "--min-run-s", "0", "--grace", "2", "--gpu-wait", "0")
@@ -66,7 +66,7 @@ def run(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float
 def port_free(port: int, wait_s: float = 3.0) -> bool:
     """Nothing listens on it (TIME_WAIT leftovers of closed connections don't count: a server can bind again)."""
     deadline = time.monotonic() + wait_s
-    while hostside._listening(port):
+    while teardown._listening(port):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)

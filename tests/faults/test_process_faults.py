@@ -17,8 +17,8 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator import hostside, server
-from orchestrator.ab import HEALTH_TIMEOUT_S, server_problem
+from orchestrator import hostside, server, teardown
+from orchestrator.ab_launch import HEALTH_TIMEOUT_S, server_problem
 from orchestrator.bench import BenchConfig, local_runner, run_benchmark
 from orchestrator.errors import BenchError
 from orchestrator.hosts.local import LocalHost
@@ -132,7 +132,7 @@ def test_foreign_process_on_the_port_is_named_never_killed(sim_profiles: SimProf
     )
     try:
         deadline = time.monotonic() + 10
-        while not hostside._listening(port) and time.monotonic() < deadline:
+        while not teardown._listening(port) and time.monotonic() < deadline:
             time.sleep(0.05)
         out, _ = _bench(tmp_path)
         assert out.rc == 1, out.text

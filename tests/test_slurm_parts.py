@@ -144,3 +144,19 @@ def test_a_plan_longer_than_the_slurm_time_limit_is_warned_about_before_asking(t
     said = time_limit_warning(plan(3601, calibrated=False), "slurm:gpu", str(inventory))
     assert said is not None and "at least 1h" in said and "60 min" in said and "the default; set" in said
     assert time_limit_warning(plan(3601), "slurm:gpu", str(tmp_path / "missing.yaml")) is None  # said when opened
+
+
+def test_a_slurm_experiment_may_resume_on_another_slurm_host_of_its_partition(tmp_path: Path) -> None:
+    from orchestrator.cli.run import same_slurm_partition
+
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        "hosts:\n  long: {scheduler: slurm, partition: gpu, time_limit_min: 600}\n"
+        "  other: {scheduler: slurm, partition: cpu}\n  box: {address: 10.0.0.1}\n"
+    )
+    inv = str(inventory)
+    assert same_slurm_partition("slurm:gpu", "long", inv)  # more time, same partition
+    assert same_slurm_partition("long", "slurm:gpu", inv)
+    assert not same_slurm_partition("slurm:gpu", "other", inv)  # another partition: other nodes, other GPUs
+    assert not same_slurm_partition("slurm:gpu", "box", inv) and not same_slurm_partition("box", "local", inv)
+    assert not same_slurm_partition("slurm:gpu", "long", str(tmp_path / "missing.yaml"))

@@ -222,6 +222,35 @@ def test_ctrl_c_while_running_leaves_no_job_and_no_process(
 
 
 @needs_cluster
+def test_an_experiment_resumes_on_another_slurm_host_of_its_partition(
+    cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
+) -> None:
+    """Cut short on `slurm:debug` (no inventory entry, the default time limit), continued on an entry of the same
+    partition with more time: a new allocation, the experiment's own settings."""
+    sim_profiles()
+    proc = orch_on(cluster, tmp_path, *_ab("--host", f"slurm:{PARTITION}", runs=3, max_tokens=100))
+    seen: list[str] = []
+    read_until(proc, "Run 1/", seen)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(seen) + out
+    exp_id = out.split("continue it with: orch ab --resume ", 1)[1].split()[0]
+    entry = {"scheduler": "slurm", "partition": PARTITION, "time_limit_min": 30}
+    hosts = {"longer": entry, "elsewhere": {**entry, "partition": "x"}}
+    (tmp_path / "hosts.yaml").write_text(yaml.safe_dump({"hosts": hosts}))
+    refused = orch_on(cluster, tmp_path, "ab", "--resume", exp_id, "--host", "elsewhere", "--db", "r.db")
+    out, _ = refused.communicate(timeout=60)
+    assert refused.returncode == 2 and "may resume on another Slurm host of the same partition" in out, out
+    resumed = orch_on(cluster, tmp_path, "ab", "--resume", exp_id, "--host", "longer", "--db", "r.db")
+    out, _ = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, out
+    assert "longer: Slurm granted allocation" in out and "(time limit 30 min)" in out
+    with sqlite3.connect(tmp_path / "r.db") as db:
+        assert db.execute("SELECT status FROM experiments").fetchone()[0] == "complete"
+    assert cluster.live_jobs() == []
+
+
+@needs_cluster
 def test_an_allocation_ended_at_its_time_limit_is_reported_and_the_runs_kept(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:

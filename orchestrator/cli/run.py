@@ -225,6 +225,16 @@ def check_host_nodes(profiles: list[profiles_mod.Profile], host_spec: str, inven
     experiment_host.check_nodes_for(profiles, nodes, name, is_slurm=slurm)
 
 
+def same_slurm_partition(before: str, after: str, inventory: str | None) -> bool:
+    """Both --host values are Slurm hosts of one partition (so a resume may move from one to the other)."""
+    try:
+        hosts = load_inventory(inventory)
+        a, b = parse_target(before, hosts), parse_target(after, hosts)
+    except OrchError:
+        return False
+    return a.scheduler == b.scheduler == "slurm" and a.partition == b.partition
+
+
 def sequential_plan(kw: dict[str, Any]) -> SequentialPlan | None:
     """--blocks auto's plan, or None for a fixed number of blocks (where --max-blocks has no meaning)."""
     if kw["blocks"] != "auto":
@@ -264,9 +274,13 @@ def resume_experiment(store: Store, ref: str, profile_names: tuple[str, ...], kw
     kw["allow_mixed"] = bool(stored.get("allow_mixed"))
     host_spec = stored.get("host_spec", exp["host"])
     if option_given("host_spec") and kw["host_spec"] != host_spec:
-        raise click.UsageError(
-            f"experiment {exp['id']} ran on {host_spec!r}; it must be resumed there, not on {kw['host_spec']!r}"
-        )
+        if not same_slurm_partition(host_spec, kw["host_spec"], kw["inventory"]):
+            raise click.UsageError(
+                f"experiment {exp['id']} ran on {host_spec!r}; it must be resumed there, not on {kw['host_spec']!r} "
+                "(a Slurm experiment may resume on another Slurm host of the same partition, e.g. an inventory "
+                "entry with a longer time_limit_min)"
+            )
+        host_spec = kw["host_spec"]  # a new allocation lands on whatever nodes Slurm gives: the partition is the host
     check_host_nodes(profiles, host_spec, kw["inventory"])
     bench = ab.bench_config_from(stored["bench"])
     # How long to wait for a hung server is not part of what is measured: a resume may change it.

@@ -342,10 +342,13 @@ class SlurmHost(Host):
             return
         why = state.describe()
         if state.state == "TIMEOUT":
-            why += (
-                f": orch asked for {self.request.time_limit_min} min; raise time_limit_min in the host's inventory "
-                "entry for longer experiments"
+            where = (
+                f"raise time_limit_min in its inventory entry ({self.config.source})"
+                if self.config.source
+                else "write an inventory entry with `scheduler: slurm`, this partition and a larger time_limit_min, "
+                "and resume with --host ENTRY"
             )
+            why += f": orch asked for {self.request.time_limit_min} min; {where} for longer experiments"
         self._lost = f"{self.name}: {why}; its agent on {self.node} is gone ({cause})"
         self._ended = state.state
         raise self._lost_error() from cause

@@ -414,14 +414,19 @@ class Plan:
     calibrated: bool
     shortest_run_s: float | None = None  # the quickest timed run by the simulator's calibration (None: unknown)
     min_run_s: float = 0.0
+    warmups: int = 0  # of runs_per_launch
+
+    def time_text(self) -> str:
+        """The estimate as the plan line says it: "about 2 min", or "at least 2 min" without calibration."""
+        return f"{'about' if self.calibrated else 'at least'} {_duration(self.seconds)}"
 
     def line(self, least: Plan | None = None) -> str:
         """The plan in one line; with `least` (--blocks auto's minimum), the range from it to this maximum."""
         if self.calibrated:
-            when = f"about {_duration(self.seconds)} (simulator calibration)"
+            when = f"{self.time_text()} (simulator calibration)"
         else:
             when = (
-                f"at least {_duration(self.seconds)} (lower bound: assumes {ASSUMED_MAX_STREAM_TPS:.0f} tok/s per "
+                f"{self.time_text()} (lower bound: assumes {ASSUMED_MAX_STREAM_TPS:.0f} tok/s per "
                 "stream and instant loading; real servers are usually slower)"
             )
         if least is not None:
@@ -430,9 +435,11 @@ class Plan:
                 f"comparison is decided; per launch {self.runs_per_launch} runs, {self.requests_per_launch} requests "
                 f"and {self.output_tokens_per_launch} output tokens; time {_duration(least.seconds)} to {when}"
             )
+        warm = f" (+{self.warmups} warmup)" if self.warmups else ""
         return (
-            f"plan: {self.launches} launch(es) x {self.runs_per_launch} runs, {self.requests_per_launch} requests "
-            f"and {self.output_tokens_per_launch} output tokens per launch; time {when}"
+            f"plan: {self.launches} launch(es) x {self.runs_per_launch - self.warmups} runs{warm}, "
+            f"{self.requests_per_launch} requests and {self.output_tokens_per_launch} output tokens per launch; "
+            f"time {when}"
         )
 
     def refusal(self) -> str | None:
@@ -492,6 +499,7 @@ def plan(config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrat
         calibrated=calibrated,
         shortest_run_s=shortest if arms and config.runs else None,
         min_run_s=config.min_run_s,
+        warmups=config.warmup,
     )
 
 

@@ -277,4 +277,5 @@ def test_a_multi_node_bundle_on_one_host_is_refused_before_reproducing(
     assert main(args) == 2
     captured = capsys.readouterr()
     assert "has nnodes: 2, so --host must name an inventory group of at least 2 hosts" in captured.err, captured.err
+    assert "(the bundle was measured on 'local')" in captured.err
     assert "reproducing" not in captured.out and "opened the host" not in captured.err

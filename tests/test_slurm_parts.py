@@ -134,15 +134,15 @@ def test_a_plan_longer_than_the_slurm_time_limit_is_warned_about_before_asking(t
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text("hosts:\n  h100: {scheduler: slurm, time_limit_min: 5}\n  box: {address: 10.0.0.1}\n")
     said = time_limit_warning(plan(301), "h100", str(inventory))
-    assert said is not None and said.startswith("the plan takes about 5m")
+    assert said is not None and said.startswith("the plan takes about 5 min")
     assert f"the 5 min time limit orch asks Slurm for (time_limit_min of h100 in {inventory})" in said
     assert said.endswith("`orch ab --resume ID` continues in a new allocation")
     said = time_limit_warning(Plan(1, 3, 3, 300, 0, 301, True), "h100", str(inventory))
-    assert said is not None and said.endswith("the launch it cuts short is stored but left out of the statistics")
+    assert said is not None and said.endswith("so there would be no result: raise the time limit, or lower --runs")
     assert time_limit_warning(plan(300), "h100", str(inventory)) is None  # fits exactly
     assert time_limit_warning(plan(10_000), "box", str(inventory)) is None  # not Slurm: no limit
     said = time_limit_warning(plan(3601, calibrated=False), "slurm:gpu", str(inventory))
-    assert said is not None and "at least 1h" in said and "60 min" in said and "the default; set" in said
+    assert said is not None and "at least 60 min" in said and "the default; set" in said
     assert time_limit_warning(plan(3601), "slurm:gpu", str(tmp_path / "missing.yaml")) is None  # said when opened
 
 

@@ -24,6 +24,7 @@ from orchestrator.cli.options import (
 from orchestrator.cli.run import ab_config, check_host_nodes, open_host, progress, start
 from orchestrator.cli.stored import stored_result
 from orchestrator.compare import claim_verdict
+from orchestrator.errors import InputError
 from orchestrator.report import SIM_BANNER, ab_json, ab_text
 from orchestrator.report_compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
 from orchestrator.results import ABResult
@@ -74,7 +75,11 @@ def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoRetu
             "(--blocks may change the number of blocks)"
         )
     # Before any header line: a multi-node bundle on a --host with too few nodes is refused from the inventory alone.
-    check_host_nodes(bundle_mod.profiles_from_bundle(bundle), kw["host_spec"], kw["inventory"])
+    try:
+        check_host_nodes(bundle_mod.profiles_from_bundle(bundle), kw["host_spec"], kw["inventory"])
+    except InputError as e:
+        measured = bundle["content"]["experiment"].get("host")
+        raise InputError(f"{e} (the bundle was measured on {measured!r})" if measured else str(e)) from None
     store = Store(kw["db"])
     try:
         event, on_run = progress(kw)

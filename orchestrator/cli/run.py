@@ -37,7 +37,7 @@ from orchestrator.errors import InputError, OrchError
 from orchestrator.hosts import resolve_host
 from orchestrator.hosts.base import Host, default_namespace
 from orchestrator.hosts.inventory import load_groups, load_inventory, parse_target
-from orchestrator.progress import PlainReporter, duration, is_terminal
+from orchestrator.progress import PlainReporter, is_terminal
 from orchestrator.report import SIM_BANNER, ab_json, ab_text, attached_banner, comparison_line
 from orchestrator.stats_seq import SequentialPlan
 from orchestrator.store import Store
@@ -200,10 +200,11 @@ def time_limit_warning(work: Plan, host_spec: str, inventory: str | None) -> str
     after = (
         "launches that finished are kept, and `orch ab --resume ID` continues in a new allocation"
         if work.launches > 1
-        else "the launch it cuts short is stored but left out of the statistics"
+        else "the launch it cuts short is stored but left out of the statistics, so there would be no result: raise "
+        "the time limit, or lower --runs"
     )
     return (
-        f"the plan takes {'about' if work.calibrated else 'at least'} {duration(work.seconds)}, longer than the "
+        f"the plan takes {work.time_text()}, longer than the "
         f"{config.time_limit_min} min time limit orch asks Slurm for ({where}): Slurm will end the allocation "
         f"part-way; {after}"
     )

@@ -454,6 +454,16 @@ def test_hosts_check_of_a_group_checks_every_node_and_compares_them(
     assert "nodes" not in doc and doc["host"] == "node-a"
 
 
+def test_hosts_check_help_names_groups_and_slurm_hosts() -> None:
+    from click.testing import CliRunner
+
+    from orchestrator.cli import cli
+
+    out = " ".join(CliRunner().invoke(cli, ["hosts", "check", "--help"], terminal_width=200).output.split())
+    assert "HOST may be an inventory group" in out and "a node that cannot be reached gets one fail line" in out
+    assert "HOST may be a Slurm host too (`slurm:PARTITION`, or an inventory entry with `scheduler: slurm`)" in out
+
+
 def test_multi_node_profiles_need_a_group_and_sglang(write_profile: WriteProfile, profile_dir: Path) -> None:
     write_profile("v", engine="vllm", model_path="/m", port=8000, nnodes=2)
     with pytest.raises(ProfileError, match="nnodes: multi-node launches are supported for SGLang profiles only"):

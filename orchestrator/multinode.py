@@ -47,8 +47,15 @@ def node_facts(group: GroupHost, *, allow_mismatch: bool = False) -> tuple[dict[
 def check_ports(group: GroupHost, facts: dict[str, dict[str, Any]], nnodes: int) -> None:
     """Node ranks on nodes that are one machine (same hostname and boot time) need a port_stride, or every rank
     would bind the profile's port there: refused (exit 2) before anything launches, naming where to set it."""
+    problem = port_clash(group, facts, nnodes)
+    if problem:
+        raise InputError(problem)
+
+
+def port_clash(group: GroupHost, facts: dict[str, dict[str, Any]], nnodes: int) -> str | None:
+    """Why check_ports refuses the first `nnodes` nodes of the group (`orch hosts check` reports it), or None."""
     if group.group.port_stride or nnodes < 2:
-        return
+        return None
     seen: dict[tuple[Any, Any], str] = {}
     for node in group.nodes[:nnodes]:
         f = facts.get(node.name) or {}
@@ -67,11 +74,12 @@ def check_ports(group: GroupHost, facts: dict[str, dict[str, Any]], nnodes: int)
             where = f"in {config.source}, give the Slurm entry {config.name}"
         else:
             where = f"in {group.group.source or 'the inventory'}, give the group {group.name}"
-        raise InputError(
+        return (
             f"{seen[machine]} and {node.name} of {group.name} are one machine ({machine[0]}), so their node ranks "
             f"would both serve on the profile's port there; {where} `port_stride: 1` (node rank i then serves on "
             "port + i)"
         )
+    return None
 
 
 @dataclass

@@ -21,7 +21,7 @@ import yaml
 from orchestrator import hostside
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig
-from orchestrator.errors import InputError, InventoryError, OrchError, ServerError
+from orchestrator.errors import HostError, InputError, InventoryError, OrchError, ServerError
 from orchestrator.experiment_host import host_facts
 from orchestrator.hosts import resolve_host
 from orchestrator.hosts.group import GroupHost
@@ -207,6 +207,70 @@ def test_down_and_status_visit_every_node_of_a_group(
     _nothing_left()
 
 
+@pytest.fixture
+def node_b_down(pair: str, nodes: dict[str, tuple[SSHD, Path]], tmp_path_factory: pytest.TempPathFactory) -> str:
+    """`pair` whose node-b is down: node-b points at an sshd of its own, stopped (the module's sshd stay up)."""
+    doomed = SSHD.start(tmp_path_factory.mktemp("sshd-node-b-down"))
+    doomed.stop()
+    config = Path(os.environ["ORCH_SSH_CONFIG"])
+    text = config.read_text()
+    old = f"    Port {nodes['node-b'][0].port}\n"
+    assert text.count(old) == 1
+    config.write_text(text.replace(old, f"    Port {doomed.port}\n"))
+    return pair
+
+
+def test_a_node_that_is_down_leaves_check_status_and_down_working_on_the_others(
+    node_b_down: str, write_profile: WriteProfile, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """node-b's sshd is stopped after a crashed launch: node-a is still checked, shown and cleaned up; node-b is
+    named with why and how to clean it up later; every command exits 1."""
+    from orchestrator import server
+    from orchestrator.cli import main
+
+    pair = node_b_down
+    prof = load(str(write_profile("solo", engine="sglang", model_path="/m", tp_size=1, port=free_port(), sim=FAST_SIM)))
+    with resolve_host("node-a") as node_a:
+        leftover = server.launch(node_a, prof, simulate=True, namespace=NAMESPACE)
+    later = "; its leftovers stay until it can be reached (orch down --host node-b)"
+
+    assert main(["hosts", "check", pair]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    heads = [ln for ln in lines if ln.startswith("== ")]
+    assert heads == ["== pair (node-a)", "== pair (node-b)", "== pair (group: node-a, node-b)"], lines
+    assert lines[lines.index("== pair (node-a)") + 1].startswith("ok    connected to node-a (")
+    section_b = lines[lines.index("== pair (node-b)") + 1 : lines.index("== pair (group: node-a, node-b)")]
+    assert len(section_b) == 1 and section_b[0].startswith("fail  cannot reach node-b: cannot connect to node-b ("), (
+        lines
+    )
+    assert "warn  nodes not compared: node-b could not be reached" in lines
+    assert main(["hosts", "check", pair, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "fail" and [n["node"] for n in doc["nodes"]] == ["node-a", "node-b"]
+    assert doc["nodes"][1]["status"] == "fail" and doc["nodes"][1]["error"].startswith("cannot connect to node-b (")
+    assert doc["nodes"][0]["checks"][0]["text"].startswith("connected to node-a (") and doc["host_calls"] >= 2
+
+    assert main(["status", "--host", pair]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "== pair (node-a)" and any(leftover.launch_id in ln for ln in lines[1:3]), out
+    after_b = lines[lines.index("== pair (node-b)") + 1]
+    assert after_b.startswith("cannot reach node-b: cannot connect to node-b (") and after_b.endswith(later), out
+    assert main(["status", "--host", pair, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "error" and doc["nodes"][0]["node"] == "node-a"
+    assert doc["nodes"][1]["status"] == "error" and doc["nodes"][1]["error"].startswith("cannot connect to node-b (")
+
+    assert main(["down", "--host", pair, "--grace", "2"]) == 1
+    out = capsys.readouterr().out
+    assert f"stopped {leftover.launch_id} on pair (node-a)" in out, out
+    assert any(ln.startswith("cannot reach node-b: ") and ln.endswith(later) for ln in out.splitlines()), out
+    _nothing_left()
+
+    with pytest.raises(HostError, match="cannot connect to node-b"):  # a launch needs every node: as before
+        resolve_host(pair)
+
+
 def test_nodes_that_differ_are_refused_before_anything_launches(
     pair: str, nodes: dict[str, tuple[SSHD, Path]], write_profile: WriteProfile, profile_dir: Path, tmp_path: Path
 ) -> None:
@@ -225,7 +289,7 @@ def test_nodes_that_differ_are_refused_before_anything_launches(
 
 
 def test_nodes_that_are_one_machine_need_a_port_stride(
-    pair: str, write_profile: WriteProfile, profile_dir: Path, tmp_path: Path
+    pair: str, write_profile: WriteProfile, profile_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _profiles(write_profile)
     inventory = Path(os.environ["ORCH_HOSTS"])
@@ -239,6 +303,15 @@ def test_nodes_that_are_one_machine_need_a_port_stride(
     assert f"in {inventory}, give the group pair `port_stride: 1` (node rank i then serves on port + i)" in msg, msg
     assert Store(tmp_path / "r.db").experiments() == []  # refused before anything was stored or launched
     _nothing_left()
+
+    from orchestrator.cli import main
+
+    assert main(["hosts", "check", pair]) == 1  # says so before a launch is tried
+    lines = capsys.readouterr().out.splitlines()
+    group = lines[lines.index("== pair (group: node-a, node-b)") :]
+    clash = [ln for ln in group if ln.startswith("fail  node-a and node-b of pair are one machine (")]
+    assert len(clash) == 1 and "give the group pair `port_stride: 1`" in clash[0], lines
+    assert clash[0].endswith("; until then `orch ab` refuses a multi-node launch on pair"), clash
 
 
 @pytest.fixture
@@ -380,6 +453,16 @@ def test_hosts_check_of_a_group_checks_every_node_and_compares_them(
     main(["hosts", "check", "node-a", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert "nodes" not in doc and doc["host"] == "node-a"
+
+
+def test_hosts_check_help_names_groups_and_slurm_hosts() -> None:
+    from click.testing import CliRunner
+
+    from orchestrator.cli import cli
+
+    out = " ".join(CliRunner().invoke(cli, ["hosts", "check", "--help"], terminal_width=200).output.split())
+    assert "HOST may be an inventory group" in out and "a node that cannot be reached gets one fail line" in out
+    assert "HOST may be a Slurm host too (`slurm:PARTITION`, or an inventory entry with `scheduler: slurm`)" in out
 
 
 def test_multi_node_profiles_need_a_group_and_sglang(write_profile: WriteProfile, profile_dir: Path) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
 from orchestrator.cli.options import db_option, with_host_options
 from orchestrator.experiment_host import acquire_host_lock
-from orchestrator.hosts import resolve_host
-from orchestrator.hosts.base import default_namespace
+from orchestrator.hosts import open_reachable, resolve_host
+from orchestrator.hosts.base import Host, default_namespace
 from orchestrator.hosts.check import check_host
 from orchestrator.hosts.group import GroupHost
 from orchestrator.hosts.inventory import inventory_paths, load_groups, load_inventory
@@ -35,12 +36,16 @@ def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, g
     """Stop every server orch launched on the host (found by its launch marker; nothing else is touched).
 
     A live orch session's servers are left alone unless --force: down takes the host lock like a run does.
+    A group node that cannot be reached is named (exit 1) and the other nodes are still cleaned up.
     """
-    any_live = False
-    with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
-        nodes = host.members()
-        for node in nodes:  # a group: every node (a crashed multi-node launch left ranks on each)
-            where = host_spec if len(nodes) == 1 else f"{host_spec} ({node.name})"
+    failed = False
+    with _open_nodes(host_spec, inventory, accept_new_host_key) as (_, nodes):
+        for name, node in nodes:  # a group: every node (a crashed multi-node launch left ranks on each)
+            if isinstance(node, str):
+                click.echo(_unreachable_line(name, node))
+                failed = True
+                continue
+            where = host_spec if len(nodes) == 1 else f"{host_spec} ({name})"
             if not force:
                 acquire_host_lock(node, node.lock_path, "orch down", 0.0, lambda _: None, purpose="orch down")
             try:
@@ -48,9 +53,42 @@ def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, g
             finally:
                 if not force:
                     node.call("unlock", path=node.lock_path)
-            any_live |= _print_down(where, result)
-    if any_live:
+            failed |= _print_down(where, result)
+    if failed:
         raise SystemExit(1)
+
+
+@contextlib.contextmanager
+def _open_nodes(
+    host_spec: str, inventory: str | None, accept_new_host_key: bool
+) -> Iterator[tuple[Host | None, list[tuple[str, Host | str]]]]:
+    """HOST and its machines in rank order, each as its Host or why it could not be reached: a group's nodes are
+    opened one by one, so one node that is down does not hide the others (look-only and cleanup commands)."""
+    group = open_reachable(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key)
+    host: Host | None
+    unreachable: dict[str, str]
+    if group is None:
+        host, unreachable = resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key), {}
+    else:
+        host, unreachable = group
+    try:
+        nodes: list[tuple[str, Host | str]]
+        if host is None or isinstance(host, GroupHost):
+            reached = iter(host.nodes if host else [])
+            names = host.group.nodes if host else tuple(unreachable)
+            nodes = [(name, unreachable[name] if name in unreachable else next(reached)) for name in names]
+        else:
+            nodes = [(node.name, node) for node in host.members()]
+        yield host, nodes
+    finally:
+        if host is not None:
+            host.close()
+
+
+def _unreachable_line(name: str, why: str) -> str:
+    return (
+        f"cannot reach {name}: {why.rstrip('.')}; its leftovers stay until it can be reached (orch down --host {name})"
+    )
 
 
 def _print_down(where: str, result: dict[str, Any]) -> bool:
@@ -80,20 +118,33 @@ def status_cmd(
     host_spec: str, inventory: str | None, accept_new_host_key: bool, db: str | None, verbose: bool, as_json: bool
 ) -> None:
     """What orch launched on the host and is still running: one line per launch (profile, launch id, PID, port,
-    age, state), then GPU memory. The profile names come from the results database (--db)."""
-    with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
-        # A group: every node, one section each (its ranks and GPUs).
-        states = [(n.name, n.call("status", namespace=default_namespace(), nvidia_smi=n.config.nvidia_smi))
-                  for n in host.members()]  # fmt: skip
+    age, state), then GPU memory. The profile names come from the results database (--db). A group node that cannot
+    be reached gets a line saying so (exit 1); the other nodes are still shown."""
+    with _open_nodes(host_spec, inventory, accept_new_host_key) as (_, nodes):
+        # A group: every node, one section each (its ranks and GPUs); a node that cannot be reached says so.
+        states = [(name, n if isinstance(n, str) else
+                   n.call("status", namespace=default_namespace(), nvidia_smi=n.config.nvidia_smi))
+                  for name, n in nodes]  # fmt: skip
+    unreachable = [name for name, state in states if isinstance(state, str)]
     if as_json:
-        docs = [_status_doc(host_spec if len(states) == 1 else name, state, db) for name, state in states]
+        docs = [
+            {"node": name, "status": "error", "error": state}
+            if isinstance(state, str)
+            else _status_doc(host_spec if len(states) == 1 else name, state, db)
+            for name, state in states
+        ]
         emit({"status": "ok", "host": host_spec, **docs[0]} if len(docs) == 1 else
-             {"status": "ok", "host": host_spec, "nodes": docs})  # fmt: skip
-        return
-    for name, state in states:
-        if len(states) > 1:
-            click.echo(f"== {host_spec} ({name})")
-        _print_status(host_spec if len(states) == 1 else f"{host_spec} ({name})", state, db, verbose)
+             {"status": "error" if unreachable else "ok", "host": host_spec, "nodes": docs})  # fmt: skip
+    else:
+        for name, state in states:
+            if len(states) > 1:
+                click.echo(f"== {host_spec} ({name})")
+            if isinstance(state, str):
+                click.echo(_unreachable_line(name, state))
+            else:
+                _print_status(host_spec if len(states) == 1 else f"{host_spec} ({name})", state, db, verbose)
+    if unreachable:
+        raise SystemExit(1)
 
 
 def _status_doc(node: str, state: dict[str, Any], db: str | None) -> dict[str, Any]:
@@ -170,28 +221,43 @@ def hosts_list(inventory: str | None, as_json: bool) -> None:
 def hosts_check(host_spec: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Connect and report what matters for a benchmark, one ok/warn/fail line each; exits 1 on any fail.
 
-    HOST may be an inventory group: then every node is checked (one section each), and the nodes are compared in
-    what one multi-node server needs equal on all of them (GPU model, driver, engine package versions)."""
-    with resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key) as host:
-        if isinstance(host, GroupHost):
-            sections = [(node.name, check_host(node, default_namespace())) for node in host.nodes]
-            report = group_checks(host)
+    HOST may be an inventory group: then every node is checked (one section each; a node that cannot be reached
+    gets one fail line and the others are still checked), and the nodes are compared in what one multi-node server
+    needs equal on all of them (GPU model, driver, engine package versions) and whether they need a port_stride.
+    HOST may be a Slurm host too (`slurm:PARTITION`, or an inventory entry with `scheduler: slurm`): then orch asks
+    Slurm for one node and checks that node."""
+    with _open_nodes(host_spec, inventory, accept_new_host_key) as (host, nodes):
+        if host is None or isinstance(host, GroupHost):
+            sections = [
+                (name, [("fail", f"cannot reach {name}: {node}")] if isinstance(node, str) else
+                 check_host(node, default_namespace()))
+                for name, node in nodes
+            ]  # fmt: skip
+            missing = [name for name, node in nodes if isinstance(node, str)]
+            report = group_checks(host) if host is not None and not missing else [
+                ("warn", f"nodes not compared: {', '.join(missing)} could not be reached")]  # fmt: skip
         else:
             sections, report = [], check_host(host, default_namespace())
-        calls = sum(node.stats.calls for node in host.members())
+        calls = sum(node.stats.calls for node in host.members()) if host is not None else 0
+        errors = {name: node for name, node in nodes if isinstance(node, str)}
     everything = [level for _, checks in sections for level, _ in checks] + [level for level, _ in report]
     failed = "fail" in everything
     if as_json:
         # "status" is the worst check: a host that answers but fails a check is not an error of orch's.
-        nodes = [
-            {"node": name, "status": _worst(lv for lv, _ in checks), "checks": _checks_doc(checks)}
+        node_docs = [
+            {
+                "node": name,
+                "status": _worst(lv for lv, _ in checks),
+                "checks": _checks_doc(checks),
+                **({"error": errors[name]} if name in errors else {}),
+            }
             for name, checks in sections
         ]
         emit(
             {
                 "status": _worst(everything),
                 "host": host_spec,
-                **({"nodes": nodes} if sections else {}),
+                **({"nodes": node_docs} if sections else {}),
                 "checks": _checks_doc(report),
                 "host_calls": calls,
             }
@@ -212,13 +278,15 @@ def hosts_check(host_spec: str, inventory: str | None, accept_new_host_key: bool
 
 def group_checks(group: GroupHost) -> list[tuple[str, str]]:
     """The nodes compared: one fail per field that differs between them (what `orch ab` refuses to launch on)."""
-    _, mismatches = multinode.node_facts(group, allow_mismatch=True)
-    if not mismatches:
-        return [("ok", "nodes agree on GPU model, driver, engine packages")]
-    return [
+    facts, mismatches = multinode.node_facts(group, allow_mismatch=True)
+    out = [
         ("fail", f"nodes differ in {m} (a multi-node launch is refused unless --allow-node-mismatch)")
         for m in mismatches
-    ]
+    ] or [("ok", "nodes agree on GPU model, driver, engine packages")]
+    clash = multinode.port_clash(group, facts, len(group.nodes))
+    if clash:
+        out.append(("fail", f"{clash}; until then `orch ab` refuses a multi-node launch on {group.name}"))
+    return out
 
 
 def _worst(levels: Iterable[str]) -> str:

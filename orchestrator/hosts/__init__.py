@@ -6,13 +6,14 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import replace
 
+from orchestrator.errors import HostError, InputError
 from orchestrator.hosts.base import Host, HostConfig
 from orchestrator.hosts.group import GroupHost
 from orchestrator.hosts.inventory import HostGroup, load_groups, load_inventory, parse_target
 from orchestrator.hosts.local import LocalHost
 
 # Callers import every other name from the module that owns it (hosts.base, hosts.inventory, hosts.local, ...).
-__all__ = ["open_group", "open_host", "resolve_host"]
+__all__ = ["open_group", "open_host", "open_reachable", "resolve_host"]
 
 
 def resolve_host(
@@ -65,18 +66,51 @@ def open_host(
     return SSHHost(config, accept_new_host_key=accept_new_host_key)
 
 
+def open_reachable(
+    spec: str, *, inventory: str | None = None, accept_new_host_key: bool = False
+) -> tuple[GroupHost | None, dict[str, str]] | None:
+    """For commands that only look or clean up (hosts check, status, down), when `spec` is an inventory group (else
+    None: resolve_host opens it): its nodes that cannot be reached are left out and named with why, in rank order,
+    and the others are kept as a GroupHost (None when none could be reached)."""
+    hosts = load_inventory(inventory)
+    groups = load_groups(inventory) if hosts else {}
+    if spec not in groups:
+        return None
+    unreachable: dict[str, str] = {}
+    opened = _open_nodes(groups[spec], hosts, None, accept_new_host_key, unreachable)
+    return (GroupHost(groups[spec], opened) if opened else None), unreachable
+
+
 def open_group(
     group: HostGroup, hosts: dict[str, HostConfig], *, workdir: str | None, accept_new_host_key: bool
 ) -> Host:
     """Connect to every node of the group (closing those already open if one cannot be reached)."""
+    return GroupHost(group, _open_nodes(group, hosts, workdir, accept_new_host_key, None))
+
+
+def _open_nodes(
+    group: HostGroup,
+    hosts: dict[str, HostConfig],
+    workdir: str | None,
+    accept_new_host_key: bool,
+    unreachable: dict[str, str] | None,
+) -> list[Host]:
+    """The group's nodes, connected in rank order. Without `unreachable`, one that cannot be reached closes the
+    others and raises; with it, that node is recorded there (name: why) and left out."""
     opened: list[Host] = []
     try:
         for name in group.nodes:
             config = replace(hosts[name], workdir=workdir) if workdir else hosts[name]
-            opened.append(open_host(config, accept_new_host_key=accept_new_host_key))
+            try:
+                opened.append(open_host(config, accept_new_host_key=accept_new_host_key))
+            except HostError as e:
+                # A bad inventory value is the user's to fix, not a node that is down.
+                if unreachable is None or isinstance(e, InputError):
+                    raise
+                unreachable[name] = str(e)
     except BaseException:
         for node in opened:
             with contextlib.suppress(Exception):
                 node.close()
         raise
-    return GroupHost(group, opened)
+    return opened

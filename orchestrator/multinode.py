@@ -35,11 +35,13 @@ def node_facts(group: GroupHost, *, allow_mismatch: bool = False) -> tuple[dict[
     facts = {node.name: node.call("facts", nvidia_smi=node.config.nvidia_smi) for node in group.nodes}
     problems = fingerprint.node_mismatches(facts)
     if problems and not allow_mismatch:
+        # The remedy first: a nightly summary shows an error's first 300 characters, and the fields can be long.
+        fields = ", ".join(p.partition(":")[0] for p in problems)
         raise NodeMismatchError(
-            f"the nodes of {group.name} differ, so one server spread over them would not be what a single-node "
-            "profile describes; orch launches nothing: " + "; ".join(problems) + ". To launch anyway (the "
-            "experiment then records the mismatch and its reports show it), add --allow-node-mismatch (in a nightly "
-            "suite: `allow_node_mismatch: true` on the item)"
+            f"the nodes of {group.name} differ ({fields}); add --allow-node-mismatch (nightly: "
+            "`allow_node_mismatch: true` on the item) to launch anyway, and the experiment records the mismatch and "
+            "its reports show it. orch launched nothing: one server spread over these nodes would not be what the "
+            "profile describes. How they differ: " + "; ".join(problems)
         )
     return facts, problems
 

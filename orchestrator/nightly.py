@@ -232,6 +232,7 @@ class NightRunner:
     last: NightReport | None = None  # the night so far, also when it was interrupted
     _cut: ItemReport | None = None  # the item Ctrl-C (or SIGTERM) stopped, as far as it got
     _alarm: _Alarm = field(default_factory=_Alarm)
+    _allocation: str | None = None  # the item in progress on Slurm: nightly_fanout.allocation_state
 
     def __post_init__(self) -> None:
         if not self.night_id:
@@ -356,20 +357,27 @@ class NightRunner:
             min_effect=item.threshold,
         )
         prefix = f"[{item.name}] "
+        self._allocation = None
+
+        def on_event(msg: str) -> None:
+            self._allocation = nightly_fanout.allocation_state(msg, self._allocation)
+            self.on_event(prefix + msg)
+
         self._alarm.arm(budget, why)
         try:
             nodes = experiment_host.nodes_needed(item.profiles)
+            # A Slurm host says how its allocation waits in the queue (and where an interrupted item stood).
             if self.suite.inventory:  # its groups too
-                host = resolve_host(item.host, inventory=self.suite.inventory, nodes=nodes)
+                host = resolve_host(item.host, inventory=self.suite.inventory, nodes=nodes, on_event=on_event)
             else:
-                host = open_host(parse_target(item.host, {}), nodes=nodes)
+                host = open_host(parse_target(item.host, {}), nodes=nodes, on_event=on_event)
             with host:
                 return ab.run_ab(
                     host,
                     list(item.profiles),
                     config,
                     self.store,
-                    on_event=lambda msg: self.on_event(prefix + msg),
+                    on_event=on_event,
                     on_run=lambda _name, run: self.on_event(prefix + "  " + run_line(run, item.bench)),
                     provenance={
                         "host_spec": item.host,
@@ -387,9 +395,12 @@ class NightRunner:
             result = self._measure_once(item, deadline)
         except KeyboardInterrupt:
             if self._alarm.fired is None:
-                self._cut = self._failed(item, "interrupted", "interrupted while it ran", began)
+                # Elsewhere than on Slurm nothing is said of an allocation: the item ran.
+                stood = "queued" if self._allocation == "queued" else "granted"
+                self._cut = self._failed(item, "interrupted", nightly_fanout.interrupted_why(stood), began)
                 raise
-            return self._failed(item, "timeout", f"stopped by {self._alarm.fired}", began)
+            queued = " while queued for its allocation" if self._allocation == "queued" else ""
+            return self._failed(item, "timeout", f"stopped by {self._alarm.fired}{queued}", began)
         except OrchError as e:
             return self._failed(item, "failed", str(e), began)
         except Exception as e:  # a bug in orch must not cost the rest of the night
@@ -412,9 +423,10 @@ class NightRunner:
             envs=envs, simulated=item.sim, decisions={v.value.series: v.decision() for v in verdicts},
         )  # fmt: skip
         comparisons = tuple(c.to_dict() for level in result.levels for c in result.comparisons_at(level))
+        mismatch = result.node_mismatch()  # allow_node_mismatch: true let nodes that differ launch
         report = ItemReport(
             item.name, item.host, item.kind, item.sim, status, tuple(experiments), None, tuple(verdicts), comparisons,
-            relative.to_dict() if relative else None, time.monotonic() - began,
+            relative.to_dict() if relative else None, time.monotonic() - began, (mismatch,) if mismatch else (),
         )  # fmt: skip
         self.on_event(f"[{item.name}] done in {report.seconds:.0f}s: {status}")
         return report

@@ -71,6 +71,23 @@ def warnings(suite: Suite, inventory: dict[str, Any]) -> list[str]:
     return out
 
 
+def allocation_state(line: str, state: str | None) -> str | None:
+    """Where an item on Slurm stands, from its progress line (and where it stood before): "queued" while its
+    allocation waits in Slurm's queue, "granted" once it runs (SlurmHost says both)."""
+    if "Slurm granted allocation" in line:
+        return "granted"
+    if " is queued (" in line and "allocation" in line:
+        return "queued"
+    return state
+
+
+def interrupted_why(state: str | None) -> str:
+    """What an interrupted item's summary says, without claiming it ran when it never left Slurm's queue."""
+    if state == "queued":
+        return "interrupted while queued for its allocation"
+    return "interrupted while it ran" if state == "granted" else "interrupted"
+
+
 @dataclass
 class _Child:
     item: Item
@@ -82,6 +99,7 @@ class _Child:
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=5))
     stopping: float | None = None
     why: str | None = None  # set when the parent had to stop it
+    allocation: str | None = None  # allocation_state of what it printed
 
 
 class FanOut:
@@ -131,6 +149,7 @@ class FanOut:
         for line in stream:
             line = line.rstrip("\n")
             child.tail.append(line)
+            child.allocation = allocation_state(line, child.allocation)
             self.runner.on_event(line if line.startswith(prefix) else f"{prefix} {line}")
 
     def wait(self) -> list[ItemReport]:
@@ -188,6 +207,6 @@ class FanOut:
         if c.why is not None:
             return self.runner._failed(c.item, "timeout", f"its process was {c.why} and was stopped", c.began)
         if c.stopping is not None:
-            return self.runner._failed(c.item, "interrupted", "interrupted while it ran", c.began)
+            return self.runner._failed(c.item, "interrupted", interrupted_why(c.allocation), c.began)
         error = f"its process ended (exit {c.proc.returncode}) without a result; last output: {tail}"
         return self.runner._failed(c.item, "failed", error, c.began)

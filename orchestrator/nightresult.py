@@ -69,6 +69,7 @@ class ItemReport:
     comparisons: tuple[dict[str, Any], ...] = ()  # tonight's A/B verdicts, each with its CI
     fail_on: dict[str, Any] | None = None
     seconds: float = 0.0
+    warnings: tuple[str, ...] = ()  # what to know before trusting its numbers (nodes that differ)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +84,7 @@ class ItemReport:
             "fail_on": self.fail_on,
             "series": [s.to_dict() for s in self.series],
             "seconds": round(self.seconds, 1),
+            "warnings": list(self.warnings),
         }
 
 

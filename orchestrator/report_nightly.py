@@ -129,6 +129,8 @@ def item_line(r: ItemReport) -> str:
             f"warning: {series_label(s.value)} varies {noise * 100:.1f} % night to night, more than half its "
             f"{s.value.threshold * 100:g} % threshold: expect false alarms (raise the threshold, or blocks and runs)"
         )
+    # First: a line that reads "building history" must not hide that its nodes differed.
+    parts[:0] = [f"WARNING: {w}" for w in r.warnings]
     return f"- {label} {where}: " + "; ".join(parts)
 
 

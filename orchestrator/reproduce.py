@@ -21,7 +21,8 @@ from orchestrator.store import Store
 
 def likely_causes(recorded: ABResult, new: ABResult) -> list[str]:
     """What differs between the two experiments' fingerprints, most likely to move the numbers first. Each arm's
-    first fingerprinted launch on each side is compared; a difference seen in several arms is said once."""
+    first fingerprinted launch on each side is compared (a multi-node one with every node's facts); a difference
+    seen in several arms is said once."""
     ranked: dict[str, int] = {}
     for arm in recorded.arms:
         other = next((b for b in new.arms if b.label == arm.label), None)
@@ -29,7 +30,8 @@ def likely_causes(recorded: ABResult, new: ABResult) -> list[str]:
             continue
         before = next((launch.fingerprint for launch in arm.launches if launch.fingerprint), None)
         after = next((launch.fingerprint for launch in other.launches if launch.fingerprint), None)
-        for d in fingerprint.diff(before, after):
+        pair = fingerprint.with_nodes(before, recorded.host_facts), fingerprint.with_nodes(after, new.host_facts)
+        for d in fingerprint.diff(*pair):
             line = d.describe()
             ranked[line] = max(ranked.get(line, 0), d.weight)
     return sorted(ranked, key=lambda line: -ranked[line])

@@ -120,7 +120,7 @@ def check_hosts(suite: Suite) -> None:
 def check_warnings(suite: Suite) -> list[str]:
     """What --check warns about (valid, exit code unchanged): items whose timeout the night's deadline cuts, and
     `fan_out: true` that cannot run items in parallel."""
-    return deadline_warnings(suite) + nightly_fanout.warnings(suite, suite_inventory(suite))
+    return deadline_warnings(suite) + mismatch_warnings(suite) + nightly_fanout.warnings(suite, suite_inventory(suite))
 
 
 def deadline_warnings(suite: Suite) -> list[str]:
@@ -134,6 +134,17 @@ def deadline_warnings(suite: Suite) -> list[str]:
         "can never use its whole timeout, the night's deadline stops it first (and records it as timed out). Give it "
         f"a timeout within the deadline (item `timeout:`, or `defaults: timeout:`; default "
         f"{progress.duration(DEFAULT_TIMEOUT_S)}), or a longer deadline"
+    ]
+
+
+def mismatch_warnings(suite: Suite) -> list[str]:
+    """`allow_node_mismatch: true` on items that launch on one node: nothing for it to allow."""
+    single = [i.name for i in suite.items if i.allow_node_mismatch and experiment_host.nodes_needed(i.profiles) == 1]
+    if not single:
+        return []
+    return [
+        f"allow_node_mismatch: true has no effect for {', '.join(single)}: every profile of such an item runs on one "
+        "node (it applies to profiles with nnodes > 1, on a group or a Slurm host)"
     ]
 
 

@@ -313,3 +313,21 @@ def test_check_warns_about_a_timeout_the_deadline_always_cuts(suite_dir: Path, t
     # Within the deadline (the default one, 6h, included): nothing to say.
     out = run("nightly", str(write_suite(suite_dir, {"items": items})), "--check", cwd=tmp_path)
     assert out.rc == 0 and "WARNING" not in out.out, out.text
+
+
+def test_check_warns_that_allow_node_mismatch_does_nothing_on_one_node(
+    suite_dir: Path, write_profile: WriteProfile, tmp_path: Path
+) -> None:
+    write_profile("wide", extends="plain", tp_size=2, nnodes=2)
+    (suite_dir / "hosts.yaml").write_text(yaml.safe_dump({"hosts": {"h100": {"scheduler": "slurm"}}}))
+    items = [
+        {"name": "one", "bench": "plain", "allow_node_mismatch": True},
+        {"name": "two", "bench": "wide", "host": "h100", "allow_node_mismatch": True},
+    ]
+    out = run("nightly", str(write_suite(suite_dir, {"items": items})), "--check", cwd=tmp_path)
+    assert out.rc == 0, out.text
+    (line,) = [x for x in out.out.splitlines() if "allow_node_mismatch" in x and "WARNING" in x]
+    assert "has no effect for one:" in line and "two" not in line.split("for ", 1)[1].split(":")[0], line
+    del items[0]["allow_node_mismatch"]
+    out = run("nightly", str(write_suite(suite_dir, {"items": items})), "--check", cwd=tmp_path)
+    assert out.rc == 0 and "no effect" not in out.out, out.text

@@ -320,3 +320,19 @@ def test_inventory_and_host_spec_for_slurm(tmp_path: Path) -> None:
         inv.write_text(yaml.safe_dump({"hosts": {"c": bad}}))
         with pytest.raises(InventoryError, match=message):
             load_inventory(str(inv))
+
+
+@needs_cluster
+def test_hosts_check_on_slurm_says_its_queue_wait_like_a_run_does(
+    cluster: SlurmCluster, cli: Slurm, tmp_path: Path
+) -> None:
+    proc = orch_on(cluster, tmp_path, "hosts", "check", f"slurm:{PARTITION}", "--json")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode in (0, 1), out  # 1: a check failed on this node, still a full answer
+    # the allocation's progress comes as plain lines (stderr), not through a logger, and --json's document is whole
+    assert f"slurm:{PARTITION}: Slurm granted allocation" in out and "orch: slurm" not in out, out
+    doc = json.loads(out[out.index("{") :])
+    assert doc["host"] == f"slurm:{PARTITION}" and doc["checks"][0]["text"].startswith(
+        f"connected to slurm:{PARTITION}"
+    )
+    assert cluster.live_jobs() == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,10 @@ def _open_nodes(
     host: Host | None
     unreachable: dict[str, str]
     if group is None:
-        host, unreachable = resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key), {}
+        # What opening takes long for (a Slurm allocation's queue wait) is said on stderr: stdout may be --json.
+        say = functools.partial(click.echo, err=True)
+        host = resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key, on_event=say)
+        unreachable = {}
     else:
         host, unreachable = group
     try:

@@ -40,6 +40,10 @@ SHOW_IN_PROCESS = """
 import json, sys, time
 from orchestrator import results
 from orchestrator.report import ab_text
+try:
+    from orchestrator.results_load import load_result
+except ImportError:  # a tree from before results_load
+    load_result = results.load_result
 from orchestrator.store import Store
 calls = [0]
 bootstrap = results.ratio_ci
@@ -53,7 +57,7 @@ for _ in range(int(sys.argv[3])):
     t = time.perf_counter()
     store = Store(sys.argv[1])
     try:
-        text = ab_text(results.load_result(store, sys.argv[2]))
+        text = ab_text(load_result(store, sys.argv[2]))
     finally:
         store.close()
     out["s"].append(time.perf_counter() - t)

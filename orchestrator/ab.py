@@ -37,9 +37,9 @@ from orchestrator.results import (
     arm_label,
     auto_look,
     has_valid_run,
-    stored_launches,
     with_auto_notes,
 )
+from orchestrator.results_load import stored_launches
 from orchestrator.stats import (
     DEFAULT_MIN_EFFECT,
 )

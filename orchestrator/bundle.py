@@ -33,7 +33,8 @@ from orchestrator.bundleformat import (
 )
 from orchestrator.errors import InputError, OrchError, StoreError
 from orchestrator.redaction import SECRET_FLAG_RE
-from orchestrator.results import ABResult, load_result
+from orchestrator.results import ABResult
+from orchestrator.results_load import load_result
 from orchestrator.store import Store
 
 # The format's names are re-exported: callers need only this module.

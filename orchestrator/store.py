@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import sqlite3
@@ -16,181 +15,10 @@ from typing import Any
 import platformdirs
 
 from orchestrator.errors import StoreError
+from orchestrator.store_schema import INDEXES, MIGRATIONS, SCHEMA_VERSION, actual_schema, expected_schema
 
 # psutil, socket and secrets are imported where they are used: `orch list` opens the store and reads it, and should
 # not pay for what only a running experiment (its owner) or the secret-digest key needs.
-
-# Each entry migrates the schema from version i to i + 1; append only, never edit a shipped one.
-MIGRATIONS: tuple[str, ...] = (
-    """
-    CREATE TABLE experiments (
-        id TEXT PRIMARY KEY,
-        kind TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        finished_at REAL,
-        status TEXT NOT NULL,
-        simulated INTEGER NOT NULL,
-        host TEXT NOT NULL,
-        arms_json TEXT NOT NULL,
-        config_json TEXT NOT NULL,
-        orch_version TEXT NOT NULL,
-        error TEXT
-    );
-    CREATE TABLE launches (
-        launch_id TEXT PRIMARY KEY,
-        experiment_id TEXT NOT NULL REFERENCES experiments(id),
-        arm_index INTEGER NOT NULL,
-        profile TEXT NOT NULL,
-        profile_json TEXT NOT NULL,
-        argv_json TEXT NOT NULL,
-        env_json TEXT NOT NULL,
-        pid INTEGER,
-        started_at REAL NOT NULL,
-        ready_s REAL,
-        preflight_json TEXT,
-        env_report_json TEXT,
-        teardown_json TEXT,
-        status TEXT NOT NULL,
-        error TEXT
-    );
-    CREATE TABLE runs (
-        launch_id TEXT NOT NULL REFERENCES launches(launch_id),
-        idx INTEGER NOT NULL,
-        warmup INTEGER NOT NULL,
-        tokens INTEGER NOT NULL,
-        seconds REAL NOT NULL,
-        tok_s REAL NOT NULL,
-        prompt_tokens INTEGER NOT NULL,
-        ttft_s REAL,
-        spec_accept_length REAL,
-        spec_verify_ct INTEGER,
-        valid INTEGER NOT NULL,
-        invalid_reason TEXT,
-        finished_at REAL NOT NULL,
-        PRIMARY KEY (launch_id, warmup, idx)
-    );
-    CREATE INDEX launches_by_experiment ON launches(experiment_id);
-    """,
-    # 2: concurrency levels and richer run metrics; one run per (launch, warmup, concurrency, index);
-    # per-request summaries.
-    """
-    CREATE TABLE runs_new (
-        launch_id TEXT NOT NULL REFERENCES launches(launch_id),
-        idx INTEGER NOT NULL,
-        warmup INTEGER NOT NULL,
-        concurrency INTEGER NOT NULL DEFAULT 1,
-        tokens INTEGER NOT NULL,
-        seconds REAL NOT NULL,
-        tok_s REAL NOT NULL,
-        aggregate_tok_s REAL,
-        prompt_tokens INTEGER NOT NULL,
-        ttft_s REAL,
-        spec_accept_length REAL,
-        spec_verify_ct INTEGER,
-        accept_source TEXT,
-        token_source TEXT,
-        requests INTEGER NOT NULL DEFAULT 1,
-        errors INTEGER NOT NULL DEFAULT 0,
-        metrics_json TEXT,
-        valid INTEGER NOT NULL,
-        invalid_reason TEXT,
-        finished_at REAL NOT NULL,
-        PRIMARY KEY (launch_id, warmup, concurrency, idx)
-    );
-    INSERT INTO runs_new (launch_id, idx, warmup, concurrency, tokens, seconds, tok_s, aggregate_tok_s, prompt_tokens,
-                          ttft_s, spec_accept_length, spec_verify_ct, valid, invalid_reason, finished_at)
-        SELECT launch_id, idx, warmup, 1, tokens, seconds, tok_s, tok_s, prompt_tokens, ttft_s, spec_accept_length,
-               spec_verify_ct, valid, invalid_reason, finished_at FROM runs;
-    DROP TABLE runs;
-    ALTER TABLE runs_new RENAME TO runs;
-    CREATE TABLE requests (
-        launch_id TEXT NOT NULL REFERENCES launches(launch_id),
-        run_warmup INTEGER NOT NULL,
-        run_concurrency INTEGER NOT NULL,
-        run_idx INTEGER NOT NULL,
-        idx INTEGER NOT NULL,
-        tokens INTEGER NOT NULL,
-        prompt_tokens INTEGER,
-        ttft_s REAL,
-        e2e_s REAL,
-        chunks INTEGER,
-        accept_length REAL,
-        error TEXT,
-        PRIMARY KEY (launch_id, run_warmup, run_concurrency, run_idx, idx)
-    );
-    """,
-    # 3: blocked designs. An experiment records its design (blocks, order, seed, schedule) and each launch its block
-    # and position in it, plus the GPUs' state under load (clock/temperature drift between launches).
-    """
-    ALTER TABLE experiments ADD COLUMN design_json TEXT;
-    ALTER TABLE launches ADD COLUMN block INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE launches ADD COLUMN position INTEGER;
-    ALTER TABLE launches ADD COLUMN gpus_json TEXT;
-    UPDATE launches SET position = arm_index;
-    """,
-    # 4: who owns a running experiment (so a later session can tell a killed orch from a live one), and store-wide
-    # settings such as the key of the secret digests.
-    """
-    ALTER TABLE experiments ADD COLUMN owner_json TEXT;
-    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-    """,
-    # 5: each launch's fingerprint (host, GPUs, the server's software, profile and workload digests): what a
-    # reproduction or a comparison needs to explain a difference.
-    """
-    ALTER TABLE launches ADD COLUMN fingerprint_json TEXT;
-    """,
-    # 6: an experiment imported from a result bundle records where it came from (file, when, the bundle's digests),
-    # so importing the same bundle again is recognised and a different one under the same id is refused.
-    """
-    ALTER TABLE experiments ADD COLUMN imported_json TEXT;
-    """,
-    # 7: nightly suites. A night records which suite (file, digest) ran when, and each item what it measured: one
-    # value per series (arm and metric, or an A/B ratio) with its interval, and the environment it ran in, so the
-    # history of a series is one query and an environment step is told from a regression.
-    """
-    CREATE TABLE nights (
-        id TEXT PRIMARY KEY,
-        suite TEXT NOT NULL,
-        suite_path TEXT NOT NULL,
-        suite_sha256 TEXT NOT NULL,
-        night_at REAL NOT NULL,
-        started_at REAL NOT NULL,
-        finished_at REAL,
-        status TEXT NOT NULL,
-        exit_code INTEGER,
-        owner_json TEXT,
-        report_json TEXT
-    );
-    CREATE TABLE night_items (
-        night_id TEXT NOT NULL REFERENCES nights(id),
-        item TEXT NOT NULL,
-        host TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        simulated INTEGER NOT NULL,
-        status TEXT NOT NULL,
-        experiments_json TEXT NOT NULL,
-        error TEXT,
-        series_json TEXT NOT NULL,
-        envs_json TEXT NOT NULL,
-        finished_at REAL NOT NULL,
-        PRIMARY KEY (night_id, item)
-    );
-    CREATE INDEX night_items_by_item ON night_items(item, host);
-    """,
-)
-SCHEMA_VERSION = len(MIGRATIONS)
-
-# Indexes for the reads that must stay fast on a big store: `orch list` and `last` (newest first), the launches
-# completed per experiment, and the running experiments checked at every open. They are not a schema version: SQLite
-# keeps an index current on every write, whichever orch writes, so an older orch (which refuses a newer
-# user_version) reads and writes an indexed file exactly as before. Created on open where missing.
-INDEXES: dict[str, str] = {
-    "experiments_by_created": "CREATE INDEX IF NOT EXISTS experiments_by_created ON experiments(created_at)",
-    "experiments_running": "CREATE INDEX IF NOT EXISTS experiments_running ON experiments(status)"
-    " WHERE status = 'running'",
-    "launches_by_experiment_status": "CREATE INDEX IF NOT EXISTS launches_by_experiment_status"
-    " ON launches(experiment_id, status)",
-}
 
 
 def default_path() -> Path:
@@ -204,26 +32,6 @@ def busy_timeout_s() -> float:
     except ValueError:
         return 30.0
     return value if 0 <= value < 1e6 else 30.0
-
-
-def _schema(conn: sqlite3.Connection) -> dict[str, set[str]]:
-    """Each table's column names."""
-    tables = [
-        r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
-    ]
-    return {t: {r[0] for r in conn.execute("SELECT name FROM pragma_table_info(?)", (t,))} for t in tables}
-
-
-@functools.cache
-def expected_schema(version: int) -> dict[str, set[str]]:
-    """The tables and columns an orch database has at schema `version` (built from the migrations themselves)."""
-    conn = sqlite3.connect(":memory:")
-    try:
-        for migration in MIGRATIONS[:version]:
-            conn.executescript(migration)
-        return _schema(conn)
-    finally:
-        conn.close()
 
 
 def this_process() -> dict[str, Any]:
@@ -394,7 +202,7 @@ class Store:
 
     def _check_schema(self, version: int) -> None:
         try:
-            actual = _schema(self.conn)
+            actual = actual_schema(self.conn)
         except sqlite3.Error as e:
             raise self._error(e, "opening it") from e
         expected = expected_schema(version)

@@ -26,7 +26,7 @@ from orchestrator.errors import InputError
 from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from orchestrator.report import ab_csv, ab_json, ab_markdown, ab_text
-from orchestrator.results import load_result
+from orchestrator.results_load import load_result
 from orchestrator.store import Store
 from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port
 

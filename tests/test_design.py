@@ -18,9 +18,11 @@ import pytest
 from orchestrator.bench import RunResult
 from orchestrator.errors import StoreError
 from orchestrator.report import ab_csv, ab_json, ab_markdown, ab_text
-from orchestrator.results import ABResult, CutShort, Design, LaunchResult, load_result, stored_launches
+from orchestrator.results import ABResult, CutShort, Design, LaunchResult
+from orchestrator.results_load import load_result, stored_launches
 from orchestrator.stats import arm_spread, outliers, relative_range, schedule, slow_first_run
-from orchestrator.store import MIGRATIONS, SCHEMA_VERSION, Store
+from orchestrator.store import Store
+from orchestrator.store_schema import MIGRATIONS, SCHEMA_VERSION
 
 # ------------------------------------------------------------------ pure helpers
 

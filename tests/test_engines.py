@@ -16,7 +16,7 @@ from orchestrator.engines import Engine
 from orchestrator.errors import ProfileError
 from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import Profile, load
-from orchestrator.results import load_result
+from orchestrator.results_load import load_result
 from orchestrator.store import Store
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
 

@@ -18,7 +18,7 @@ from orchestrator.fingerprint import Difference, collect, diff
 from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
-from orchestrator.results import stored_launches
+from orchestrator.results_load import stored_launches
 from orchestrator.store import Store
 from tests import fake_nvidia_smi
 from tests.conftest import NAMESPACE

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator import fingerprint
 from orchestrator.cli import main
-from orchestrator.results import stored_launches
+from orchestrator.results_load import stored_launches
 from orchestrator.store import Store
 from tests.conftest import WriteProfile
 

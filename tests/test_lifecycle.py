@@ -17,7 +17,7 @@ from orchestrator.bench import BenchConfig, local_runner, run_benchmark
 from orchestrator.errors import BenchError, ServerError, was_interrupted
 from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import Profile, load
-from orchestrator.results import load_result
+from orchestrator.results_load import load_result
 from orchestrator.store import Store
 from tests.conftest import NAMESPACE
 

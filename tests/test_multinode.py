@@ -337,7 +337,7 @@ def test_cli_ab_over_a_group(
 ) -> None:
     """`orch ab --host GROUP` end to end through the real entry point: profiles from ./profiles, a verdict."""
     from orchestrator.cli import main
-    from orchestrator.results import stored_launches
+    from orchestrator.results_load import stored_launches
 
     _profiles(write_profile)
     monkeypatch.chdir(tmp_path)
@@ -370,7 +370,7 @@ def test_allow_node_mismatch_launches_and_every_report_says_so(
     from orchestrator.cli.run import verdict_lines
     from orchestrator.report import ab_markdown, ab_text
     from orchestrator.report_html import ab_html
-    from orchestrator.results import load_result
+    from orchestrator.results_load import load_result
 
     _profiles(write_profile)
     monkeypatch.chdir(tmp_path)

@@ -17,7 +17,7 @@ from orchestrator import hostside
 from orchestrator.hosts.slurm_cli import Slurm
 from orchestrator.report import ab_markdown, ab_text
 from orchestrator.report_html import ab_html
-from orchestrator.results import load_result
+from orchestrator.results_load import load_result
 from orchestrator.store import Store
 from tests import slurmcluster
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port

@@ -25,7 +25,8 @@ from orchestrator.cli.lazy import COMMANDS, load_all
 from orchestrator.report import ab_json, ab_markdown, ab_text
 from orchestrator.results import ABResult, Design, LaunchResult
 from orchestrator.stats_seq import SequentialPlan
-from orchestrator.store import INDEXES, MIGRATIONS, SCHEMA_VERSION, Store
+from orchestrator.store import Store
+from orchestrator.store_schema import INDEXES, MIGRATIONS, SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("httpx", "asyncio", "psutil", "paramiko", "rich", "yaml", "numpy", "ruptures", "matplotlib")

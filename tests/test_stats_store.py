@@ -9,7 +9,8 @@ import pytest
 
 from orchestrator.errors import StoreError
 from orchestrator.stats import ratio, summarize
-from orchestrator.store import SCHEMA_VERSION, Store
+from orchestrator.store import Store
+from orchestrator.store_schema import SCHEMA_VERSION
 
 
 def test_summarize_known_values() -> None:

@@ -24,7 +24,7 @@ from orchestrator.errors import ProfileError
 from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from orchestrator.report import ab_text
-from orchestrator.results import load_result
+from orchestrator.results_load import load_result
 from orchestrator.sim.args import SimArgError
 from orchestrator.sim.vllm_args import parse_vllm_args
 from orchestrator.store import Store

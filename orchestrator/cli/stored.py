@@ -84,7 +84,7 @@ def _attached(config_json: str) -> bool:
 
 def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> results.ABResult:
     """ID, prefix or `last` from the store; a path that exists is a result bundle, read without importing it."""
-    from orchestrator import results
+    from orchestrator.results_load import load_result
 
     if is_file(ref):
         from orchestrator import bundle as bundle_mod
@@ -92,7 +92,7 @@ def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> 
         return bundle_mod.result_from_bundle(bundle_mod.read_bundle(ref), min_effect=min_effect)
     store = open_existing(db)
     try:
-        return results.load_result(store, ref, min_effect=min_effect)
+        return load_result(store, ref, min_effect=min_effect)
     finally:
         store.close()
 
@@ -123,9 +123,9 @@ def load_with_requests(
 def _read(
     store: Store, ref: str, min_effect: float | None
 ) -> tuple[results.ABResult, dict[str, list[dict[str, object]]]]:
-    from orchestrator import results
+    from orchestrator.results_load import load_result
 
-    result = results.load_result(store, ref, min_effect=min_effect)
+    result = load_result(store, ref, min_effect=min_effect)
     return result, {la.launch_id: store.requests(la.launch_id) for la in result.launches}
 
 

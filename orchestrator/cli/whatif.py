@@ -15,6 +15,7 @@ from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.options import db_option, open_existing
 from orchestrator.errors import InputError, StoreError
+from orchestrator.results_load import load_result
 
 MAX_STEPS = 64
 
@@ -47,7 +48,7 @@ def load(ref: str, db: str | None) -> tuple[results.ABResult, list[dict[str, Any
             exp = store.find_experiment(ref)
         except StoreError as e:  # an id that is not there is the user's input, not a broken store
             raise InputError(str(e)) from None
-        result = results.load_result(store, exp["id"])
+        result = load_result(store, exp["id"])
         stored = json.loads(exp["config_json"]).get("profiles")
         if isinstance(stored, list) and len(stored) == len(result.profiles):
             return result, stored

@@ -20,7 +20,8 @@ import pytest
 import yaml
 
 from orchestrator import hostside
-from orchestrator.store import SCHEMA_VERSION, Store
+from orchestrator.store import Store
+from orchestrator.store_schema import SCHEMA_VERSION
 from tests.conftest import NAMESPACE, run_orch, wait_for_line
 
 SimProfiles = Callable[..., dict[str, Path]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -48,6 +49,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> int:
+    """A port p with p .. p+n-1 all free (a multi-node launch on one machine: rank i serves on p + i), drawn below
+    Linux's ephemeral range (32768-60999). free_port's kernel-chosen port sits inside that range, where p + 1 may be
+    any outgoing connection's local port by the time a rank binds it (CI saw exactly that)."""
+    draw = random.SystemRandom()
+    for _ in range(200):
+        first = draw.randrange(20000, 32768 - n)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(first, first + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports below 32768 in 200 tries")
 
 
 @pytest.fixture

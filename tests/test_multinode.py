@@ -30,7 +30,7 @@ from orchestrator.multinode import NodeMismatchError
 from orchestrator.profile import ProfileError, load
 from orchestrator.store import Store
 from tests import fake_nvidia_smi
-from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port
+from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port, free_ports
 from tests.sshd import SSHD
 
 pytestmark = pytest.mark.skipif(
@@ -90,7 +90,7 @@ def _profiles(write_profile: WriteProfile, sim: dict[str, Any] | None = None) ->
         model_path="/models/test-model",
         tp_size=2,
         nnodes=2,
-        port=free_port(),
+        port=free_ports(2),  # rank 1 on the next port (port_stride 1)
         ready_timeout_s=30,
         env={"NCCL_PROTO": "LL"},
         sim={**FAST_SIM, **(sim or {})},
@@ -99,7 +99,7 @@ def _profiles(write_profile: WriteProfile, sim: dict[str, Any] | None = None) ->
     write_profile(
         "eagle3",
         extends="base",
-        port=free_port(),
+        port=free_ports(2),  # rank 1 on the next port (port_stride 1)
         speculative={"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 3, "eagle_topk": 1},
     )
 

@@ -20,7 +20,7 @@ from orchestrator.report_html import ab_html
 from orchestrator.results_load import load_result
 from orchestrator.store import Store
 from tests import slurmcluster
-from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
+from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_ports
 from tests.slurmcluster import PARTITION, SlurmCluster
 from tests.test_slurmhost import end_at_time_limit, job_of, needs_cluster, orch_on, read_until, runs_kept
 
@@ -66,11 +66,11 @@ def two_node(write_profile: WriteProfile, tmp_path: Path) -> Path:
         "env": {"NCCL_PROTO": "LL"},
         "sim": FAST_SIM,
     }
-    write_profile("base2", **common, port=free_port())
+    write_profile("base2", **common, port=free_ports(2))  # rank 1 on the next port (port_stride 1)
     write_profile(
         "eagle2",
         **common,
-        port=free_port(),
+        port=free_ports(2),
         speculative={"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 3, "eagle_topk": 1},
     )
     return tmp_path / "hosts.yaml"

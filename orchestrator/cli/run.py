@@ -35,8 +35,8 @@ from orchestrator.cli.options import (
 )
 from orchestrator.errors import InputError, OrchError
 from orchestrator.hosts import resolve_host
-from orchestrator.hosts.base import Host, default_namespace
-from orchestrator.hosts.inventory import load_groups, load_inventory, parse_target
+from orchestrator.hosts.base import Host, HostConfig, default_namespace
+from orchestrator.hosts.inventory import HostGroup, lookup
 from orchestrator.progress import PlainReporter, is_terminal
 from orchestrator.report import SIM_BANNER, ab_json, ab_text, attached_banner, comparison_line
 from orchestrator.stats_seq import SequentialPlan
@@ -186,11 +186,10 @@ def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> r
 def time_limit_warning(work: Plan, host_spec: str, inventory: str | None) -> str | None:
     """A Slurm host whose time limit the plan will outlast: said before asking Slurm, not found out mid-run."""
     try:
-        config = parse_target(host_spec, load_inventory(inventory))
+        config = lookup(host_spec, inventory)[0]
     except OrchError:
         return None  # opening the host says what is wrong, in its place
-    limit_s = config.time_limit_min * 60
-    if config.scheduler != "slurm" or work.seconds <= limit_s:
+    if not isinstance(config, HostConfig) or config.scheduler != "slurm" or work.seconds <= config.time_limit_min * 60:
         return None
     where = (
         f"time_limit_min of {config.name} in {config.source}"
@@ -214,26 +213,23 @@ def check_host_nodes(profiles: list[profiles_mod.Profile], host_spec: str, inven
     """A multi-node profile on a --host with too few nodes, refused from the inventory alone (no connection), before
     the plan and the header lines make it look as if the run had started; run_ab checks it again on the open host."""
     try:
-        hosts = load_inventory(inventory)
-        groups = load_groups(inventory) if hosts else {}
-        if host_spec in groups:
-            nodes, name, slurm = len(groups[host_spec].nodes), host_spec, False
-        else:
-            config = parse_target(host_spec, hosts)
-            nodes, name, slurm = 1, config.name, config.scheduler == "slurm"
+        target = lookup(host_spec, inventory)[0]
     except OrchError:
         return  # opening the host says what is wrong with the inventory or the spec, in its place
-    experiment_host.check_nodes_for(profiles, nodes, name, is_slurm=slurm)
+    if isinstance(target, HostGroup):
+        experiment_host.check_nodes_for(profiles, len(target.nodes), host_spec)
+    else:
+        experiment_host.check_nodes_for(profiles, 1, target.name, is_slurm=target.scheduler == "slurm")
 
 
 def same_slurm_partition(before: str, after: str, inventory: str | None) -> bool:
     """Both --host values are Slurm hosts of one partition (so a resume may move from one to the other)."""
     try:
-        hosts = load_inventory(inventory)
-        a, b = parse_target(before, hosts), parse_target(after, hosts)
+        a, b = lookup(before, inventory)[0], lookup(after, inventory)[0]
     except OrchError:
         return False
-    return a.scheduler == b.scheduler == "slurm" and a.partition == b.partition
+    slurm = [t for t in (a, b) if isinstance(t, HostConfig) and t.scheduler == "slurm"]
+    return len(slurm) == 2 and slurm[0].partition == slurm[1].partition
 
 
 def sequential_plan(kw: dict[str, Any]) -> SequentialPlan | None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 from orchestrator.errors import HostError, InputError
 from orchestrator.hosts.base import Host, HostConfig
 from orchestrator.hosts.group import GroupHost
-from orchestrator.hosts.inventory import HostGroup, load_groups, load_inventory, parse_target
+from orchestrator.hosts.inventory import HostGroup, lookup
 from orchestrator.hosts.local import LocalHost
 
 # Callers import every other name from the module that owns it (hosts.base, hosts.inventory, hosts.local, ...).
@@ -27,11 +27,9 @@ def resolve_host(
 ) -> Host:
     """Turn `--host` into a connected Host; `on_event` hears what opening it takes long for (a Slurm queue).
     `nodes`: how many nodes the experiment's largest multi-node profile spans (a Slurm host asks for that many)."""
-    hosts = load_inventory(inventory)
-    groups = load_groups(inventory) if hosts else {}
-    if spec in groups:
-        return open_group(groups[spec], hosts, workdir=workdir, accept_new_host_key=accept_new_host_key)
-    config = parse_target(spec, hosts)
+    config, hosts = lookup(spec, inventory)
+    if isinstance(config, HostGroup):
+        return open_group(config, hosts, workdir=workdir, accept_new_host_key=accept_new_host_key)
     if workdir:
         config = replace(config, workdir=workdir)
     return open_host(config, accept_new_host_key=accept_new_host_key, on_event=on_event, nodes=nodes)
@@ -72,13 +70,12 @@ def open_reachable(
     """For commands that only look or clean up (hosts check, status, down), when `spec` is an inventory group (else
     None: resolve_host opens it): its nodes that cannot be reached are left out and named with why, in rank order,
     and the others are kept as a GroupHost (None when none could be reached)."""
-    hosts = load_inventory(inventory)
-    groups = load_groups(inventory) if hosts else {}
-    if spec not in groups:
+    group, hosts = lookup(spec, inventory)
+    if not isinstance(group, HostGroup):
         return None
     unreachable: dict[str, str] = {}
-    opened = _open_nodes(groups[spec], hosts, None, accept_new_host_key, unreachable)
-    return (GroupHost(groups[spec], opened) if opened else None), unreachable
+    opened = _open_nodes(group, hosts, None, accept_new_host_key, unreachable)
+    return (GroupHost(group, opened) if opened else None), unreachable
 
 
 def open_group(

@@ -180,3 +180,11 @@ def load_groups(explicit: str | None = None) -> dict[str, HostGroup]:
             out[name] = HostGroup(name=name, nodes=nodes, source=str(path), **values)
         return out
     return {}
+
+
+def lookup(spec: str, explicit: str | None = None) -> tuple[HostGroup | HostConfig, dict[str, HostConfig]]:
+    """What `--host` names, from the inventory alone (nothing is connected): an inventory group or one host's entry,
+    and the inventory's hosts (a group's nodes among them)."""
+    hosts = load_inventory(explicit)
+    groups = load_groups(explicit) if hosts else {}
+    return (groups[spec] if spec in groups else parse_target(spec, hosts)), hosts

@@ -310,7 +310,8 @@ def profiles_from_bundle(
             if name not in env:
                 missing.append(name)
                 return value
-            return value.replace(WITHHELD, env[name])
+            # The variable holds the whole value, also where only part was withheld (a URL's userinfo).
+            return env[name]
 
         resolved = dict(data)
         if isinstance(resolved.get("env"), dict):
@@ -342,7 +343,8 @@ def _fill_argv(argv: list[Any], fill: Callable[[str, str], str]) -> list[Any]:
         if eq and WITHHELD in value:
             # --api-key=X, or NAME=X as given to env(1): the latter from the same-named variable
             out.append(f"{flag}={fill(flag if not flag.startswith('-') else secret_variable(flag), value)}")
-        elif i > 0 and isinstance(argv[i - 1], str) and SECRET_FLAG_RE.match(argv[i - 1]):
+        elif i > 0 and isinstance(argv[i - 1], str) and (SECRET_FLAG_RE.match(argv[i - 1]) or argv[i - 1][:2] == "--"):
+            # after a secret flag, or a URL with its userinfo withheld after any flag (--proxy http://…@host)
             out.append(fill(secret_variable(argv[i - 1]), arg))
         else:
             out.append(fill("ORCH_SECRET_VALUE", arg))  # no flag to name it after: say so rather than guess

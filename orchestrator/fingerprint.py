@@ -21,6 +21,7 @@ from orchestrator.bench import BenchConfig, request_items
 from orchestrator.errors import HostError, OrchError
 from orchestrator.hosts.base import Host
 from orchestrator.profile import Profile
+from orchestrator.redaction import DIGEST_RE, REDACTED
 from orchestrator.server import EnvReport, RunningServer
 
 FINGERPRINT_VERSION = 1
@@ -270,7 +271,6 @@ _SKIPPED = {
     "profile.source",
     "profile.description",
 }
-_REDACTED_PREFIX = "<redacted"
 
 
 def _match(path: str) -> tuple[str, str, int, str] | None:
@@ -379,8 +379,9 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _unkeyed(value: Any) -> Any:
     # Secrets are keyed digests, and keys differ between stores: two digests cannot say whether the secrets differ.
-    if isinstance(value, str) and value.startswith(_REDACTED_PREFIX):
-        return _REDACTED_PREFIX + ">"
+    # A digest may stand for part of a value (a URL's userinfo): the rest (the host) is still compared.
+    if isinstance(value, str):
+        return DIGEST_RE.sub(REDACTED, value)
     if isinstance(value, list):
         return [_unkeyed(v) for v in value]
     return value

@@ -149,6 +149,7 @@ def op_launch(argv: list[str], env: dict[str, str], log_path: str, cwd: str | No
     if not argv:
         raise HostSideError("empty command line")
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+    _private_file(log_path)
     pidfile = log_path + ".pid"
     if os.path.exists(pidfile):
         os.unlink(pidfile)
@@ -180,6 +181,20 @@ def op_launch(argv: list[str], env: dict[str, str], log_path: str, cwd: str | No
             pass
         time.sleep(0.01)
     raise HostSideError(f"launched {argv[0]} but it never wrote its PID to {pidfile}")
+
+
+def _private_file(path: str) -> None:
+    """path exists, empty or not, readable by its owner only (0600), before anything is written to it: a server's
+    log holds what it prints (its args, a URL with a password), and orch often runs as root on a shared host. The
+    shell's `>` then truncates it and keeps the mode; an existing file (a launch id reused) is narrowed too."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise HostSideError(f"could not create the server log {path} readable by its owner only: {e}") from e
 
 
 def op_alive(pid: int) -> dict[str, Any]:

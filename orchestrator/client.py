@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from orchestrator import stopsignals
 from orchestrator.client_metrics import _scrape
 from orchestrator.client_requests import ENDPOINTS, Record, build_body
 from orchestrator.client_stream import _LIVE, _Guard, check_bounds, fetch, live
@@ -193,7 +194,7 @@ T = TypeVar("T")
 
 
 def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """asyncio.run, except that Ctrl-C (and orch's SIGTERM) always ends the run promptly with KeyboardInterrupt.
+    """asyncio.run, except that Ctrl-C (and orch's SIGTERM, SIGHUP) always ends the run promptly with KeyboardInterrupt.
 
     From Python 3.11 asyncio.run turns the first SIGINT into one cancellation of the main task, and
     asyncio.wait_for swallows a cancellation that races with its inner task finishing (seen in CI: a Ctrl-C at the
@@ -220,10 +221,10 @@ def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in stopsignals.STOP_SIGNALS:
             current = signal.getsignal(sig)
-            # Only handlers that would raise in the middle of the loop (Python's for SIGINT, orch's for SIGTERM).
-            if current is signal.default_int_handler or (callable(current) and sig == signal.SIGTERM):
+            # Only handlers that would raise in the middle of the loop (Python's for SIGINT, orch's for the others).
+            if stopsignals.raises(current):
                 previous[sig] = signal.signal(sig, on_signal)
     try:
         loop = state["loop"] = asyncio.new_event_loop()

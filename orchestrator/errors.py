@@ -55,8 +55,8 @@ class BundleError(InputError):
 
 
 def was_interrupted(e: BaseException) -> bool:
-    """Whether e is, or was raised while handling, a Ctrl-C (or orch's SIGTERM, which raises the same): a teardown
-    that fails after an interrupt must not turn the interrupt into a failure."""
+    """Whether e is, or was raised while handling, a Ctrl-C (or orch's SIGTERM or SIGHUP, which raise the same): a
+    teardown that fails after an interrupt must not turn the interrupt into a failure."""
     seen: set[int] = set()
     cur: BaseException | None = e
     while cur is not None and id(cur) not in seen:

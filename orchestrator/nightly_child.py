@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from orchestrator import nightly
+from orchestrator import nightly, stopsignals
 from orchestrator import suite as suite_mod
 from orchestrator.errors import OrchError
 from orchestrator.nightresult import ItemReport
@@ -33,9 +33,10 @@ def main(spec: dict[str, Any]) -> int:
     # A night started with SIGINT ignored (`orch nightly &` in a script, some cron wrappers) passes that on to us, and
     # Python then installs no KeyboardInterrupt handler: the parent's forwarded Ctrl-C, our own item timer and
     # _watch_parent would all go unheard, and the parent would SIGKILL us with the allocation still held. We run in
-    # our own session, so no terminal's Ctrl-C reaches us: only the parent's signals and our own.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # our own session, so no terminal's Ctrl-C or hangup reaches us: only the parent's signals and our own. Our
+    # output is the parent's pipe: should the parent be gone, printing must not cut short our teardown.
+    stopsignals.install(sigint=True)
+    stopsignals.forgiving_output()
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     deadline = time.monotonic() + float(spec["remaining_s"])
     suite = suite_mod.load(spec["suite"])

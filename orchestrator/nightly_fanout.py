@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from orchestrator import progress
+from orchestrator import progress, server
 from orchestrator.hosts.inventory import parse_target
 from orchestrator.nightresult import ItemReport
 from orchestrator.suite import Item, Suite
@@ -165,14 +165,17 @@ class FanOut:
         return self._collect()
 
     def stop(self) -> list[ItemReport]:
-        """Ctrl-C (or a failure) in the parent: every child interrupted, given time to release its allocation."""
+        """Ctrl-C (or SIGTERM, SIGHUP, a failure) in the parent: every child interrupted, given time to release its
+        allocation; a second signal meanwhile does not cut that short (the children run in their own sessions, so
+        they hear of it only from here)."""
         try:
-            for c in self.children:
-                if c.proc.poll() is None and c.stopping is None:
-                    self._interrupt(c, None)
-            until = time.monotonic() + STOP_WAIT_S
-            while any(c.proc.poll() is None for c in self.children) and time.monotonic() < until:
-                time.sleep(0.2)
+            with server.shielded(self.runner.on_event):
+                for c in self.children:
+                    if c.proc.poll() is None and c.stopping is None:
+                        self._interrupt(c, None)
+                until = time.monotonic() + STOP_WAIT_S
+                while any(c.proc.poll() is None for c in self.children) and time.monotonic() < until:
+                    time.sleep(0.2)
         finally:
             for c in self.children:
                 if c.proc.poll() is None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import engines, progress
+from orchestrator import engines, progress, stopsignals
 from orchestrator.errors import AllocationEnded, HostError, ServerError
 from orchestrator.hosts.base import Host, connect_address
 from orchestrator.hostside import MARKER
@@ -433,7 +433,8 @@ class RunningServer:
 
 @contextlib.contextmanager
 def _shielded(on_event: EventFn) -> Iterator[None]:
-    """Let a teardown finish even if the user presses Ctrl-C again (or cron sends SIGTERM) while it runs."""
+    """Let a teardown finish even if the user presses Ctrl-C again (or cron sends SIGTERM, or the terminal hangs up)
+    while it runs."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -441,13 +442,16 @@ def _shielded(on_event: EventFn) -> Iterator[None]:
     def later(signum: int, frame: object) -> None:
         on_event("teardown in progress; orch exits as soon as the server is gone")
 
-    old_int = signal.signal(signal.SIGINT, later)
-    old_term = signal.signal(signal.SIGTERM, later)
+    # An ignored signal (SIGHUP under nohup) stays ignored.
+    old = {sig: signal.getsignal(sig) for sig in stopsignals.STOP_SIGNALS}
+    for sig, handler in old.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(sig, later)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 @contextlib.contextmanager

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
-from types import FrameType
-from typing import NoReturn
 
 import click
 
@@ -14,16 +11,12 @@ import click
 from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, cli, interrupted_message
 from orchestrator.cli.lazy import Interrupted
 from orchestrator.errors import InputError, OrchError
+from orchestrator.stopsignals import forgiving_output, install
 
 __all__ = ["cli", "entry", "main"]
 
 
 # ---------------------------------------------------------------- entry point
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> NoReturn:
-    # Unwind like Ctrl-C so every `finally` tears its server down before orch exits.
-    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +61,8 @@ def _print_traceback() -> None:
 
 
 def entry() -> None:
-    """The console script: also treats SIGTERM (cron timeouts, kill) like Ctrl-C so servers are torn down."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    """The console script: also treats SIGTERM (cron timeouts, kill) and SIGHUP (a closed terminal or SSH session)
+    like Ctrl-C so servers are torn down, and keeps going when the terminal it prints to is gone."""
+    forgiving_output()
+    install()
     sys.exit(main())

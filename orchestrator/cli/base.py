@@ -15,8 +15,8 @@ MAX_TPS = 1e7  # tok/s options: far above any server, low enough that the arithm
 EXIT_USAGE = 2  # click's code for usage errors; invalid input files (InputError) get it too
 
 
-# What Ctrl-C (or SIGTERM) leaves behind, by command: only these launch servers (torn down in `finally`) and store
-# results as they come; `orch down` may have stopped only part of what it found.
+# What Ctrl-C (or SIGTERM, SIGHUP) leaves behind, by command: only these launch servers (torn down in `finally`)
+# and store results as they come; `orch down` may have stopped only part of what it found.
 LAUNCHING_COMMANDS = frozenset({"ab", "bench", "reproduce", "nightly"})
 
 

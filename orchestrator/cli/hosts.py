@@ -204,7 +204,7 @@ def hosts_list(inventory: str | None, as_json: bool) -> None:
     """Hosts in the inventory: SSH hosts (where orch will connect), Slurm entries (what orch asks Slurm for) and
     groups of hosts (multi-node profiles)."""
     hosts = load_inventory(inventory)
-    groups = load_groups(inventory) if hosts else {}
+    groups = load_groups(inventory)
     entries = [host_entry(h) for _, h in sorted(hosts.items())]
     entries += [group_entry(g) for _, g in sorted(groups.items())]
     searched = [str(p) for p in inventory_paths(inventory)]

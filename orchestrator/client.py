@@ -118,6 +118,8 @@ async def run_requests(
                 first_token_s=first_token_s,
                 guards=guards,
             )
+            if rec.error is not None:
+                rec.failed = time.perf_counter() - t0
 
     async def watch(check: Callable[[], str | None]) -> None:
         while True:

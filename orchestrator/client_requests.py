@@ -118,6 +118,7 @@ class Record:
     token_source: str = "meta_info"
     reported_tokens: int | None = None  # an OpenAI server's final usage total
     error: str | None = None
+    failed: float | None = None  # when the client gave it up (a stall, a timeout, an abort): `end` is its last byte
 
     @property
     def ttft(self) -> float | None:

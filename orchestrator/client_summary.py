@@ -65,7 +65,10 @@ def summarize_run(
         start = 0.0
     steady = window - start
     in_window = sum(k for r in records for t, k in r.arrivals if start < t <= window)
-    wall = max((r.end for r in records if r.end is not None), default=window)
+    # The run lasted until its last request stopped, a failed one included: a request that stalled for 60 s after
+    # its last token must not leave the run looking 0.7 s long.
+    stops = [t for r in records for t in (r.end, r.failed) if t is not None]
+    wall = max(stops, default=window)
     accept, source = None, None
     if any(r.drafted is not None for r in ok):
         # llama-server leaves draft_n out of a response that drafted nothing: on a drafting server, such a request

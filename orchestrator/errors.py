@@ -50,6 +50,11 @@ class StoreError(OrchError):
     """The results database cannot be opened, migrated or written."""
 
 
+class ExperimentRefError(StoreError, InputError):
+    """An experiment reference (an id prefix, an empty id) that names no single experiment: the user's input to fix
+    (exit 2), not a broken store; still a StoreError for old callers."""
+
+
 class BundleError(InputError):
     """A result bundle file is not JSON, truncated, not a bundle, of a newer version, tampered with or incomplete."""
 

@@ -33,6 +33,7 @@ from orchestrator.hostlock import op_lock, op_unlock
 from orchestrator.processes import (
     MARKER,
     OWNER,
+    PROFILE,
     HostSideError,
     _cmdline,
     _describe,
@@ -106,10 +107,11 @@ def op_find(namespace: str) -> list[dict[str, Any]]:
     out = []
     states: dict[str | None, str] = {}
     for proc, lid in _marked(lambda v: v.startswith(prefix)):
-        owner = (_environ(proc) or {}).get(OWNER)
+        env = _environ(proc) or {}
+        owner = env.get(OWNER)
         if owner not in states:
             states[owner] = owner_state(owner)
-        out.append({**_describe(proc, lid), "owner": owner, "owner_state": states[owner]})
+        out.append({**_describe(proc, lid), "owner": owner, "owner_state": states[owner], "profile": env.get(PROFILE)})
     return out
 
 

@@ -292,8 +292,8 @@ class NightRunner:
         status = "complete"
         items = [i for i in suite.items if not self.only or i.name in self.only]
         self.on_event(
-            f"night {self.night_id}: suite {suite.name} ({len(items)} item(s)), deadline {suite.deadline_s / 60:.0f} "
-            f"min, results database {self.store.path}"
+            f"night {self.night_id}: suite {suite.name} ({len(items)} item(s)), deadline "
+            f"{progress.duration(suite.deadline_s)}, results database {self.store.path}"
         )
         fan = nightly_fanout.FanOut(self, deadline)
         parallel = nightly_fanout.fanned(suite, items, suite_inventory(suite))

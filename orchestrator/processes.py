@@ -16,6 +16,9 @@ MARKER = "ORCH_LAUNCH_ID"
 # itself for the local host, the agent over SSH; the agent exits when orch or its connection dies). A launch whose
 # owner is alive belongs to a live session, and no other session may tear it down.
 OWNER = "ORCH_OWNER"
+# The profile a launch runs, as the launching orch named it: `orch status` can name launches that another results
+# store (another --db, another user) recorded.
+PROFILE = "ORCH_PROFILE"
 
 
 class HostSideError(Exception):

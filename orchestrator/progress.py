@@ -191,6 +191,13 @@ class Tracker:
 
 def run_line(run: RunResult, config: BenchConfig) -> str:
     """A finished run (or warmup) as one progress line."""
+    if run.errors:
+        # Its token count and rate describe only the requests that completed: what matters is what failed, and how
+        # long the run really took (a stall lasts stall_s after the last token).
+        what = f"Warmup {run.index + 1}/{config.warmup}" if run.warmup else f"Run {run.index + 1}/{config.runs}"
+        streams = f" @ {run.concurrency} streams" if run.concurrency > 1 else ""
+        why = run.invalid_reason or f"{run.errors} of {run.requests} requests failed"
+        return f"  {what}{streams}: FAILED after {run.seconds:.2f}s: {why}"
     if run.warmup:
         return f"  Warmup {run.index + 1}/{config.warmup} done ({run.tokens} tokens)"
     if run.concurrency == 1:  # the seed's line, character for character

@@ -17,6 +17,7 @@ from orchestrator.errors import AllocationEnded, HostError, ServerError
 from orchestrator.hosts.base import Host, connect_address
 from orchestrator.hostside import MARKER
 from orchestrator.hostwait import gpu_problems
+from orchestrator.processes import PROFILE
 from orchestrator.profile import Profile
 from orchestrator.redaction import redact, redact_argv, scrub, secret_values
 
@@ -184,7 +185,7 @@ def launch(
         if host.sim_pythonpath:
             env["PYTHONPATH"] = host.sim_pythonpath
     # SPT_NOENV stops setproctitle from overwriting /proc/PID/environ, which the env check reads.
-    env.update({MARKER: launch_id, "SPT_NOENV": "1"})
+    env.update({MARKER: launch_id, PROFILE: profile.name, "SPT_NOENV": "1"})
     log_path = f"{host.workdir}/logs/{launch_id.replace(':', '_')}.log"
     try:
         started = host.call("launch", argv=argv, env=env, log_path=log_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sqlite3
 import time
@@ -14,7 +15,7 @@ from typing import Any
 
 import platformdirs
 
-from orchestrator.errors import StoreError
+from orchestrator.errors import ExperimentRefError, InputError, StoreError
 from orchestrator.store_schema import INDEXES, MIGRATIONS, SCHEMA_VERSION, actual_schema, expected_schema
 
 # psutil, socket and secrets are imported where they are used: `orch list` opens the store and reads it, and should
@@ -25,13 +26,27 @@ def default_path() -> Path:
     return Path(platformdirs.user_data_dir("orch")) / "orch.db"
 
 
+AMBIGUOUS_SHOWN = 10  # ids an ambiguous prefix lists
+BUSY_TIMEOUT_MAX_S = 1e6  # sqlite3 takes the timeout in milliseconds as a C int: far beyond this overflows
+
+
 def busy_timeout_s() -> float:
-    """How long to wait for another process's lock on the file (ORCH_DB_BUSY_TIMEOUT_S, default 30 s)."""
-    try:
-        value = float(os.environ.get("ORCH_DB_BUSY_TIMEOUT_S", "30"))
-    except ValueError:
+    """How long to wait for another process's lock on the file (ORCH_DB_BUSY_TIMEOUT_S, default 30 s). A value that
+    is set but invalid is refused: silently waiting 30 s instead of what the user asked for hides their mistake."""
+    raw = os.environ.get("ORCH_DB_BUSY_TIMEOUT_S")
+    if raw is None or not raw.strip():  # `ORCH_DB_BUSY_TIMEOUT_S= orch ...` is the shell's way to unset it
         return 30.0
-    return value if 0 <= value < 1e6 else 30.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    # nan fails both comparisons, so it lands here too
+    if not 0 <= value < BUSY_TIMEOUT_MAX_S:
+        raise InputError(
+            f"ORCH_DB_BUSY_TIMEOUT_S={raw!r}: expected a non-negative number of seconds below "
+            f"{BUSY_TIMEOUT_MAX_S:g} (such as 30, the default when it is unset)"
+        )
+    return value
 
 
 def this_process() -> dict[str, Any]:
@@ -89,6 +104,7 @@ class Store:
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_path()
+        timeout_s = busy_timeout_s()  # before anything is created: an invalid setting leaves nothing behind
         # Experiments whose owner is gone but which a read-only file still records as running: shown interrupted.
         self._orphans: dict[str, str] = {}
         try:
@@ -98,7 +114,7 @@ class Store:
         try:
             # A file orch may not write (permissions, an immutable file, a read-only mount) opens read-only:
             # listing and showing still work, and the first write says why it cannot.
-            self.conn = sqlite3.connect(self.path, timeout=busy_timeout_s())
+            self.conn = sqlite3.connect(self.path, timeout=timeout_s)
         except sqlite3.Error as e:
             raise self._error(e, "opening it") from e
         try:
@@ -529,7 +545,7 @@ class Store:
     def find_experiment(self, ref: str) -> dict[str, Any]:
         """An experiment by id, unique id prefix, or `last`; StoreError naming the candidates otherwise."""
         if not ref.strip():
-            raise StoreError("an experiment id (or a unique prefix of one, or `last`) is needed")
+            raise ExperimentRefError("an experiment id (or a unique prefix of one, or `last`) is needed")
         if ref == "last":
             rows = self._query("SELECT * FROM experiments ORDER BY created_at DESC LIMIT 1")
             if not rows:
@@ -539,14 +555,21 @@ class Store:
         if exact is not None:
             return exact
         pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        shown = AMBIGUOUS_SHOWN
         rows = self._query(
-            "SELECT * FROM experiments WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC LIMIT 6", (pattern,)
+            "SELECT * FROM experiments WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC LIMIT ?",
+            (pattern, shown + 1),
         )
         if len(rows) == 1:
             return self._shown(rows[0])
         if not rows:
             raise StoreError(f"no experiment {ref!r} in {self.path} (`orch list` shows the stored ones)")
-        ids = ", ".join(r["id"] for r in rows[:5])
-        raise StoreError(
-            f"{ref!r} matches several experiments ({ids}{', ...' if len(rows) > 5 else ''}); give more of the id"
+        # Which one was meant is the user's to say: a usage error (exit 2) that lists what the prefix matches.
+        more = ""
+        if len(rows) > shown:
+            total = self._query("SELECT COUNT(*) AS n FROM experiments WHERE id LIKE ? ESCAPE '\\'", (pattern,))[0]["n"]
+            more = f" and {total - shown} more"
+        ids = ", ".join(r["id"] for r in rows[:shown])
+        raise ExperimentRefError(
+            f"{ref!r} matches several experiments in {self.path} (newest first: {ids}{more}); give more of the id"
         )

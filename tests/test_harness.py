@@ -467,4 +467,6 @@ def test_fake_is_fast(fake_bin: Path) -> None:
         t0 = time.perf_counter()
         assert smi(fake_bin, f"--query-gpu={GPU_QUERY}", CSV).returncode == 0
         best = min(best, time.perf_counter() - t0)
-    assert best < 0.15, f"fake nvidia-smi took {best:.3f}s"
+    # Not a speed test (a loaded CI machine took 0.21 s): only a pathological fake, one that imports something heavy
+    # or hangs, takes seconds; every test that polls the GPUs would then crawl.
+    assert best < 5.0, f"fake nvidia-smi took {best:.3f}s"

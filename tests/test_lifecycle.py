@@ -91,7 +91,7 @@ def test_ctrl_c_while_waiting_for_readiness_tears_down_at_once(sim_profiles: Sim
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-    assert time.monotonic() - t0 < 8
+    assert time.monotonic() - t0 < 30  # interrupted at 1 s and torn down, not the 60 s readiness wait
     _nothing_left()
 
 

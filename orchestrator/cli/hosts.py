@@ -122,7 +122,9 @@ def status_cmd(
     host_spec: str, inventory: str | None, accept_new_host_key: bool, db: str | None, verbose: bool, as_json: bool
 ) -> None:
     """What orch launched on the host and is still running: one line per launch (profile, launch id, PID, port,
-    age, state), then GPU memory. The profile names come from the results database (--db).
+    age, state), then GPU memory. The profile names come from the results database (--db), else from the launch
+    itself (orch names it in the launch's environment); a launch of an older orch recorded in another database
+    shows "(another results store)".
 
     A group node that cannot be reached gets a line saying so (exit 1); the other nodes are still shown."""
     with _open_nodes(host_spec, inventory, accept_new_host_key) as (_, nodes):
@@ -204,7 +206,7 @@ def hosts_list(inventory: str | None, as_json: bool) -> None:
     """Hosts in the inventory: SSH hosts (where orch will connect), Slurm entries (what orch asks Slurm for) and
     groups of hosts (multi-node profiles)."""
     hosts = load_inventory(inventory)
-    groups = load_groups(inventory) if hosts else {}
+    groups = load_groups(inventory)
     entries = [host_entry(h) for _, h in sorted(hosts.items())]
     entries += [group_entry(g) for _, g in sorted(groups.items())]
     searched = [str(p) for p in inventory_paths(inventory)]

@@ -22,6 +22,19 @@ def error_doc(message: str, exit_code: int) -> dict[str, Any]:
     return {"status": "error", "error": message, "exit_code": exit_code}
 
 
+def document_printed() -> None:
+    """Tell the running JsonCommand its document is out: a failure after it (a night interrupted after some items,
+    which prints what it has) must not print a second document on stdout."""
+    click.get_current_context().meta[_PRINTED] = True
+
+
+_PRINTED = "orch.jsonout.printed"
+
+
+def _wants_json(ctx: click.Context) -> bool:
+    return bool(ctx.params.get("as_json")) and not ctx.meta.get(_PRINTED)
+
+
 class JsonCommand(click.Command):
     """A command with `--json` whose failures are JSON too. The exception still propagates afterwards, so the human
     message goes to stderr and the exit code (1 error, 2 invalid input) stays the one `orch` always uses."""
@@ -42,23 +55,23 @@ class JsonCommand(click.Command):
         try:
             return super().invoke(ctx)
         except OrchError as e:
-            if ctx.params.get("as_json"):
+            if _wants_json(ctx):
                 emit(error_doc(str(e), EXIT_USAGE if isinstance(e, InputError) else 1))
             raise
         except click.ClickException as e:
-            if ctx.params.get("as_json"):
+            if _wants_json(ctx):
                 emit(error_doc(e.format_message(), e.exit_code))
             raise
         except KeyboardInterrupt:
             # Ctrl-C or SIGTERM: still one document, so a script reading stdout learns why there is no result.
-            if ctx.params.get("as_json"):
+            if _wants_json(ctx):
                 message = interrupted_message(ctx.find_root().invoked_subcommand)
                 emit({"status": "interrupted", "error": message, "exit_code": EXIT_INTERRUPTED})
             raise
         except (click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except Exception as e:  # a bug in orch: the document still parses
-            if ctx.params.get("as_json"):
+            if _wants_json(ctx):
                 emit(error_doc(f"unexpected {type(e).__name__}: {e}", 1))
             raise
 

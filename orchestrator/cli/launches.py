@@ -18,8 +18,17 @@ STATES = {
 }
 
 
-def summarize(procs: list[dict[str, Any]], profiles: dict[str, str], now: float | None = None) -> list[dict[str, Any]]:
-    """One dict per launch (oldest first): profile, launch id, leader PID, ports, age, state, process count."""
+# A launch the results store does not know and whose processes do not name their profile (an older orch's launch
+# recorded in another store): its profile is unknown here.
+ANOTHER_STORE = "(another results store)"
+
+
+def summarize(
+    procs: list[dict[str, Any]], profiles: dict[str, str] | None, now: float | None = None
+) -> list[dict[str, Any]]:
+    """One dict per launch (oldest first): profile, launch id, leader PID, ports, age, state, process count.
+    The profile is the results store's record, else what the launch's processes carry (ORCH_PROFILE), else
+    ANOTHER_STORE when the store was read (`profiles` is None when it could not be: then unknown, None)."""
     now = time.time() if now is None else now
     by_launch: dict[str, list[dict[str, Any]]] = {}
     for p in procs:
@@ -35,7 +44,9 @@ def summarize(procs: list[dict[str, Any]], profiles: dict[str, str], now: float 
         out.append(
             {
                 "launch_id": lid,
-                "profile": profiles.get(lid),
+                "profile": (profiles or {}).get(lid)
+                or next((str(p["profile"]) for p in group if p.get("profile")), None)
+                or (None if profiles is None else ANOTHER_STORE),
                 "pid": leader["pid"],
                 "ports": ports,
                 "started_at": started,
@@ -77,9 +88,9 @@ def state_text(launch: dict[str, Any]) -> str:
     return f"{phase}, {STATES.get(launch['owner_state'], launch['owner_state'])}"
 
 
-def stored_profiles(db: Path, launch_ids: Iterable[str]) -> dict[str, str]:
-    """Profile names of these launches as the results database recorded them; {} when it cannot say (no file, an
-    older schema, a lock): status must answer whatever state the database is in."""
+def stored_profiles(db: Path, launch_ids: Iterable[str]) -> dict[str, str] | None:
+    """Profile names of these launches as the results database recorded them; None when it cannot say (an older
+    schema, a lock): status must answer whatever state the database is in. No file yet: it records none of them."""
     ids = sorted(set(launch_ids))
     if not ids or not db.is_file():
         return {}
@@ -91,7 +102,7 @@ def stored_profiles(db: Path, launch_ids: Iterable[str]) -> dict[str, str]:
             return {str(lid): str(profile) for lid, profile in rows}
         finally:
             conn.close()
-    return {}
+    return None
 
 
 def table(launches: list[dict[str, Any]]) -> list[str]:

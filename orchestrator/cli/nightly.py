@@ -13,6 +13,7 @@ from orchestrator import files, report_nightly
 from orchestrator import history as history_mod
 from orchestrator import nightly as nightly_mod
 from orchestrator import suite as suite_mod
+from orchestrator.cli.jsonout import JsonCommand, document_printed, json_option
 from orchestrator.cli.options import db_option, open_existing
 from orchestrator.errors import InputError
 from orchestrator.nightresult import NightReport
@@ -47,7 +48,7 @@ def _write(path: str | None, text: str) -> None:
             click.echo(f"orch: could not write {path}: {e.strerror or e}", err=True)
 
 
-@click.command("nightly")
+@click.command("nightly", cls=JsonCommand)
 @click.argument("suite_file", metavar="SUITE.yaml")
 @db_option
 @click.option(
@@ -62,7 +63,13 @@ def _write(path: str | None, text: str) -> None:
     is_flag=True,
     help="Validate the suite, its profiles and hosts, warn of what may not work as meant; run nothing (exit 0 or 2).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the night's JSON document instead of the Markdown.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the night's JSON document instead of the Markdown (on a failure before the night, such as an invalid "
+    'suite: "status": "error" and "error").',
+)
 @click.option("--markdown-out", type=click.Path(dir_okay=False), help="Also write the Markdown summary to this file.")
 @click.option("--json-out", type=click.Path(dir_okay=False), help="Also write the JSON document to this file.")
 def nightly_cmd(
@@ -95,6 +102,7 @@ def nightly_cmd(
     if check:
         if as_json:
             click.echo(json.dumps(nightly_mod.suite_summary(suite), indent=2))
+            document_printed()
             return
         click.echo(f"{suite_file}: suite {suite.name}, {len(suite.items)} item(s), all valid:")
         for item in suite.items:
@@ -136,9 +144,10 @@ def _output(report: NightReport, as_json: bool, markdown_out: str | None, json_o
     _write(json_out, doc + "\n")
     click.echo(doc if as_json else markdown.rstrip("\n"))
     sys.stdout.flush()
+    document_printed()
 
 
-@click.command("history")
+@click.command("history", cls=JsonCommand)
 @click.argument("item")
 @click.option("--host", default=None, help="The host it ran on [default: the only one].")
 @click.option(
@@ -153,7 +162,7 @@ def _output(report: NightReport, as_json: bool, markdown_out: str | None, json_o
     default=None,
     help="Nights an environment needs before a regression can be called [default: the suite's min_history].",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON document.")
+@json_option
 @db_option
 def history_cmd(
     item: str,

@@ -284,7 +284,7 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
         click.option("--strict-env", is_flag=True, help="Fail an arm whose workers did not get the profile's env."),
         click.option(
             "--db",
-            type=click.Path(dir_okay=False),
+            type=DbPath(),
             default=None,
             help="SQLite results file [default: the user data dir].",
         ),
@@ -384,10 +384,28 @@ def parse_tolerance(ctx: click.Context, param: click.Parameter, value: str) -> f
     return tol
 
 
+class DbPath(click.Path):
+    """--db's file: an empty value is refused rather than read as "not given" (`--db "$UNSET_VAR"` would otherwise
+    read and write the user's default store without a word)."""
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail(
+                f"{value!r} is empty: expected the path of an SQLite results file (leave --db out for the default "
+                "store in the user data dir)",
+                param,
+                ctx,
+            )
+        return super().convert(value, param, ctx)
+
+
 def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option(
-        "--db", type=click.Path(dir_okay=False), default=None, help="SQLite results file [default: the user data dir]."
-    )(fn)
+    return click.option("--db", type=DbPath(), default=None, help="SQLite results file [default: the user data dir].")(
+        fn
+    )
 
 
 def open_existing(db: str | None) -> Store:

@@ -67,7 +67,13 @@ def inventory_paths(explicit: str | None = None) -> list[Path]:
 
 
 def load_inventory(explicit: str | None = None) -> dict[str, HostConfig]:
-    """The first inventory file that exists, validated; {} when there is none."""
+    """The first inventory file that exists, validated (its groups too); {} when there is none."""
+    return _load(explicit)[0]
+
+
+def _load(explicit: str | None) -> tuple[dict[str, HostConfig], dict[str, HostGroup]]:
+    """The hosts and the groups of the first inventory file that exists, all validated whatever the caller asks
+    for: a file whose only entries are invalid groups must be refused, not read as "no hosts"."""
     for path in inventory_paths(explicit):
         if not yamlfile.is_file(path):
             if explicit:
@@ -76,11 +82,11 @@ def load_inventory(explicit: str | None = None) -> dict[str, HostConfig]:
         data = yamlfile.load(path, InventoryError, "host inventory") or {}
         if not isinstance(data, dict) or set(data) - {"hosts"}:
             raise InventoryError(f"{path}: expected a mapping with one key, 'hosts' (name: settings)")
-        hosts = data.get("hosts") or {}
-        if not isinstance(hosts, dict):
+        entries = data.get("hosts") or {}
+        if not isinstance(entries, dict):
             raise InventoryError(f"{path}: hosts: expected a mapping of host name to settings")
-        out = {}
-        for name, settings in hosts.items():
+        hosts = {}
+        for name, settings in entries.items():
             if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", name):
                 raise InventoryError(
                     f"{path}: hosts.{key_name(name)}: invalid host name (letters, digits, '.', '_', '-')"
@@ -88,7 +94,7 @@ def load_inventory(explicit: str | None = None) -> dict[str, HostConfig]:
             if not isinstance(settings, dict):
                 raise InventoryError(f"{path}: hosts.{name}: expected a mapping of settings, got {show(settings)}")
             if "nodes" in settings:
-                continue  # a group of hosts (load_groups)
+                continue  # a group of hosts (_groups, once every host is known)
             values = check_fields(settings, HOST_FIELDS, f"{path}: hosts.{name}", InventoryError)
             _check_scheduler(values, f"{path}: hosts.{name}")
             if name != "local" and "address" not in values and "scheduler" not in values:
@@ -97,9 +103,9 @@ def load_inventory(explicit: str | None = None) -> dict[str, HostConfig]:
                 raise InventoryError(
                     f"{path}: hosts.local.address: 'local' is this machine; name the remote host otherwise"
                 )
-            out[name] = HostConfig(name=name, source=str(path), **values)
-        return out
-    return {}
+            hosts[name] = HostConfig(name=name, source=str(path), **values)
+        return hosts, _groups(path, entries, hosts)
+    return {}, {}
 
 
 def _check_scheduler(values: dict[str, Any], where: str) -> None:
@@ -155,36 +161,31 @@ class HostGroup:
 
 def load_groups(explicit: str | None = None) -> dict[str, HostGroup]:
     """The inventory's groups (entries with `nodes:`), each node an inventory host; {} without an inventory."""
-    hosts = load_inventory(explicit)
-    for path in inventory_paths(explicit):
-        if not yamlfile.is_file(path):
+    return _load(explicit)[1]
+
+
+def _groups(path: Path, entries: dict[str, Any], hosts: dict[str, HostConfig]) -> dict[str, HostGroup]:
+    out = {}
+    for name, settings in entries.items():
+        if "nodes" not in settings:
             continue
-        entries = (yamlfile.load(path, InventoryError, "host inventory") or {}).get("hosts") or {}
-        out = {}
-        for name, settings in entries.items():
-            if not (isinstance(settings, dict) and "nodes" in settings):
-                continue
-            where = f"{path}: hosts.{name}"
-            values = check_fields(settings, GROUP_FIELDS, where, InventoryError)
-            nodes = tuple(values.pop("nodes"))
-            if not nodes:
-                raise InventoryError(f"{where}.nodes: a group needs at least one host")
-            for node in nodes:
-                if node not in hosts:
-                    known = ", ".join(sorted(hosts)) or "none"
-                    raise InventoryError(
-                        f"{where}.nodes: {node!r} is not a host of this inventory (its hosts: {known})"
-                    )
-            if len(set(nodes)) != len(nodes):
-                raise InventoryError(f"{where}.nodes: a host is listed twice in {list(nodes)}")
-            out[name] = HostGroup(name=name, nodes=nodes, source=str(path), **values)
-        return out
-    return {}
+        where = f"{path}: hosts.{name}"
+        values = check_fields(settings, GROUP_FIELDS, where, InventoryError)
+        nodes = tuple(values.pop("nodes"))
+        if not nodes:
+            raise InventoryError(f"{where}.nodes: a group needs at least one host")
+        for node in nodes:
+            if node not in hosts:
+                known = ", ".join(sorted(hosts)) or "none"
+                raise InventoryError(f"{where}.nodes: {node!r} is not a host of this inventory (its hosts: {known})")
+        if len(set(nodes)) != len(nodes):
+            raise InventoryError(f"{where}.nodes: a host is listed twice in {list(nodes)}")
+        out[name] = HostGroup(name=name, nodes=nodes, source=str(path), **values)
+    return out
 
 
 def lookup(spec: str, explicit: str | None = None) -> tuple[HostGroup | HostConfig, dict[str, HostConfig]]:
     """What `--host` names, from the inventory alone (nothing is connected): an inventory group or one host's entry,
     and the inventory's hosts (a group's nodes among them)."""
-    hosts = load_inventory(explicit)
-    groups = load_groups(explicit) if hosts else {}
+    hosts, groups = _load(explicit)
     return (groups[spec] if spec in groups else parse_target(spec, hosts)), hosts

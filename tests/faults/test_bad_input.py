@@ -272,7 +272,7 @@ def test_an_absurd_workload_is_refused_before_the_request_sequence_is_built(
     t0 = time.monotonic()
     rc = main(["bench", str(path), "--sim", "--runs", "10000", "--concurrency", "4096"])
     text = _no_crash(capsys, rc, (2,))
-    assert time.monotonic() - t0 < 5 and not built
+    assert time.monotonic() - t0 < 60 and not built  # refused before building anything
     assert "plan: 1 launch(es) x 10000 runs (+2 warmup), 40960002 requests" in text
     assert "(simulator calibration)" in text
     assert f"over the limit of {bench.MAX_REQUESTS_PER_LAUNCH}" in text

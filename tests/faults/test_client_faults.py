@@ -290,7 +290,7 @@ def test_a_stream_that_goes_silent_fails_after_stall_s(server: Loopback) -> None
     started = time.monotonic()
     s = run(server, max_tokens=16, timeout=30.0, stall_s=1.0)
     took = time.monotonic() - started
-    assert took < 1.0 + 1.0, took
+    assert 1.0 <= took < 20.0, took  # after stall_s, not the 30 s request timeout
     assert s["per_request"][0]["error"] == "stalled: no token for 1s after 3 tokens"
     assert not s["valid"] and "stalled: no token for 1s after 3 tokens" in s["invalid_reason"]
     assert s["aborted"] is None
@@ -300,7 +300,7 @@ def test_no_first_token_fails_after_first_token_s(server: Loopback) -> None:
     server.handler = _silent_after([])
     started = time.monotonic()
     s = run(server, max_tokens=16, timeout=30.0, stall_s=10.0, first_token_s=0.5)
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 8.0  # after first_token_s, not stall_s (10 s)
     assert s["per_request"][0]["error"] == "stalled: no first token within 0.5s"
     assert not s["valid"]
 
@@ -333,7 +333,7 @@ def test_watchdog_aborts_every_request_promptly(server: Loopback) -> None:
         watchdog_every_s=0.1,
     )
     took = time.monotonic() - started
-    assert took < 1.5, took
+    assert took < 20.0, took  # at the watchdog's word, not when the 50 s streams end
     reason = "the server process is gone (PID 4242)"
     assert s["aborted"] == reason
     assert not s["valid"] and f"aborted: {reason}" in s["invalid_reason"]
@@ -346,12 +346,12 @@ def test_a_slow_watchdog_does_not_stall_the_run(server: Loopback) -> None:
     server.handler = good_stream(4)
 
     def slow() -> str | None:
-        time.sleep(5)
+        time.sleep(60)
         return "too late"
 
     started = time.monotonic()
     s = run(server, n=3, watchdog=slow, watchdog_every_s=0.01)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 30  # without waiting for the 60 s check
     assert s["valid"] and s["aborted"] is None
 
 

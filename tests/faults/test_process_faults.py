@@ -260,7 +260,8 @@ def test_a_stall_alone_is_bounded_and_never_retried(sim_profiles: SimProfiles) -
                 model="m",
                 recover=lambda err: server_problem(host, srv, prof) is None,
             )
-        assert time.monotonic() - t0 < 2 + HEALTH_TIMEOUT_S + 6
+        # The stall ended it (and no repeat): not the request timeout. A generous bound: it is no speed test.
+        assert time.monotonic() - t0 < 2 + HEALTH_TIMEOUT_S + 45
         assert "stalled: no token for 2s" in str(failure.value)
     assert_nothing_left()
 

@@ -1,0 +1,241 @@
+"""Small inputs orch used to take silently or answer wrongly: each is refused with a reason, or said right."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from orchestrator import client, hostside, nightly, progress, server
+from orchestrator import profile as P
+from orchestrator import suite as suite_mod
+from orchestrator.bench import BenchConfig, RunResult
+from orchestrator.cli import main
+from orchestrator.cli.launches import ANOTHER_STORE, summarize, table
+from orchestrator.errors import InputError
+from orchestrator.processes import MARKER, PROFILE
+from orchestrator.store import Store, default_path
+from tests.conftest import NAMESPACE, WriteProfile
+from tests.faults.test_client_faults import OK_HEAD, Loopback, gen_event
+from tests.test_nightly import sim_profile, write_suite
+
+Capsys = pytest.CaptureFixture[str]
+
+
+def _refused(capsys: Capsys, rc: int, *needles: str) -> str:
+    out, err = capsys.readouterr()
+    assert rc == 2, out + err
+    assert "Traceback" not in err and "Error: unexpected" not in err, err
+    for needle in needles:
+        assert needle in err, err
+    return out
+
+
+# ---------------------------------------------------------------- --db ""
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "last"], ["ab", "a", "b", "--sim"], ["history", "x"]])
+def test_an_empty_db_option_is_refused_not_read_as_the_default_store(capsys: Capsys, command: list[str]) -> None:
+    Store().close()  # the default store exists: it must not be what an empty --db reads
+    before = default_path().stat().st_mtime_ns
+    rc = main([*command, "--db", ""])
+    _refused(capsys, rc, "--db", "empty", "SQLite results file")
+    assert default_path().stat().st_mtime_ns == before
+
+
+# ---------------------------------------------------------------- ORCH_DB_BUSY_TIMEOUT_S
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "1e9"])
+def test_an_invalid_busy_timeout_is_refused_naming_the_variable(
+    capsys: Capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str
+) -> None:
+    db = tmp_path / "r.db"
+    Store(db).close()
+    monkeypatch.setenv("ORCH_DB_BUSY_TIMEOUT_S", value)
+    rc = main(["list", "--db", str(db)])
+    _refused(capsys, rc, f"ORCH_DB_BUSY_TIMEOUT_S={value!r}", "non-negative number of seconds")
+    # Nothing created either: the variable is checked before the file (or its directory) is.
+    with pytest.raises(InputError, match="ORCH_DB_BUSY_TIMEOUT_S"):
+        Store(tmp_path / "new" / "r.db")
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "2.5", ""])
+def test_a_valid_or_empty_busy_timeout_is_taken(
+    capsys: Capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, value: str
+) -> None:
+    db = tmp_path / "r.db"
+    Store(db).close()
+    monkeypatch.setenv("ORCH_DB_BUSY_TIMEOUT_S", value)
+    assert main(["list", "--db", str(db)]) == 0, capsys.readouterr()
+
+
+# ---------------------------------------------------------------- an inventory of invalid groups only
+
+
+@pytest.mark.parametrize(
+    ("group", "field"),
+    [
+        ("{nodes: [gpu-a, gpu-b]}", "hosts.pair.nodes: 'gpu-a' is not a host of this inventory (its hosts: none)"),
+        ("{nodes: []}", "hosts.pair.nodes: a group needs at least one host"),
+        ("{nodes: [gpu-a], port_stride: -1}", "hosts.pair.port_stride"),
+    ],
+)
+@pytest.mark.parametrize("how", ["--inventory", "ORCH_HOSTS"])
+def test_an_inventory_of_only_invalid_groups_is_refused(
+    capsys: Capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, group: str, field: str, how: str
+) -> None:
+    inv = tmp_path / "hosts.yaml"
+    inv.write_text(f"hosts:\n  pair: {group}\n")
+    if how == "ORCH_HOSTS":
+        monkeypatch.setenv("ORCH_HOSTS", str(inv))
+        rc = main(["hosts", "list"])
+    else:
+        rc = main(["hosts", "list", "--inventory", str(inv)])
+    out = _refused(capsys, rc, str(inv), field)
+    assert "no host inventory found" not in out
+
+
+# ---------------------------------------------------------------- nightly --json on an invalid suite
+
+
+def test_nightly_json_says_why_an_invalid_suite_was_refused(capsys: Capsys, tmp_path: Path) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("suite: s\nitems: nope\n")
+    for extra in ([], ["--check"]):
+        rc = main(["nightly", str(suite), "--json", *extra])
+        out = _refused(capsys, rc, str(suite))
+        doc = json.loads(out)
+        assert doc["status"] == "error" and doc["exit_code"] == 2 and str(suite) in doc["error"]
+    rc = main(["nightly", str(tmp_path / "missing.yaml"), "--json"])
+    doc = json.loads(_refused(capsys, rc))
+    assert doc["status"] == "error" and "missing.yaml" in doc["error"]
+
+
+def test_history_json_says_why_too(capsys: Capsys, tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    Store(db).close()
+    rc = main(["history", "nope", "--db", str(db), "--json"])
+    doc = json.loads(_refused(capsys, rc, "no nightly history"))
+    assert doc == {"status": "error", "error": doc["error"], "exit_code": 2} and "'nope'" in doc["error"]
+
+
+# ---------------------------------------------------------------- durations
+
+
+def test_a_short_deadline_is_said_in_seconds_not_as_zero_minutes(write_profile: WriteProfile, tmp_path: Path) -> None:
+    sim_profile(write_profile, "check")
+    path = write_suite(tmp_path, [{"name": "check", "bench": "check", "host": "local"}], deadline="25s")
+    events: list[str] = []
+    store = Store(tmp_path / "n.db")
+    try:
+        nightly.NightRunner(suite_mod.load(str(path)), store, time.time(), events.append, only=("none",)).run()
+    finally:
+        store.close()
+    line = next(e for e in events if "deadline" in e)
+    assert "deadline 25s," in line and "0 min" not in line, line
+    assert [progress.duration(s) for s in (25, 90, 7200)] == ["25s", "1m30s", "2h00m"]
+
+
+# ---------------------------------------------------------------- a stalled run's line
+
+
+def test_a_stalled_run_says_it_failed_and_how_long_it_really_took() -> None:
+    srv = Loopback()
+    calls = [0]
+
+    def handle(conn: socket.socket, line: bytes) -> None:
+        calls[0] += 1
+        if calls[0] == 1:  # a stream that goes silent after two tokens; the other request completes
+            conn.sendall(OK_HEAD + gen_event(1) + gen_event(2))
+            conn.settimeout(30)
+            with contextlib.suppress(OSError):
+                conn.recv(1)
+        else:
+            conn.sendall(OK_HEAD + gen_event(1) + gen_event(2, final=True) + b"data: [DONE]\n\n")
+
+    srv.handler = handle
+    try:
+        for n in (1, 2):
+            calls[0] = 0
+            summary = client.run("127.0.0.1", srv.port, "generate", [{"text": "x"}] * n, [2] * n, n, 30.0, stall_s=1.0)
+            # The run lasted until the stalled request was given up, not until its last token.
+            assert summary["seconds"] >= 1.0, summary
+            run = RunResult.from_summary(0, False, summary)
+            line = progress.run_line(run, BenchConfig(runs=3))
+            assert line.startswith(f"  Run 1/3{' @ 2 streams' if n == 2 else ''}: FAILED after "), line
+            assert f"{summary['seconds']:.2f}s" in line and "stalled: no token for 1s after 2 tokens" in line, line
+    finally:
+        srv.close()
+
+
+# ---------------------------------------------------------------- orch status and another store's launches
+
+
+def test_status_names_the_profile_of_a_launch_another_store_recorded(tmp_path: Path) -> None:
+    launch_id = f"{NAMESPACE}:20260101T000000-abcdef"
+    env = {**os.environ, MARKER: launch_id, PROFILE: "eagle3"}
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not (found := hostside.op_find(NAMESPACE)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [p["profile"] for p in found] == ["eagle3"]
+        # Not in this store: the launch's own name; nameless too (an older orch): said so, not "?".
+        assert summarize(found, {})[0]["profile"] == "eagle3"
+        nameless = [{**p, "profile": None} for p in found]
+        assert summarize(nameless, {})[0]["profile"] == ANOTHER_STORE
+        assert ANOTHER_STORE in table(summarize(nameless, {}))[1]
+        # The store's own record wins; a store that could not be read leaves it unknown.
+        assert summarize(nameless, {launch_id: "baseline"})[0]["profile"] == "baseline"
+        assert summarize(nameless, None)[0]["profile"] is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_launch_carries_its_profile_name(write_profile: WriteProfile, tmp_path: Path) -> None:
+    profile = P.load(str(sim_profile(write_profile, "named")))
+    sent: dict[str, Any] = {}
+
+    def call(op: str, **kw: Any) -> dict[str, Any]:
+        sent.update(kw)
+        return {"pid": 1, "pgid": 1, "started_at": 0.0}
+
+    host: Any = SimpleNamespace(python=sys.executable, sim_pythonpath=None, workdir=str(tmp_path), call=call)
+    launched = server.launch(host, profile, simulate=True, namespace=NAMESPACE)
+    assert sent["env"][PROFILE] == "named" and launched.env[PROFILE] == "named"
+
+
+# ---------------------------------------------------------------- an ambiguous id prefix
+
+
+def test_an_ambiguous_id_prefix_is_a_usage_error_listing_the_matches(capsys: Capsys, tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    store = Store(db)
+    ids = [f"20261129-{i}" for i in range(2, 14)]
+    for exp_id in ids:
+        store.create_experiment(
+            exp_id, kind="ab", simulated=True, host="local", arms=["a", "b"], config={}, orch_version="t"
+        )
+    store.close()
+    rc = main(["show", "20261129-1", "--db", str(db)])  # -10 to -13
+    _refused(capsys, rc, "'20261129-1' matches several experiments", "20261129-10", "20261129-11", "give more")
+    rc = main(["show", "2026", "--db", str(db)])
+    _refused(capsys, rc, "and 2 more")
+    store = Store(db)
+    try:
+        with pytest.raises(InputError, match="matches several"):  # what every caller of find_experiment gets
+            store.find_experiment("2026")
+    finally:
+        store.close()

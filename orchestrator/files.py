@@ -9,14 +9,17 @@ import os
 import secrets
 import stat
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from orchestrator.errors import InputError, StoreError
 
 STDOUT = "-"
 SQLITE_MAGIC = b"SQLite format 3\x00"
+READER_WAIT_S = 5.0  # how long a named pipe may wait for its reader
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,7 @@ class Output:
     input bundle): never written over."""
 
     path: str
-    kind: str
+    kind: Literal["stdout", "stream", "file"]
     option: str | None = None
     reading: tuple[str, ...] = ()
 
@@ -49,7 +52,8 @@ def output_target(path: str | Path, option: str | None = None, reading: Sequence
     try:
         st = os.lstat(name)
     except FileNotFoundError:
-        return Output(name, _new_file(name, where), option, kept)
+        _new_file(name, where)
+        return Output(name, "file", option, kept)
     except OSError as e:
         raise InputError(f"{where}: cannot use it as an output: {e.strerror or e}") from None
     if stat.S_ISLNK(st.st_mode):
@@ -82,14 +86,13 @@ def output_target(path: str | Path, option: str | None = None, reading: Sequence
     return Output(name, "file", option, kept)
 
 
-def _new_file(name: str, where: str) -> str:
+def _new_file(name: str, where: str) -> None:
     # A file is written next to itself and renamed into place, so its directory must exist and be writable.
     parent = Path(name).parent
     if not parent.is_dir():
         raise InputError(f"{where}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"{where}: not writable (permission denied)")
-    return "file"
 
 
 def _is_sqlite(name: str) -> bool:
@@ -121,16 +124,22 @@ def write_output(target: Output | str | Path, text: str, what: str) -> None:
 
 
 def _write_through(target: Output, text: str) -> None:
-    # O_NONBLOCK only for the open: a FIFO nobody reads is an error (ENXIO) rather than a hang after a night's work.
+    # O_NONBLOCK only for the open: a FIFO nobody reads (ENXIO) is waited for a little, as a reader started just
+    # before orch (`cat pipe &`) may not have opened it yet, then an error rather than a hang after a night's work.
     flags = os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC | os.O_NONBLOCK
     if not os.path.islink(target.path):
         flags |= os.O_NOFOLLOW
-    try:
-        fd = os.open(target.path, flags)
-    except OSError as e:
-        if e.errno == errno.ENXIO:
-            raise OSError(e.errno, "a named pipe with no reader") from None
-        raise
+    deadline = time.monotonic() + READER_WAIT_S
+    while True:
+        try:
+            fd = os.open(target.path, flags)
+            break
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+            if time.monotonic() >= deadline:
+                raise OSError(e.errno, f"a named pipe with no reader (waited {READER_WAIT_S:g}s)") from None
+            time.sleep(0.05)
     try:
         st = os.fstat(fd)
         if not (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator import files
 from orchestrator.cli import main
 from orchestrator.store import default_path
 from tests.conftest import FAST_SIM, REPO, free_port
@@ -89,8 +90,9 @@ def test_a_named_pipe_is_written_through_never_replaced(stored: dict[str, Path],
 
 
 def test_a_named_pipe_nobody_reads_is_an_error_not_a_hang(
-    stored: dict[str, Path], tmp_path: Path, capsys: Captured
+    stored: dict[str, Path], tmp_path: Path, capsys: Captured, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(files, "READER_WAIT_S", 0.2)
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     assert export(stored, "--format", "csv", "-o", str(fifo)) == 1

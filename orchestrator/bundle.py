@@ -198,9 +198,13 @@ def prompt_file_text(bundle: Mapping[str, Any]) -> str | None:
 # ---------------------------------------------------------------- files
 
 
-def write_bundle(bundle: Mapping[str, Any], path: str | Path) -> None:
-    """Write atomically: the file is either the whole bundle or not there."""
-    files.write_atomically(path, json.dumps(bundle, indent=1, sort_keys=True, ensure_ascii=False) + "\n", "the bundle")
+def bundle_text(bundle: Mapping[str, Any]) -> str:
+    return json.dumps(bundle, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_bundle(bundle: Mapping[str, Any], path: str | Path | files.Output) -> None:
+    """Write by files.write_output's rule: a file is either the whole bundle or not there."""
+    files.write_output(path, bundle_text(bundle), "the bundle")
 
 
 # ---------------------------------------------------------------- using one

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import stat
 import time
 from typing import Any
 
 import psutil
 
+from orchestrator.processes import HostSideError
 from orchestrator.teardown import _wait_gone
 
 # One orch session per host: an flock held by the agent process for as long as it lives. If orch or its SSH
@@ -51,19 +54,76 @@ def op_lock(path: str, holder: dict[str, Any], wait_s: float = 0.0, reclaim: boo
 def _open_lock_file(path: str) -> int:
     # The lock lives in a host-wide directory (/tmp) so that every session on the host meets it, whatever its
     # HOME or workdir, other users' included: created world-writable, and opened without O_CREAT when it exists
-    # (fs.protected_regular refuses O_CREAT on another user's file in a sticky directory).
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    # (fs.protected_regular refuses O_CREAT on another user's file in a sticky directory). Anyone may plant
+    # something at that name first, and orch often runs as root: so never through a symbolic link (O_NOFOLLOW),
+    # and only into a file that writing gives nobody anything they lacked (_refuse_unsafe, on the open file).
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    _refuse_unsafe_directory(directory, path)
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        return os.open(path, os.O_RDWR)
-    except FileNotFoundError:
-        pass
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o666)
+                with contextlib.suppress(OSError):
+                    os.fchmod(fd, 0o666)  # the umask must not lock other users out
+            except FileExistsError:
+                fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise LockFileError(path, "is a symbolic link") from None
+        if e.errno in (errno.EISDIR, errno.ENXIO):
+            raise LockFileError(path, "is not a regular file") from None
+        raise LockFileError(path, f"cannot be opened ({e.strerror or e})") from None
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
-    except FileExistsError:
-        return os.open(path, os.O_RDWR)
-    with contextlib.suppress(OSError):
-        os.fchmod(fd, 0o666)  # the umask must not lock other users out
+        _refuse_unsafe(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
+
+
+class LockFileError(HostSideError):
+    """A lock path orch will not use: said with the path and what to do about it."""
+
+    def __init__(self, path: str, why: str, advice: str = "") -> None:
+        advice = advice or (
+            f"Check who made it (ls -l {path}) and remove it (rm {path}) if no orch session is running: orch "
+            "creates a fresh one"
+        )
+        super().__init__(
+            f"lock file {path} {why}; orch never takes its lock through it (orch may run as root, and whatever "
+            f"stands there would be overwritten). {advice}"
+        )
+
+
+def _refuse_unsafe(fd: int, path: str) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise LockFileError(path, "is not a regular file")
+    if st.st_nlink != 1:
+        raise LockFileError(path, f"has {st.st_nlink} hard links (another file shares its contents)")
+    # Another user's lock file is written only when its owner made it writable by everyone, as orch does for a
+    # shared lock: then writing it gives nobody anything they lacked, even when orch runs as root.
+    if st.st_uid != os.geteuid() and not st.st_mode & stat.S_IWOTH:
+        raise LockFileError(
+            path, f"belongs to another user (uid {st.st_uid}) and is not shared (mode {st.st_mode & 0o777:o})"
+        )
+
+
+def _refuse_unsafe_directory(directory: str, path: str) -> None:
+    # Others who may write the directory must not be able to swap the lock file under a session (sticky, as /tmp).
+    st = os.stat(directory)
+    shared = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if st.st_uid not in (0, os.geteuid()) or (shared and not st.st_mode & stat.S_ISVTX):
+        raise LockFileError(
+            path,
+            f"is in {directory}, a directory other users can rename files in (owner uid {st.st_uid}, mode "
+            f"{st.st_mode & 0o7777:o}, not sticky)",
+            f"Make {directory} sticky (chmod +t {directory}), as /tmp is, or owned by root",
+        )
 
 
 def _end_stale_agent(pid: Any) -> None:

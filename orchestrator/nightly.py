@@ -17,12 +17,13 @@ from typing import Any
 
 from orchestrator import ab, experiment_host, failon, history, nightly_fanout, progress, server
 from orchestrator.ab import ABConfig
-from orchestrator.errors import InputError, OrchError
+from orchestrator.errors import HostError, InputError, OrchError
 from orchestrator.hostlock import op_lock, op_unlock
 from orchestrator.hosts import open_host, resolve_host
 from orchestrator.hosts.base import LOCK_DIR, HostConfig, default_namespace
 from orchestrator.hosts.inventory import HostGroup, load_groups, load_inventory, parse_target
 from orchestrator.nightresult import ItemReport, NightReport, SeriesVerdict, item_status, judge
+from orchestrator.processes import HostSideError
 from orchestrator.progress import run_line
 from orchestrator.redaction import scrub
 from orchestrator.results import ABResult, Design
@@ -75,6 +76,13 @@ def _stop_signal() -> signal.Signals:
 def night_lock_path(namespace: str) -> str:
     """One night at a time on this machine (per namespace), whatever the suite, HOME or database."""
     return f"{LOCK_DIR}/orch-nightly-{namespace}.lock"
+
+
+def _night_lock(path: str, holder: dict[str, Any], wait_s: float) -> dict[str, Any]:
+    try:
+        return op_lock(path, holder, wait_s=wait_s)
+    except HostSideError as e:  # the lock path is unsafe (hostlock says which and what to do): an error, exit 1
+        raise HostError(str(e)) from None
 
 
 def suite_inventory(suite: Suite) -> dict[str, HostConfig]:
@@ -260,12 +268,12 @@ class NightRunner:
             "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
             "command": " ".join(sys.argv[:12]),
         }
-        got = op_lock(lock, holder, wait_s=0)
+        got = _night_lock(lock, holder, 0)
         if not got["acquired"]:
             self.on_event(
                 f"another night is running ({_holder(got['holder'])}); waiting up to {self.suite.wait_s:.0f}s"
             )
-            got = op_lock(lock, holder, wait_s=self.suite.wait_s)
+            got = _night_lock(lock, holder, self.suite.wait_s)
         if not got["acquired"]:
             error = (
                 f"another night still runs on this machine ({_holder(got['holder'])}) after waiting "

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import bundle as bundle_mod
-from orchestrator import fingerprint
+from orchestrator import files, fingerprint
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import RunResult, request_items
 from orchestrator.compare import ExperimentComparison, compare
@@ -56,7 +56,7 @@ def rerun_config(
             raise InputError(f"the bundle's prompt file {bench.prompts!r} cannot be re-sent: {note}")
         path = workdir / f"prompts-{recorded.experiment_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        files.write_output(path, text, "the bundle's prompt file")
         bench = dataclasses.replace(bench, prompts=str(path))
     recorded_digest = config.get("requests_sha256")
     if recorded_digest is not None and bundle_mod.requests_sha256(bench) != recorded_digest:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from datetime import datetime
-from pathlib import Path
 
 import click
 
@@ -14,8 +13,8 @@ from orchestrator import history as history_mod
 from orchestrator import nightly as nightly_mod
 from orchestrator import suite as suite_mod
 from orchestrator.cli.jsonout import JsonCommand, document_printed, json_option
-from orchestrator.cli.options import db_option, open_existing
-from orchestrator.errors import InputError
+from orchestrator.cli.options import db_option, open_existing, read_files
+from orchestrator.errors import InputError, OrchError
 from orchestrator.nightresult import NightReport
 from orchestrator.store import Store
 
@@ -34,18 +33,17 @@ def parse_now(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return moment.timestamp()
 
 
-def _writable(path: str | None, option: str) -> None:
+def _target(path: str | None, option: str, reading: tuple[str, ...]) -> files.Output | None:
     """Refuse an output file that cannot be written before the night, not after it (cron would lose the summary)."""
-    if path:
-        files.writable_target(path, option)
+    return files.output_target(path, option, reading) if path else None
 
 
-def _write(path: str | None, text: str) -> None:
-    if path:
+def _write(target: files.Output | None, text: str, what: str) -> None:
+    if target is not None:
         try:
-            Path(path).write_text(text)
-        except OSError as e:
-            click.echo(f"orch: could not write {path}: {e.strerror or e}", err=True)
+            files.write_output(target, text, what)
+        except OrchError as e:  # the night is stored and its summary printed: a lost copy is no reason to fail it
+            click.echo(f"orch: {e}", err=True)
 
 
 @click.command("nightly", cls=JsonCommand)
@@ -70,8 +68,8 @@ def _write(path: str | None, text: str) -> None:
     help="Print the night's JSON document instead of the Markdown (on a failure before the night, such as an invalid "
     'suite: "status": "error" and "error").',
 )
-@click.option("--markdown-out", type=click.Path(dir_okay=False), help="Also write the Markdown summary to this file.")
-@click.option("--json-out", type=click.Path(dir_okay=False), help="Also write the JSON document to this file.")
+@click.option("--markdown-out", type=click.Path(allow_dash=True), help="Also write the Markdown summary to this file.")
+@click.option("--json-out", type=click.Path(allow_dash=True), help="Also write the JSON document to this file.")
 def nightly_cmd(
     suite_file: str,
     db: str | None,
@@ -92,8 +90,9 @@ def nightly_cmd(
     """
     suite = suite_mod.load(suite_file)
     nightly_mod.check_hosts(suite)
-    _writable(markdown_out, "--markdown-out")
-    _writable(json_out, "--json-out")
+    reading = read_files(db, suite_file)
+    markdown_to = _target(markdown_out, "--markdown-out", reading)
+    json_to = _target(json_out, "--json-out", reading)
     unknown = [name for name in only if name not in {i.name for i in suite.items}]
     if unknown:
         raise InputError(
@@ -129,19 +128,21 @@ def nightly_cmd(
             report = runner.run()
         except (KeyboardInterrupt, nightly_mod.NightBusyError):
             if runner.last is not None:
-                _output(runner.last, as_json, markdown_out, json_out)
+                _output(runner.last, as_json, markdown_to, json_to)
             raise
     finally:
         store.close()
-    _output(report, as_json, markdown_out, json_out)
+    _output(report, as_json, markdown_to, json_to)
     raise SystemExit(report.exit_code)
 
 
-def _output(report: NightReport, as_json: bool, markdown_out: str | None, json_out: str | None) -> None:
+def _output(
+    report: NightReport, as_json: bool, markdown_out: files.Output | None, json_out: files.Output | None
+) -> None:
     markdown = report_nightly.night_markdown(report)
     doc = json.dumps(report.to_dict(), indent=2)
-    _write(markdown_out, markdown)
-    _write(json_out, doc + "\n")
+    _write(markdown_out, markdown, "the Markdown summary")
+    _write(json_out, doc + "\n", "the JSON document")
     click.echo(doc if as_json else markdown.rstrip("\n"))
     sys.stdout.flush()
     document_printed()

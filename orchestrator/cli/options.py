@@ -415,3 +415,12 @@ def open_existing(db: str | None) -> Store:
     if not path.exists():
         raise StoreError(f"{path}: no results database here yet (run `orch ab` first, or pass --db)")
     return Store(path)
+
+
+def read_files(db: str | None, *inputs: str) -> tuple[str, ...]:
+    """The files a command reads (its results database, with SQLite's journal files, and any input files): what an
+    output option must never name (files.output_target's `reading`)."""
+    from orchestrator.store import default_path
+
+    store = str(Path(db) if db else default_path())
+    return (store, *(store + suffix for suffix in ("-wal", "-shm", "-journal")), *inputs)

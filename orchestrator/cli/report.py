@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from orchestrator.cli.complete import experiment_ids
-from orchestrator.cli.options import db_option, parse_effect
-from orchestrator.cli.stored import html_report
+from orchestrator.cli.options import db_option, parse_effect, read_files
+from orchestrator.cli.stored import html_report, is_file
 
 
 @click.command("report")
@@ -16,8 +16,9 @@ from orchestrator.cli.stored import html_report
     "--html",
     "html_path",
     required=True,
-    type=click.Path(dir_okay=False),
-    help="Write a self-contained HTML report (plots inline, no network needed to view it) to this file.",
+    type=click.Path(allow_dash=True),
+    help="Write a self-contained HTML report (plots inline, no network needed to view it) to this file (- for "
+    "stdout; an existing file is replaced whole, a device or named pipe written through, anything else refused).",
 )
 @click.option(
     "--min-effect",
@@ -31,7 +32,11 @@ def report_cmd(experiment: str, db: str | None, html_path: str, min_effect: floa
     ID: an id, a unique prefix, or 'last'; FILE: a result bundle. Needs matplotlib: pip install 'orch-bench[report]'."""
     from orchestrator import files
 
-    target = files.writable_target(html_path)
+    reading = read_files(db, *([experiment] if is_file(experiment) else []))
+    target = files.output_target(html_path, "--html", reading)  # before any work
     text, launches = html_report(experiment, db, min_effect)
-    files.write_atomically(target, text, "the report")
-    click.echo(f"wrote {target} (HTML report, {launches} launches)", err=True)
+    if target.to_stdout:
+        click.echo(text, nl=False)
+        return
+    files.write_output(target, text, "the report")
+    click.echo(f"wrote {target.path} (HTML report, {launches} launches)", err=True)

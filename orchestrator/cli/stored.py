@@ -11,11 +11,12 @@ import click
 
 from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
-from orchestrator.cli.options import db_option, open_existing, parse_effect
+from orchestrator.cli.options import db_option, open_existing, parse_effect, read_files
 from orchestrator.errors import StoreError
 
 if TYPE_CHECKING:
     from orchestrator import results
+    from orchestrator.files import Output
     from orchestrator.store import Store
 
 # `orch list` imports nothing but the store: the results model, reports and bundles are imported by the commands
@@ -178,9 +179,11 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
 @click.option(
     "-o",
     "--output",
-    type=click.Path(dir_okay=False, writable=True),
+    type=click.Path(allow_dash=True),
     default=None,
-    help="Write to this file instead of stdout (a bundle: default <id>.orch.json in the current directory).",
+    help="Write to this file instead of stdout (a bundle: default <id>.orch.json in the current directory; - for "
+    "stdout). An existing file is replaced whole; a device or named pipe is written through; anything else, and the "
+    "results database, is refused.",
 )
 def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) -> None:
     """Export a stored experiment (or a result bundle FILE) as JSON, CSV, JSON Lines, Markdown, HTML or a bundle."""
@@ -188,11 +191,14 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
     from orchestrator.records import request_jsonl
     from orchestrator.report import ab_csv, ab_json, ab_markdown
 
+    reading = read_files(db, *([experiment] if is_file(experiment) else []))
+    # Checked before any work: a refused -o costs nothing, and the store is never written over.
+    target = files.output_target(output, "-o", reading) if output is not None else None
     if fmt == "bundle":
-        _export_bundle(experiment, db, output)
+        _export_bundle(experiment, db, target)
         return
     if fmt == "html":
-        _export_html(experiment, db, output)
+        _export_html(experiment, db, target)
         return
     if fmt == "jsonl":
         result, requests = load_with_requests(experiment, db)
@@ -206,27 +212,27 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
             "csv": lambda: ab_csv(result),
             "md": lambda: ab_markdown(result),
         }[fmt]()
-    if output is None:
+    if target is None or target.to_stdout:
         click.echo(text, nl=False)
         return
-    files.write_atomically(output, text, "the export")  # never a half-written export
+    files.write_output(target, text, "the export")  # never a half-written export
     click.echo(f"wrote {output} ({fmt}, {len(result.launches)} launches)", err=True)
 
 
-def _export_html(ref: str, db: str | None, output: str | None) -> None:
+def _export_html(ref: str, db: str | None, target: Output | None) -> None:
     from orchestrator import files
 
-    target = files.writable_target(output) if output is not None else None
     text, launches = html_report(ref, db)
-    if target is None:
+    if target is None or target.to_stdout:
         click.echo(text, nl=False)
         return
-    files.write_atomically(target, text, "the report")
-    click.echo(f"wrote {target} (html, {launches} launches)", err=True)
+    files.write_output(target, text, "the report")
+    click.echo(f"wrote {target.path} (html, {launches} launches)", err=True)
 
 
-def _export_bundle(ref: str, db: str | None, output: str | None) -> None:
+def _export_bundle(ref: str, db: str | None, target: Output | None) -> None:
     from orchestrator import bundle as bundle_mod
+    from orchestrator import files
 
     if is_file(ref):
         bundle = bundle_mod.read_bundle(ref)  # checked, then written again as it is
@@ -237,11 +243,15 @@ def _export_bundle(ref: str, db: str | None, output: str | None) -> None:
         finally:
             store.close()
     content = bundle["content"]
-    target = output or f"{content['experiment']['id']}.orch.json"
+    if target is None:
+        target = files.output_target(f"{content['experiment']['id']}.orch.json", None, read_files(db, ref))
+    if target.to_stdout:
+        click.echo(bundle_mod.bundle_text(bundle), nl=False)
+        return
     bundle_mod.write_bundle(bundle, target)
     withheld = bundle_mod.WITHHELD in json.dumps(content)
     click.echo(
-        f"wrote {target} (result bundle, {len(content['launches'])} launches"
+        f"wrote {target.path} (result bundle, {len(content['launches'])} launches"
         + ("; secret values withheld, the receiver provides their own" if withheld else "")
         + ")",
         err=True,

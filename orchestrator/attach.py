@@ -207,8 +207,8 @@ def collect_fingerprint(
             profile=stored,
             profile_sha256=fingerprint.profile_digest(stored),
             argv=[],
-            workload_digest=workload_digest,
             orch={"version": __version__, "git_sha": fingerprint.orch_git_sha()},
+            **{fingerprint.WORKLOAD_KEY: workload_digest},
         )
     except Exception as e:  # a fingerprint is evidence, never a reason to fail a session
         fp["error"] = f"{type(e).__name__}: {e}"[:500]

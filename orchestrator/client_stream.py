@@ -20,6 +20,9 @@ from orchestrator.client_requests import (
 )
 from orchestrator.streamparse import BadAnswer, EventStream, generate_count
 
+# How long an error answer's body may lag its head before the status is reported without it.
+ERROR_BODY_WAIT_S = 2.0
+
 # The run in flight in this process, for live progress (read from another thread; plain floats, no lock needed).
 _LIVE: dict[str, float] = {"active": 0.0, "tokens": 0.0, "started": 0.0}
 
@@ -210,6 +213,7 @@ class _Exchange(asyncio.BufferedProtocol):
         self.final_meta: dict[str, Any] | None = None
         self.limit = token_limit(rec.max_tokens)
         self.buffer, self.view = _read_buffer()
+        self.error_wait: asyncio.TimerHandle | None = None  # reports an error answer whose body never comes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -230,8 +234,12 @@ class _Exchange(asyncio.BufferedProtocol):
             return
         if self.done or parser.ended:
             self._end(None)
-        elif parser.error_body:
+        elif parser.error_body or parser.error_complete:
             self._refused()
+        elif parser.status not in (0, 200) and self.error_wait is None:
+            # An error head whose body may still come (no length, or it lags the head): a server that holds the
+            # connection open must not turn it into a first-token stall.
+            self.error_wait = asyncio.get_running_loop().call_later(ERROR_BODY_WAIT_S, self._refused)
 
     def eof_received(self) -> bool:
         return False  # close: the answer is complete
@@ -257,12 +265,22 @@ class _Exchange(asyncio.BufferedProtocol):
             self._end(None)
 
     def _refused(self) -> None:
+        if self.finished.done():
+            return
         parser = self.parser
-        what = f"HTTP {parser.status}" if parser.status else f"not an HTTP answer ({parser.status_line[:60]!r})"
-        self.rec.error = f"{what}: {parser.error_body.decode(errors='replace').strip()[:300]}"
+        if parser.status:
+            # The reason phrase too: of an empty answer it is all there is to read (307 Temporary Redirect).
+            reason = parser.status_line.split(None, 2)[2:]
+            what = f"HTTP {parser.status}" + (f" {reason[0].decode(errors='replace')[:60]}" if reason else "")
+        else:
+            what = f"not an HTTP answer ({parser.status_line[:60]!r})"
+        body = parser.error_body.decode(errors="replace").strip()[:300]
+        self.rec.error = f"{what}: {body}" if body else f"{what} (no body)"
         self._end(None)
 
     def _end(self, exc: BaseException | None) -> None:
+        if self.error_wait is not None:
+            self.error_wait.cancel()
         if self.finished.done():
             return
         if exc is None:

@@ -30,10 +30,20 @@ HOST_CALL_TIMEOUT_S = 150.0
 SERVER_INFO_TIMEOUT_S = 5.0
 
 
+# The fingerprint's workload field. Fingerprints before it held "workload_digest" (LEGACY_WORKLOAD_KEY), which also
+# hashed where the prompt file was: every reproduction of a file-prompt bundle (its prompts written out anew) named the
+# workload as a cause. A new name, not new values under the old one, keeps stored histories whole: a field one night
+# lacks is no evidence of a change (history.environment_ids), and `diff` does not compare the two schemes.
+WORKLOAD_KEY = "workload_sha256"
+LEGACY_WORKLOAD_KEY = "workload_digest"
+
+
 def workload_digest(bench: BenchConfig) -> str:
-    """Every setting of the workload and every request it sends: equal digests, equal work."""
+    """Every setting of the workload and every request it sends, not where they were read from (the prompt file's
+    path): equal digests, equal work."""
     requests = hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest()
-    data = {"config": bench.to_dict(), "requests_sha256": requests}
+    config = {k: v for k, v in bench.to_dict().items() if k != "prompts"}
+    data = {"config": config, "requests_sha256": requests}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -175,7 +185,7 @@ def _collect(
         "profile": stored_profile,
         "profile_sha256": profile_digest(stored_profile),
         "argv": list(launch.argv),
-        "workload_digest": workload,
+        WORKLOAD_KEY: workload,
         "orch": {"version": orch_version, "git_sha": orch_git_sha()},
         "unreadable": unreadable,
     }
@@ -239,7 +249,8 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("attached", "profile", 61, "attached"),
     ("profile", "profile", 60, "profile"),
     ("argv", "profile", 59, "server argv"),
-    ("workload_digest", "workload", 50, "workload"),
+    (WORKLOAD_KEY, "workload", 50, "workload"),
+    (LEGACY_WORKLOAD_KEY, "workload", 50, "workload"),
     ("orch.version", "orch", 45, "orch version"),
     ("orch.git_sha", "orch", 44, "orch commit"),
     ("host.cpu_model", "host", 40, "CPU model"),
@@ -464,6 +475,8 @@ def diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[Difference]
             continue
         if same_gpus and path in ("host.hostname", "host.container_id"):
             continue  # the same GPUs: the same machine, whatever name its container got this time
+        if path in (WORKLOAD_KEY, LEGACY_WORKLOAD_KEY) and (x is None or y is None):
+            continue  # one side has the other scheme (or none): the two cannot be compared
         category, weight, _ = _rule(path)
         out.append(Difference(path, x, y, category, weight))
     out.sort(key=lambda d: (-d.weight, d.field))

@@ -155,12 +155,17 @@ def night_envs(night: history.ItemNight) -> dict[str, dict[str, Any]]:
     return {arm: stable_environment(env) for arm, env in night.envs.items()}
 
 
-def night_env_key(night: history.ItemNight, value: history.SeriesValue) -> str:
-    """The digest of the environment a series was measured in (as `night_envs` makes it); the stored one for a
-    night without its environments."""
-    if not any(arm in night.envs for arm in value.env_arms):
-        return value.env
-    return history.env_key(night_envs(night), value.env_arms)
+def series_env_ids(points: Sequence[tuple[history.ItemNight, history.SeriesValue]]) -> list[str]:
+    """Per night of one series (oldest first), a label that changes exactly where its environment did, grouped as
+    `judge` groups them (history.environment_ids: a field one night lacks, such as a fingerprint field renamed
+    since, is no change); a night stored without its environments by the digest stored with its value."""
+    envs = [
+        history.series_environment(night_envs(night), value.env_arms)
+        if any(arm in night.envs for arm in value.env_arms)
+        else {"stored environment digest": value.env}
+        for night, value in points
+    ]
+    return history.environment_ids(envs)
 
 
 def _describe_env_step(before: history.ItemNight, after: history.ItemNight, arms: Sequence[str]) -> str:

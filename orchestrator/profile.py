@@ -34,11 +34,24 @@ from orchestrator.sim.knobs import ENV_PREFIX as SIM_ENV_PREFIX
 from orchestrator.sim.knobs import KNOBS as SIM_KNOBS
 from orchestrator.sim.knobs import read_knobs
 
+# The one rule for a profile name: what a name on the command line, an `extends`, a stored experiment's arm and a
+# result bundle's profile must match (from_resolved, which reads a bundle's profiles back, checks it).
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+NAME_RULE = "letters, digits, '.', '_', '-', starting with a letter or digit"
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # http://HOST:PORT of a server orch attaches to instead of launching (no path, no credentials, no query).
 ATTACH_RE = re.compile(r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})/?$")
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled_profiles"
+
+
+def name_for(stem: str) -> str:
+    """The profile name of a file with this stem: the stem itself when it is a valid name, else the stem with every
+    other character as '_' and no leading '.', '_' or '-' ("my profile" → "my_profile"), so that a profile loaded
+    from any file path is stored and bundled under a name its bundle can be read back with."""
+    if NAME_RE.match(stem):
+        return stem
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", stem).lstrip("._-")
+    return name or "profile"
 
 
 def user_profile_dir() -> Path:
@@ -205,7 +218,7 @@ def resolve_path(name_or_path: str, cwd: Path | None = None) -> Path:
             return p
         raise ProfileError(f"{name_or_path}: no such profile file")
     if not NAME_RE.match(name_or_path):
-        raise ProfileError(f"{name_or_path!r} is not a valid profile name (letters, digits, '.', '_', '-')")
+        raise ProfileError(f"{name_or_path!r} is not a valid profile name ({NAME_RULE})")
     for d in search_dirs(cwd):
         for ext in (".yaml", ".yml"):
             candidate = d / f"{name_or_path}{ext}"
@@ -420,9 +433,7 @@ def from_resolved(data: Mapping[str, Any], source: str) -> Profile:
             raise ProfileError(f"{source}: {key_name(key)}: unknown field{did_you_mean(str(key), known)}")
     name = data.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ProfileError(
-            f"{source}: name: expected a profile name (letters, digits, '.', '_', '-'), got {show(name)}"
-        )
+        raise ProfileError(f"{source}: name: expected a profile name ({NAME_RULE}), got {show(name)}")
     chain = data.get("extends_chain", [name])
     if not isinstance(chain, list) or not all(isinstance(c, str) for c in chain):
         raise ProfileError(f"{source}: extends_chain: expected a list of profile names, got {show(chain)}")
@@ -496,9 +507,9 @@ def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
     if problems:
         raise ProfileProblems(problems)
     return Profile(
-        name=path.stem,
+        name=name_for(path.stem),
         source=str(path),
-        chain=tuple(p.stem for p in chain),
+        chain=tuple(name_for(p.stem) for p in chain),
         speculative=spec,
         env=env,
         sim=sim,

@@ -306,7 +306,8 @@ FINGERPRINT_ROWS = (
     ("kernel", ("host", "kernel")),
     ("CPU", ("host", "cpu_model")),
     ("profile sha256", ("profile_sha256",)),
-    ("workload digest", ("workload_digest",)),
+    ("workload sha256", ("workload_sha256",)),  # fingerprint.WORKLOAD_KEY
+    ("workload digest (path included)", ("workload_digest",)),  # fingerprint.LEGACY_WORKLOAD_KEY: stored before it
     ("orch version", ("orch", "version")),
     ("orch commit", ("orch", "git_sha")),
 )

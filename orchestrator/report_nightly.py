@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import changepoint, history
-from orchestrator.nightresult import ItemReport, NightReport, SeriesVerdict, judge, night_env_key
+from orchestrator.nightresult import ItemReport, NightReport, SeriesVerdict, judge, series_env_ids
 from orchestrator.report import SIM_BANNER
 
 LABELS = {
@@ -194,7 +194,8 @@ def series_history(nights: Sequence[history.ItemNight], series: str, min_history
         rows.append(HistoryRow(night, value, verdict))
         past.append(night)
     latest = next((r.value for r in reversed(rows) if r.value is not None), None)
-    points = [changepoint.Night(r.value.value, night_env_key(r.night, r.value)) for r in rows if r.value is not None]
+    valued = [(r.night, r.value) for r in rows if r.value is not None]
+    points = [changepoint.Night(v.value, env) for (_, v), env in zip(valued, series_env_ids(valued), strict=True)]
     overall = (
         changepoint.assess(
             points,

@@ -32,8 +32,8 @@ class EventStream:
     feed() takes the buffer a socket read filled and may be handed the same buffer again for the next read: nothing
     of it is kept once feed returns (a payload is valid only during its on_data call). `status` is 0 until the head
     is complete (and stays 0 for an answer that is not HTTP); a non-200 answer's first bytes go to `error_body`
-    instead. `ended` turns true at the terminal chunk; `cut_mid_chunk` tells a connection lost inside a chunk from
-    one lost between chunks.
+    instead (`error_complete` says when it has all come). `ended` turns true at the terminal chunk; `cut_mid_chunk`
+    tells a connection lost inside a chunk from one lost between chunks.
     """
 
     def __init__(self, on_data: OnData, limit: int) -> None:
@@ -43,6 +43,7 @@ class EventStream:
         self.status = 0
         self.status_line = b""
         self.error_body = b""
+        self.content_length: int | None = None  # the head's Content-Length, when it has a plain one
         self.ended = False
         self._head = b""
         self._left = 0  # bytes left in the current chunk
@@ -56,6 +57,16 @@ class EventStream:
     @property
     def cut_mid_chunk(self) -> bool:
         return self.state == BODY
+
+    @property
+    def error_complete(self) -> bool:
+        """A non-200 answer whose body (as much of it as is kept) has all come: nothing more to wait for, even from a
+        server that keeps the connection open (an empty `Content-Length: 0` body, a 204 or 304 never has one)."""
+        if self.state != ERROR:
+            return False
+        if self.status in (204, 304):
+            return True
+        return self.content_length is not None and len(self.error_body) >= min(self.content_length, ERROR_BODY_LIMIT)
 
     def feed(self, buf: Buffer, end: int | None = None) -> None:
         """What one read put into buf[:end] (all of buf by default)."""
@@ -105,10 +116,12 @@ class EventStream:
         parts = lines[0].split()
         if len(parts) >= 2 and parts[1].isdigit() and len(parts[1]) == 3:
             self.status = int(parts[1])
-        chunked = any(
-            name.strip().lower() == b"transfer-encoding" and b"chunked" in value.lower()
-            for name, _, value in (line.partition(b":") for line in lines[1:])
-        )
+        headers = [
+            (name.strip().lower(), value.strip()) for name, _, value in (line.partition(b":") for line in lines[1:])
+        ]
+        chunked = any(name == b"transfer-encoding" and b"chunked" in value.lower() for name, value in headers)
+        length = next((value for name, value in headers if name == b"content-length"), None)
+        self.content_length = int(length) if length is not None and length.isdigit() and len(length) < 19 else None
         if self.status != 200:
             self.state = ERROR
             self.error_body = rest[:ERROR_BODY_LIMIT]

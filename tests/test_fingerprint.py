@@ -177,7 +177,7 @@ def test_collect_never_fails_the_launch(monkeypatch: pytest.MonkeyPatch) -> None
     reasons = {u["field"]: u["why"] for u in fp["unreadable"]}
     assert "connection lost" in reasons["host"]
     assert "software.engine_version" in reasons and "env" in reasons
-    assert fp["error"] is None and fp["workload_digest"] == "w"
+    assert fp["error"] is None and fp[fingerprint.WORKLOAD_KEY] == "w"
 
     def broken(*_: Any) -> str:
         raise RuntimeError("a bug")
@@ -215,7 +215,7 @@ def test_bench_stores_a_fingerprint_per_launch(
     assert fp is not None and fp["error"] is None
     assert fp["software"]["engine_version"] == "0.5.9" and fp["profile"]["name"] == "baseline"
     bench = bench_config_from(json.loads(exp["config_json"])["bench"])
-    assert fp["workload_digest"] == fingerprint.workload_digest(bench)
+    assert fp[fingerprint.WORKLOAD_KEY] == fingerprint.workload_digest(bench)
     assert json.loads(store.launches(exp["id"])[0]["fingerprint_json"]) == fp
 
 

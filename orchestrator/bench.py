@@ -396,6 +396,9 @@ MAX_OUTPUT_TOKENS_PER_LAUNCH = 100_000_000
 MAX_PROMPT_TOKEN_IDS = 20_000_000  # --prompts random holds requests x input_len token ids in memory
 # Without calibration the time is a lower bound: few real servers decode one stream faster than this.
 ASSUMED_MAX_STREAM_TPS = 1000.0
+# Without calibration or a claim the plan line shows the time at these per-stream speeds (a 2-core CPU decodes a
+# small model at tens of tok/s; a GPU server a few hundred): the user knows which is closer to their engine.
+EXAMPLE_STREAM_TPS = (30.0, 300.0)
 
 # Per-stream output tok/s at a concurrency level, and the fixed seconds of one launch (loading, warmup).
 ArmSpeed = tuple[Callable[[int], float], float]
@@ -415,25 +418,40 @@ class Plan:
     shortest_run_s: float | None = None  # the quickest timed run by the simulator's calibration (None: unknown)
     min_run_s: float = 0.0
     warmups: int = 0  # of runs_per_launch
+    stream_tokens: int = 0  # output tokens each stream decodes one after another, over every launch
+    claimed: bool = False  # the speeds are the profiles' claims (expect.tok_s), not the simulator's calibration
 
     def time_text(self) -> str:
-        """The estimate as the plan line says it: "about 2 min", or "at least 2 min" without calibration."""
-        return f"{'about' if self.calibrated else 'at least'} {_duration(self.seconds)}"
+        """The estimate as the plan line says it: "about 2 min", or "at least 2 min" without calibration or claim."""
+        return f"{'about' if self.calibrated or self.claimed else 'at least'} {_duration(self.seconds)}"
+
+    def _when(self, least: Plan | None) -> str:
+        since = f"{_duration(least.seconds)} to " if least is not None else ""
+        if self.calibrated:
+            return f"{since}{self.time_text()} (simulator calibration)"
+        if self.claimed:
+            return f"{since}{self.time_text()} (at each profile's expect.tok_s per stream; server loading not counted)"
+        low = f"{least.stream_tokens} to " if least is not None else ""
+
+        def span(tps: float) -> str:
+            low = f"{_duration(least.stream_tokens / tps)} to " if least is not None else ""
+            return f"{low}{_duration(self.stream_tokens / tps)}"
+
+        slow, fast = EXAMPLE_STREAM_TPS
+        return (
+            f"unknown for this engine until it runs: {low}{self.stream_tokens} output tokens decoded one after "
+            f"another per stream (about {span(slow)} at {slow:.0f} tok/s per stream, {span(fast)} at {fast:.0f}) "
+            "plus loading the server for every launch; --sim or the profiles' expect.tok_s give an estimate"
+        )
 
     def line(self, least: Plan | None = None) -> str:
         """The plan in one line; with `least` (--blocks auto's minimum), the range from it to this maximum."""
-        if self.calibrated:
-            when = f"{self.time_text()} (simulator calibration)"
-        else:
-            when = (
-                f"{self.time_text()} (lower bound: assumes {ASSUMED_MAX_STREAM_TPS:.0f} tok/s per "
-                "stream and instant loading; real servers are usually slower)"
-            )
+        when = self._when(least)
         if least is not None:
             return (
                 f"plan (--blocks auto): {least.launches} to {self.launches} launches, stopping as soon as every "
                 f"comparison is decided; per launch {self.runs_per_launch} runs, {self.requests_per_launch} requests "
-                f"and {self.output_tokens_per_launch} output tokens; time {_duration(least.seconds)} to {when}"
+                f"and {self.output_tokens_per_launch} output tokens; time {when}"
             )
         warm = f" (+{self.warmups} warmup)" if self.warmups else ""
         return (
@@ -474,7 +492,9 @@ class Plan:
         return None
 
 
-def plan(config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrated: bool) -> Plan:
+def plan(
+    config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrated: bool, claimed: bool = False
+) -> Plan:
     """What `config` asks of each launch, and a time estimate from each arm's speed; pure arithmetic."""
     timed = sum(config.requests_per_run(c) for c in config.concurrency) * config.runs
     requests = config.warmup + timed
@@ -482,12 +502,15 @@ def plan(config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrat
     prompt_ids = requests * (config.input_len or 128) if config.prompts == "random" else 0
     seconds = 0.0
     shortest = float("inf")
+    stream_tokens = 0
     for speed, setup_s in arms:
         seconds += setup_s + config.warmup * config.warmup_max_tokens / speed(1)
+        stream_tokens += config.warmup * config.warmup_max_tokens
         for c in config.concurrency:
             # The c streams run side by side; each sends requests_per_stream requests one after another.
             run_s = config.requests_per_stream * config.max_tokens / speed(c)
             seconds += config.runs * run_s
+            stream_tokens += config.runs * config.requests_per_stream * config.max_tokens
             shortest = min(shortest, run_s)
     return Plan(
         launches=len(arms) * blocks,
@@ -500,11 +523,18 @@ def plan(config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrat
         shortest_run_s=shortest if arms and config.runs else None,
         min_run_s=config.min_run_s,
         warmups=config.warmup,
+        stream_tokens=stream_tokens * blocks,
+        claimed=claimed and not calibrated,
     )
 
 
 def assumed_speed() -> ArmSpeed:
     return (lambda c: ASSUMED_MAX_STREAM_TPS), 0.0
+
+
+def claimed_speed(tok_s: float) -> ArmSpeed:
+    """A profile's claimed single-stream tok/s (expect.tok_s) as its speed at every level, loading not counted."""
+    return (lambda c: tok_s), 0.0
 
 
 def sim_speed(env: Mapping[str, str], server_flags: Sequence[str]) -> ArmSpeed | None:

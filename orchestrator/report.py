@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import statistics
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.results import ABResult, ArmResult, Comparison, LaunchResult
@@ -188,6 +189,13 @@ def comparison_line(c: Comparison) -> str:
     return line
 
 
+def ci_method_line(comparisons: Sequence[Comparison]) -> str | None:
+    """How the CIs of these comparisons were built (paired or not, widened or not): said once per level, and only
+    where there is a CI (two or more blocks)."""
+    methods = list(dict.fromkeys(c.estimate.method for c in comparisons if c.estimate and c.estimate.blocks >= 2))
+    return f"CI: {'; '.join(methods)}" if methods else None
+
+
 def _design_lines(result: ABResult) -> list[str]:
     d = result.design
     head = f"  design: {d.blocks} block(s)" + _order_text(result)
@@ -240,6 +248,8 @@ def ab_text(result: ABResult) -> str:
         lines += _table(rows)
         for c in result.comparisons_at(level):
             lines.append("  " + comparison_line(c))
+        if method := ci_method_line(result.comparisons_at(level)):
+            lines.append(f"    {method}")
         lines.append("")
     for spec_arm, be in result.speculation():
         lines.append(
@@ -469,6 +479,8 @@ def ab_markdown(result: ABResult) -> str:
         lines += _md_table(rows)
         lines.append("")
         lines += [f"- {comparison_line(c)}" for c in result.comparisons_at(level)]
+        if method := ci_method_line(result.comparisons_at(level)):
+            lines.append(f"- {method}")
     spec = result.speculation()
     if spec:
         lines += ["", "## Speculative decoding", ""]

@@ -22,6 +22,7 @@ from orchestrator.stats import (
     blocks_needed,
     launch_value,
     minimal_detectable_effect,
+    noisy_host,
     open_question,
     outliers,
     ratio_ci,
@@ -293,14 +294,27 @@ class CutShort:
 Paired = dict[str, tuple[list[list[float]], list[list[float]]]]
 
 
-def _paired(base: ArmResult, arm: ArmResult, level: int, metrics: Sequence[str]) -> Paired:
+def same_requests(base: LaunchResult, arm: LaunchResult, level: int) -> bool:
+    """Run i of both launches sent the same requests: the same workload digest (settings and every request, recorded
+    in each launch's fingerprint) and the same valid timed runs at this level. A launch without a digest (an older
+    orch, a hand-made bundle) or a run invalid in only one of them breaks the correspondence."""
+    digests = [(launch.fingerprint or {}).get("workload_digest") for launch in (base, arm)]
+    if not isinstance(digests[0], str) or digests[0] != digests[1]:
+        return False
+    return [r.index for r in base.timed_at(level)] == [r.index for r in arm.timed_at(level)]
+
+
+def _paired(base: ArmResult, arm: ArmResult, level: int, metrics: Sequence[str]) -> tuple[Paired, bool]:
     """Per metric, the run values of the two arms' launches block by block, over the same blocks for every metric:
-    those where both launches have valid runs with positive values."""
+    those where both launches have valid runs with positive values, each launch's runs in run order; and whether
+    every such block's two launches sent the same requests run by run (`same_requests`)."""
     base_by_block = {launch.block: launch for launch in base.launches}
     arm_by_block = {launch.block: launch for launch in arm.launches}
     out: Paired = {m: ([], []) for m in metrics}
+    shared = True
     for block in sorted(set(base_by_block) & set(arm_by_block)):
-        b_timed, a_timed = base_by_block[block].timed_at(level), arm_by_block[block].timed_at(level)
+        b_timed = sorted(base_by_block[block].timed_at(level), key=lambda r: r.index)
+        a_timed = sorted(arm_by_block[block].timed_at(level), key=lambda r: r.index)
         values = {
             m: ([float(getattr(r, m)) for r in b_timed], [float(getattr(r, m)) for r in a_timed]) for m in metrics
         }
@@ -308,7 +322,8 @@ def _paired(base: ArmResult, arm: ArmResult, level: int, metrics: Sequence[str])
             for m, (b, a) in values.items():
                 out[m][0].append(b)
                 out[m][1].append(a)
-    return out
+            shared = shared and same_requests(base_by_block[block], arm_by_block[block], level)
+    return out, shared
 
 
 @dataclass(frozen=True)
@@ -370,7 +385,7 @@ class ABResult:
         out = []
         for index, arm in enumerate(self.arms[1:], start=1):
             names: dict[str, Any] = {"arm_label": arm.label, "vs_label": base.label, "arm_index": index}
-            paired = _paired(base, arm, level, ("tok_s", "aggregate_tok_s"))
+            paired, shared = _paired(base, arm, level, ("tok_s", "aggregate_tok_s"))
             b_runs, a_runs = paired["tok_s"]
             if not b_runs:
                 out.append(Comparison(arm.profile, base.profile, None, level, min_effect=self.min_effect, **names))
@@ -378,10 +393,12 @@ class ABResult:
             plan, n = self.design.auto, len(b_runs)
             crit = plan.t_crit(n) if plan is not None else None
             if plan is None:
-                est, sequential = ratio_ci(b_runs, a_runs, seed=self.design.seed), None
+                est, sequential = ratio_ci(b_runs, a_runs, seed=self.design.seed, paired=shared), None
             else:
                 # The interval the stopping rule used: a repeated CI at this look's nominal level, never a plain 95 %.
-                est = ratio_ci(b_runs, a_runs, seed=self.design.seed, alpha=plan.nominal_alpha(n), t_crit=crit)
+                est = ratio_ci(
+                    b_runs, a_runs, seed=self.design.seed, alpha=plan.nominal_alpha(n), t_crit=crit, paired=shared
+                )
                 est = dataclasses.replace(est, method=f"{plan.describe()}; look at {n} blocks: {est.method}")
                 sequential = {**plan.to_dict(), "look_blocks": n, "nominal_alpha": plan.nominal_alpha(n), "t": crit}
             b_agg, a_agg = paired["aggregate_tok_s"]
@@ -450,6 +467,21 @@ class ABResult:
             return None
         return f"the nodes of {self.host} differ (launched anyway with --allow-node-mismatch): {'; '.join(mismatches)}"
 
+    def host_noise_warnings(self) -> list[str]:
+        """Arms whose launches vary far more than a quiet host's (stats.noisy_host), at each level."""
+        out = []
+        for arm in self.arms:
+            for level in arm.levels:
+                spread = arm.spread_at(level)
+                line = (
+                    host_noise_warning(arm.label + (f" @ {level}" if len(self.levels) > 1 else ""), spread)
+                    if spread
+                    else None
+                )
+                if line:
+                    out.append(line)
+        return out
+
     def warnings(self) -> list[str]:
         """What a careful reader should know before trusting the numbers; printed, never raised."""
         node = self.node_mismatch()
@@ -501,11 +533,30 @@ class ABResult:
                         + f": {values[i]:.1f} tok/s vs the arm's median launch {statistics.median(values):.1f}; "
                         "something differed in that launch (host state, another job?)"
                     )
+        out += self.host_noise_warnings()
         out += gpu_drift_warnings(self.launches, [arm.label for arm in self.arms])
         bad_env = [arm.label for arm in self.arms if not arm.env_ok]
         if bad_env:
             out.append(f"environment mismatches in {', '.join(bad_env)} (see the env check lines)")
         return out
+
+
+def host_noise_warning(label: str, spread: ArmSpread) -> str | None:
+    """One arm's launches swing far more than a quiet host's do (`noisy_host`): the numbers and what to do."""
+    if not noisy_host(spread) or spread.cv_across is None:
+        return None
+    within = (
+        f"{spread.cv_within * 100:.1f}% between runs within a launch"
+        if spread.cv_within is not None
+        else "one run per launch, so no run-to-run noise to compare"
+    )
+    return (
+        f"noisy host: {label}: its {spread.launches} launches ranged {spread.launch_min:.1f}-{spread.launch_max:.1f} "
+        f"tok/s (CV {spread.cv_across * 100:.0f}% across launches, {within}): the same configuration should give "
+        "about the same number each launch, so something else on the host moved it (other jobs, CPU or GPU "
+        "clocks, memory pressure); the CIs are wide and a verdict needs many blocks: quiet the host (stop other "
+        "work, check `uptime`/`top`, nvidia-smi) and run again, or run more blocks"
+    )
 
 
 def why_undecided(c: Comparison) -> str:

@@ -226,12 +226,17 @@ def ratio_ci(
     hierarchical: bool | None = None,
     alpha: float = 0.05,
     t_crit: float | None = None,
+    paired: bool = False,
 ) -> RatioEstimate:
     """base[b] and arm[b] are the run values of the two launches in block b.
 
     The estimate is exp(mean over blocks of log(arm launch value / base launch value)). The CI resamples blocks
     with replacement; with few blocks (< 5, or when asked) it also resamples runs within each launch, so the
     interval carries both levels of noise. Runs are never pooled across launches as if independent.
+    `paired`: run i of both launches of a block sent the same request(s) (same request sequence, runs listed in
+    run order), so the within-launch resample draws the same run positions for both arms. Drawn independently, a
+    resample that gives one arm its fastest prompt three times and the other its slowest reads prompt-to-prompt
+    differences as noise, and with heterogeneous prompts that swamps the effect.
     `alpha` and `t_crit` set another two-sided level and its Student t critical value (a sequential look's nominal
     level, stats_seq); the defaults are the fixed design's 95 %.
     """
@@ -239,6 +244,8 @@ def ratio_ci(
         raise ValueError("need the same number (>= 1) of blocks for both arms")
     if any(not b for b in base) or any(not a for a in arm):
         raise ValueError("every launch needs at least one valid run")
+    if paired and any(len(b) != len(a) for b, a in zip(base, arm, strict=True)):
+        raise ValueError("paired runs need the same number of runs in both launches of every block")
     n = len(base)
     logs = [math.log(launch_value(a) / launch_value(b)) for b, a in zip(base, arm, strict=True)]
     point = math.exp(statistics.fmean(logs))
@@ -249,7 +256,12 @@ def ratio_ci(
         total = 0.0
         for _ in range(n):
             i = rng.randrange(n)
-            if hier:
+            if hier and paired:
+                picks = [rng.randrange(len(base[i])) for _ in base[i]]
+                b = [base[i][k] for k in picks]
+                a = [arm[i][k] for k in picks]
+                total += math.log(statistics.median(a) / statistics.median(b))
+            elif hier:
                 b = [rng.choice(base[i]) for _ in base[i]]
                 a = [rng.choice(arm[i]) for _ in arm[i]]
                 total += math.log(statistics.median(a) / statistics.median(b))
@@ -258,7 +270,13 @@ def ratio_ci(
         draws.append(total / n)
     draws.sort()
     lo, hi = _quantile(draws, alpha / 2), _quantile(draws, 1 - alpha / 2)
-    method = "bootstrap over blocks" + (" + runs within launches" if hier else "")
+    method = "bootstrap over blocks"
+    if hier:
+        method += " + runs within launches, " + (
+            "paired (the same run positions drawn for both arms: they sent the same requests)"
+            if paired
+            else "drawn independently per arm"
+        )
     sd = statistics.stdev(logs) if n > 1 else None
     if sd is not None:
         # With few blocks a percentile bootstrap is too narrow (2 blocks have 3 distinct resamples). The interval is
@@ -364,6 +382,28 @@ def arm_spread(per_launch: Sequence[Sequence[float]]) -> ArmSpread:
         cv_within=math.sqrt(statistics.fmean(c * c for c in cvs)) if cvs else None,
         cv_across=summarize(values).cv if len(values) > 1 else None,
     )
+
+
+# A host that swings its launches this much is busy with something else; above it no block count is cheap.
+HOST_NOISE_CV = 0.25
+# Launches varying this many times more than runs within a launch: the launches, not the runs, carry the noise ...
+HOST_NOISE_FACTOR = 3.0
+# ... once that spread is itself large (a 10x ratio of 0.5 % to 0.05 % is an ordinary quiet host).
+HOST_NOISE_MIN_CV = 0.10
+
+
+def noisy_host(spread: ArmSpread) -> bool:
+    """Launches of one arm differ far more than a quiet host's restart noise: a CV across launches of at least
+    HOST_NOISE_CV, or of at least HOST_NOISE_MIN_CV and HOST_NOISE_FACTOR times the CV between runs within a
+    launch. The same configuration launched again should give about the same number; when it does not, something
+    other than the configuration moves the numbers."""
+    across = spread.cv_across
+    if across is None:
+        return False
+    if across >= HOST_NOISE_CV:
+        return True
+    within = spread.cv_within
+    return across >= HOST_NOISE_MIN_CV and (within is None or across >= HOST_NOISE_FACTOR * within)
 
 
 def outliers(values: Sequence[float], *, threshold: float = 3.5, min_rel: float = 0.01, min_n: int = 5) -> list[int]:

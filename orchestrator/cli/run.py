@@ -19,6 +19,7 @@ from orchestrator.bench import (
     Plan,
     RunResult,
     assumed_speed,
+    claimed_speed,
     plan,
     request_items,
     sim_speed,
@@ -165,10 +166,18 @@ def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> r
     # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built.
     speeds = [sim_speed(p.env_dict() | p.sim_env(), p.server_flags()) for p in profiles] if kw["sim"] else []
     calibrated = bool(speeds) and all(s is not None for s in speeds)
-    arms = [s for s in speeds if s is not None] if calibrated else [assumed_speed()] * len(profiles)
+    # A real engine's speed is unknown before it runs, unless every profile claims one (expect.tok_s).
+    claims = [p.expect.tok_s if p.expect else None for p in profiles]
+    claimed = not calibrated and all(c is not None for c in claims)
+    if calibrated:
+        arms = [s for s in speeds if s is not None]
+    elif claimed:
+        arms = [claimed_speed(c) for c in claims if c is not None]
+    else:
+        arms = [assumed_speed()] * len(profiles)
     auto = sequential_plan(kw)
-    work = plan(bench, arms, blocks=auto.max_blocks if auto else kw["blocks"], calibrated=calibrated)
-    least = plan(bench, arms, blocks=auto.min_blocks, calibrated=calibrated) if auto else None
+    work = plan(bench, arms, blocks=auto.max_blocks if auto else kw["blocks"], calibrated=calibrated, claimed=claimed)
+    least = plan(bench, arms, blocks=auto.min_blocks, calibrated=calibrated, claimed=claimed) if auto else None
     reporter_for(kw).event(work.line(least))
     refusal = work.refusal()
     if refusal:

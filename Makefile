@@ -61,9 +61,10 @@ lint: install
 	$(BIN)/ruff format --check orchestrator tests benchmarks
 	$(BIN)/mypy
 
-# Reproduces docs/performance.md (about 7 min): start-up times, orchestration overhead and host round trips (local vs
-# SSH), and the client's fidelity/capacity side by side with the field's clients installed into their own venv
-# (.venv-ref); each measures the code before issue 14 (git ref 3e11be3) and this checkout in the same run.
+# Reproduces docs/performance.md (about 8 min): start-up times against the code before issue 14 (git ref 3e11be3,
+# through its CLI), orchestration overhead and host round trips (orch local vs SSH vs a bare launch of the same server),
+# and the client's fidelity/capacity side by side with the field's clients installed into their own venv (.venv-ref).
+# `make test` runs every script in benchmarks/ in its --smoke mode (tests/test_benchmarks_smoke.py).
 REF := .venv-ref
 $(REF)/.installed: benchmarks/requirements-reference.txt
 	$(PYTHON) -m venv $(REF)

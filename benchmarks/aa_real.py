@@ -26,7 +26,12 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--profile", default="baseline")
+    p.add_argument("--smoke", action="store_true", help="one experiment of 2 blocks, 16 tokens: every step, seconds")
     args = p.parse_args()
+    extra: list[str] = []
+    if args.smoke:
+        args.experiments, args.blocks, args.runs, args.max_tokens = 1, 2, 1, 16
+        extra = ["--warmup", "0", "--min-run-s", "0"]
     counts: collections.Counter[str] = collections.Counter()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -51,6 +56,7 @@ def main() -> None:
                 "--json",
                 "--db",
                 str(db),
+                *extra,
             ]
             proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, env=None, check=False)
             if proc.returncode != 0:

@@ -101,8 +101,14 @@ def main() -> None:
     ap.add_argument("--spending", default="pocock", choices=("pocock", "obf"))
     ap.add_argument("--noises", default="0.01,0.03")
     ap.add_argument("--effects", default="0,0.03,0.05,0.25")
+    ap.add_argument("--smoke", action="store_true", help="both tables (fixed and --auto) at toy sizes, in seconds")
     args = ap.parse_args()
-    if args.auto:
+    if args.smoke:
+        args.experiments, args.aa_experiments, args.boot, args.blocks = 3, 3, 50, "2,3"
+        args.noises, args.effects = "0.01", "0,0.25"
+        auto_table(args)
+        print()
+    elif args.auto:
         auto_table(args)
         return
     rng = random.Random(args.seed)

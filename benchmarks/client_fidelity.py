@@ -9,7 +9,9 @@ under multi-token chunks. Capacity: each client's highest aggregate rate tracked
 there, and its tok/s per core against the best reference client's at the same rate. orch's client runs in a
 subprocess, both as it is now and as it was at `--before REF` (materialised with `git archive`), in the same run.
 Runs with .venv-ref's Python (openai, sglang's bench_serving; see
-benchmarks/README-reference.md). `make bench` runs this; the tables go into docs/performance.md.
+benchmarks/README-reference.md). `make bench` runs this; the tables go into docs/performance.md. `--no-reference`
+measures orch's clients only (from orch's own venv). `--smoke` runs every step once at toy sizes, in seconds
+(tests/test_benchmarks_smoke.py); without .venv-ref it measures orch's side only and says why.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trees import ISSUE_14_BEFORE, before_ref, materialize
+
 REPO = Path(__file__).resolve().parent.parent
 REF_PYTHON = REPO / ".venv-ref" / "bin" / "python"
-DEFAULT_BEFORE = "3e11be3"  # the last commit before issue 14 (performance)
 CAPACITY_DECODE_MS = 2.0  # 500 tok/s per stream; the sweep raises the number of streams
 CAPACITY_STREAMS = (32, 64, 96, 128, 192, 256)
-sys.path.insert(0, str(REPO / "benchmarks"))
+DEFAULT_BEFORE = ISSUE_14_BEFORE
 
 # Runs orch's client from whichever tree PYTHONPATH names, exactly as the host-side agent runs it (client.run is
 # run_requests + summarize_run), and writes every request's start and token arrivals for the common steady window.
@@ -66,12 +70,7 @@ with open(args["out"], "w") as f:
 def checkout(ref: str) -> Iterator[Path]:
     """orch's package as it was at ref, in a temporary directory (git archive: no worktree left behind)."""
     with tempfile.TemporaryDirectory(prefix="orch-before-") as tmp:
-        archive = subprocess.run(
-            ["git", "-C", str(REPO), "archive", ref, "orchestrator"], capture_output=True, check=False
-        )
-        if archive.returncode != 0:
-            raise SystemExit(f"--before {ref}: git archive failed: {archive.stderr.decode(errors='replace').strip()}")
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        materialize(ref, Path(tmp))
         yield Path(tmp)
 
 
@@ -151,9 +150,10 @@ Client = tuple[str, str, Callable[..., dict[str, Any]]]  # (name, kind: orch / r
 
 
 def clients(
-    rc: Any, before: tuple[str, Path] | None, skip_bench_serving: bool, *, input_len: int = 128
+    rc: Any, before: tuple[str, Path] | None, skip_bench_serving: bool, *, reference: bool = True, input_len: int = 128
 ) -> list[Client]:
-    """Every client of the comparison; `before` adds orch's pre-issue client (both endpoints)."""
+    """Every client of the comparison; `before` adds orch's pre-issue client (both endpoints); `reference` the
+    field's clients."""
     prompt = " ".join(["the"] * input_len)
     out: list[Client] = []
     trees = [("", REPO)] + ([(f", before ({before[0]})", before[1])] if before else [])
@@ -166,6 +166,8 @@ def clients(
                     lambda url, t=tree, e=endpoint, **k: run_orch(url, tree=t, endpoint=e, input_len=input_len, **k),
                 )
             )
+    if not reference:
+        return out
     out.append(("openai SDK loop (completions)", "reference", lambda url, **k: rc.run_openai(url, prompt=prompt, **k)))
     if not skip_bench_serving:
         for backend in ("sglang", "sglang-oai"):
@@ -195,9 +197,17 @@ CASES = [
 ]
 
 
-def fidelity(rc: Any, everyone: list[Client]) -> list[dict[str, Any]]:
+# The same three cases at toy sizes: every step runs, no figure means anything.
+SMOKE_CASES = [
+    ("1 stream, 82 tok/s", 1, 1, 24, 12.195, 1, False),
+    ("8 streams, 2,500 tok/s aggregate", 8, 8, 48, 3.2, 1, True),
+    ("1 stream, 4 tokens per chunk (like speculation)", 1, 1, 24, 12.195, 4, False),
+]
+
+
+def fidelity(rc: Any, everyone: list[Client], cases: list[Any] = CASES) -> list[dict[str, Any]]:
     out = []
-    for title, conc, n, out_len, decode_ms, interval, with_before in CASES:
+    for title, conc, n, out_len, decode_ms, interval, with_before in cases:
         # tokens / e2e of one request is N tokens over N-1 decode steps (prefill costs 0 here); the aggregate in
         # the steady window (all streams decoding) is exactly c / decode time.
         truth = {
@@ -395,7 +405,11 @@ def main() -> int:
     ap.add_argument("--capacity-streams", default=",".join(map(str, CAPACITY_STREAMS)), help="the sweep's steps")
     ap.add_argument("--capacity-seconds", type=float, default=3.0, help="length of each capacity request")
     ap.add_argument("--json-out", type=Path, help="also write every figure as JSON here")
+    ap.add_argument("--no-reference", action="store_true", help="orch's clients only (no openai, no bench_serving)")
+    ap.add_argument("--smoke", action="store_true", help="every step once at toy sizes (seconds); figures mean nothing")
     args = ap.parse_args()
+    if args.smoke:
+        args.capacity_streams, args.capacity_seconds = "4", 0.25
     try:
         streams = tuple(int(x) for x in args.capacity_streams.split(",") if x.strip())
     except ValueError:
@@ -404,26 +418,38 @@ def main() -> int:
     if any(s < 1 for s in streams) or not math.isfinite(args.capacity_seconds) or args.capacity_seconds <= 0:
         print("--capacity-streams must be above 0 and --capacity-seconds finite and above 0", file=sys.stderr)
         return 2
-    if importlib.util.find_spec("openai") is None:
-        if not REF_PYTHON.exists():
-            print(
-                "needs the reference venv: python3 -m venv .venv-ref && .venv-ref/bin/pip install --no-deps "
-                "-r benchmarks/requirements-reference.txt (make bench does this)",
-                file=sys.stderr,
-            )
+    reference = not args.no_reference
+    if reference and importlib.util.find_spec("openai") is None:
+        # A smoke run (CI) uses .venv-ref only once `make` has finished installing it: a half-made one is not a
+        # reason to fail the suite.
+        if REF_PYTHON.exists() and (not args.smoke or (REF_PYTHON.parent.parent / ".installed").exists()):
+            os.execv(REF_PYTHON, [str(REF_PYTHON), str(Path(__file__).resolve()), *sys.argv[1:]])
+        hint = (
+            "python3 -m venv .venv-ref && .venv-ref/bin/pip install --no-deps -r "
+            "benchmarks/requirements-reference.txt (make bench does this)"
+        )
+        if not args.smoke:
+            print(f"needs the reference venv: {hint}; or --no-reference for orch's clients only", file=sys.stderr)
             return 2
-        os.execv(REF_PYTHON, [str(REF_PYTHON), str(Path(__file__).resolve()), *sys.argv[1:]])
+        reference = False
+        print(f"reference clients skipped: openai is not importable here and .venv-ref is not installed ({hint})\n")
     import reference_clients as rc
 
-    if not args.skip_bench_serving:
+    if reference and not args.skip_bench_serving:
         rc.ensure_tokenizer()
     started, load0 = time.monotonic(), os.getloadavg()
-    results: dict[str, Any] = {"before": args.before or None}
+    results: dict[str, Any] = {"before": args.before or None, "reference": reference}
     with contextlib.ExitStack() as stack:
-        before = (args.before, stack.enter_context(checkout(args.before))) if args.before else None
-        everyone = clients(rc, before, args.skip_bench_serving)
+        before = None
+        if args.before:
+            args.before, note = before_ref(args.before, smoke=args.smoke)
+            if note:
+                print(note + "\n")
+            before = (args.before, stack.enter_context(checkout(args.before)))
+            results["before"] = args.before
+        everyone = clients(rc, before, args.skip_bench_serving, reference=reference)
         if not args.skip_fidelity:
-            results["fidelity"] = fidelity(rc, everyone)
+            results["fidelity"] = fidelity(rc, everyone, SMOKE_CASES if args.smoke else CASES)
             print_fidelity(results["fidelity"])
         if not args.skip_capacity:
             results["capacity"] = capacity(rc, everyone, streams, args.capacity_seconds)

@@ -1,28 +1,41 @@
-"""What a user waits for per arm, beyond loading and benchmarking: the real `orch ab` path, local vs SSH, before/after.
+"""What a user waits for per arm, beyond loading and benchmarking: the real `orch ab` path, local vs SSH, against a bare
+launch of the same server.
 
-Each measured experiment is `run_ab` itself (host facts, the host lock, the store, preflight with the GPU check,
-launch, readiness at the default poll interval, env read-back, fingerprint, one warmup and one run, teardown with the
-GPU-idle wait) against the simulator with zero load time, a fake `nvidia-smi` on PATH (the tests' one: the
-simulator's workers hold GPU memory while they live) and `--skip-server-warmup` (so the server is healthy the moment
-its port accepts). The code before the change (`--before REF`, default 3e11be3: the last commit before issue 14) is
-checked out into a temporary directory and run in its own subprocesses, interleaved with the current code in every
-round; the SSH host is a real OpenSSH server on 127.0.0.1 (the test harness), so the SSH column is the cost of the
-SSH path with no network latency: on a real network add one round-trip time per host call and per channel open.
+Each orch experiment is `run_ab` itself (host facts, the host lock, the store, preflight with the GPU check, launch,
+readiness at the default settings, env read-back, fingerprint, one warmup and one run, teardown with the GPU-idle
+wait) against the simulator with zero load time, a fake `nvidia-smi` on PATH (the tests' one: the simulator's workers
+hold GPU memory while they live) and `--skip-server-warmup` (so the server is healthy the moment its port accepts).
+Columns, interleaved round by round so all see the same machine:
+- orch local: the local host;
+- orch ssh: a real OpenSSH server on 127.0.0.1 (the test harness), so the SSH column is the cost of the SSH path with
+  no network latency: on a real network add one round-trip time per host call and per channel open;
+- bare launch: the floor, what a minimal hand-written script does with the same server: start the same argv with the
+  same environment, connect to its port every millisecond, send the same warmup and run (streamed /generate) the
+  moment it accepts, SIGTERM its process group and wait for it to exit. No preflight, no store, no checks.
+Whole commands, also interleaved: `orch ab P P --sim` (one block: 2 launches) from process start to exit, against the
+bare script doing the same two launches as a whole process.
 
 Readiness latency: a thread connects to the server's port every millisecond from the launch on; "port open → ready"
-is from its first accepted connection to orch declaring the server ready (the `env check` phase begins), the number
-the issue sets at <= 50 ms. Host calls are counted by wrapping `Host.call`, SSH channel opens by wrapping paramiko's
-`Transport.open_channel` (the agent's session, SFTP, and one direct-tcpip channel per tunnelled HTTP connection).
+is from its first accepted connection to orch declaring the server ready (the `env check` phase begins). Host calls
+are counted by wrapping `Host.call`, SSH channel opens by wrapping paramiko's `Transport.open_channel` (the agent's
+session, SFTP, and one direct-tcpip channel per tunnelled HTTP connection).
 
-Run with `make bench`; results are written up in docs/performance.md.
+The figures of the change that introduced one-call readiness (issue 14, measured against commit 3e11be3) are recorded
+in docs/performance.md; that code's internals cannot be driven by this script's worker any more, so the comparison
+here is against baselines that keep working: SSH vs local, and orch vs a bare launch.
+
+Run with `make bench` (`--smoke`: one short round of everything, seconds); results are written up in
+docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -37,14 +50,36 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 # Once per experiment, not per arm: host facts and the host lock (taken and released).
 PER_EXPERIMENT_OPS = ("facts", "lock", "unlock")
-CONFIGS = (("before", "local"), ("after", "local"), ("before", "ssh"), ("after", "ssh"))
+CONFIGS = ("orch local", "orch ssh", "bare launch")
+WARMUP_TOKENS, RUN_TOKENS = 4, 16  # the same for orch (BenchConfig below) and the bare launch
 
 
-# ------------------------------------------------------------------ the worker: one experiment, one code version
+# ------------------------------------------------------------------ the workers: one experiment each
+
+
+def _observer(port: int) -> tuple[threading.Event, list[float]]:
+    """A thread that, once the event is set, connects to the port every millisecond and notes the first success."""
+    watch, opened = threading.Event(), []
+
+    def observe() -> None:
+        while True:
+            watch.wait()
+            with socket.socket() as s:
+                s.settimeout(0.05)
+                try:
+                    s.connect(("127.0.0.1", port))
+                except OSError:
+                    time.sleep(0.001)
+                    continue
+            opened.append(time.perf_counter())
+            watch.clear()
+
+    threading.Thread(target=observe, daemon=True).start()
+    return watch, opened
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Runs under PYTHONPATH=<one code version>: imports only what every version has."""
+    """One `run_ab` experiment with this checkout's code, on the local or the SSH host; prints its timeline as JSON."""
     from orchestrator import progress
     from orchestrator.ab import ABConfig, run_ab
     from orchestrator.bench import BenchConfig
@@ -92,30 +127,14 @@ def worker(args: argparse.Namespace) -> None:
 
     host.call = timed_call
     events: list[tuple[float, str, str | None]] = []
-    opened: list[float] = []
-    watch = threading.Event()
-
-    def observe() -> None:
-        while True:
-            watch.wait()
-            with socket.socket() as s:
-                s.settimeout(0.05)
-                try:
-                    s.connect(("127.0.0.1", prof.port))
-                except OSError:
-                    time.sleep(0.001)
-                    continue
-            opened.append(time.perf_counter())
-            watch.clear()
-
-    threading.Thread(target=observe, daemon=True).start()
+    watch, opened = _observer(prof.port)
 
     def listener(name: str, data: dict[str, Any]) -> None:
         events.append((time.perf_counter(), name, data.get("state")))
         if name == "launch":
             watch.set()
 
-    bench = BenchConfig(min_run_s=0, runs=1, warmup=1, max_tokens=16, warmup_max_tokens=4)
+    bench = BenchConfig(min_run_s=0, runs=1, warmup=1, max_tokens=RUN_TOKENS, warmup_max_tokens=WARMUP_TOKENS)
     config = ABConfig(bench=bench, simulate=True, namespace=os.environ["ORCH_NAMESPACE"], order="fixed")
     store = Store(Path(args.workdir) / f"{time.time_ns()}.db")
     try:
@@ -126,27 +145,80 @@ def worker(args: argparse.Namespace) -> None:
     finally:
         store.close()
         host.close()
-    print(
-        json.dumps(
+    doc = {"connect_s": connect_s, "t0": t0, "t_end": t_end, "events": events, "opened": opened, "calls": calls}
+    print(json.dumps({**doc, "channels": channels}))
+
+
+def _stream(port: int, max_tokens: int) -> int:
+    """One streamed /generate request read to its end, as a minimal client does; the bytes received."""
+    body = {
+        "input_ids": [1000 + i for i in range(16)],
+        "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0},
+        "stream": True,
+    }
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", "/generate", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        data = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"/generate answered {resp.status}: {data[:200]!r}")
+        return len(data)
+    finally:
+        conn.close()
+
+
+def bare_worker(args: argparse.Namespace) -> None:
+    """The floor: the same server launched and benchmarked by a minimal script; prints its per-arm timeline. It
+    imports nothing of orch: the argv, environment and port come from a file the parent wrote (`bare_spec`)."""
+    spec = json.loads(Path(args.bare_worker).read_text())
+    argv, env, port = spec["argv"], {**os.environ, **spec["env"]}, spec["port"]
+    watch, opened = _observer(port)
+    arms = []
+    for _ in range(args.arms):
+        opened.clear()
+        t_launch = time.perf_counter()
+        proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, cwd=args.workdir,
+        )  # fmt: skip
+        t_spawned = time.perf_counter()
+        watch.set()
+        try:
+            while not opened:
+                if proc.poll() is not None:
+                    raise SystemExit(f"bare launch: the server exited with {proc.returncode} before its port opened")
+                time.sleep(0.0005)
+            t_bench = time.perf_counter()
+            _stream(port, WARMUP_TOKENS)
+            _stream(port, RUN_TOKENS)
+            t_teardown = time.perf_counter()
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)  # start_new_session: its group id is its pid
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        t_end = time.perf_counter()
+        arms.append(
             {
-                "connect_s": connect_s,
-                "t0": t0,
-                "t_end": t_end,
-                "events": events,
-                "opened": opened,
-                "calls": calls,
-                "channels": channels,
+                "launch": t_spawned - t_launch,
+                "server start-up": opened[0] - t_spawned,
+                "port open → benchmarking": t_bench - opened[0],
+                "benchmark (1 warmup, 1 run)": t_teardown - t_bench,
+                "teardown": t_end - t_teardown,
+                "wall per arm": t_end - t_launch,
             }
         )
-    )
+    print(json.dumps({"arms": arms}))
 
 
-# ------------------------------------------------------------------ turning one experiment into per-arm figures
+# ------------------------------------------------------------------ turning one orch experiment into per-arm figures
 
 
 def split(doc: dict[str, Any]) -> list[dict[str, float]]:
-    """Per arm: phase durations (s), readiness latencies, host calls and channel opens (all arms' channels shared
-    evenly: they are counted per experiment)."""
+    """Per arm: phase durations (s), readiness latencies, host calls and channel opens."""
     events = doc["events"]
     slots = [i for i, e in enumerate(events) if e[1] == "slot"]
     arms = []
@@ -170,12 +242,12 @@ def split(doc: dict[str, Any]) -> list[dict[str, float]]:
                 "preflight": t_launch - t_slot,
                 "launch": t_loading - t_launch,
                 "server start-up": t_open - t_loading,
-                "ready wait": t_env - t_loading,
                 "port open → ready": t_env - t_open,
                 "port open → benchmarking": t_bench - t_open,
                 "env check + fingerprint": t_bench - t_env,
                 "benchmark (1 warmup, 1 run)": t_teardown - t_bench,
-                "teardown + GPU idle": end - t_teardown,
+                "teardown": end - t_teardown,
+                "wall per arm": end - t_slot,
                 "calls per arm": float(sum(1 for c in ops if c[0] not in (*PER_EXPERIMENT_OPS, "bench_run"))),
                 "calls per run": sum(1 for c in ops if c[0] == "bench_run") / max(1, len(runs)),
                 "calls while loading": float(sum(1 for c in ops if t_loading <= c[1] < t_env)),
@@ -184,16 +256,12 @@ def split(doc: dict[str, Any]) -> list[dict[str, float]]:
             }
         )
     for arm in arms:
-        arm["orch overhead per arm"] = sum(
-            arm[k]
-            for k in ("preflight", "launch", "port open → ready", "env check + fingerprint", "teardown + GPU idle")
-        )
         arm["connect (per session)"] = doc["connect_s"]
         arm["experiment: facts, lock, store"] = (events[slots[0]][0] - doc["t0"]) if slots else 0.0
     return arms
 
 
-# (label, key of split()'s figures, unit, how the arms of a column are summarised)
+# (label, key of the per-arm figures, unit, how the arms of a column are summarised)
 Summary = Callable[[list[float]], float]
 ROWS: tuple[tuple[str, str, str, Summary], ...] = (
     ("connect (per session)", "connect (per session)", "s", statistics.median),
@@ -203,7 +271,9 @@ ROWS: tuple[tuple[str, str, str, Summary], ...] = (
     ("port open → ready, worst arm", "port open → ready", "ms", max),
     ("port open → benchmarking", "port open → benchmarking", "ms", statistics.median),
     *((k, k, "s", statistics.median) for k in ("env check + fingerprint", "benchmark (1 warmup, 1 run)")),
-    *((k, k, "s", statistics.median) for k in ("teardown + GPU idle", "orch overhead per arm")),
+    ("teardown (orch: + GPU idle)", "teardown", "s", statistics.median),
+    ("**wall per arm** (launch to stopped)", "wall per arm", "s", statistics.median),
+    ("wall per arm − server start-up", "wall − start-up", "s", statistics.median),
     *((k, k, "n", statistics.median) for k in ("calls per arm", "calls per run", "channel opens per arm")),
 )
 
@@ -216,27 +286,44 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.3f} s"
 
 
-def table(results: dict[str, list[dict[str, float]]], long_load: dict[str, str]) -> str:
-    kinds = [k for k in (f"{v} {h}" for v, h in CONFIGS) if k in results]
-    head = "| per arm (median) | " + " | ".join(kinds) + " | after/before local | after/before SSH |"
+def _ratio(a: float | None, b: float | None) -> str:
+    # Below a millisecond a ratio says nothing (connecting to the local host takes no time at all).
+    return f"{a / b:.2f}x" if a is not None and b is not None and b >= 0.001 else ""
+
+
+def table(results: dict[str, list[dict[str, float]]], whole: dict[str, list[float]], long_load: dict[str, str],
+          long_load_s: float) -> str:  # fmt: skip
+    kinds = [k for k in CONFIGS if k in results]
+    head = "| per arm (median) | " + " | ".join(kinds) + " | ssh / local | orch local / bare |"
     lines = [head, "|---" * (len(kinds) + 3) + "|"]
+    for arms in results.values():
+        for arm in arms:
+            arm["wall − start-up"] = arm["wall per arm"] - arm["server start-up"]
     for row, key, unit, summary in ROWS:
-        med = {k: float(summary([a[key] for a in results[k]])) for k in kinds}
-        cells = [_fmt(med[k], unit) for k in kinds]
-        ratios = []
-        for h in ("local", "ssh"):
-            b, a = med.get(f"before {h}"), med.get(f"after {h}")
-            ratios.append(f"{a / b:.2f}x" if a is not None and b else "")
-        lines.append(f"| {row} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+        med = {k: float(summary([a[key] for a in results[k]])) for k in kinds if key in results[k][0]}
+        cells = [_fmt(med[k], unit) if k in med else "—" for k in kinds]
+        ssh = _ratio(med.get("orch ssh"), med.get("orch local"))
+        bare = _ratio(med.get("orch local"), med.get("bare launch"))
+        lines.append(f"| {row} | " + " | ".join(cells) + f" | {ssh} | {bare} |")
+    if "bare launch" in kinds:
+        net = {k: statistics.median(a["wall − start-up"] for a in results[k]) for k in kinds}
+        cells = [f"+{net[k] - net['bare launch']:.3f} s" if k != "bare launch" else "" for k in kinds]
+        lines.append("| **orch's overhead per arm** (wall − start-up, over the bare launch's) | " + " | ".join(cells)
+                     + " | | |")  # fmt: skip
     if long_load:
-        cells = [long_load.get(k, "") for k in kinds]
-        lines.append(f"| host calls + channel opens during a {LONG_LOAD_S:g} s load | " + " | ".join(cells) + " | | |")
+        cells = [long_load.get(k, "—") for k in kinds]
+        lines.append(f"| host calls + channel opens during a {long_load_s:g} s load | " + " | ".join(cells) + " | | |")
+    if whole:
+        med = {k: statistics.median(v) for k, v in whole.items()}
+        cells = [_fmt(med[k], "s") if k in med else "—" for k in kinds]
+        bare = _ratio(med.get("orch local"), med.get("bare launch"))
+        lines.append(
+            "| **whole command, 2 launches** (process start to exit) | " + " | ".join(cells) + f" | | {bare} |"
+        )
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------ the parent: trees, harness, interleaving
-
-LONG_LOAD_S = 5.0
+# ------------------------------------------------------------------ the parent: harness, interleaving
 
 
 def _profile(path: Path, port: int, tp_size: int, load_s: float) -> str:
@@ -262,30 +349,55 @@ def _profile(path: Path, port: int, tp_size: int, load_s: float) -> str:
     return str(path)
 
 
-def _run(code: Path, env: dict[str, str], argv: list[str]) -> dict[str, Any]:
+def bare_spec(profile: str, into: Path) -> str:
+    """What orch itself would start for this profile (argv and environment), for the bare launch."""
+    from orchestrator.profile import load
+
+    prof = load(profile)
+    spec = {
+        "argv": prof.launch_argv(sys.executable, simulate=True),
+        "env": {**prof.env_dict(), **prof.sim_env()},
+        "port": prof.port,
+    }
+    into.write_text(json.dumps(spec))
+    return str(into)
+
+
+def _run(env: dict[str, str], argv: list[str]) -> dict[str, Any]:
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--worker", *argv],
-        env={**env, "PYTHONPATH": str(code)},
+        [sys.executable, str(Path(__file__).resolve()), *argv],
+        env={**env, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=600,
     )
     if proc.returncode != 0:
-        raise SystemExit(f"worker failed ({code}, {argv}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"worker failed ({argv}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     return json.loads(lines[-1]) if lines else {}
 
 
+def _whole(env: dict[str, str], argv: list[str], cwd: Path, ok: tuple[int, ...] = (0,)) -> float:
+    """Wall time of one whole process, as a user waits for it."""
+    t = time.perf_counter()
+    proc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
+    elapsed = time.perf_counter() - t
+    if proc.returncode not in ok:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return elapsed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--before", default="3e11be3", help="git ref of the code to compare against (default: 3e11be3)")
-    ap.add_argument("--rounds", type=int, default=4, help="rounds; each runs every configuration once, interleaved")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds; each runs every column once, interleaved")
     ap.add_argument("--arms", type=int, default=2, help="arms (launches) per experiment")
     ap.add_argument("--tp-size", type=int, default=8)
-    ap.add_argument("--no-ssh", action="store_true", help="local host only")
-    ap.add_argument("--no-long-load", action="store_true", help=f"skip the {LONG_LOAD_S:g} s load (calls per load)")
+    ap.add_argument("--no-ssh", action="store_true", help="no SSH column (also when /usr/sbin/sshd is missing)")
+    ap.add_argument("--long-load-s", type=float, default=5.0, help="load time for the calls-per-load row (0: skip)")
+    ap.add_argument("--smoke", action="store_true", help="one round of 1 arm, tp 2, 0.5 s load: runs in seconds")
     ap.add_argument("--json-out", help="write the raw per-arm numbers here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bare-worker", help=argparse.SUPPRESS)
     ap.add_argument("--host", choices=("local", "ssh"), help=argparse.SUPPRESS)
     ap.add_argument("--profile", help=argparse.SUPPRESS)
     ap.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -295,60 +407,83 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
+    if args.bare_worker:
+        bare_worker(args)
+        return
+    if args.smoke:
+        args.rounds, args.arms, args.tp_size, args.long_load_s = 1, 1, 2, 0.5
     sys.path.insert(0, str(REPO))
     from tests import fake_nvidia_smi
 
+    no_ssh = args.no_ssh or not Path("/usr/sbin/sshd").exists()
+    if no_ssh and not args.no_ssh:
+        print("no SSH column: /usr/sbin/sshd is not installed (the harness starts a private OpenSSH server)\n")
     ns = f"bench-{os.getpid()}"
     os.environ["ORCH_NAMESPACE"] = ns
-    trees = {"after": REPO}
     results: dict[str, list[dict[str, float]]] = {}
+    whole: dict[str, list[float]] = {}
     long_load: dict[str, str] = {}
     raw: list[dict[str, Any]] = []
+    leftovers: list[Any] = []
     with tempfile.TemporaryDirectory(prefix="orch-lifecycle-") as tmp_s:
         tmp = Path(tmp_s)
-        before = tmp / "before"
-        before.mkdir()
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", args.before], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
-        trees["before"] = before
         fake = fake_nvidia_smi.install(tmp / "bin", tmp / "gpu-state.json", gpus=args.tp_size)
-        env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"}
+        env = {
+            **os.environ,
+            "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
+            **{v: str(tmp / v.lower()) for v in ("XDG_DATA_HOME", "XDG_STATE_HOME", "XDG_CONFIG_HOME")},
+        }
         port = _free_port()
         profile = _profile(tmp / "bench.yaml", port, args.tp_size, 0.0)
-        slow = _profile(tmp / "slow.yaml", port, args.tp_size, LONG_LOAD_S)
+        slow = _profile(tmp / "slow.yaml", port, args.tp_size, args.long_load_s)
+        spec = bare_spec(profile, tmp / "bare.json")
         sshd = None
-        configs = [c for c in CONFIGS if not (args.no_ssh and c[1] == "ssh")]
+        configs = [c for c in CONFIGS if not (no_ssh and c == "orch ssh")]
+        common = ["--workdir", str(tmp), "--remote-workdir", str(tmp / "remote")]
+        whole_argv = {
+            "orch local": [sys.executable, "-m", "orchestrator", "ab", profile, profile, "--sim", "--blocks", "1",
+                           "--warmup", "1", "--runs", "1", "--max-tokens", str(RUN_TOKENS), "--min-run-s", "0",
+                           "--order", "fixed", "--db", str(tmp / "whole.db"), "-q"],
+            "bare launch": [sys.executable, str(Path(__file__).resolve()), "--bare-worker", spec, "--arms", "2",
+                            *common],
+        }  # fmt: skip
         try:
-            if not args.no_ssh:
+            if not no_ssh:
                 from tests.sshd import SSHD
 
                 sshd = SSHD.start(tmp / "sshd", path_prepend=str(fake))
                 env["ORCH_SSH_CONFIG"] = str(sshd.ssh_config)
-            common = ["--workdir", str(tmp), "--remote-workdir", str(tmp / "remote")]
-            for version in ("before", "after"):
-                if sshd is not None:  # the agent's upload happens once per version, like a first session's
-                    _run(trees[version], env, ["--host", "ssh", "--profile", profile, "--install-only", *common])
+                # The agent's upload happens once, like a first session's; not part of any figure.
+                _run(env, ["--worker", "--host", "ssh", "--profile", profile, "--install-only", *common])
             for r in range(args.rounds):
                 order = configs[r % len(configs) :] + configs[: r % len(configs)]
-                for version, kind in order:
-                    argv = ["--host", kind, "--profile", profile, "--arms", str(args.arms), *common]
-                    doc = _run(trees[version], env, argv)
-                    arms = split(doc)
-                    results.setdefault(f"{version} {kind}", []).extend(arms)
-                    raw.append({"version": version, "host": kind, "round": r, "arms": arms})
-                    print(f"round {r + 1}/{args.rounds}: {version} {kind} done", file=sys.stderr, flush=True)
-            if not args.no_long_load:
-                for version, kind in configs:
-                    doc = _run(trees[version], env, ["--host", kind, "--profile", slow, "--arms", "1", *common])
+                for kind in order:
+                    if kind == "bare launch":
+                        arms = _run(env, ["--bare-worker", spec, "--arms", str(args.arms), *common])["arms"]
+                    else:
+                        host = kind.split()[1]
+                        argv = ["--worker", "--host", host, "--profile", profile, "--arms", str(args.arms), *common]
+                        arms = split(_run(env, argv))
+                    results.setdefault(kind, []).extend(arms)
+                    raw.append({"config": kind, "round": r, "arms": arms})
+                    if kind in whole_argv:
+                        # `orch ab` ends 0, or 4 when one block cannot decide (it never can at one launch per arm)
+                        w = _whole({**env, "PYTHONPATH": str(REPO)}, whole_argv[kind], tmp, ok=(0, 4))
+                        whole.setdefault(kind, []).append(w)
+                        raw.append({"config": kind, "round": r, "whole_command_s": w})
+                    print(f"round {r + 1}/{args.rounds}: {kind} done", file=sys.stderr, flush=True)
+            if args.long_load_s > 0:
+                for kind in configs:
+                    if kind == "bare launch":
+                        continue
+                    host = kind.split()[1]
+                    doc = _run(env, ["--worker", "--host", host, "--profile", slow, "--arms", "1", *common])
                     (arm,) = split(doc)
-                    long_load[f"{version} {kind}"] = (
-                        f"{arm['calls while loading']:g} + {arm['channel opens while loading']:g}"
-                    )
-                    raw.append({"version": version, "host": kind, "long_load_s": LONG_LOAD_S, "arms": [arm]})
+                    long_load[kind] = f"{arm['calls while loading']:g} + {arm['channel opens while loading']:g}"
+                    raw.append({"config": kind, "long_load_s": args.long_load_s, "arms": [arm]})
         finally:
             if sshd is not None:
                 sshd.stop()
-            sys.path.insert(0, str(REPO))
             from orchestrator import hostside
 
             leftovers = hostside.op_find(ns)
@@ -356,16 +491,19 @@ def main() -> None:
             shutil.rmtree(tmp / "remote", ignore_errors=True)
     print(
         f"`orch ab` path, simulator tp_size={args.tp_size} (load 0 s, --skip-server-warmup), {args.arms} arms x "
-        f"{args.rounds} rounds per column; before = {args.before}, after = this checkout; fake nvidia-smi on PATH\n"
+        f"{args.rounds} rounds per column, interleaved; this checkout; fake nvidia-smi on PATH; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at the end\n"
     )
-    print(table(results, long_load))
+    print(table(results, whole, long_load, args.long_load_s))
     print(
-        f"\nThe last row counts host calls + SSH channel opens during the ready wait of one arm whose server takes "
-        f"{LONG_LOAD_S:g} s to load: before, it grows with the load time (a liveness call and an HTTP poll every "
-        "0.25 s, a log tail every second); after, it is one call whatever the load time."
+        "\norch's overhead per arm is what orch adds to a bare launch of the same server: 'wall per arm − server "
+        "start-up' (start-up is the server's own time, the same work in every column) less the bare launch's. "
+        f"The calls row during a load counts host calls + SSH channel opens while one arm's server takes "
+        f"{args.long_load_s:g} s to load: one call, whatever the load time. Whole command: `orch ab P P --sim "
+        "--blocks 1` (2 launches) against the bare script making the same 2 launches, each a whole process."
     )
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"before": args.before, "runs": raw}, indent=1))
+        Path(args.json_out).write_text(json.dumps({"runs": raw}, indent=1))
     if leftovers:
         print(f"LEAK: {leftovers}", file=sys.stderr)
         sys.exit(1)

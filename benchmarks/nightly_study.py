@@ -122,7 +122,10 @@ def main() -> None:
     ap.add_argument("--scored", type=int, default=100)
     ap.add_argument("--after-env", type=int, default=30, help="nights scored from an environment step on")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="2 trials per cell, short series: every step, in seconds")
     args = ap.parse_args()
+    if args.smoke:
+        args.trials, args.warmup, args.scored, args.after_env = 2, 10, 10, 8
     rng = random.Random(args.seed)
     started = time.perf_counter()
     print(

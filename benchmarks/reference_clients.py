@@ -655,12 +655,18 @@ def demo(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stream-interval", type=int, default=1, help="sim --stream-interval: >1 gives multi-token chunks")
     p.add_argument("--skip-bench-serving", action="store_true")
     p.add_argument("--sim-log", type=Path, help="append the simulator's log here")
+    p.add_argument("--smoke", action="store_true", help="both cases at toy sizes (1 and 8 streams): seconds")
     args = p.parse_args(argv)
 
     cases = [
         ("concurrency 1, output 256, decode 12.195 ms", 1, args.requests_c1, 256, 12.195),
         ("concurrency 64, output 512, decode 3.2 ms", 64, args.requests_c64, 512, 3.2),
     ]
+    if args.smoke:
+        cases = [
+            ("concurrency 1, output 24, decode 12.195 ms", 1, 1, 24, 12.195),
+            ("concurrency 8, output 48, decode 3.2 ms", 8, 8, 48, 3.2),
+        ]
     prompt = " ".join(["the"] * args.input_len)
     if not args.skip_bench_serving:
         ensure_tokenizer()

@@ -49,7 +49,10 @@ def main() -> None:
     ap.add_argument("--noise", default="0.01,0.02")
     ap.add_argument("--claim", action="store_true", help="the recorded side is an exact claim (82.0, no CI)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="3 trials per cell, 50 resamples: every step, in seconds")
     args = ap.parse_args()
+    if args.smoke:
+        args.trials, args.boot, args.blocks, args.noise = 3, 50, "2,3", "0.01"
     rng = random.Random(args.seed)
     print(
         f"{args.trials} trials per cell; run noise {args.run_sd:.1%}, {args.runs} runs per launch, tolerance "

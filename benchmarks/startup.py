@@ -8,6 +8,8 @@ alternates before and after, rep by rep, so a noisy machine slows both alike; ra
 The store is built with the before code's schema (its own Store creates the file) and filled by direct inserts
 (executemany, one transaction). The after code upgrades a copy of it in place at its first open (it adds indexes,
 timed once, shown below the table); the before code only ever reads the original.
+The before side runs through the CLI only (and the frozen tree's own Store to make its schema), so it keeps working
+as the code changes. `--smoke`: one run per command on a small store, in seconds (tests/test_benchmarks_smoke.py).
 Run with `make bench` or `python benchmarks/startup.py`; results are written up in docs/performance.md.
 """
 
@@ -22,15 +24,16 @@ import sqlite3
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trees import ISSUE_14_BEFORE, before_ref, materialize
+
 REPO = Path(__file__).resolve().parent.parent
-BEFORE_REF = "3e11be3"  # the last commit before issue 14
+BEFORE_REF = ISSUE_14_BEFORE
 SHOW_ID = "20260101-000000-3level"
 Row = dict[str, Any]
 
@@ -64,15 +67,6 @@ for _ in range(int(sys.argv[3])):
     out["bootstraps"].append(calls[0])
 print(json.dumps(out))
 """
-
-
-def materialize(ref: str, into: Path) -> None:
-    """The orchestrator package as it was at `ref` (git archive: no worktree to clean up)."""
-    blob = subprocess.run(["git", "-C", str(REPO), "archive", ref, "orchestrator"], capture_output=True, check=True)
-    with tarfile.open(fileobj=BytesIO(blob.stdout)) as tar:
-        if hasattr(tarfile, "data_filter"):  # Python 3.10.12+, 3.11.4+: refuse odd members outright
-            tar.extraction_filter = tarfile.data_filter
-        tar.extractall(into)
 
 
 def host_facts() -> dict[str, Any]:
@@ -282,10 +276,11 @@ def prepare(tmp: Path, ref: str, experiments: int, env: dict[str, str]) -> dict[
 def measure(setup: dict[str, Any], reps: int, show_reps: int, env: dict[str, str]) -> dict[str, Any]:
     """Every command `reps` times per side, before and after alternating (which goes first swaps every rep)."""
     py, trees, dbs = sys.executable, setup["trees"], setup["dbs"]
-    k_runs = setup["counts"]["runs"] // 1000
+    n_runs = setup["counts"]["runs"]
+    size = f"{n_runs // 1000}k" if n_runs >= 1000 else str(n_runs)
     commands: dict[str, tuple[str, dict[str, list[str]]]] = {
         "orch --version": ("≤ 60 ms", {side: ["--version"] for side in trees}),
-        f"orch list ({k_runs}k-run store)": ("≤ 120 ms", {s: ["list", "--db", str(dbs[s]["big"])] for s in trees}),
+        f"orch list ({size}-run store)": ("≤ 120 ms", {s: ["list", "--db", str(dbs[s]["big"])] for s in trees}),
         "orch list (empty store)": ("", {side: ["list", "--db", str(dbs[side]["empty"])] for side in trees}),
         "orch show (3 arms x 3 levels)": ("", {s: ["show", SHOW_ID, "--db", str(dbs[s]["big"])] for s in trees}),
     }
@@ -349,7 +344,13 @@ def main() -> None:
         "--experiments", type=int, default=2400, help="A/B experiments in the big store, 42 runs each [2400]"
     )
     ap.add_argument("--json-out", type=Path, default=None, help="also write the raw numbers (seconds) here")
+    ap.add_argument("--smoke", action="store_true", help="1 run per command, a 20-experiment store: seconds")
     args = ap.parse_args()
+    if args.smoke:
+        args.reps, args.show_reps, args.experiments = 1, 1, 20
+    args.before, note = before_ref(args.before, smoke=args.smoke)
+    if note:
+        print(note)
     with tempfile.TemporaryDirectory(prefix="orch-startup-") as tmp_name:
         tmp = Path(tmp_name)
         env = {**os.environ, "XDG_DATA_HOME": str(tmp / "data"), "XDG_CONFIG_HOME": str(tmp / "config"),

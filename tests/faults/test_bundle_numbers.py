@@ -83,9 +83,22 @@ NUMBERS = {
 }
 
 
+@pytest.fixture
+def nothing_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building a request sequence or starting the A/B fails the test at once: a regression past the checks must
+    fail it, not take the machine's memory (runs or blocks of 10^9 grow it by tens of MB/s)."""
+    from orchestrator import bench
+
+    def built(*args: object, **kw: object) -> None:
+        raise AssertionError("got past the plan checks")
+
+    monkeypatch.setattr(bench.prompts, "request_sequence", built)
+    monkeypatch.setattr(reproduce_mod, "run_ab", built)
+
+
 @pytest.mark.parametrize("case", list(NUMBERS))
 def test_every_number_of_a_bundle_is_checked_on_read(
-    sent: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str
+    sent: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_built: None, case: str
 ) -> None:
     """show, compare, import and reproduce all refuse it with exit 2 naming the field, before anything runs."""
     change, expected = NUMBERS[case]
@@ -106,7 +119,7 @@ def test_every_number_of_a_bundle_is_checked_on_read(
 
 
 def test_a_bundles_plan_meets_the_limits_orch_ab_keeps(
-    sent: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    sent: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_built: None
 ) -> None:
     """Every field in range, yet 10000 runs at two levels near 4096 streams: the plan `orch ab` refuses is refused
     for a bundle too, before "reproducing" and before a request is generated."""
@@ -178,3 +191,25 @@ def test_prompts_survive_a_chain_of_hand_ons(sent: dict[str, Any], tmp_path: Pat
     assert again.rc in (0, 3, 4), again.text
     assert "cannot be re-sent" not in again.text and "differ from the recorded ones" not in again.text
     assert_plain(again.text)
+
+
+def test_a_resumed_experiment_meets_the_same_limits(
+    sent: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], nothing_built: None
+) -> None:
+    """A stored experiment (imported, or written by an older orch) whose workload is absurd: --resume refuses it
+    with the field named, before its request sequence is built."""
+    db = tmp_path / "r.db"
+    assert main(["import", str(sent["path"]), "--db", str(db)]) == 0
+    exp_id = sent["bundle"]["content"]["experiment"]["id"]
+    config = {**sent["bundle"]["content"]["config"]}
+    config["bench"] = {**config["bench"], "runs": 10**9}
+    conn = sqlite3.connect(db)
+    try:
+        with conn:
+            conn.execute("UPDATE experiments SET config_json = ?, status = 'interrupted'", (json.dumps(config),))
+    finally:
+        conn.close()
+    capsys.readouterr()
+    assert main(["ab", "--resume", exp_id, "--db", str(db)]) == 2
+    err = capsys.readouterr().err
+    assert "runs: expected a whole number from 1 to 10,000, got 1000000000" in err and "Traceback" not in err

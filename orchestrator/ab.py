@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__, attach, engines, multinode, progress, server
+from orchestrator import __version__, attach, engines, multinode, planlimits, progress, server
 from orchestrator.ab_launch import StrictEnvError, run_launch
 from orchestrator.bench import BenchConfig, RunResult, request_items
 from orchestrator.errors import BenchError, OrchError
@@ -170,6 +170,11 @@ def run_ab(
     """
     if not profiles:
         raise OrchError("an A/B needs at least one profile")
+    # Its callers check the plan before they print anything (options, a suite, a bundle, --resume); here again, as
+    # the last line before anything is built, for any caller that did not.
+    planlimits.checked_plan(
+        config.bench, profiles, blocks=config.auto.max_blocks if config.auto else config.blocks, sim=config.simulate
+    )
     engines.check_use(profiles, config.bench.endpoint, simulate=config.simulate)
     attach.check_arms(profiles, allow_mixed=config.allow_mixed, strict_env=config.strict_env, simulate=config.simulate)
     # Secret values are stored as digests keyed per store; errors and printed log tails are scrubbed of them.

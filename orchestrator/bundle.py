@@ -101,10 +101,13 @@ def make_bundle(store: Store, ref: str) -> dict[str, Any]:
         "config": config,
         "design": _loads(exp.get("design_json")),
         "profiles": _profiles(exp["id"], arms, config, launch_rows),
-        "prompts": prompt_set(config),
+        "prompts": None,
         "launches": launches,
     }
     imported = _loads(exp.get("imported_json")) or {}
+    # An imported experiment's prompts are the ones it came with: its config names a file on the sender's disk, which
+    # is not here (or, worse, is another file of the same name), so handing it on must not read that path.
+    content["prompts"] = imported["prompts"] if isinstance(imported.get("prompts"), dict) else prompt_set(config)
     bundle: dict[str, Any] = {
         "format": BUNDLE_FORMAT,
         "version": BUNDLE_VERSION,
@@ -237,7 +240,13 @@ def import_bundle(store: Store, bundle: Mapping[str, Any], source: str = "") -> 
             f"{store.path} already holds launch {taken[0]} (of another experiment) that {source or 'this bundle'} "
             "also has; import into another --db"
         )
-    imported = {"from": source, "at": time.time(), "digest": bundle["digest"], "content_sha256": mine}
+    imported = {
+        "from": source,
+        "at": time.time(),
+        "digest": bundle["digest"],
+        "content_sha256": mine,
+        "prompts": content["prompts"],  # what a later export hands on (the config's file path is the sender's)
+    }
     experiment_row = {
         "id": exp_id,
         "kind": exp["kind"],

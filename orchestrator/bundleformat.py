@@ -11,9 +11,10 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__
+from orchestrator import __version__, planlimits, prompts
 from orchestrator.bench import BenchConfig
 from orchestrator.errors import BundleError
+from orchestrator.stats_seq import SequentialPlan
 
 BUNDLE_FORMAT = "orch-result-bundle"
 BUNDLE_VERSION = 1
@@ -94,6 +95,13 @@ REQUEST_FIELDS = {
     "accept_length": "num?",
     "error": "str?",
 }
+# Counts, durations and rates: a negative one is no measurement (and breaks the log-scale statistics).
+NOT_NEGATIVE = frozenset(
+    {
+        "idx", "tokens", "seconds", "tok_s", "aggregate_tok_s", "prompt_tokens", "ttft_s", "spec_accept_length",
+        "spec_verify_ct", "requests", "errors", "e2e_s", "chunks", "accept_length", "ready_s", "pid",
+    }
+)  # fmt: skip
 # Bundle key → store column, where they differ (the store keeps JSON in *_json text columns).
 LAUNCH_COLUMNS = {
     "resolved_profile": "profile_json",
@@ -147,10 +155,10 @@ def read_bundle(path: str | Path) -> dict[str, Any]:
     """A bundle file, checked (format, version, digest, every field) before anyone uses it."""
     where = str(path)
     try:
-        with open(path, "rb") as f:
+        with prompts.open_regular(path) as f:
             data = f.read(MAX_BUNDLE_BYTES + 1)
-    except IsADirectoryError:
-        raise BundleError(f"{where}: is a directory, not a result bundle") from None
+    except prompts.NotRegularFile as e:
+        raise BundleError(f"{where}: {e}, not a result bundle") from None
     except OSError as e:
         raise BundleError(f"{where}: cannot read the bundle: {e.strerror or e}") from e
     if len(data) > MAX_BUNDLE_BYTES:
@@ -215,8 +223,8 @@ def _type_ok(value: Any, code: str) -> bool:
     code = code.rstrip("?")
     if code == "any":
         return True
-    if code == "num":
-        return isinstance(value, int | float) and not isinstance(value, bool)
+    if code == "num":  # JSON has no NaN or Infinity: a bundle holding them was not written by orch
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     if code == "int":
         return isinstance(value, int) and not isinstance(value, bool)
     if code == "bool":
@@ -224,7 +232,7 @@ def _type_ok(value: Any, code: str) -> bool:
     return isinstance(value, {"str": str, "dict": dict, "list": list}[code])
 
 
-_NAMES = {"str": "text", "int": "an integer", "num": "a number", "bool": "true or false", "dict": "an object"}
+_NAMES = {"str": "text", "int": "an integer", "num": "a finite number", "bool": "true or false", "dict": "an object"}
 
 
 def _check(obj: Any, spec: Mapping[str, str], where: str) -> dict[str, Any]:
@@ -239,6 +247,8 @@ def _check(obj: Any, spec: Mapping[str, str], where: str) -> dict[str, Any]:
         if not _type_ok(value, code):
             expected = _NAMES.get(code.rstrip("?"), "a list")
             raise BundleError(f"{where}.{key}: expected {expected}, got {_shown(value)}")
+        if key in NOT_NEGATIVE and code.rstrip("?") in ("int", "num") and isinstance(value, int | float) and value < 0:
+            raise BundleError(f"{where}.{key}: expected a number of at least 0, got {_shown(value)}")
     return obj
 
 
@@ -282,9 +292,14 @@ def _check_content(content: Any, where: str) -> None:
         if value is not None and not (_type_ok(value, "num") and math.isfinite(value)):
             raise BundleError(f"{where}: content.config.{key}: expected a finite number")
     try:
-        bench_config(c["config"])
+        bench = bench_config(c["config"])
     except (TypeError, ValueError) as e:
         raise BundleError(f"{where}: content.config.bench: not a workload this orch understands ({e})") from None
+    try:
+        # The limits `orch ab` keeps: a bundle is re-run from these numbers (`orch reproduce`).
+        planlimits.check_workload(bench, "content.config.bench.")
+    except planlimits.PlanError as e:
+        raise BundleError(f"{where}: {e}") from None
     if c["design"] is not None:
         _check_design(c["design"], len(arms), f"{where}: content.design")
     if len(c["profiles"]) != len(arms) or not all(isinstance(p, dict) for p in c["profiles"]):
@@ -304,6 +319,14 @@ def _check_content(content: Any, where: str) -> None:
             raise BundleError(f"{at}: block and position must not be negative")
         for j, run in enumerate(launch["runs"]):
             _check(run, RUN_FIELDS, f"{at}.runs[{j}]")
+            if not 1 <= run["concurrency"] <= planlimits.LEVELS[1]:
+                raise BundleError(
+                    f"{at}.runs[{j}].concurrency: expected 1 to {planlimits.LEVELS[1]}, got {run['concurrency']}"
+                )
+            if run["valid"] and not run["warmup"] and run["tok_s"] <= 0:
+                raise BundleError(
+                    f"{at}.runs[{j}].tok_s: a valid run measured more than 0 tok/s, got {_shown(run['tok_s'])}"
+                )
             for k, req in enumerate(run["per_request"]):
                 _check(req, REQUEST_FIELDS, f"{at}.runs[{j}].per_request[{k}]")
             _unique([r["idx"] for r in run["per_request"]], f"{at}.runs[{j}]", "request index")
@@ -313,6 +336,15 @@ def _check_content(content: Any, where: str) -> None:
 
 def _check_design(design: Any, arms: int, where: str) -> None:
     _check(design, {"blocks": "int", "order": "str", "seed": "int", "schedule": "list"}, where)
+    try:
+        planlimits.check_blocks(design["blocks"], f"{where}.blocks")
+    except planlimits.PlanError as e:
+        raise BundleError(str(e)) from None
+    if design.get("auto") is not None:
+        try:
+            SequentialPlan.from_dict(design["auto"])
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            raise BundleError(f"{where}.auto: not a --blocks auto plan this orch understands ({e})") from None
     for b, block in enumerate(design["schedule"]):
         if not isinstance(block, list) or not all(_type_ok(a, "int") and 0 <= a < arms for a in block):
             raise BundleError(f"{where}.schedule[{b}]: expected a list of arm indexes (0..{arms - 1})")

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from orchestrator.errors import BenchError, PromptFileError
 from orchestrator.fields import did_you_mean
@@ -119,46 +122,131 @@ def random_items(n: int, input_len: int, seed: int, vocab: int = 32000) -> list[
     ]
 
 
-def load_jsonl(path: str) -> list[PromptItem]:
-    """A user prompt file: one JSON object per line with "prompt" (text) or "messages" (chat), "category" optional."""
-    p = Path(path)
+# A prompt file is read line by line, never whole, and only up to this size: past it a file is a mistake (or
+# /dev/zero), and a set of that many prompts is for sampling from, not for sending in a benchmark.
+MAX_FILE_BYTES = 256 * 1024 * 1024
+
+
+class NotRegularFile(OSError):
+    """Not a regular file (a FIFO, a device, a directory): reading it could block forever or never end."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"not a regular file but {kind}")
+        self.kind = kind
+
+
+def open_regular(path: str | Path) -> BinaryIO:
+    """The file opened for reading, refused with NotRegularFile before a byte is read if it is a FIFO, a device
+    (/dev/zero) or a directory. Opened without blocking, so a FIFO with no writer cannot hang the open itself."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+            raise NotRegularFile(next((k for test, k in kinds if test(mode)), "a device"))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _item_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, byte offset, line) of every line of a prompt file, read as a stream of at most MAX_FILE_BYTES."""
+    try:
+        f = open_regular(path)
+    except NotRegularFile as e:
+        raise PromptFileError(f"{path}: {e}; a prompt file is a JSONL file on disk") from None
     except OSError as e:
         raise PromptFileError(f"{path}: cannot read the prompt file: {e.strerror or e}") from e
+    too_big = PromptFileError(
+        f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; is this really a prompt file? "
+        "(send a sample of the prompts: the benchmark sends only as many as its runs need)"
+    )
+    with f:
+        if os.fstat(f.fileno()).st_size > MAX_FILE_BYTES:
+            raise too_big  # before reading a byte
+        offset, n = 0, 0
+        while line := f.readline(MAX_FILE_BYTES + 1 - offset):
+            n += 1
+            if offset + len(line) > MAX_FILE_BYTES:  # it grew while being read
+                raise too_big
+            yield n, offset, line
+            offset += len(line)
+
+
+def _parse(path: str, n: int, line: bytes) -> PromptItem | None:
+    """One line of a prompt file as a prompt (None for a blank line)."""
+    try:
+        text = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise PromptFileError(f"{path}: not UTF-8 text (byte {e.start}); expected JSON lines") from None
-    items = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PromptFileError(f"{path}:{n}: not valid JSON ({e.msg})") from None
-        except RecursionError:
-            raise PromptFileError(f"{path}:{n}: JSON nested too deeply") from None
-        if not isinstance(obj, dict):
-            raise PromptFileError(f'{path}:{n}: expected an object with "prompt" or "messages"')
-        category = str(obj.get("category", "file"))
-        if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
-            items.append(PromptItem(category=category, text=obj["prompt"]))
-        elif (
-            isinstance(obj.get("messages"), list)
-            and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in obj["messages"]
-            )
-            and obj["messages"]
-        ):
-            items.append(PromptItem(category=category, messages=tuple(obj["messages"])))
-        else:
-            raise PromptFileError(
-                f'{path}:{n}: needs "prompt" (non-empty text) or "messages" (a list of {{role, content}})'
-            )
+        raise PromptFileError(f"{path}:{n}: not UTF-8 text (byte {e.start}); expected JSON lines") from None
+    if not text.strip():
+        return None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PromptFileError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise PromptFileError(f"{path}:{n}: JSON nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise PromptFileError(f'{path}:{n}: expected an object with "prompt" or "messages"')
+    category = str(obj.get("category", "file"))
+    if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
+        return PromptItem(category=category, text=obj["prompt"])
+    if (
+        isinstance(obj.get("messages"), list)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in obj["messages"]
+        )
+        and obj["messages"]
+    ):
+        return PromptItem(category=category, messages=tuple(obj["messages"]))
+    raise PromptFileError(f'{path}:{n}: needs "prompt" (non-empty text) or "messages" (a list of {{role, content}})')
+
+
+def load_jsonl(path: str) -> list[PromptItem]:
+    """A user prompt file: one JSON object per line with "prompt" (text) or "messages" (chat), "category" optional."""
+    items = [item for n, _, line in _item_lines(path) if (item := _parse(path, n, line)) is not None]
     if not items:
         raise PromptFileError(f"{path}: no prompts in the file")
     return items
+
+
+def _sample_jsonl(path: str, n: int, seed: int) -> list[PromptItem]:
+    """The first n prompts of request_sequence's order over a file, holding only each prompt's offset and the n
+    chosen ones in memory: every line is checked in a first pass, the chosen ones are read again in a second."""
+    offsets = [(k, off) for k, off, line in _item_lines(path) if _parse(path, k, line) is not None]
+    if not offsets:
+        raise PromptFileError(f"{path}: no prompts in the file")
+    chosen = _order(len(offsets), n, seed)
+    wanted = {i: offsets[i] for i in sorted(set(chosen))}
+    by_index: dict[int, PromptItem] = {}
+    try:
+        f = open_regular(path)
+    except OSError as e:
+        raise PromptFileError(f"{path}: cannot read the prompt file again: {e.strerror or e}") from e
+    with f:
+        for i, (k, off) in wanted.items():
+            f.seek(off)
+            item = _parse(path, k, f.readline(MAX_FILE_BYTES + 1))
+            if item is None:
+                raise PromptFileError(f"{path}: changed while it was read; run again")
+            by_index[i] = item
+    return [by_index[i] for i in chosen]
+
+
+def _order(pool: int, n: int, seed: int) -> list[int]:
+    """Which of `pool` prompts the n requests send, in order: each pass visits every prompt once, in a seeded
+    shuffle, so categories stay balanced. Shuffling indexes draws exactly as shuffling the prompts would."""
+    rng = random.Random(f"prompts:{seed}")
+    order: list[int] = []
+    while len(order) < n:
+        batch = list(range(pool))
+        rng.shuffle(batch)
+        order.extend(batch)
+    return order[:n]
 
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled_prompts"
@@ -188,11 +276,7 @@ def request_sequence(source: str, n: int, *, seed: int, input_len: int | None = 
             f"--prompts {source!r}: no prompt set of that name{did_you_mean(source, names)} and no such file; "
             f"sets: {', '.join(names)}, or a JSONL file"
         )
-    pool = builtin_items() if source == "builtin" else load_jsonl(source_path(source))
-    rng = random.Random(f"prompts:{seed}")
-    order: list[PromptItem] = []
-    while len(order) < n:
-        batch = pool[:]
-        rng.shuffle(batch)  # each pass visits every prompt once: categories stay balanced
-        order.extend(batch)
-    return order[:n]
+    if source != "builtin":
+        return _sample_jsonl(source_path(source), n, seed)
+    pool = builtin_items()
+    return [pool[i] for i in _order(len(pool), n, seed)]

@@ -9,14 +9,42 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import bundle as bundle_mod
-from orchestrator import files, fingerprint
+from orchestrator import files, fingerprint, planlimits
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import RunResult, request_items
 from orchestrator.compare import ExperimentComparison, compare
-from orchestrator.errors import InputError
+from orchestrator.errors import InputError, OrchError
 from orchestrator.hosts.base import Host
+from orchestrator.profile import Profile
 from orchestrator.results import ABResult
 from orchestrator.store import Store
+
+
+class JudgingFailed(OrchError):
+    """The new experiment ran and is stored, but judging it against the recorded one failed: exit 1, naming it."""
+
+    def __init__(self, exp_id: str, source: str, cause: BaseException) -> None:
+        super().__init__(
+            f"the reproduction ran and is stored as experiment {exp_id}, but judging it against the recorded result "
+            f"failed ({type(cause).__name__}: {cause}); see it with `orch show {exp_id}`, or judge it again with "
+            f"`orch compare {source} {exp_id}`"
+        )
+        self.exp_id = exp_id
+
+
+def check_plan(bundle: dict[str, Any], profiles: list[Profile], blocks: int | None, source: str) -> None:
+    """The bundle's plan (its blocks unless `blocks` overrides them) within the limits `orch ab` keeps, refused
+    before anything is generated or launched: a bundle may have been written by anyone."""
+    design = bundle["content"].get("design") or {}
+    try:
+        planlimits.checked_plan(
+            bundle_mod.bench_config(bundle["content"]["config"]),
+            profiles,
+            blocks=blocks if blocks is not None else design.get("blocks", 1),
+            sim=bool(bundle["content"]["experiment"]["simulated"]),
+        )
+    except planlimits.PlanError as e:
+        raise planlimits.PlanError(f"{source}: the bundle's plan is refused: {e}") from None
 
 
 def likely_causes(recorded: ABResult, new: ABResult) -> list[str]:
@@ -85,13 +113,18 @@ def reproduce_bundle(
     workdir: Path,
     tolerance: float,
     blocks: int | None = None,
+    source: str = "BUNDLE",
     on_event: Callable[[str], None] = lambda _: None,
     on_run: Callable[[str, RunResult], None] = lambda _p, _r: None,
 ) -> tuple[ABResult, ExperimentComparison]:
     """Run the bundle's design again here, from fresh state, and judge the new result against the recorded one."""
     recorded = bundle_mod.result_from_bundle(bundle)
     profiles = bundle_mod.profiles_from_bundle(bundle)
+    check_plan(bundle, profiles, blocks, source)
     config = rerun_config(bundle, recorded, base, workdir, blocks)
     provenance = {"reproduces": recorded.experiment_id, "reproduces_digest": bundle.get("digest")}
     new = run_ab(host, profiles, config, store, on_event=on_event, on_run=on_run, provenance=provenance)
-    return new, compare_results(recorded, new, tolerance)
+    try:
+        return new, compare_results(recorded, new, tolerance)
+    except Exception as e:  # the measurement is stored: a failure judging it must not hide where it is
+        raise JudgingFailed(new.experiment_id, source, e) from e

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator import engines, stats, yamlfile
+from orchestrator import engines, planlimits, stats, yamlfile
 from orchestrator import profile as profiles_mod
-from orchestrator.bench import CLIENT_PLACES, BenchConfig, assumed_speed, plan, request_items, sim_speed
+from orchestrator.bench import CLIENT_PLACES, BenchConfig, request_items
 from orchestrator.client_requests import ENDPOINTS
 from orchestrator.errors import InputError, OrchError
 from orchestrator.fields import (
@@ -205,15 +205,15 @@ def _metric(spec: Any, threshold: float) -> Metric:
 # ---------------------------------------------------------------- the file
 
 WORKLOAD_FIELDS: dict[str, Callable[[Any], Any]] = {
-    "runs": int_range(1, 10000),
-    "warmup": int_range(0, 1000),
-    "max_tokens": int_range(1, 1_000_000),
+    "runs": int_range(*planlimits.INT_RANGES["runs"]),
+    "warmup": int_range(*planlimits.INT_RANGES["warmup"]),
+    "max_tokens": int_range(*planlimits.INT_RANGES["max_tokens"]),
     "seed": int_range(-(2**63), 2**63 - 1),
     "concurrency": _levels,
-    "requests_per_stream": int_range(1, 10000),
+    "requests_per_stream": int_range(*planlimits.INT_RANGES["requests_per_stream"]),
     "endpoint": choice(tuple(ENDPOINTS)),
     "prompts": nonempty_str,
-    "input_len": int_range(1, 1_000_000),
+    "input_len": int_range(*planlimits.INT_RANGES["input_len"]),
     "client": choice(tuple(CLIENT_PLACES)),
     "min_run_s": seconds(0.0, 86400.0),
     "stall_timeout": seconds(0.5, 86400.0),
@@ -378,11 +378,11 @@ def _common_endpoint(profiles: tuple[Profile, ...], label: str) -> str:
 
 def _check_plan(bench: BenchConfig, profiles: tuple[Profile, ...], blocks: int, sim: bool, label: str) -> None:
     """What `orch ab` refuses before launching (an absurd plan, a bad prompt file), refused before the night."""
-    speeds = [sim_speed(p.env_dict() | p.sim_env(), p.server_flags()) for p in profiles] if sim else []
-    calibrated = bool(speeds) and all(s is not None for s in speeds)
-    arms = [s for s in speeds if s is not None] if calibrated else [assumed_speed()] * len(profiles)
-    work = plan(bench, arms, blocks=blocks, calibrated=calibrated)
-    refusal = work.refusal() or work.too_short()
+    try:
+        work = planlimits.checked_plan(bench, profiles, blocks=blocks, sim=sim)
+    except planlimits.PlanError as e:
+        raise SuiteError(f"{label}: workload: {e}") from None
+    refusal = work.too_short()
     if refusal:
         raise SuiteError(f"{label}: workload: {refusal}")
     try:

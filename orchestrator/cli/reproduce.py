@@ -74,9 +74,13 @@ def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoRetu
             f"a bundle is re-run with its own settings; drop {', '.join(flag[n] for n in passed)} "
             "(--blocks may change the number of blocks)"
         )
-    # Before any header line: a multi-node bundle on a --host with too few nodes is refused from the inventory alone.
+    # Before any header line: a multi-node bundle on a --host with too few nodes is refused from the inventory alone,
+    # and a plan over the limits from its numbers alone.
+    profiles = bundle_mod.profiles_from_bundle(bundle)
+    blocks = kw["blocks"] if option_given("blocks") else None
+    reproduce_mod.check_plan(bundle, profiles, blocks, path)
     try:
-        check_host_nodes(bundle_mod.profiles_from_bundle(bundle), kw["host_spec"], kw["inventory"])
+        check_host_nodes(profiles, kw["host_spec"], kw["inventory"])
     except InputError as e:
         measured = bundle["content"]["experiment"].get("host")
         raise InputError(f"{e} (the bundle was measured on {measured!r})" if measured else str(e)) from None
@@ -98,13 +102,18 @@ def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoRetu
                 base,
                 workdir=store.path.parent / "reproduce",
                 tolerance=tolerance,
-                blocks=kw["blocks"] if option_given("blocks") else None,
+                blocks=blocks,
+                source=path,
                 on_event=event,
                 on_run=on_run,
             )
     finally:
         store.close()
-    verdict_out(new, "reproduction", compare_json(verdict), compare_text(verdict), kw["as_json"])
+    try:
+        report = compare_json(verdict), compare_text(verdict)
+    except Exception as e:  # the measurement is stored: a failure rendering its verdict must not hide where it is
+        raise reproduce_mod.JudgingFailed(new.experiment_id, path, e) from e
+    verdict_out(new, "reproduction", *report, kw["as_json"])
     raise SystemExit(verdict.exit_code)
 
 

@@ -11,19 +11,10 @@ from typing import Any, TextIO
 
 import click
 
-from orchestrator import ab, attach, engines, experiment_host, failon, results
+from orchestrator import ab, attach, engines, experiment_host, failon, planlimits, results
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
-from orchestrator.bench import (
-    BenchConfig,
-    Plan,
-    RunResult,
-    assumed_speed,
-    claimed_speed,
-    plan,
-    request_items,
-    sim_speed,
-)
+from orchestrator.bench import BenchConfig, Plan, RunResult, request_items
 from orchestrator.cli.complete import profile_names
 from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import (
@@ -164,24 +155,18 @@ def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> r
     )
     engines.check_use(profiles, bench.endpoint, simulate=kw["sim"])
     # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built.
-    speeds = [sim_speed(p.env_dict() | p.sim_env(), p.server_flags()) for p in profiles] if kw["sim"] else []
-    calibrated = bool(speeds) and all(s is not None for s in speeds)
-    # A real engine's speed is unknown before it runs, unless every profile claims one (expect.tok_s).
-    claims = [p.expect.tok_s if p.expect else None for p in profiles]
-    claimed = not calibrated and all(c is not None for c in claims)
-    if calibrated:
-        arms = [s for s in speeds if s is not None]
-    elif claimed:
-        arms = [claimed_speed(c) for c in claims if c is not None]
-    else:
-        arms = [assumed_speed()] * len(profiles)
     auto = sequential_plan(kw)
-    work = plan(bench, arms, blocks=auto.max_blocks if auto else kw["blocks"], calibrated=calibrated, claimed=claimed)
-    least = plan(bench, arms, blocks=auto.min_blocks, calibrated=calibrated, claimed=claimed) if auto else None
-    reporter_for(kw).event(work.line(least))
-    refusal = work.refusal()
-    if refusal:
-        raise click.UsageError(refusal)
+    try:
+        work = planlimits.checked_plan(
+            bench,
+            profiles,
+            blocks=auto.max_blocks if auto else kw["blocks"],
+            sim=kw["sim"],
+            least_blocks=auto.min_blocks if auto else None,
+            show=reporter_for(kw).event,
+        )
+    except planlimits.PlanError as e:
+        raise click.UsageError(str(e)) from None
     short = work.too_short()
     if short:
         click.echo(f"WARNING: {short}", err=True)
@@ -293,6 +278,8 @@ def resume_experiment(store: Store, ref: str, profile_names: tuple[str, ...], kw
     for option, name in (("stall_timeout", "stall_timeout_s"), ("first_token_timeout", "first_token_timeout_s")):
         if option_given(option):
             bench = dataclasses.replace(bench, **{name: kw[option]})
+    # A stored experiment meets the limits a new one does (its row may come from an import, or an older orch).
+    planlimits.checked_plan(bench, profiles, blocks=stored_blocks(exp), sim=bool(exp["simulated"]))
     request_items(bench)  # run_ab checks the experiment can be resumed, under the host lock
     if option_given("workdir") and stored.get("workdir") and kw["workdir"] != stored["workdir"]:
         # Its logs (and the launches' log paths stored with the experiment) live in the workdir.
@@ -306,6 +293,14 @@ def resume_experiment(store: Store, ref: str, profile_names: tuple[str, ...], kw
     return execute(
         store, profiles, bench, bool(exp["simulated"]), bool(stored.get("strict_env")), host_spec, kw, exp["id"]
     )
+
+
+def stored_blocks(exp: dict[str, Any]) -> int:
+    """The most blocks a stored experiment's design may run (with --blocks auto: its maximum)."""
+    if not exp.get("design_json"):
+        return 1
+    design = results.Design.from_dict(json.loads(exp["design_json"]))
+    return design.auto.max_blocks if design.auto is not None else design.blocks
 
 
 def ab_config(kw: dict[str, Any], bench: BenchConfig, sim: bool, strict_env: bool) -> ABConfig:

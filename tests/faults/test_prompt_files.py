@@ -1,0 +1,90 @@
+"""Prompt files: regular files only, a size cap, streamed reads; never a hang on a FIFO or a read of a device."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import prompts
+from orchestrator.cli import main
+from orchestrator.errors import PromptFileError
+from tests.conftest import FAST_SIM, WriteProfile, free_port
+from tests.faults.support import FAST, assert_plain, run
+
+PROFILE = {"engine": "sglang", "model_path": "/models/m", "tp_size": 1, "ready_timeout_s": 30, "sim": FAST_SIM}
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO with no writer would block the open (and then the read) forever: refused before either, exit 2. The
+    subprocess timeout only bounds a hang; it asserts no speed."""
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "p.yaml").write_text(yaml.safe_dump({**PROFILE, "port": free_port()}))
+    fifo = tmp_path / "prompts.jsonl"
+    os.mkfifo(fifo)
+    out = run("bench", "p", "--sim", "--prompts", str(fifo), *FAST, "--db", str(tmp_path / "r.db"), cwd=tmp_path,
+              timeout=120)  # fmt: skip
+    assert out.rc == 2, out.text
+    assert f"{fifo}: not a regular file but a FIFO" in out.err and "a prompt file is a JSONL file on disk" in out.err
+    assert "launched" not in out.text
+    assert_plain(out.text)
+    # A bundle is read the same way: `orch import FIFO` refuses instead of waiting for a writer.
+    shown = run("import", str(fifo), "--db", str(tmp_path / "r.db"), cwd=tmp_path, timeout=120)
+    assert shown.rc == 2 and "not a regular file but a FIFO" in shown.err and "not a result bundle" in shown.err
+    assert_plain(shown.text)
+
+
+def test_a_device_or_directory_is_refused_before_reading(
+    write_profile: WriteProfile, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/dev/zero never ends: a device is refused by what it is, not by what reading it gives. /dev/null (which ends at
+    once, so the test cannot run away) stands for it."""
+    path = write_profile("p", **{**PROFILE, "port": free_port()})
+    for source, kind in (("/dev/null", "a device"), (str(tmp_path), "a directory")):
+        assert main(["bench", str(path), "--sim", "--prompts", source, "--db", str(tmp_path / "r.db")]) == 2
+        err = capsys.readouterr().err
+        assert f"{source}: not a regular file but {kind}; a prompt file is a JSONL file on disk" in err, err
+        assert "Traceback" not in err
+
+
+def test_a_file_over_the_cap_is_refused_before_reading(tmp_path: Path) -> None:
+    """A sparse file (no disk used) one byte over the cap: refused by its size, in the words profiles and bundles
+    use, before a byte is read."""
+    big = tmp_path / "big.jsonl"
+    big.touch()
+    os.truncate(big, prompts.MAX_FILE_BYTES + 1)
+    cap = f"larger than {prompts.MAX_FILE_BYTES // 2**20} MiB; is this really a prompt file?"
+    with pytest.raises(PromptFileError, match=cap.replace("?", r"\?")):
+        prompts.request_sequence(str(big), 1, seed=0)
+    with pytest.raises(PromptFileError, match=cap.replace("?", r"\?")):
+        prompts.load_jsonl(str(big))
+
+
+def test_a_large_set_is_sampled_as_the_whole_pool_would_be(tmp_path: Path) -> None:
+    """Streaming keeps only the chosen prompts, yet sends exactly what shuffling the whole pool sends (the recorded
+    requests_sha256 of older experiments depends on it), blank lines, CRLF and U+2028 in a prompt included."""
+    f = tmp_path / "p.jsonl"
+    lines = [
+        '{"prompt": "a\u2028b"}',
+        "",
+        '{"prompt": "two", "category": "x"}\r',
+        '{"messages": [{"role": "user", "content": "three"}]}',
+    ]
+    lines += [f'{{"prompt": "p{i}"}}' for i in range(40)]
+    f.write_text("\n".join(lines), encoding="utf-8")
+    pool = prompts.load_jsonl(str(f))
+    assert len(pool) == 43 and pool[0].text == "a\u2028b"
+    for n, seed in ((1, 0), (43, 3), (100, 7)):
+        rng = random.Random(f"prompts:{seed}")
+        order: list[prompts.PromptItem] = []
+        while len(order) < n:
+            batch = pool[:]
+            rng.shuffle(batch)
+            order.extend(batch)
+        assert prompts.request_sequence(str(f), n, seed=seed) == order[:n]
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\n{"prompt": 3}\n')
+    with pytest.raises(PromptFileError, match=r"bad.jsonl:2: needs \"prompt\""):
+        prompts.request_sequence(str(tmp_path / "bad.jsonl"), 1, seed=0)

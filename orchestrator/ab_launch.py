@@ -190,12 +190,14 @@ HEALTH_TIMEOUT_S = 5.0
 def describe_env(report: server.EnvReport) -> list[str]:
     """Human lines for an env check: one per differing variable, grouping the processes it differs in."""
     if report.ok:
-        lines = [f"env check ok: every profile variable reached all {report.processes} processes"]
+        where = "the server's one process" if report.processes == 1 else f"all {report.processes} processes"
+        lines = [f"env check ok: every profile variable reached {where}"]
     else:
         groups: dict[tuple[str, str, str | None, str], list[int]] = {}
         for m in report.mismatches:
             groups.setdefault((m.var, m.expected, m.actual, m.note), []).append(m.pid)
-        lines = [f"ENV MISMATCH in {len({m.pid for m in report.mismatches})} of {report.processes} processes:"]
+        noun = "process" if report.processes == 1 else "processes"
+        lines = [f"ENV MISMATCH in {len({m.pid for m in report.mismatches})} of {report.processes} {noun}:"]
         for (var, want, got, note), pids in sorted(groups.items()):
             actual = "missing" if got is None else f"={got}"
             pid_list = ", ".join(str(p) for p in pids)

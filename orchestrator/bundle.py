@@ -130,7 +130,7 @@ def _launch(store: Store, row: dict[str, Any]) -> dict[str, Any]:
     per_run: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
     for r in store.requests(row["launch_id"]):
         per_run.setdefault((r["run_warmup"], r["run_concurrency"], r["run_idx"]), []).append(
-            {k: r[k] for k in REQUEST_FIELDS}
+            {k: r[k] for k in REQUEST_FIELDS if k != "arrivals_s"} | {"arrivals_s": _loads(r.get("arrivals_json"))}
         )
     runs = []
     for r in store.runs(row["launch_id"]):
@@ -284,8 +284,9 @@ def import_bundle(store: Store, bundle: Mapping[str, Any], source: str = "") -> 
             runs.append(run_row)
             for req in run["per_request"]:
                 requests.append(
-                    {k: req.get(k) for k in REQUEST_FIELDS}
+                    {k: req.get(k) for k in REQUEST_FIELDS if k != "arrivals_s"}
                     | {
+                        "arrivals_json": None if req.get("arrivals_s") is None else json.dumps(req["arrivals_s"]),
                         "launch_id": launch["launch_id"],
                         "run_warmup": warmup,
                         "run_concurrency": run["concurrency"],

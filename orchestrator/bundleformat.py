@@ -94,6 +94,7 @@ REQUEST_FIELDS = {
     "chunks": "int?",
     "accept_length": "num?",
     "error": "str?",
+    "arrivals_s": "list?",  # the token-arrival profile (store column arrivals_json); absent from older bundles
 }
 # Counts, durations and rates: a negative one is no measurement (and breaks the log-scale statistics).
 NOT_NEGATIVE = frozenset(
@@ -329,6 +330,8 @@ def _check_content(content: Any, where: str) -> None:
                 )
             for k, req in enumerate(run["per_request"]):
                 _check(req, REQUEST_FIELDS, f"{at}.runs[{j}].per_request[{k}]")
+                if req.get("arrivals_s") is not None and not all(_type_ok(t, "num") for t in req["arrivals_s"]):
+                    raise BundleError(f"{at}.runs[{j}].per_request[{k}].arrivals_s: expected a list of seconds")
             _unique([r["idx"] for r in run["per_request"]], f"{at}.runs[{j}]", "request index")
         _unique([(bool(r["warmup"]), r["concurrency"], r["idx"]) for r in launch["runs"]], at, "run")
     _unique(ids, f"{where}: content.launches", "launch id")

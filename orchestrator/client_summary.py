@@ -27,6 +27,28 @@ def itl_samples(rec: Record) -> list[float]:
     return out
 
 
+# The token-arrival profile kept per request: when 0 %, 10 %, ..., 100 % of its output tokens had arrived.
+ARRIVAL_STEPS = 10
+
+
+def arrival_profile(rec: Record) -> list[float] | None:
+    """Seconds from the request's start until each tenth of its tokens had arrived (11 values, the first the TTFT,
+    the last the final token): the shape of the stream in a fixed, small size, whatever the number of tokens."""
+    times = [t for t, _ in rec.arrivals]
+    cumulative: list[float] = []
+    for _, k in rec.arrivals:
+        cumulative.append((cumulative[-1] if cumulative else 0.0) + k)
+    if not cumulative or cumulative[-1] <= 0:
+        return None
+    total, out, i = cumulative[-1], [], 0
+    for step in range(ARRIVAL_STEPS + 1):
+        want = total * step / ARRIVAL_STEPS
+        while i < len(cumulative) - 1 and (cumulative[i] < want or cumulative[i] <= 0):
+            i += 1
+        out.append(round(times[i] - rec.start, 6))
+    return out
+
+
 def _dist(values: list[float]) -> dict[str, float | None]:
     return {
         "mean": sum(values) / len(values) if values else None,
@@ -146,6 +168,7 @@ def summarize_run(
                 "drafted": r.drafted,
                 "accepted": r.accepted,
                 "error": r.error,
+                "arrivals_s": arrival_profile(r),
             }
             for r in records
         ],

@@ -109,6 +109,11 @@ def launch_points(fig_id: str, arms: Sequence[ArmLaunches], ylabel: str) -> str:
                 )
         ax.set_xticks(range(len(arms)), [a.label for a in arms])
         ax.set_xlim(-0.6, len(arms) - 0.2)
+        # From zero, so heights compare honestly; a small gap then looks small, and the ratio plot shows its size.
+        ax.set_ylim(0, None)
+        if len(arms) > 1:
+            title = "y axis from 0; each arm's median is marked, the ratio plot shows the difference with its CI"
+            ax.set_title(title, fontsize=8, loc="right")
         ax.set_ylabel(ylabel)
         ax.grid(axis="x", visible=False)
 
@@ -168,33 +173,35 @@ def ratio_intervals(fig_id: str, rows: Sequence[RatioRow], min_effect: float) ->
 
 @dataclass(frozen=True)
 class Timeline:
-    """One run of one arm: per request (ttft, e2e, tokens) in seconds; sequential when they ran one after another."""
+    """One run of one arm: per request its token-arrival profile (seconds from its start at 0 %, 10 %, ..., 100 %
+    of its tokens), its end-to-end seconds and its tokens; sequential when the requests ran one after another."""
 
     label: str
     index: int
-    requests: Sequence[tuple[float, float, int]]
+    requests: Sequence[tuple[Sequence[float], float, int]]
     sequential: bool
 
 
 def token_timelines(fig_id: str, lines: Sequence[Timeline]) -> str:
-    """Tokens received against time: flat until the first token, then a straight line to the last (only those two
-    instants of each request are stored)."""
+    """Tokens received against time, through the measured instants at each tenth of every request's tokens."""
 
     def draw(fig: Figure) -> None:
         ax = fig.subplots()
         for line in lines:
             color, start, total = arm_color(line.index), 0.0, 0
-            for n, (ttft, e2e, tokens) in enumerate(line.requests):
+            for n, (profile, e2e, tokens) in enumerate(line.requests):
                 base = total if line.sequential else 0
-                xs = [start, start + ttft, start + e2e]
-                ys = [base, base, base + tokens]
-                ax.plot(xs[:2], ys[:2], color=color, linewidth=1.5, label=line.label if n == 0 else None)
-                ax.plot(xs[1:], ys[1:], color=color, linewidth=1.5, linestyle=(0, (4, 2)))
-                ax.scatter(xs[1:], ys[1:], color=color, s=14, zorder=3)
+                steps = len(profile) - 1
+                xs = [start + t for t in profile]
+                ys = [base + tokens * k / steps for k in range(steps + 1)]
+                label = line.label if n == 0 else None
+                ax.plot(xs, ys, color=color, linewidth=1.3, marker="o", markersize=2.5, label=label)
                 if line.sequential:
                     start, total = start + e2e, total + tokens
         ax.set_xlabel("seconds since the run's first request was sent")
         ax.set_ylabel("output tokens received")
+        ax.set_xlim(0, None)
+        ax.set_ylim(0, None)
         ax.legend(fontsize=8)
 
     return _render(fig_id, (8.0, 3.4), draw)

@@ -125,7 +125,7 @@ class Tracker:
     started: float = 0.0
     launch_since: float | None = None
     durations: list[float] = field(default_factory=list)
-    tokens: int = 0  # output tokens of this launch's finished runs
+    tokens: int = 0  # output tokens of this launch's finished warmups and runs (the view adds the one in flight)
     last: RunResult | None = None
 
     def __post_init__(self) -> None:
@@ -158,6 +158,8 @@ class Tracker:
     def finished(self, run: RunResult) -> None:
         self.tokens += run.tokens
         self.last = run
+        # The host's last heartbeat of this run stays fresh a few seconds: it must not count again as in flight.
+        _REMOTE["active"] = 0.0
 
     def per_launch_s(self) -> float | None:
         return sum(self.durations) / len(self.durations) if self.durations else None

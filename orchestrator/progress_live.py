@@ -148,11 +148,12 @@ class LiveReporter(PlainReporter):
             text.append(f" (at most {d['timeout_s']:.0f}s)")
         elif p == "lock wait" and d.get("holder"):
             text.append(f" ({d['holder']})")
-        flight = progress.live_run() if p == "run" else None
-        if flight is not None and flight[1] > 0:
+        flight = progress.live_run() if p in ("warmup", "run") else None
+        if p == "run" and flight is not None and flight[1] > 0:
             text.append(f"  {flight[0]:.0f} tokens, {flight[0] / flight[1]:.1f} tok/s so far", style="green")
         if p in ("warmup", "run") and t.tokens:
-            text.append(f"  {t.tokens} tokens so far this launch")
+            # Every token of the launch: its finished warmups and runs, and the one in flight.
+            text.append(f"  {t.tokens + (flight[0] if flight else 0):.0f} tokens so far this launch")
             if t.last is not None and not t.last.warmup:
                 text.append(f", last run {t.last.tok_s:.1f} tok/s")
         return text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import html
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -75,6 +76,19 @@ def _complete(rows: Sequence[Mapping[str, Any]]) -> list[tuple[float, float, int
     ]
 
 
+def _arrivals(rows: Sequence[Mapping[str, Any]]) -> list[tuple[Sequence[float], float, int]]:
+    """Each complete request's token-arrival profile (seconds from its start at 0 %, 10 %, ..., 100 % of its tokens),
+    end-to-end time and tokens; none for requests stored before orch kept the profile."""
+    out: list[tuple[Sequence[float], float, int]] = []
+    for r in sorted(rows, key=lambda r: r.get("index") or 0):
+        profile = r.get("arrivals_s")
+        if profile is None and r.get("arrivals_json"):
+            profile = json.loads(r["arrivals_json"])
+        if not r.get("error") and profile and r.get("e2e_s") is not None and r.get("tokens"):
+            out.append(([float(t) for t in profile], float(r["e2e_s"]), int(r["tokens"])))
+    return out
+
+
 def _runs(arm: ArmResult, level: int) -> list[tuple[LaunchResult, RunResult]]:
     return [(launch, r) for launch in arm.launches for r in launch.timed_at(level)]
 
@@ -138,23 +152,29 @@ def _timeline_figure(result: ABResult, level: int, requests: Requests) -> str:
     lines, missing = [], []
     for i, arm in enumerate(result.arms):
         pick = _representative(arm, level)
-        done = _complete(_request_rows(pick[1], pick[0], requests)) if pick else []
+        done = _arrivals(_request_rows(pick[1], pick[0], requests)) if pick else []
         if pick and done:
             launch, run = pick
             label = f"{arm.label} (block {launch.block + 1}, run {run.index + 1}: {run.tok_s:.1f} tok/s)"
             lines.append(plots.Timeline(label, i, done, sequential=run.concurrency == 1))
         else:
             missing.append(arm.label)
-    gap = "" if not missing else f" No per-request data stored for {', '.join(missing)}."
+    gap = (
+        ""
+        if not missing
+        else f" No token-arrival profiles stored for {', '.join(missing)} (stored by orch before they were kept, or "
+        "imported from a bundle)."
+    )
     if not lines:
         return f'<p class="note" id="fig-tokens-missing">Tokens over time: not available.{_e(gap)}</p>'
     seq = all(t.sequential for t in lines)
     return _figure(
         "fig-tokens",
         plots.token_timelines("fig-tokens", lines),
-        f"Output tokens over time in one run of each arm at concurrency {level} (the run closest to the arm's "
-        "median). orch stores per-request summaries, not each token's arrival: the points are measured (first "
-        "token at TTFT, last token at the end of the request); the dashed line between them is drawn straight. "
+        f"Output tokens received over time in one run of each arm at concurrency {level} (the run closest to the "
+        "arm's median). Each point is measured: when 0%, 10%, ..., 100% of a request's tokens had arrived (orch "
+        "keeps these 11 instants per request, not every token's); a steeper line is a faster stream, a step is a "
+        "pause or a burst. "
         + (
             "Requests are laid end to end (they ran one after another; the short gaps between them are not stored)."
             if seq

@@ -486,7 +486,8 @@ class Store:
             )
             c.executemany(
                 "INSERT INTO requests (launch_id, run_warmup, run_concurrency, run_idx, idx, tokens, prompt_tokens,"
-                " ttft_s, e2e_s, chunks, accept_length, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " ttft_s, e2e_s, chunks, accept_length, error, arrivals_json)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         *key,
@@ -498,6 +499,7 @@ class Store:
                         r.get("chunks"),
                         r.get("accept_length"),
                         r.get("error"),
+                        None if r.get("arrivals_s") is None else json.dumps(r["arrivals_s"]),
                     )
                     for r in run.get("per_request") or []
                 ],

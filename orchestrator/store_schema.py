@@ -162,6 +162,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX night_items_by_item ON night_items(item, host);
     """,
+    # 8: each request's token-arrival profile (seconds from its start until 0 %, 10 %, ..., 100 % of its tokens had
+    # arrived, as JSON): the report's tokens-over-time plot draws it. NULL for requests stored before.
+    """
+    ALTER TABLE requests ADD COLUMN arrivals_json TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

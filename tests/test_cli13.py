@@ -194,7 +194,17 @@ def test_validate_takes_names_and_files_and_lists_every_problem(
         "env.1BAD",
     ]
     assert "did you mean 'model_path'?" in problems[0] and "did you mean 'num_steps'?" in problems[3]
-    assert "invalid no profile named 'nope'" in lines[-2] and lines[-1] == "invalid gone.yaml: no such file"
+    assert lines[-2].startswith("invalid nope: no such profile; profiles: ")
+    assert lines[-1] == "invalid gone.yaml: no such file"
+
+
+def test_validate_says_a_mistyped_name_is_no_profile_and_offers_the_close_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["profiles", "validate", "eagle3-3stp"]) == 2
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("invalid eagle3-3stp: no such profile (did you mean 'eagle3-3step'?); profiles: "), line
+    assert "baseline, " in line and "eagle3-3step" in line.rsplit("profiles: ", 1)[1]
 
 
 def test_problems_across_an_extends_chain_and_after_the_merge(write_profile: WriteProfile) -> None:

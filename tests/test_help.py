@@ -51,3 +51,26 @@ def test_ab_json_answers_in_json_when_it_fails(capsys: pytest.CaptureFixture[str
     code = main(["ab", "no-such-profile", "baseline", "--sim", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 2 and doc["status"] == "error" and doc["exit_code"] == 2 and "no-such-profile" in doc["error"]
+
+
+def _commands(group: click.Group, ctx: click.Context, path: tuple[str, ...] = ()) -> list[tuple[str, click.Command]]:
+    found: list[tuple[str, click.Command]] = []
+    for name in group.list_commands(ctx):
+        sub = group.get_command(ctx, name)
+        assert sub is not None, name
+        found.append((" ".join((*path, name)), sub))
+        if isinstance(sub, click.Group):
+            found += _commands(sub, click.Context(sub, parent=ctx, info_name=name), (*path, name))
+    return found
+
+
+def test_every_option_of_every_command_has_help() -> None:
+    commands = _commands(cli, click.Context(cli, info_name="orch"))
+    assert {"down", "list", "hosts check", "compare"} <= {name for name, _ in commands}
+    bare = [
+        f"{('orch ' + name).strip()} {param.opts[0]}"
+        for name, command in [("", cli), *commands]
+        for param in command.params
+        if isinstance(param, click.Option) and not param.hidden and not (param.help or "").strip()
+    ]
+    assert bare == []

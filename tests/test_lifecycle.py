@@ -133,6 +133,18 @@ def test_env_check_catches_vars_that_did_not_reach_the_workers(sim_profiles: Sim
     _nothing_left()
 
 
+def test_env_check_lines_agree_in_number() -> None:
+    assert describe_env(server.EnvReport(processes=1)) == [
+        "env check ok: every profile variable reached the server's one process"
+    ]
+    assert describe_env(server.EnvReport(processes=3)) == [
+        "env check ok: every profile variable reached all 3 processes"
+    ]
+    gone = server.EnvMismatch(pid=7, cmdline="server", var="NCCL_ALGO", expected="Ring", actual=None)
+    assert describe_env(server.EnvReport(processes=1, mismatches=(gone,)))[0] == "ENV MISMATCH in 1 of 1 process:"
+    assert describe_env(server.EnvReport(processes=2, mismatches=(gone,)))[0] == "ENV MISMATCH in 1 of 2 processes:"
+
+
 def test_strict_env_fails_the_arm(sim_profiles: SimProfiles, tmp_path: Path) -> None:
     prof = load(str(sim_profiles(sim={"drop_env": "NCCL_PROTO"})["baseline"]))
     store = Store(tmp_path / "r.db")

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from orchestrator import progress
 from orchestrator.bench import RunResult
 from orchestrator.report import SIM_BANNER
@@ -184,3 +186,30 @@ def test_plain_reporter_quiet_keeps_errors_on_stderr(tmp_path: Path) -> None:
     out.seek(0), err.seek(0)
     assert out.read() == ""
     assert STAMP.sub("", err.read()) == "a: TEARDOWN FAILED: the agent is gone\n"
+
+
+def _run(index: int, warmup: bool, tokens: int) -> RunResult:
+    return RunResult(index=index, warmup=warmup, tokens=tokens, seconds=1.0, tok_s=tokens, prompt_tokens=8, ttft_s=0.01)
+
+
+def test_live_panel_counts_every_token_of_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from orchestrator.progress_live import LiveReporter
+
+    view = LiveReporter(io.StringIO())
+    view.tracker.update("slot", {"n": 1, "total": 2, "block": 1, "blocks": 1, "arm": "baseline"})
+    view.tracker.finished(_run(0, True, 128))
+    monkeypatch.setattr(progress, "live_run", lambda: (1100.0, 1.3))
+    view.tracker.update("run", {"index": 0, "of": 2})
+    text = view.phase_text().plain
+    # the run in flight has 1,100 tokens; the launch has those and the warmup's 128
+    assert "1100 tokens, 846.2 tok/s so far" in text and "1228 tokens so far this launch" in text, text
+
+
+def test_a_finished_run_is_no_longer_in_flight_on_a_remote_host() -> None:
+    tracker = progress.Tracker()
+    progress.remote_live({"active": 1, "tokens": 500, "elapsed": 1.0})  # the host's last heartbeat of the run
+    assert progress.live_run() == (500.0, 1.0)
+    tracker.finished(_run(0, False, 512))
+    assert progress.live_run() is None  # counted once, as finished

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,8 @@ import pytest
 from orchestrator.ab import ABConfig, run_ab
 from orchestrator.bench import BenchConfig, RunResult
 from orchestrator.cli import main
+from orchestrator.client_requests import Record
+from orchestrator.client_summary import arrival_profile
 from orchestrator.hosts.local import LocalHost
 from orchestrator.profile import load
 from orchestrator.report import comparison_line
@@ -145,6 +148,17 @@ def test_simulated_ab_report_renders_in_chromium(write_profile: WriteProfile, tm
     chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,2400", out.as_uri())
     assert png_size(shot) == (1200, 2400) and shot.stat().st_size > 30_000  # plots drew something
 
+    # every stored request has its token-arrival profile: 11 instants from the first token to the last
+    stored = Store(db)
+    rows = [r for la in result.launches for r in stored.requests(la.launch_id) if not r["run_warmup"]]
+    stored.close()
+    assert rows and all(r["arrivals_json"] for r in rows)
+    for r in rows:
+        profile = json.loads(r["arrivals_json"])
+        assert len(profile) == 11 and profile == sorted(profile), profile
+        assert abs(profile[0] - r["ttft_s"]) < 1e-3 and profile[-1] <= r["e2e_s"] + 1e-6
+    assert "y axis from 0" in text  # the tok/s plot starts at zero and says so
+
     # the live result (per-request data in the runs) gives the same figures
     assert set(FIGURES) <= set(parse(ab_html(result)).figures)
     # export --format html of a result bundle (read without importing it: its per-request rows come along)
@@ -164,7 +178,14 @@ def _hand_built(
     for b in range(blocks):
         for k, name in enumerate(names):
             per_request = tuple(
-                {"index": j, "tokens": 256, "ttft_s": 0.02 * (j + 1), "e2e_s": 3.0 + 0.1 * j, "error": None}
+                {
+                    "index": j,
+                    "tokens": 256,
+                    "ttft_s": 0.02 * (j + 1),
+                    "e2e_s": 3.0 + 0.1 * j,
+                    "error": None,
+                    "arrivals_s": [0.02 * (j + 1) + 0.29 * k for k in range(11)],
+                }
                 for j in range(concurrency if concurrency > 1 else 0)
             )
             runs = tuple(
@@ -197,7 +218,7 @@ def test_what_is_not_stored_is_said_not_drawn() -> None:
     self_contained(text)
     dom = parse(text)
     assert "fig-tokens" not in dom.figures and "fig-tokens-missing" in dom.ids
-    assert "No per-request data stored for base, new" in text
+    assert "No token-arrival profiles stored for base, new" in text
     assert "one point per run (the run&#x27;s median)" in text and "not the raw inter-token samples" in text
     assert dom.figures.get("fig-ratios") and "banner-simulated" not in dom.ids
     assert dom.verdicts and "FASTER" in dom.verdicts[0]
@@ -247,3 +268,57 @@ def test_help_does_not_import_matplotlib() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("False") and "--html" in proc.stdout
+
+
+def test_arrival_profile_is_when_each_tenth_of_the_tokens_had_arrived() -> None:
+    rec = Record(index=0, start=1.0, max_tokens=10)
+    rec.arrivals = [(1.2, 0), (1.5, 1), (1.6, 1), (1.7, 4), (2.0, 4)]  # an empty first chunk, then a burst of 4
+    assert arrival_profile(rec) == [0.5, 0.5, 0.6, 0.7, 0.7, 0.7, 0.7, 1.0, 1.0, 1.0, 1.0]
+    rec.arrivals = []
+    assert arrival_profile(rec) is None
+
+
+def test_token_plot_draws_the_stored_profile_and_the_tok_s_axis_starts_at_zero() -> None:
+    text = ab_html(_hand_built(("base", "new"), concurrency=2))
+    # one line per request through its 11 measured instants, not two points joined by a straight line
+    figure = text[text.index('<figure id="fig-tokens"') : text.index("</figure>", text.index('id="fig-tokens"'))]
+    assert "when 0%, 10%, ..., 100% of a request&#x27;s tokens had arrived" in figure
+    tok_s = text[text.index('<figure id="fig-tok-s-c2"') : text.index('<figure id="fig-ratios"')]
+    ticks = re.findall(r">(\d+(?:\.\d+)?)</text>", tok_s)
+    assert "0" in ticks, ticks  # the y axis has its zero
+    assert "y axis from 0; each arm's median is marked" in tok_s
+
+
+def test_a_store_from_before_the_arrival_profiles_is_upgraded_and_still_reported(tmp_path: Path) -> None:
+    import sqlite3
+
+    from orchestrator.store_schema import MIGRATIONS
+
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    for migration in MIGRATIONS[:7]:  # the last schema without requests.arrivals_json
+        conn.executescript(migration)
+    conn.execute("PRAGMA user_version = 7")
+    conn.execute(
+        "INSERT INTO experiments (id, kind, created_at, status, simulated, host, arms_json, config_json, orch_version)"
+        " VALUES ('e-1', 'ab', 1.0, 'complete', 0, 'box', '[\"base\", \"new\"]', '{}', 'old')"
+    )
+    conn.execute(
+        "INSERT INTO launches (launch_id, experiment_id, arm_index, profile, profile_json, argv_json, env_json,"
+        " started_at, status) VALUES ('base-0', 'e-1', 0, 'base', '{}', '[]', '{}', 0, 'complete')"
+    )
+    conn.execute(
+        "INSERT INTO requests (launch_id, run_warmup, run_concurrency, run_idx, idx, tokens, ttft_s, e2e_s)"
+        " VALUES ('base-0', 0, 1, 0, 0, 256, 0.02, 3.0)"
+    )
+    conn.commit()
+    conn.close()
+    store = Store(db)
+    try:
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] >= 8
+        rows = store.requests("base-0")
+    finally:
+        store.close()
+    assert rows[0]["arrivals_json"] is None and rows[0]["tokens"] == 256
+    text = ab_html(_hand_built(("base", "new"), blocks=1), {"base-0": rows})
+    assert "fig-tokens-missing" in parse(text).ids and "No token-arrival profiles stored for base, new" in text

@@ -24,7 +24,7 @@ from orchestrator.bench import BenchConfig
 from orchestrator.errors import HostError
 from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.inventory import load_inventory, parse_target
-from orchestrator.hosts.ssh import SSHHost
+from orchestrator.hosts.ssh import SSHHost, keyscan_command
 from orchestrator.profile import load
 from orchestrator.store import Store
 from tests import fake_nvidia_smi
@@ -125,6 +125,30 @@ def test_parse_target() -> None:
 
 
 # ------------------------------------------------------------------ host keys
+
+
+def test_keyscan_hint_names_the_real_port_and_host(tmp_path: Path) -> None:
+    known = tmp_path / "known hosts"
+    assert keyscan_command("gpu-box", 22, known) == f"ssh-keyscan gpu-box >> '{known}'"
+    assert keyscan_command("10.1.2.3", 2222, known) == f"ssh-keyscan -p 2222 10.1.2.3 >> '{known}'"
+
+
+def test_unknown_host_key_hint_is_a_command_that_works(
+    sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(sshd.ssh_config.read_text().replace(str(sshd.known_hosts), str(known)))
+    monkeypatch.setenv("ORCH_SSH_CONFIG", str(cfg))
+    box = HostConfig(name="testbox", address="testbox", python=sys.executable, workdir=str(tmp_path / "w"))
+    with pytest.raises(HostError) as refused:
+        SSHHost(box)
+    hint = str(refused.value).split("e.g. ", 1)[1]
+    assert hint == f"ssh-keyscan -p {sshd.port} 127.0.0.1 >> {known}"
+    subprocess.run(["bash", "-c", hint], check=True, capture_output=True, timeout=60)
+    with SSHHost(box) as host:  # the hint, run as printed, is all it took
+        assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
 
 
 def test_unknown_host_key_is_refused_then_accepted_on_request(

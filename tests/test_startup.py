@@ -292,7 +292,30 @@ def _before_tree(tmp_path: Path) -> Path:
 
 def test_the_orch_before_the_indexes_still_reads_and_writes_an_indexed_store(tmp_path: Path) -> None:
     db = tmp_path / "new.db"
-    _stored(db, "20260101-000000-aaaa")
+    before = _before_tree(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(before)}
+    # At the schema version that orch understands (a later version is refused by design, indexes or not), with
+    # the indexes this orch adds: they are what must not get in the older orch's way.
+    version = subprocess.run(
+        [sys.executable, "-c", "from orchestrator.store import SCHEMA_VERSION; print(SCHEMA_VERSION)"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    conn = sqlite3.connect(db)
+    for migration in MIGRATIONS[: int(version)]:
+        conn.executescript(migration)
+    conn.execute(f"PRAGMA user_version = {int(version)}")
+    for sql in INDEXES.values():
+        conn.execute(sql)
+    conn.execute(
+        "INSERT INTO experiments (id, kind, created_at, status, simulated, host, arms_json, config_json, orch_version)"
+        " VALUES ('20260101-000000-aaaa', 'ab', 1.0, 'complete', 1, 'h', '[\"a\", \"b\"]', '{}', 't')"
+    )
+    conn.execute(
+        "INSERT INTO launches (launch_id, experiment_id, arm_index, profile, profile_json, argv_json, env_json,"
+        " started_at, status) VALUES ('L1', '20260101-000000-aaaa', 0, 'a', '{}', '[]', '{}', 0, 'complete')"
+    )
+    conn.commit()
+    conn.close()
     assert set(INDEXES) <= _indexes(db)
     script = (
         "import sys\nfrom orchestrator.store import Store\ns = Store(sys.argv[1])\n"
@@ -304,7 +327,6 @@ def test_the_orch_before_the_indexes_still_reads_and_writes_an_indexed_store(tmp
         "s.update_launch('L2', status='complete')\ns.finish_experiment('20260102-000000-bbbb', 'complete')\n"
         "print(len(s.experiments()))"
     )
-    env = {**os.environ, "PYTHONPATH": str(_before_tree(tmp_path))}
     old = subprocess.run(
         [sys.executable, "-c", script, str(db)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )

@@ -15,7 +15,7 @@ from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.hostlist import entry_line, group_entry, host_entry
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
-from orchestrator.cli.options import db_option, with_host_options
+from orchestrator.cli.options import db_option, host_options, with_host_options
 from orchestrator.experiment_host import acquire_host_lock
 from orchestrator.hosts import open_reachable, resolve_host
 from orchestrator.hosts.base import Host, default_namespace
@@ -27,7 +27,13 @@ from orchestrator.store import default_path as default_db_path
 
 @click.command("down")
 @with_host_options
-@click.option("--grace", default=10.0, show_default=True, type=FiniteFloat(0, 600))
+@click.option(
+    "--grace",
+    default=10.0,
+    show_default=True,
+    type=FiniteFloat(0, 600),
+    help="Seconds each server gets between SIGTERM and SIGKILL.",
+)
 @click.option(
     "--force",
     is_flag=True,
@@ -200,7 +206,7 @@ def hosts_group() -> None:
 
 
 @hosts_group.command("list", cls=JsonCommand)
-@click.option("--inventory", type=click.Path(dir_okay=False), default=None)
+@host_options()[0]  # --inventory
 @json_option
 def hosts_list(inventory: str | None, as_json: bool) -> None:
     """Hosts in the inventory: SSH hosts (where orch will connect), Slurm entries (what orch asks Slurm for) and
@@ -222,8 +228,8 @@ def hosts_list(inventory: str | None, as_json: bool) -> None:
 
 @hosts_group.command("check", cls=JsonCommand)
 @click.argument("host_spec", metavar="HOST")
-@click.option("--inventory", type=click.Path(dir_okay=False), default=None)
-@click.option("--accept-new-host-key", is_flag=True)
+@host_options()[0]  # --inventory
+@host_options()[1]  # --accept-new-host-key
 @json_option
 def hosts_check(host_spec: str, inventory: str | None, accept_new_host_key: bool, as_json: bool) -> None:
     """Connect and report what matters for a benchmark, one ok/warn/fail line each; exits 1 on any fail.

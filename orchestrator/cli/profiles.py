@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+from pathlib import Path
 from typing import Any
 
 import click
 import yaml
 
-from orchestrator import engines
+from orchestrator import engines, yamlfile
 from orchestrator import profile as profiles_mod
 from orchestrator.cli.base import EXIT_USAGE
 from orchestrator.cli.complete import profile_names
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.engines.base import OPTIONAL_FIELDS
 from orchestrator.errors import ProfileError
+from orchestrator.fields import did_you_mean
 from orchestrator.redaction import redact, redact_argv
 
 REDACTED_MARK = "<redacted hmac:"
@@ -127,14 +130,36 @@ def profiles_validate(profiles: tuple[str, ...]) -> None:
     problem of a file, not just the first); exits 2 (invalid input) if any is invalid."""
     bad = 0
     for ref in profiles:
+        missing = _missing_name(ref)
+        if missing:
+            bad += 1
+            click.echo(f"invalid {missing}")
+            continue
         try:
             prof = profiles_mod.validate_file(ref)
         except ProfileError as e:
             bad += 1
             for problem in profiles_mod.problems_of(e):
-                click.echo(f"invalid {problem}")
+                click.echo(f"invalid {_named(ref, problem)}")
             continue
         # A name says which file it found; a file says which profile name it has.
         click.echo(f"ok      {ref} ({prof.source if ref == prof.name else prof.name})")
     if bad:
         raise SystemExit(EXIT_USAGE)
+
+
+def _missing_name(ref: str) -> str | None:
+    """A NAME that no profile has, said as `NAME: no such profile (did you mean X?); profiles: ...`."""
+    path = Path(ref)
+    if yamlfile.is_file(path) or path.suffix in (".yaml", ".yml") or os.sep in ref:
+        return None  # a file: validate_file says what is wrong with it
+    known = sorted(profiles_mod.available())
+    if ref in known:
+        return None
+    return f"{ref}: no such profile{did_you_mean(ref, known)}; profiles: {', '.join(known) or 'none'}"
+
+
+def _named(ref: str, problem: str) -> str:
+    """Each line starts with what it is about: a problem that does not name its file gets the NAME|FILE given."""
+    head = problem.split(": ", 1)[0]
+    return problem if head == ref or head.endswith((".yaml", ".yml")) else f"{ref}: {problem}"

@@ -168,7 +168,8 @@ def verdict_out(result: ABResult, key: str, doc: dict[str, Any], text: str, as_j
 @db_option
 @click.option("--tolerance", default="3%", show_default=True, callback=parse_tolerance,
               help="How far B may be from A and still count as the same.")  # fmt: skip
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "md"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md"]), default="text", show_default=True,
+              help="text for a terminal, json for scripts, md (Markdown) for an issue or a pull request.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 def compare_cmd(a: str, b: str, db: str | None, tolerance: float, fmt: str, as_json: bool) -> None:
     """Two experiments side by side: B judged against A per arm (tok/s, TTFT, ITL, accept length, with CIs) and per

@@ -25,7 +25,9 @@ if TYPE_CHECKING:
 
 @click.command("list", cls=JsonCommand)
 @db_option
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 100000))
+@click.option(
+    "--limit", default=20, show_default=True, type=click.IntRange(1, 100000), help="Show at most this many experiments."
+)
 @json_option
 def list_cmd(db: str | None, limit: int, as_json: bool) -> None:
     """Stored experiments, newest first: id, when, status, host, arms, launches done of planned."""

@@ -106,12 +106,19 @@ def known_hosts_name(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
+def keyscan_command(host: str, port: int, known_hosts: Path) -> str:
+    """The shell line that adds a host's keys to known_hosts (ssh-keyscan writes `[host]:port` itself off port 22)."""
+    port_arg = "" if port == 22 else f"-p {port} "
+    return f"ssh-keyscan {port_arg}{shlex.quote(host)} >> {shlex.quote(str(known_hosts))}"
+
+
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
     """Unknown keys are refused (with the fingerprint and how to accept), unless accept-new was asked for."""
 
-    def __init__(self, accept_new: bool, known_hosts: Path) -> None:
+    def __init__(self, accept_new: bool, known_hosts: Path, host: str, port: int) -> None:
         self.accept_new = accept_new
         self.known_hosts = known_hosts
+        self.keyscan = keyscan_command(host, port, known_hosts)
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         fp = fingerprint(key)
@@ -119,7 +126,7 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             raise HostError(
                 f"unknown host key for {hostname}: {key.get_name()} {fp}. Check this fingerprint with the host's "
                 f"administrator, then accept it with --accept-new-host-key (adds it to {self.known_hosts}) or "
-                f"add it yourself, e.g. ssh-keyscan -p PORT HOST >> {self.known_hosts}"
+                f"add it yourself, e.g. {self.keyscan}"
             )
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
         with self.known_hosts.open("a") as f:
@@ -247,7 +254,7 @@ class SSHHost(Host):
                 client.load_host_keys(str(ep.known_hosts))
             except (OSError, paramiko.SSHException) as e:
                 raise HostError(f"{ep.known_hosts}: cannot read known hosts: {e}") from e
-        client.set_missing_host_key_policy(_HostKeyPolicy(self._accept_new, ep.known_hosts))
+        client.set_missing_host_key_policy(_HostKeyPolicy(self._accept_new, ep.known_hosts, ep.hostname, ep.port))
         try:
             client.connect(
                 ep.hostname,

@@ -37,13 +37,16 @@ def test_status_summary_is_one_line_per_launch() -> None:
     now = launch_started(new)
     assert now is not None
     launches = summarize(procs, {new: "eagle3-3step"}, now=now + 75)
+    # The store was read and does not know the old launch, which names no profile itself: another store's.
     assert [x["launch_id"] for x in launches] == [old, new]  # oldest first
     latest = launches[1]
     assert latest["pid"] == 10 and latest["ports"] == [8000] and latest["processes"] == 3
     assert latest["profile"] == "eagle3-3step" and latest["age_s"] == 75
     lines = table(launches)
     assert lines[0].split() == ["profile", "launch", "PID", "port", "age", "state"]
-    assert lines[1].split()[:5] == ["?", old, "20", "-", "1h01m"]
+    assert lines[1].split()[:7] == ["(another", "results", "store)", old, "20", "-", "1h01m"]
+    # The store could not be read: unknown, not "another store's".
+    assert table(summarize(procs, None, now=now + 75))[1].split()[:2] == ["?", old]
     assert "not listening yet, in use by a running orch session" in lines[1]
     assert lines[2].split()[:5] == ["eagle3-3step", new, "10", "8000", "1m15s"]
     assert "serving, left behind: its orch session is gone (`orch down` stops it)" in lines[2]
@@ -55,7 +58,7 @@ def test_status_profiles_come_from_the_database_and_never_fail(tmp_path: Path) -
     db = tmp_path / "r.db"
     assert stored_profiles(db, ["a"]) == {}  # no file
     db.write_text("not a database")
-    assert stored_profiles(db, ["a"]) == {}
+    assert stored_profiles(db, ["a"]) is None  # it cannot say
     db.unlink()
     conn = sqlite3.connect(db)
     conn.execute("CREATE TABLE launches (launch_id TEXT, profile TEXT)")
@@ -82,7 +85,8 @@ def test_status_of_a_live_launch(sim_profiles: SimProfiles, capsys: Capsys, tmp_
             time.sleep(0.2)
         lines = [line for line in out.splitlines() if launched.launch_id in line]
         assert len(lines) == 1, out  # the workers of the launch are not listed one by one
-        assert lines[0].split()[:4] == ["?", launched.launch_id, str(launched.pid), str(prof.port)]
+        # The launch names its profile itself (ORCH_PROFILE), although this store never recorded it.
+        assert lines[0].split()[:4] == ["baseline", launched.launch_id, str(launched.pid), str(prof.port)]
         assert "-v lists each" in out
         assert main(["status", "-v"]) == 0
         out = capsys.readouterr().out

@@ -56,7 +56,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
              "An experiment's report from the store (ID: an id, a unique prefix, or 'last'); partial ones too."),
     "status": ("orchestrator.cli.hosts:status_cmd",
                "What orch launched on the host and is still running: one line per launch (profile, launch id, PID, "
-               "port, age, state), then GPU memory. The profile names come from the results database (--db)."),
+               "port, age, state), then GPU memory. The profile names come from the results database (--db), else "
+               "from the launch itself (orch names it in the launch's environment); a launch of an older orch "
+               "recorded in another database shows \"(another results store)\"."),
     "whatif": ("orchestrator.cli.whatif:whatif_cmd",
                "Predict accept length, cycle time and tok/s at every draft step count from the ones an experiment "
                "measured."),

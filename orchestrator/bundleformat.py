@@ -11,7 +11,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__, planlimits, prompts
+from orchestrator import __version__, files, planlimits
 from orchestrator.bench import BenchConfig
 from orchestrator.errors import BundleError
 from orchestrator.stats_seq import SequentialPlan
@@ -156,9 +156,9 @@ def read_bundle(path: str | Path) -> dict[str, Any]:
     """A bundle file, checked (format, version, digest, every field) before anyone uses it."""
     where = str(path)
     try:
-        with prompts.open_regular(path) as f:
+        with files.open_regular(path) as f:
             data = f.read(MAX_BUNDLE_BYTES + 1)
-    except prompts.NotRegularFile as e:
+    except files.NotRegularFile as e:
         raise BundleError(f"{where}: {e}, not a result bundle") from None
     except OSError as e:
         raise BundleError(f"{where}: cannot read the bundle: {e.strerror or e}") from e

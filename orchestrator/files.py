@@ -1,4 +1,5 @@
-"""Output files: one rule for every file orch writes where the user says, checked before any work and again on write."""
+"""Files at a path the user gives: one rule for every file orch writes (checked before any work and again on write),
+and input files opened so that a FIFO or a device cannot hang or flood the read."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from orchestrator.errors import InputError, StoreError
 
@@ -165,4 +166,28 @@ def _replace(target: Output, text: str) -> None:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+class NotRegularFile(OSError):
+    """Not a regular file (a FIFO, a device, a directory): reading it could block forever or never end."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(f"not a regular file but {kind}")
+        self.kind = kind
+
+
+def open_regular(path: str | Path) -> BinaryIO:
+    """The file opened for reading, refused with NotRegularFile before a byte is read if it is a FIFO, a device
+    (/dev/zero) or a directory. Opened without blocking, so a FIFO with no writer cannot hang the open itself."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+            raise NotRegularFile(next((k for test, k in kinds if test(mode)), "a device"))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
         raise

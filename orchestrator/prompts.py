@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from orchestrator import files
 from orchestrator.errors import BenchError, PromptFileError
 from orchestrator.fields import did_you_mean
 
@@ -127,35 +127,11 @@ def random_items(n: int, input_len: int, seed: int, vocab: int = 32000) -> list[
 MAX_FILE_BYTES = 256 * 1024 * 1024
 
 
-class NotRegularFile(OSError):
-    """Not a regular file (a FIFO, a device, a directory): reading it could block forever or never end."""
-
-    def __init__(self, kind: str) -> None:
-        super().__init__(f"not a regular file but {kind}")
-        self.kind = kind
-
-
-def open_regular(path: str | Path) -> BinaryIO:
-    """The file opened for reading, refused with NotRegularFile before a byte is read if it is a FIFO, a device
-    (/dev/zero) or a directory. Opened without blocking, so a FIFO with no writer cannot hang the open itself."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
-            raise NotRegularFile(next((k for test, k in kinds if test(mode)), "a device"))
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
-
-
 def _item_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
     """(line number, byte offset, line) of every line of a prompt file, read as a stream of at most MAX_FILE_BYTES."""
     try:
-        f = open_regular(path)
-    except NotRegularFile as e:
+        f = files.open_regular(path)
+    except files.NotRegularFile as e:
         raise PromptFileError(f"{path}: {e}; a prompt file is a JSONL file on disk") from None
     except OSError as e:
         raise PromptFileError(f"{path}: cannot read the prompt file: {e.strerror or e}") from e
@@ -224,7 +200,7 @@ def _sample_jsonl(path: str, n: int, seed: int) -> list[PromptItem]:
     wanted = {i: offsets[i] for i in sorted(set(chosen))}
     by_index: dict[int, PromptItem] = {}
     try:
-        f = open_regular(path)
+        f = files.open_regular(path)
     except OSError as e:
         raise PromptFileError(f"{path}: cannot read the prompt file again: {e.strerror or e}") from e
     with f:

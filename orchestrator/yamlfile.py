@@ -9,6 +9,7 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node
 
+from orchestrator import files
 from orchestrator.errors import InputError
 from orchestrator.fields import key_name
 
@@ -74,8 +75,10 @@ def is_file(path: Path) -> bool:
 def load(path: Path, error: type[InputError], what: str) -> Any:
     """Parse one YAML file; every problem is `error` naming the file (and the line where YAML knows it)."""
     try:
-        with path.open("rb") as f:
+        with files.open_regular(path) as f:  # a FIFO or /dev/zero named as a profile must not hang or flood orch
             raw = f.read(MAX_BYTES + 1)
+    except files.NotRegularFile as e:
+        raise error(f"{path}: {e}; a {what} is a YAML file on disk") from None
     except OSError as e:
         raise error(f"{path}: cannot read: {e.strerror or e}") from e
     if len(raw) > MAX_BYTES:

@@ -88,3 +88,20 @@ def test_a_large_set_is_sampled_as_the_whole_pool_would_be(tmp_path: Path) -> No
     (tmp_path / "bad.jsonl").write_text('{"prompt": "ok"}\n{"prompt": 3}\n')
     with pytest.raises(PromptFileError, match=r"bad.jsonl:2: needs \"prompt\""):
         prompts.request_sequence(str(tmp_path / "bad.jsonl"), 1, seed=0)
+
+
+def test_a_profile_or_hosts_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Profiles and hosts files are YAML read through the same opening as prompt files: a FIFO named as one is
+    refused (exit 2, naming it) instead of blocking orch until someone writes to it."""
+    fifo = tmp_path / "p.yaml"
+    os.mkfifo(fifo)
+    out = run("profiles", "show", str(fifo), cwd=tmp_path, timeout=120)
+    assert out.rc == 2, out.text
+    assert f"{fifo}: not a regular file but a FIFO (named pipe); a profile is a YAML file on disk" in out.err, out.err
+    assert_plain(out.text)
+    hosts = tmp_path / "hosts.yaml"
+    os.mkfifo(hosts)
+    out = run("hosts", "list", "--inventory", str(hosts), cwd=tmp_path, timeout=120)
+    assert out.rc == 2, out.text
+    assert f"{hosts}: not a regular file but a FIFO (named pipe)" in out.err, out.err
+    assert_plain(out.text)

@@ -105,7 +105,10 @@ def main() -> None:
     ap.add_argument("--min-effect", type=float, default=0.02)
     ap.add_argument("--boot", type=int, default=1000, help="bootstrap resamples per CI (orch uses 4000)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="a few experiments per cell: that it runs, not its figures")
     args = ap.parse_args()
+    if args.smoke:
+        args.experiments, args.blocks, args.boot = 3, [3], 100
     rng = random.Random(args.seed)
     print(
         f"{args.experiments} experiments per cell; restart noise {pct(args.restart_sd)}, run noise "

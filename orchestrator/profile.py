@@ -214,7 +214,7 @@ def resolve_path(name_or_path: str, cwd: Path | None = None) -> Path:
     """A path if it names a file, else NAME looked up in search_dirs()."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        if yamlfile.is_file(p) or p.exists():
+        if yamlfile.is_file(p) or yamlfile.exists(p):
             return p  # something that is no regular file (a FIFO) is refused by the read, saying what it is
         raise ProfileError(f"{name_or_path}: no such profile file")
     if not NAME_RE.match(name_or_path):

@@ -72,6 +72,14 @@ def is_file(path: Path) -> bool:
         return False
 
 
+def exists(path: Path) -> bool:
+    """Path.exists() that answers False instead of raising for names the OS refuses (too long, NUL bytes)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
+
 def load(path: Path, error: type[InputError], what: str) -> Any:
     """Parse one YAML file; every problem is `error` naming the file (and the line where YAML knows it)."""
     try:

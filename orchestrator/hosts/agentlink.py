@@ -107,7 +107,7 @@ class AgentLink:
 # imports nothing else (tests/test_hostside.py runs it, and the client, from these files alone).
 SHIPPED_MODULES = (
     "client", "client_requests", "client_stream", "client_metrics", "client_summary", "streamparse",
-    "redaction", "processes", "hostfacts", "hostwait", "teardown", "hostlock", "stats",
+    "redaction", "processes", "hostfacts", "hostwait", "teardown", "hostlock", "stats", "stopsignals",
 )  # fmt: skip
 
 

@@ -76,7 +76,7 @@ def _load(explicit: str | None) -> tuple[dict[str, HostConfig], dict[str, HostGr
     for: a file whose only entries are invalid groups must be refused, not read as "no hosts"."""
     for path in inventory_paths(explicit):
         if not yamlfile.is_file(path):
-            if explicit and path.exists():
+            if explicit and yamlfile.exists(path):
                 yamlfile.load(path, InventoryError, "host inventory")  # no regular file: refused, saying what it is
             if explicit:
                 raise InventoryError(f"{path}: no such host inventory file")

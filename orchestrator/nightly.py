@@ -22,7 +22,7 @@ from orchestrator.hostlock import op_lock, op_unlock
 from orchestrator.hosts import open_host, resolve_host
 from orchestrator.hosts.base import LOCK_DIR, HostConfig, default_namespace
 from orchestrator.hosts.inventory import HostGroup, load_groups, load_inventory, parse_target
-from orchestrator.nightresult import ItemReport, NightReport, SeriesVerdict, item_status, judge
+from orchestrator.nightresult import ItemReport, NightReport, SeriesVerdict, item_status, judge, rerun_note
 from orchestrator.processes import HostSideError
 from orchestrator.progress import run_line
 from orchestrator.redaction import scrub
@@ -401,7 +401,13 @@ class NightRunner:
                     provenance={
                         "host_spec": item.host,
                         "namespace": config.namespace,
-                        "nightly": {"night_id": self.night_id, "suite": self.suite.name, "item": item.name},
+                        # `orch list` shows the experiment as the night's (its night_at is --now's, when given).
+                        "nightly": {
+                            "night_id": self.night_id,
+                            "suite": self.suite.name,
+                            "item": item.name,
+                            "night_at": self.night_at,
+                        },
                     },
                 )
         finally:
@@ -437,15 +443,17 @@ class NightRunner:
         expect = item.profiles[0].expect if len(item.profiles) == 1 else None
         relative = failon.fail_on_verdict(result, item.fail_on, expect=expect) if item.fail_on else None
         status = item_status(verdicts, relative is not None and relative.exit_code == 3)
-        history.record_item(
-            self.store, self.night_id, item, status="complete", experiments=experiments, error=None, series=series,
-            envs=envs, simulated=item.sim, decisions={v.value.series: v.decision() for v in verdicts},
-        )  # fmt: skip
         comparisons = tuple(c.to_dict() for level in result.levels for c in result.comparisons_at(level))
         mismatch = result.node_mismatch()  # allow_node_mismatch: true let nodes that differ launch
         report = ItemReport(
             item.name, item.host, item.kind, item.sim, status, tuple(experiments), None, tuple(verdicts), comparisons,
             relative.to_dict() if relative else None, time.monotonic() - began, (mismatch,) if mismatch else (),
+        )  # fmt: skip
+        # `orch history` says a night that paged under fail_on as such, on every series of the item.
+        hit = {"fail_on": text} if (text := report.fail_on_text()) else {}
+        history.record_item(
+            self.store, self.night_id, item, status="complete", experiments=experiments, error=None, series=series,
+            envs=envs, simulated=item.sim, decisions={v.value.series: v.decision() | hit for v in verdicts},
         )  # fmt: skip
         self.on_event(f"[{item.name}] done in {report.seconds:.0f}s: {status}")
         return report
@@ -506,18 +514,8 @@ class NightRunner:
         for v in series:
             verdict = judge(v, past, tonight, self.suite.min_history)
             before = next((x for x in verdicts if x.value.series == v.series), None)
-            after = rerun.get(v.series)
             if before is not None and before.status == "regression":
-                first_change = _pct(before.assessment.change)
-                second_change = _pct(after.assessment.change if after else None)
-                if after is not None and after.status == "regression":
-                    status, note = "regression", f"confirmed by a re-run: {first_change}, then {second_change}"
-                else:
-                    status = "ok"
-                    note = (
-                        f"not confirmed: the first measurement was {first_change}, a re-run from fresh state "
-                        f"{second_change}; both are kept"
-                    )
+                status, note = rerun_note(before, rerun.get(v.series))
                 verdict = dataclasses.replace(verdict, status=status, note=note)
             elif verdict.status == "regression":
                 verdict = dataclasses.replace(verdict, status="ok", note="a regression only in the pooled value")
@@ -543,10 +541,6 @@ class NightRunner:
         return ItemReport(
             item.name, item.host, item.kind, item.sim, status, experiments, error, seconds=time.monotonic() - began
         )
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:+.1f} %"
 
 
 def _holder(h: dict[str, Any]) -> str:

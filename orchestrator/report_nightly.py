@@ -9,11 +9,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import changepoint, history
-from orchestrator.nightresult import ItemReport, NightReport, SeriesVerdict, judge, series_env_ids
+from orchestrator.nightresult import (
+    ItemReport,
+    NightReport,
+    SeriesVerdict,
+    describe_changes,
+    judge,
+    pct,
+    series_env_ids,
+)
 from orchestrator.report import SIM_BANNER
 
 LABELS = {
     "regression": "**REGRESSION**",
+    "fail_on": "**FAIL-ON**",
     "failed": "**FAILED**",
     "timeout": "**TIMED OUT**",
     "interrupted": "**INTERRUPTED**",
@@ -74,10 +83,6 @@ def building(a: changepoint.Assessment) -> str:
     return f"building history: night {a.nights} of this environment, verdicts from night {a.needed}"
 
 
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:+.1f} %"
-
-
 def series_text(s: SeriesVerdict) -> str:
     """`baseline tok/s 77.2 [76.9, 77.5]: -6.0 % vs 82.1 (threshold 3 %)` and what decided it."""
     v, a = s.value, s.assessment
@@ -104,17 +109,53 @@ def comparison_text(c: dict[str, Any]) -> str:
     )
 
 
+def env_text(series: Sequence[SeriesVerdict]) -> str:
+    """An item's environment step: each distinct difference once (with the arms that had it), then what each
+    series measured against the level before the step."""
+    changes = [c for s in series for c in s.changes]
+    arms = list(dict.fromkeys(a for s in series for a in s.value.env_arms))
+    if changes:
+        head = describe_changes(changes, arms)
+    else:  # verdicts made without their differences: their notes, each once
+        head = "; ".join(dict.fromkeys(s.note or "see orch history" for s in series))
+    moved = []
+    for s in series:
+        v, a = s.value, s.assessment
+        ratio = "/" in v.arm
+        value = f"{fmt_value(v.value, v.metric, ratio)}{fmt_ci(v.lo, v.hi, v.metric, ratio)}"
+        before = f" vs {fmt_value(a.baseline, v.metric, ratio)} before" if a.baseline is not None else ""
+        moved.append(f"{series_label(v)} {value}: {pct(a.change)}{before}")
+    return f"{head}; " + ", ".join(moved)
+
+
+def item_label(r: ItemReport) -> str:
+    """`**FAIL-ON slower**` for an item that pages only because tonight's A/B is what its fail_on names."""
+    if r.status == "fail_on":
+        return f"**FAIL-ON {','.join(r.fail_on_hit) or '?'}**"
+    return LABELS.get(r.status, r.status)
+
+
 def item_line(r: ItemReport) -> str:
-    label = LABELS.get(r.status, r.status)
+    label = item_label(r)
     where = f"`{r.item}` ({r.host}{', SIMULATED' if r.simulated else ''})"
     if r.status in ("failed", "timeout", "skipped") or (r.status == "interrupted" and not r.series):
         return f"- {label} {where}: {first_line(r.error)}"
-    decisive = [s for s in r.series if s.status in ("regression", "environment", "improvement") or s.note]
-    parts = [series_text(s) for s in decisive]
-    failed_relative = bool(r.fail_on and r.fail_on.get("exit_code") == 3)
-    if failed_relative and r.fail_on:
-        # A failed check's text carries the ratio and its CI.
-        parts += [f"fail_on {c['mode']}: {c['reason']}" for c in r.fail_on.get("checks") or [] if c["exit_code"] == 3]
+    envs = [s for s in r.series if s.status == "environment"]
+    decisive = [s for s in r.series if s.status in ("regression", "improvement") or (s.note and s not in envs)]
+    parts = ([env_text(envs)] if envs else []) + [series_text(s) for s in decisive]
+    decisive += envs
+    failed_relative = bool(r.fail_on_hit)
+    if failed_relative:
+        # A failed check's text carries the ratio and its CI; "tonight's A/B" because no history is involved.
+        for c in (r.fail_on or {}).get("checks") or []:
+            if c["exit_code"] != 3:
+                continue
+            # A FAIL-ON label for one mode names it already; under REGRESSION the hit is said as what it is.
+            if r.status != "fail_on":
+                lead = f"FAIL-ON {c['mode']}, "
+            else:
+                lead = f"{c['mode']}, " if len(r.fail_on_hit) > 1 else ""
+            parts.append(f"{lead}tonight's A/B: {c['reason']}")
     else:
         headline = [c for c in r.comparisons if c.get("concurrency") == r.comparisons[0].get("concurrency")]
         parts += [comparison_text(c) for c in headline[:3]]
@@ -164,6 +205,7 @@ class HistoryRow:
     night: history.ItemNight
     value: history.SeriesValue | None
     verdict: SeriesVerdict | None  # what that night's judgement was, from the nights before it
+    fail_on: str | None = None  # tonight's A/B failed the item's fail_on (`slower: …`): that night paged FAIL-ON
 
 
 @dataclass(frozen=True)
@@ -191,7 +233,8 @@ def series_history(nights: Sequence[history.ItemNight], series: str, min_history
             # What the night said (a confirmation re-run's outcome included), not a recomputation.
             verdict = dataclasses.replace(verdict, status=decided.get("status") or verdict.status,
                                           note=decided.get("note") or "")  # fmt: skip
-        rows.append(HistoryRow(night, value, verdict))
+        hit = (decided or {}).get("fail_on")
+        rows.append(HistoryRow(night, value, verdict, hit if isinstance(hit, str) else None))
         past.append(night)
     latest = next((r.value for r in reversed(rows) if r.value is not None), None)
     valued = [(r.night, r.value) for r in rows if r.value is not None]
@@ -238,6 +281,8 @@ def history_text(item: str, host: str, shown: Sequence[SeriesHistory]) -> str:
                 status = f"{building(verdict.assessment)}"
             if verdict.note:
                 status += f": {verdict.note}"
+            if row.fail_on:
+                status += f"; FAIL-ON {row.fail_on}"
             marks = []
             if i in steps:
                 st = steps[i]
@@ -289,6 +334,7 @@ def history_json(
                         "status": r.verdict.status if r.verdict else None,
                         "change": r.verdict.assessment.change if r.verdict else None,
                         "note": (r.verdict.note or None) if r.verdict else None,
+                        "fail_on": r.fail_on,
                     }
                     for r in s.rows
                 ],

@@ -22,6 +22,7 @@ from tests.test_failon import fingerprint as make_fingerprint
         ("complete", ["ok", "failed"], 1),
         ("deadline", ["timeout", "skipped"], 1),
         ("complete", ["regression", "failed"], 3),  # the regression is what pages; the summary lists the failure
+        ("complete", ["fail_on", "ok"], 3),  # tonight's A/B under fail_on pages too, told apart from a regression
         ("deadline", ["regression", "skipped"], 3),
         ("interrupted", ["regression", "skipped"], 130),
         ("complete", [], 0),
@@ -46,7 +47,9 @@ def test_an_items_status_is_its_worst_series() -> None:
     assert nightresult.item_status([v("ok"), v("improvement")], False) == "improvement"
     assert nightresult.item_status([v("building"), v("building")], False) == "building"
     assert nightresult.item_status([v("building"), v("ok")], False) == "building"  # a metric added lately
-    assert nightresult.item_status([v("ok")], True) == "regression"  # tonight's A/B under fail_on
+    assert nightresult.item_status([v("ok")], True) == "fail_on"  # tonight's A/B under fail_on: no history in it
+    assert nightresult.item_status([v("building")], True) == "fail_on"  # night 1 pages, but is no regression
+    assert nightresult.item_status([v("regression")], True) == "regression"  # the line says both
     assert nightresult.item_status([], False) == "ok"
 
 
@@ -142,7 +145,11 @@ def test_markdown_lines() -> None:
         value, dataclasses.replace(a, status="environment"), "environment", "engine: a -> b"
     )
     line = report_nightly.item_line(_report("environment", series=(env,)))
-    assert "- **environment change** `check` (gpu-box): engine: a -> b; check tok/s -6.0 % (check tok/s 77.2" in line
+    assert (
+        line
+        == "- **environment change** `check` (gpu-box): engine: a -> b; check tok/s 77.2 [76.9, 77.5]: -6.0 % vs 82.1 "
+        "before"
+    )
 
 
 def test_a_series_too_noisy_for_its_threshold_is_said_on_its_line() -> None:
@@ -200,3 +207,96 @@ def test_multi_node_nights_share_one_environment_whatever_port_each_drew() -> No
     shown = report_nightly.series_history([*past, tonight], "a:tok_s", None)
     assert shown.overall is not None and not [s for s in shown.overall.steps if s.kind == "environment"]
     assert all(r.verdict is not None and r.verdict.status != "environment" for r in shown.rows)
+
+
+SLOWER = {
+    "modes": ["slower"], "status": "fail", "exit_code": 3, "reasons": [],
+    "checks": [{"mode": "slower", "status": "fail", "exit_code": 3,
+                "reason": "eagle3 is slower than baseline (ratio 0.730, 95% CI 0.722-0.738)"}],
+}  # fmt: skip
+
+
+def test_a_fail_on_hit_is_labelled_fail_on_not_regression() -> None:
+    value = history.SeriesValue("baseline:tok_s", "baseline", "tok_s", 82.2, 82.0, 82.4, 3, 0.03, True, "e",
+                                ("baseline",))  # fmt: skip
+    first = changepoint.Assessment("building", (), None, None, None, None, (), 1, 6)
+    r = nightresult.ItemReport(
+        "eagle3-vs-baseline", "gpu-box", "ab", False, "fail_on",
+        series=(nightresult.SeriesVerdict(value, first, "building"),), fail_on=SLOWER,
+    )  # fmt: skip
+    line = report_nightly.item_line(r)
+    assert line.startswith(
+        "- **FAIL-ON slower** `eagle3-vs-baseline` (gpu-box): tonight's A/B: eagle3 is "
+        "slower than baseline (ratio 0.730, 95% CI 0.722-0.738); baseline tok/s 82.2"
+    ), line
+    assert "REGRESSION" not in line
+    doc = r.to_dict()
+    assert doc["status"] == "fail_on" and doc["fail_on_hit"] == ["slower"]
+    night = nightresult.NightReport("n1", "s", "s.yaml", 0.0, 0.0, 1.0, "complete", (r,))
+    assert night.exit_code == 3 and night.to_dict()["counts"] == {"fail_on": 1}
+    assert "1 item(s): 1 FAIL-ON; exit 3" in report_nightly.night_markdown(night)
+    # A regression against history and a fail_on hit on one item: REGRESSION, and the line says the hit as well.
+    a = changepoint.Assessment("regression", (), None, 82.1, -0.06, 0.01, (), 9, 6)
+    both = dataclasses.replace(r, status="regression", series=(nightresult.SeriesVerdict(value, a, "regression"),))
+    line = report_nightly.item_line(both)
+    assert line.startswith("- **REGRESSION** ") and "FAIL-ON slower, tonight's A/B: eagle3 is slower" in line
+
+
+def test_history_says_a_night_that_paged_under_fail_on() -> None:
+    def night(n: int, decision: dict[str, Any]) -> history.ItemNight:
+        v = history.SeriesValue("a:tok_s", "a", "tok_s", 80.0 + 0.1 * n, None, None, 1, 0.03, True, "k", ("a",), 3)
+        return history.ItemNight(f"n{n}", float(n), "s", "complete", None, (), (v,), {"a": {}}, True,
+                                 {"a:tok_s": decision})  # fmt: skip
+
+    hit = "slower: eagle3 is slower than baseline (ratio 0.730, 95% CI 0.722-0.738)"
+    nights = [night(0, {"status": "building", "fail_on": hit}), night(1, {"status": "building"})]
+    shown = report_nightly.series_history(nights, "a:tok_s", None)
+    rows = [x for x in report_nightly.history_text("ab", "gpu-box", [shown]).splitlines() if "building" in x]
+    assert rows[0].endswith(f"verdicts from night 4; FAIL-ON {hit}") and "FAIL-ON" not in rows[1], rows
+    doc = report_nightly.history_json("ab", "gpu-box", [shown], nights)
+    assert [n["fail_on"] for n in doc["series"][0]["nights"]] == [hit, None]
+
+
+def test_an_environment_step_says_each_difference_once() -> None:
+    def verdict(series: str, arms: tuple[str, ...], change: float) -> nightresult.SeriesVerdict:
+        value = history.SeriesValue(series, "/".join(arms), "tok_s", 61.3, 61.0, 61.6, 3, 0.03, True, "e", arms)
+        a = changepoint.Assessment("environment", (), None, 64.0, change, 0.01, (), 1, 6)
+        changes = tuple((arm, d) for arm in arms for d in ("engine version: 0.5.9 -> 0.5.10", "sglang: 0.5.9 -> "
+                                                                 "0.5.10"))  # fmt: skip
+        note = nightresult.describe_changes(changes, arms)
+        return nightresult.SeriesVerdict(value, a, "environment", note, changes)
+
+    series = (verdict("b:tok_s", ("b",), -0.042), verdict("e:tok_s", ("e",), -0.04),
+              verdict("e/b:tok_s", ("e", "b"), 0.002))  # fmt: skip
+    assert series[2].note == "engine version: 0.5.9 -> 0.5.10 (both arms); sglang: 0.5.9 -> 0.5.10 (both arms)"
+    line = report_nightly.item_line(_report("environment", series=series))
+    assert line.count("engine version: 0.5.9 -> 0.5.10") == 1 and line.count("sglang") == 1, line
+    assert "engine version: 0.5.9 -> 0.5.10 (both arms); sglang: 0.5.9 -> 0.5.10 (both arms); b tok/s 61.3" in line
+    assert "b tok/s 61.3 [61.0, 61.6]: -4.2 % vs 64.0 before" in line
+    # A difference only one arm had says which; more than three distinct ones are counted, not listed.
+    assert nightresult.describe_changes([("e", "profile x: 1 -> 2")], ("b", "e")) == "profile x: 1 -> 2 (e only)"
+    many = [("b", f"d{i}: 1 -> 2") for i in range(5)]
+    assert nightresult.describe_changes(many, ("b",)).endswith("; and 2 more (orch compare shows them all)")
+
+
+def test_a_re_run_that_does_not_confirm_says_what_it_measured_and_why() -> None:
+    value = history.SeriesValue("b:tok_s", "b", "tok_s", 77.0, None, None, 3, 0.03, True, "e", ("b",))
+
+    def verdict(status: str, change: float, noise: float) -> nightresult.SeriesVerdict:
+        return nightresult.SeriesVerdict(
+            value, changepoint.Assessment(status, (), None, 80.0, change, noise, (), 10, 6), status
+        )
+
+    first = verdict("regression", -0.061, 0.016)
+    status, note = nightresult.rerun_note(first, verdict("regression", -0.059, 0.016))
+    assert (status, note) == ("regression", "confirmed by a re-run: -6.1 %, then -5.9 %")
+    # -4.0 % against a 3 % threshold, not confirmed: because one night must also be 3 noise units off.
+    status, note = nightresult.rerun_note(first, verdict("ok", -0.040, 0.016))
+    assert status == "ok", note
+    assert note == (
+        "not confirmed: the first measurement was -6.1 %, a re-run from fresh state -4.0 %, beyond the 3 % "
+        "threshold but not significant: a single night counts only 3 noise units off the level (1.6 % night to "
+        "night here, so about -4.9 %); both are kept"
+    )
+    _, note = nightresult.rerun_note(first, verdict("ok", -0.012, 0.016))
+    assert note.endswith("a re-run from fresh state -1.2 %, that is within the 3 % threshold; both are kept")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import datetime
 
 import click
 
-from orchestrator import files, report_nightly
+from orchestrator import files, progress, report_nightly
 from orchestrator import history as history_mod
 from orchestrator import nightly as nightly_mod
 from orchestrator import suite as suite_mod
@@ -33,6 +34,14 @@ def parse_now(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return moment.timestamp()
 
 
+def stamp(msg: str) -> str:
+    """A progress line with the date and time it was said: cron appends the nightly's stderr to one log, night after
+    night, so a time of day alone would not say which night a line belongs to. Every line of a message that has
+    several (a server's log tail), so that grep finds each with its time."""
+    now = time.strftime("%Y-%m-%d %H:%M:%S ")
+    return "\n".join(now + line for line in msg.split("\n"))
+
+
 def _target(path: str | None, option: str, reading: tuple[str, ...]) -> files.Output | None:
     """Refuse an output file that cannot be written before the night, not after it (cron would lose the summary)."""
     return files.output_target(path, option, reading) if path else None
@@ -43,7 +52,7 @@ def _write(target: files.Output | None, text: str, what: str) -> None:
         try:
             files.write_output(target, text, what)
         except OrchError as e:  # the night is stored and its summary printed: a lost copy is no reason to fail it
-            click.echo(f"orch: {e}", err=True)
+            click.echo(f"orch: {e}" if progress.is_terminal(sys.stderr) else stamp(f"orch: {e}"), err=True)
 
 
 @click.command("nightly", cls=JsonCommand)
@@ -84,9 +93,10 @@ def nightly_cmd(
     item tonight (its A/B verdicts) and against its history (change points combined with the item's threshold;
     an environment change starts a new history instead of raising an alarm).
 
-    Prints a Markdown summary (one line per item) on stdout, progress on stderr. Exit 0: nothing regressed;
-    3: a regression; 1: an item could not run (or another night still held the machine); 2: invalid suite;
-    130: interrupted. See docs/nightly.md for the suite format, cron and systemd.
+    Prints a Markdown summary (one line per item) on stdout, progress on stderr (each line with its date and time
+    when stderr is not a terminal). Exit 0: nothing regressed; 3: a regression, or an item's fail_on hit; 1: an
+    item could not run (or another night still held the machine); 2: invalid suite; 130: interrupted. See
+    docs/nightly.md for the suite format, cron and systemd.
     """
     suite = suite_mod.load(suite_file)
     nightly_mod.check_hosts(suite)
@@ -117,8 +127,10 @@ def nightly_cmd(
         return
     store = Store(db)
 
+    stamped = not progress.is_terminal(sys.stderr)
+
     def event(msg: str) -> None:
-        click.echo(msg, err=True)
+        click.echo(stamp(msg) if stamped else msg, err=True)
 
     runner = nightly_mod.NightRunner(
         suite, store, now if now is not None else datetime.now().timestamp(), event, only=only

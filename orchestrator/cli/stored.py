@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 )
 @json_option
 def list_cmd(db: str | None, limit: int, as_json: bool) -> None:
-    """Stored experiments, newest first: id, when, status, host, arms, launches done of planned."""
+    """Stored experiments, newest first: id, when, status, host, arms, launches done of planned; an experiment of
+    `orch nightly` is tagged with its night's date and item."""
     store = open_existing(db)
     try:
         rows = [_list_row(r) for r in store.experiments(limit)]
@@ -53,7 +54,11 @@ def list_cmd(db: str | None, limit: int, as_json: bool) -> None:
                 " vs ".join(r["arms"]),
                 f"{r['launches_complete']}/{r['launches_planned']}",
                 str(r["blocks"]),
-                " ".join(word for word, on in (("SIMULATED", r["simulated"]), ("ATTACHED", r["attached"])) if on),
+                " ".join(
+                    word
+                    for word, on in (("SIMULATED", r["simulated"]), ("ATTACHED", r["attached"]), _night_tag(r))
+                    if on
+                ),
             ]
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
@@ -77,7 +82,24 @@ def _list_row(r: dict[str, Any]) -> dict[str, Any]:
         "blocks": blocks,
         "simulated": bool(r["simulated"]),
         "attached": _attached(r["config_json"]),
+        "night": _night(r["config_json"]),
     }
+
+
+def _night(config_json: str) -> dict[str, Any] | None:
+    """The night an experiment of `orch nightly` ran for (night_id, suite, item, night_at), else None."""
+    night = json.loads(config_json).get("nightly")
+    return night if isinstance(night, dict) else None
+
+
+def _night_tag(r: dict[str, Any]) -> tuple[str, bool]:
+    """`night 2026-11-30 ITEM`: the night's date (its --now, for a backfill) beside the time it really started."""
+    night = r["night"]
+    if not night:
+        return "", False
+    at = night.get("night_at")
+    when = time.strftime("%Y-%m-%d", time.localtime(at)) if isinstance(at, int | float) else night.get("night_id")
+    return f"night {when} {night.get('item', '?')}", True
 
 
 def _attached(config_json: str) -> bool:

@@ -6,7 +6,7 @@ by the caller and only carried here so that the renderers can put them under the
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,19 +41,30 @@ class ArmSide:
 
 @dataclass(frozen=True)
 class ArmRow:
-    label: str
+    label: str  # A's name of the arm (B's where only B has it)
     a: ArmSide | None  # None: the arm exists in b only
     b: ArmSide | None
     verdict: ReproVerdict | None  # b against a; None unless both sides have a tok/s
+    b_label: str | None = None  # B's own name of it, where --map paired arms of different names
+
+    @property
+    def shown(self) -> str:
+        return self.label if self.b_label is None else f"{self.label} (B: {self.b_label})"
 
 
 @dataclass(frozen=True)
 class RatioRow:
-    arm: str
+    arm: str  # A's names (as ArmRow.label)
     vs: str
     a: RatioEstimate | None
     b: RatioEstimate | None
     verdict: ReproVerdict | None
+    b_name: str | None = None  # "arm / vs" in B's names, where --map renamed either
+
+    @property
+    def shown(self) -> str:
+        name = f"{self.arm} / {self.vs}"
+        return name if self.b_name is None else f"{name} (B: {self.b_name})"
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,12 @@ class ExperimentComparison:
     causes: tuple[str, ...]  # fingerprint differences, most likely cause first (ranked by the caller)
     status: str
     reason: str  # one sentence: why this status
+    arm_map: tuple[tuple[str, str], ...] = ()  # (B's name, A's name) pairs given with --map
+
+    @property
+    def map_hint(self) -> str | None:
+        """The --map line that would pair the arms found on one side only, when they could be the same arms."""
+        return map_line(self.only_in_a, self.only_in_b)
 
     @property
     def only_in_a(self) -> list[str]:
@@ -126,13 +143,55 @@ def overall(
         return INCONCLUSIVE, "nothing to compare: no arm with valid runs on both sides"
     if open_ or missing:
         needs = [v.blocks_needed for _, v in items if v is not None and v.blocks_needed]
+        uncertain = [(n, v.recording_blocks_needed) for n, v in items if v is not None and v.recording_blocks_needed]
         why = []
         if open_:
-            why.append("undecided: " + ", ".join(open_))
+            tail = f" (about {max(needs)} blocks would likely decide)" if needs and not uncertain else ""
+            why.append("undecided: " + ", ".join(open_) + tail)
+        if needs and uncertain:
+            decidable = [n for n, v in items if v is not None and v.blocks_needed]
+            why.append(f"about {max(needs)} blocks would likely decide {', '.join(decidable)}")
+        if uncertain:
+            why.append(
+                f"the recording is too uncertain to reproduce {', '.join(n for n, _ in uncertain)}: ask for a "
+                f"recording of at least {max(b for _, b in uncertain)} blocks (and re-run it with as many)"
+            )
         if missing:
             why.append("on one side only: " + ", ".join(missing))
-        return INCONCLUSIVE, "; ".join(why) + (f" (about {max(needs)} blocks would likely decide)" if needs else "")
+        return INCONCLUSIVE, "; ".join(why)
     return REPRODUCED, f"all {len(items)} values agree within {tol}"
+
+
+def map_line(only_a: Sequence[str], only_b: Sequence[str]) -> str | None:
+    """`--map B=A ...` pairing arms found on one side only: by position when both sides have as many (a guess the
+    user checks, never applied unasked), else one example pair."""
+    if not only_a or not only_b:
+        return None
+    pairs = zip(only_b, only_a, strict=True) if len(only_a) == len(only_b) else [(only_b[0], only_a[0])]
+    return " ".join(f"--map {b}={a}" for b, a in pairs)
+
+
+def check_map(arm_map: Mapping[str, str], a: Sequence[str], b: Sequence[str]) -> None:
+    """--map NEW=OLD pairs: NEW an arm of B, OLD an arm of A, each used once, no B arm left under a taken name."""
+    for new, old in arm_map.items():
+        if new not in b:
+            raise InputError(f"--map {new}={old}: B has no arm {new!r} (B's arms: {', '.join(b)})")
+        if old not in a:
+            raise InputError(f"--map {new}={old}: A has no arm {old!r} (A's arms: {', '.join(a)})")
+    targets = list(arm_map.values())
+    twice = sorted({t for t in targets if targets.count(t) > 1})
+    if twice:
+        raise InputError(f"--map pairs more than one arm of B with {', '.join(twice)} of A: give each arm once")
+    clash = [label for label in b if label not in arm_map and label in targets]
+    if clash:
+        raise InputError(
+            f"--map: B's own arm {clash[0]!r} would be compared with A's {clash[0]!r} too; map it as well "
+            f"(--map {clash[0]}=OTHER)"
+        )
+
+
+class NothingInCommon(InputError):
+    """No arm of B has the name of an arm of A (nor was paired with one by --map): there is no verdict to give."""
 
 
 def compare(
@@ -142,12 +201,23 @@ def compare(
     tolerance: float = DEFAULT_TOLERANCE,
     causes: Sequence[str] = (),
     concurrency: int | None = None,
+    arm_map: Mapping[str, str] | None = None,
 ) -> ExperimentComparison:
-    """b (new) against a (recorded): arms matched by label (the profile name; name#2 in an A/A test), each
-    comparison (each arm vs the first arm) matched by (arm, baseline)."""
+    """b (new) against a (recorded): arms matched by label (the profile name; name#2 in an A/A test), or as arm_map
+    pairs them (B's label -> A's label); each comparison (each arm vs the first arm) matched by (arm, baseline).
+    NothingInCommon when no arm matches."""
     level = concurrency if concurrency is not None else (a.levels[0] if a.levels else 1)
+    arm_map = dict(arm_map or {})
     a_arms = {arm.label: arm for arm in a.arms}
-    b_arms = {arm.label: arm for arm in b.arms}
+    check_map(arm_map, list(a_arms), [arm.label for arm in b.arms])
+    b_arms = {arm_map.get(arm.label, arm.label): arm for arm in b.arms}  # keyed by A's names
+    if a_arms and b_arms and not set(a_arms) & set(b_arms):
+        hint = map_line(list(a_arms), list(b_arms))
+        raise NothingInCommon(
+            f"nothing to compare: no arm of B ({b.experiment_id}: {', '.join(b_arms)}) has the name of an arm of A "
+            f"({a.experiment_id}: {', '.join(a_arms)}); say which arm of B is which arm of A with --map B_ARM=A_ARM, "
+            f"e.g. {hint}"
+        )
     labels = list(a_arms) + [label for label in b_arms if label not in a_arms]
     rows: list[ArmRow] = []
     for label in labels:
@@ -159,14 +229,20 @@ def compare(
             if both and sa and sb and sa.tok_s and sb.tok_s
             else None
         )
-        rows.append(ArmRow(label, sa, sb, v))
+        b_own = b_arms[label].label if label in b_arms else None
+        rows.append(ArmRow(label, sa, sb, v, b_own if b_own != label else None))
     a_cmp = {(c.arm_label, c.vs_label): c.estimate for c in a.comparisons_at(level)}
-    b_cmp = {(c.arm_label, c.vs_label): c.estimate for c in b.comparisons_at(level)}
+    b_cmp = {
+        (arm_map.get(c.arm_label, c.arm_label), arm_map.get(c.vs_label, c.vs_label)): (c.estimate, c)
+        for c in b.comparisons_at(level)
+    }
     ratios: list[RatioRow] = []
     for key in list(a_cmp) + [k for k in b_cmp if k not in a_cmp]:
-        ea, eb = a_cmp.get(key), b_cmp.get(key)
+        ea = a_cmp.get(key)
+        eb, cb = b_cmp.get(key, (None, None))
         rv = reproduction_verdict(ea, eb, tolerance) if ea is not None and eb is not None else None
-        ratios.append(RatioRow(key[0], key[1], ea, eb, rv))
+        b_name = f"{cb.arm_label} / {cb.vs_label}" if cb is not None else None
+        ratios.append(RatioRow(key[0], key[1], ea, eb, rv, b_name if b_name != f"{key[0]} / {key[1]}" else None))
     items = [(_item_name("arm", r.label), r.verdict) for r in rows if r.a and r.b]
     items += [
         (_item_name("ratio", f"{r.arm}/{r.vs}"), r.verdict) for r in ratios if r.arm in a_arms and r.arm in b_arms
@@ -183,6 +259,7 @@ def compare(
         causes=tuple(causes),
         status=status,
         reason=reason,
+        arm_map=tuple(arm_map.items()),
     )
 
 

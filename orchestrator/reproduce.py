@@ -4,7 +4,7 @@ fingerprint differences that most likely explain a difference."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,13 +47,14 @@ def check_plan(bundle: dict[str, Any], profiles: list[Profile], blocks: int | No
         raise planlimits.PlanError(f"{source}: the bundle's plan is refused: {e}") from None
 
 
-def likely_causes(recorded: ABResult, new: ABResult) -> list[str]:
+def likely_causes(recorded: ABResult, new: ABResult, arm_map: Mapping[str, str] | None = None) -> list[str]:
     """What differs between the two experiments' fingerprints, most likely to move the numbers first. Each arm's
-    first fingerprinted launch on each side is compared (a multi-node one with every node's facts); a difference
-    seen in several arms is said once."""
+    first fingerprinted launch on each side is compared (a multi-node one with every node's facts; arms paired by
+    name, or by arm_map: new's name -> recorded's); a difference seen in several arms is said once."""
     ranked: dict[str, int] = {}
+    names = arm_map or {}
     for arm in recorded.arms:
-        other = next((b for b in new.arms if b.label == arm.label), None)
+        other = next((b for b in new.arms if names.get(b.label, b.label) == arm.label), None)
         if other is None:
             continue
         before = next((launch.fingerprint for launch in arm.launches if launch.fingerprint), None)
@@ -65,9 +66,13 @@ def likely_causes(recorded: ABResult, new: ABResult) -> list[str]:
     return sorted(ranked, key=lambda line: -ranked[line])
 
 
-def compare_results(recorded: ABResult, new: ABResult, tolerance: float) -> ExperimentComparison:
-    """`orch compare`: b judged against a, with the fingerprint differences as likely causes."""
-    return compare(recorded, new, tolerance=tolerance, causes=likely_causes(recorded, new))
+def compare_results(
+    recorded: ABResult, new: ABResult, tolerance: float, arm_map: Mapping[str, str] | None = None
+) -> ExperimentComparison:
+    """`orch compare`: b judged against a (arm_map pairs arms of other names), with the fingerprint differences as
+    likely causes."""
+    judged = compare(recorded, new, tolerance=tolerance, arm_map=arm_map)  # refuses a bad map before any diff
+    return dataclasses.replace(judged, causes=tuple(likely_causes(recorded, new, arm_map)))
 
 
 def rerun_config(

@@ -163,6 +163,9 @@ class ReproVerdict:
     tolerance: float
     blocks_needed: int | None  # when inconclusive: launches per arm (blocks) that would likely decide
     reason: str
+    # When the recorded value is too uncertain for any number of new blocks to decide: the blocks a recording (and
+    # its re-run, as many) would need at both sides' spread.
+    recording_blocks_needed: int | None
 
     @property
     def change(self) -> float:
@@ -179,17 +182,54 @@ def _se_at(rec: _Log, sd_new: float, n: int) -> tuple[float, int]:
     return math.sqrt(sum(se * se for se, _ in parts)), _welch_df(parts)
 
 
+def _decides(diff: float, se: float, df: int, band: float) -> bool:
+    """Whether a difference would likely (80 % power) be decided at this standard error: inside the band, the 90 %
+    CI fits within it (TOST); beyond it, the 95 % CI excludes zero."""
+    if abs(diff) < band:
+        return abs(diff) + (t_95(df) + Z_80) * se <= band
+    return (t_975(df) + Z_80) * se <= abs(diff)
+
+
 def _blocks_to_decide(diff: float, rec: _Log, sd_new: float, band: float, limit: int = 100) -> int | None:
-    """Launches per arm (blocks) at which the observed difference would likely (80 % power) be decided: inside the
-    band, the 90 % CI fits within it (TOST); beyond it, the 95 % CI excludes zero. The MDE arithmetic of
-    stats.minimal_detectable_effect, with the recorded side's fixed error added: that can make it never decide."""
-    for n in range(2, limit + 1):
-        se, df = _se_at(rec, sd_new, n)
-        if abs(diff) < band and abs(diff) + (t_95(df) + Z_80) * se <= band:
-            return n
-        if abs(diff) >= band and (t_975(df) + Z_80) * se <= abs(diff):
-            return n
-    return None
+    """Launches per arm (blocks) of the new side at which the observed difference would likely be decided. The MDE
+    arithmetic of stats.minimal_detectable_effect, with the recorded side's fixed error added: that can make it
+    never decide."""
+    return next((n for n in range(2, limit + 1) if _decides(diff, *_se_at(rec, sd_new, n), band)), None)
+
+
+MAX_BLOCKS = 1000  # the most --blocks accepts
+
+
+def _recording_blocks(diff: float, rec: _Log, sd_new: float, band: float) -> int | None:
+    """Blocks a recording would need, re-run with as many (what `orch reproduce BUNDLE` does by default), for the
+    observed difference to be likely decided at both sides' launch-to-launch spread; None beyond MAX_BLOCKS."""
+    sd_rec = (rec.se or 0.0) * math.sqrt(rec.n)
+
+    def se_df(n: int) -> tuple[float, int]:
+        parts = [(sd_new / math.sqrt(n), n - 1), (sd_rec / math.sqrt(n), n - 1)]
+        return math.sqrt(sum(se * se for se, _ in parts)), _welch_df(parts)
+
+    return next((n for n in range(2, MAX_BLOCKS + 1) if _decides(diff, *se_df(n), band)), None)
+
+
+def _undecidable(diff: float, rec: _Log, sd_new: float, band: float, tol: str, unit: str) -> tuple[str, int | None]:
+    """Why no number of new blocks would decide, and the recording's blocks that would: the recorded value's own
+    uncertainty (which new blocks cannot narrow), or a difference too close to the tolerance's edge."""
+    if not rec.se or _decides(diff, rec.se, rec.df, band):
+        return f"no number of blocks up to 100 would likely decide a difference this close to {tol}", None
+    half = t_975(rec.df) * rec.se
+    spans = f"{(math.exp(-half) - 1) * 100:+.1f}% to {(math.exp(half) - 1) * 100:+.1f}%"
+    need = _recording_blocks(diff, rec, sd_new, band)
+    ask = (
+        f"ask for a recording of at least {need} blocks (and re-run it with as many)"
+        if need
+        else f"even a recording of {MAX_BLOCKS} blocks would likely not decide a difference this close to {tol}"
+    )
+    return (
+        f"the recorded value is too uncertain to be reproduced: its own 95% CI spans {spans} over {rec.n} {unit}, "
+        f"and more blocks of the new side cannot narrow it; {ask}",
+        need,
+    )
 
 
 def _interval(center: float, half: float) -> tuple[float, float]:
@@ -204,7 +244,8 @@ def reproduction_verdict(recorded: Estimate, new: Estimate, tolerance: float = D
     - reproduced: the 90 % CI of d lies within the band (two one-sided tests at 5 %, Schuirmann's TOST);
     - not reproduced: the 95 % CI of d excludes 0 **and** |d| is beyond the band (the difference is real and the
       best estimate of it exceeds the tolerance; a tiny but certain difference still reproduces);
-    - inconclusive otherwise, with about how many blocks would decide.
+    - inconclusive otherwise, with about how many blocks would decide; when no number of new blocks would (the
+      recorded value is too uncertain), how many blocks a recording would need, re-run with as many.
     A recorded value without a CI (a claim, or one block) counts as exact: only the new side's noise counts. A new
     side with one launch cannot estimate restart noise: always inconclusive."""
     if not 0 < tolerance < 1:
@@ -220,9 +261,11 @@ def reproduction_verdict(recorded: Estimate, new: Estimate, tolerance: float = D
     }
     pct, tol = f"{abs(math.exp(diff) - 1) * 100:.1f}%", f"±{tolerance * 100:.1f}%"
     word = "higher" if diff >= 0 else "lower"
+    unit = "blocks" if isinstance(recorded, RatioEstimate) else "launches"
     if nw.se is None:
         sd = rec.se * math.sqrt(rec.n) if rec.se else None
         need = _blocks_to_decide(diff, rec, sd, band) if sd else None
+        why, recording = _undecidable(diff, rec, sd, band, tol, unit) if sd and not need else ("", None)
         return ReproVerdict(
             INCONCLUSIVE,
             **base,
@@ -230,7 +273,8 @@ def reproduction_verdict(recorded: Estimate, new: Estimate, tolerance: float = D
             ci90=None,
             blocks_needed=need,
             reason=f"the new value is {pct} {word} but comes from one launch, which cannot separate restart noise "
-            "from a real difference; measure 3 or more blocks",
+            "from a real difference; " + (why or "measure 3 or more blocks"),
+            recording_blocks_needed=recording,
         )
     rec_se = rec.se or 0.0  # a recorded value without an interval counts as exact
     parts = [(nw.se, nw.df)] + ([(rec_se, rec.df)] if rec_se else [])
@@ -245,6 +289,7 @@ def reproduction_verdict(recorded: Estimate, new: Estimate, tolerance: float = D
             ci=ci95,
             ci90=ci90,
             blocks_needed=None,
+            recording_blocks_needed=None,
             reason=f"new/recorded {math.exp(diff):.3f}: its 90% CI [{ci90[0]:.3f}, {ci90[1]:.3f}] lies within {tol}",
         )
     if (ci95[0] > 1 or ci95[1] < 1) and abs(diff) > band:
@@ -254,19 +299,20 @@ def reproduction_verdict(recorded: Estimate, new: Estimate, tolerance: float = D
             ci=ci95,
             ci90=ci90,
             blocks_needed=None,
+            recording_blocks_needed=None,
             reason=f"the new value is {pct} {word} (new/recorded {math.exp(diff):.3f}, {show95}), beyond {tol}",
         )
-    need = _blocks_to_decide(diff, rec, nw.se * math.sqrt(nw.n), band)
+    sd_new = nw.se * math.sqrt(nw.n)
+    need = _blocks_to_decide(diff, rec, sd_new, band)
+    why, recording = (
+        (f"about {need} blocks would likely decide", None) if need else _undecidable(diff, rec, sd_new, band, tol, unit)
+    )
     return ReproVerdict(
         INCONCLUSIVE,
         **base,
         ci=ci95,
         ci90=ci90,
         blocks_needed=need,
-        reason=f"new/recorded {math.exp(diff):.3f}, {show95}: too wide to tell within or beyond {tol}; "
-        + (
-            f"about {need} blocks would likely decide"
-            if need
-            else "more blocks of the new side alone would not decide (the recorded value is too uncertain)"
-        ),
+        reason=f"new/recorded {math.exp(diff):.3f}, {show95}: too wide to tell within or beyond {tol}; {why}",
+        recording_blocks_needed=recording,
     )

@@ -11,7 +11,16 @@ from typing import Any
 from orchestrator.errors import InputError
 from orchestrator.results import ABResult
 from orchestrator.stats import alpha_for_accept_length, breakeven
-from orchestrator.whatif_arms import SpecArm, WhatIfError, baseline_of, family, mean_point, profiles_of, select_arms
+from orchestrator.whatif_arms import (
+    SpecArm,
+    WhatIfError,
+    baseline_of,
+    family,
+    mean_point,
+    profiles_of,
+    select_arms,
+    unfinished,
+)
 from orchestrator.whatif_fit import (
     AcceptModel,
     ArmPoint,
@@ -134,7 +143,7 @@ def analyse(
     if not blocks:
         raise WhatIfError(
             f"no block of experiment {result.experiment_id} has valid runs of every arm fitted "
-            f"({', '.join(a.arm.label for a in chosen)})"
+            f"({', '.join(a.arm.label for a in chosen)}){unfinished(result)}"
         )
     pooled = fit_points([mean_point([a.per_block[b] for b in blocks]) for a in chosen])
     per_block = [fit_points([a.per_block[b] for a in chosen]) for b in blocks]

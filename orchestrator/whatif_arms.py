@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import InputError
-from orchestrator.results import ABResult, ArmResult, LaunchResult
+from orchestrator.results import ABResult, ArmResult, LaunchResult, spec_steps
 from orchestrator.whatif_fit import ArmPoint
 
 
@@ -104,13 +104,36 @@ def profiles_of(result: ABResult) -> list[dict[str, Any] | None]:
 def _spec_arms(result: ABResult, profiles: Sequence[Mapping[str, Any] | None], level: int) -> list[SpecArm]:
     out = []
     for arm, prof in zip(result.arms, profiles, strict=False):
-        if arm.spec_steps is None or not prof or not prof.get("speculative"):
+        if not prof or not prof.get("speculative"):
+            continue
+        # An arm without a finished launch has no steps of its own yet: its stored profile has them.
+        steps = arm.spec_steps if arm.spec_steps is not None else spec_steps(dict(prof))
+        if steps is None:
             continue
         spec = prof["speculative"]
-        verified = int(spec.get("num_draft_tokens") or arm.spec_steps + 1)
-        points = {la.block: p for la in arm.launches if (p := launch_point(la, arm.spec_steps, verified, level))}
-        out.append(SpecArm(arm, prof, arm.spec_steps, verified, points))
+        verified = int(spec.get("num_draft_tokens") or steps + 1)
+        points = {la.block: p for la in arm.launches if (p := launch_point(la, steps, verified, level))}
+        out.append(SpecArm(arm, prof, steps, verified, points))
     return out
+
+
+def unfinished(result: ABResult) -> str:
+    """Where an unfinished experiment stands (' (experiment X is running: 2 of 9 launches finished)'), else ''."""
+    if result.status == "complete":
+        return ""
+    done, total = len(result.launches), len(result.design.slots())
+    return f" (experiment {result.experiment_id} is {result.status}: {done} of {total} launches finished)"
+
+
+def _none_finished(result: ABResult, labels: Sequence[str]) -> WhatIfError:
+    exp = result.experiment_id
+    which = f"of {', '.join(labels)} " if labels else ""
+    if result.status == "running":
+        return WhatIfError(
+            f"experiment {exp} is still running and no launch {which}has finished yet: nothing to fit so far; "
+            f"run `orch whatif {exp}` again when it has{unfinished(result)}"
+        )
+    return WhatIfError(f"no launch {which}finished{unfinished(result)}: nothing to fit")
 
 
 def select_arms(
@@ -120,6 +143,9 @@ def select_arms(
     two or more step counts. WhatIfError says why there are none."""
     exp = result.experiment_id
     spec = _spec_arms(result, profiles, level)
+    if not result.launches and not all(profiles):
+        # Before any launch finished, an experiment stored without its profiles cannot tell which arms speculate.
+        raise _none_finished(result, [])
     if names:
         known = {a.label: a for a in result.arms} | {a.profile: a for a in result.arms}
         for n in names:
@@ -155,6 +181,8 @@ def select_arms(
             "fitting draft and verify cost needs two or more step counts (add an arm with another num_steps)"
         )
     missing = [s.arm.label for s in chosen if not s.per_block]
+    if missing and not any(s.arm.launches for s in chosen if not s.per_block):
+        raise _none_finished(result, missing)
     if missing:
         raise WhatIfError(
             f"no launch of {', '.join(missing)} has valid timed runs with a reported accept length: nothing to fit"

@@ -124,6 +124,7 @@ def test_json_document_has_stable_fields_and_serialises() -> None:
         "ratios",
         "only_in_a",
         "only_in_b",
+        "arm_map",
         "causes",
     }
     assert doc["status"] == "not reproduced" and doc["exit_code"] == 3 and doc["causes"] == ["x"]

@@ -74,3 +74,18 @@ def test_every_option_of_every_command_has_help() -> None:
         if isinstance(param, click.Option) and not param.hidden and not (param.help or "").strip()
     ]
     assert bare == []
+
+
+def test_reproduce_blocks_help_gives_the_rule_it_follows() -> None:
+    """--blocks of `orch reproduce` has no one default: a bundle's own number of blocks, 3 for a claim (bench: 1)."""
+
+    def blocks_help(command: str) -> str:
+        out = " ".join(CliRunner().invoke(cli, [command, "--help"]).output.split())
+        return out[out.index("--blocks INTEGER") : out.index("--order [")]
+
+    text = blocks_help("reproduce")
+    assert (
+        "[default: a BUNDLE's own number of blocks (1 for a bundle from before designs); a PROFILE's claim 3]" in text
+    )
+    assert "default: 1" not in text
+    assert "default: 1;" in blocks_help("bench")

@@ -325,6 +325,61 @@ def test_refusals_say_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsy
     assert doc["status"] == "error" and doc["exit_code"] == 2 and "step(s) only" in doc["error"]
 
 
+def running_experiment(path: Path, launches: Sequence[tuple[int, str]], status: str = "running") -> None:
+    """An A/B of baseline, e2 and e3 as `orch ab` stores it while it runs: the profiles in the config, and the
+    launches given as (arm index, launch status) -- a complete one with a valid timed run."""
+    arms = [("baseline", None), ("e2", 2), ("e3", 3)]
+    profiles = [profile(n, k) for n, k in arms]
+    exp_id = "20261201-000000-abcdef"
+    store = Store(path)
+    store.create_experiment(
+        exp_id,
+        kind="ab",
+        simulated=True,
+        host="local",
+        arms=[n for n, _ in arms],
+        config={"host_facts": {}, "profiles": profiles},
+        orch_version="t",
+        design=Design.make(3, 3, "fixed", 0).to_dict(),
+    )
+    for n, (arm, state) in enumerate(launches):
+        lid = f"{exp_id}-l{n}"
+        store.add_launch(lid, experiment_id=exp_id, arm_index=arm, profile=arms[arm][0], profile_dict=profiles[arm],
+                         argv=[], env={}, pid=1, started_at=0.0)  # fmt: skip
+        if state == "complete":
+            store.add_run(lid, RunResult(0, False, 256, 2.0, 128.0, 10, 0.02).to_dict())
+            store.update_launch(lid, status="complete", env_report_json={"ok": True})
+    if status != "running":
+        store.finish_experiment(exp_id, status)
+    store.close()
+
+
+def test_an_experiment_without_a_finished_launch_says_so_not_that_it_has_no_speculative_arm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = {
+        "nothing launched yet": ([], "running"),
+        "the first launch still running": ([(1, "running")], "running"),
+        "only the baseline finished": ([(0, "complete"), (1, "running")], "running"),
+    }
+    for name, (launches, status) in cases.items():
+        db = tmp_path / f"{len(launches)}.db"
+        running_experiment(db, launches, status)
+        assert orch_whatif(monkeypatch, "last", "--db", str(db)) == 2, name
+        err = capsys.readouterr().err
+        assert "no speculative arm" not in err and "Traceback" not in err, (name, err)
+        assert "experiment 20261201-000000-abcdef is still running and no launch of e2, e3 has finished yet" in err
+        finished = sum(state == "complete" for _, state in launches)
+        assert f"run `orch whatif 20261201-000000-abcdef` again when it has (experiment 20261201-000000-abcdef " \
+            f"is running: {finished} of 9 launches finished)" in err, (name, err)  # fmt: skip
+    # Stopped before any launch of them finished: no promise that waiting helps.
+    db = tmp_path / "failed.db"
+    running_experiment(db, [(0, "complete"), (1, "failed")], "failed")
+    assert orch_whatif(monkeypatch, "last", "--db", str(db)) == 2
+    err = capsys.readouterr().err
+    assert "no launch of e2, e3 finished (experiment 20261201-000000-abcdef is failed: 1 of 9 launches finished)" in err
+
+
 def test_json_document_and_the_report_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

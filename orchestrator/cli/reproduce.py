@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import click
 
@@ -30,6 +31,23 @@ from orchestrator.report_compare import claim_json, claim_text, compare_json, co
 from orchestrator.results import ABResult
 from orchestrator.store import Store
 
+CLAIM_BLOCKS = 3  # a verdict needs the launch-to-launch spread: one launch per arm cannot give one
+
+
+def blocks_by_target(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--blocks has no one default here (a bundle's own number, or 3 for a claim), so the shared option's
+    "[default: 1]" (true of `orch bench`) is replaced by the rule, and "not given" stays None to be told apart."""
+    params = cast(Any, fn).__click_params__
+    at = next(i for i, p in enumerate(params) if p.name == "blocks")
+    params[at] = click.Option(
+        ["--blocks"],
+        type=click.IntRange(1, 1000),
+        default=None,
+        help="Launches per arm: each block launches every arm once [default: a BUNDLE's own number of blocks (1 "
+        f"for a bundle from before designs); a PROFILE's claim {CLAIM_BLOCKS}].",
+    )
+    return fn
+
 
 @click.command("reproduce", cls=RunCommand)
 @click.argument("target", metavar="BUNDLE|PROFILE")
@@ -41,6 +59,7 @@ from orchestrator.store import Store
               help="The baseline run beside it [default: expect.vs, else a profile named 'baseline'].")  # fmt: skip
 @click.option("--tolerance", default="3%", show_default=True, callback=parse_tolerance,
               help="How far a value may be from the recorded one and still count as reproduced.")  # fmt: skip
+@blocks_by_target
 @fixed_bench_options
 def reproduce_cmd(
     target: str, claim_tps: float | None, claim_ratio: float | None, vs_name: str | None, tolerance: float, **kw: Any
@@ -49,11 +68,12 @@ def reproduce_cmd(
     the fingerprint differences most likely to explain it) or INCONCLUSIVE (exit 4, with how many blocks would
     decide).
 
-    BUNDLE (`orch export ID --format bundle`): the same design, workload, order and seed again (--blocks may change
-    the number of blocks); every arm's tok/s and every ratio is judged against the recorded one.
+    BUNDLE (`orch export ID --format bundle`): the same design, workload, order and seed again, in the bundle's own
+    number of blocks unless --blocks says otherwise; every arm's tok/s and every ratio is judged against the recorded
+    one.
 
     PROFILE (a name or a file): its claim comes from --claim/--claim-ratio or its expect: block; it runs with its
-    baseline beside it (3 blocks unless --blocks is given).
+    baseline beside it (3 blocks unless --blocks says otherwise).
 
     Examples: orch reproduce result.orch.json --host gpu-box   |   orch reproduce eagle3-3step --sim --claim 94
     """
@@ -77,7 +97,7 @@ def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoRetu
     # Before any header line: a multi-node bundle on a --host with too few nodes is refused from the inventory alone,
     # and a plan over the limits from its numbers alone.
     profiles = bundle_mod.profiles_from_bundle(bundle)
-    blocks = kw["blocks"] if option_given("blocks") else None
+    blocks = kw["blocks"]  # None: the bundle's own
     reproduce_mod.check_plan(bundle, profiles, blocks, path)
     try:
         check_host_nodes(profiles, kw["host_spec"], kw["inventory"])
@@ -139,8 +159,8 @@ def _reproduce_claim(
         vs = "baseline"
     if claimed_ratio is not None and vs is None:
         raise click.UsageError("a claimed ratio needs a baseline: give --vs PROFILE (or expect.vs in the profile)")
-    if not option_given("blocks"):
-        kw["blocks"] = 3  # a verdict needs the launch-to-launch spread: one launch per arm cannot give one
+    if kw["blocks"] is None:
+        kw["blocks"] = CLAIM_BLOCKS
     store = Store(kw["db"])
     try:
         result = start(store, (vs, target) if vs else (target,), kw)
@@ -162,6 +182,19 @@ def verdict_out(result: ABResult, key: str, doc: dict[str, Any], text: str, as_j
         click.echo(text)
 
 
+def parse_arm_map(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    """--map B_ARM=A_ARM, repeatable: which arm of B is which arm of A; an arm of B given twice is refused."""
+    out: dict[str, str] = {}
+    for value in values:
+        new, sep, old = value.partition("=")
+        if not sep or not new.strip() or not old.strip():
+            raise click.BadParameter(f"{value!r}: expected B_ARM=A_ARM (an arm of B, '=', an arm of A)")
+        if new.strip() in out:
+            raise click.BadParameter(f"{value!r}: B's arm {new.strip()!r} is already mapped to {out[new.strip()]!r}")
+        out[new.strip()] = old.strip()
+    return out
+
+
 @click.command("compare")
 @click.argument("a", metavar="A")
 @click.argument("b", metavar="B")
@@ -171,14 +204,21 @@ def verdict_out(result: ABResult, key: str, doc: dict[str, Any], text: str, as_j
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md"]), default="text", show_default=True,
               help="text for a terminal, json for scripts, md (Markdown) for an issue or a pull request.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-def compare_cmd(a: str, b: str, db: str | None, tolerance: float, fmt: str, as_json: bool) -> None:
+@click.option("--map", "arm_map", multiple=True, metavar="B_ARM=A_ARM", callback=parse_arm_map,
+              help="Judge B's arm B_ARM against A's arm A_ARM (arms of other names); repeatable. Arms not named "
+              "here are paired by name.")  # fmt: skip
+def compare_cmd(
+    a: str, b: str, db: str | None, tolerance: float, fmt: str, as_json: bool, arm_map: dict[str, str]
+) -> None:
     """Two experiments side by side: B judged against A per arm (tok/s, TTFT, ITL, accept length, with CIs) and per
     ratio, and the fingerprint differences most likely to explain a difference, ranked.
 
-    A and B: experiment ids (or unique prefixes, or `last`) or result bundle files. Exit 0 when B reproduces A,
-    3 when it does not, 4 when that cannot be told from these launches.
+    A and B: experiment ids (or unique prefixes, or `last`) or result bundle files. Arms are paired by name; --map
+    pairs arms of other names (never by position unasked: when no name matches, the refusal lists both sides'
+    arms and the --map line that pairs them in order). Exit 0 when B reproduces A, 3 when it does not, 4 when that
+    cannot be told from these launches, 2 when no arm pairs up or --map names an arm that is not there.
     """
-    verdict = reproduce_mod.compare_results(stored_result(a, db), stored_result(b, db), tolerance)
+    verdict = reproduce_mod.compare_results(stored_result(a, db), stored_result(b, db), tolerance, arm_map)
     fmt = "json" if as_json else fmt
     if fmt == "json":
         click.echo(json.dumps(compare_json(verdict), indent=2))

@@ -210,8 +210,7 @@ def test_ab_on_a_given_port_then_resumed_and_reproduced_there(
     monkeypatch.chdir(tmp_path)
     paths = sim_profiles()
     own = {profiles_mod.load(str(paths[n])).port for n in ("baseline", "eagle3")}
-    port = free_port()
-    assert port not in own
+    port = next(p for p in iter(free_port, None) if p not in own)
     db = tmp_path / "r.db"
 
     # The second launch is interrupted before it starts: an experiment to resume.

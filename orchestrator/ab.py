@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from orchestrator import __version__, attach, engines, multinode, planlimits, progress, server
+from orchestrator import __version__, attach, engines, multinode, planlimits, ports, progress, server
 from orchestrator.ab_launch import StrictEnvError, run_launch
 from orchestrator.bench import BenchConfig, RunResult, request_items
 from orchestrator.errors import BenchError, OrchError
@@ -39,7 +39,7 @@ from orchestrator.results import (
     has_valid_run,
     with_auto_notes,
 )
-from orchestrator.results_load import stored_launches
+from orchestrator.results_load import port_note, stored_launches
 from orchestrator.stats import (
     DEFAULT_MIN_EFFECT,
 )
@@ -70,6 +70,7 @@ class ABConfig:
     min_effect: float = DEFAULT_MIN_EFFECT  # the smallest relative difference worth calling
     allow_mixed: bool = False  # compare arms on servers orch did not launch (attached) with launched ones
     allow_node_mismatch: bool = False  # launch on a group whose nodes differ (recorded in the host facts)
+    port: int | None = None  # every launched arm serves here, not on its profile's port (--port, an item's port:)
 
 
 def new_experiment_id() -> str:
@@ -103,6 +104,7 @@ def experiment_config(
         "host_facts": facts,
         "strict_env": config.strict_env,
         "ports": sorted({p.port for p in profiles}),
+        **({"port": config.port} if config.port is not None else {}),  # a resume and a reproduction use it again
         "profiles": [comparable_profile(p, redaction_key) for p in profiles],
         "profile_sources": [str(Path(p.source).resolve()) for p in profiles],  # a resume may run from elsewhere
         "min_effect": config.min_effect,
@@ -138,7 +140,8 @@ def check_resumable(
         raise OrchError(f"experiment {exp['id']} has {len(stored)} arms, not {len(profiles)}")
     for want, prof in zip(stored, profiles, strict=True):
         now = comparable_profile(prof, redaction_key)
-        changed = sorted(k for k in set(want) | set(now) if want.get(k) != now.get(k))
+        # Where a server listens moves no number: a resume may give another --port (its own one is taken now).
+        changed = sorted(k for k in set(want) | set(now) if k != "port" and want.get(k) != now.get(k))
         if changed:
             raise OrchError(
                 f"profile {prof.name!r} changed since experiment {exp['id']} started (fields: {', '.join(changed)}); "
@@ -182,6 +185,8 @@ def run_ab(
     secrets = [v for p in profiles for v in server.profile_secrets(p)]
     on_event = _scrubbing(on_event, secrets)
     check_nodes(host, profiles)
+    ports.check(config.port, profiles, host.group if isinstance(host, GroupHost) else host.config)
+    profiles = ports.override(profiles, config.port)
     resumed = store.find_experiment(resume) if resume is not None else None
     exp_id = resumed["id"] if resumed is not None else new_experiment_id()
     facts = host_facts(host, config, resumed, on_event)
@@ -201,6 +206,12 @@ def run_ab(
             changed = facts_changed(stored.get("host_facts") or {}, facts)
             if changed:
                 notes.append(f"host facts changed since the experiment started: {', '.join(changed)}")
+                on_event(f"NOTE: {notes[-1]}")
+            if config.port is not None and stored.get("port") != config.port:
+                began = (
+                    f"started with --port {stored['port']}" if stored.get("port") else "started on its profiles' ports"
+                )
+                notes.append(f"{began}, resumed with --port {config.port}")
                 on_event(f"NOTE: {notes[-1]}")
             if stored.get("namespace") not in (None, config.namespace):
                 # Cleanup before each launch only sees its own namespace: leftovers of the other would be "foreign".
@@ -293,6 +304,8 @@ def run_ab(
                 )
             raise
         store.finish_experiment(exp_id, "complete")
+        port = port_note(config.port, launches)
+        notes += [port] if port else []
     finally:
         # Never let a failed unlock hide why we are here; the lock also goes when the agent's connection closes.
         for node in reversed(locked):

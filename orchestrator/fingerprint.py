@@ -272,7 +272,7 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
 # went wrong while reading (a field that could not be read shows as its own value, None), the profile's digest
 # (its fields are compared one by one), where the profile file lives and its description, argv[0] (the
 # interpreter's path, compared as software.python_executable) and the argv values orch chooses per launch
-# (PER_LAUNCH_VALUES).
+# (PER_LAUNCH_VALUES) or that move no number (PORT_VALUES, with the profile's port: stable_environment).
 _SKIPPED = {
     "version",
     "collected_at",
@@ -405,20 +405,25 @@ def _unkeyed(value: Any) -> Any:
 # launch was multi-node, and the argv around it still lines up); the address goes with the port, as which machine
 # rank 0 ran on is compared already (GPU UUIDs, hostname) and a rendezvous address moves no number.
 PER_LAUNCH_VALUES = {"--dist-init-addr": "<rank 0>:<port>"}
+# Where the server listens: its profile's port, or one given for the run on a shared box (--port, a nightly item's
+# `port:`). It moves no number, so two launches alike but for it are alike, and a night on another port is the same
+# environment; the profile's `port` field goes with it (stable_environment). Every engine spells the flag --port.
+PORT_VALUES = {"--port": "<port>"}
+_STANDINS = {**PER_LAUNCH_VALUES, **PORT_VALUES}
 
 
 def stable_argv(argv: list[Any]) -> list[Any]:
-    """argv with the values orch chooses per launch (PER_LAUNCH_VALUES) replaced by their placeholders, in either
-    form (`--flag VALUE`, `--flag=VALUE`)."""
+    """argv with the values orch chooses per launch (PER_LAUNCH_VALUES) and the port (PORT_VALUES) replaced by their
+    placeholders, in either form (`--flag VALUE`, `--flag=VALUE`)."""
     out = list(argv)
     for i, arg in enumerate(out):
         if not isinstance(arg, str):
             continue
-        if arg in PER_LAUNCH_VALUES and i + 1 < len(out):
-            out[i + 1] = PER_LAUNCH_VALUES[arg]
+        if arg in _STANDINS and i + 1 < len(out):
+            out[i + 1] = _STANDINS[arg]
         flag, eq, _ = arg.partition("=")
-        if eq and flag in PER_LAUNCH_VALUES:
-            out[i] = f"{flag}={PER_LAUNCH_VALUES[flag]}"
+        if eq and flag in _STANDINS:
+            out[i] = f"{flag}={_STANDINS[flag]}"
     return out
 
 
@@ -427,6 +432,7 @@ def stable_argv(argv: list[Any]) -> list[Any]:
 # devices it names. Which ones they were is a fact about the box, like gpus.uuids: shown (host.visible_devices), never
 # an environment change by itself.
 VISIBLE_DEVICES = "env.inherited.CUDA_VISIBLE_DEVICES"
+PROFILE_PORT = "profile.port"
 
 
 def _device_count(value: Any) -> Any:
@@ -441,9 +447,10 @@ _COUNTED = re.compile(r"\d+ devices?")
 
 def stable_environment(env: dict[str, Any]) -> dict[str, Any]:
     """A flattened environment (`environment`'s output, as a night stores it) without the values chosen anew for
-    every launch or allocation (`stable_argv`, VISIBLE_DEVICES): a night stored before they were left out compares
-    equal to one stored after."""
+    every launch or allocation (`stable_argv`, VISIBLE_DEVICES) or the port (PORT_VALUES): a night stored before
+    they were left out compares equal to one stored after."""
     out = dict(env)
+    out.pop(PROFILE_PORT, None)
     if isinstance(out.get("argv"), list):
         out["argv"] = stable_argv(out["argv"])
     if VISIBLE_DEVICES in out:

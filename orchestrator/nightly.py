@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import ab, experiment_host, failon, history, nightly_fanout, progress, server
+from orchestrator import ab, experiment_host, failon, history, nightly_fanout, ports, progress, server
 from orchestrator.ab import ABConfig
 from orchestrator.errors import HostError, InputError, OrchError
 from orchestrator.hostlock import op_lock, op_unlock
@@ -108,16 +108,19 @@ def check_hosts(suite: Suite) -> None:
     inventory, groups = suite_inventory(suite), suite_groups(suite)
     for item in suite.items:
         where = f"{suite.path}: item {item.name!r}: host"
+        port_where = f"{suite.path}: item {item.name!r}: port"
         nodes = experiment_host.nodes_needed(item.profiles)
         if item.host in groups:
             have = len(groups[item.host].nodes)
             if nodes > have:
                 raise InputError(f"{where}: group {item.host} has {have} host(s), but a profile has nnodes: {nodes}")
+            ports.check(item.port, item.profiles, groups[item.host], where=port_where)
             continue
         try:
             config = parse_target(item.host, inventory)
         except OrchError as e:
             raise InputError(f"{where}: {e}") from None
+        ports.check(item.port, item.profiles, config, where=port_where)
         if nodes > 1 and config.scheduler != "slurm":
             raise InputError(
                 f"{where}: {item.host!r} is one host, but a profile has nnodes: {nodes}; name an inventory group of "
@@ -374,6 +377,7 @@ class NightRunner:
             blocks=item.blocks,
             order=item.order,
             min_effect=item.threshold,
+            port=item.port,
         )
         prefix = f"[{item.name}] "
         self._allocation = None

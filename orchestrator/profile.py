@@ -127,6 +127,12 @@ class Profile:
     def launch_argv(self, python: str, *, simulate: bool) -> list[str]:
         return engines.get(self.engine).launch_argv(self, python, simulate=simulate)
 
+    def with_port(self, port: int) -> Profile:
+        """This profile serving on `port` instead of its own (--port, a nightly item's `port:`). Every engine adapter
+        renders --port from the profile's port, so this one replacement reaches every engine's command line, the
+        port checks before a launch and the teardown alike."""
+        return dataclasses.replace(self, port=port)
+
     def to_dict(self, *, redaction_key: bytes | None = None) -> dict[str, Any]:
         """The resolved profile as plain data, for provenance in results; secret values as digests keyed with
         redaction_key (a store's key: equal within that store), or with a per-process key when none is given."""

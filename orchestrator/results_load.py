@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.results import ABResult, CutShort, Design, LaunchResult, spec_steps, with_auto_notes
@@ -10,6 +11,17 @@ from orchestrator.stats import DEFAULT_MIN_EFFECT
 
 if TYPE_CHECKING:
     from orchestrator.store import Store
+
+
+def port_note(port: int | None, launches: Sequence[LaunchResult]) -> str | None:
+    """What a report says of a port given for the experiment (`--port`, a nightly item's `port:`); None when every
+    server listened on its profile's own. The ports are the launches' own (a resume may have given another)."""
+    if port is None:
+        return None
+    seen = {((launch.fingerprint or {}).get("profile") or {}).get("port") for launch in launches if not launch.attached}
+    used = sorted(p for p in seen if isinstance(p, int)) or [port]
+    where = f"port {used[0]}" if len(used) == 1 else "ports " + ", ".join(map(str, used))
+    return f"servers launched on {where} (given with --port or an item's port:, in place of the profiles' own)"
 
 
 def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], list[CutShort]]:
@@ -74,6 +86,8 @@ def load_result(
         )
     if cut:
         notes.append(f"{len(cut)} launch(es) cut short are stored but left out of the statistics")
+    port = port_note(config.get("port") if isinstance(config.get("port"), int) else None, launches)
+    notes += [port] if port else []
     result = ABResult(
         experiment_id=exp["id"],
         simulated=bool(exp["simulated"]),

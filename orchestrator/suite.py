@@ -86,6 +86,7 @@ class Item:
     ready_timeout_s: float | None = None
     grace_s: float = 10.0
     gpu_wait_s: float = 120.0
+    port: int | None = None  # every launched arm serves here, not on its profile's port (a shared box)
 
     @property
     def kind(self) -> str:
@@ -236,6 +237,7 @@ ITEM_FIELDS: dict[str, Callable[[Any], Any]] = {
     "ready_timeout": seconds(1.0, 86400.0),
     "grace": seconds(0.0, 600.0),
     "gpu_wait": seconds(0.0, 3600.0),
+    "port": int_range(1, 65535),
     "workload": lambda v: v,
 }
 TOP_FIELDS: dict[str, Callable[[Any], Any]] = {
@@ -366,6 +368,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         ready_timeout_s=fields.get("ready_timeout"),
         grace_s=fields.get("grace", 10.0),
         gpu_wait_s=fields.get("gpu_wait", 120.0),
+        port=fields.get("port"),
     )
 
 

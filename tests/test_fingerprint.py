@@ -227,10 +227,11 @@ def _ranks(addr: str) -> list[str]:
 
 
 def test_stable_argv_leaves_out_what_orch_chooses_per_launch() -> None:
+    stable = [*MULTI[:-1], "<port>"]  # where the server listens moves no number (--port, PORT_VALUES)
     got = fingerprint.stable_argv([*MULTI, "--dist-init-addr", "127.0.0.1:25109", "--node-rank", "0"])
-    assert got == [*MULTI, "--dist-init-addr", "<rank 0>:<port>", "--node-rank", "0"]
+    assert got == [*stable, "--dist-init-addr", "<rank 0>:<port>", "--node-rank", "0"]
     assert fingerprint.stable_argv(["--dist-init-addr=10.0.0.1:2"]) == ["--dist-init-addr=<rank 0>:<port>"]
-    assert fingerprint.stable_argv(MULTI) == MULTI  # a single-node launch: nothing to replace
+    assert fingerprint.stable_argv(MULTI) == stable  # a single-node launch: only the port to replace
     assert fingerprint.stable_argv(["--dist-init-addr"]) == ["--dist-init-addr"]  # no value to replace
     # Two launches of one multi-node profile: a new port each time (and rank 0 reached elsewhere) is no difference.
     a = _fp(argv=_ranks("127.0.0.1:25109"))
@@ -257,7 +258,9 @@ def test_stable_argv_leaves_out_what_orch_chooses_per_launch() -> None:
         ([*MULTI, "--enable-x"], MULTI, "server argv: removed --enable-x"),
         (MULTI, [*MULTI, "--mem-fraction-static", "0.8"], "server argv: added --mem-fraction-static 0.8"),
         (["--tp-size", "2", "--port", "1"], ["--tp-size", "4", "--port", "2"],
-         "server argv: --tp-size 2 -> 4; --port 1 -> 2"),
+         "server argv: --tp-size 2 -> 4"),  # the port moves no number (PORT_VALUES)
+        (["--tp-size", "2", "--mem-fraction-static", "0.8"], ["--tp-size", "4", "--mem-fraction-static", "0.9"],
+         "server argv: --tp-size 2 -> 4; --mem-fraction-static 0.8 -> 0.9"),
         (["--a", "1", "--b", "2", "--c", "3", "--d", "4"], ["--a", "5", "--b", "6", "--c", "7", "--d", "8"],
          "server argv: --a 1 -> 5; --b 2 -> 6; --c 3 -> 7; and 1 more change(s)"),
     ],

@@ -53,8 +53,8 @@ def cli() -> None:
 
 # `orch ab --help` and its kin list their options under these headings (by the option's first name).
 OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Server", ("--sim", "--attach", "--allow-mixed", "--ready-timeout", "--grace", "--strict-env", "--force",
-                "--gpu-wait")),
+    ("Server", ("--sim", "--attach", "--allow-mixed", "--port", "--ready-timeout", "--grace", "--strict-env",
+                "--force", "--gpu-wait")),
     ("Workload", ("--runs", "--warmup", "--max-tokens", "--seed", "--concurrency", "--requests-per-stream",
                   "--endpoint", "--prompts", "--input-len", "--client", "--min-run-s", "--stall-timeout",
                   "--first-token-timeout")),

@@ -303,6 +303,15 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             help="Seconds to queue behind another orch session holding the host [default: don't wait].",
         ),
         click.option(
+            "--port",
+            type=click.IntRange(1, 65535),
+            default=None,
+            help="Launch every server on this port instead of its profile's own (on a shared box: one nobody else "
+            "uses). Recorded with the experiment: resuming or reproducing it uses it again unless given another. "
+            "Refused (exit 2) on a privileged port (below 1024) of this machine unless root, on an attached arm's "
+            "port, or where a multi-node profile's node ranks (port + i x port_stride) would pass 65535.",
+        ),
+        click.option(
             "--force",
             is_flag=True,
             help="Kill a foreign process holding the profile's port, if the host's policy is kill-with-force.",

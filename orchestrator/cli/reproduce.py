@@ -10,9 +10,9 @@ from typing import Any, NoReturn, cast
 import click
 
 from orchestrator import bundle as bundle_mod
+from orchestrator import ports, yamlfile
 from orchestrator import profile as profiles_mod
 from orchestrator import reproduce as reproduce_mod
-from orchestrator import yamlfile
 from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import (
@@ -99,8 +99,10 @@ def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoRetu
     profiles = bundle_mod.profiles_from_bundle(bundle)
     blocks = kw["blocks"]  # None: the bundle's own
     reproduce_mod.check_plan(bundle, profiles, blocks, path)
+    if not option_given("port"):  # the port the experiment was given, unless this run gives another
+        kw["port"] = ports.recorded(bundle["content"]["config"], f"{path}: content.config")
     try:
-        check_host_nodes(profiles, kw["host_spec"], kw["inventory"])
+        check_host_nodes(profiles, kw["host_spec"], kw["inventory"], port=kw["port"])
     except InputError as e:
         measured = bundle["content"]["experiment"].get("host")
         raise InputError(f"{e} (the bundle was measured on {measured!r})" if measured else str(e)) from None

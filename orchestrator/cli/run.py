@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 import click
 
-from orchestrator import ab, attach, engines, experiment_host, failon, planlimits, results
+from orchestrator import ab, attach, engines, experiment_host, failon, planlimits, ports, results
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
 from orchestrator.bench import BenchConfig, Plan, RunResult, request_items
@@ -137,7 +137,7 @@ def start(store: Store, profile_names: tuple[str, ...], kw: dict[str, Any]) -> r
     attach.check_arms(
         profiles, allow_mixed=kw.get("allow_mixed", False), strict_env=kw["strict_env"], simulate=kw["sim"]
     )
-    check_host_nodes(profiles, kw["host_spec"], kw["inventory"])
+    check_host_nodes(profiles, kw["host_spec"], kw["inventory"], port=kw.get("port"))
     bench = BenchConfig(
         runs=kw["runs"],
         warmup=kw["warmup"],
@@ -203,13 +203,17 @@ def time_limit_warning(work: Plan, host_spec: str, inventory: str | None) -> str
     )
 
 
-def check_host_nodes(profiles: list[profiles_mod.Profile], host_spec: str, inventory: str | None) -> None:
-    """A multi-node profile on a --host with too few nodes, refused from the inventory alone (no connection), before
-    the plan and the header lines make it look as if the run had started; run_ab checks it again on the open host."""
+def check_host_nodes(
+    profiles: list[profiles_mod.Profile], host_spec: str, inventory: str | None, *, port: int | None = None
+) -> None:
+    """A multi-node profile on a --host with too few nodes, or a --port that clashes there (ports.clash), refused
+    from the inventory alone (no connection), before the plan and the header lines make it look as if the run had
+    started; run_ab checks both again on the open host."""
     try:
         target = lookup(host_spec, inventory)[0]
     except OrchError:
         return  # opening the host says what is wrong with the inventory or the spec, in its place
+    ports.check(port, profiles, target)
     if isinstance(target, HostGroup):
         experiment_host.check_nodes_for(profiles, len(target.nodes), host_spec)
     else:
@@ -272,7 +276,10 @@ def resume_experiment(store: Store, ref: str, profile_names: tuple[str, ...], kw
                 "entry with a longer time_limit_min)"
             )
         host_spec = kw["host_spec"]  # a new allocation lands on whatever nodes Slurm gives: the partition is the host
-    check_host_nodes(profiles, host_spec, kw["inventory"])
+    # The port the experiment was given stays its port, unless this session gives another (a port moves no number).
+    if not option_given("port"):
+        kw["port"] = ports.recorded(stored, f"experiment {exp['id']}")
+    check_host_nodes(profiles, host_spec, kw["inventory"], port=kw["port"])
     bench = ab.bench_config_from(stored["bench"])
     # How long to wait for a hung server is not part of what is measured: a resume may change it.
     for option, name in (("stall_timeout", "stall_timeout_s"), ("first_token_timeout", "first_token_timeout_s")):
@@ -322,6 +329,7 @@ def ab_config(kw: dict[str, Any], bench: BenchConfig, sim: bool, strict_env: boo
         min_effect=kw["min_effect"],
         allow_mixed=kw.get("allow_mixed", False),
         allow_node_mismatch=kw.get("allow_node_mismatch", False),
+        port=kw.get("port"),
     )
 
 

@@ -292,14 +292,19 @@ class CutShort:
 
 
 Paired = dict[str, tuple[list[list[float]], list[list[float]]]]
+# The fingerprint fields that digest a launch's workload, newest first (fingerprint.WORKLOAD_KEY and the key used before
+# it): the model reads stored fingerprints without importing the code that collects them.
+WORKLOAD_KEYS = ("workload_sha256", "workload_digest")
 
 
 def same_requests(base: LaunchResult, arm: LaunchResult, level: int) -> bool:
     """Run i of both launches sent the same requests: the same workload digest (settings and every request, recorded
     in each launch's fingerprint) and the same valid timed runs at this level. A launch without a digest (an older
     orch, a hand-made bundle) or a run invalid in only one of them breaks the correspondence."""
-    digests = [(launch.fingerprint or {}).get("workload_digest") for launch in (base, arm)]
-    if not isinstance(digests[0], str) or digests[0] != digests[1]:
+    fps = [launch.fingerprint or {} for launch in (base, arm)]
+    # fingerprint.WORKLOAD_KEY, else LEGACY_WORKLOAD_KEY in launches stored before it (both launches the same kind).
+    key = next((k for k in WORKLOAD_KEYS if all(isinstance(fp.get(k), str) for fp in fps)), None)
+    if key is None or fps[0][key] != fps[1][key]:
         return False
     return [r.index for r in base.timed_at(level)] == [r.index for r in arm.timed_at(level)]
 

@@ -100,7 +100,10 @@ def worker_env(report: EnvReport, expected: dict[str, str]) -> dict[str, str]:
         for m in mismatches:
             got = "missing" if m.actual is None else repr(m.actual)
             counts[got] = counts.get(got, 0) + 1
-        held = "; ".join(f"{got} in {n} of {report.processes} processes" for got, n in sorted(counts.items()))
+        held = "; ".join(
+            f"{got} in {n} of {report.processes} process{'' if report.processes == 1 else 'es'}"
+            for got, n in sorted(counts.items())
+        )
         out[var] = f"{held} (expected {want!r})"
     return out
 

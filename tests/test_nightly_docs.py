@@ -48,6 +48,8 @@ def shape(text: str) -> str:
     # How noisy a series looked and what hindsight marks depend on the nights' draws, not on what orch prints.
     text = re.sub(r"; warning: .* night to night, .*", "", text)
     text = re.sub(r"  (◆|·) .*", "", text)
+    # Tonight's A/B verdict beside a series' line is the draw's too (a 3-block interval near its edge).
+    text = re.sub(r"(\]) (faster|slower|no difference|inconclusive)\b", r"\1 VERDICT", text)
     text = re.sub(r"\b[0-9]{8}-[0-9]{6}-[0-9a-f]{6}\b", "ID", text)
     text = re.sub(r"\d+(\.\d+)?", "#", text).replace("+#", "#").replace("-#", "#")
     return re.sub(r" +", " ", text).strip()

@@ -39,7 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("orchestrator.cli.stored:import_cmd",
                "Put a result bundle (`orch export ID --format bundle`) into the local store under its own id."),
     "list": ("orchestrator.cli.stored:list_cmd",
-             "Stored experiments, newest first: id, when, status, host, arms, launches done of planned."),
+             "Stored experiments, newest first: id, when, status, host, arms, launches done of planned; an "
+             "experiment of `orch nightly` is tagged with its night's date and item."),
     "nightly": ("orchestrator.cli.nightly:nightly_cmd",
                 "Run every item of SUITE.yaml (A/B experiments and single-profile checks), store everything, and "
                 "judge each item tonight (its A/B verdicts) and against its history (change points combined with "

@@ -122,7 +122,7 @@ def _ratio_figure(result: ABResult) -> str:
             ci = est is not None and est.blocks >= 2  # one block's interval holds only run noise: not drawn
             label = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level}"
             rows.append(
-                plots.RatioRow(
+                plots.RatioBar(
                     label,
                     c.ratio,
                     est.lo if ci and est else None,

@@ -60,12 +60,12 @@ def nightly(
     out = []
     cache: dict[tuple[int, int], Any] = {}
     for i in range(nights):
-        said = changepoint._assess(history[: i + 1], threshold, True, args.min_history, cache)
+        said = changepoint.assess_cached(history[: i + 1], threshold, True, args.min_history, cache)
         if said.status == "regression":
             history[i] = draw(i)
             for key in [key for key in cache if key[1] > i]:
                 del cache[key]
-            said = changepoint._assess(history[: i + 1], threshold, True, args.min_history, cache)
+            said = changepoint.assess_cached(history[: i + 1], threshold, True, args.min_history, cache)
         out.append(said)
     return out
 

@@ -71,7 +71,7 @@ def run_launch(
 
     multi = isinstance(host, GroupHost) and profile.nnodes > 1
     lifecycle: Callable[..., contextlib.AbstractContextManager[server.RunningServer]] = (
-        multinode.running if multi else server.running
+        multinode.running_group if multi else server.running
     )
     try:
         with lifecycle(

@@ -186,7 +186,7 @@ def collect_fingerprint(
     why = "attached: orch cannot read the machine of a server it did not launch"
     unreadable = [{"field": "host", "why": why}, {"field": "gpus", "why": why}, {"field": "env", "why": NOT_VERIFIED}]
     try:
-        info = fingerprint._server_info(base_url)
+        info = fingerprint.fetch_server_info(base_url)
         version, source = _version(base_url, info)
         software: dict[str, Any] = {
             "engine": f"{profile.engine} (attached)",

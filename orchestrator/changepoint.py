@@ -69,7 +69,7 @@ def assess(
     Tonight is a regression/improvement when the step into the current level is one that none of the last LOOKBACK
     nights had retained (±MATCH_NIGHTS). Deterministic; the tuning and its measured rates are in docs/nightly.md.
     """
-    return _assess(nights, threshold, higher_is_better, min_history, {})
+    return assess_cached(nights, threshold, higher_is_better, min_history, {})
 
 
 def assess_each(
@@ -77,16 +77,18 @@ def assess_each(
 ) -> list[Assessment]:
     """assess() of every prefix (what the nightly runner said each night), sharing the segmentations between them."""
     cache: dict[tuple[int, int], _Levels] = {}
-    return [_assess(nights[: i + 1], threshold, higher_is_better, min_history, cache) for i in range(len(nights))]
+    return [assess_cached(nights[: i + 1], threshold, higher_is_better, min_history, cache) for i in range(len(nights))]
 
 
-def _assess(
+def assess_cached(
     nights: Sequence[Night],
     threshold: float,
     higher_is_better: bool,
     min_history: int,
     cache: dict[tuple[int, int], _Levels],
 ) -> Assessment:
+    """assess() keeping each environment's segmentation in cache by (first, end) night index, for a caller that
+    assesses many prefixes of one history; one that changes a night must drop the keys whose end lies past it."""
     _validate(nights, threshold, min_history)
     values = [n.value for n in nights]
     logs = [math.log(v) for v in values]

@@ -21,9 +21,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from orchestrator import stopsignals
-from orchestrator.client_metrics import _scrape
+from orchestrator.client_metrics import scrape_metrics
 from orchestrator.client_requests import ENDPOINTS, Record, build_body
-from orchestrator.client_stream import _LIVE, _Guard, check_bounds, fetch, live
+from orchestrator.client_stream import Guard, check_bounds, fetch, live, live_begin, live_end
 from orchestrator.client_summary import summarize_run
 
 # What the rest of orch (bench, progress, the agent) and benchmarks/client_fidelity.py use through this module.
@@ -80,14 +80,14 @@ async def run_requests(
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     path = ENDPOINTS[endpoint]
-    before = await _scrape(host, port)
-    _LIVE.update(active=1.0, tokens=0.0, started=time.monotonic())
+    before = await scrape_metrics(host, port)
+    live_begin()
     t0 = time.perf_counter()
     records = [Record(index=i, start=0.0, max_tokens=max_tokens[i]) for i in range(len(bodies))]
     next_index = 0
     window_end: float | None = None
     aborted: str | None = None
-    guards: set[_Guard] = set()
+    guards: set[Guard] = set()
 
     def abort(reason: str) -> None:
         nonlocal aborted
@@ -136,7 +136,7 @@ async def run_requests(
     try:
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
     finally:
-        _LIVE["active"] = 0.0
+        live_end()
         if watcher is not None:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
@@ -144,7 +144,7 @@ async def run_requests(
         for rec in records[next_index:]:
             rec.error = f"aborted: {aborted} (not sent)"
     # After an abort the server may be the reason: do not wait on its /metrics.
-    after = await _scrape(host, port) if before is not None and aborted is None else None
+    after = await scrape_metrics(host, port) if before is not None and aborted is None else None
     deltas: dict[str, Any] = {}
     if before is not None and after is not None:
         # Every counter: the engine adapter decides which ones describe speculative decoding (orch side).

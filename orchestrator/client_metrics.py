@@ -9,7 +9,7 @@ import re
 from orchestrator.client_requests import MAX_EVENT_BYTES
 
 
-async def _scrape(host: str, port: int) -> dict[str, float] | None:
+async def scrape_metrics(host: str, port: int) -> dict[str, float] | None:
     """Counters from /metrics (only with --enable-metrics); None when there is no such endpoint or it is not
     Prometheus text (garbage there must not end a run: the counters only add an accept-length source)."""
     try:

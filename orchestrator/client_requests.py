@@ -25,7 +25,7 @@ MAX_EVENT_BYTES = 64 * 1024 * 1024
 MAX_PROMPT_TOKENS = 1 << 31
 
 
-def _whole(value: Any, what: str, limit: int) -> int:
+def whole_count(value: Any, what: str, limit: int) -> int:
     """value as a whole number in [0, limit]; BadAnswer naming what the server sent otherwise."""
     raw, value = value, _from_bytes(value)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -47,12 +47,12 @@ def _from_bytes(value: Any) -> Any:
     return value
 
 
-def _tokens(value: Any, rec: Record) -> int:
+def completion_tokens(value: Any, rec: Record) -> int:
     """A completion-token count from the server, bounded by what rec's max_tokens allows."""
     number = _from_bytes(value)
     if isinstance(number, int) and not isinstance(number, bool) and number > token_limit(rec.max_tokens):
         raise BadAnswer(f"server claimed {number} tokens for max_tokens {rec.max_tokens}")
-    return _whole(value, "completion_tokens", token_limit(rec.max_tokens))
+    return whole_count(value, "completion_tokens", token_limit(rec.max_tokens))
 
 
 def build_body(endpoint: str, item: dict[str, Any], max_tokens: int, model: str) -> dict[str, Any]:
@@ -129,7 +129,7 @@ class Record:
         return None if self.end is None else self.end - self.start
 
 
-def _count_openai(event: Any, rec: Record, text_chunks: list[int]) -> int:
+def count_openai_chunk(event: Any, rec: Record, text_chunks: list[int]) -> int:
     """Tokens this OpenAI chunk added: from cumulative usage when the server sends it per chunk, else 1 per delta."""
     if not isinstance(event, dict):
         raise BadAnswer(f"server sent a JSON {type(event).__name__} where an object was expected")
@@ -139,8 +139,8 @@ def _count_openai(event: Any, rec: Record, text_chunks: list[int]) -> int:
         rec.timings = True
     if isinstance(timings, dict) and timings.get("draft_n") is not None:
         # llama-server reports its drafting per request (only when drafting ran): counts for this request alone.
-        rec.drafted = _whole(timings["draft_n"], "timings.draft_n", 1 << 31)
-        rec.accepted = _whole(timings.get("draft_n_accepted", 0), "timings.draft_n_accepted", rec.drafted)
+        rec.drafted = whole_count(timings["draft_n"], "timings.draft_n", 1 << 31)
+        rec.accepted = whole_count(timings.get("draft_n_accepted", 0), "timings.draft_n_accepted", rec.drafted)
     choices = event.get("choices") or []
     if not isinstance(choices, list):
         raise BadAnswer(f"server sent choices of type {type(choices).__name__}, not a list")
@@ -153,8 +153,8 @@ def _count_openai(event: Any, rec: Record, text_chunks: list[int]) -> int:
         content = c.get("text") or (delta.get("content") if isinstance(delta, dict) else None) or ""
     if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
         if usage.get("prompt_tokens") is not None:
-            rec.prompt_tokens = _whole(usage["prompt_tokens"], "prompt_tokens", MAX_PROMPT_TOKENS)
-        total = _tokens(usage["completion_tokens"], rec)
+            rec.prompt_tokens = whole_count(usage["prompt_tokens"], "prompt_tokens", MAX_PROMPT_TOKENS)
+        total = completion_tokens(usage["completion_tokens"], rec)
         if choices:
             rec.token_source = "usage (per chunk)"
             return max(total - rec.tokens, 0)

@@ -13,10 +13,10 @@ from orchestrator.client_requests import (
     MAX_EVENT_BYTES,
     MAX_PROMPT_TOKENS,
     Record,
-    _count_openai,
-    _tokens,
-    _whole,
+    completion_tokens,
+    count_openai_chunk,
     token_limit,
+    whole_count,
 )
 from orchestrator.streamparse import BadAnswer, EventStream, generate_count
 
@@ -25,6 +25,16 @@ ERROR_BODY_WAIT_S = 2.0
 
 # The run in flight in this process, for live progress (read from another thread; plain floats, no lock needed).
 _LIVE: dict[str, float] = {"active": 0.0, "tokens": 0.0, "started": 0.0}
+
+
+def live_begin() -> None:
+    """Mark a run in flight here from now on, with no tokens yet (what live() reports)."""
+    _LIVE.update(active=1.0, tokens=0.0, started=time.monotonic())
+
+
+def live_end() -> None:
+    """Mark the run in flight here as ended: live() reports it inactive."""
+    _LIVE["active"] = 0.0
 
 
 def live() -> dict[str, float]:
@@ -37,7 +47,7 @@ def live() -> dict[str, float]:
     }
 
 
-class _Guard:
+class Guard:
     """Cancels one request's stream when it stalls, misses its first token, runs past its timeout or is aborted.
 
     One timer per request, re-armed only when it fires: checking progress costs nothing per token.
@@ -117,7 +127,7 @@ async def fetch(
     *,
     stall_s: float = 60.0,
     first_token_s: float = 180.0,
-    guards: set[_Guard] | None = None,
+    guards: set[Guard] | None = None,
 ) -> None:
     """Stream one request, filling rec; errors are recorded on rec, never raised.
 
@@ -129,7 +139,7 @@ async def fetch(
     text_chunks: list[int] = []
     streams: list[asyncio.BaseTransport] = []
     inner = asyncio.get_running_loop().create_task(_stream(host, port, path, body, rec, t0, streams, text_chunks))
-    guard = _Guard(inner, rec, t0, timeout=timeout, stall_s=stall_s, first_token_s=first_token_s)
+    guard = Guard(inner, rec, t0, timeout=timeout, stall_s=stall_s, first_token_s=first_token_s)
     if guards is not None:
         guards.add(guard)
     try:
@@ -319,14 +329,14 @@ class _Exchange(asyncio.BufferedProtocol):
             # The final event (or an unusual one): its meta_info from the whole event.
             self.final_meta = _meta_info(event)
             value = self.final_meta.get("completion_tokens", rec.tokens)
-        self._count(_tokens(value, rec) - rec.tokens)
+        self._count(completion_tokens(value, rec) - rec.tokens)
 
     def _openai(self, buf: bytes | bytearray, start: int, end: int) -> None:
         if self._is_done(buf, start, end):
             return
         event = _loads(buf, start, end)
         rec = self.rec
-        # The usual chunk of a server sending usage with every chunk, checked as _count_openai would check it.
+        # The usual chunk of a server sending usage with every chunk, checked as count_openai_chunk would check it.
         if type(event) is dict and "timings" not in event:
             usage, choices = event.get("usage"), event.get("choices")
             if type(usage) is dict and type(choices) is list and choices and type(choices[0]) is dict:
@@ -341,7 +351,7 @@ class _Exchange(asyncio.BufferedProtocol):
                     rec.token_source = "usage (per chunk)"
                     self._count(total - rec.tokens)
                     return
-        self._count(_count_openai(event, rec, self.text_chunks))
+        self._count(count_openai_chunk(event, rec, self.text_chunks))
 
     def _is_done(self, buf: bytes | bytearray, start: int, end: int) -> bool:
         if end - start <= 16 and buf[start:end].strip() == b"[DONE]":
@@ -363,9 +373,9 @@ class _Exchange(asyncio.BufferedProtocol):
             rec.accept_length = rec.tokens / rec.verify_ct
         meta = self.final_meta
         if meta is not None:
-            rec.prompt_tokens = _whole(meta.get("prompt_tokens", 0), "prompt_tokens", MAX_PROMPT_TOKENS)
+            rec.prompt_tokens = whole_count(meta.get("prompt_tokens", 0), "prompt_tokens", MAX_PROMPT_TOKENS)
             if meta.get("spec_verify_ct"):
-                rec.verify_ct = _whole(meta["spec_verify_ct"], "spec_verify_ct", max(rec.tokens, 1))
+                rec.verify_ct = whole_count(meta["spec_verify_ct"], "spec_verify_ct", max(rec.tokens, 1))
                 accept = meta.get("spec_accept_length")
                 if accept is None or accept == 0:
                     rec.accept_length = rec.tokens / rec.verify_ct if rec.verify_ct else None

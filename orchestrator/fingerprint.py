@@ -73,7 +73,7 @@ def orch_git_sha() -> str | None:
     return sha if done.returncode == 0 and sha else None
 
 
-def _server_info(base_url: str) -> dict[str, Any]:
+def fetch_server_info(base_url: str) -> dict[str, Any]:
     """GET /server_info (older SGLang: /get_server_info); {} when neither answers."""
     for path in ("/server_info", "/get_server_info"):
         try:
@@ -154,7 +154,7 @@ def _collect(
             part = {"host": None, "gpus": None, "software": None, "unreadable": [{"field": "host", "why": str(e)}]}
     unreadable += part.get("unreadable") or []
     software: dict[str, Any] = dict(part.get("software") or {})
-    info = srv.prefetched["server_info"] if "server_info" in srv.prefetched else _server_info(srv.base_url)
+    info = srv.prefetched["server_info"] if "server_info" in srv.prefetched else fetch_server_info(srv.base_url)
     reported = info.get("version")
     if launch.simulated:
         # The simulator's "engine" is what it says it is: its reported version stands in for an import.

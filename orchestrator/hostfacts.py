@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from orchestrator.processes import MARKER, HostSideError, _cmdline, _environ
+from orchestrator.processes import MARKER, HostSideError, masked_cmdline, read_environ
 
 # Run by the host's Python: what `import NAME` gives (its __version__, or why the import failed) and what the
 # package metadata says, both as that interpreter with this environment sees them.
@@ -169,8 +169,8 @@ def op_gpus(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
         app["gpu_index"] = index_of.get(app.get("gpu_uuid"))
         try:
             proc = psutil.Process(int(app["pid"]))
-            app["cmdline"] = _cmdline(proc)
-            app["launch_id"] = (_environ(proc) or {}).get(MARKER)
+            app["cmdline"] = masked_cmdline(proc)
+            app["launch_id"] = (read_environ(proc) or {}).get(MARKER)
         except (psutil.NoSuchProcess, ValueError, TypeError):
             app["cmdline"], app["launch_id"] = "?", None
     return {"available": True, "error": None, "gpus": gpus, "apps": apps}

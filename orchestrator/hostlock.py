@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 
 from orchestrator.processes import HostSideError
-from orchestrator.teardown import _wait_gone
+from orchestrator.teardown import wait_gone
 
 # One orch session per host: an flock held by the agent process for as long as it lives. If orch or its SSH
 # connection dies, the agent sees EOF and exits, and the kernel releases the lock: nothing stale to clean up.
@@ -136,9 +136,9 @@ def _end_stale_agent(pid: Any) -> None:
         if proc.uids().real != os.getuid() or "--serve" not in cmd or not any(a.endswith("hostside.py") for a in cmd):
             return
         proc.terminate()
-        if _wait_gone([proc], 5.0):
+        if wait_gone([proc], 5.0):
             proc.kill()
-            _wait_gone([proc], 5.0)
+            wait_gone([proc], 5.0)
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return
 

@@ -35,16 +35,16 @@ from orchestrator.processes import (
     OWNER,
     PROFILE,
     HostSideError,
-    _cmdline,
-    _describe,
-    _environ,
-    _gone,
-    _marked,
-    _self_owner,
+    describe_process,
+    is_gone,
+    marked_processes,
+    masked_cmdline,
     owner_state,
+    read_environ,
+    self_owner,
 )
 from orchestrator.redaction import redact
-from orchestrator.teardown import _recorded, op_kill_port_owner, op_port_owner, stop_launch
+from orchestrator.teardown import op_kill_port_owner, op_port_owner, recorded_processes, stop_launch
 
 # Variables that change what an inference server does even when no profile set them.
 RELEVANT_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVIDIA_", "OMP_", "HF_", "TRITON_")
@@ -106,12 +106,14 @@ def op_find(namespace: str) -> list[dict[str, Any]]:
     prefix = namespace + ":"
     out = []
     states: dict[str | None, str] = {}
-    for proc, lid in _marked(lambda v: v.startswith(prefix)):
-        env = _environ(proc) or {}
+    for proc, lid in marked_processes(lambda v: v.startswith(prefix)):
+        env = read_environ(proc) or {}
         owner = env.get(OWNER)
         if owner not in states:
             states[owner] = owner_state(owner)
-        out.append({**_describe(proc, lid), "owner": owner, "owner_state": states[owner], "profile": env.get(PROFILE)})
+        out.append(
+            {**describe_process(proc, lid), "owner": owner, "owner_state": states[owner], "profile": env.get(PROFILE)}
+        )
     return out
 
 
@@ -157,7 +159,7 @@ def op_launch(argv: list[str], env: dict[str, str], log_path: str, cwd: str | No
         os.unlink(pidfile)
     full_env = dict(os.environ)
     full_env.update(env)
-    full_env[OWNER] = _self_owner()
+    full_env[OWNER] = self_owner()
     try:
         subprocess.run(
             ["sh", "-c", _LAUNCH_SH, "sh", pidfile, log_path, *argv],
@@ -258,13 +260,13 @@ def op_environ(launch_id: str, keys: list[str], digest_key: str | None = None) -
     """
     key = bytes.fromhex(digest_key) if digest_key else None
     out = []
-    for proc, _ in _marked(lambda v: v == launch_id):
-        env = _environ(proc)
+    for proc, _ in marked_processes(lambda v: v == launch_id):
+        env = read_environ(proc)
         if env is None:
             continue
         wanted = {k: (redact(k, env[k], key) if k in env else None) for k in keys}
         extra = {k: redact(k, v, key) for k, v in env.items() if k not in wanted and k.startswith(RELEVANT_PREFIXES)}
-        out.append({**_describe(proc, launch_id), "env": wanted, "other_env": extra})
+        out.append({**describe_process(proc, launch_id), "env": wanted, "other_env": extra})
     out.sort(key=lambda d: d["pid"])
     return out
 
@@ -273,7 +275,7 @@ def op_launch_procs(launch_id: str, pid: int) -> list[dict[str, Any]]:
     """Every process of a launch now: those carrying its marker and every descendant of its main process (which
     finds a worker that re-exec'd without the marker). Recorded once the server is ready, so that liveness checks
     and teardown know the whole launch even if a member later drops the marker."""
-    procs = {p.pid: p for p, _ in _marked(lambda v: v == launch_id)}
+    procs = {p.pid: p for p, _ in marked_processes(lambda v: v == launch_id)}
     with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
         main = psutil.Process(pid)
         procs.setdefault(main.pid, main)
@@ -282,8 +284,8 @@ def op_launch_procs(launch_id: str, pid: int) -> list[dict[str, Any]]:
     out = []
     for proc in procs.values():
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            if not _gone(proc):
-                out.append({"pid": proc.pid, "create_time": proc.create_time(), "cmdline": _cmdline(proc, 120)})
+            if not is_gone(proc):
+                out.append({"pid": proc.pid, "create_time": proc.create_time(), "cmdline": masked_cmdline(proc, 120)})
     return sorted(out, key=lambda d: d["pid"])
 
 
@@ -295,7 +297,7 @@ def op_launch_state(launch_id: str, pid: int, keys: list[str], digest_key: str |
 
 def launch_problem(procs: list[dict[str, Any]]) -> str | None:
     """Why a launch is no longer whole (a recorded process exited), or None while every one still runs."""
-    _, gone = _recorded(procs)
+    _, gone = recorded_processes(procs)
     if not gone:
         return None
     first = gone[0]

@@ -283,7 +283,7 @@ def _teardown_all(
 
 
 @contextlib.contextmanager
-def running(
+def running_group(
     group: GroupHost,
     profile: Profile,
     *,

@@ -121,7 +121,9 @@ def launch_points(fig_id: str, arms: Sequence[ArmLaunches], ylabel: str) -> str:
 
 
 @dataclass(frozen=True)
-class RatioRow:
+class RatioBar:
+    """One comparison's bar in the ratio-interval plot: its ratio, 95 % interval and verdict."""
+
     label: str
     ratio: float | None
     lo: float | None  # None: no interval (one block, or nothing paired)
@@ -129,7 +131,7 @@ class RatioRow:
     verdict: str | None
 
 
-def ratio_intervals(fig_id: str, rows: Sequence[RatioRow], min_effect: float) -> str:
+def ratio_intervals(fig_id: str, rows: Sequence[RatioBar], min_effect: float) -> str:
     """Each comparison's ratio with its 95 % CI, against the band of differences too small to matter."""
 
     def draw(fig: Figure) -> None:

@@ -25,7 +25,8 @@ class HostSideError(Exception):
     """A failure the caller should show to the user as a HostError."""
 
 
-def _gone(proc: psutil.Process) -> bool:
+def is_gone(proc: psutil.Process) -> bool:
+    """True when proc has exited, is a zombie, or its PID now belongs to another process."""
     # Orphans whose parent is a non-reaping PID 1 linger as zombies: for us they are dead. is_running() also
     # compares the creation time, so a PID reused by a new process does not count as ours still running.
     try:
@@ -34,14 +35,16 @@ def _gone(proc: psutil.Process) -> bool:
         return True
 
 
-def _environ(proc: psutil.Process) -> dict[str, str] | None:
+def read_environ(proc: psutil.Process) -> dict[str, str] | None:
+    """proc's environment, or None when it is gone or not ours to read."""
     try:
         return proc.environ()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
         return None
 
 
-def _cmdline(proc: psutil.Process, limit: int = 300) -> str:
+def masked_cmdline(proc: psutil.Process, limit: int = 300) -> str:
+    """proc's command line for display, secrets masked, cut to limit characters; `?` when it cannot be read."""
     try:
         # Display only (status, port owners, GPU processes): a plain mask, no digest, so no key is needed here.
         text = scrub(" ".join(hide_argv(proc.cmdline(), lambda _: REDACTED))) or proc.name()
@@ -50,30 +53,33 @@ def _cmdline(proc: psutil.Process, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _marked(match: Callable[[str], bool]) -> list[tuple[psutil.Process, str]]:
+def marked_processes(match: Callable[[str], bool]) -> list[tuple[psutil.Process, str]]:
+    """Every live process (but this one) whose MARKER launch id matches, with that id."""
     out = []
     me = os.getpid()
     for proc in psutil.process_iter():
         if proc.pid == me:
             continue
-        env = _environ(proc)
+        env = read_environ(proc)
         if not env:
             continue
         launch_id = env.get(MARKER)
-        if launch_id is not None and match(launch_id) and not _gone(proc):
+        if launch_id is not None and match(launch_id) and not is_gone(proc):
             out.append((proc, launch_id))
     return out
 
 
-def _describe(proc: psutil.Process, launch_id: str | None = None) -> dict[str, Any]:
+def describe_process(proc: psutil.Process, launch_id: str | None = None) -> dict[str, Any]:
+    """pid, ppid, pgid, masked command line and launch id of proc, as status and teardown reports list them."""
     try:
         ppid, pgid = proc.ppid(), os.getpgid(proc.pid)
     except (psutil.NoSuchProcess, ProcessLookupError, psutil.AccessDenied):
         ppid, pgid = None, None
-    return {"pid": proc.pid, "ppid": ppid, "pgid": pgid, "cmdline": _cmdline(proc), "launch_id": launch_id}
+    return {"pid": proc.pid, "ppid": ppid, "pgid": pgid, "cmdline": masked_cmdline(proc), "launch_id": launch_id}
 
 
-def _self_owner() -> str:
+def self_owner() -> str:
+    """This process as an OWNER value: its PID and start time, so a reused PID is never taken for it."""
     return f"{os.getpid()}:{psutil.Process().create_time():.3f}"
 
 
@@ -81,13 +87,13 @@ def owner_state(owner: str | None) -> str:
     """`me` (this process launched it), `alive` (another live orch session), `dead`, or `unknown` (no owner)."""
     if not owner:
         return "unknown"
-    if owner == _self_owner():
+    if owner == self_owner():
         return "me"
     pid_text, _, created = owner.partition(":")
     try:
         proc = psutil.Process(int(pid_text))
         same = abs(proc.create_time() - float(created)) < 0.01  # a reused PID is another process
-        return "alive" if same and not _gone(proc) else "dead"
+        return "alive" if same and not is_gone(proc) else "dead"
     except (psutil.NoSuchProcess, ValueError):
         return "dead"
     except psutil.AccessDenied:

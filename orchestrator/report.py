@@ -74,7 +74,8 @@ def breakeven_lines(be: BreakEven, indent: str = "") -> list[str]:
     return [indent + line for line in lines]
 
 
-def _table(rows: list[list[str]]) -> list[str]:
+def text_table(rows: list[list[str]]) -> list[str]:
+    """rows (a header first) as aligned plain-text lines: the first column left, the numbers right."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for n, row in enumerate(rows):
@@ -137,7 +138,7 @@ def _arm_row(arm: ArmResult, level: int, vs: str) -> list[str]:
     ]
 
 
-def _level_rows(result: ABResult, level: int) -> list[list[str]]:
+def level_rows(result: ABResult, level: int) -> list[list[str]]:
     """The header and one row per arm at one concurrency level (text and Markdown share them)."""
     ratios = {c.arm_index: c for c in result.comparisons_at(level)}
     if not is_ab(result):  # one arm: nothing to be "vs"
@@ -239,13 +240,13 @@ def ab_text(result: ABResult) -> str:
     lines += _design_lines(result)
     base = result.arms[0]
     for level in result.levels or [1]:
-        rows = _level_rows(result, level)
+        rows = level_rows(result, level)
         lines.append(
             f"  tok/s per stream at concurrency {level}" + (" (simulated)" if result.simulated else "") + ": median "
             "of launch medians; min/max over runs; CV within and across launches"
             + ("; vs: mean per-block ratio" if is_ab(result) else "")
         )
-        lines += _table(rows)
+        lines += text_table(rows)
         for c in result.comparisons_at(level):
             lines.append("  " + comparison_line(c))
         if method := ci_method_line(result.comparisons_at(level)):
@@ -449,7 +450,8 @@ def ab_csv(result: ABResult) -> str:
     return buf.getvalue()
 
 
-def _md_table(rows: list[list[str]]) -> list[str]:
+def md_table(rows: list[list[str]]) -> list[str]:
+    """rows (a header first) as a Markdown table: the first column left-aligned, the numbers right-aligned."""
     out = [
         "| " + " | ".join(rows[0]) + " |",
         "|" + "|".join("---" if i == 0 else "---:" for i in range(len(rows[0]))) + "|",
@@ -474,9 +476,9 @@ def ab_markdown(result: ABResult) -> str:
     )
     lines += [f"> NOTE: {n}" for n in result.notes]
     for level in result.levels or [1]:
-        rows = _level_rows(result, level)
+        rows = level_rows(result, level)
         lines += ["", f"## tok/s per stream at concurrency {level}", ""]
-        lines += _md_table(rows)
+        lines += md_table(rows)
         lines.append("")
         lines += [f"- {comparison_line(c)}" for c in result.comparisons_at(level)]
         if method := ci_method_line(result.comparisons_at(level)):

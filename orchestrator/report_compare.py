@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.compare import ArmSide, ClaimVerdict, ExperimentComparison, Side, estimate_json
-from orchestrator.report import SIM_BANNER, _md_table, _table
+from orchestrator.report import SIM_BANNER, md_table, text_table
 from orchestrator.stats import RatioEstimate
 from orchestrator.stats_repro import NOT_REPRODUCED, ArmEstimate, ReproVerdict
 
@@ -124,10 +124,10 @@ def compare_text(c: ExperimentComparison) -> str:
     ]
     if c.a.simulated or c.b.simulated:
         lines.append(SIM_BANNER)
-    lines += _table(_arm_rows(c))
+    lines += text_table(_arm_rows(c))
     if c.ratios:
         lines.append("")
-        lines += _table(_ratio_rows(c))
+        lines += text_table(_ratio_rows(c))
     lines += ["  " + d for d in _details(c)]
     if c.causes:
         lines.append("  " + _causes_title(c))
@@ -201,9 +201,9 @@ def compare_markdown(c: ExperimentComparison) -> str:
         f"±{c.tolerance * 100:.1f}%.",
         "",
     ]
-    lines += _md_table(_arm_rows(c))
+    lines += md_table(_arm_rows(c))
     if c.ratios:
-        lines += ["", *_md_table(_ratio_rows(c))]
+        lines += ["", *md_table(_ratio_rows(c))]
     details = _details(c)
     if details:
         lines += [""] + [f"- {d}" for d in details]

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__, plots
-from orchestrator.report import SIM_BANNER, _level_rows, attached_banner, breakeven_lines, comparison_line
+from orchestrator.report import SIM_BANNER, attached_banner, breakeven_lines, comparison_line, level_rows
 from orchestrator.results import ABResult, ArmResult, LaunchResult
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def _ratio_figure(result: ABResult) -> str:
             ci = est is not None and est.blocks >= 2  # one block's interval holds only run noise: not drawn
             label = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level}"
             rows.append(
-                plots.RatioRow(
+                plots.RatioBar(
                     label,
                     c.ratio,
                     est.lo if ci and est else None,
@@ -399,7 +399,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     body.append('<section id="summary"><h2>Summary</h2>')
     for lv in result.levels or [1]:
         body.append(f"<h3>tok/s per stream at concurrency {lv}</h3>")
-        body.append(_table(_level_rows(result, lv), f"table-summary-c{lv}"))
+        body.append(_table(level_rows(result, lv), f"table-summary-c{lv}"))
     body.append(
         '<p class="note">median: of launch values (each the median of its runs); min/max over runs; CV within and '
         "across launches; vs: mean per-block ratio.</p></section>"

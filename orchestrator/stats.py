@@ -211,7 +211,8 @@ def launch_value(runs: Sequence[float]) -> float:
     return statistics.median(runs)
 
 
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """The q-quantile of sorted_values, linearly interpolated between the two nearest ranks."""
     pos = (len(sorted_values) - 1) * q
     lo, hi = math.floor(pos), math.ceil(pos)
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
@@ -269,7 +270,7 @@ def ratio_ci(
                 total += logs[i]
         draws.append(total / n)
     draws.sort()
-    lo, hi = _quantile(draws, alpha / 2), _quantile(draws, 1 - alpha / 2)
+    lo, hi = quantile(draws, alpha / 2), quantile(draws, 1 - alpha / 2)
     method = "bootstrap over blocks"
     if hier:
         method += " + runs within launches, " + (

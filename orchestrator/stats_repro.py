@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from orchestrator.stats import Z_80, RatioEstimate, _quantile, launch_value, t_975
+from orchestrator.stats import Z_80, RatioEstimate, launch_value, quantile, t_975
 
 DEFAULT_TOLERANCE = 0.03  # ±3 %: above restart noise on a quiet host (1-2 %), below any change worth a ticket
 
@@ -101,7 +101,7 @@ def arm_estimate(
             total += math.log(statistics.median([rng.choice(launches[i]) for _ in launches[i]])) if hier else logs[i]
         draws.append(total / n)
     draws.sort()
-    lo, hi = _quantile(draws, 0.025), _quantile(draws, 0.975)
+    lo, hi = quantile(draws, 0.025), quantile(draws, 0.975)
     method = "bootstrap over launches" + (" + runs within launches" if hier else "")
     sd = statistics.stdev(logs)
     half = t_975(n - 1) * sd / math.sqrt(n)

@@ -10,7 +10,7 @@ from typing import Any
 
 import psutil
 
-from orchestrator.processes import MARKER, HostSideError, _describe, _environ, _gone, _marked
+from orchestrator.processes import MARKER, HostSideError, describe_process, is_gone, marked_processes, read_environ
 
 
 def op_port_owner(port: int) -> list[dict[str, Any]]:
@@ -30,18 +30,18 @@ def op_port_owner(port: int) -> list[dict[str, Any]]:
             proc = psutil.Process(conn.pid)
         except psutil.NoSuchProcess:
             continue
-        env = _environ(proc) or {}
-        owners.append(_describe(proc, env.get(MARKER)))
+        env = read_environ(proc) or {}
+        owners.append(describe_process(proc, env.get(MARKER)))
     return owners
 
 
-def _recorded(procs: Iterable[dict[str, Any]]) -> tuple[list[psutil.Process], list[dict[str, Any]]]:
+def recorded_processes(procs: Iterable[dict[str, Any]]) -> tuple[list[psutil.Process], list[dict[str, Any]]]:
     """The recorded processes that are still the same processes (PID and start time), and those that are gone."""
     alive, gone = [], []
     for rec in procs:
         try:
             proc = psutil.Process(int(rec["pid"]))
-            if abs(proc.create_time() - float(rec["create_time"])) < 0.01 and not _gone(proc):
+            if abs(proc.create_time() - float(rec["create_time"])) < 0.01 and not is_gone(proc):
                 alive.append(proc)
                 continue
         except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, TypeError, ValueError):
@@ -63,7 +63,7 @@ def _signal_group(pgid: int | None, sig: signal.Signals) -> bool:
 def _signal_procs(procs: Iterable[psutil.Process], sig: signal.Signals) -> list[int]:
     hit = []
     for proc in procs:
-        if _gone(proc):
+        if is_gone(proc):
             continue
         try:
             proc.send_signal(sig)
@@ -79,12 +79,13 @@ GONE_POLL_S = 0.01
 PORT_POLL_S = 0.02
 
 
-def _wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """The processes of procs still alive after waiting up to timeout seconds for them to exit."""
     deadline = time.monotonic() + timeout
-    alive = [p for p in procs if not _gone(p)]
+    alive = [p for p in procs if not is_gone(p)]
     while alive and time.monotonic() < deadline:
         time.sleep(GONE_POLL_S)
-        alive = [p for p in alive if not _gone(p)]
+        alive = [p for p in alive if not is_gone(p)]
     return alive
 
 
@@ -108,9 +109,9 @@ def stop_launch(
     (`known`: PID and start time, so a reused PID is never mistaken for ours) are ever signalled.
     """
     t0 = time.monotonic()
-    procs = [p for p, _ in _marked(lambda v: v == launch_id)]
+    procs = [p for p, _ in marked_processes(lambda v: v == launch_id)]
     # Recorded members that no longer carry the marker (a worker that re-exec'd with a clean environment).
-    unmarked = [p for p in _recorded(known or [])[0] if p.pid not in {q.pid for q in procs}]
+    unmarked = [p for p in recorded_processes(known or [])[0] if p.pid not in {q.pid for q in procs}]
     procs += unmarked
     report: dict[str, Any] = {
         "found": [p.pid for p in procs],
@@ -128,20 +129,20 @@ def stop_launch(
     report["sigterm"] = _signal_group(pgid, signal.SIGTERM)
     # Members that left the group (setsid) never saw the group signal: tell them directly.
     _signal_procs([p for p in procs if _pgid(p) != pgid], signal.SIGTERM)
-    survivors = _wait_gone(procs, grace_s)
+    survivors = wait_gone(procs, grace_s)
     if survivors:
         # Re-check just before the group SIGKILL: if every marked member left the group meanwhile, the number
         # may already belong to a new group of someone else's.
-        if pgid is not None and any(_pgid(p) == pgid for p, _ in _marked(lambda v: v == launch_id)):
+        if pgid is not None and any(_pgid(p) == pgid for p, _ in marked_processes(lambda v: v == launch_id)):
             _signal_group(pgid, signal.SIGKILL)
         _signal_procs(survivors, signal.SIGKILL)  # those outside the group; the rest may already be gone
         report["sigkill"] = [p.pid for p in survivors]
     # Processes started after our snapshot or reparented away from the group: found again by marker.
-    late = [p for p, _ in _marked(lambda v: v == launch_id)] + _recorded(known or [])[0]
+    late = [p for p, _ in marked_processes(lambda v: v == launch_id)] + recorded_processes(known or [])[0]
     if late:
         report["escaped"] = sorted(set(_signal_procs(late, signal.SIGKILL)))
-    remaining = _wait_gone(procs + late, 10.0)
-    report["remaining"] = [_describe(p, launch_id) for p in remaining]
+    remaining = wait_gone(procs + late, 10.0)
+    report["remaining"] = [describe_process(p, launch_id) for p in remaining]
     port_free = True
     if port is not None:
         deadline = time.monotonic() + port_wait_s
@@ -175,7 +176,7 @@ def op_kill_port_owner(port: int, pid: int, grace_s: float = 10.0) -> dict[str, 
         raise HostSideError(f"PID {pid} no longer owns port {port} (owners now: {owners}); nothing was killed")
     _signal_procs([proc], signal.SIGTERM)
     killed = []
-    if _wait_gone([proc], grace_s):
+    if wait_gone([proc], grace_s):
         killed = _signal_procs([proc], signal.SIGKILL)
-        _wait_gone([proc], 10.0)
-    return {"pid": pid, "sigkill": bool(killed), "gone": _gone(proc)}
+        wait_gone([proc], 10.0)
+    return {"pid": pid, "sigkill": bool(killed), "gone": is_gone(proc)}

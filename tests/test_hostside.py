@@ -285,12 +285,12 @@ def test_cmdlines_shown_from_the_host_are_masked(
     (owner,) = teardown.op_port_owner(port)
     assert "SECRET" not in owner["cmdline"] and "--api-key <redacted>" in owner["cmdline"]
     assert "--hf-token=<redacted>" in owner["cmdline"] and "--max-total-tokens 8" in owner["cmdline"]
-    # The same masked line in preflight's refusal, and in what `orch status`/teardown reports list (_describe).
+    # The same masked line in preflight's refusal, and in what `orch status`/teardown reports list (describe_process).
     prof = load(str(write_profile("p", engine="sglang", model_path="/m", tp_size=1, port=port)))
     with pytest.raises(HostError, match=rf"(?s)in use by PID {foreign_with_secrets.pid} \(.*--api-key <redacted>") as e:
         server.preflight(LocalHost(), prof, NAMESPACE)
     assert "SECRET" not in str(e.value)
-    described = hostside._describe(psutil.Process(foreign_with_secrets.pid))
+    described = hostside.describe_process(psutil.Process(foreign_with_secrets.pid))
     assert "SECRET" not in described["cmdline"] and "<redacted>" in described["cmdline"]
 
 
@@ -356,8 +356,8 @@ def test_recorded_pids_are_matched_with_their_start_time() -> None:
     me = psutil.Process()
     same = {"pid": me.pid, "create_time": me.create_time()}
     other = {"pid": me.pid, "create_time": me.create_time() - 100}
-    assert teardown._recorded([same])[0] == [me]
-    assert teardown._recorded([other])[0] == [] and teardown._recorded([other])[1] == [other]
+    assert teardown.recorded_processes([same])[0] == [me]
+    assert teardown.recorded_processes([other])[0] == [] and teardown.recorded_processes([other])[1] == [other]
 
 
 def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> None:

@@ -9,17 +9,57 @@ The rules the graph is built by (read from the source with ast, nothing is impor
   edges. `from orchestrator.pkg import name` of a name the __init__ defines (hosts' resolve_host) is an edge to the
   package, since it needs the __init__ to have finished: that is the import a half-initialised package breaks.
 - `importlib.import_module(...)` (the command table in cli/lazy.py) is not seen: it names modules in strings.
+
+Three contracts more, on the same graph (docs/architecture.md, "Layers"):
+- No module imports a `_private` name of another module (`from m import _x`, or `m._x` of an imported module m).
+- What ships to the host (SHIPPED below) imports only what ships with it, the stdlib and psutil.
+- Each module sits in one layer of LAYERS and imports (at run time or under `if TYPE_CHECKING:`) only from its own
+  layer or those below it; the exceptions are listed in UPWARD with why.
 """
 
 from __future__ import annotations
 
 import ast
+import fnmatch
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+
+from orchestrator.hosts.agentlink import SHIPPED_MODULES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "orchestrator"
 
 # Edges a cycle may still use, each with why. Keep this empty: move the shared piece down instead.
+
+# The layers, lowest first, as the code stands (fnmatch patterns of module names without the `orchestrator.`
+# prefix; "" is the package's own __init__). The host side sits below the models because the run's config and
+# result types (bench) drive the benchmark client that ships to the host.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("", "errors", "fields", "files", "yamlfile", "redaction", "stopsignals", "streamparse")),
+    ("stats", ("stats", "stats_seq", "stats_repro", "changepoint")),
+    ("host side", ("client", "client_*", "processes", "hostfacts", "hostwait", "teardown", "hostlock", "hostside")),
+    ("simulator", ("sim", "sim.*")),
+    ("models", ("engines", "engines.*", "profile", "bench", "prompts", "planlimits", "progress", "suite")),
+    ("results", ("results", "results_load", "records", "store", "store_schema", "bundleformat")),
+    ("analysis", ("compare", "whatif", "whatif_*")),
+    ("hosts", ("hosts", "hosts.*", "ports")),
+    ("runners", ("server", "fingerprint", "attach", "ab", "ab_launch", "experiment_host", "multinode", "failon")),
+    ("nightly", ("history", "nightly", "nightly_*", "nightresult", "reproduce", "bundle")),
+    ("reports", ("report", "report_*", "plots", "progress_live")),
+    ("cli", ("cli", "cli.*", "__main__")),
+)
+
+# Imports that point up a layer, each with why; an entry that no longer exists fails the test (keep this short).
+UPWARD: dict[tuple[str, str], str] = {
+    # bench holds both the run's config and result types (models) and the runners that drive a Host through its
+    # agent (host_runner, runner_for): the annotation names the Host protocol. Splitting the runners out of bench
+    # is part of the move into packages.
+    ("bench", "hosts.base"): "bench's runners take a Host (TYPE_CHECKING only)",
+}
+
+# What the host gets (hosts/agentlink.agent_files): the package's __init__, hostside.py, SHIPPED_MODULES and sim/.
+SHIPPED = ("", "hostside", *SHIPPED_MODULES, "sim", "sim.*")
+SHIPPED_THIRD_PARTY = {"psutil"}
 
 
 def module_names(root: Path) -> dict[str, Path]:
@@ -49,19 +89,26 @@ def _runtime_nodes(node: ast.AST) -> Iterator[ast.AST]:
         yield from _runtime_nodes(child)
 
 
-def imports_of(name: str, source: str, modules: dict[str, Path]) -> set[str]:
-    """The orchestrator modules that module `name` imports when it runs, by the rules above."""
-    is_package = modules.get(name, Path()).name == "__init__.py"
+def _absolute(name: str, node: ast.ImportFrom, modules: dict[str, Path]) -> str:
+    """The module a `from ... import` in module `name` reads from, relative imports resolved."""
+    base = node.module or ""
+    if node.level:  # relative: from the module's package, one level up per extra dot
+        package = name.split(".") if modules.get(name, Path()).name == "__init__.py" else name.split(".")[:-1]
+        package = package[: len(package) - (node.level - 1)]
+        base = ".".join([*package, base] if base else package)
+    return base
+
+
+def imports_of(name: str, source: str, modules: dict[str, Path], *, type_checking: bool = False) -> set[str]:
+    """The orchestrator modules that module `name` imports when it runs, by the rules above; with type_checking,
+    also those it imports under `if TYPE_CHECKING:`."""
     out: set[str] = set()
-    for node in _runtime_nodes(ast.parse(source)):
+    tree = ast.parse(source)
+    for node in ast.walk(tree) if type_checking else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names if a.name in modules)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: from the module's package, one level up per extra dot
-                package = name.split(".") if is_package else name.split(".")[:-1]
-                package = package[: len(package) - (node.level - 1)]
-                base = ".".join([*package, base] if base else package)
+            base = _absolute(name, node, modules)
             subs = {f"{base}.{a.name}" for a in node.names} & modules.keys()
             out |= subs
             if base in modules and len(subs) < len(node.names):
@@ -70,9 +117,87 @@ def imports_of(name: str, source: str, modules: dict[str, Path]) -> set[str]:
     return out
 
 
-def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+def import_graph(root: Path = PACKAGE, *, type_checking: bool = False) -> dict[str, set[str]]:
     modules = module_names(root)
-    return {name: imports_of(name, path.read_text(encoding="utf-8"), modules) for name, path in modules.items()}
+    return {
+        name: imports_of(name, path.read_text(encoding="utf-8"), modules, type_checking=type_checking)
+        for name, path in modules.items()
+    }
+
+
+def private_imports(name: str, source: str, modules: dict[str, Path]) -> list[str]:
+    """Each `_private` name module `name` takes from another orchestrator module, as `line: module._name`."""
+    out = []
+    tree = ast.parse(source)
+    imported: dict[str, str] = {}  # a local name bound to an orchestrator module: the module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in modules:
+                    imported[a.asname or a.name] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(name, node, modules)
+            for a in node.names:
+                if f"{base}.{a.name}" in modules:
+                    imported[a.asname or a.name] = f"{base}.{a.name}"
+                elif base in modules and base != name and _private(a.name):
+                    out.append(f"{node.lineno}: {base}.{a.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            target = imported.get(ast.unparse(node.value)) or ast.unparse(node.value)
+            if target in modules and target != name:
+                out.append(f"{node.lineno}: {target}.{node.attr}")
+    return sorted(out)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of a module (dotted name, with the `orchestrator` prefix); None when it is in none."""
+    short = module.removeprefix("orchestrator").removeprefix(".")
+    found = [i for i, (_, patterns) in enumerate(LAYERS) if any(fnmatch.fnmatchcase(short, p) for p in patterns)]
+    assert len(found) <= 1, f"{module} is in more than one layer: {[LAYERS[i][0] for i in found]}"
+    return found[0] if found else None
+
+
+def upward_edges(graph: dict[str, set[str]]) -> dict[tuple[str, str], str]:
+    """Each import that points to a higher layer, by (importer, imported) without the prefix: the layers' names."""
+    out = {}
+    for a, targets in graph.items():
+        for b in targets:
+            la, lb = layer_of(a), layer_of(b)
+            if la is not None and lb is not None and lb > la:
+                key = (a.removeprefix("orchestrator."), b.removeprefix("orchestrator."))
+                out[key] = f"{LAYERS[la][0]} -> {LAYERS[lb][0]}"
+    return out
+
+
+def _shipped(module: str) -> bool:
+    short = module.removeprefix("orchestrator").removeprefix(".")
+    return any(fnmatch.fnmatchcase(short, p) for p in SHIPPED)
+
+
+def shipped_violations(root: Path = PACKAGE) -> list[str]:
+    """Each import of a shipped module that would fail on the host: an orchestrator module that does not ship, or
+    a third-party package other than psutil (lazy imports counted; TYPE_CHECKING ones never run)."""
+    modules = module_names(root)
+    out = []
+    for name, path in modules.items():
+        if not _shipped(name):
+            continue
+        source = path.read_text(encoding="utf-8")
+        out += [f"{name} -> {dep}" for dep in sorted(imports_of(name, source, modules)) if not _shipped(dep)]
+        for node in _runtime_nodes(ast.parse(source)):
+            tops = []
+            if isinstance(node, ast.Import):
+                tops = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                tops = [node.module.split(".")[0]]
+            allowed = {"orchestrator", *sys.stdlib_module_names, *SHIPPED_THIRD_PARTY}
+            out += [f"{name} -> {top} (third-party)" for top in tops if top not in allowed]
+    return out
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -133,3 +258,75 @@ from . import f
 def test_a_cycle_is_found_and_shown() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    found = []
+    for root in (PACKAGE, PACKAGE.parent / "benchmarks"):
+        modules = module_names(PACKAGE) | module_names(root)
+        for name, path in module_names(root).items():
+            found += [f"{name}:{hit}" for hit in private_imports(name, path.read_text(encoding="utf-8"), modules)]
+    assert not found, "private names imported across modules (give them a public name): " + "; ".join(found)
+
+
+def test_private_imports_are_found_in_every_form() -> None:
+    modules = {name: Path(f"{name.replace('.', '/')}.py") for name in ("o.a", "o.b", "o.p.s")}
+    modules["o.p"] = Path("o/p/__init__.py")
+    source = """
+from o.a import public, _hidden, __version__
+from o import b
+import o.p.s as s
+from .b import _rel
+def later():
+    return b._helper(), s._STATE, o.a._direct, _hidden._attr, self._fine
+"""
+    assert private_imports("o.x", source, modules) == [
+        "2: o.a._hidden",
+        "5: o.b._rel",
+        "7: o.a._direct",
+        "7: o.b._helper",
+        "7: o.p.s._STATE",
+    ]
+    assert private_imports("o.a", "import o.a\nfrom o.a import _mine\no.a._x", modules) == []  # its own
+
+
+def test_every_module_has_one_layer() -> None:
+    missing = [name for name in module_names(PACKAGE) if layer_of(name) is None]
+    assert not missing, "put these modules in a layer of LAYERS (tests/test_imports.py, docs/architecture.md): " + (
+        ", ".join(missing)
+    )
+
+
+def test_imports_point_down_the_layers() -> None:
+    """Run-time and TYPE_CHECKING imports alike: a type-only import up a layer still inverts the design."""
+    found = upward_edges(import_graph(type_checking=True))
+    unexpected = {edge: layers for edge, layers in found.items() if edge not in UPWARD}
+    assert not unexpected, "imports up a layer (move the shared piece down, or list it in UPWARD with why): " + (
+        "; ".join(f"{a} -> {b} ({layers})" for (a, b), layers in sorted(unexpected.items()))
+    )
+    stale = sorted(set(UPWARD) - set(found))
+    assert not stale, f"UPWARD lists imports that no longer point up: {stale}"
+
+
+def test_an_upward_import_is_caught_even_under_type_checking() -> None:
+    graph = {"orchestrator.stats": {"orchestrator.errors"}, "orchestrator.errors": {"orchestrator.cli.run"}}
+    assert upward_edges(graph) == {("errors", "cli.run"): "base -> cli"}
+    modules = {"o.a": Path("o/a.py"), "o.b": Path("o/b.py")}
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from o.b import B\n"
+    assert imports_of("o.a", source, modules) == set()
+    assert imports_of("o.a", source, modules, type_checking=True) == {"o.b"}
+
+
+def test_what_ships_to_the_host_imports_only_what_ships_with_it(tmp_path: Path) -> None:
+    assert not shipped_violations(), "the host-side agent would fail to import: " + "; ".join(shipped_violations())
+    # The same check on a copy whose shipped teardown reaches for the orch side, lazily, and for a third party.
+    root = tmp_path / "orchestrator"
+    for path in PACKAGE.rglob("*.py"):
+        (root / path.relative_to(PACKAGE)).parent.mkdir(parents=True, exist_ok=True)
+        (root / path.relative_to(PACKAGE)).write_bytes(path.read_bytes())
+    with (root / "teardown.py").open("a", encoding="utf-8") as f:
+        f.write("\n\ndef later() -> None:\n    from orchestrator import store\n    import yaml\n")
+    assert shipped_violations(root) == [
+        "orchestrator.teardown -> orchestrator.store",
+        "orchestrator.teardown -> yaml (third-party)",
+    ]

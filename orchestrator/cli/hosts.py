@@ -163,7 +163,7 @@ def status_cmd(
 def _status_doc(node: str, state: dict[str, Any], db: str | None) -> dict[str, Any]:
     procs = state["processes"]
     profiles = stored_profiles(Path(db) if db else default_db_path(), (str(p["launch_id"]) for p in procs))
-    # Command lines come back from the host already masked (processes._cmdline): no secret reaches stdout.
+    # Command lines come back from the host already masked (processes.masked_cmdline): no secret reaches stdout.
     return {"node": node, "launches": summarize(procs, profiles), "processes": procs, "gpus": state["gpus"]}
 
 

@@ -7,7 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.sim.args import ServerConfig
-from orchestrator.sim.engine import MAX_TOTAL_TOKENS, Engine, Req
+from orchestrator.sim.engine import MAX_TOTAL_TOKENS, Req, SimEngine
 
 if TYPE_CHECKING:
     from orchestrator.sim.server import SimServer
@@ -66,7 +66,7 @@ def server_info_obj(server: SimServer) -> dict[str, Any]:
     }
 
 
-def metrics_text(e: Engine | None, model_name: str) -> str:
+def metrics_text(e: SimEngine | None, model_name: str) -> str:
     """SGLang's /metrics (Prometheus text): its sglang:* counters and gauges, labelled model_name."""
     label = '{model_name="' + model_name.replace("\\", "\\\\").replace('"', '\\"') + '"}'
     rows: list[tuple[str, str, str, float]] = [
@@ -97,7 +97,7 @@ def metrics_text(e: Engine | None, model_name: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def generate_payload(req: Req, engine: Engine | None, final: bool) -> bytes:
+def generate_payload(req: Req, engine: SimEngine | None, final: bool) -> bytes:
     """One /generate answer (or SSE event): the text so far, its output_ids and meta_info."""
     meta: dict[str, Any] = {
         "id": req.rid,

@@ -136,7 +136,7 @@ class Req:
         return time.monotonic() - self.created_mono
 
 
-class Engine:
+class SimEngine:
     """Batches all running requests in one loop; iteration times come from the timing model."""
 
     def __init__(

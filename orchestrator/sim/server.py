@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator.sim import logs
 from orchestrator.sim.args import SGLANG_VERSION, ServerConfig, SimArgError, parse_server_args
 from orchestrator.sim.documents import metrics_text, model_info_obj, models_obj, server_info_obj
-from orchestrator.sim.engine import Engine, Req, Sink, count_text_tokens
+from orchestrator.sim.engine import Req, SimEngine, Sink, count_text_tokens
 from orchestrator.sim.httpio import HttpError, Request, json_response, read_request, response, stream_head
 from orchestrator.sim.knobs import knob_faults, knob_float
 from orchestrator.sim.launch import launch, load_knobs
@@ -68,7 +68,7 @@ class SimServer:
         self.busy_conns: set[asyncio.StreamWriter] = set()
         self.http: asyncio.base_events.Server | None = None
         self.model = TimingModel.from_knobs(knobs, cfg.spec, speed_factor, cfg.chunked_prefill_size)
-        self.engine: Engine | None = None
+        self.engine: SimEngine | None = None
         self._ready = asyncio.Event()
         self._shutdown = asyncio.Event()
         self._init_failure: Worker | None = None
@@ -159,7 +159,7 @@ class SimServer:
         logs.log(self._listening_message())
         # The two *-after-tokens faults cannot be combined (knobs), so at most one of them sets the count.
         die_after = self.faults.get("die-after-tokens") or self.faults.get("worker-hang-after-tokens")
-        self.engine = Engine(
+        self.engine = SimEngine(
             self.model,
             random.Random(f"{self.seed}:engine"),
             max_running=self.cfg.max_running_requests,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import random
 import time
@@ -16,11 +15,10 @@ from typing import Any
 
 from orchestrator import __version__, attach, engines, multinode, planlimits, ports, progress, server
 from orchestrator.ab_launch import StrictEnvError, run_launch
-from orchestrator.bench import BenchConfig, RunResult, request_items
+from orchestrator.bench import BenchConfig, RunResult
 from orchestrator.errors import BenchError, OrchError
 from orchestrator.experiment_host import (
     check_nodes,
-    check_same_machine,
     facts_changed,
     host_facts,
     lock_nodes,
@@ -40,6 +38,7 @@ from orchestrator.results import (
     with_auto_notes,
 )
 from orchestrator.results_load import port_note, stored_launches
+from orchestrator.resume import check_resumable, check_same_machine, comparable_profile, requests_digest
 from orchestrator.stats import (
     DEFAULT_MIN_EFFECT,
 )
@@ -77,19 +76,6 @@ def new_experiment_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
 
 
-def comparable_profile(profile: Profile, redaction_key: bytes | None = None) -> dict[str, Any]:
-    """What must not change between the sessions of one resumed experiment (where the file lives may)."""
-    d = profile.to_dict(redaction_key=redaction_key)
-    for key in ("source", "description"):
-        d.pop(key, None)
-    return d
-
-
-def requests_digest(bench: BenchConfig) -> str:
-    """A fingerprint of every request the workload sends (an edited prompts file changes it)."""
-    return hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest()
-
-
 def experiment_config(
     profiles: Sequence[Profile],
     config: ABConfig,
@@ -120,38 +106,6 @@ def bench_config_from(stored: dict[str, Any]) -> BenchConfig:
     data = {k: v for k, v in stored.items() if k in known}
     data["concurrency"] = tuple(data.get("concurrency", (1,)))
     return BenchConfig(**data)
-
-
-def check_resumable(
-    exp: dict[str, Any],
-    profiles: Sequence[Profile],
-    bench: BenchConfig | None = None,
-    *,
-    redaction_key: bytes | None = None,
-) -> None:
-    """Refuse to resume what cannot be continued as the same experiment."""
-    if exp["status"] == "complete":
-        raise OrchError(f"experiment {exp['id']} is already complete (`orch show {exp['id']}` prints it)")
-    if exp["kind"] != "ab" or not exp.get("design_json"):
-        raise OrchError(f"experiment {exp['id']} was stored by an older orch without a design; it cannot be resumed")
-    config = json.loads(exp["config_json"])
-    stored = config.get("profiles") or []
-    if len(stored) != len(profiles):
-        raise OrchError(f"experiment {exp['id']} has {len(stored)} arms, not {len(profiles)}")
-    for want, prof in zip(stored, profiles, strict=True):
-        now = comparable_profile(prof, redaction_key)
-        # Where a server listens moves no number: a resume may give another --port (its own one is taken now).
-        changed = sorted(k for k in set(want) | set(now) if k != "port" and want.get(k) != now.get(k))
-        if changed:
-            raise OrchError(
-                f"profile {prof.name!r} changed since experiment {exp['id']} started (fields: {', '.join(changed)}); "
-                "a resumed experiment must run the same configuration: restore the profile or start a new experiment"
-            )
-    if bench is not None and config.get("requests_sha256") not in (None, requests_digest(bench)):
-        raise OrchError(
-            f"the requests of experiment {exp['id']} changed since it started (was the prompts file "
-            f"{bench.prompts!r} edited?); a resumed experiment must send the same requests"
-        )
 
 
 def run_ab(

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import attach, multinode, progress
-from orchestrator.errors import HostError, InputError, OrchError
+from orchestrator.errors import HostError, InputError
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.group import GroupHost
 from orchestrator.profile import Profile
@@ -24,27 +24,6 @@ if TYPE_CHECKING:
 
 # Names this orch process in the host lock, so after a silent network drop it can take its own lock back.
 SESSION = uuid.uuid4().hex
-
-
-def check_same_machine(exp_id: str, before: dict[str, Any], after: dict[str, Any]) -> None:
-    """A resume must run where the experiment started: launches on two machines are not one experiment."""
-
-    def gpu_ids(facts: dict[str, Any]) -> list[Any]:
-        return [g.get("uuid") for g in facts.get("gpus") or []]
-
-    if gpu_ids(before):
-        # GPU UUIDs identify the machine even where hostnames do not (a container gets a new one per run).
-        if gpu_ids(before) != gpu_ids(after):
-            now = gpu_ids(after) or f"none readable ({after.get('gpu_error') or 'nvidia-smi gave no GPUs'})"
-            raise OrchError(
-                f"experiment {exp_id} ran on GPUs {gpu_ids(before)}; this host has {now}. "
-                "A resumed experiment must run on the same GPUs"
-            )
-    elif before.get("hostname") and before.get("hostname") != after.get("hostname"):
-        raise OrchError(
-            f"experiment {exp_id} ran on machine {before['hostname']!r}; this host is {after.get('hostname')!r}. "
-            "A resumed experiment must run on the same machine"
-        )
 
 
 # Host facts that legitimately differ between two sessions on the same host.

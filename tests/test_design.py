@@ -347,11 +347,12 @@ def test_migration_from_version_2_keeps_old_experiments_readable(tmp_path: Path)
 
 
 def test_resume_refuses_changed_profiles_and_finished_experiments(tmp_path: Path, write_profile: Any) -> None:
-    from orchestrator.ab import ABConfig, bench_config_from, check_resumable, experiment_config
+    from orchestrator.ab import ABConfig, bench_config_from, experiment_config
     from orchestrator.bench import BenchConfig
     from orchestrator.errors import OrchError
     from orchestrator.experiment_host import facts_changed
     from orchestrator.profile import load
+    from orchestrator.resume import check_resumable
 
     path = write_profile("arm", engine="sglang", model_path="/m", tp_size=1, port=8123, env={"NCCL_PROTO": "LL"})
     prof = load(str(path))
@@ -382,7 +383,7 @@ def test_resume_refuses_changed_profiles_and_finished_experiments(tmp_path: Path
 
 def test_resume_must_run_on_the_same_machine() -> None:
     from orchestrator.errors import OrchError
-    from orchestrator.experiment_host import check_same_machine
+    from orchestrator.resume import check_same_machine
 
     box = {"hostname": "gpu-box", "gpus": [{"uuid": "GPU-a"}, {"uuid": "GPU-b"}]}
     check_same_machine("e", box, {**box, "boot_time": 5})

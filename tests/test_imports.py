@@ -39,13 +39,18 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stats", ("stats", "stats_seq", "stats_repro", "changepoint")),
     ("host side", ("client", "client_*", "processes", "hostfacts", "hostwait", "teardown", "hostlock", "hostside")),
     ("simulator", ("sim", "sim.*")),
-    ("models", ("engines", "engines.*", "profile", "bench", "prompts", "planlimits", "progress", "suite")),
+    ("models", ("engines", "engines.*", "profile", "bench", "prompts", "planlimits", "progress", "suite", "options")),
     ("results", ("results", "results_load", "records", "store", "store_schema", "bundleformat")),
     ("analysis", ("compare", "whatif", "whatif_*")),
     ("hosts", ("hosts", "hosts.*", "ports")),
-    ("runners", ("server", "fingerprint", "attach", "ab", "ab_launch", "experiment_host", "multinode", "failon")),
+    (
+        "runners",
+        ("server", "fingerprint", "attach", "ab", "ab_launch", "experiment_host", "multinode", "failon", "resume"),
+    ),
     ("nightly", ("history", "nightly", "nightly_*", "nightresult", "reproduce", "bundle")),
     ("reports", ("report", "report_*", "plots", "progress_live")),
+    # What a command runs, from its RunOptions: refusals, the reporter, the run, the --fail-on decision.
+    ("commands", ("experiment",)),
     ("cli", ("cli", "cli.*", "__main__")),
 )
 

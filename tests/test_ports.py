@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import ab, engines, fingerprint, ports
+from orchestrator import ab, engines, fingerprint, ports, resume
 from orchestrator import profile as profiles_mod
 from orchestrator.cli import main
 from orchestrator.errors import InputError
@@ -176,11 +176,11 @@ def test_a_resume_on_another_port_runs_the_same_configuration(write_profile: Wri
         "status": "interrupted",
         "kind": "ab",
         "design_json": "{}",
-        "config_json": json.dumps({"profiles": [ab.comparable_profile(prof.with_port(31234))], "port": 31234}),
+        "config_json": json.dumps({"profiles": [resume.comparable_profile(prof.with_port(31234))], "port": 31234}),
     }
-    ab.check_resumable(exp, [prof.with_port(31300)])
+    resume.check_resumable(exp, [prof.with_port(31300)])
     with pytest.raises(Exception, match=r"changed since experiment x started \(fields: tp_size\)"):
-        ab.check_resumable(exp, [profiles_mod.Profile(**{**prof.__dict__, "tp_size": 2}).with_port(31234)])
+        resume.check_resumable(exp, [profiles_mod.Profile(**{**prof.__dict__, "tp_size": 2}).with_port(31234)])
 
 
 # ---------------------------------------------------------------- end to end

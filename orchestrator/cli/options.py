@@ -12,6 +12,7 @@ from orchestrator.cli.base import MAX_TPS, FiniteFloat
 from orchestrator.errors import StoreError
 
 if TYPE_CHECKING:
+    from orchestrator.options import RunOptions
     from orchestrator.store import Store
 
 # The benchmark's option sets import what they describe (the client's endpoints, the statistics' orders) when they
@@ -353,33 +354,14 @@ def verbosity_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
-# What a resumed experiment takes from its stored record: giving any of these with --resume is an error.
-MEASUREMENT_OPTIONS = (
-    "sim",
-    "runs",
-    "warmup",
-    "max_tokens",
-    "seed",
-    "concurrency",
-    "requests_per_stream",
-    "endpoint",
-    "prompt_source",
-    "input_len",
-    "client_place",
-    "min_run_s",
-    "blocks",
-    "max_blocks",
-    "order",
-    "order_seed",
-    "strict_env",
-    "attach",
-    "allow_mixed",
-)
+def run_options(ctx: click.Context, command: str) -> RunOptions:
+    """The run command's options as one typed object, built once here; `given`: the options not left at their
+    defaults (what --resume and a bundle refuse, or take from the experiment when absent)."""
+    from orchestrator.options import RunOptions
 
-
-def option_given(name: str) -> bool:
-    ctx = click.get_current_context()
-    return ctx.get_parameter_source(name) not in (None, click.core.ParameterSource.DEFAULT)
+    default = (None, click.core.ParameterSource.DEFAULT)
+    given = [name for name in ctx.params if ctx.get_parameter_source(name) not in default]
+    return RunOptions.from_params(command, ctx.params, given)
 
 
 def parse_tolerance(ctx: click.Context, param: click.Parameter, value: str) -> float:

@@ -10,22 +10,17 @@ from typing import Any, NoReturn, cast
 import click
 
 from orchestrator import bundle as bundle_mod
-from orchestrator import ports, yamlfile
+from orchestrator import experiment, ports, resume, yamlfile
 from orchestrator import profile as profiles_mod
 from orchestrator import reproduce as reproduce_mod
 from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.jsonout import RunCommand
-from orchestrator.cli.options import (
-    MEASUREMENT_OPTIONS,
-    db_option,
-    fixed_bench_options,
-    option_given,
-    parse_tolerance,
-)
-from orchestrator.cli.run import ab_config, check_host_nodes, open_host, progress, start
+from orchestrator.cli.options import db_option, fixed_bench_options, parse_tolerance, run_options
+from orchestrator.cli.run import usage_errors
 from orchestrator.cli.stored import stored_result
 from orchestrator.compare import claim_verdict
 from orchestrator.errors import InputError
+from orchestrator.options import RunOptions
 from orchestrator.report import SIM_BANNER, ab_json, ab_text
 from orchestrator.report_compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
 from orchestrator.results import ABResult
@@ -62,7 +57,7 @@ def blocks_by_target(fn: Callable[..., Any]) -> Callable[..., Any]:
 @blocks_by_target
 @fixed_bench_options
 def reproduce_cmd(
-    target: str, claim_tps: float | None, claim_ratio: float | None, vs_name: str | None, tolerance: float, **kw: Any
+    target: str, claim_tps: float | None, claim_ratio: float | None, vs_name: str | None, tolerance: float, **_: Any
 ) -> None:
     """Re-run a colleague's result from fresh state and judge it: REPRODUCED (exit 0), NOT REPRODUCED (exit 3, with
     the fingerprint differences most likely to explain it) or INCONCLUSIVE (exit 4, with how many blocks would
@@ -77,46 +72,47 @@ def reproduce_cmd(
 
     Examples: orch reproduce result.orch.json --host gpu-box   |   orch reproduce eagle3-3step --sim --claim 94
     """
+    options = run_options(click.get_current_context(), "reproduce")
     if yamlfile.is_file(Path(target)) and Path(target).suffix not in (".yaml", ".yml"):
         if claim_tps is not None or claim_ratio is not None or vs_name is not None:
             raise click.UsageError("--claim, --claim-ratio and --vs judge a profile's claim, not a result bundle")
-        _reproduce_bundle(target, tolerance, kw)
-    _reproduce_claim(target, claim_tps, claim_ratio, vs_name, tolerance, kw)
+        _reproduce_bundle(target, tolerance, options)
+    _reproduce_claim(target, claim_tps, claim_ratio, vs_name, tolerance, options)
 
 
-def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoReturn:
+def _reproduce_bundle(path: str, tolerance: float, options: RunOptions) -> NoReturn:
     bundle = bundle_mod.read_bundle(path)
     simulated = bool(bundle["content"]["experiment"]["simulated"])
-    passed = [n for n in MEASUREMENT_OPTIONS if n != "blocks" and option_given(n) and not (n == "sim" and simulated)]
+    passed = resume.fixed_given(options, simulated, but=("blocks",))
     if passed:
-        flag = {p.name: p.opts[0] for p in click.get_current_context().command.params}
         raise click.UsageError(
-            f"a bundle is re-run with its own settings; drop {', '.join(flag[n] for n in passed)} "
+            f"a bundle is re-run with its own settings; drop {', '.join(passed)} "
             "(--blocks may change the number of blocks)"
         )
     # Before any header line: a multi-node bundle on a --host with too few nodes is refused from the inventory alone,
     # and a plan over the limits from its numbers alone.
     profiles = bundle_mod.profiles_from_bundle(bundle)
-    blocks = kw["blocks"]  # None: the bundle's own
+    blocks = options.blocks if isinstance(options.blocks, int) else None  # None: the bundle's own
     reproduce_mod.check_plan(bundle, profiles, blocks, path)
-    if not option_given("port"):  # the port the experiment was given, unless this run gives another
-        kw["port"] = ports.recorded(bundle["content"]["config"], f"{path}: content.config")
+    if not options.gave("port"):  # the port the experiment was given, unless this run gives another
+        options = options.replace(port=ports.recorded(bundle["content"]["config"], f"{path}: content.config"))
     try:
-        check_host_nodes(profiles, kw["host_spec"], kw["inventory"], port=kw["port"])
+        experiment.check_host_nodes(profiles, options.host_spec, options.inventory, port=options.port)
     except InputError as e:
         measured = bundle["content"]["experiment"].get("host")
         raise InputError(f"{e} (the bundle was measured on {measured!r})" if measured else str(e)) from None
-    store = Store(kw["db"])
+    store = Store(options.db)
     try:
-        event, on_run = progress(kw)
-        kw["_bench"] = bundle_mod.bench_config(bundle["content"]["config"])
+        rep = experiment.reporter_for(options)
+        bench = bundle_mod.bench_config(bundle["content"]["config"])
+        event, on_run = experiment.progress(rep, bench)
         if simulated:
             event(SIM_BANNER)
         event(f"reproducing {bundle['content']['experiment']['id']} from {path}; results database: {store.path}")
         # A Slurm host asks for as many nodes as the bundle's largest multi-node profile spans.
         nodes = max((int(p.get("nnodes") or 1) for p in bundle["content"]["profiles"]), default=1)
-        with open_host(kw, kw["host_spec"], nodes=nodes) as host:
-            base = ab_config(kw, kw["_bench"], simulated, False)
+        with experiment.open_host(options, options.host_spec, nodes=nodes) as host:
+            base = experiment.ab_config(options.replace(sim=simulated, strict_env=False), bench)
             new, verdict = reproduce_mod.reproduce_bundle(
                 host,
                 bundle,
@@ -135,7 +131,7 @@ def _reproduce_bundle(path: str, tolerance: float, kw: dict[str, Any]) -> NoRetu
         report = compare_json(verdict), compare_text(verdict)
     except Exception as e:  # the measurement is stored: a failure rendering its verdict must not hide where it is
         raise reproduce_mod.JudgingFailed(new.experiment_id, path, e) from e
-    verdict_out(new, "reproduction", *report, kw["as_json"])
+    verdict_out(new, "reproduction", *report, options.as_json)
     raise SystemExit(verdict.exit_code)
 
 
@@ -145,7 +141,7 @@ def _reproduce_claim(
     claim_ratio: float | None,
     vs_name: str | None,
     tolerance: float,
-    kw: dict[str, Any],
+    options: RunOptions,
 ) -> NoReturn:
     prof = profiles_mod.load(target)
     expect = prof.expect
@@ -161,17 +157,23 @@ def _reproduce_claim(
         vs = "baseline"
     if claimed_ratio is not None and vs is None:
         raise click.UsageError("a claimed ratio needs a baseline: give --vs PROFILE (or expect.vs in the profile)")
-    if kw["blocks"] is None:
-        kw["blocks"] = CLAIM_BLOCKS
-    store = Store(kw["db"])
+    options = options.replace(
+        profiles=(vs, target) if vs else (target,), blocks=CLAIM_BLOCKS if options.blocks is None else options.blocks
+    )
+    store = Store(options.db)
     try:
-        result = start(store, (vs, target) if vs else (target,), kw)
+        with usage_errors():
+            result = experiment.start(store, options, experiment.reporter_for(options), warn=_warn)
     finally:
         store.close()
     verdict = claim_verdict(result, result.arms[-1].label, claimed_tps=claimed_tps, claimed_ratio=claimed_ratio,
                             tolerance=tolerance)  # fmt: skip
-    verdict_out(result, "claim", claim_json(verdict), claim_text(verdict), kw["as_json"])
+    verdict_out(result, "claim", claim_json(verdict), claim_text(verdict), options.as_json)
     raise SystemExit(verdict.exit_code)
+
+
+def _warn(line: str) -> None:
+    click.echo(line, err=True)
 
 
 def verdict_out(result: ABResult, key: str, doc: dict[str, Any], text: str, as_json: bool) -> None:

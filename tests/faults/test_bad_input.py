@@ -261,12 +261,11 @@ def test_an_absurd_workload_is_refused_before_the_request_sequence_is_built(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from orchestrator import bench
-    from orchestrator.cli import run as cli_run
+    from orchestrator import bench, experiment
 
     path = write_profile("p", **{**BASE, "port": free_port()}, sim=FAST_SIM)
     built: list[object] = []
-    monkeypatch.setattr(cli_run, "request_items", lambda config: built.append(config))
+    monkeypatch.setattr(experiment, "request_items", lambda config: built.append(config))
     monkeypatch.setattr(bench.prompts, "request_sequence", lambda *a, **k: built.append(a))
     monkeypatch.chdir(tmp_path)
     t0 = time.monotonic()

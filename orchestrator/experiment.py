@@ -263,9 +263,10 @@ def progress(rep: PlainReporter, bench: BenchConfig) -> tuple[Callable[[str], No
     return rep.event, on_run
 
 
-def open_host(
+def host_for(
     options: RunOptions, host_spec: str, on_event: Callable[[str], None] | None = None, nodes: int = 1
 ) -> Host:
+    """The host (or group) `host_spec` names, opened with the options' workdir, inventory and host-key policy."""
     return resolve_host(
         host_spec,
         workdir=options.workdir,
@@ -290,7 +291,7 @@ def execute(
         if options.sim:
             event(SIM_BANNER)
         event(f"results database: {store.path}")
-        with open_host(options, options.host_spec, event, nodes=experiment_host.nodes_needed(profiles)) as host:
+        with host_for(options, options.host_spec, event, nodes=experiment_host.nodes_needed(profiles)) as host:
             where = {"host_spec": options.host_spec, "workdir": options.workdir, "namespace": config.namespace}
             return ab.run_ab(
                 host, profiles, config, store, on_event=event, on_run=on_run, resume=resume_id, provenance=where

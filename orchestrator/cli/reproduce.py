@@ -111,7 +111,7 @@ def _reproduce_bundle(path: str, tolerance: float, options: RunOptions) -> NoRet
         event(f"reproducing {bundle['content']['experiment']['id']} from {path}; results database: {store.path}")
         # A Slurm host asks for as many nodes as the bundle's largest multi-node profile spans.
         nodes = max((int(p.get("nnodes") or 1) for p in bundle["content"]["profiles"]), default=1)
-        with experiment.open_host(options, options.host_spec, nodes=nodes) as host:
+        with experiment.host_for(options, options.host_spec, nodes=nodes) as host:
             base = experiment.ab_config(options.replace(sim=simulated, strict_env=False), bench)
             new, verdict = reproduce_mod.reproduce_bundle(
                 host,

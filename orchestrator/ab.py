@@ -154,7 +154,7 @@ def check_resumable(
         )
 
 
-def run_ab(
+def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
     host: Host,
     profiles: Sequence[Profile],
     config: ABConfig,

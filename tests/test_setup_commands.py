@@ -4,6 +4,7 @@ metadata (the distribution orch-bench, the command orch)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +61,14 @@ def test_packaging_metadata() -> None:
     assert not [c for c in project["classifiers"] if c.startswith("License ::")]
     assert "Programming Language :: Python :: 3.10" in project["classifiers"]
     assert "pipx install ." in (REPO / "README.md").read_text()
+
+
+def test_ci_runs_the_readmes_test_command_which_lints_first() -> None:
+    readme = (REPO / "README.md").read_text()
+    commands = re.findall(r"^(make \w+)\s+# ", readme.split("```sh\n", 1)[1].split("```", 1)[0], re.M)
+    assert commands == ["make demo", "make test"]  # the two set-up commands
+    ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci[-1] == "make test"  # after installing what the tests need, exactly the README's command
+    makefile = (REPO / "Makefile").read_text()
+    prerequisites = re.search(r"^test: (.+)$", makefile, re.M)
+    assert prerequisites is not None and prerequisites.group(1).split() == ["install", "lint", "llamacpp"]

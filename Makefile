@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # by its words only: pip's other warnings and errors still show.
 QUIET_EDITABLE := PYTHONWARNINGS='ignore:Editable installation'
 
-.PHONY: install llamacpp demo test lint bench clean
+.PHONY: install llamacpp demo test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -55,11 +55,19 @@ $(LLAMA_STAMP): $(STAMP)
 demo: install
 	$(BIN)/orch ab baseline eagle3-3step --sim --blocks 3 --warmup 1 --runs 2 --max-tokens 192
 
-# Four workers even on 2 cores: most of the suite waits on servers starting, streaming and stopping (its CPU time is a
-# sixth of its wall time), and every test is hermetic (own ports, homes, namespaces), so they run side by side.
-test: install llamacpp
+# Lint first (well under a minute; it fails before the one-time llama.cpp build), then the whole suite. Four workers
+# even on 2 cores: most of the suite waits on servers starting, streaming and stopping (its CPU time is a sixth of its
+# wall time), and every test is hermetic (own ports, homes, namespaces), so they run side by side.
+test: install lint llamacpp
 	$(BIN)/pytest -q -n 4
 
+# The inner loop: no lint, no llama.cpp build, and none of the tests that start sshd, Slurm, Chromium or llama-server
+# or take over ~20 s (the markers in pyproject.toml).
+FAST := not slow and not ssh and not slurm and not browser and not llamacpp
+test-fast: install
+	$(BIN)/pytest -q -n 4 -m "$(FAST)"
+
+# ruff's rules include complexity limits (pyproject.toml; docs/architecture.md#known-debt); mypy is strict.
 lint: install
 	$(BIN)/ruff check orchestrator tests benchmarks
 	$(BIN)/ruff format --check orchestrator tests benchmarks

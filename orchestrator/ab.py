@@ -108,7 +108,7 @@ def bench_config_from(stored: dict[str, Any]) -> BenchConfig:
     return BenchConfig(**data)
 
 
-def run_ab(
+def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
     host: Host,
     profiles: Sequence[Profile],
     config: ABConfig,

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import markers
+
 # Set before orch modules read them: launches made by these tests carry this namespace in their marker, so
 # cleanup in the tests can never reach a server a developer started by hand (or another test session's).
 NAMESPACE = f"test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -22,6 +24,12 @@ os.environ["ORCH_NAMESPACE"] = NAMESPACE
 
 # Fast simulator defaults for tests: short load and warmup; real calibration of decode speed.
 FAST_SIM = {"load_s": 0.3, "warmup_s": 0.3, "drain_s": 0.2}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before the item's fixtures: a module-scoped sshd or Slurm cluster starts inside its first test's setup.
+    markers.current[:] = [item]
 
 
 @pytest.fixture(autouse=True)

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import psutil
 
-from tests import fake_nvidia_smi
+from tests import fake_nvidia_smi, markers
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd")
 CLIENTS = ("salloc", "srun", "squeue", "sinfo", "scontrol", "scancel")
@@ -160,6 +160,7 @@ class SlurmCluster:
     def start(cls, *, gpus: int = 8, nodes: int = 1, prefix: str = "orch-slurm-") -> SlurmCluster:
         """Configure and start munged, slurmctld and a slurmd per node in a new private dir; return once every node
         is idle. One node is `localhost`; `nodes` > 1 are n1..nN, all on this machine, `gpus` GPUs each."""
+        markers.require("slurm")
         why = unavailable_reason()
         if why is not None:
             raise SlurmClusterError(why)

@@ -29,6 +29,8 @@ from typing import Protocol
 
 import psutil
 
+from tests import markers
+
 SSHD_BIN = "/usr/sbin/sshd"
 SSH_BIN = "/usr/bin/ssh"
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
@@ -129,6 +131,7 @@ class SSHD:
         `path_prepend` (e.g. a directory holding a fake nvidia-smi) is put in front of the sessions' PATH.
         `extra_config` is appended to sshd_config verbatim.
         """
+        markers.require("ssh")
         root = root.resolve()
         root.mkdir(parents=True, exist_ok=True)
         host_key, client_key = root / "host_ed25519", root / "client_ed25519"

@@ -159,6 +159,7 @@ def test_auto_stops_early_on_a_big_simulated_effect(sim_profiles: SimProfiles, t
     assert hostside.op_find(NAMESPACE) == []
 
 
+@pytest.mark.slow
 def test_auto_experiment_interrupted_then_resumed_continues_its_design(
     sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:

@@ -64,7 +64,10 @@ def test_every_script_has_a_smoke_run() -> None:
     assert scripts() and set(scripts()) == set(EXPECTED), f"add the new script to EXPECTED: {scripts()}"
 
 
-@pytest.mark.parametrize("script", scripts())
+# lifecycle_overhead.py measures orch over SSH too when an sshd is there to start (tests/sshd.py, in its process).
+@pytest.mark.parametrize(
+    "script", [pytest.param(s, marks=[pytest.mark.ssh] if s == "lifecycle_overhead.py" else []) for s in scripts()]
+)
 def test_smoke(script: str, tmp_path: Path, sim_profiles: Callable[..., dict[str, Path]]) -> None:
     args: list[str] = []
     expected = list(EXPECTED[script])

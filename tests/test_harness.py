@@ -150,6 +150,7 @@ def kill_child(proc: subprocess.Popen[bytes]) -> None:
 # ---- sshd -------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.ssh
 def test_openssh_client_and_remote_path(shared_sshd: SSHD, fake_bin: Path) -> None:
     res = subprocess.run(
         ["ssh", "-F", str(shared_sshd.ssh_config), "-o", "BatchMode=yes", "testbox", "true"],
@@ -168,6 +169,7 @@ def test_openssh_client_and_remote_path(shared_sshd: SSHD, fake_bin: Path) -> No
     assert line.startswith(f"[127.0.0.1]:{shared_sshd.port} ssh-ed25519 AAAA")
 
 
+@pytest.mark.ssh
 def test_paramiko_verifies_host_key(shared_sshd: SSHD, tmp_path: Path) -> None:
     client = paramiko_client(shared_sshd)
     try:
@@ -181,6 +183,7 @@ def test_paramiko_verifies_host_key(shared_sshd: SSHD, tmp_path: Path) -> None:
         paramiko_client(shared_sshd, known_hosts=empty).close()
 
 
+@pytest.mark.ssh
 def test_paramiko_reads_the_ssh_config(shared_sshd: SSHD) -> None:
     cfg = paramiko.SSHConfig.from_path(str(shared_sshd.ssh_config)).lookup("testbox")
     assert cfg["hostname"] == "127.0.0.1"
@@ -191,6 +194,7 @@ def test_paramiko_reads_the_ssh_config(shared_sshd: SSHD) -> None:
     assert cfg["userknownhostsfile"] == str(shared_sshd.known_hosts)
 
 
+@pytest.mark.ssh
 def test_remote_nvidia_smi_through_setenv_path(shared_sshd: SSHD, fake_bin: Path) -> None:
     gpu = foreign_gpu_user(12345, 6)
     try:
@@ -204,6 +208,7 @@ def test_remote_nvidia_smi_through_setenv_path(shared_sshd: SSHD, fake_bin: Path
         kill_child(gpu)
 
 
+@pytest.mark.ssh
 def test_rotate_host_key_is_a_changed_key(sshd: SSHD) -> None:
     client = paramiko_client(sshd)
     client.close()
@@ -219,6 +224,7 @@ def test_rotate_host_key_is_a_changed_key(sshd: SSHD) -> None:
     assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in res.stderr
 
 
+@pytest.mark.ssh
 def test_drop_connections_breaks_open_sessions(sshd: SSHD) -> None:
     client = paramiko_client(sshd)
     try:
@@ -260,6 +266,7 @@ def remote_sleep(sshd: SSHD) -> tuple[subprocess.Popen[bytes], int]:
     return ssh, pid
 
 
+@pytest.mark.ssh
 def test_dropped_commands_are_orphans_that_stop_kills(sshd: SSHD) -> None:
     ssh, sleeper = remote_sleep(sshd)
     try:
@@ -277,6 +284,7 @@ def test_dropped_commands_are_orphans_that_stop_kills(sshd: SSHD) -> None:
             kill_child(ssh)
 
 
+@pytest.mark.ssh
 def test_stop_leaves_nothing_running(sshd: SSHD) -> None:
     client = paramiko_client(sshd)
     ssh, sleeper = remote_sleep(sshd)
@@ -312,6 +320,7 @@ def test_stop_leaves_nothing_running(sshd: SSHD) -> None:
             os.kill(marked, signal.SIGKILL)
 
 
+@pytest.mark.ssh
 def test_bad_config_is_reported(tmp_path: Path) -> None:
     with pytest.raises(SSHDError, match=r"sshd -t.*rejected(.|\n)*NoSuchOption"):
         SSHD.start(tmp_path, extra_config="NoSuchOption yes")

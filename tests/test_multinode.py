@@ -33,10 +33,13 @@ from tests import fake_nvidia_smi
 from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port, free_ports
 from tests.sshd import SSHD
 
-pytestmark = pytest.mark.skipif(
-    not Path("/usr/sbin/sshd").exists() and not os.environ.get("CI"),
-    reason="openssh-server is not installed (apt-get install openssh-server)",
-)
+pytestmark = [
+    pytest.mark.ssh,
+    pytest.mark.skipif(
+        not Path("/usr/sbin/sshd").exists() and not os.environ.get("CI"),
+        reason="openssh-server is not installed (apt-get install openssh-server)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,7 @@ def night(suite: Path, db: Path, date: str, *extra: str) -> tuple[int, str, str]
     return out.rc, out.out, out.err
 
 
+@pytest.mark.slow
 def test_nights_of_noise_a_slowdown_an_environment_change_and_a_failing_item(
     write_profile: WriteProfile, tmp_path: Path
 ) -> None:

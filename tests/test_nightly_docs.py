@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.conftest import FAST_SIM, free_port
@@ -141,6 +142,7 @@ def doc_nights(where: Path, min_history: int, keep: Callable[[str, str], None] =
     assert row["night"]["item"] == "baseline-throughput" and row["night"]["night_at"] > 0
 
 
+@pytest.mark.slow
 def test_the_docs_sample_outputs_are_what_its_example_suite_prints(tmp_path: Path) -> None:
     """Three nights of history instead of the suite's five keep it cheap. To regenerate the doc's samples, run it
     with ORCH_DOC_SAMPLES=DIR: the suite's own min_history, each output written to DIR."""

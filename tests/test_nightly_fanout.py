@@ -89,6 +89,7 @@ def _until_two_allocations(cluster: SlurmCluster, proc: subprocess.Popen[str]) -
         time.sleep(0.2)
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_two_slurm_items_run_as_two_allocations_at_once(
     cluster: SlurmCluster, write_profile: WriteProfile, tmp_path: Path
@@ -124,6 +125,7 @@ def test_two_slurm_items_run_as_two_allocations_at_once(
     _assert_nothing_left(cluster)
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_ctrl_c_stops_every_item_and_releases_every_allocation(
     cluster: SlurmCluster, write_profile: WriteProfile, tmp_path: Path
@@ -141,6 +143,7 @@ def test_ctrl_c_stops_every_item_and_releases_every_allocation(
     _assert_nothing_left(cluster)
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_an_item_past_its_timeout_is_stopped_and_its_allocation_released(
     cluster: SlurmCluster, write_profile: WriteProfile, tmp_path: Path
@@ -162,6 +165,7 @@ def test_fan_out_must_be_a_boolean(tmp_path: Path, write_profile: WriteProfile) 
         suite_mod.load(str(suite))
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_sigterm_with_sigint_ignored_still_stops_every_child(
     cluster: SlurmCluster, write_profile: WriteProfile, tmp_path: Path

@@ -25,6 +25,7 @@ from orchestrator.report import comparison_line
 from orchestrator.report_html import ab_html
 from orchestrator.results import ABResult, Design, LaunchResult
 from orchestrator.store import Store
+from tests import markers
 from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -87,6 +88,7 @@ def self_contained(text: str) -> None:
 
 
 def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    markers.require("browser")
     profile = tmp_path / f"chromium-{len(list(tmp_path.iterdir()))}"
     flags = [
         "--headless",
@@ -110,6 +112,7 @@ def png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
+@pytest.mark.browser
 @needs_chromium
 def test_simulated_ab_report_renders_in_chromium(write_profile: WriteProfile, tmp_path: Path) -> None:
     # One GPU's worth of simulated workers, loaded quickly: the launches are most of this test's time.

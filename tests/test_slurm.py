@@ -27,7 +27,10 @@ from tests.slurmcluster import NODE, PARTITION, SlurmCluster, unavailable_reason
 REPO = Path(__file__).resolve().parent.parent
 UNAVAILABLE = unavailable_reason()
 # CI installs Slurm and munge (.ci/run), so there a missing Slurm is a failure, not a skip.
-pytestmark = pytest.mark.skipif(UNAVAILABLE is not None and not os.environ.get("CI"), reason=str(UNAVAILABLE))
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(UNAVAILABLE is not None and not os.environ.get("CI"), reason=str(UNAVAILABLE)),
+]
 GPUS = AllocationRequest(partition=PARTITION, nodes=1, time_limit_min=5, gres="gpu:8")
 
 

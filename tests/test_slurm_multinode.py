@@ -83,6 +83,7 @@ def _ab(*extra: str, runs: int = 2, max_tokens: int = 24) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_a_two_node_ab_runs_in_one_two_node_allocation(
     cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
@@ -117,6 +118,7 @@ def test_a_two_node_ab_runs_in_one_two_node_allocation(
     assert "{&#x27;" not in page and "{'" not in page  # no Python dict printed raw
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_ctrl_c_mid_run_leaves_no_job_and_no_rank(
     cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
@@ -132,6 +134,7 @@ def test_ctrl_c_mid_run_leaves_no_job_and_no_rank(
     assert hostside.op_find(NAMESPACE) == []
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_a_nightly_item_with_a_two_node_profile_gets_a_two_node_allocation(
     cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
@@ -155,6 +158,7 @@ def test_a_nightly_item_with_a_two_node_profile_gets_a_two_node_allocation(
     assert cluster.live_jobs() == []
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_a_two_node_allocation_ended_at_its_time_limit_is_said_once_with_the_runs_kept(
     cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path
@@ -180,6 +184,7 @@ def test_a_two_node_allocation_ended_at_its_time_limit_is_said_once_with_the_run
     assert hostside.op_find(NAMESPACE) == []
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_slurm_nodes_on_one_machine_without_a_port_stride_are_refused_before_launching(
     cluster: SlurmCluster, cli: Slurm, two_node: Path, tmp_path: Path

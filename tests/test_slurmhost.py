@@ -123,6 +123,7 @@ def runs_kept(db_path: Path) -> None:
     assert runs >= 1 and status == "failed"
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_ab_through_slurm_end_to_end(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
@@ -144,6 +145,7 @@ def test_ab_through_slurm_end_to_end(
     assert cluster.live_jobs() == []  # released at the end
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_a_local_client_reaches_the_node_through_the_relay(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
@@ -160,6 +162,7 @@ def test_a_local_client_reaches_the_node_through_the_relay(
     assert cluster.live_jobs() == []
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_every_arm_runs_in_one_allocation_released_at_close(
     cluster: SlurmCluster, cli: Slurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -185,6 +188,7 @@ def test_every_arm_runs_in_one_allocation_released_at_close(
     assert any("granted allocation" in e for e in events)
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_ctrl_c_while_queued_leaves_no_job_and_no_process(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
@@ -204,6 +208,7 @@ def test_ctrl_c_while_queued_leaves_no_job_and_no_process(
     cluster.cancel_all()
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_ctrl_c_while_running_leaves_no_job_and_no_process(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
@@ -221,6 +226,7 @@ def test_ctrl_c_while_running_leaves_no_job_and_no_process(
     assert cluster.live_jobs() == []
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_an_experiment_resumes_on_another_slurm_host_of_its_partition(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
@@ -250,6 +256,7 @@ def test_an_experiment_resumes_on_another_slurm_host_of_its_partition(
     assert cluster.live_jobs() == []
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_an_allocation_ended_at_its_time_limit_is_reported_and_the_runs_kept(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
@@ -276,6 +283,7 @@ def test_an_allocation_ended_at_its_time_limit_is_reported_and_the_runs_kept(
     assert cluster.live_jobs() == []
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_a_crashed_session_leaves_no_server_and_its_allocation_is_released_by_the_next(
     cluster: SlurmCluster, cli: Slurm, sim_profiles: SimProfiles, tmp_path: Path
@@ -322,6 +330,7 @@ def test_inventory_and_host_spec_for_slurm(tmp_path: Path) -> None:
             load_inventory(str(inv))
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_hosts_check_on_slurm_says_its_queue_wait_like_a_run_does(
     cluster: SlurmCluster, cli: Slurm, tmp_path: Path

@@ -35,10 +35,13 @@ SimProfiles = Callable[..., dict[str, Path]]
 REPO = Path(__file__).resolve().parent.parent
 
 # CI installs openssh-server (.ci/run), so there a missing sshd is a failure, not a skip.
-pytestmark = pytest.mark.skipif(
-    not Path("/usr/sbin/sshd").exists() and not os.environ.get("CI"),
-    reason="openssh-server is not installed (apt-get install openssh-server)",
-)
+pytestmark = [
+    pytest.mark.ssh,
+    pytest.mark.skipif(
+        not Path("/usr/sbin/sshd").exists() and not os.environ.get("CI"),
+        reason="openssh-server is not installed (apt-get install openssh-server)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

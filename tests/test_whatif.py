@@ -429,6 +429,7 @@ T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776}
 T99 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604}
 
 
+@pytest.mark.slow
 def test_predictions_from_two_and_three_steps_match_measured_one_four_and_five_on_the_simulator(
     write_profile: WriteProfile, tmp_path: Path
 ) -> None:

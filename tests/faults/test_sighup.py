@@ -149,6 +149,7 @@ def test_nohup_keeps_sighup_ignored() -> None:
     assert ignored.stdout.split() == ["True", "True"], ignored.stderr
 
 
+@pytest.mark.slurm
 @needs_cluster
 def test_sighup_twice_stops_every_fanned_out_child_and_releases_its_allocation(
     write_profile: WriteProfile, tmp_path: Path, started: list[subprocess.Popen[str]]

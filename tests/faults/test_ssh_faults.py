@@ -17,10 +17,13 @@ from tests.sshd import SSHD, _keygen, sshd_fixture
 
 SimProfiles = Callable[..., dict[str, Path]]
 
-pytestmark = pytest.mark.skipif(
-    not Path("/usr/sbin/sshd").exists() and not os.environ.get("CI"),
-    reason="openssh-server is not installed (apt-get install openssh-server)",
-)
+pytestmark = [
+    pytest.mark.ssh,
+    pytest.mark.skipif(
+        not Path("/usr/sbin/sshd").exists() and not os.environ.get("CI"),
+        reason="openssh-server is not installed (apt-get install openssh-server)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

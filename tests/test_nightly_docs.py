@@ -56,6 +56,19 @@ def shape(text: str) -> str:
     return re.sub(r" +", " ", text).strip()
 
 
+def shown(sample: str, printed: set[str]) -> bool:
+    """The doc's line is printed: the same shape, or (an item's line) a printed line of that item holding each of its
+    clauses — a series near its threshold (TTFT p99 at +10.7 % against 10 %) may add a clause on one draw and not
+    on another, and the doc shows one draw."""
+    want = shape(sample)
+    if want in printed:
+        return True
+    if not sample.startswith("- **"):
+        return False
+    clauses = want.split("; ")
+    return any(line.split("; ")[0] == clauses[0] and set(clauses) <= set(line.split("; ")) for line in printed)
+
+
 def write_profiles(where: Path, ports: tuple[int, int], **knobs: Any) -> None:
     """The suite's two profiles next to it (found before the bundled ones of the same names), each the bundled
     one's settings on a free port (the same every night: a port is part of the environment), with the simulator's
@@ -167,6 +180,6 @@ def test_the_docs_sample_outputs_are_what_its_example_suite_prints(tmp_path: Pat
     assert len(samples) > 10
     stamped = [x for x in samples if STAMP.match(x)]
     assert stamped, "the doc shows the nightly's log lines"
-    missing = [x for x in samples if not STAMP.match(x) and shape(x) not in printed]
+    missing = [x for x in samples if not STAMP.match(x) and not shown(x, printed)]
     assert not missing, "\n".join(missing) + "\n\nprinted:\n" + "\n".join(outputs.values())
     assert_nothing_left()

@@ -191,7 +191,7 @@ def test_a_simulated_ab_is_paired_end_to_end(sim_profiles: Any, tmp_path: Path) 
     interval is the paired one. Guards the link between what a launch records and what the statistics read."""
     sim_profiles()
     proc = run_orch(
-        "ab", "baseline", "eagle3-3step", "--sim", "--blocks", "2", "--runs", "2", "--warmup", "0",
+        "ab", "baseline", "eagle3", "--sim", "--blocks", "2", "--runs", "2", "--warmup", "0",
         "--max-tokens", "40", "--grace", "2", "--min-run-s", "0", "--json", "--db", str(tmp_path / "r.db"),
         cwd=tmp_path,
     )  # fmt: skip

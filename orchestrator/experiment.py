@@ -13,14 +13,14 @@ from orchestrator import ab, attach, engines, experiment_host, failon, planlimit
 from orchestrator import profile as profiles_mod
 from orchestrator.ab import ABConfig
 from orchestrator.bench import BenchConfig, Plan, RunResult, request_items
-from orchestrator.errors import OrchError, StoreError
+from orchestrator.errors import OrchError
 from orchestrator.hosts import resolve_host
 from orchestrator.hosts.base import Host, HostConfig, default_namespace
 from orchestrator.hosts.inventory import HostGroup, lookup
 from orchestrator.options import OptionError, RunOptions
 from orchestrator.progress import PlainReporter, is_terminal
 from orchestrator.report import SIM_BANNER
-from orchestrator.store import Store, default_path
+from orchestrator.store import Store, open_existing
 
 
 @dataclass(frozen=True)
@@ -73,13 +73,6 @@ def bench_expect(options: RunOptions) -> profiles_mod.Expect | None:
     if refusal:
         raise OptionError(refusal)
     return prof.expect
-
-
-def open_existing(db: str | None) -> Store:
-    path = Path(db) if db else default_path()
-    if not path.exists():
-        raise StoreError(f"{path}: no results database here yet (run `orch ab` first, or pass --db)")
-    return Store(path)
 
 
 def start(

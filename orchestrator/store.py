@@ -26,6 +26,15 @@ def default_path() -> Path:
     return Path(platformdirs.user_data_dir("orch")) / "orch.db"
 
 
+def open_existing(db: str | None) -> Store:
+    """The results database a reading command (or a resume) needs: --db, else the default; none there is a
+    StoreError saying how to make one, never an empty database created to read from."""
+    path = Path(db) if db else default_path()
+    if not path.exists():
+        raise StoreError(f"{path}: no results database here yet (run `orch ab` first, or pass --db)")
+    return Store(path)
+
+
 AMBIGUOUS_SHOWN = 10  # ids an ambiguous prefix lists
 BUSY_TIMEOUT_MAX_S = 1e6  # sqlite3 takes the timeout in milliseconds as a C int: far beyond this overflows
 

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from orchestrator.cli.base import MAX_TPS, FiniteFloat
-from orchestrator.errors import StoreError
 
 if TYPE_CHECKING:
     from orchestrator.options import RunOptions
@@ -400,12 +399,10 @@ def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def open_existing(db: str | None) -> Store:
-    from orchestrator.store import Store, default_path
+    """store.open_existing, imported when a command runs (the store's import is not paid by `orch --help`)."""
+    from orchestrator import store
 
-    path = Path(db) if db else default_path()
-    if not path.exists():
-        raise StoreError(f"{path}: no results database here yet (run `orch ab` first, or pass --db)")
-    return Store(path)
+    return store.open_existing(db)
 
 
 def read_files(db: str | None, *inputs: str) -> tuple[str, ...]:

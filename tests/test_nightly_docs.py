@@ -127,9 +127,14 @@ def doc_nights(where: Path, min_history: int, keep: Callable[[str, str], None] =
     assert lines and all(STAMP.match(x) for x in lines), err
 
     suite = write_suite(where, min_history=min_history)
-    for day in range(21, 21 + min_history):
+    # The history nights, then (the doc's "ok" sample) the first night both items are judged ok: on a few nights of
+    # this small workload a ratio can cross its threshold upwards by noise ("improvement", which never pages); what
+    # must hold every night is exit 0.
+    for day in range(21, 21 + min_history + 3):  # up to 3 more nights; the last sample night stays in November
         rc, out, err = night(suite, db, f"2026-11-{day}")
         assert rc == 0, out + err
+        if day >= 20 + min_history and "- ok `eagle3-vs-baseline`" in out and "- ok `baseline-throughput`" in out:
+            break
     assert "- ok `eagle3-vs-baseline`" in out and "- ok `baseline-throughput`" in out, out
     keep("ok", out)
     day += 1

@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.stats import ratio_ci, verdict
-from orchestrator.stats_seq import SequentialPlan
+from orchestrator.stats.estimates import ratio_ci, verdict
+from orchestrator.stats.sequential import SequentialPlan
 
 
 def experiment(

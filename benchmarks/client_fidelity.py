@@ -44,7 +44,10 @@ DEFAULT_BEFORE = ISSUE_14_BEFORE
 ORCH_RUNNER = r"""
 import json, sys, time
 args = json.loads(sys.argv[1])
-from orchestrator import client
+try:  # the package layout
+    from orchestrator.client import runner as client
+except ImportError:  # a tree from before the packages
+    from orchestrator import client
 assert client.__file__.startswith(args["tree"]), client.__file__
 item = {"input_ids": [1000 + i % 500 for i in range(args["input_len"])]}
 n, out_len, conc = args["num_requests"], args["output_len"], args["concurrency"]

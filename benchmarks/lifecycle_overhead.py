@@ -80,13 +80,14 @@ def _observer(port: int) -> tuple[threading.Event, list[float]]:
 
 def worker(args: argparse.Namespace) -> None:
     """One `run_ab` experiment with this checkout's code, on the local or the SSH host; prints its timeline as JSON."""
-    from orchestrator import progress
-    from orchestrator.ab import ABConfig, run_ab
-    from orchestrator.bench import BenchConfig
+    from orchestrator.config.design import ABConfig
+    from orchestrator.config.profile import load
+    from orchestrator.config.workload import BenchConfig
+    from orchestrator.experiment.ab import run_ab
     from orchestrator.hosts.base import HostConfig
     from orchestrator.hosts.local import LocalHost
-    from orchestrator.profile import load
-    from orchestrator.store import Store
+    from orchestrator.results.store import Store
+    from orchestrator.ui import progress
 
     prof = load(args.profile)
     channels: list[tuple[str, float]] = []
@@ -351,7 +352,7 @@ def _profile(path: Path, port: int, tp_size: int, load_s: float) -> str:
 
 def bare_spec(profile: str, into: Path) -> str:
     """What orch itself would start for this profile (argv and environment), for the bare launch."""
-    from orchestrator.profile import load
+    from orchestrator.config.profile import load
 
     prof = load(profile)
     spec = {
@@ -484,7 +485,7 @@ def main() -> None:  # noqa: PLR0915 (known debt: docs/architecture.md#known-deb
         finally:
             if sshd is not None:
                 sshd.stop()
-            from orchestrator import hostside
+            from orchestrator.agent import ops as hostside
 
             leftovers = hostside.op_find(ns)
             hostside.op_down(ns, grace_s=2)

@@ -31,8 +31,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator import changepoint
-from orchestrator.changepoint import Assessment, Night, assess_each
+from orchestrator.nightly import changepoint
+from orchestrator.nightly.changepoint import Assessment, Night, assess_each
 
 Scenario = Callable[[int], tuple[float, str]]  # night -> (level, environment key)
 

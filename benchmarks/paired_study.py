@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.stats import ratio_ci, verdict
+from orchestrator.stats.estimates import ratio_ci, verdict
 
 
 @dataclass(frozen=True)

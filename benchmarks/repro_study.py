@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from orchestrator.stats_repro import arm_estimate, reproduction_verdict
+from orchestrator.stats.reproduction import arm_estimate, reproduction_verdict
 
 
 def session(rng: random.Random, launches: int, mean: float, restart_sd: float, run_sd: float, runs: int) -> list:

@@ -39,15 +39,29 @@ Row = dict[str, Any]
 
 # In-process: the show's report as `orch show` makes it (open the store, rebuild the result, render the text), with
 # every bootstrap (results.ratio_ci) counted. Works on the before and the after code alike.
+# The store, from a tree of either layout.
+IMPORT_STORE = """
+try:
+    from orchestrator.results.store import Store
+except ImportError:  # a tree from before the packages
+    from orchestrator.store import Store
+"""
+
 SHOW_IN_PROCESS = """
 import json, sys, time
-from orchestrator import results
-from orchestrator.report import ab_text
-try:
-    from orchestrator.results_load import load_result
-except ImportError:  # a tree from before results_load
-    load_result = results.load_result
-from orchestrator.store import Store
+try:  # the package layout
+    from orchestrator.report.experiment import ab_text
+    from orchestrator.results import model as results
+    from orchestrator.results.load import load_result
+    from orchestrator.results.store import Store
+except ImportError:  # a tree from before the packages (orchestrator/results.py, report.py, store.py)
+    from orchestrator import results
+    from orchestrator.report import ab_text
+    from orchestrator.store import Store
+    try:
+        from orchestrator.results_load import load_result
+    except ImportError:  # a tree from before results_load
+        load_result = results.load_result
 calls = [0]
 bootstrap = results.ratio_ci
 def counted(*a, **k):
@@ -257,7 +271,11 @@ def prepare(tmp: Path, ref: str, experiments: int, env: dict[str, str]) -> dict[
     dbs: dict[str, dict[str, Path]] = {"before": {}, "after": {}}
     for kind in ("big", "empty"):
         path = tmp / f"{kind}-before.db"
-        run(before_tree, [sys.executable, "-c", f"from orchestrator.store import Store; Store({str(path)!r})"], env)
+        run(
+            before_tree,
+            [sys.executable, "-c", f"{IMPORT_STORE}\nStore({str(path)!r})"],
+            env,
+        )
         dbs["before"][kind] = path
     t = time.perf_counter()
     counts = fill(dbs["before"]["big"], experiments, [1, 8, 32])

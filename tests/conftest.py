@@ -45,10 +45,10 @@ def _private_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
 @pytest.fixture(scope="session", autouse=True)
 def _sweep_namespace() -> Iterator[None]:
     yield
-    from orchestrator import hostside
+    from orchestrator.agent import ops
 
-    leftovers = hostside.op_find(NAMESPACE)
-    hostside.op_down(NAMESPACE, grace_s=2)
+    leftovers = ops.op_find(NAMESPACE)
+    ops.op_down(NAMESPACE, grace_s=2)
     # A leak is a bug in orch or in a test: fail loudly after cleaning it up.
     assert not leftovers, f"tests left orch-launched processes running: {leftovers}"
 

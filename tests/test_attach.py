@@ -18,16 +18,18 @@ import httpx
 import psutil
 import pytest
 
-from orchestrator import attach, fingerprint, hostside
-from orchestrator.ab import ABConfig, run_ab
-from orchestrator.bench import BenchConfig
+from orchestrator.agent import ops
 from orchestrator.cli import main
+from orchestrator.config.design import ABConfig
+from orchestrator.config.profile import load
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import InputError
+from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
-from orchestrator.report import ab_csv, ab_json, ab_markdown, ab_text
-from orchestrator.results_load import load_result
-from orchestrator.store import Store
+from orchestrator.launch import attach, fingerprint
+from orchestrator.report.experiment import ab_csv, ab_json, ab_markdown, ab_text
+from orchestrator.results.load import load_result
+from orchestrator.results.store import Store
 from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port
 
 QUICK = ["--runs", "2", "--warmup", "0", "--max-tokens", "16", "--min-run-s", "0"]
@@ -122,7 +124,7 @@ def test_an_attached_ab_leaves_the_server_alone_and_every_output_says_so(
     assert all(len(launch.timed_at()) == 2 for launch in result.launches)
     assert any("attached to" in e and "state NOT fresh, environment NOT verified" in e for e in events)
     assert not any("launched PID" in e or "torn down in" in e for e in events)
-    assert hostside.op_find(NAMESPACE) == []  # nothing was launched
+    assert ops.op_find(NAMESPACE) == []  # nothing was launched
 
     stored = load_result(store, result.experiment_id)
     for shown in (result, stored):
@@ -162,7 +164,7 @@ def test_cli_mixing_is_refused_unless_allowed(
     assert code == 4, out  # the attached arm's env cannot be verified: undecided
     assert "WARNING: MIXED COMPARISON" in out and "WARNING: right was measured on" in out
     assert "right's environment was not verified" in out
-    assert hostside.op_find(NAMESPACE) == []  # the launched arm was torn down as usual
+    assert ops.op_find(NAMESPACE) == []  # the launched arm was torn down as usual
 
     assert main(["show", "last", "--db", db]) == 0
     shown = capsys.readouterr().out

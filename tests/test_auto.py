@@ -15,11 +15,18 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from orchestrator import hostside
-from orchestrator.bench import RunResult
-from orchestrator.results import ABResult, Design, LaunchResult, auto_look, auto_notes, why_undecided
-from orchestrator.stats import T_975, RatioEstimate, blocks_needed, open_question, schedule
-from orchestrator.stats_seq import SequentialPlan, boundaries, boundaries_for_spending, spent, t_boundaries, t_quantile
+from orchestrator.agent import ops
+from orchestrator.results.model import ABResult, Design, LaunchResult, auto_look, auto_notes, why_undecided
+from orchestrator.results.run import RunResult
+from orchestrator.stats.estimates import T_975, RatioEstimate, blocks_needed, open_question, schedule
+from orchestrator.stats.sequential import (
+    SequentialPlan,
+    boundaries,
+    boundaries_for_spending,
+    spent,
+    t_boundaries,
+    t_quantile,
+)
 from tests.conftest import NAMESPACE, run_orch, wait_for_line
 
 SimProfiles = Callable[..., dict[str, Path]]
@@ -156,7 +163,7 @@ def test_auto_stops_early_on_a_big_simulated_effect(sim_profiles: SimProfiles, t
     (c,) = doc["comparisons"]
     assert c["verdict"] == "slower" and c["sequential"]["look_blocks"] == n and "repeated 95% CI" in c["ci_method"]
     assert any(f"stopped after {n} blocks: every comparison is decided" in note for note in doc["notes"])
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 @pytest.mark.slow
@@ -207,7 +214,7 @@ def test_auto_experiment_interrupted_then_resumed_continues_its_design(
     (cmp,) = doc["comparisons"]
     assert cmp["verdict"] == "inconclusive" and cmp["advice"]
     assert any("stopped after 4 blocks with 1 comparison(s) inconclusive" in n for n in doc["notes"])
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 def test_max_blocks_needs_blocks_auto(tmp_path: Path) -> None:
@@ -220,7 +227,7 @@ def test_max_blocks_needs_blocks_auto(tmp_path: Path) -> None:
 
 
 def test_the_default_plans_known_boundaries_are_the_simulated_ones() -> None:
-    from orchestrator.stats_seq import KNOWN_T_BOUNDARIES, simulate_t_boundaries
+    from orchestrator.stats.sequential import KNOWN_T_BOUNDARIES, simulate_t_boundaries
 
     # `orch show` uses the table instead of importing numpy and simulating: it must be what the simulation gives.
     assert SequentialPlan() in KNOWN_T_BOUNDARIES

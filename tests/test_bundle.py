@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import bundle as bundle_mod
-from orchestrator import profile as profiles_mod
-from orchestrator.bench import BenchConfig
 from orchestrator.cli import main
+from orchestrator.config import profile as profiles_mod
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import InputError, ProfileError
+from orchestrator.results import bundle as bundle_mod
 from tests.conftest import FAST_SIM, REPO, free_port
 
 API_KEY, HF_TOKEN = "sk-SECRET-api-value", "hf_SECRETtokenvalue"

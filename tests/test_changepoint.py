@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from orchestrator.changepoint import Night, assess, assess_each
+from orchestrator.nightly.changepoint import Night, assess, assess_each
 
 
 def _noise(rng: random.Random, n: int, sd: float = 0.01, level: float = 100.0, env: str = "a") -> list[Night]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import hostside
+from orchestrator.agent import ops
 from orchestrator.cli import main
 from tests.conftest import NAMESPACE, WriteProfile, run_orch, wait_for_line
 
@@ -70,7 +70,7 @@ def test_ab_json_end_to_end_in_a_subprocess(sim_profiles: SimProfiles, tmp_path:
     assert spec["breakeven_tau"] == pytest.approx(spec["cycle_ms"] / spec["baseline_token_ms"])
     rows = sqlite3.connect(db).execute("SELECT COUNT(*) FROM runs").fetchone()[0]
     assert rows == 6
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 def test_text_output_has_seed_style_run_lines_and_summary(
@@ -134,12 +134,12 @@ def test_ctrl_c_tears_down_and_marks_interrupted(sim_profiles: SimProfiles, tmp_
         cwd=tmp_path,
     )
     wait_for_line(proc, "Run 1/50")
-    assert hostside.op_find(NAMESPACE), "the server should be running mid-benchmark"
+    assert ops.op_find(NAMESPACE), "the server should be running mid-benchmark"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Interrupted" in err and "Traceback" not in err
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
     c = sqlite3.connect(db)
     assert c.execute("SELECT status FROM experiments").fetchone()[0] == "interrupted"
     assert c.execute("SELECT status FROM launches").fetchone()[0] == "interrupted"
@@ -170,7 +170,7 @@ def test_sigterm_to_orch_also_tears_down(sim_profiles: SimProfiles, tmp_path: Pa
     proc.terminate()
     proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
     status = sqlite3.connect(tmp_path / "r.db").execute("SELECT status FROM experiments").fetchone()[0]
     assert status == "interrupted"
 
@@ -212,18 +212,18 @@ def test_errors_are_one_line_without_traceback(
 
 
 def test_status_and_down(sim_profiles: SimProfiles, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator import server
+    from orchestrator.config.profile import load
     from orchestrator.hosts.local import LocalHost
-    from orchestrator.profile import load
+    from orchestrator.launch import single
 
     prof = load(str(sim_profiles()["baseline"]))
-    launched = server.launch(LocalHost(), prof, simulate=True, namespace=NAMESPACE)
+    launched = single.launch(LocalHost(), prof, simulate=True, namespace=NAMESPACE)
     time.sleep(0.5)
     assert main(["status"]) == 0
     assert launched.launch_id in capsys.readouterr().out
     assert main(["down", "--grace", "2"]) == 0
     assert f"stopped {launched.launch_id}" in capsys.readouterr().out
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
     assert main(["status"]) == 0
     assert "nothing launched by orch is running" in capsys.readouterr().out
 
@@ -236,7 +236,7 @@ def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str
 def test_blocks_interrupted_then_resumed_with_the_same_order(sim_profiles: SimProfiles, tmp_path: Path) -> None:
     """Ctrl-C in block 2 of 2, then `--resume`: the completed launches stand, the rest of the recorded schedule
     runs, and list/show/export read the result back from the store."""
-    from orchestrator.stats import schedule
+    from orchestrator.stats.estimates import schedule
 
     sim_profiles()
     db = str(tmp_path / "r.db")
@@ -254,7 +254,7 @@ def test_blocks_interrupted_then_resumed_with_the_same_order(sim_profiles: SimPr
     assert f"continue it with: orch ab --resume {exp_id}" in out
     statuses = [r[0] for r in c.execute("SELECT status FROM launches ORDER BY started_at")]
     assert statuses == ["complete", "complete", "interrupted"]
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
     # A partial experiment can be shown (and says how to continue it).
     proc = orch("show", exp_id[:12], "--db", db, cwd=tmp_path)
@@ -293,7 +293,7 @@ def test_blocks_interrupted_then_resumed_with_the_same_order(sim_profiles: SimPr
     assert [(b, p) for b, p, _ in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert [arm for _, _, arm in rows] == [a for block in schedule(2, 2, "random", 3) for a in block]
     assert c.execute("SELECT status FROM experiments").fetchone()[0] == "complete"
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
     proc = orch("ab", "--resume", exp_id, "--db", db, cwd=tmp_path)
     out, err = _finish(proc)

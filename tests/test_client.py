@@ -13,15 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import client, client_metrics, engines, prompts
-from orchestrator.ab import ABConfig, run_ab
-from orchestrator.bench import BenchConfig, request_items, with_engine_counters
-from orchestrator.client_requests import Record
-from orchestrator.client_summary import itl_samples, percentile, summarize_run
+from orchestrator import engines
+from orchestrator.client import metrics as client_metrics
+from orchestrator.client import runner as client
+from orchestrator.client.request import Record
+from orchestrator.client.summary import itl_samples, percentile, summarize_run
+from orchestrator.config import prompts
+from orchestrator.config.design import ABConfig
+from orchestrator.config.profile import load
+from orchestrator.config.workload import BenchConfig, request_items
 from orchestrator.errors import BenchError
+from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
-from orchestrator.store import Store
+from orchestrator.launch.benchmark import with_engine_counters
+from orchestrator.results.store import Store
 from tests.conftest import NAMESPACE
 
 SimProfiles = Callable[..., dict[str, Path]]
@@ -267,9 +272,9 @@ def test_bad_workload_options_fail_before_any_launch(tmp_path: Path, monkeypatch
     assert main(["bench", "baseline", "--sim", "--prompts", str(tmp_path / "nope.jsonl")]) == 2  # invalid input
     assert main(["bench", "baseline", "--sim", "--concurrency", "1,x"]) == 2
     assert main(["bench", "baseline", "--sim", "--input-len", "64"]) == 1
-    from orchestrator import hostside
+    from orchestrator.agent import ops
 
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 def test_ctrl_c_during_a_run_is_never_swallowed_by_asyncio() -> None:
@@ -279,7 +284,7 @@ def test_ctrl_c_during_a_run_is_never_swallowed_by_asyncio() -> None:
     import socket as _socket
     import threading as _threading
 
-    from orchestrator import client
+    from orchestrator.client import runner as client
 
     seen: list[object] = []
     srv = _socket.socket()
@@ -308,7 +313,7 @@ def test_ctrl_c_during_a_run_is_never_swallowed_by_asyncio() -> None:
         client.run("127.0.0.1", port, "generate", [{"text": "x", "stream": True}], [8], 1, timeout=30)
     assert time.monotonic() - started < 30  # raised at once, not after the request (60 s)
     (handler,) = seen
-    assert getattr(handler, "__module__", None) == "orchestrator.client"  # ours, not asyncio's
+    assert getattr(handler, "__module__", None) == "orchestrator.client.runner"  # ours, not asyncio's
     assert _signal.getsignal(_signal.SIGINT) is before
     srv.close()
 

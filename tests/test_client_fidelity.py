@@ -71,7 +71,7 @@ def test_the_before_client_comes_from_the_named_commit() -> None:
         # The runner imports the client from that tree, not from this checkout (nor from its working directory,
         # which `python -c` puts first on the path).
         out = subprocess.run(
-            [sys.executable, "-c", "from orchestrator import client; print(client.__file__)"],
+            [sys.executable, "-c", "from orchestrator.client import runner; print(runner.__file__)"],
             cwd=tree,
             env={"PYTHONPATH": str(tree), "PATH": ""},
             capture_output=True,

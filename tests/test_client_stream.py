@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import client, client_stream
+from orchestrator.client import runner, stream
 
 OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 ADVERSARIAL = [
@@ -118,7 +118,7 @@ def generate_answer(
 
 
 def run(srv: Server, n: int, max_tokens: int, endpoint: str = "generate", concurrency: int = 1) -> dict[str, Any]:
-    return client.run(
+    return runner.run(
         "127.0.0.1", srv.port, endpoint, [{"text": "x"}] * n, [max_tokens] * n, concurrency, 30.0, 0.0, stall_s=10.0
     )
 
@@ -129,13 +129,13 @@ def test_generate_counts_exactly_whatever_the_text_and_the_read_sizes(
     server: Server, piece: int, incremental: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parsed: list[int] = []
-    loads = client_stream._loads
+    loads = stream._loads
 
     def counted(buf: bytes | bytearray, start: int, end: int) -> Any:
         parsed.append(end - start)
         return loads(buf, start, end)
 
-    monkeypatch.setattr(client_stream, "_loads", counted)
+    monkeypatch.setattr(stream, "_loads", counted)
     server.answer, server.piece = generate_answer(40, incremental=incremental), piece
     s = run(server, n=4, max_tokens=40, concurrency=4)  # four streams reading through one shared buffer
     assert s["valid"], s["invalid_reason"]
@@ -199,6 +199,6 @@ def test_openai_usage_per_chunk_counts_exactly(server: Server, piece: int) -> No
 
 def test_live_progress_counts_the_tokens_of_the_run_in_flight(server: Server) -> None:
     server.answer, server.piece = generate_answer(30), 0
-    client_stream._LIVE.update(active=0.0, tokens=0.0, started=0.0)
+    stream._LIVE.update(active=0.0, tokens=0.0, started=0.0)
     s = run(server, n=3, max_tokens=30)
-    assert s["valid"] and client_stream._LIVE["tokens"] == 90 and client.live()["active"] == 0.0
+    assert s["valid"] and stream._LIVE["tokens"] == 90 and runner.live()["active"] == 0.0

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from orchestrator.bench import RunResult
-from orchestrator.compare import claim_verdict, compare
 from orchestrator.errors import InputError
-from orchestrator.report_compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
-from orchestrator.results import ABResult, Design, LaunchResult
+from orchestrator.report.compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
+from orchestrator.results.compare import claim_verdict, compare
+from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.run import RunResult
 
 # Deterministic per-block launch factors (restart noise of ~0.3 %), the same for every arm of a block.
 FACTORS = (1.0, 1.004, 0.996, 1.002, 0.998)

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.compare import compare
 from orchestrator.errors import InputError
-from orchestrator.report_compare import compare_text
-from orchestrator.results import ABResult
-from orchestrator.stats import Z_80, RatioEstimate, t_975
-from orchestrator.stats_repro import ArmEstimate, reproduction_verdict, t_95
-from orchestrator.store import Store
+from orchestrator.report.compare import compare_text
+from orchestrator.results.compare import compare
+from orchestrator.results.model import ABResult
+from orchestrator.results.store import Store
+from orchestrator.stats.estimates import Z_80, RatioEstimate, t_975
+from orchestrator.stats.reproduction import ArmEstimate, reproduction_verdict, t_95
 from tests.test_compare import SPEEDS, _result
 
 

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.bench import RunResult
 from orchestrator.errors import StoreError
-from orchestrator.report import ab_csv, ab_json, ab_markdown, ab_text
-from orchestrator.results import ABResult, CutShort, Design, LaunchResult
-from orchestrator.results_load import load_result, stored_launches
-from orchestrator.stats import arm_spread, outliers, relative_range, schedule, slow_first_run
-from orchestrator.store import Store
-from orchestrator.store_schema import MIGRATIONS, SCHEMA_VERSION
+from orchestrator.report.experiment import ab_csv, ab_json, ab_markdown, ab_text
+from orchestrator.results.load import load_result, stored_launches
+from orchestrator.results.model import ABResult, CutShort, Design, LaunchResult
+from orchestrator.results.run import RunResult
+from orchestrator.results.schema import MIGRATIONS, SCHEMA_VERSION
+from orchestrator.results.store import Store
+from orchestrator.stats.estimates import arm_spread, outliers, relative_range, schedule, slow_first_run
 
 # ------------------------------------------------------------------ pure helpers
 
@@ -347,12 +347,13 @@ def test_migration_from_version_2_keeps_old_experiments_readable(tmp_path: Path)
 
 
 def test_resume_refuses_changed_profiles_and_finished_experiments(tmp_path: Path, write_profile: Any) -> None:
-    from orchestrator.ab import ABConfig, bench_config_from, experiment_config
-    from orchestrator.bench import BenchConfig
+    from orchestrator.config.design import ABConfig, bench_config_from
+    from orchestrator.config.profile import load
+    from orchestrator.config.workload import BenchConfig
     from orchestrator.errors import OrchError
-    from orchestrator.experiment_host import facts_changed
-    from orchestrator.profile import load
-    from orchestrator.resume import check_resumable
+    from orchestrator.experiment.ab import experiment_config
+    from orchestrator.experiment.host import facts_changed
+    from orchestrator.experiment.resume import check_resumable
 
     path = write_profile("arm", engine="sglang", model_path="/m", tp_size=1, port=8123, env={"NCCL_PROTO": "LL"})
     prof = load(str(path))
@@ -383,7 +384,7 @@ def test_resume_refuses_changed_profiles_and_finished_experiments(tmp_path: Path
 
 def test_resume_must_run_on_the_same_machine() -> None:
     from orchestrator.errors import OrchError
-    from orchestrator.resume import check_same_machine
+    from orchestrator.experiment.resume import check_same_machine
 
     box = {"hostname": "gpu-box", "gpus": [{"uuid": "GPU-a"}, {"uuid": "GPU-b"}]}
     check_same_machine("e", box, {**box, "boot_time": 5})
@@ -430,9 +431,10 @@ def test_levels_keep_their_run_order_and_partial_experiments_say_so(tmp_path: Pa
 
 def test_interrupt_right_after_the_experiment_is_stored_still_marks_it(tmp_path: Path, write_profile: Any) -> None:
     """No window in which Ctrl-C leaves an experiment `running` for ever (nothing is launched here)."""
-    from orchestrator.ab import ABConfig, run_ab
+    from orchestrator.config.design import ABConfig
+    from orchestrator.config.profile import load
+    from orchestrator.experiment.ab import run_ab
     from orchestrator.hosts.local import LocalHost
-    from orchestrator.profile import load
 
     prof = load(str(write_profile("arm", engine="sglang", model_path="/m", tp_size=1, port=8123)))
     store = Store(tmp_path / "r.db")

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import hostside
-from orchestrator.bench import RunResult
+from orchestrator.agent import ops
 from orchestrator.cli import main
+from orchestrator.config.profile import Expect
 from orchestrator.errors import InputError
-from orchestrator.failon import MODES, fail_on_verdict, parse_modes, single_profile_refusal
-from orchestrator.profile import Expect
-from orchestrator.results import ABResult, Design, LaunchResult
+from orchestrator.experiment.failon import MODES, fail_on_verdict, parse_modes, single_profile_refusal
+from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.run import RunResult
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
 
 # Deterministic per-block launch factors (restart noise of ~0.3 %), the same for every arm of a block.
@@ -390,7 +390,7 @@ def test_ab_fail_on_slower_exits_3_when_b_is_slower(
     (line,) = [ln for ln in out.splitlines() if ln.startswith("fail-on")]
     assert re.match(r"fail-on slower: slow is slower than fast \(ratio 0\.(4[5-9]|5[0-5])", line)
     assert line.endswith("-> exit 3")
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
     # --fail-on is a decision, not a measurement setting: --resume takes it (and then finds nothing left to run).
     assert main(["ab", "--resume", "last", "--fail-on", "slower", "--db", db]) == 1
     assert "already complete" in capsys.readouterr().err

@@ -9,17 +9,19 @@ from typing import Any
 
 import pytest
 
-from orchestrator import __version__, fingerprint, hostside, server
-from orchestrator.ab import bench_config_from
-from orchestrator.bench import BenchConfig
+from orchestrator import __version__
+from orchestrator.agent import ops
 from orchestrator.cli import main
+from orchestrator.config.design import bench_config_from
+from orchestrator.config.profile import load
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import HostError
-from orchestrator.fingerprint import Difference, collect, diff
 from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
-from orchestrator.results_load import stored_launches
-from orchestrator.store import Store
+from orchestrator.launch import fingerprint, single
+from orchestrator.launch.fingerprint import Difference, collect, diff
+from orchestrator.results.load import stored_launches
+from orchestrator.results.store import Store
 from tests import fake_nvidia_smi
 from tests.conftest import NAMESPACE
 
@@ -36,7 +38,7 @@ def fake_smi(tmp_path: Path) -> tuple[Path, Path]:
 
 def _launch_fingerprint(host: LocalHost, profile_path: Path) -> dict[str, Any]:
     prof = load(str(profile_path))
-    with server.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2) as srv:
+    with single.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2) as srv:
         return collect(
             host,
             srv,
@@ -96,7 +98,7 @@ def test_collect_on_sim_launches_and_diff_names_what_changed(
     assert "host.boot_id" not in fields and "collected_at" not in fields  # same boot; never a difference
     assert [d.weight for d in diffs] == sorted((d.weight for d in diffs), reverse=True)
     assert diff(before, before) == []
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 def _fp(**over: Any) -> dict[str, Any]:
@@ -164,8 +166,8 @@ def test_diff_leaves_out_what_does_not_move_the_number() -> None:
 
 
 def test_collect_never_fails_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    launch = server.Launch("ns:x", "p", 1, 1, 1, "/nonexistent.log", ("python3", "-m", "x"), {}, True, 0.0)
-    srv = server.RunningServer(launch=launch, base_url="http://127.0.0.1:1", preflight={})
+    launch = single.Launch("ns:x", "p", 1, 1, 1, "/nonexistent.log", ("python3", "-m", "x"), {}, True, 0.0)
+    srv = single.RunningServer(launch=launch, base_url="http://127.0.0.1:1", preflight={})
     host = LocalHost(HostConfig(name="local", nvidia_smi="/nonexistent/nvidia-smi"))
     prof = load("baseline")
 
@@ -190,12 +192,12 @@ def test_collect_never_fails_the_launch(monkeypatch: pytest.MonkeyPatch) -> None
 def test_host_op_lists_unreadable_gpus(fake_smi: tuple[Path, Path]) -> None:
     smi, state = fake_smi
     state.write_text(json.dumps({"fail": "NVIDIA-SMI has failed because it couldn't communicate with the driver"}))
-    part = hostside.op_fingerprint(packages=[], nvidia_smi=str(smi))
+    part = ops.op_fingerprint(packages=[], nvidia_smi=str(smi))
     assert part["gpus"] is None
     why = {u["field"]: u["why"] for u in part["unreadable"]}
     assert "couldn't communicate" in why["gpus"]
     assert part["software"]["python"]  # this interpreter's version, from the probe
-    missing = hostside.op_fingerprint(packages=[], nvidia_smi="/nonexistent/nvidia-smi")
+    missing = ops.op_fingerprint(packages=[], nvidia_smi="/nonexistent/nvidia-smi")
     assert any(u["field"] == "gpus" and "not found" in u["why"] for u in missing["unreadable"])
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import fingerprint
 from orchestrator.cli import main
-from orchestrator.results_load import stored_launches
-from orchestrator.store import Store
+from orchestrator.launch import fingerprint
+from orchestrator.results.load import stored_launches
+from orchestrator.results.store import Store
 from tests.conftest import WriteProfile
 
 # The two sshd on 127.0.0.1 and the inventory group of both (fixtures), the profiles and the fast workload.

@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from orchestrator import fingerprint, history, nightresult, reproduce
-from orchestrator.results import ABResult
+from orchestrator.experiment import reproduce
+from orchestrator.launch import fingerprint
+from orchestrator.nightly import history
+from orchestrator.nightly import result as nightresult
+from orchestrator.results.model import ABResult
 from tests.test_failon import fingerprint as make_fingerprint
 from tests.test_failon import result as make_result
 

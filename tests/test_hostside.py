@@ -18,10 +18,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator import hostlock, hostside, redaction, server, teardown
+from orchestrator.agent import lock as hostlock
+from orchestrator.agent import ops, teardown
+from orchestrator.common import redaction
+from orchestrator.config.profile import load
 from orchestrator.errors import HostError
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
+from orchestrator.launch import single
 from tests.conftest import NAMESPACE, WriteProfile, free_port
 
 SLEEPER = "import time\nwhile True: time.sleep(0.1)\n"
@@ -36,13 +39,13 @@ ESCAPER = (
 
 
 def _alive(pid: int) -> bool:
-    return bool(hostside.op_alive(pid)["alive"])
+    return bool(ops.op_alive(pid)["alive"])
 
 
 def _launch(tmp_path: Path, code: str, extra_env: dict[str, str] | None = None) -> tuple[str, dict[str, object]]:
-    lid = server.new_launch_id(NAMESPACE)
-    env = {hostside.MARKER: lid, **(extra_env or {})}
-    info = hostside.op_launch([sys.executable, "-c", code], env, str(tmp_path / "logs" / "x.log"))
+    lid = single.new_launch_id(NAMESPACE)
+    env = {ops.MARKER: lid, **(extra_env or {})}
+    info = ops.op_launch([sys.executable, "-c", code], env, str(tmp_path / "logs" / "x.log"))
     return lid, info
 
 
@@ -64,7 +67,7 @@ def _foreign(extra_argv: list[str]) -> Iterator[subprocess.Popen[bytes]]:
         f"import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
         f"s.bind(('127.0.0.1', {port}))\ns.listen()\nprint('up', flush=True)\ntime.sleep(120)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != hostside.MARKER}
+    env = {k: v for k, v in os.environ.items() if k != ops.MARKER}
     argv = [sys.executable, "-c", code, *extra_argv]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, start_new_session=True, env=env)
     assert proc.stdout is not None and proc.stdout.readline().strip() == b"up"
@@ -81,16 +84,16 @@ def test_launch_is_detached_found_by_marker_and_torn_down(tmp_path: Path) -> Non
     pid = int(info["pid"])  # type: ignore[call-overload]
     assert os.getpgid(pid) == pid and os.getsid(pid) == pid  # its own session and group
     assert psutil.Process(pid).ppid() != os.getpid()  # not our child: survives us like a real detached server
-    found = hostside.op_find(NAMESPACE)
+    found = ops.op_find(NAMESPACE)
     assert [p["pid"] for p in found if p["launch_id"] == lid] == [pid]
-    env = hostside.op_environ(lid, ["NCCL_PROTO", "NCCL_ALGO", "HF_TOKEN"])
+    env = ops.op_environ(lid, ["NCCL_PROTO", "NCCL_ALGO", "HF_TOKEN"])
     assert env[0]["env"]["NCCL_PROTO"] == "LL" and env[0]["env"]["NCCL_ALGO"] is None
     assert "hunter2" not in str(env) and env[0]["env"]["HF_TOKEN"].startswith("<redacted hmac:")
     # Digested on the host with the caller's key: equal to the caller's own digest of the value, per key.
     key = os.urandom(32)
-    (keyed,) = hostside.op_environ(lid, ["HF_TOKEN"], digest_key=key.hex())
+    (keyed,) = ops.op_environ(lid, ["HF_TOKEN"], digest_key=key.hex())
     assert keyed["env"]["HF_TOKEN"] == redaction.redact("HF_TOKEN", "hunter2", key) != env[0]["env"]["HF_TOKEN"]
-    report = hostside.op_teardown(lid, pgid=pid, grace_s=5)
+    report = ops.op_teardown(lid, pgid=pid, grace_s=5)
     assert report["sigterm"] and not report["sigkill"] and not report["remaining"]
     assert not _alive(pid)
 
@@ -99,7 +102,7 @@ def test_sigterm_ignored_escalates_to_sigkill(tmp_path: Path) -> None:
     lid, info = _launch(tmp_path, STUBBORN)
     pid = int(info["pid"])  # type: ignore[call-overload]
     time.sleep(0.3)  # let it install the handler
-    report = hostside.op_teardown(lid, pgid=pid, grace_s=0.5)
+    report = ops.op_teardown(lid, pgid=pid, grace_s=0.5)
     assert report["sigkill"] == [pid] and not report["remaining"]
     assert not _alive(pid)
 
@@ -108,12 +111,12 @@ def test_escaped_setsid_child_is_killed_by_marker(tmp_path: Path) -> None:
     lid, info = _launch(tmp_path, ESCAPER)
     pid = int(info["pid"])  # type: ignore[call-overload]
     deadline = time.monotonic() + 5
-    while len(hostside.op_find(NAMESPACE)) < 2 and time.monotonic() < deadline:
+    while len(ops.op_find(NAMESPACE)) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
-    procs = [p for p in hostside.op_find(NAMESPACE) if p["launch_id"] == lid]
+    procs = [p for p in ops.op_find(NAMESPACE) if p["launch_id"] == lid]
     escaped = [p["pid"] for p in procs if p["pgid"] != pid]
     assert len(escaped) == 1
-    report = hostside.op_teardown(lid, pgid=pid, grace_s=2)
+    report = ops.op_teardown(lid, pgid=pid, grace_s=2)
     assert not report["remaining"]
     assert all(not _alive(p["pid"]) for p in procs)
 
@@ -126,24 +129,24 @@ def test_foreign_port_owner_is_named_and_never_killed(
     assert owners[0]["pid"] == foreign.pid and owners[0]["launch_id"] is None
     prof = load(str(write_profile("p", engine="sglang", model_path="/m", tp_size=1, port=port)))
     with pytest.raises(HostError, match=rf"port {port} on local is in use by PID {foreign.pid} \(.*python"):
-        server.preflight(LocalHost(), prof, NAMESPACE)
+        single.preflight(LocalHost(), prof, NAMESPACE)
     assert foreign.poll() is None  # still alive
 
 
 def test_teardown_never_signals_a_foreign_group_even_with_its_pgid(foreign: subprocess.Popen[bytes]) -> None:
     # A stale record whose PGID now belongs to someone else: nothing carries our marker, so nothing is signalled.
-    report = hostside.op_teardown(f"{NAMESPACE}:gone-long-ago", pgid=foreign.pid, grace_s=0.2, port_wait_s=0)
+    report = ops.op_teardown(f"{NAMESPACE}:gone-long-ago", pgid=foreign.pid, grace_s=0.2, port_wait_s=0)
     assert not report["sigterm"] and not report["sigkill"]
     assert foreign.poll() is None
 
 
 def test_down_only_touches_its_namespace(tmp_path: Path) -> None:
     other_lid = "someone-else:20260101T000000-abcdef12"
-    info = hostside.op_launch([sys.executable, "-c", SLEEPER], {hostside.MARKER: other_lid}, str(tmp_path / "o.log"))
+    info = ops.op_launch([sys.executable, "-c", SLEEPER], {ops.MARKER: other_lid}, str(tmp_path / "o.log"))
     other = int(info["pid"])
     try:
         mine_lid, mine = _launch(tmp_path, SLEEPER)
-        stopped = hostside.op_down(NAMESPACE, grace_s=2)["stopped"]
+        stopped = ops.op_down(NAMESPACE, grace_s=2)["stopped"]
         assert [s["launch_id"] for s in stopped] == [mine_lid]
         assert not _alive(int(mine["pid"])) and _alive(other)  # type: ignore[call-overload]
     finally:
@@ -151,10 +154,10 @@ def test_down_only_touches_its_namespace(tmp_path: Path) -> None:
 
 
 def test_dispatch_reports_errors_as_data() -> None:
-    assert hostside.dispatch({"op": "nope"}) == {"ok": False, "error": "unknown host-side operation 'nope'"}
-    bad = hostside.dispatch({"op": "alive", "args": {"pidd": 1}})
+    assert ops.dispatch({"op": "nope"}) == {"ok": False, "error": "unknown host-side operation 'nope'"}
+    bad = ops.dispatch({"op": "alive", "args": {"pidd": 1}})
     assert not bad["ok"] and "bad arguments for alive" in bad["error"]
-    assert hostside.dispatch({"op": "launch", "args": {"argv": [], "env": {}, "log_path": "/tmp/x"}})["ok"] is False
+    assert ops.dispatch({"op": "launch", "args": {"argv": [], "env": {}, "log_path": "/tmp/x"}})["ok"] is False
     with pytest.raises(HostError, match="local: unknown host-side operation"):
         LocalHost().call("nope")
 
@@ -162,8 +165,8 @@ def test_dispatch_reports_errors_as_data() -> None:
 def test_log_tail(tmp_path: Path) -> None:
     log = tmp_path / "l.log"
     log.write_text("".join(f"line {i}\n" for i in range(100)))
-    assert hostside.op_log_tail(str(log), lines=3) == "line 97\nline 98\nline 99"
-    assert "no log at" in hostside.op_log_tail(str(tmp_path / "missing.log"))
+    assert ops.op_log_tail(str(log), lines=3) == "line 97\nline 98\nline 99"
+    assert "no log at" in ops.op_log_tail(str(tmp_path / "missing.log"))
 
 
 def test_port_free_after_bind_close() -> None:
@@ -177,10 +180,10 @@ def test_port_free_after_bind_close() -> None:
 
 def test_namespace_is_matched_exactly_not_as_a_prefix(tmp_path: Path) -> None:
     longer = NAMESPACE + "x:20260101T000000-abcdef12"  # namespace "<ns>x" must not count as "<ns>"
-    info = hostside.op_launch([sys.executable, "-c", SLEEPER], {hostside.MARKER: longer}, str(tmp_path / "o.log"))
+    info = ops.op_launch([sys.executable, "-c", SLEEPER], {ops.MARKER: longer}, str(tmp_path / "o.log"))
     try:
-        assert all(p["launch_id"] != longer for p in hostside.op_find(NAMESPACE))
-        assert hostside.op_down(NAMESPACE, grace_s=1) == {"stopped": [], "live": []}
+        assert all(p["launch_id"] != longer for p in ops.op_find(NAMESPACE))
+        assert ops.op_down(NAMESPACE, grace_s=1) == {"stopped": [], "live": []}
         assert _alive(int(info["pid"]))
     finally:
         os.killpg(int(info["pid"]), signal.SIGKILL)
@@ -288,16 +291,16 @@ def test_cmdlines_shown_from_the_host_are_masked(
     # The same masked line in preflight's refusal, and in what `orch status`/teardown reports list (describe_process).
     prof = load(str(write_profile("p", engine="sglang", model_path="/m", tp_size=1, port=port)))
     with pytest.raises(HostError, match=rf"(?s)in use by PID {foreign_with_secrets.pid} \(.*--api-key <redacted>") as e:
-        server.preflight(LocalHost(), prof, NAMESPACE)
+        single.preflight(LocalHost(), prof, NAMESPACE)
     assert "SECRET" not in str(e.value)
-    described = hostside.describe_process(psutil.Process(foreign_with_secrets.pid))
+    described = ops.describe_process(psutil.Process(foreign_with_secrets.pid))
     assert "SECRET" not in described["cmdline"] and "<redacted>" in described["cmdline"]
 
 
 def test_lock_is_exclusive_and_reclaimed_only_from_our_own_session(tmp_path: Path) -> None:
     lock = str(tmp_path / "orch.lock")
     agent = subprocess.Popen(
-        [sys.executable, hostside.__file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "orchestrator.agent", "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert agent.stdin is not None and agent.stdout is not None
@@ -338,14 +341,14 @@ def test_teardown_kills_recorded_processes_that_dropped_the_marker(tmp_path: Pat
         time.sleep(0.05)
     helper = int(log.read_text().split()[0])
     try:
-        recorded = hostside.op_launch_procs(lid, int(info["pid"]))  # type: ignore[call-overload]
+        recorded = ops.op_launch_procs(lid, int(info["pid"]))  # type: ignore[call-overload]
         assert helper in [p["pid"] for p in recorded]
-        assert helper not in [p["pid"] for p in hostside.op_find(NAMESPACE)]  # the marker cannot find it
-        assert hostside.op_launch_health(recorded)["ok"]
-        report = hostside.op_teardown(lid, pgid=int(info["pgid"]), grace_s=1, known=recorded)  # type: ignore[call-overload]
+        assert helper not in [p["pid"] for p in ops.op_find(NAMESPACE)]  # the marker cannot find it
+        assert ops.op_launch_health(recorded)["ok"]
+        report = ops.op_teardown(lid, pgid=int(info["pgid"]), grace_s=1, known=recorded)  # type: ignore[call-overload]
         assert report["unmarked"] == [helper]
         assert not _alive(helper)
-        assert not hostside.op_launch_health(recorded)["ok"]
+        assert not ops.op_launch_health(recorded)["ok"]
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(helper, signal.SIGKILL)
@@ -371,7 +374,7 @@ def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> 
     # -S: no site processing, so not the editable install of orch either; psutil's directory is named by hand.
     site = str(Path(psutil.__file__).resolve().parent.parent)
     agent = subprocess.Popen(
-        [sys.executable, "-S", str(tmp_path / "hostside.py"), "--serve"],
+        [sys.executable, "-S", str(tmp_path / "orch_agent.py"), "--serve"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -389,7 +392,12 @@ def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> 
     assert [(r["ok"], r["id"]) for r in replies] == [(True, 0), (True, 1)], err
     # bench_run imports the client (and what it imports) only when a run starts: import it from the same files.
     client = subprocess.run(
-        [sys.executable, "-S", "-c", "import orchestrator.client, orchestrator.hostwait, orchestrator.sim.__main__"],
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            "import orchestrator.client.runner, orchestrator.agent.waits, orchestrator.sim.__main__",
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import engines, hostside, hostwait
+from orchestrator import engines
+from orchestrator.agent import ops, waits
+from orchestrator.config.profile import load
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
 from tests.conftest import WriteProfile, free_port
 
 GENERATE = {"method": "POST", "path": "/generate", "body": {"input_ids": [0]}, "gate": None}
@@ -69,23 +70,23 @@ def stub() -> Iterator[Stub]:
 
 
 def test_probe_answers_are_named(stub: Stub) -> None:
-    assert hostwait.probe_once("127.0.0.1", free_port(), GENERATE, 1.0) == (False, "loading")
+    assert waits.probe_once("127.0.0.1", free_port(), GENERATE, 1.0) == (False, "loading")
     stub.script["/generate"] = [(503, {"error": "starting"})]
-    assert hostwait.probe_once("127.0.0.1", stub.port, GENERATE, 1.0) == (False, "warming up")
+    assert waits.probe_once("127.0.0.1", stub.port, GENERATE, 1.0) == (False, "warming up")
     stub.script["/generate"] = [(404, {"error": {"message": "The model `m` does not exist."}})]
-    assert hostwait.probe_once("127.0.0.1", stub.port, GENERATE, 1.0) == (
+    assert waits.probe_once("127.0.0.1", stub.port, GENERATE, 1.0) == (
         False,
         "HTTP 404: The model `m` does not exist.",
     )
     stub.script["/generate"] = [(200, {"error": "out of memory"})]
     oom = (False, "HTTP 200 but an error: out of memory")
-    assert hostwait.probe_once("127.0.0.1", stub.port, GENERATE, 1.0) == oom
+    assert waits.probe_once("127.0.0.1", stub.port, GENERATE, 1.0) == oom
     stub.script["/generate"] = [(200, b"not json")]
-    assert hostwait.probe_once("127.0.0.1", stub.port, GENERATE, 1.0) == (False, "HTTP 200 but no JSON answer")
+    assert waits.probe_once("127.0.0.1", stub.port, GENERATE, 1.0) == (False, "HTTP 200 but no JSON answer")
     stub.script["/generate"] = [(200, "hang")]
-    assert hostwait.probe_once("127.0.0.1", stub.port, GENERATE, 0.3) == (False, "no answer within 0.3s")
+    assert waits.probe_once("127.0.0.1", stub.port, GENERATE, 0.3) == (False, "no answer within 0.3s")
     stub.script["/generate"] = [(200, {"text": "x", "meta_info": {"completion_tokens": 1}})]
-    assert hostwait.probe_once("127.0.0.1", stub.port, GENERATE, 1.0) == (True, "ready")
+    assert waits.probe_once("127.0.0.1", stub.port, GENERATE, 1.0) == (True, "ready")
     assert stub.seen[-1] == ("POST", "/generate", {"input_ids": [0]})
 
 
@@ -93,9 +94,9 @@ def test_a_gate_is_polled_before_any_generation(stub: Stub) -> None:
     probe = {"method": "POST", "path": "/completion", "body": {"n_predict": 1}, "gate": "/health"}
     stub.script["/health"] = [(503, {"error": {"message": "Loading model"}}), (200, {"status": "ok"})]
     stub.script["/completion"] = [(200, {"content": "x", "tokens_predicted": 1})]
-    assert hostwait.probe_once("127.0.0.1", stub.port, probe, 1.0) == (False, "warming up")
+    assert waits.probe_once("127.0.0.1", stub.port, probe, 1.0) == (False, "warming up")
     assert [p for _, p, _ in stub.seen] == ["/health"]  # no generation while the model loads
-    assert hostwait.probe_once("127.0.0.1", stub.port, probe, 1.0) == (True, "ready")
+    assert waits.probe_once("127.0.0.1", stub.port, probe, 1.0) == (True, "ready")
     assert [p for _, p, _ in stub.seen] == ["/health", "/health", "/completion"]
 
 
@@ -113,20 +114,20 @@ def test_the_wait_ends_ready_exited_or_timed_out_and_reports_changes(stub: Stub,
         t0 = time.monotonic()
         # The stub listens in this process: for the ownership check at ready, this process is the server.
         me = os.getpid()
-        result = hostwait.wait(me, stub.port, GENERATE, str(log), 10, report=events.append, log_every_s=0.01)
+        result = waits.wait(me, stub.port, GENERATE, str(log), 10, report=events.append, log_every_s=0.01)
         assert result["ready"] and time.monotonic() - t0 < 8.0  # ready at the third probe, not the 10 s timeout
         assert events[0]["state"] == "warming up" and events[0]["changed"]
         assert any(e["log"].endswith("Load weight end") for e in events)  # the log's last lines, while waiting
         assert result["elapsed"] >= 0.03  # three probes, 20 ms apart
 
         stub.script["/generate"] = [(503, {})]
-        result = hostwait.wait(me, stub.port, GENERATE, str(log), 0.2)
+        result = waits.wait(me, stub.port, GENERATE, str(log), 0.2)
         assert not result["ready"] and result["why"] == "timeout" and result["state"] == "warming up"
         assert result["log_tail"] == "Load weight begin\nLoad weight end"
     finally:
         proc.kill()
         proc.wait()
-    result = hostwait.wait(proc.pid, stub.port, GENERATE, str(tmp_path / "missing.log"), 10)
+    result = waits.wait(proc.pid, stub.port, GENERATE, str(tmp_path / "missing.log"), 10)
     assert not result["ready"] and result["why"] == "exited" and "no log at" in result["log_tail"]
 
 
@@ -136,7 +137,7 @@ def test_an_answer_from_a_port_someone_else_took_is_not_ready(stub: Stub, tmp_pa
     stub.script["/generate"] = [(200, {"text": "x"})]
     proc = _sleeper(30)  # our launch: alive, listening nowhere
     try:
-        result = hostwait.wait(proc.pid, stub.port, GENERATE, str(tmp_path / "x.log"), 10)
+        result = waits.wait(proc.pid, stub.port, GENERATE, str(tmp_path / "x.log"), 10)
     finally:
         proc.kill()
         proc.wait()
@@ -164,7 +165,7 @@ def test_the_agent_sends_progress_events_before_its_answer(stub: Stub, tmp_path:
     stub.script["/generate"] = [(503, {}), (503, {}), (404, {"error": "nope"}), (200, {"text": "x"})]
     proc = _sleeper(30)
     agent = subprocess.Popen(
-        [sys.executable, hostside.__file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, ops.__file__, "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     try:
         assert agent.stdin is not None and agent.stdout is not None

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from orchestrator.hosts.agentlink import SHIPPED_MODULES
+from orchestrator.hosts.agentlink import SHIPPED_PACKAGES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "orchestrator"
 
@@ -34,36 +34,21 @@ PACKAGE = Path(__file__).resolve().parent.parent / "orchestrator"
 # The layers, lowest first, as the code stands (fnmatch patterns of module names without the `orchestrator.`
 # prefix; "" is the package's own __init__). The host side sits below the models because the run's config and
 # result types (bench) drive the benchmark client that ships to the host.
+PACKAGE_ORDER = (
+    "common", "client", "agent", "sim",  # shipped to the host (SHIPPED_PACKAGES)
+    "stats", "engines", "config", "results", "ui", "whatif", "report", "hosts", "launch", "experiment", "nightly",
+)  # fmt: skip
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("", "errors", "fields", "files", "yamlfile", "redaction", "stopsignals", "streamparse")),
-    ("stats", ("stats", "stats_seq", "stats_repro", "changepoint")),
-    ("host side", ("client", "client_*", "processes", "hostfacts", "hostwait", "teardown", "hostlock", "hostside")),
-    ("simulator", ("sim", "sim.*")),
-    ("models", ("engines", "engines.*", "profile", "bench", "prompts", "planlimits", "progress", "suite", "options")),
-    ("results", ("results", "results_load", "records", "store", "store_schema", "bundleformat")),
-    ("analysis", ("compare", "whatif", "whatif_*")),
-    ("hosts", ("hosts", "hosts.*", "ports")),
-    (
-        "runners",
-        ("server", "fingerprint", "attach", "ab", "ab_launch", "experiment_host", "multinode", "failon", "resume"),
-    ),
-    ("nightly", ("history", "nightly", "nightly_*", "nightresult", "reproduce", "bundle")),
-    ("reports", ("report", "report_*", "plots", "progress_live")),
-    # What a command runs, from its RunOptions: refusals, the reporter, the run, the --fail-on decision.
-    ("commands", ("experiment",)),
+    ("base", ("", "errors", "files", "fields", "yamlfile")),
+    *((name, (name, f"{name}.*")) for name in PACKAGE_ORDER),
     ("cli", ("cli", "cli.*", "__main__")),
 )
 
-# Imports that point up a layer, each with why; an entry that no longer exists fails the test (keep this short).
-UPWARD: dict[tuple[str, str], str] = {
-    # bench holds both the run's config and result types (models) and the runners that drive a Host through its
-    # agent (host_runner, runner_for): the annotation names the Host protocol. Splitting the runners out of bench
-    # is part of the move into packages.
-    ("bench", "hosts.base"): "bench's runners take a Host (TYPE_CHECKING only)",
-}
+# Imports that point up a layer, each with why; an entry that no longer exists fails the test (keep this empty).
+UPWARD: dict[tuple[str, str], str] = {}
 
-# What the host gets (hosts/agentlink.agent_files): the package's __init__, hostside.py, SHIPPED_MODULES and sim/.
-SHIPPED = ("", "hostside", *SHIPPED_MODULES, "sim", "sim.*")
+# What the host gets (hosts/agentlink.agent_files): the package's __init__ and every module of SHIPPED_PACKAGES.
+SHIPPED = ("", *SHIPPED_PACKAGES, *(f"{p}.*" for p in SHIPPED_PACKAGES))
 SHIPPED_THIRD_PARTY = {"psutil"}
 
 
@@ -256,8 +241,8 @@ from . import f
     assert imports_of("o.p.s", "from . import s\nfrom .. import a\nfrom . import factory", modules) == {"o.a", "o.p"}
     assert imports_of("o.p", "from . import s\nfrom .s import x", modules) == {"o.p.s"}
     real = import_graph()
-    assert "orchestrator.whatif" in real["orchestrator.report"]  # a lazy import is an edge
-    assert "orchestrator.bench" not in real["orchestrator.progress"]  # a TYPE_CHECKING one is not
+    assert "orchestrator.whatif.predict" in real["orchestrator.report.experiment"]  # a lazy import is an edge
+    assert "orchestrator.config.workload" not in real["orchestrator.ui.progress"]  # a TYPE_CHECKING one is not
 
 
 def test_a_cycle_is_found_and_shown() -> None:
@@ -314,12 +299,30 @@ def test_imports_point_down_the_layers() -> None:
 
 
 def test_an_upward_import_is_caught_even_under_type_checking() -> None:
-    graph = {"orchestrator.stats": {"orchestrator.errors"}, "orchestrator.errors": {"orchestrator.cli.run"}}
+    graph = {"orchestrator.stats.estimates": {"orchestrator.errors"}, "orchestrator.errors": {"orchestrator.cli.run"}}
     assert upward_edges(graph) == {("errors", "cli.run"): "base -> cli"}
     modules = {"o.a": Path("o/a.py"), "o.b": Path("o/b.py")}
     source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from o.b import B\n"
     assert imports_of("o.a", source, modules) == set()
     assert imports_of("o.a", source, modules, type_checking=True) == {"o.b"}
+
+
+def test_a_forbidden_import_added_to_the_tree_is_caught(tmp_path: Path) -> None:
+    """The layer contract on a copy of the real tree: the results model reaching up for the experiment runner (even
+    for a type) and the statistics for the CLI are both named."""
+    root = tmp_path / "orchestrator"
+    for path in PACKAGE.rglob("*.py"):
+        (root / path.relative_to(PACKAGE)).parent.mkdir(parents=True, exist_ok=True)
+        (root / path.relative_to(PACKAGE)).write_bytes(path.read_bytes())
+    assert set(upward_edges(import_graph(root, type_checking=True))) == set(UPWARD)
+    with (root / "results" / "model.py").open("a", encoding="utf-8") as f:
+        f.write("\nif TYPE_CHECKING:\n    from orchestrator.experiment.ab import run_ab\n")
+    with (root / "stats" / "estimates.py").open("a", encoding="utf-8") as f:
+        f.write("\n\ndef later() -> None:\n    from orchestrator.cli import main\n")
+    assert set(upward_edges(import_graph(root, type_checking=True))) - set(UPWARD) == {
+        ("results.model", "experiment.ab"),
+        ("stats.estimates", "cli"),
+    }
 
 
 def test_what_ships_to_the_host_imports_only_what_ships_with_it(tmp_path: Path) -> None:
@@ -329,9 +332,9 @@ def test_what_ships_to_the_host_imports_only_what_ships_with_it(tmp_path: Path) 
     for path in PACKAGE.rglob("*.py"):
         (root / path.relative_to(PACKAGE)).parent.mkdir(parents=True, exist_ok=True)
         (root / path.relative_to(PACKAGE)).write_bytes(path.read_bytes())
-    with (root / "teardown.py").open("a", encoding="utf-8") as f:
-        f.write("\n\ndef later() -> None:\n    from orchestrator import store\n    import yaml\n")
+    with (root / "agent" / "teardown.py").open("a", encoding="utf-8") as f:
+        f.write("\n\ndef later() -> None:\n    from orchestrator.results import store\n    import yaml\n")
     assert shipped_violations(root) == [
-        "orchestrator.teardown -> orchestrator.store",
-        "orchestrator.teardown -> yaml (third-party)",
+        "orchestrator.agent.teardown -> orchestrator.results.store",
+        "orchestrator.agent.teardown -> yaml (third-party)",
     ]

@@ -44,7 +44,7 @@ def test_interrupting_a_run_still_says_torn_down_and_answers_in_json(
 ) -> None:
     write_profile("p", engine="sglang", model_path="/m", tp_size=1, port=free_port())
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("orchestrator.experiment.resolve_host", _interrupt)
+    monkeypatch.setattr("orchestrator.experiment.run.resolve_host", _interrupt)
     assert main(["bench", "p", "--sim", "--json", "--db", str(tmp_path / "r.db")]) == 130
     captured = capsys.readouterr()
     doc = json.loads(captured.out)

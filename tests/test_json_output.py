@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator import profile as profiles_mod
 from orchestrator.cli import main
+from orchestrator.config import profile as profiles_mod
 from tests.conftest import REPO, WriteProfile
 
 Capsys = pytest.CaptureFixture[str]
@@ -53,7 +53,7 @@ def test_json_documents_of_the_read_only_commands(capsys: Capsys, monkeypatch: p
 
 
 def test_json_list_of_an_empty_store_and_failures_as_documents(tmp_path: Path, capsys: Capsys) -> None:
-    from orchestrator.store import Store
+    from orchestrator.results.store import Store
 
     db = tmp_path / "r.db"
     code, doc = run_json(capsys, "list", "--db", str(db))
@@ -94,10 +94,11 @@ def test_json_list_after_an_experiment(tmp_path: Path, capsys: Capsys, stored: t
 @pytest.fixture
 def stored(write_profile: WriteProfile, tmp_path: Path) -> tuple[Path, str]:
     """One short simulated A/B (one block of two arms) in its own store."""
-    from orchestrator.ab import ABConfig, run_ab
-    from orchestrator.bench import BenchConfig
+    from orchestrator.config.design import ABConfig
+    from orchestrator.config.workload import BenchConfig
+    from orchestrator.experiment.ab import run_ab
     from orchestrator.hosts.local import LocalHost
-    from orchestrator.store import Store
+    from orchestrator.results.store import Store
     from tests.conftest import FAST_SIM, NAMESPACE, free_port
 
     common = {"engine": "sglang", "model_path": "/m", "tp_size": 1, "sim": {**FAST_SIM, "load_s": 0.1}}

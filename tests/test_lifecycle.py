@@ -10,36 +10,39 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator import hostside, server
-from orchestrator.ab import ABConfig, run_ab
-from orchestrator.ab_launch import describe_env
-from orchestrator.bench import BenchConfig, local_runner, run_benchmark
+from orchestrator.agent import ops
+from orchestrator.config.design import ABConfig
+from orchestrator.config.profile import Profile, load
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import BenchError, ServerError, was_interrupted
+from orchestrator.experiment.ab import run_ab
+from orchestrator.experiment.arm import describe_env
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import Profile, load
-from orchestrator.results_load import load_result
-from orchestrator.store import Store
+from orchestrator.launch import single
+from orchestrator.launch.benchmark import local_runner, run_benchmark
+from orchestrator.results.load import load_result
+from orchestrator.results.store import Store
 from tests.conftest import NAMESPACE
 
 SimProfiles = Callable[..., dict[str, Path]]
 
 
 def _nothing_left() -> None:
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 def _running(host: LocalHost, prof: Profile, **kw: object) -> object:
-    return server.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2, **kw)  # type: ignore[arg-type]
+    return single.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2, **kw)  # type: ignore[arg-type]
 
 
 def test_full_lifecycle_with_env_check_and_clean_teardown(sim_profiles: SimProfiles) -> None:
     prof = load(str(sim_profiles()["baseline"]))
     host = LocalHost()
     events: list[str] = []
-    with server.running(host, prof, simulate=True, namespace=NAMESPACE, on_event=events.append) as srv:
+    with single.running(host, prof, simulate=True, namespace=NAMESPACE, on_event=events.append) as srv:
         assert srv.env_report is not None and srv.env_report.ok
         assert srv.env_report.processes >= prof.tp_size + 2  # main + tp schedulers + detokenizer
-        pids = [p["pid"] for p in hostside.op_find(NAMESPACE)]
+        pids = [p["pid"] for p in ops.op_find(NAMESPACE)]
         assert srv.launch.pid in pids
         # Ready means a real generation succeeded (SGLang's own /health_generate may still say 503 while its
         # warmup request runs).
@@ -49,7 +52,7 @@ def test_full_lifecycle_with_env_check_and_clean_teardown(sim_profiles: SimProfi
         runs = run_benchmark(local_runner(srv.base_url, cfg), cfg, model="m")
         assert [r.tokens for r in runs] == [4, 16]
     assert srv.teardown is not None and srv.teardown["port_free"] and not srv.teardown["remaining"]
-    assert all(not hostside.op_alive(p)["alive"] for p in pids)
+    assert all(not ops.op_alive(p)["alive"] for p in pids)
     assert any("ready after" in e for e in events) and any("torn down" in e for e in events)
     _nothing_left()
 
@@ -134,15 +137,15 @@ def test_env_check_catches_vars_that_did_not_reach_the_workers(sim_profiles: Sim
 
 
 def test_env_check_lines_agree_in_number() -> None:
-    assert describe_env(server.EnvReport(processes=1)) == [
+    assert describe_env(single.EnvReport(processes=1)) == [
         "env check ok: every profile variable reached the server's one process"
     ]
-    assert describe_env(server.EnvReport(processes=3)) == [
+    assert describe_env(single.EnvReport(processes=3)) == [
         "env check ok: every profile variable reached all 3 processes"
     ]
-    gone = server.EnvMismatch(pid=7, cmdline="server", var="NCCL_ALGO", expected="Ring", actual=None)
-    assert describe_env(server.EnvReport(processes=1, mismatches=(gone,)))[0] == "ENV MISMATCH in 1 of 1 process:"
-    assert describe_env(server.EnvReport(processes=2, mismatches=(gone,)))[0] == "ENV MISMATCH in 1 of 2 processes:"
+    gone = single.EnvMismatch(pid=7, cmdline="server", var="NCCL_ALGO", expected="Ring", actual=None)
+    assert describe_env(single.EnvReport(processes=1, mismatches=(gone,)))[0] == "ENV MISMATCH in 1 of 1 process:"
+    assert describe_env(single.EnvReport(processes=2, mismatches=(gone,)))[0] == "ENV MISMATCH in 1 of 2 processes:"
 
 
 def test_strict_env_fails_the_arm(sim_profiles: SimProfiles, tmp_path: Path) -> None:
@@ -189,7 +192,7 @@ def test_server_dying_mid_benchmark_is_an_error_and_runs_so_far_are_kept(
 def test_sigterm_ignored_needs_sigkill_and_escaped_worker_is_found_by_marker(sim_profiles: SimProfiles) -> None:
     prof = load(str(sim_profiles(sim={"fault": "ignore-sigterm,escape-setsid"})["baseline"]))
     with _running(LocalHost(), prof) as srv:  # type: ignore[attr-defined]
-        procs = hostside.op_find(NAMESPACE)
+        procs = ops.op_find(NAMESPACE)
         assert any(p["pgid"] != srv.launch.pgid for p in procs)  # one worker left the process group
     td = srv.teardown
     assert srv.launch.pid in td["sigkill"]
@@ -203,12 +206,12 @@ def test_sigterm_ignored_needs_sigkill_and_escaped_worker_is_found_by_marker(sim
 def test_preflight_cleans_leftovers_of_an_earlier_launch(sim_profiles: SimProfiles) -> None:
     prof = load(str(sim_profiles()["baseline"]))
     host = LocalHost()
-    old = server.launch(host, prof, simulate=True, namespace=NAMESPACE)  # "orch crashed": never torn down
-    server.wait_ready(host, old, prof, timeout_s=20)
+    old = single.launch(host, prof, simulate=True, namespace=NAMESPACE)  # "orch crashed": never torn down
+    single.wait_ready(host, old, prof, timeout_s=20)
     events: list[str] = []
     with _running(host, prof, on_event=events.append) as srv:  # type: ignore[attr-defined]
         assert srv.preflight["cleaned"][0]["launch_id"] == old.launch_id
-        assert not hostside.op_alive(old.pid)["alive"]
+        assert not ops.op_alive(old.pid)["alive"]
     assert any("leftover" in e for e in events)
     _nothing_left()
 

@@ -14,14 +14,17 @@ from typing import TypeVar
 import psutil
 import pytest
 
-from orchestrator import engines, hostside, prompts
-from orchestrator.ab import ABConfig, run_ab
-from orchestrator.bench import BenchConfig
+from orchestrator import engines
+from orchestrator.agent import ops
+from orchestrator.config import prompts
+from orchestrator.config.design import ABConfig
+from orchestrator.config.profile import load
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import InputError, ProfileError, PromptFileError, ServerError
+from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
-from orchestrator.store import Store
+from orchestrator.results.store import Store
 from tests.conftest import NAMESPACE, WriteProfile, free_port, run_orch
 from tests.test_ssh import fake_gpu_dir, remote, sshd  # noqa: F401 (fixtures)
 
@@ -182,7 +185,7 @@ def test_a_real_ab_over_ssh_to_localhost(
     assert proc.returncode == 0, out + err
     assert "host testbox" in out and "accept length from timings" in out and "break-even accept length" in out
     assert "SIMULATED" not in out + err
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 def test_every_bundled_prompt_set_is_named_and_loads() -> None:

@@ -18,17 +18,18 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import hostside
-from orchestrator.ab import ABConfig, run_ab
-from orchestrator.bench import BenchConfig
+from orchestrator.agent import ops
+from orchestrator.config.design import ABConfig
+from orchestrator.config.profile import ProfileError, load
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import HostError, InputError, InventoryError, OrchError, ServerError
-from orchestrator.experiment_host import host_facts
+from orchestrator.experiment.ab import run_ab
+from orchestrator.experiment.host import host_facts
 from orchestrator.hosts import resolve_host
 from orchestrator.hosts.group import GroupHost
 from orchestrator.hosts.inventory import load_groups
-from orchestrator.multinode import NodeMismatchError
-from orchestrator.profile import ProfileError, load
-from orchestrator.store import Store
+from orchestrator.launch.group import NodeMismatchError
+from orchestrator.results.store import Store
 from tests import fake_nvidia_smi
 from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port, free_ports
 from tests.sshd import SSHD
@@ -113,7 +114,7 @@ def _config(runs: int = 2) -> ABConfig:
 
 
 def _nothing_left() -> None:
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 def _load(name: str, profile_dir: Path) -> Any:
@@ -168,7 +169,7 @@ def test_a_rank_dying_mid_run_ends_the_arm_and_every_rank_is_gone(
     events: list[str] = []
 
     def kill_rank_1(name: str, run: object) -> None:
-        rank1 = [p for p in hostside.op_find(NAMESPACE) if p["launch_id"].endswith("-rank1")]
+        rank1 = [p for p in ops.op_find(NAMESPACE) if p["launch_id"].endswith("-rank1")]
         main = [p for p in rank1 if "--node-rank" in p["cmdline"] and "multiprocessing" not in p["cmdline"]]
         if main:
             os.kill(main[0]["pid"], signal.SIGKILL)  # the node is gone, as if it crashed
@@ -193,12 +194,12 @@ def test_down_and_status_visit_every_node_of_a_group(
     pair: str, write_profile: WriteProfile, profile_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A crashed multi-node launch leaves ranks on every node: `orch down --host GROUP` goes to each of them."""
-    from orchestrator import server
     from orchestrator.cli import main
+    from orchestrator.launch import single
 
     prof = load(str(write_profile("solo", engine="sglang", model_path="/m", tp_size=1, port=free_port(), sim=FAST_SIM)))
     with resolve_host("node-b") as node_b:  # its agent (the launch's owner) ends with the connection
-        leftover = server.launch(node_b, prof, simulate=True, namespace=NAMESPACE)
+        leftover = single.launch(node_b, prof, simulate=True, namespace=NAMESPACE)
     assert main(["status", "--host", pair]) == 0
     out = capsys.readouterr().out
     rows = [ln for ln in out.splitlines() if leftover.launch_id in ln and "left behind" in ln]
@@ -228,13 +229,13 @@ def test_a_node_that_is_down_leaves_check_status_and_down_working_on_the_others(
 ) -> None:
     """node-b's sshd is stopped after a crashed launch: node-a is still checked, shown and cleaned up; node-b is
     named with why and how to clean it up later; every command exits 1."""
-    from orchestrator import server
     from orchestrator.cli import main
+    from orchestrator.launch import single
 
     pair = node_b_down
     prof = load(str(write_profile("solo", engine="sglang", model_path="/m", tp_size=1, port=free_port(), sim=FAST_SIM)))
     with resolve_host("node-a") as node_a:
-        leftover = server.launch(node_a, prof, simulate=True, namespace=NAMESPACE)
+        leftover = single.launch(node_a, prof, simulate=True, namespace=NAMESPACE)
     later = "; its leftovers stay until it can be reached (orch down --host node-b)"
 
     assert main(["hosts", "check", pair]) == 1
@@ -340,7 +341,7 @@ def test_cli_ab_over_a_group(
 ) -> None:
     """`orch ab --host GROUP` end to end through the real entry point: profiles from ./profiles, a verdict."""
     from orchestrator.cli import main
-    from orchestrator.results_load import stored_launches
+    from orchestrator.results.load import stored_launches
 
     _profiles(write_profile)
     monkeypatch.chdir(tmp_path)
@@ -371,9 +372,9 @@ def test_allow_node_mismatch_launches_and_every_report_says_so(
 ) -> None:
     from orchestrator.cli import main
     from orchestrator.cli.run import verdict_lines
-    from orchestrator.report import ab_markdown, ab_text
-    from orchestrator.report_html import ab_html
-    from orchestrator.results_load import load_result
+    from orchestrator.report.experiment import ab_markdown, ab_text
+    from orchestrator.report.html import ab_html
+    from orchestrator.results.load import load_result
 
     _profiles(write_profile)
     monkeypatch.chdir(tmp_path)
@@ -479,7 +480,7 @@ def test_multi_node_profiles_need_a_group_and_sglang(write_profile: WriteProfile
     prof = _load("ok", profile_dir)
     assert prof.nnodes == 2 and prof.to_dict()["nnodes"] == 2
     assert "nnodes" not in _load_one(write_profile, profile_dir).to_dict()  # unchanged for stored experiments
-    from orchestrator.experiment_host import check_nodes
+    from orchestrator.experiment.host import check_nodes
     from orchestrator.hosts.local import LocalHost
 
     with pytest.raises(InputError, match="must name an inventory group of at least 2 hosts"):

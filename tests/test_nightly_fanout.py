@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import hostside
-from orchestrator import suite as suite_mod
-from orchestrator.suite import SuiteError
+from orchestrator.agent import ops
+from orchestrator.nightly import suite as suite_mod
+from orchestrator.nightly.suite import SuiteError
 from tests import slurmcluster
 from tests.conftest import NAMESPACE, REPO, WriteProfile
 from tests.slurmcluster import PARTITION, SlurmCluster
@@ -72,7 +72,7 @@ def _night_items(tmp_path: Path) -> list[tuple[str, str]]:
 def _assert_nothing_left(cluster: SlurmCluster) -> None:
     assert _jobs(cluster) == []
     cluster.wait_no_processes()
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 def _start(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:

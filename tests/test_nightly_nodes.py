@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from orchestrator import history, nightly, nightly_fanout, report_nightly
-from orchestrator import suite as suite_mod
-from orchestrator.store import Store
+from orchestrator.nightly import fanout, history, night
+from orchestrator.nightly import report as report_nightly
+from orchestrator.nightly import suite as suite_mod
+from orchestrator.results.store import Store
 from tests.conftest import WriteProfile
 from tests.test_failon import result as make_result
 from tests.test_nightly import sim_profile, write_suite
@@ -21,10 +22,10 @@ QUEUED = "slurm:p: asked Slurm for 2 nodes, 60 min: allocation 12 is queued (PEN
 GRANTED = "slurm:p: Slurm granted allocation 12 in partition p after 3s (time limit 60 min)"
 
 
-def _runner(write_profile: WriteProfile, tmp_path: Path, host: str) -> tuple[nightly.NightRunner, suite_mod.Item]:
+def _runner(write_profile: WriteProfile, tmp_path: Path, host: str) -> tuple[night.NightRunner, suite_mod.Item]:
     sim_profile(write_profile, "check")
     suite = suite_mod.load(str(write_suite(tmp_path, [{"name": "check", "bench": "check", "host": host}])))
-    runner = nightly.NightRunner(suite, Store(tmp_path / "n.db"), time.time())
+    runner = night.NightRunner(suite, Store(tmp_path / "n.db"), time.time())
     history.start_night(runner.store, runner.night_id, suite.name, str(suite.path), suite.sha256, runner.night_at)
     return runner, suite.items[0]
 
@@ -67,7 +68,7 @@ def test_an_item_interrupted_in_slurms_queue_says_it_never_ran(
             on_event(line)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(nightly, "open_host", open_host)
+    monkeypatch.setattr(night, "open_host", open_host)
     with pytest.raises(KeyboardInterrupt):
         runner._item(item, time.monotonic() + 60)
     assert runner._cut is not None and runner._cut.status == "interrupted" and runner._cut.error == why
@@ -76,8 +77,8 @@ def test_an_item_interrupted_in_slurms_queue_says_it_never_ran(
 def test_a_fan_out_child_that_left_no_report_is_judged_by_what_it_printed() -> None:
     state = None
     for line in (f"[check] {QUEUED}", "[check] something else"):
-        state = nightly_fanout.allocation_state(line, state)
-    assert nightly_fanout.interrupted_why(state) == "interrupted while queued for its allocation"
-    state = nightly_fanout.allocation_state(f"[check] {GRANTED}", state)
-    assert nightly_fanout.interrupted_why(state) == "interrupted while it ran"
-    assert nightly_fanout.interrupted_why(None) == "interrupted"  # it said nothing: not claimed to have run
+        state = fanout.allocation_state(line, state)
+    assert fanout.interrupted_why(state) == "interrupted while queued for its allocation"
+    state = fanout.allocation_state(f"[check] {GRANTED}", state)
+    assert fanout.interrupted_why(state) == "interrupted while it ran"
+    assert fanout.interrupted_why(None) == "interrupted"  # it said nothing: not claimed to have run

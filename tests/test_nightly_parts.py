@@ -7,11 +7,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator import changepoint, fingerprint, history, nightly, nightresult, report_nightly
-from orchestrator.bench import BenchConfig, RunResult
-from orchestrator.profile import Profile, Speculative
-from orchestrator.results import ABResult, Design, LaunchResult
-from orchestrator.suite import Item, Metric
+from orchestrator.config.profile import Profile, Speculative
+from orchestrator.config.workload import BenchConfig
+from orchestrator.launch import fingerprint
+from orchestrator.nightly import changepoint, history, report, result
+from orchestrator.nightly import night as nightly
+from orchestrator.nightly.suite import Item, Metric
+from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.run import RunResult
 from tests.test_failon import fingerprint as make_fingerprint
 
 
@@ -31,26 +34,26 @@ from tests.test_failon import fingerprint as make_fingerprint
     ],
 )
 def test_night_exit_codes(status: str, items: list[str], code: int) -> None:
-    assert nightresult.night_exit_code(status, items) == code
+    assert result.night_exit_code(status, items) == code
 
 
-def _verdict(status: str) -> nightresult.SeriesVerdict:
+def _verdict(status: str) -> result.SeriesVerdict:
     value = history.SeriesValue("a:tok_s", "a", "tok_s", 1.0, None, None, 1, 0.03, True, "e", ("a",))
     a = changepoint.Assessment(status, (), None, None, None, None, (), 1, 6)
-    return nightresult.SeriesVerdict(value, a, status)
+    return result.SeriesVerdict(value, a, status)
 
 
 def test_an_items_status_is_its_worst_series() -> None:
     v = _verdict
-    assert nightresult.item_status([v("ok"), v("regression"), v("environment")], False) == "regression"
-    assert nightresult.item_status([v("ok"), v("environment"), v("improvement")], False) == "environment"
-    assert nightresult.item_status([v("ok"), v("improvement")], False) == "improvement"
-    assert nightresult.item_status([v("building"), v("building")], False) == "building"
-    assert nightresult.item_status([v("building"), v("ok")], False) == "building"  # a metric added lately
-    assert nightresult.item_status([v("ok")], True) == "fail_on"  # tonight's A/B under fail_on: no history in it
-    assert nightresult.item_status([v("building")], True) == "fail_on"  # night 1 pages, but is no regression
-    assert nightresult.item_status([v("regression")], True) == "regression"  # the line says both
-    assert nightresult.item_status([], False) == "ok"
+    assert result.item_status([v("ok"), v("regression"), v("environment")], False) == "regression"
+    assert result.item_status([v("ok"), v("environment"), v("improvement")], False) == "environment"
+    assert result.item_status([v("ok"), v("improvement")], False) == "improvement"
+    assert result.item_status([v("building"), v("building")], False) == "building"
+    assert result.item_status([v("building"), v("ok")], False) == "building"  # a metric added lately
+    assert result.item_status([v("ok")], True) == "fail_on"  # tonight's A/B under fail_on: no history in it
+    assert result.item_status([v("building")], True) == "fail_on"  # night 1 pages, but is no regression
+    assert result.item_status([v("regression")], True) == "regression"  # the line says both
+    assert result.item_status([], False) == "ok"
 
 
 def _run(i: int, tok_s: float, ttft: float, accept: float | None, level: int = 1) -> RunResult:
@@ -129,22 +132,20 @@ def test_an_environment_is_what_moves_numbers_not_names() -> None:
     assert fingerprint.environment(None) == {}
 
 
-def _report(status: str, **kw: Any) -> nightresult.ItemReport:
-    return nightresult.ItemReport("check", "gpu-box", "bench", False, status, **kw)
+def _report(status: str, **kw: Any) -> result.ItemReport:
+    return result.ItemReport("check", "gpu-box", "bench", False, status, **kw)
 
 
 def test_markdown_lines() -> None:
-    assert report_nightly.item_line(_report("failed", error="server exited 1")) == (
+    assert report.item_line(_report("failed", error="server exited 1")) == (
         "- **FAILED** `check` (gpu-box): server exited 1"
     )
     value = history.SeriesValue("check:tok_s", "check", "tok_s", 77.2, 76.9, 77.5, 2, 0.03, True, "e", ("check",))
     a = changepoint.Assessment("regression", (), None, 82.1, 77.2 / 82.1 - 1, 0.01, (), 9, 6)
-    line = report_nightly.item_line(_report("regression", series=(nightresult.SeriesVerdict(value, a, "regression"),)))
+    line = report.item_line(_report("regression", series=(result.SeriesVerdict(value, a, "regression"),)))
     assert line == "- **REGRESSION** `check` (gpu-box): check tok/s 77.2 [76.9, 77.5]: -6.0 % vs 82.1 (threshold 3 %)"
-    env = nightresult.SeriesVerdict(
-        value, dataclasses.replace(a, status="environment"), "environment", "engine: a -> b"
-    )
-    line = report_nightly.item_line(_report("environment", series=(env,)))
+    env = result.SeriesVerdict(value, dataclasses.replace(a, status="environment"), "environment", "engine: a -> b")
+    line = report.item_line(_report("environment", series=(env,)))
     assert (
         line
         == "- **environment change** `check` (gpu-box): engine: a -> b; check tok/s 77.2 [76.9, 77.5]: -6.0 % vs 82.1 "
@@ -156,11 +157,11 @@ def test_a_series_too_noisy_for_its_threshold_is_said_on_its_line() -> None:
     value = history.SeriesValue("spec:tok_s", "spec", "tok_s", 57.7, None, None, 2, 0.03, True, "e", ("spec",))
     steady = changepoint.Assessment("ok", (), None, 57.7, 0.0, 0.01, (), 9, 6)
     noisy = dataclasses.replace(steady, noise=0.1)
-    assert not nightresult.SeriesVerdict(value, steady, "ok").too_noisy
-    assert nightresult.SeriesVerdict(value, noisy, "ok").too_noisy
+    assert not result.SeriesVerdict(value, steady, "ok").too_noisy
+    assert result.SeriesVerdict(value, noisy, "ok").too_noisy
     # Building nights have too few differences to say anything about the noise yet.
-    assert not nightresult.SeriesVerdict(value, dataclasses.replace(noisy, status="building"), "building").too_noisy
-    line = report_nightly.item_line(_report("ok", series=(nightresult.SeriesVerdict(value, noisy, "ok"),)))
+    assert not result.SeriesVerdict(value, dataclasses.replace(noisy, status="building"), "building").too_noisy
+    line = report.item_line(_report("ok", series=(result.SeriesVerdict(value, noisy, "ok"),)))
     assert "warning: spec tok/s varies 10.0 % night to night, more than half its 3 % threshold" in line
 
 
@@ -201,10 +202,10 @@ def test_multi_node_nights_share_one_environment_whatever_port_each_drew() -> No
     assert tonight_env["argv"][-1] == "<rank 0>:<port>"
     past = [night(n, 80.0 + 0.1 * n, {**tonight_env, "argv": argv(25000 + n)}) for n in range(4)]
     tonight = night(9, 80.2, tonight_env)
-    verdict = nightresult.judge(tonight.series[0], past, tonight, 3)
+    verdict = result.judge(tonight.series[0], past, tonight, 3)
     assert verdict.status == "ok" and verdict.assessment.nights == 5, verdict
     # `orch history` in hindsight sees one environment too (no environment step between the stored nights).
-    shown = report_nightly.series_history([*past, tonight], "a:tok_s", None)
+    shown = report.series_history([*past, tonight], "a:tok_s", None)
     assert shown.overall is not None and not [s for s in shown.overall.steps if s.kind == "environment"]
     assert all(r.verdict is not None and r.verdict.status != "environment" for r in shown.rows)
 
@@ -220,11 +221,11 @@ def test_a_fail_on_hit_is_labelled_fail_on_not_regression() -> None:
     value = history.SeriesValue("baseline:tok_s", "baseline", "tok_s", 82.2, 82.0, 82.4, 3, 0.03, True, "e",
                                 ("baseline",))  # fmt: skip
     first = changepoint.Assessment("building", (), None, None, None, None, (), 1, 6)
-    r = nightresult.ItemReport(
+    r = result.ItemReport(
         "eagle3-vs-baseline", "gpu-box", "ab", False, "fail_on",
-        series=(nightresult.SeriesVerdict(value, first, "building"),), fail_on=SLOWER,
+        series=(result.SeriesVerdict(value, first, "building"),), fail_on=SLOWER,
     )  # fmt: skip
-    line = report_nightly.item_line(r)
+    line = report.item_line(r)
     assert line.startswith(
         "- **FAIL-ON slower** `eagle3-vs-baseline` (gpu-box): tonight's A/B: eagle3 is "
         "slower than baseline (ratio 0.730, 95% CI 0.722-0.738); baseline tok/s 82.2"
@@ -232,13 +233,13 @@ def test_a_fail_on_hit_is_labelled_fail_on_not_regression() -> None:
     assert "REGRESSION" not in line
     doc = r.to_dict()
     assert doc["status"] == "fail_on" and doc["fail_on_hit"] == ["slower"]
-    night = nightresult.NightReport("n1", "s", "s.yaml", 0.0, 0.0, 1.0, "complete", (r,))
+    night = result.NightReport("n1", "s", "s.yaml", 0.0, 0.0, 1.0, "complete", (r,))
     assert night.exit_code == 3 and night.to_dict()["counts"] == {"fail_on": 1}
-    assert "1 item(s): 1 FAIL-ON; exit 3" in report_nightly.night_markdown(night)
+    assert "1 item(s): 1 FAIL-ON; exit 3" in report.night_markdown(night)
     # A regression against history and a fail_on hit on one item: REGRESSION, and the line says the hit as well.
     a = changepoint.Assessment("regression", (), None, 82.1, -0.06, 0.01, (), 9, 6)
-    both = dataclasses.replace(r, status="regression", series=(nightresult.SeriesVerdict(value, a, "regression"),))
-    line = report_nightly.item_line(both)
+    both = dataclasses.replace(r, status="regression", series=(result.SeriesVerdict(value, a, "regression"),))
+    line = report.item_line(both)
     assert line.startswith("- **REGRESSION** ") and "FAIL-ON slower, tonight's A/B: eagle3 is slower" in line
 
 
@@ -250,53 +251,53 @@ def test_history_says_a_night_that_paged_under_fail_on() -> None:
 
     hit = "slower: eagle3 is slower than baseline (ratio 0.730, 95% CI 0.722-0.738)"
     nights = [night(0, {"status": "building", "fail_on": hit}), night(1, {"status": "building"})]
-    shown = report_nightly.series_history(nights, "a:tok_s", None)
-    rows = [x for x in report_nightly.history_text("ab", "gpu-box", [shown]).splitlines() if "building" in x]
+    shown = report.series_history(nights, "a:tok_s", None)
+    rows = [x for x in report.history_text("ab", "gpu-box", [shown]).splitlines() if "building" in x]
     assert rows[0].endswith(f"verdicts from night 4; FAIL-ON {hit}") and "FAIL-ON" not in rows[1], rows
-    doc = report_nightly.history_json("ab", "gpu-box", [shown], nights)
+    doc = report.history_json("ab", "gpu-box", [shown], nights)
     assert [n["fail_on"] for n in doc["series"][0]["nights"]] == [hit, None]
 
 
 def test_an_environment_step_says_each_difference_once() -> None:
-    def verdict(series: str, arms: tuple[str, ...], change: float) -> nightresult.SeriesVerdict:
+    def verdict(series: str, arms: tuple[str, ...], change: float) -> result.SeriesVerdict:
         value = history.SeriesValue(series, "/".join(arms), "tok_s", 61.3, 61.0, 61.6, 3, 0.03, True, "e", arms)
         a = changepoint.Assessment("environment", (), None, 64.0, change, 0.01, (), 1, 6)
         changes = tuple((arm, d) for arm in arms for d in ("engine version: 0.5.9 -> 0.5.10", "sglang: 0.5.9 -> "
                                                                  "0.5.10"))  # fmt: skip
-        note = nightresult.describe_changes(changes, arms)
-        return nightresult.SeriesVerdict(value, a, "environment", note, changes)
+        note = result.describe_changes(changes, arms)
+        return result.SeriesVerdict(value, a, "environment", note, changes)
 
     series = (verdict("b:tok_s", ("b",), -0.042), verdict("e:tok_s", ("e",), -0.04),
               verdict("e/b:tok_s", ("e", "b"), 0.002))  # fmt: skip
     assert series[2].note == "engine version: 0.5.9 -> 0.5.10 (both arms); sglang: 0.5.9 -> 0.5.10 (both arms)"
-    line = report_nightly.item_line(_report("environment", series=series))
+    line = report.item_line(_report("environment", series=series))
     assert line.count("engine version: 0.5.9 -> 0.5.10") == 1 and line.count("sglang") == 1, line
     assert "engine version: 0.5.9 -> 0.5.10 (both arms); sglang: 0.5.9 -> 0.5.10 (both arms); b tok/s 61.3" in line
     assert "b tok/s 61.3 [61.0, 61.6]: -4.2 % vs 64.0 before" in line
     # A difference only one arm had says which; more than three distinct ones are counted, not listed.
-    assert nightresult.describe_changes([("e", "profile x: 1 -> 2")], ("b", "e")) == "profile x: 1 -> 2 (e only)"
+    assert result.describe_changes([("e", "profile x: 1 -> 2")], ("b", "e")) == "profile x: 1 -> 2 (e only)"
     many = [("b", f"d{i}: 1 -> 2") for i in range(5)]
-    assert nightresult.describe_changes(many, ("b",)).endswith("; and 2 more (orch compare shows them all)")
+    assert result.describe_changes(many, ("b",)).endswith("; and 2 more (orch compare shows them all)")
 
 
 def test_a_re_run_that_does_not_confirm_says_what_it_measured_and_why() -> None:
     value = history.SeriesValue("b:tok_s", "b", "tok_s", 77.0, None, None, 3, 0.03, True, "e", ("b",))
 
-    def verdict(status: str, change: float, noise: float) -> nightresult.SeriesVerdict:
-        return nightresult.SeriesVerdict(
+    def verdict(status: str, change: float, noise: float) -> result.SeriesVerdict:
+        return result.SeriesVerdict(
             value, changepoint.Assessment(status, (), None, 80.0, change, noise, (), 10, 6), status
         )
 
     first = verdict("regression", -0.061, 0.016)
-    status, note = nightresult.rerun_note(first, verdict("regression", -0.059, 0.016))
+    status, note = result.rerun_note(first, verdict("regression", -0.059, 0.016))
     assert (status, note) == ("regression", "confirmed by a re-run: -6.1 %, then -5.9 %")
     # -4.0 % against a 3 % threshold, not confirmed: because one night must also be 3 noise units off.
-    status, note = nightresult.rerun_note(first, verdict("ok", -0.040, 0.016))
+    status, note = result.rerun_note(first, verdict("ok", -0.040, 0.016))
     assert status == "ok", note
     assert note == (
         "not confirmed: the first measurement was -6.1 %, a re-run from fresh state -4.0 %, beyond the 3 % "
         "threshold but not significant: a single night counts only 3 noise units off the level (1.6 % night to "
         "night here, so about -4.9 %); both are kept"
     )
-    _, note = nightresult.rerun_note(first, verdict("ok", -0.012, 0.016))
+    _, note = result.rerun_note(first, verdict("ok", -0.012, 0.016))
     assert note.endswith("a re-run from fresh state -1.2 %, that is within the 3 % threshold; both are kept")

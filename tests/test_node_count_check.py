@@ -39,7 +39,7 @@ def _never_connect(*args: Any, **kwargs: Any) -> NoReturn:
 def test_too_few_nodes_is_refused_before_the_plan(
     host: str, what: str, inventory: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("orchestrator.experiment.resolve_host", _never_connect)
+    monkeypatch.setattr("orchestrator.experiment.run.resolve_host", _never_connect)
     assert main(["bench", "nu-2node", "--sim", "--host", host, "--inventory", str(inventory)]) == 2
     captured = capsys.readouterr()
     need = "profile 'nu-2node' has nnodes: 2, so --host must name an inventory group of at least 2 hosts"
@@ -56,7 +56,7 @@ def test_too_few_nodes_is_refused_before_the_plan(
 def test_enough_nodes_or_slurm_pass_the_early_check(
     host: str, inventory: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr("orchestrator.experiment.resolve_host", _never_connect)
+    monkeypatch.setattr("orchestrator.experiment.run.resolve_host", _never_connect)
     assert main(["bench", "nu-2node", "--sim", "--host", host, "--inventory", str(inventory)]) == 1
     captured = capsys.readouterr()
     assert "opened the host" in captured.err and "plan:" in captured.out
@@ -68,7 +68,7 @@ def test_a_bad_inventory_is_left_to_opening_the_host(
 ) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("hosts:\n  a: {adress: x}\n")
-    monkeypatch.setattr("orchestrator.experiment.resolve_host", _never_connect)
+    monkeypatch.setattr("orchestrator.experiment.run.resolve_host", _never_connect)
     assert main(["bench", "nu-2node", "--sim", "--host", "a", "--inventory", str(bad)]) == 1
     assert "opened the host" in capsys.readouterr().err
 
@@ -77,7 +77,7 @@ def test_a_bad_inventory_is_left_to_opening_the_host(
 def test_a_multi_node_bundle_on_one_host_is_refused_before_reproducing(
     inventory: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from orchestrator import bundleformat
+    from orchestrator.results import bundleformat
 
     db = str(tmp_path / "r.db")
     fast = ["--runs", "1", "--warmup", "0", "--max-tokens", "8", "--min-run-s", "0", "--grace", "2", "--gpu-wait", "0"]
@@ -90,7 +90,7 @@ def test_a_multi_node_bundle_on_one_host_is_refused_before_reproducing(
     data["digest"] = bundleformat.digest_of(data)
     bundle.write_text(json.dumps(data))
     capsys.readouterr()
-    monkeypatch.setattr("orchestrator.experiment.resolve_host", _never_connect)
+    monkeypatch.setattr("orchestrator.experiment.run.resolve_host", _never_connect)
     args = ["reproduce", str(bundle), "--host", "node-a", "--inventory", str(inventory), "--db", db]
     assert main(args) == 2
     captured = capsys.readouterr()

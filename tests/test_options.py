@@ -12,12 +12,13 @@ from typing import Any
 import click
 import pytest
 
-from orchestrator import experiment, resume
 from orchestrator.cli.options import run_options
 from orchestrator.cli.reproduce import reproduce_cmd
 from orchestrator.cli.run import ab_cmd, bench_cmd
-from orchestrator.options import OptionError, RunOptions
-from orchestrator.progress import PlainReporter
+from orchestrator.config.options import OptionError, RunOptions
+from orchestrator.experiment import resume
+from orchestrator.experiment import run as experiment
+from orchestrator.ui.progress import PlainReporter
 
 
 def _options(command: click.Command, name: str, args: list[str]) -> RunOptions:

@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import fingerprint
-from orchestrator.bench import BenchConfig, RunResult, assumed_speed, claimed_speed, plan
-from orchestrator.report import ab_json, ab_markdown, ab_text
-from orchestrator.results import ABResult, Design, LaunchResult
-from orchestrator.stats import arm_spread, noisy_host, ratio_ci, verdict
+from orchestrator.config.plan import assumed_speed, claimed_speed, plan
+from orchestrator.config.workload import BenchConfig
+from orchestrator.launch import fingerprint
+from orchestrator.report.experiment import ab_json, ab_markdown, ab_text
+from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.run import RunResult
+from orchestrator.stats.estimates import arm_spread, noisy_host, ratio_ci, verdict
 from tests.conftest import run_orch
 
 # The README's lookup-friendly prompts on llama.cpp: prompt lookup gave about 88 / 72 / 47 tok/s on its three

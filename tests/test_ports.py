@@ -13,15 +13,17 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import ab, engines, fingerprint, ports, resume
-from orchestrator import profile as profiles_mod
+from orchestrator import engines
 from orchestrator.cli import main
+from orchestrator.config import profile as profiles_mod
+from orchestrator.config.profile import Profile
 from orchestrator.errors import InputError
+from orchestrator.experiment import ab, resume
 from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.inventory import HostGroup
-from orchestrator.profile import Profile
-from orchestrator.suite import SuiteError
-from orchestrator.suite import load as load_suite
+from orchestrator.launch import fingerprint, ports
+from orchestrator.nightly.suite import SuiteError
+from orchestrator.nightly.suite import load as load_suite
 from tests.conftest import FAST_SIM, WriteProfile, free_port
 from tests.faults.support import assert_nothing_left, run, stored
 
@@ -318,7 +320,7 @@ def test_a_nightly_items_port_is_checked_with_the_suite(
         assert f"{suite}: item 'check': port 80: ports below" in out.err, out.text
     else:
         assert out.rc == 0, out.text
-    from orchestrator.nightly import check_hosts
+    from orchestrator.nightly.night import check_hosts
 
     with pytest.raises(InputError, match=r"item 'check': port 80: ports below 1024 are privileged"):
         check_hosts(load_suite(suite))

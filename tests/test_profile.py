@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import profile as P
+from orchestrator.config import profile as P
 from orchestrator.errors import ProfileError
 from tests.conftest import WriteProfile
 

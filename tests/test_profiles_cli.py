@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import profile as profiles_mod
 from orchestrator.cli import main
+from orchestrator.config import profile as profiles_mod
 from tests.conftest import REPO, WriteProfile
 
 Capsys = pytest.CaptureFixture[str]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import progress
-from orchestrator.bench import RunResult
-from orchestrator.report import SIM_BANNER
+from orchestrator.report.experiment import SIM_BANNER
+from orchestrator.results.run import RunResult
+from orchestrator.ui import progress
 from tests.conftest import REPO
 
 SimProfiles = Callable[..., dict[str, Path]]
@@ -195,7 +195,7 @@ def _run(index: int, warmup: bool, tokens: int) -> RunResult:
 def test_live_panel_counts_every_token_of_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
-    from orchestrator.progress_live import LiveReporter
+    from orchestrator.ui.live import LiveReporter
 
     view = LiveReporter(io.StringIO())
     view.tracker.update("slot", {"n": 1, "total": 2, "block": 1, "blocks": 1, "arm": "baseline"})

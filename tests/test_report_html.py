@@ -14,17 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.ab import ABConfig, run_ab
-from orchestrator.bench import BenchConfig, RunResult
 from orchestrator.cli import main
-from orchestrator.client_requests import Record
-from orchestrator.client_summary import arrival_profile
+from orchestrator.client.request import Record
+from orchestrator.client.summary import arrival_profile
+from orchestrator.config.design import ABConfig
+from orchestrator.config.profile import load
+from orchestrator.config.workload import BenchConfig
+from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
-from orchestrator.report import comparison_line
-from orchestrator.report_html import ab_html
-from orchestrator.results import ABResult, Design, LaunchResult
-from orchestrator.store import Store
+from orchestrator.report.experiment import comparison_line
+from orchestrator.report.html import ab_html
+from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.run import RunResult
+from orchestrator.results.store import Store
 from tests import markers
 from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port
 
@@ -295,7 +297,7 @@ def test_token_plot_draws_the_stored_profile_and_the_tok_s_axis_starts_at_zero()
 def test_a_store_from_before_the_arrival_profiles_is_upgraded_and_still_reported(tmp_path: Path) -> None:
     import sqlite3
 
-    from orchestrator.store_schema import MIGRATIONS
+    from orchestrator.results.schema import MIGRATIONS
 
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db)

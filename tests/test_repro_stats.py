@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from orchestrator.stats import Z_80, RatioEstimate, t_975
-from orchestrator.stats_repro import ArmEstimate, arm_estimate, reproduction_verdict, t_95
+from orchestrator.stats.estimates import Z_80, RatioEstimate, t_975
+from orchestrator.stats.reproduction import ArmEstimate, arm_estimate, reproduction_verdict, t_95
 
 
 def _arm(value: float, se: float, n: int) -> ArmEstimate:

@@ -28,7 +28,7 @@ def run_json(capsys: Capsys, *args: str) -> tuple[int, dict[str, Any]]:
 def test_make_demo_stores_where_list_and_show_look_and_ends_with_the_report(
     sim_profiles: Any, tmp_path: Path, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator import store
+    from orchestrator.results import store
 
     makefile = (REPO / "Makefile").read_text()
     recipe = makefile.split("\ndemo: install\n", 1)[1].split("\n\n", 1)[0].splitlines()

@@ -22,6 +22,7 @@ import httpx
 import psutil
 import pytest
 
+from orchestrator.common.acceptance import alpha_for_accept_length
 from orchestrator.sim import timing
 from orchestrator.sim.args import SimArgError, parse_server_args
 from orchestrator.sim.knobs import ALPHA_TAU2_K3, KNOBS, parse_fault, read_knobs
@@ -52,7 +53,7 @@ def test_mean_accept_length_formula() -> None:
             assert timing.mean_accept_length(alpha, k) == pytest.approx(sum(alpha**i for i in range(k + 1)))
     assert timing.mean_accept_length(ALPHA_TAU2_K3, 3) == pytest.approx(2.0, abs=1e-12)
     assert timing.mean_accept_length(1.0, 3) == 4.0
-    assert timing.alpha_for_accept_length(2.0, 3) == pytest.approx(ALPHA_TAU2_K3, abs=1e-9)
+    assert alpha_for_accept_length(2.0, 3) == pytest.approx(ALPHA_TAU2_K3, abs=1e-9)
     assert KNOBS["accept_alpha"].default == ALPHA_TAU2_K3
     with pytest.raises(ValueError):
         timing.mean_accept_length(1.5, 3)
@@ -531,7 +532,7 @@ def _escaped_pid(s: Sim, pattern: str, timeout: float = 10.0) -> int:
 
 
 def test_fault_escape_double_fork(tmp_path: Path) -> None:
-    from orchestrator import hostside
+    from orchestrator.agent import ops
 
     marker = _marker_env()
     knobs = {"fault": "escape-double-fork", "escape_linger_s": "4"}
@@ -544,7 +545,7 @@ def test_fault_escape_double_fork(tmp_path: Path) -> None:
             # Its session is the one the intermediate child created (a session leader cannot be the escapee).
             assert os.getpgid(pid) != s.proc.pid and os.getsid(pid) not in (os.getsid(s.proc.pid), pid)
             assert _environ_of(pid)["ORCH_LAUNCH_ID"] == marker["ORCH_LAUNCH_ID"]
-            assert pid in [p["pid"] for p in hostside.op_find(os.environ["ORCH_NAMESPACE"])]
+            assert pid in [p["pid"] for p in ops.op_find(os.environ["ORCH_NAMESPACE"])]
             os.kill(pid, signal.SIGTERM)
             os.killpg(s.proc.pid, signal.SIGKILL)
             s.proc.wait(10)
@@ -558,7 +559,7 @@ def test_fault_escape_double_fork(tmp_path: Path) -> None:
 
 
 def test_fault_reexec_no_marker(tmp_path: Path) -> None:
-    from orchestrator import hostside
+    from orchestrator.agent import ops
     from orchestrator.sim.workers import REEXEC_TAG
 
     marker = _marker_env()
@@ -580,7 +581,7 @@ def test_fault_reexec_no_marker(tmp_path: Path) -> None:
             reexeced = time.monotonic()
             assert "ORCH_LAUNCH_ID" not in _environ_of(pid)
             assert os.getpgid(pid) == pid != s.proc.pid and os.getsid(pid) == pid
-            assert pid not in [p["pid"] for p in hostside.op_find(os.environ["ORCH_NAMESPACE"])]
+            assert pid not in [p["pid"] for p in ops.op_find(os.environ["ORCH_NAMESPACE"])]
             assert f"pid {pid}" in s.log() and "FAULT reexec-no-marker" in s.log()
             os.kill(pid, signal.SIGTERM)
             time.sleep(0.5)

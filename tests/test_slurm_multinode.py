@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import hostside
+from orchestrator.agent import ops
 from orchestrator.hosts.slurm_cli import Slurm
-from orchestrator.report import ab_markdown, ab_text
-from orchestrator.report_html import ab_html
-from orchestrator.results_load import load_result
-from orchestrator.store import Store
+from orchestrator.report.experiment import ab_markdown, ab_text
+from orchestrator.report.html import ab_html
+from orchestrator.results.load import load_result
+from orchestrator.results.store import Store
 from tests import slurmcluster
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_ports
 from tests.slurmcluster import PARTITION, SlurmCluster
@@ -37,7 +37,7 @@ def cli(cluster: SlurmCluster) -> Iterator[Slurm]:
     """Afterwards no job may be live and no step, task or server process alive."""
     yield Slurm(conf=str(cluster.conf), timeout_s=20)
     slurmcluster.left_clean(cluster)
-    assert hostside.op_find(NAMESPACE) == [], "the test left servers running"
+    assert ops.op_find(NAMESPACE) == [], "the test left servers running"
 
 
 @pytest.fixture
@@ -131,7 +131,7 @@ def test_ctrl_c_mid_run_leaves_no_job_and_no_rank(
     assert proc.returncode == 130, "".join(seen) + out
     assert cluster.live_jobs() == []
     cluster.wait_no_processes()
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 @pytest.mark.slurm
@@ -181,7 +181,7 @@ def test_a_two_node_allocation_ended_at_its_time_limit_is_said_once_with_the_run
     runs_kept(tmp_path / "r.db")
     assert cluster.live_jobs() == []
     cluster.wait_no_processes()
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 @pytest.mark.slurm

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import processes
+from orchestrator.agent import processes
 from orchestrator.errors import HostError, InputError
 from orchestrator.hosts import slurm_cli
 from orchestrator.hosts.slurm_cli import AllocationRequest, JobState, Slurm, SlurmError, SlurmInputError
@@ -125,8 +125,8 @@ def test_a_job_state_says_what_happened() -> None:
 
 
 def test_a_plan_longer_than_the_slurm_time_limit_is_warned_about_before_asking(tmp_path: Path) -> None:
-    from orchestrator.bench import Plan
-    from orchestrator.experiment import time_limit_warning
+    from orchestrator.config.plan import Plan
+    from orchestrator.experiment.run import time_limit_warning
 
     def plan(seconds: float, calibrated: bool = True) -> Plan:
         return Plan(2, 3, 3, 300, 0, seconds, calibrated)
@@ -147,7 +147,7 @@ def test_a_plan_longer_than_the_slurm_time_limit_is_warned_about_before_asking(t
 
 
 def test_a_slurm_experiment_may_resume_on_another_slurm_host_of_its_partition(tmp_path: Path) -> None:
-    from orchestrator.resume import same_slurm_partition
+    from orchestrator.experiment.resume import same_slurm_partition
 
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import hostside
+from orchestrator.agent import ops
 from orchestrator.errors import HostError, InventoryError
 from orchestrator.hosts import slurm_cli
 from orchestrator.hosts.base import HostConfig
@@ -43,7 +43,7 @@ def cli(cluster: SlurmCluster) -> Iterator[Slurm]:
     """orch's view of the test cluster; afterwards no job may be live and no step, task or server process alive."""
     yield Slurm(conf=str(cluster.conf), timeout_s=20)
     slurmcluster.left_clean(cluster)
-    assert hostside.op_find(NAMESPACE) == [], "the test left servers running"
+    assert ops.op_find(NAMESPACE) == [], "the test left servers running"
 
 
 def orch_on(cluster: SlurmCluster, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
@@ -141,7 +141,7 @@ def test_ab_through_slurm_end_to_end(
     assert len(doc["host_facts"]["gpus"]) == 8  # the node's fake nvidia-smi, through the agent's step
     assert "GPU memory idle after" in out
     # the agent was installed on the node through the step's stdin, into the workdir asked for
-    assert list((tmp_path / "w").glob("agent-*/hostside.py"))
+    assert list((tmp_path / "w").glob("agent-*/orch_agent.py"))
     assert cluster.live_jobs() == []  # released at the end
 
 
@@ -176,11 +176,11 @@ def test_every_arm_runs_in_one_allocation_released_at_close(
         assert slurm_cli.job_state(cli, job).state == "RUNNING"
         name = cluster.run("squeue", "-h", "-j", job, "-o", "%j|%l|%b").stdout.strip().split("|")
         assert slurm_cli.parse_name(name[0]) is not None and name[1] == "1:00:00" and "gpu:8" in name[2]
-        assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
+        assert host.call("hello")["protocol"] == ops.PROTOCOL_VERSION
         # the agent's step ends (here: killed); the next call starts another in the same allocation
         assert host._link is not None
         host._link.stream.proc.kill()  # type: ignore[attr-defined]
-        assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
+        assert host.call("hello")["protocol"] == ops.PROTOCOL_VERSION
         assert host.job_id == job and host.stats.reconnects == 1
     assert slurm_cli.job_state(cli, job).state == "CANCELLED"
     with pytest.raises(HostError, match="orch released allocation"):
@@ -296,7 +296,7 @@ def test_a_crashed_session_leaves_no_server_and_its_allocation_is_released_by_th
     proc.kill()  # no cleanup of its own: the agent sees its stdin close, the allocation stays
     proc.communicate(timeout=10)
     cluster.wait_no_processes()  # the agent's step, and the server the agent's parent tore down
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
     assert slurm_cli.job_state(cli, job).state == "RUNNING"
     events: list[str] = []
     config = HostConfig(name="c", scheduler="slurm", python=sys.executable, workdir=str(tmp_path))

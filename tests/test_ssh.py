@@ -18,15 +18,16 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import hostlock, hostside
-from orchestrator.ab import ABConfig, run_ab
-from orchestrator.bench import BenchConfig
+from orchestrator.agent import lock, ops
+from orchestrator.config.design import ABConfig
+from orchestrator.config.profile import load
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import HostError
+from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.inventory import load_inventory, parse_target
 from orchestrator.hosts.ssh import SSHHost, keyscan_command
-from orchestrator.profile import load
-from orchestrator.store import Store
+from orchestrator.results.store import Store
 from tests import fake_nvidia_smi
 from tests.conftest import NAMESPACE, run_orch, wait_for_line
 from tests.sshd import SSHD
@@ -84,7 +85,7 @@ def remote(sshd: SSHD, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> HostC
 
 
 def _nothing_left() -> None:
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 def _bench(runs: int = 2, max_tokens: int = 24) -> BenchConfig:
@@ -151,7 +152,7 @@ def test_unknown_host_key_hint_is_a_command_that_works(
     assert hint == f"ssh-keyscan -p {sshd.port} 127.0.0.1 >> {known}"
     subprocess.run(["bash", "-c", hint], check=True, capture_output=True, timeout=60)
     with SSHHost(box) as host:  # the hint, run as printed, is all it took
-        assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
+        assert host.call("hello")["protocol"] == ops.PROTOCOL_VERSION
 
 
 def test_unknown_host_key_is_refused_then_accepted_on_request(
@@ -171,7 +172,7 @@ def test_unknown_host_key_is_refused_then_accepted_on_request(
         SSHHost(box)
     assert empty.read_text() == ""  # nothing was trusted silently
     with SSHHost(box, accept_new_host_key=True) as host:
-        assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
+        assert host.call("hello")["protocol"] == ops.PROTOCOL_VERSION
     assert f"[127.0.0.1]:{sshd.port} ssh-ed25519 " in empty.read_text()
     with SSHHost(box) as host:  # now known: no opt-in needed
         assert host.call("alive", pid=os.getpid())["alive"]
@@ -279,7 +280,7 @@ def test_connection_lost_for_good_exits_with_cleanup_advice_then_down_cleans(
             cfg = ABConfig(bench=_bench(runs=5, max_tokens=40), simulate=True, namespace=NAMESPACE, grace_s=2)
             with pytest.raises(HostError, match=r"could not reconnect within 3s.*orch down --host testbox"):
                 run_ab(host, [prof], cfg, store, on_run=cut)
-        assert hostside.op_find(NAMESPACE), "the detached server survives the lost connection"
+        assert ops.op_find(NAMESPACE), "the detached server survives the lost connection"
     finally:
         os.kill(sshd.pid, signal.SIGCONT)
     assert store.experiments()[0]["status"] == "failed"
@@ -315,7 +316,7 @@ def test_ctrl_c_over_ssh_tears_down_the_remote_server(
     )
     seen: list[str] = []
     wait_for_line(proc, "Run 1/50", seen)
-    assert hostside.op_find(NAMESPACE)
+    assert ops.op_find(NAMESPACE)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(seen) + out
@@ -336,7 +337,7 @@ def test_ctrl_c_while_the_server_loads_over_ssh_tears_it_down_at_once(
     seen: list[str] = []
     wait_for_line(proc, "launched PID", seen)
     time.sleep(1.0)  # well inside the wait
-    assert hostside.op_find(NAMESPACE)
+    assert ops.op_find(NAMESPACE)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
@@ -349,7 +350,7 @@ def test_ctrl_c_while_the_server_loads_over_ssh_tears_it_down_at_once(
 def test_an_arm_over_ssh_costs_four_calls_and_no_channel_whatever_its_load_time(
     remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:
-    from orchestrator import progress
+    from orchestrator.ui import progress
 
     prof = load(str(sim_profiles(sim={"load_s": 2.0})["baseline"]))
     states: list[tuple[str, Any]] = []
@@ -515,7 +516,7 @@ def test_hosts_check_finds_sglang_by_import(
     assert main(["hosts", "check", "local"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"ok\s+sglang 0\.5\.9\n", out) and re.search(r"ok\s+torch 2\.9\.1\+cu128\n", out), out
-    facts = hostside.op_facts()
+    facts = ops.op_facts()
     assert facts["sglang"] == "0.5.9" and facts["torch"] == "2.9.1+cu128"
     assert "sglang" not in sys.modules, "the agent must not import sglang itself"
     # Installed per metadata but broken on import: still reported, with a warning saying why.
@@ -559,7 +560,7 @@ def test_lock_and_server_of_a_crashed_orch_are_recovered(
     wait_for_line(crashed, "Run 1/50", seen)
     crashed.kill()  # no teardown, no unlock: the laptop died
     crashed.wait()
-    assert hostside.op_find(NAMESPACE), "the detached server outlives the crashed orch"
+    assert ops.op_find(NAMESPACE), "the detached server outlives the crashed orch"
     # The agent saw its connection close and exited, so the kernel released the lock: no --wait needed.
     # --wait only absorbs the moment sshd takes to notice; a stale lock would still fail after 30 s.
     nxt = orch(
@@ -573,7 +574,7 @@ def test_lock_and_server_of_a_crashed_orch_are_recovered(
 
 def test_interrupted_call_never_hands_its_reply_to_the_next_call(remote: HostConfig, tmp_path: Path) -> None:
     held = str(tmp_path / "held.lock")
-    assert hostlock.op_lock(held, {"session": "other"})["acquired"]  # makes a remote lock call block
+    assert lock.op_lock(held, {"session": "other"})["acquired"]  # makes a remote lock call block
     try:
         with SSHHost(remote) as host:
 
@@ -591,9 +592,9 @@ def test_interrupted_call_never_hands_its_reply_to_the_next_call(remote: HostCon
             # The abandoned lock reply must not be read as the answer to this call.
             reply = host.call("alive", pid=os.getpid())
             assert set(reply) == {"alive", "status"} and reply["alive"] is True
-            assert host.call("hello")["protocol"] == hostside.PROTOCOL_VERSION
+            assert host.call("hello")["protocol"] == ops.PROTOCOL_VERSION
     finally:
-        hostlock.op_unlock(held)
+        lock.op_unlock(held)
 
 
 def test_blocks_over_ssh_interrupted_resumed_and_gpu_clock_drift_warned(
@@ -654,7 +655,7 @@ def test_blocks_over_ssh_interrupted_resumed_and_gpu_clock_drift_warned(
 def test_a_run_over_ssh_reports_its_tokens_live_through_the_agents_heartbeats(
     remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator import progress
+    from orchestrator.ui import progress
 
     seen: list[dict[str, float]] = []
     monkeypatch.setattr(progress, "remote_live", lambda data: seen.append(dict(data)))
@@ -669,17 +670,18 @@ def test_a_run_over_ssh_reports_its_tokens_live_through_the_agents_heartbeats(
 
 
 def test_live_run_prefers_a_fresh_host_report_and_falls_back_to_this_process() -> None:
-    from orchestrator import client_stream, progress
+    from orchestrator.client import stream
+    from orchestrator.ui import progress
 
     progress._REMOTE.clear()
     assert progress.live_run() is None  # nothing in flight anywhere
     progress.remote_live({"active": 1, "tokens": 42, "elapsed": 2.0})
     assert progress.live_run() == (42.0, 2.0)
     progress._REMOTE["at"] -= progress.REMOTE_FRESH_S + 1  # stale: the run ended or the link is quiet
-    client_stream._LIVE.update(active=1.0, tokens=7.0, started=time.monotonic() - 1.0)
+    stream._LIVE.update(active=1.0, tokens=7.0, started=time.monotonic() - 1.0)
     try:
         tokens, elapsed = progress.live_run() or (0.0, 0.0)
         assert tokens == 7.0 and 0.9 < elapsed < 5.0
     finally:
-        client_stream._LIVE["active"] = 0.0
+        stream._LIVE["active"] = 0.0
         progress._REMOTE.clear()

@@ -18,15 +18,15 @@ import pytest
 from click.testing import CliRunner
 
 import orchestrator.cli
-from orchestrator import results
-from orchestrator.bench import RunResult
 from orchestrator.cli import cli
 from orchestrator.cli.lazy import COMMANDS, load_all
-from orchestrator.report import ab_json, ab_markdown, ab_text
-from orchestrator.results import ABResult, Design, LaunchResult
-from orchestrator.stats_seq import SequentialPlan
-from orchestrator.store import Store
-from orchestrator.store_schema import INDEXES, MIGRATIONS, SCHEMA_VERSION
+from orchestrator.report.experiment import ab_json, ab_markdown, ab_text
+from orchestrator.results import model
+from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.run import RunResult
+from orchestrator.results.schema import INDEXES, MIGRATIONS, SCHEMA_VERSION
+from orchestrator.results.store import Store
+from orchestrator.stats.sequential import SequentialPlan
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("httpx", "asyncio", "psutil", "paramiko", "rich", "yaml", "numpy", "ruptures", "matplotlib")
@@ -36,8 +36,8 @@ PROBE = """
 import json, sys
 from orchestrator.cli import main
 code = main(sys.argv[1:])
-heavy = [m for m in HEAVY if m in sys.modules] + [m for m in sys.modules if m.startswith(("orchestrator.client",
-         "orchestrator.bench", "orchestrator.results", "orchestrator.hosts", "orchestrator.stats"))]
+heavy = [m for m in HEAVY if m in sys.modules] + [m for m in sys.modules if m.startswith(("orchestrator.client.runner",
+         "orchestrator.launch", "orchestrator.results.model", "orchestrator.hosts", "orchestrator.stats.estimates"))]
 print("\\nPROBE " + json.dumps({"code": code, "heavy": heavy}))
 """.replace("HEAVY", repr(HEAVY))
 
@@ -296,6 +296,7 @@ def test_the_orch_before_the_indexes_still_reads_and_writes_an_indexed_store(tmp
     env = {**os.environ, "PYTHONPATH": str(before)}
     # At the schema version that orch understands (a later version is refused by design, indexes or not), with
     # the indexes this orch adds: they are what must not get in the older orch's way.
+    # The before tree is from before the packages: its store is orchestrator/store.py.
     version = subprocess.run(
         [sys.executable, "-c", "from orchestrator.store import SCHEMA_VERSION; print(SCHEMA_VERSION)"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60, check=True,
@@ -358,18 +359,18 @@ def _three_level_result() -> ABResult:
             launches.append(LaunchResult(f"p{arm}", f"L{block}{arm}", runs, 1.0, {}, {}, block=block, arm_index=arm))
     design = Design.make(3, 3, "random", 5, SequentialPlan())
     result = ABResult("e", True, "local", ("p0", "p1", "p2"), tuple(launches), {}, design=design)
-    return results.with_auto_notes(result)  # as load_result makes it: the notes ask for the comparisons too
+    return model.with_auto_notes(result)  # as load_result makes it: the notes ask for the comparisons too
 
 
 def test_every_comparison_is_bootstrapped_once_per_report(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []
-    bootstrap = results.ratio_ci
+    bootstrap = model.ratio_ci
 
     def counted(*a: object, **k: object) -> object:
         calls.append(1)
         return bootstrap(*a, **k)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(results, "ratio_ci", counted)
+    monkeypatch.setattr(model, "ratio_ci", counted)
     result = _three_level_result()
     text, doc, md = ab_text(result), ab_json(result), ab_markdown(result)
     assert len(calls) == 2 * 3  # two arms against the baseline, at three levels

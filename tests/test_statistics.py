@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from orchestrator.stats import (
+from orchestrator.stats.estimates import (
     RatioEstimate,
     blocks_needed,
     launch_value,
@@ -78,7 +78,7 @@ def test_aa_false_verdict_rate_is_at_most_five_percent() -> None:
 
 
 def test_mde_and_blocks_needed_follow_the_noise() -> None:
-    from orchestrator.stats import Z_80, t_975
+    from orchestrator.stats.estimates import Z_80, t_975
 
     est = RatioEstimate(ratio=1.0, lo=0.98, hi=1.02, blocks=4, method="x", log_sd=0.02)
     assert minimal_detectable_effect(est) == pytest.approx(math.exp((3.182 + 0.8416) * 0.02 / 2) - 1, rel=1e-3)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import StoreError
-from orchestrator.stats import ratio, summarize
-from orchestrator.store import Store
-from orchestrator.store_schema import SCHEMA_VERSION
+from orchestrator.results.schema import SCHEMA_VERSION
+from orchestrator.results.store import Store
+from orchestrator.stats.estimates import ratio, summarize
 
 
 def test_summarize_known_values() -> None:
@@ -91,7 +91,7 @@ def test_store_refuses_newer_schema_and_garbage(tmp_path: Path) -> None:
 
 
 def test_chain_model_and_its_inverse() -> None:
-    from orchestrator.stats import alpha_for_accept_length, chain_accept_length
+    from orchestrator.common.acceptance import alpha_for_accept_length, chain_accept_length
 
     assert chain_accept_length(0.0, 3) == 1.0  # only the bonus token
     assert chain_accept_length(1.0, 3) == 4.0
@@ -104,7 +104,7 @@ def test_chain_model_and_its_inverse() -> None:
 
 
 def test_breakeven_reproduces_the_seed() -> None:
-    from orchestrator.stats import breakeven, spec_from_run
+    from orchestrator.stats.estimates import breakeven, spec_from_run
 
     be = breakeven(82.2, 30.0, 3, target_tps=150)
     assert be.baseline_token_ms == pytest.approx(12.165, abs=1e-3)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import hostside
+from orchestrator.agent import ops
 from orchestrator.cli import main
 from orchestrator.cli.launches import age_text, launch_started, stored_profiles, summarize, table
 from tests.conftest import NAMESPACE, free_port
@@ -66,12 +66,12 @@ def test_status_profiles_come_from_the_database_and_never_fail(tmp_path: Path) -
 
 
 def test_status_of_a_live_launch(sim_profiles: SimProfiles, capsys: Capsys, tmp_path: Path) -> None:
-    from orchestrator import server
+    from orchestrator.config.profile import load
     from orchestrator.hosts.local import LocalHost
-    from orchestrator.profile import load
+    from orchestrator.launch import single
 
     prof = load(str(sim_profiles()["baseline"]))
-    launched = server.launch(LocalHost(), prof, simulate=True, namespace=NAMESPACE)
+    launched = single.launch(LocalHost(), prof, simulate=True, namespace=NAMESPACE)
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:  # until the simulator listens on its port
@@ -89,7 +89,7 @@ def test_status_of_a_live_launch(sim_profiles: SimProfiles, capsys: Capsys, tmp_
         out = capsys.readouterr().out
         assert f"{launched.launch_id}  PID {launched.pid} (pgid {launched.pgid}) ports {prof.port}" in out
     finally:
-        hostside.op_down(NAMESPACE, grace_s=2)
+        ops.op_down(NAMESPACE, grace_s=2)
 
 
 # ---------------------------------------------------------------- retry messages

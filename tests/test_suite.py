@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import suite as suite_mod
-from orchestrator.suite import SuiteError
+from orchestrator.nightly import suite as suite_mod
+from orchestrator.nightly.suite import SuiteError
 from tests.conftest import WriteProfile
 from tests.faults.support import assert_plain, run
 

@@ -17,17 +17,19 @@ from typing import Any
 import httpx
 import pytest
 
-from orchestrator import engines, hostside
-from orchestrator.ab import ABConfig, run_ab
-from orchestrator.bench import BenchConfig
+from orchestrator import engines
+from orchestrator.agent import ops
+from orchestrator.config.design import ABConfig
+from orchestrator.config.profile import load
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import ProfileError
+from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
-from orchestrator.report import ab_text
-from orchestrator.results_load import load_result
+from orchestrator.report.experiment import ab_text
+from orchestrator.results.load import load_result
+from orchestrator.results.store import Store
 from orchestrator.sim.args import SimArgError
 from orchestrator.sim.vllm_args import parse_vllm_args
-from orchestrator.store import Store
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -194,7 +196,7 @@ def test_ab_on_simulated_vllm_reads_accept_length_from_metrics(write_profile: Wr
     cfg = ABConfig(bench=bench, simulate=True, namespace=NAMESPACE, grace_s=2, gpu_wait_s=0, blocks=2)
     result = run_ab(LocalHost(), [load(str(base)), load(str(eagle))], cfg, store)
     assert len(result.launches) == 4
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
     loaded = load_result(store, result.experiment_id)
     spec_runs = [r for launch in loaded.launches if launch.arm_index == 1 for r in launch.timed_at()]
     assert spec_runs and all("vllm:spec_decode" in (r.accept_source or "") for r in spec_runs)

@@ -13,16 +13,17 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.bench import RunResult
 from orchestrator.cli import main
 from orchestrator.cli.base import cli
 from orchestrator.cli.whatif import whatif_cmd
-from orchestrator.results import ABResult, Design, LaunchResult
-from orchestrator.stats import breakeven, chain_accept_length
-from orchestrator.store import Store
-from orchestrator.whatif import analyse, recommendation_line
-from orchestrator.whatif_fit import alpha_needed
-from orchestrator.whatif_text import profile_to_create, text_lines, to_dict
+from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.run import RunResult
+from orchestrator.results.store import Store
+from orchestrator.common.acceptance import chain_accept_length
+from orchestrator.stats.estimates import breakeven
+from orchestrator.whatif.fit import alpha_needed
+from orchestrator.whatif.predict import analyse, recommendation_line
+from orchestrator.whatif.text import profile_to_create, text_lines, to_dict
 from tests.conftest import FAST_SIM, WriteProfile, free_port, run_orch
 
 Arms = Sequence[tuple[str, int | None]]

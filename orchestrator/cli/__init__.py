@@ -10,8 +10,8 @@ import click
 # The group imports a command's module only when that command runs (cli/lazy.py): `orch --version` stays fast.
 from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, cli, interrupted_message
 from orchestrator.cli.lazy import Interrupted
+from orchestrator.common.stopsignals import forgiving_output, install
 from orchestrator.errors import InputError, OrchError
-from orchestrator.stopsignals import forgiving_output, install
 
 __all__ = ["cli", "entry", "main"]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from orchestrator import stats
 from orchestrator.cli.base import MAX_TPS, FiniteFloat
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
-from orchestrator.report import breakeven_lines
+from orchestrator.report.experiment import breakeven_lines
+from orchestrator.stats import estimates
 
 
 @click.command("breakeven", cls=JsonCommand)
@@ -49,7 +49,7 @@ def breakeven_cmd(
 
     Example (the seed's): orch breakeven --baseline-tps 82.2 --cycle-ms 30 --steps 3 --target-tps 150
     """
-    be = stats.breakeven(baseline_tps, cycle_ms, steps, measured_tau=accept_length, target_tps=target_tps)
+    be = estimates.breakeven(baseline_tps, cycle_ms, steps, measured_tau=accept_length, target_tps=target_tps)
     if as_json:
         # The same field names as the `speculation` entries of `orch ab --json`.
         emit({"status": "ok", **be.to_dict()})

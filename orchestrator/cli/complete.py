@@ -25,7 +25,7 @@ def profile_names(ctx: click.Context, param: click.Parameter, incomplete: str) -
     from click.shell_completion import CompletionItem
 
     try:
-        from orchestrator import profile
+        from orchestrator.config import profile
 
         names = sorted(profile.available())
     except Exception:
@@ -53,7 +53,7 @@ def stored_ids(db: str | None) -> list[tuple[str, str]]:
         if db:
             path = Path(db)
         else:
-            from orchestrator.store import default_path
+            from orchestrator.results.store import default_path
 
             path = default_path()
         if not path.is_file():

@@ -10,19 +10,19 @@ from typing import Any
 
 import click
 
-from orchestrator import multinode
 from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.hostlist import entry_line, group_entry, host_entry
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
 from orchestrator.cli.options import db_option, host_options, with_host_options
-from orchestrator.experiment_host import acquire_host_lock
+from orchestrator.experiment.host import acquire_host_lock
 from orchestrator.hosts import open_reachable, resolve_host
 from orchestrator.hosts.base import Host, default_namespace
 from orchestrator.hosts.check import check_host
 from orchestrator.hosts.group import GroupHost
 from orchestrator.hosts.inventory import inventory_paths, load_groups, load_inventory
-from orchestrator.store import default_path as default_db_path
+from orchestrator.launch import group as multinode
+from orchestrator.results.store import default_path as default_db_path
 
 
 @click.command("down")

@@ -9,15 +9,17 @@ from datetime import datetime
 
 import click
 
-from orchestrator import files, progress, report_nightly
-from orchestrator import history as history_mod
-from orchestrator import nightly as nightly_mod
-from orchestrator import suite as suite_mod
+from orchestrator import files
 from orchestrator.cli.jsonout import JsonCommand, document_printed, json_option
 from orchestrator.cli.options import db_option, open_existing, read_files
 from orchestrator.errors import InputError, OrchError
-from orchestrator.nightresult import NightReport
-from orchestrator.store import Store
+from orchestrator.nightly import history as history_mod
+from orchestrator.nightly import night
+from orchestrator.nightly import report as report_nightly
+from orchestrator.nightly import suite as suite_mod
+from orchestrator.nightly.result import NightReport
+from orchestrator.results.store import Store
+from orchestrator.ui import progress
 
 
 def parse_now(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -99,7 +101,7 @@ def nightly_cmd(
     docs/nightly.md for the suite format, cron and systemd.
     """
     suite = suite_mod.load(suite_file)
-    nightly_mod.check_hosts(suite)
+    night.check_hosts(suite)
     reading = read_files(db, suite_file)
     markdown_to = _target(markdown_out, "--markdown-out", reading)
     json_to = _target(json_out, "--json-out", reading)
@@ -110,7 +112,7 @@ def nightly_cmd(
         )
     if check:
         if as_json:
-            click.echo(json.dumps(nightly_mod.suite_summary(suite), indent=2))
+            click.echo(json.dumps(night.suite_summary(suite), indent=2))
             document_printed()
             return
         click.echo(f"{suite_file}: suite {suite.name}, {len(suite.items)} item(s), all valid:")
@@ -121,8 +123,8 @@ def nightly_cmd(
             click.echo(
                 f"  {item.name}: {item.kind} {what} on {item.host}{sim}; {metrics}; timeout {item.timeout_s:.0f}s"
             )
-        click.echo(f"  hosts: {nightly_mod.describe_hosts(suite)}")
-        for warning in nightly_mod.check_warnings(suite):
+        click.echo(f"  hosts: {night.describe_hosts(suite)}")
+        for warning in night.check_warnings(suite):
             click.echo(f"  WARNING: {warning}")
         return
     store = Store(db)
@@ -132,13 +134,11 @@ def nightly_cmd(
     def event(msg: str) -> None:
         click.echo(stamp(msg) if stamped else msg, err=True)
 
-    runner = nightly_mod.NightRunner(
-        suite, store, now if now is not None else datetime.now().timestamp(), event, only=only
-    )
+    runner = night.NightRunner(suite, store, now if now is not None else datetime.now().timestamp(), event, only=only)
     try:
         try:
             report = runner.run()
-        except (KeyboardInterrupt, nightly_mod.NightBusyError):
+        except (KeyboardInterrupt, night.NightBusyError):
             if runner.last is not None:
                 _output(runner.last, as_json, markdown_to, json_to)
             raise

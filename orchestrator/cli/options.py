@@ -11,8 +11,8 @@ import click
 from orchestrator.cli.base import MAX_TPS, FiniteFloat
 
 if TYPE_CHECKING:
-    from orchestrator.options import RunOptions
-    from orchestrator.store import Store
+    from orchestrator.config.options import RunOptions
+    from orchestrator.results.store import Store
 
 # The benchmark's option sets import what they describe (the client's endpoints, the statistics' orders) when they
 # are built, i.e. by the modules of ab, bench and reproduce: `orch list` and `orch show` need db_option alone.
@@ -88,7 +88,7 @@ def parse_blocks(ctx: click.Context, param: click.Parameter, value: str | int) -
 
 def blocks_options(auto: bool) -> list[Callable[..., Any]]:
     """--blocks N for every command; `auto` (the default of `orch ab`) and --max-blocks where there is a verdict."""
-    from orchestrator import stats_seq
+    from orchestrator.stats import sequential
 
     if not auto:
         return [
@@ -107,16 +107,16 @@ def blocks_options(auto: bool) -> list[Callable[..., Any]]:
             show_default=True,
             callback=parse_blocks,
             metavar="auto|N",
-            help=f"Launches per arm: each block launches every arm once. auto: {stats_seq.DEFAULT_MIN_BLOCKS} blocks, "
+            help=f"Launches per arm: each block launches every arm once. auto: {sequential.DEFAULT_MIN_BLOCKS} blocks, "
             "then one more until every comparison is decided (faster, slower or no difference) or --max-blocks; "
             "group-sequential CIs keep the error rates honest (docs/statistics.md). N: exactly N blocks (1 gives "
             "no verdict).",
         ),
         click.option(
             "--max-blocks",
-            default=stats_seq.DEFAULT_MAX_BLOCKS,
+            default=sequential.DEFAULT_MAX_BLOCKS,
             show_default=True,
-            type=click.IntRange(stats_seq.DEFAULT_MIN_BLOCKS, stats_seq.MAX_MAX_BLOCKS),
+            type=click.IntRange(sequential.DEFAULT_MIN_BLOCKS, sequential.MAX_MAX_BLOCKS),
             help="With --blocks auto: the most blocks it may run.",
         ),
     ]
@@ -133,8 +133,10 @@ def fixed_bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
-    from orchestrator import client, stats
-    from orchestrator.bench import CLIENT_PLACES, MAX_OUTPUT_TOKENS_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH
+    from orchestrator.client import runner
+    from orchestrator.config.plan import MAX_OUTPUT_TOKENS_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH
+    from orchestrator.config.workload import CLIENT_PLACES
+    from orchestrator.stats import estimates
 
     options = [
         click.option(
@@ -190,7 +192,7 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
         click.option(
             "--endpoint",
             default=None,
-            type=click.Choice(list(client.ENDPOINTS)),
+            type=click.Choice(list(runner.ENDPOINTS)),
             help="SGLang native /generate, or OpenAI /v1/completions or /v1/chat/completions. Default: the first "
             "one every arm's engine serves (sglang: generate; llamacpp and vllm: completions).",
         ),
@@ -228,7 +230,7 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             "--order",
             default="random",
             show_default=True,
-            type=click.Choice(list(stats.ORDERS)),
+            type=click.Choice(list(estimates.ORDERS)),
             help="Launch order within blocks: seeded random (recorded), fixed, or abba (alternating).",
         ),
         click.option(
@@ -356,7 +358,7 @@ def verbosity_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def run_options(ctx: click.Context, command: str) -> RunOptions:
     """The run command's options as one typed object, built once here; `given`: the options not left at their
     defaults (what --resume and a bundle refuse, or take from the experiment when absent)."""
-    from orchestrator.options import RunOptions
+    from orchestrator.config.options import RunOptions
 
     default = (None, click.core.ParameterSource.DEFAULT)
     given = [name for name in ctx.params if ctx.get_parameter_source(name) not in default]
@@ -400,7 +402,7 @@ def db_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def open_existing(db: str | None) -> Store:
     """store.open_existing, imported when a command runs (the store's import is not paid by `orch --help`)."""
-    from orchestrator import store
+    from orchestrator.results import store
 
     return store.open_existing(db)
 
@@ -408,7 +410,7 @@ def open_existing(db: str | None) -> Store:
 def read_files(db: str | None, *inputs: str) -> tuple[str, ...]:
     """The files a command reads (its results database, with SQLite's journal files, and any input files): what an
     output option must never name (files.output_target's `reading`)."""
-    from orchestrator.store import default_path
+    from orchestrator.results.store import default_path
 
     store = str(Path(db) if db else default_path())
     return (store, *(store + suffix for suffix in ("-wal", "-shm", "-journal")), *inputs)

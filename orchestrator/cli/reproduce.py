@@ -9,22 +9,25 @@ from typing import Any, NoReturn, cast
 
 import click
 
-from orchestrator import bundle as bundle_mod
-from orchestrator import experiment, ports, resume, yamlfile
-from orchestrator import profile as profiles_mod
-from orchestrator import reproduce as reproduce_mod
+from orchestrator import yamlfile
 from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import db_option, fixed_bench_options, parse_tolerance, run_options
 from orchestrator.cli.run import usage_errors
 from orchestrator.cli.stored import stored_result
-from orchestrator.compare import claim_verdict
+from orchestrator.config import profile as profiles_mod
+from orchestrator.config.options import RunOptions
 from orchestrator.errors import InputError
-from orchestrator.options import RunOptions
-from orchestrator.report import SIM_BANNER, ab_json, ab_text
-from orchestrator.report_compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
-from orchestrator.results import ABResult
-from orchestrator.store import Store
+from orchestrator.experiment import reproduce as reproduce_mod
+from orchestrator.experiment import resume
+from orchestrator.experiment import run as experiment
+from orchestrator.launch import ports
+from orchestrator.report.compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
+from orchestrator.report.experiment import SIM_BANNER, ab_json, ab_text
+from orchestrator.results import bundle as bundle_mod
+from orchestrator.results.compare import claim_verdict
+from orchestrator.results.model import ABResult
+from orchestrator.results.store import Store
 
 CLAIM_BLOCKS = 3  # a verdict needs the launch-to-launch spread: one launch per arm cannot give one
 

@@ -9,14 +9,16 @@ from typing import Any
 
 import click
 
-from orchestrator import experiment, failon, results
 from orchestrator.cli.complete import profile_names
 from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import bench_options, fixed_bench_options, run_options, verbosity_options
+from orchestrator.config.options import OptionError
 from orchestrator.errors import InputError
-from orchestrator.options import OptionError
-from orchestrator.progress import PlainReporter
-from orchestrator.report import SIM_BANNER, ab_json, ab_text, attached_banner, comparison_line
+from orchestrator.experiment import failon
+from orchestrator.experiment import run as experiment
+from orchestrator.report.experiment import SIM_BANNER, ab_json, ab_text, attached_banner, comparison_line
+from orchestrator.results import model
+from orchestrator.ui.progress import PlainReporter
 
 
 @contextmanager
@@ -39,7 +41,7 @@ def run_command(command: str) -> None:
 
 
 def print_result(
-    result: results.ABResult,
+    result: model.ABResult,
     as_json: bool,
     decision: failon.FailOn | None = None,
     rep: PlainReporter | None = None,
@@ -60,7 +62,7 @@ def print_result(
         rep.report(text)
 
 
-def verdict_lines(result: results.ABResult) -> list[str]:
+def verdict_lines(result: model.ABResult) -> list[str]:
     """-q: what was concluded, and what a reader must know before trusting it (a simulator, warnings)."""
     lines = [SIM_BANNER] if result.simulated else []
     lines += attached_banner(result)

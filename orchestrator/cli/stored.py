@@ -15,9 +15,9 @@ from orchestrator.cli.options import db_option, open_existing, parse_effect, rea
 from orchestrator.errors import StoreError
 
 if TYPE_CHECKING:
-    from orchestrator import results
     from orchestrator.files import Output
-    from orchestrator.store import Store
+    from orchestrator.results import model
+    from orchestrator.results.store import Store
 
 # `orch list` imports nothing but the store: the results model, reports and bundles are imported by the commands
 # that read an experiment (tests/test_startup.py keeps it so).
@@ -107,12 +107,12 @@ def _attached(config_json: str) -> bool:
     return any(isinstance(p, dict) and p.get("attach") for p in json.loads(config_json).get("profiles") or [])
 
 
-def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> results.ABResult:
+def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> model.ABResult:
     """ID, prefix or `last` from the store; a path that exists is a result bundle, read without importing it."""
-    from orchestrator.results_load import load_result
+    from orchestrator.results.load import load_result
 
     if is_file(ref):
-        from orchestrator import bundle as bundle_mod
+        from orchestrator.results import bundle as bundle_mod
 
         return bundle_mod.result_from_bundle(bundle_mod.read_bundle(ref), min_effect=min_effect)
     store = open_existing(db)
@@ -124,12 +124,12 @@ def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> 
 
 def load_with_requests(
     ref: str, db: str | None, min_effect: float | None = None
-) -> tuple[results.ABResult, dict[str, list[dict[str, object]]]]:
+) -> tuple[model.ABResult, dict[str, list[dict[str, object]]]]:
     """The result as `orch show` reads it, plus each launch's per-request rows (for the plots that need them)."""
-    from orchestrator.store import Store
+    from orchestrator.results.store import Store
 
     if is_file(ref):
-        from orchestrator import bundle as bundle_mod
+        from orchestrator.results import bundle as bundle_mod
 
         bundle = bundle_mod.read_bundle(ref)
         store = Store(":memory:")  # read without importing into the user's store
@@ -147,8 +147,8 @@ def load_with_requests(
 
 def _read(
     store: Store, ref: str, min_effect: float | None
-) -> tuple[results.ABResult, dict[str, list[dict[str, object]]]]:
-    from orchestrator.results_load import load_result
+) -> tuple[model.ABResult, dict[str, list[dict[str, object]]]]:
+    from orchestrator.results.load import load_result
 
     result = load_result(store, ref, min_effect=min_effect)
     return result, {la.launch_id: store.requests(la.launch_id) for la in result.launches}
@@ -156,12 +156,12 @@ def _read(
 
 def html_report(ref: str, db: str | None, min_effect: float | None = None) -> tuple[str, int]:
     """The report's HTML text and the number of launches in it; matplotlib is imported only here."""
-    from orchestrator import plots, report_html
+    from orchestrator.report import html, plots
 
     plots.require_matplotlib()  # before reading anything: a missing extra is said first
     result, requests = load_with_requests(ref, db, min_effect)
     require_launches(result)
-    return report_html.ab_html(result, requests), len(result.launches)
+    return html.ab_html(result, requests), len(result.launches)
 
 
 @click.command("show")
@@ -178,7 +178,7 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
     """An experiment's report from the store (ID: an id, a unique prefix, or 'last'); partial ones too.
 
     FILE: a result bundle (`orch export ID --format bundle`), shown without importing it."""
-    from orchestrator.report import ab_json, ab_text
+    from orchestrator.report.experiment import ab_json, ab_text
 
     result = stored_result(experiment, db, min_effect)
     require_launches(result)
@@ -212,8 +212,8 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
 def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) -> None:
     """Export a stored experiment (or a result bundle FILE) as JSON, CSV, JSON Lines, Markdown, HTML or a bundle."""
     from orchestrator import files
-    from orchestrator.records import request_jsonl
-    from orchestrator.report import ab_csv, ab_json, ab_markdown
+    from orchestrator.report.experiment import ab_csv, ab_json, ab_markdown
+    from orchestrator.report.jsonl import request_jsonl
 
     reading = read_files(db, *([experiment] if is_file(experiment) else []))
     # Checked before any work: a refused -o costs nothing, and the store is never written over.
@@ -255,8 +255,8 @@ def _export_html(ref: str, db: str | None, target: Output | None) -> None:
 
 
 def _export_bundle(ref: str, db: str | None, target: Output | None) -> None:
-    from orchestrator import bundle as bundle_mod
     from orchestrator import files
+    from orchestrator.results import bundle as bundle_mod
 
     if is_file(ref):
         bundle = bundle_mod.read_bundle(ref)  # checked, then written again as it is
@@ -287,8 +287,8 @@ def _export_bundle(ref: str, db: str | None, target: Output | None) -> None:
 @db_option
 def import_cmd(file: str, db: str | None) -> None:
     """Put a result bundle (`orch export ID --format bundle`) into the local store under its own id."""
-    from orchestrator import bundle as bundle_mod
-    from orchestrator.store import Store
+    from orchestrator.results import bundle as bundle_mod
+    from orchestrator.results.store import Store
 
     bundle = bundle_mod.read_bundle(file)
     store = Store(db)
@@ -313,7 +313,7 @@ def is_file(ref: str) -> bool:
         return False
 
 
-def require_launches(result: results.ABResult) -> None:
+def require_launches(result: model.ABResult) -> None:
     if not result.launches:
         note = "; ".join(result.notes)
         raise StoreError(

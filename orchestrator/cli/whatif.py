@@ -8,14 +8,15 @@ from typing import Any
 
 import click
 
-from orchestrator import bundle as bundle_mod
-from orchestrator import results, yamlfile
+from orchestrator import yamlfile
 from orchestrator.cli.base import MAX_TPS, FiniteFloat
 from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.options import db_option, open_existing
 from orchestrator.errors import InputError, StoreError
-from orchestrator.results_load import load_result
+from orchestrator.results import bundle as bundle_mod
+from orchestrator.results import model
+from orchestrator.results.load import load_result
 
 MAX_STEPS = 64
 
@@ -37,7 +38,7 @@ def parse_steps(ctx: click.Context | None, param: click.Parameter | None, value:
     return tuple(sorted(out))
 
 
-def load(ref: str, db: str | None) -> tuple[results.ABResult, list[dict[str, Any] | None]]:
+def load(ref: str, db: str | None) -> tuple[model.ABResult, list[dict[str, Any] | None]]:
     """The experiment (an id, a unique prefix, `last`, or a result bundle FILE) and each arm's resolved profile."""
     if yamlfile.is_file(Path(ref)):
         bundle = bundle_mod.read_bundle(ref)
@@ -90,13 +91,13 @@ def whatif_cmd(
     ID: an id, a unique prefix, or 'last'; FILE: a result bundle. The experiment needs arms of one drafter (same
     engine, base model, TP size and draft model) at two or more step counts, e.g. eagle3-2step and eagle3-3step;
     a baseline arm adds the comparison with not speculating. Model and assumptions: docs/speculative.md."""
-    from orchestrator import whatif, whatif_text
+    from orchestrator.whatif import predict, text
 
     result, profiles = load(experiment, db)
     names = [n.strip() for n in arms.split(",") if n.strip()] if arms else None
-    w = whatif.analyse(result, profiles, steps=steps, target_tps=target_tps, arms=names)
+    w = predict.analyse(result, profiles, steps=steps, target_tps=target_tps, arms=names)
     if as_json:
-        emit(whatif_text.to_dict(w))
+        emit(text.to_dict(w))
         return
-    for line in whatif_text.text_lines(w):
+    for line in text.text_lines(w):
         click.echo(line)

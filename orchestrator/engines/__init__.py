@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from orchestrator.engines.base import Engine, Probe
+from orchestrator.engines.base import Engine, Probe, ServerProfile
 from orchestrator.engines.llamacpp import LlamaCpp
 from orchestrator.engines.sglang import SGLang
 from orchestrator.engines.vllm import VLLM
 from orchestrator.errors import InputError, ProfileError
 from orchestrator.fields import did_you_mean
-
-if TYPE_CHECKING:
-    from orchestrator.profile import Profile
 
 _REGISTRY: dict[str, Engine] = {}
 
@@ -47,7 +43,7 @@ def common_endpoint(engine_names: Sequence[str]) -> str:
     raise InputError(f"these engines share no benchmark endpoint ({kinds})")
 
 
-def check_use(profiles: Sequence[Profile], endpoint: str, *, simulate: bool) -> None:
+def check_use(profiles: Sequence[ServerProfile], endpoint: str, *, simulate: bool) -> None:
     """Refuse, before anything is launched, what a profile's engine cannot do: serve the endpoint, be simulated."""
     for p in profiles:
         engine = get(p.engine)

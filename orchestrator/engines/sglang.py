@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
-from orchestrator.engines.base import OPTIONAL_FIELDS, OPTIONAL_SPEC_FIELDS, Engine, Probe, SpecCounters
-
-if TYPE_CHECKING:
-    from orchestrator.profile import Profile, Speculative
+from orchestrator.engines.base import (
+    OPTIONAL_FIELDS,
+    OPTIONAL_SPEC_FIELDS,
+    Engine,
+    Probe,
+    ServerProfile,
+    SpecCounters,
+    SpecSettings,
+)
 
 # A real 1-token generation, the request SGLang's own /health_generate submits; asked for directly it answers as
 # soon as the token is out, where /health_generate sleeps a whole second before it looks (http_server.py).
@@ -69,12 +73,12 @@ class SGLang(Engine):
     endpoints = ("generate", "completions", "chat")
     simulated = True
 
-    def ready_probe(self, profile: Profile) -> Probe:
+    def ready_probe(self, profile: ServerProfile) -> Probe:
         # The port refuses connections until the workers are loaded; from then on a generation is served (SGLang's
         # own 8-token warmup request is one too). orch's warmup requests still come before anything is measured.
         return GENERATE_ONE
 
-    def health_probe(self, profile: Profile) -> Probe:
+    def health_probe(self, profile: ServerProfile) -> Probe:
         return GENERATE_ONE  # needs no model name, so it fits attached servers too
 
     def node_flags(self, nnodes: int, rank: int, init_addr: str) -> list[str]:
@@ -85,7 +89,7 @@ class SGLang(Engine):
         # are in the group, i.e. once every rank has joined (entrypoints/engine.py, launch_dummy_health_check_server).
         return Probe("GET", "/health")
 
-    def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
+    def check_speculative(self, spec: SpecSettings) -> tuple[str, str] | None:
         if spec.algorithm in NEEDS_DRAFT_MODEL and not spec.draft_model_path:
             return "draft_model_path", f"required for {spec.algorithm}"
         if spec.num_steps is None and (spec.eagle_topk is not None or spec.num_draft_tokens is not None):
@@ -115,7 +119,7 @@ class SGLang(Engine):
             source="metrics (counter deltas across this run)",
         )
 
-    def server_flags(self, profile: Profile) -> list[str]:
+    def server_flags(self, profile: ServerProfile) -> list[str]:
         flags = ["--model-path", profile.model_path, "--tp-size", str(profile.tp_size)]
         flags += ["--host", profile.host, "--port", str(profile.port)]
         if profile.served_model_name:
@@ -138,6 +142,6 @@ class SGLang(Engine):
                     flags += [flag, str(value)]
         return flags + list(profile.server_args)
 
-    def launch_argv(self, profile: Profile, python: str, *, simulate: bool) -> list[str]:
+    def launch_argv(self, profile: ServerProfile, python: str, *, simulate: bool) -> list[str]:
         module = "orchestrator.sim" if simulate else "sglang.launch_server"
         return [python, "-m", module, *self.server_flags(profile)]

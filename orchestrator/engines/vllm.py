@@ -9,12 +9,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from orchestrator.engines.base import Engine, Probe, SpecCounters, spec_decode_counters
-
-if TYPE_CHECKING:
-    from orchestrator.profile import Profile, Speculative
+from orchestrator.engines.base import Engine, Probe, ServerProfile, SpecCounters, SpecSettings, spec_decode_counters
 
 # speculative.algorithm is vLLM's `method`, spelt as vLLM spells it (lowercase).
 NEEDS_DRAFT_MODEL = ("eagle", "eagle3", "draft_model")
@@ -65,12 +62,12 @@ class VLLM(Engine):
     endpoints = ("completions", "chat")
     simulated = True
 
-    def ready_probe(self, profile: Profile) -> Probe:
+    def ready_probe(self, profile: ServerProfile) -> Probe:
         # The model as served: --served-model-name, else the --model value as given (vLLM's default).
         model = profile.served_model_name or profile.model_path
         return Probe("POST", "/v1/completions", {"model": model, "prompt": [0], "max_tokens": 1, "temperature": 0})
 
-    def check_speculative(self, spec: Speculative) -> tuple[str, str] | None:
+    def check_speculative(self, spec: SpecSettings) -> tuple[str, str] | None:
         if spec.algorithm in NEEDS_DRAFT_MODEL and not spec.draft_model_path:
             return "draft_model_path", f"required for {spec.algorithm} (vLLM's speculative_config.model)"
         if spec.algorithm == "ngram" and spec.draft_model_path:
@@ -84,7 +81,7 @@ class VLLM(Engine):
     def spec_from_counters(self, deltas: Mapping[str, float]) -> SpecCounters | None:
         return spec_decode_counters(deltas, "vllm:", "vllm:spec_decode_*")
 
-    def speculative_config(self, spec: Speculative) -> dict[str, Any]:
+    def speculative_config(self, spec: SpecSettings) -> dict[str, Any]:
         config: dict[str, Any] = {"method": spec.algorithm}
         if spec.draft_model_path:
             config["model"] = spec.draft_model_path
@@ -92,7 +89,7 @@ class VLLM(Engine):
             config["num_speculative_tokens"] = spec.num_steps
         return config
 
-    def server_flags(self, profile: Profile) -> list[str]:
+    def server_flags(self, profile: ServerProfile) -> list[str]:
         """`serve MODEL` and its flags: the arguments of the `vllm` program (and of the simulator)."""
         flags = ["serve", profile.model_path, "--tensor-parallel-size", str(profile.tp_size)]
         flags += ["--host", profile.host, "--port", str(profile.port)]
@@ -105,7 +102,7 @@ class VLLM(Engine):
             flags += ["--speculative-config", json.dumps(self.speculative_config(profile.speculative))]
         return flags + list(profile.server_args)
 
-    def launch_argv(self, profile: Profile, python: str, *, simulate: bool) -> list[str]:
+    def launch_argv(self, profile: ServerProfile, python: str, *, simulate: bool) -> list[str]:
         # The `vllm` console script is vllm.entrypoints.cli.main:main; running the module needs no script on PATH.
         module = "orchestrator.sim" if simulate else "vllm.entrypoints.cli.main"
         return [python, "-m", module, *self.server_flags(profile)]

@@ -10,14 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator import hostside, progress
+from orchestrator.agent import ops
 from orchestrator.errors import HostError
 from orchestrator.hosts.base import Progress
+from orchestrator.ui import progress
 
 # Slow operations get their own deadline on top of the arguments that make them slow.
 BASE_CALL_TIMEOUT_S = 60.0
-# The agent heartbeats every hostside.HEARTBEAT_S while a request runs; this much silence means a dead path.
-SILENCE_S = 6 * hostside.HEARTBEAT_S
+# The agent heartbeats every ops.HEARTBEAT_S while a request runs; this much silence means a dead path.
+SILENCE_S = 6 * ops.HEARTBEAT_S
 # The arguments of an operation that make it take long: its deadline grows by them.
 SLOW_ARGS = ("grace_s", "port_wait_s", "wait_s", "gpu_wait_s", "timeout_s")
 
@@ -103,26 +104,26 @@ class AgentLink:
             return reply
 
 
-# What a host needs to run orch's agent, its benchmark client and the simulator: stdlib + psutil code only. The agent
-# imports nothing else (tests/test_hostside.py runs it, and the client, from these files alone).
-SHIPPED_MODULES = (
-    "client", "client_requests", "client_stream", "client_metrics", "client_summary", "streamparse",
-    "redaction", "processes", "hostfacts", "hostwait", "teardown", "hostlock", "stats", "stopsignals",
-)  # fmt: skip
+# What a host needs to run orch's agent, its benchmark client and the simulator: whole packages of stdlib + psutil
+# code, shipped as they are (tests/test_imports.py holds them to that; tests/test_hostside.py runs the agent, and the
+# client, from these files alone). A module joins the host side by living in one of them.
+SHIPPED_PACKAGES = ("agent", "client", "common", "sim")
+# The agent's entry on the host, beside the `orchestrator/` folder so that its imports find the shipped packages:
+# the agent package's own __main__.py, so there is one source for both ways of starting it.
+AGENT_ENTRY = "orch_agent.py"
 
 
 def agent_files() -> dict[str, bytes]:
-    """The agent's files by their path on the host: hostside.py beside an `orchestrator/` package of SHIPPED_MODULES
-    and `sim/`."""
-    package = Path(hostside.__file__).resolve().parent  # orchestrator/, where the shipped modules live
+    """The agent's files by their path on the host: AGENT_ENTRY beside an `orchestrator/` folder holding the package's
+    __init__ and every module of SHIPPED_PACKAGES."""
+    package = Path(ops.__file__).resolve().parent.parent  # orchestrator/
     files = {
-        "hostside.py": (package / "hostside.py").read_bytes(),
+        AGENT_ENTRY: (package / "agent" / "__main__.py").read_bytes(),
         "orchestrator/__init__.py": (package / "__init__.py").read_bytes(),
     }
-    for name in SHIPPED_MODULES:
-        files[f"orchestrator/{name}.py"] = (package / f"{name}.py").read_bytes()
-    for path in sorted((package / "sim").glob("*.py")):
-        files[f"orchestrator/sim/{path.name}"] = path.read_bytes()
+    for name in SHIPPED_PACKAGES:
+        for path in sorted((package / name).rglob("*.py")):
+            files[path.relative_to(package.parent).as_posix()] = path.read_bytes()
     return files
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import platformdirs
 
-from orchestrator import hostlock, hostside
+from orchestrator.agent import lock, ops
 from orchestrator.hosts.base import CallStats, Host, HostConfig, Progress
 
 
@@ -29,9 +29,9 @@ class LocalHost(Host):
     def _roundtrip(
         self, request: dict[str, Any], timeout: float | None = None, on_progress: Progress | None = None
     ) -> dict[str, Any]:
-        listen = contextlib.nullcontext() if on_progress is None else hostside.reporting_to(_as_json(on_progress))
+        listen = contextlib.nullcontext() if on_progress is None else ops.reporting_to(_as_json(on_progress))
         with listen:
-            reply = hostside.dispatch(json.loads(json.dumps(request)))
+            reply = ops.dispatch(json.loads(json.dumps(request)))
         decoded: dict[str, Any] = json.loads(json.dumps(reply))
         return decoded
 
@@ -40,7 +40,7 @@ class LocalHost(Host):
 
     def close(self) -> None:
         # The lock of an in-process agent lives in this process; release it like a remote agent's exit would.
-        hostlock.op_unlock(self.lock_path)
+        lock.op_unlock(self.lock_path)
 
 
 def _as_json(on_progress: Progress) -> Progress:

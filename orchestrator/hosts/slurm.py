@@ -7,7 +7,7 @@
 # - The agent is one step: `srun --jobid J --overlap -N1 -n1 -w NODE -u python -c BOOTSTRAP`. Nothing is assumed
 #   about shared home directories: the bootstrap reads the agent's files from its stdin (length-prefixed, exact
 #   reads, so no byte of the requests that follow is swallowed), writes them to <workdir>/agent-<version>/ on the
-#   node once per version (atomically, as over SSH), says where, and starts `hostside.py --serve` on the same stdio
+#   node once per version (atomically, as over SSH), says where, and starts `orch_agent.py --serve` on the same stdio
 #   as its child. Once the agent is gone, however it ended (EOF when orch closes it, is interrupted or dies; SIGTERM,
 #   passed on, when Slurm ends the step at the job's time limit or scancel, SIGKILL following after KillWait), the
 #   bootstrap tears down the launches it owned (op_down: only launches whose owner is dead): a detached server
@@ -35,10 +35,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator import hostside, progress
+from orchestrator.agent import ops
 from orchestrator.errors import AllocationEnded, HostError
 from orchestrator.hosts import slurm_cli
 from orchestrator.hosts.agentlink import (
+    AGENT_ENTRY,
     AgentLink,
     ConnectionLost,
     HeldLock,
@@ -50,6 +51,7 @@ from orchestrator.hosts.agentlink import (
 from orchestrator.hosts.base import CallStats, Host, HostConfig, Progress, default_namespace
 from orchestrator.hosts.relay import Relay
 from orchestrator.hosts.slurm_cli import Allocation, AllocationRequest, QueueState, Slurm, SlurmError
+from orchestrator.ui import progress
 
 log = logging.getLogger("orch.slurm")
 
@@ -86,7 +88,7 @@ if not os.path.exists(os.path.join(agent, ".complete")):
 os.chdir(workdir)
 sys.stdout.write(json.dumps({"workdir": workdir, "agent_dir": agent}) + "\n")
 sys.stdout.flush()
-argv = [sys.executable, os.path.join(agent, "hostside.py"), "--serve"]
+argv = [sys.executable, os.path.join(agent, payload["entry"]), "--serve"]
 pid = os.fork()
 if pid == 0:
     os.execv(sys.executable, argv)
@@ -99,8 +101,8 @@ for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
     signal.signal(sig, forward)
 status = os.waitpid(pid, 0)[1]
 sys.path.insert(0, agent)
-import hostside
-hostside.op_down(payload["namespace"], grace_s=2)
+from orchestrator.agent import ops
+ops.op_down(payload["namespace"], grace_s=2)
 sys.exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 """
 
@@ -196,6 +198,7 @@ def _payload(workdir: str, namespace: str) -> bytes:
         "workdir": workdir,
         "namespace": namespace,
         "version": agent_version(files),
+        "entry": AGENT_ENTRY,
         "files": {name: base64.b64encode(body).decode() for name, body in files.items()},
     }
     blob = base64.b64encode(zlib.compress(json.dumps(data).encode(), 6))
@@ -392,7 +395,7 @@ class SlurmHost(Host):
             stream.close()
             raise
         self._seq = link.seq
-        if not hello.get("ok") or hello["result"].get("protocol") != hostside.PROTOCOL_VERSION:
+        if not hello.get("ok") or hello["result"].get("protocol") != ops.PROTOCOL_VERSION:
             stream.close()
             raise HostError(f"{self.name}: agent protocol mismatch: {hello}")
         self._link = link

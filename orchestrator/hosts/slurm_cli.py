@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from orchestrator import processes
+from orchestrator.agent import processes
 from orchestrator.errors import HostError, InputError
 
 NAME_PREFIX = "orch"

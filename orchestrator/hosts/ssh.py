@@ -30,9 +30,11 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from orchestrator import hostside, yamlfile
+from orchestrator import yamlfile
+from orchestrator.agent import ops
 from orchestrator.errors import HostError
 from orchestrator.hosts.agentlink import (
+    AGENT_ENTRY,
     AgentLink,
     ConnectionLost,
     HeldLock,
@@ -426,7 +428,7 @@ class SSHHost(Host):
         transport = self._transport()
         cmd = (
             f"cd {shlex.quote(self.workdir)} && exec {shlex.quote(self.python)} "
-            f"{shlex.quote(self.agent_dir + '/hostside.py')} --serve"
+            f"{shlex.quote(self.agent_dir + '/' + AGENT_ENTRY)} --serve"
         )
         try:
             self.stats.record_channel("agent")
@@ -451,7 +453,7 @@ class SSHHost(Host):
                     "set the host's `python` in hosts.yaml to an interpreter with psutil"
                 ) from None
             raise
-        if not hello.get("ok") or hello["result"].get("protocol") != hostside.PROTOCOL_VERSION:
+        if not hello.get("ok") or hello["result"].get("protocol") != ops.PROTOCOL_VERSION:
             raise HostError(f"{self.name}: agent protocol mismatch: {hello}")
 
     def _drain_stderr(self, channel: paramiko.Channel) -> None:

@@ -8,8 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 # One chain model for orch's break-even arithmetic and its simulator (stats.py is stdlib-only and ships with it).
-from orchestrator.stats import alpha_for_accept_length as alpha_for_accept_length
-from orchestrator.stats import chain_accept_length as mean_accept_length
+from orchestrator.common.acceptance import chain_accept_length as mean_accept_length
 
 
 def sample_accept_length(rng: random.Random, alpha: float, k: int) -> int:

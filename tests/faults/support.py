@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator import hostside, teardown
+from orchestrator.agent import ops, teardown
 from tests.conftest import NAMESPACE, REPO
 
 FAST = ("--warmup", "0", "--min-run-s", "0", "--grace", "2", "--gpu-wait", "0")
@@ -80,7 +80,7 @@ def assert_plain(text: str) -> None:
 
 
 def assert_nothing_left(port: int | None = None) -> None:
-    left = hostside.op_find(NAMESPACE)
+    left = ops.op_find(NAMESPACE)
     assert left == [], f"left running: {left}"
     if port is not None:
         assert port_free(port), f"port {port} still in use"

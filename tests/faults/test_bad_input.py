@@ -12,8 +12,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import profile as P
 from orchestrator.cli import main
+from orchestrator.config import profile as P
 from orchestrator.errors import HostError, InputError, ProfileError
 from orchestrator.hosts.inventory import load_inventory
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port, run_orch
@@ -29,9 +29,9 @@ def _no_crash(capsys: pytest.CaptureFixture[str], rc: int, allowed: tuple[int, .
 
 
 def _no_orch_launches() -> None:
-    from orchestrator import hostside
+    from orchestrator.agent import ops
 
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 # ---------------------------------------------------------------- 1. NaN and infinity
@@ -96,10 +96,10 @@ def test_down_grace_refuses_nan(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_breakeven_arithmetic_refuses_infinity() -> None:
-    from orchestrator import stats
+    from orchestrator.stats import estimates
 
     with pytest.raises(ValueError, match="finite"):
-        stats.breakeven(math.inf, 30.0, 3)
+        estimates.breakeven(math.inf, 30.0, 3)
 
 
 # ---------------------------------------------------------------- 2. deep nesting
@@ -261,12 +261,13 @@ def test_an_absurd_workload_is_refused_before_the_request_sequence_is_built(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from orchestrator import bench, experiment
+    from orchestrator.config import plan, prompts
+    from orchestrator.experiment import run
 
     path = write_profile("p", **{**BASE, "port": free_port()}, sim=FAST_SIM)
     built: list[object] = []
-    monkeypatch.setattr(experiment, "request_items", lambda config: built.append(config))
-    monkeypatch.setattr(bench.prompts, "request_sequence", lambda *a, **k: built.append(a))
+    monkeypatch.setattr(run, "request_items", lambda config: built.append(config))
+    monkeypatch.setattr(prompts, "request_sequence", lambda *a, **k: built.append(a))
     monkeypatch.chdir(tmp_path)
     t0 = time.monotonic()
     rc = main(["bench", str(path), "--sim", "--runs", "10000", "--concurrency", "4096"])
@@ -274,15 +275,16 @@ def test_an_absurd_workload_is_refused_before_the_request_sequence_is_built(
     assert time.monotonic() - t0 < 60 and not built  # refused before building anything
     assert "plan: 1 launch(es) x 10000 runs (+2 warmup), 40960002 requests" in text
     assert "(simulator calibration)" in text
-    assert f"over the limit of {bench.MAX_REQUESTS_PER_LAUNCH}" in text
+    assert f"over the limit of {plan.MAX_REQUESTS_PER_LAUNCH}" in text
     rc = main(["bench", str(path), "--runs", "10000", "--max-tokens", "1000000"])
     text = _no_crash(capsys, rc, (2,))
     assert "unknown for this engine" in text and not built
-    assert f"over the limit of {bench.MAX_OUTPUT_TOKENS_PER_LAUNCH}" in text
+    assert f"over the limit of {plan.MAX_OUTPUT_TOKENS_PER_LAUNCH}" in text
 
 
 def test_plan_arithmetic() -> None:
-    from orchestrator.bench import BenchConfig, plan
+    from orchestrator.config.plan import plan
+    from orchestrator.config.workload import BenchConfig
 
     config = BenchConfig(runs=3, warmup=2, max_tokens=100, concurrency=(1, 4), requests_per_stream=2)
     work = plan(config, [(lambda c: 100.0 / c, 5.0), (lambda c: 50.0, 0.0)], blocks=2, calibrated=True)

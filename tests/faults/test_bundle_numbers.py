@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import bundle as bundle_mod
-from orchestrator import planlimits
-from orchestrator import reproduce as reproduce_mod
 from orchestrator.cli import main
+from orchestrator.config import limits
+from orchestrator.experiment import reproduce as reproduce_mod
+from orchestrator.results import bundle as bundle_mod
 from tests.conftest import FAST_SIM, free_port
 from tests.faults.support import FAST, assert_plain, orch_env, run
 
@@ -87,12 +87,12 @@ NUMBERS = {
 def nothing_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """Building a request sequence or starting the A/B fails the test at once: a regression past the checks must
     fail it, not take the machine's memory (runs or blocks of 10^9 grow it by tens of MB/s)."""
-    from orchestrator import bench
+    from orchestrator.config import prompts
 
     def built(*args: object, **kw: object) -> None:
         raise AssertionError("got past the plan checks")
 
-    monkeypatch.setattr(bench.prompts, "request_sequence", built)
+    monkeypatch.setattr(prompts, "request_sequence", built)
     monkeypatch.setattr(reproduce_mod, "run_ab", built)
 
 
@@ -138,15 +138,16 @@ def test_a_bundles_plan_meets_the_limits_orch_ab_keeps(
 
 def test_a_plan_from_any_caller_is_checked_before_anything_is_built() -> None:
     """run_ab itself refuses an absurd plan (a caller that skipped the check), before touching the host or store."""
-    from orchestrator.ab import ABConfig, run_ab
-    from orchestrator.bench import BenchConfig
-    from orchestrator.profile import from_resolved
+    from orchestrator.config.design import ABConfig
+    from orchestrator.config.profile import from_resolved
+    from orchestrator.config.workload import BenchConfig
+    from orchestrator.experiment.ab import run_ab
 
     prof = from_resolved({**PROFILE, "name": "p", "port": 1, "speculative": None}, "test")
     absurd = ABConfig(bench=BenchConfig(runs=10000, concurrency=(4096,)), simulate=True, namespace="x", blocks=1)
-    with pytest.raises(planlimits.PlanError, match="over the limit of 100000"):
+    with pytest.raises(limits.PlanError, match="over the limit of 100000"):
         run_ab(None, [prof], absurd, None)  # type: ignore[arg-type]
-    with pytest.raises(planlimits.PlanError, match="blocks: expected a whole number from 1 to 1000"):
+    with pytest.raises(limits.PlanError, match="blocks: expected a whole number from 1 to 1000"):
         run_ab(None, [prof], ABConfig(bench=BenchConfig(), namespace="x", blocks=10**9), None)  # type: ignore[arg-type]
 
 

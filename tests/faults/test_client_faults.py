@@ -15,7 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import client, client_requests
+from orchestrator.client import request as client_requests
+from orchestrator.client import runner
 
 # A handler gets the connection and the request line, and answers however it likes.
 Handler = Callable[[socket.socket, bytes], None]
@@ -102,7 +103,7 @@ def good_stream(n: int) -> Handler:
 def run(srv: Loopback, endpoint: str = "generate", n: int = 1, max_tokens: int = 4, **kw: Any) -> dict[str, Any]:
     kw.setdefault("timeout", 10.0)
     timeout = kw.pop("timeout")
-    return client.run("127.0.0.1", srv.port, endpoint, [{"text": "x"}] * n, [max_tokens] * n, 1, timeout, 0.0, **kw)
+    return runner.run("127.0.0.1", srv.port, endpoint, [{"text": "x"}] * n, [max_tokens] * n, 1, timeout, 0.0, **kw)
 
 
 # ------------------------------------------------------------------ /metrics garbage
@@ -321,7 +322,7 @@ def test_watchdog_aborts_every_request_promptly(server: Loopback) -> None:
         checks.append(time.monotonic() - started)
         return "the server process is gone (PID 4242)" if checks[-1] >= 0.5 else None
 
-    s = client.run(
+    s = runner.run(
         "127.0.0.1",
         server.port,
         "generate",

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import hostlock
+from orchestrator.agent import lock as hostlock
+from orchestrator.agent.processes import HostSideError
 from orchestrator.errors import HostError
 from orchestrator.hosts.base import host_lock_path
 from orchestrator.hosts.local import LocalHost
-from orchestrator.nightly import night_lock_path
-from orchestrator.processes import HostSideError
+from orchestrator.nightly.night import night_lock_path
 from tests.conftest import FAST_SIM, NAMESPACE, free_port
 from tests.faults.support import assert_plain, run, stored
 

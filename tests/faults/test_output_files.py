@@ -17,7 +17,7 @@ import yaml
 
 from orchestrator import files
 from orchestrator.cli import main
-from orchestrator.store import default_path
+from orchestrator.results.store import default_path
 from tests.conftest import FAST_SIM, REPO, free_port
 
 Captured = pytest.CaptureFixture[str]

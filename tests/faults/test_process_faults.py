@@ -17,12 +17,14 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator import hostside, server, teardown
-from orchestrator.ab_launch import HEALTH_TIMEOUT_S, server_problem
-from orchestrator.bench import BenchConfig, local_runner, run_benchmark
+from orchestrator.agent import ops, teardown
+from orchestrator.config.profile import load
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import BenchError
+from orchestrator.experiment.arm import HEALTH_TIMEOUT_S, server_problem
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
+from orchestrator.launch import single
+from orchestrator.launch.benchmark import local_runner, run_benchmark
 from tests.conftest import NAMESPACE, wait_for_line
 from tests.faults.support import (
     FAST,
@@ -139,7 +141,7 @@ def test_foreign_process_on_the_port_is_named_never_killed(sim_profiles: SimProf
         assert f"port {port}" in out.err and f"PID {squatter.pid}" in out.err and "will not kill it" in out.err
         assert_plain(out.text)
         assert squatter.poll() is None
-        assert hostside.op_find(NAMESPACE) == []
+        assert ops.op_find(NAMESPACE) == []
     finally:
         squatter.kill()
         squatter.wait(10)
@@ -216,7 +218,7 @@ def test_orch_killed_mid_run(sim_profiles: SimProfiles, tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    assert hostside.op_find(NAMESPACE), "the killed orch's server should still be running"
+    assert ops.op_find(NAMESPACE), "the killed orch's server should still be running"
     listing = run("list", "--db", str(db), cwd=tmp_path)
     assert listing.rc == 0 and "interrupted" in listing.out and "running" not in listing.out, listing.text
     assert stored(db, "SELECT status FROM launches") == [("interrupted",)]
@@ -250,7 +252,7 @@ def test_a_stall_alone_is_bounded_and_never_retried(sim_profiles: SimProfiles) -
     prof = load(str(sim_profiles(sim={"fault": "worker-hang-after-tokens:40"})["baseline"]))
     host = LocalHost()
     cfg = BenchConfig(min_run_s=0, runs=5, warmup=0, max_tokens=16, stall_timeout_s=2.0)
-    with server.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2, gpu_wait_s=0) as srv:
+    with single.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2, gpu_wait_s=0) as srv:
         srv.processes = []  # as if the dead worker had never been recorded
         t0 = time.monotonic()
         with pytest.raises(BenchError, match="the server failed during run 3") as failure:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import profile
+from orchestrator.config import profile
 from tests.conftest import FAST_SIM, free_port
 from tests.faults.support import FAST, assert_nothing_left, assert_plain, run
 

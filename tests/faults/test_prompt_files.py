@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import prompts
 from orchestrator.cli import main
+from orchestrator.config import prompts
 from orchestrator.errors import PromptFileError
 from tests.conftest import FAST_SIM, WriteProfile, free_port
 from tests.faults.support import FAST, assert_plain, run

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import bundle as bundle_mod
-from orchestrator import fingerprint, hostside, server
+from orchestrator.agent import ops
 from orchestrator.cli import main
+from orchestrator.common.redaction import SECRET_NAME_RE, redact, redact_argv, scrub
+from orchestrator.config.profile import load
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
-from orchestrator.redaction import SECRET_NAME_RE, redact, redact_argv, scrub
+from orchestrator.launch import fingerprint, single
+from orchestrator.results import bundle as bundle_mod
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port, run_orch
 
 DIGEST = r"<redacted hmac:[0-9a-f]{16}>"
@@ -146,7 +147,7 @@ def test_a_failed_launch_log_tail_is_scrubbed_of_url_userinfo(write_profile: Wri
 def test_status_masks_userinfo_in_a_server_command_line(write_profile: WriteProfile, tmp_path: Path) -> None:
     pw = _passwords()
     prof = load(str(_profile(write_profile, pw)))
-    with server.running(LocalHost(), prof, simulate=True, namespace=NAMESPACE, grace_s=2) as srv:
+    with single.running(LocalHost(), prof, simulate=True, namespace=NAMESPACE, grace_s=2) as srv:
         code, text = _orch("status", "-v", cwd=tmp_path)
         log = Path(srv.launch.log_path)
         # The raw log stays on the host, readable by its owner only (orch often runs as root on shared hosts).
@@ -180,7 +181,7 @@ def test_server_logs_are_created_private(tmp_path: Path) -> None:
         reused.write_text("an earlier launch's log\n")
         reused.chmod(0o644)
         for log in (fresh, reused):
-            hostside.op_launch([sys.executable, "-c", "print('started')"], {}, str(log))
+            ops.op_launch([sys.executable, "-c", "print('started')"], {}, str(log))
             deadline = time.monotonic() + 10
             while "started" not in log.read_text() and time.monotonic() < deadline:
                 time.sleep(0.05)

@@ -17,14 +17,16 @@ from typing import Any
 
 import pytest
 
-from orchestrator import hostside, server
-from orchestrator.ab import ABConfig, run_ab
-from orchestrator.bench import BenchConfig
+from orchestrator.agent import ops
 from orchestrator.cli import main
+from orchestrator.config.design import ABConfig
+from orchestrator.config.profile import load
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import HostError, ServerError
+from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
-from orchestrator.store import Store
+from orchestrator.launch import single
+from orchestrator.results.store import Store
 from tests import fake_nvidia_smi
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port, run_orch
 
@@ -132,7 +134,7 @@ def test_a_successful_run_and_status_leak_no_secret(write_profile: WriteProfile,
     api_key, hf_token = _secrets()
     path = _secret_profile(write_profile, api_key, hf_token)
     # `orch status` from another process while a server launched with the secrets runs.
-    with server.running(LocalHost(), load(str(path)), simulate=True, namespace=NAMESPACE, grace_s=2) as srv:
+    with single.running(LocalHost(), load(str(path)), simulate=True, namespace=NAMESPACE, grace_s=2) as srv:
         code, status_out, status_err = _orch("status", "-v", cwd=tmp_path)
     assert code == 0, status_err
     assert srv.launch.launch_id in status_out and "--api-key <redacted>" in status_out, status_out
@@ -157,7 +159,7 @@ def test_a_successful_run_and_status_leak_no_secret(write_profile: WriteProfile,
     conn.close()
     assert json.loads(env_report)["ok"] is True
     assert json.loads(config)["profiles"][0]["server_args"] == ["--api-key", digest]
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 def test_a_server_dying_mid_run_prints_its_log_tail_scrubbed(write_profile: WriteProfile, tmp_path: Path) -> None:
@@ -181,7 +183,7 @@ def test_errors_are_scrubbed_before_they_are_stored(
         # Any error text, not only a log tail, may quote a secret: the store gets it scrubbed.
         raise ServerError(f"health check said: bad key {api_key}; HF_TOKEN={hf_token} Authorization: Bearer x1y2")
 
-    monkeypatch.setattr(server, "_from_state", leaky)  # the env check (and process list) once ready
+    monkeypatch.setattr(single, "_from_state", leaky)  # the env check (and process list) once ready
     store = Store(tmp_path / "r.db")
     events: list[str] = []
     config = ABConfig(bench=BenchConfig(min_run_s=0, runs=1, warmup=0, max_tokens=8), simulate=True, grace_s=2)
@@ -219,17 +221,17 @@ def test_gpu_process_lines_are_masked(
     fake_bin = fake_nvidia_smi.install(tmp_path / "bin", tmp_path / "state.json")
     monkeypatch.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
     env = {**os.environ, "FAKE_GPU_MIB": "30000", "FAKE_GPU_SCOPE": NAMESPACE}
-    env.pop(hostside.MARKER, None)
+    env.pop(ops.MARKER, None)
     argv = [sys.executable, "-c", "import time; time.sleep(60)", "--api-key", api_key, f"--hf-token={hf_token}"]
     user = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
-        while not (apps := hostside.op_gpus()["apps"]) and time.monotonic() < deadline:
+        while not (apps := ops.op_gpus()["apps"]) and time.monotonic() < deadline:
             time.sleep(0.1)
         (app,) = apps
         assert app["pid"] == user.pid and "--api-key <redacted> --hf-token=<redacted>" in app["cmdline"]
         with pytest.raises(HostError, match="is not idle") as e:
-            server.check_gpus_idle(LocalHost(), NAMESPACE)
+            single.check_gpus_idle(LocalHost(), NAMESPACE)
         assert "--api-key <redacted>" in str(e.value)
         main(["hosts", "check", "local"])
         shown = capsys.readouterr()

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator import hostside, server
+from orchestrator.agent import ops
+from orchestrator.config.profile import load
 from orchestrator.errors import HostError
 from orchestrator.hosts.local import LocalHost
-from orchestrator.profile import load
+from orchestrator.launch import single
 from tests.conftest import NAMESPACE, REPO, wait_for_line
 from tests.faults.support import FAST, assert_nothing_left, assert_plain, orch_env, run, start, stored
 
@@ -63,9 +64,8 @@ def test_a_second_session_and_orch_down_never_touch_a_live_run(sim_profiles: Sim
 
 OWNER_SCRIPT = """
 import json, sys, time
-from orchestrator import hostside
-info = hostside.op_launch([sys.executable, "-c", "import time; time.sleep(60)"],
-                          {hostside.MARKER: sys.argv[1]}, sys.argv[2])
+from orchestrator.agent import ops
+info = ops.op_launch([sys.executable, "-c", "import time; time.sleep(60)"], {ops.MARKER: sys.argv[1]}, sys.argv[2])
 print(json.dumps(info), flush=True)
 time.sleep(60)
 """
@@ -83,23 +83,23 @@ def test_preflight_and_down_refuse_a_launch_whose_owner_is_alive(sim_profiles: S
     try:
         assert owner.stdout is not None
         pid = json.loads(owner.stdout.readline())["pid"]
-        found = hostside.op_find(NAMESPACE)
+        found = ops.op_find(NAMESPACE)
         assert [p["owner_state"] for p in found] == ["alive"]
         prof = load(str(sim_profiles()["baseline"]))
         try:
-            server.preflight(LocalHost(), prof, NAMESPACE)
+            single.preflight(LocalHost(), prof, NAMESPACE)
             raise AssertionError("preflight tore down or ignored a live session's launch")
         except HostError as e:
             assert "still running" in str(e) and lid in str(e)
-        assert hostside.op_alive(pid)["alive"]
-        result = hostside.op_down(NAMESPACE, grace_s=1)
+        assert ops.op_alive(pid)["alive"]
+        result = ops.op_down(NAMESPACE, grace_s=1)
         assert result["stopped"] == [] and [x["launch_id"] for x in result["live"]] == [lid]
-        assert hostside.op_alive(pid)["alive"]
+        assert ops.op_alive(pid)["alive"]
         owner.kill()
         owner.wait(10)
         time.sleep(0.1)
         # Its owner is dead: now it is a leftover like any other, and the next preflight cleans it up.
-        record = server.preflight(LocalHost(), prof, NAMESPACE)
+        record = single.preflight(LocalHost(), prof, NAMESPACE)
         assert [c["launch_id"] for c in record["cleaned"]] == [lid]
     finally:
         if owner.poll() is None:

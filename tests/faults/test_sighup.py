@@ -138,7 +138,7 @@ def test_sighup_mid_night_tears_down_like_sigterm(
 def test_nohup_keeps_sighup_ignored() -> None:
     """`nohup orch …` asks orch to outlive the terminal: orch takes SIGTERM but leaves an ignored SIGHUP ignored."""
     probe = (
-        "import signal; from orchestrator import stopsignals; stopsignals.install(); "
+        "import signal; from orchestrator.common import stopsignals; stopsignals.install(); "
         "print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN, "
         "signal.getsignal(signal.SIGTERM) is stopsignals.raise_interrupt)"
     )

@@ -15,15 +15,20 @@ from typing import Any
 
 import pytest
 
-from orchestrator import client, hostside, nightly, progress, server
-from orchestrator import profile as P
-from orchestrator import suite as suite_mod
-from orchestrator.bench import BenchConfig, RunResult
+from orchestrator.agent import ops
+from orchestrator.agent.processes import MARKER, PROFILE
 from orchestrator.cli import main
 from orchestrator.cli.launches import ANOTHER_STORE, summarize, table
+from orchestrator.client import runner
+from orchestrator.config import profile as P
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import InputError
-from orchestrator.processes import MARKER, PROFILE
-from orchestrator.store import Store, default_path
+from orchestrator.launch import single
+from orchestrator.nightly import night
+from orchestrator.nightly import suite as suite_mod
+from orchestrator.results.run import RunResult
+from orchestrator.results.store import Store, default_path
+from orchestrator.ui import progress
 from tests.conftest import NAMESPACE, WriteProfile
 from tests.faults.test_client_faults import OK_HEAD, Loopback, gen_event
 from tests.test_nightly import sim_profile, write_suite
@@ -139,7 +144,7 @@ def test_a_short_deadline_is_said_in_seconds_not_as_zero_minutes(write_profile: 
     events: list[str] = []
     store = Store(tmp_path / "n.db")
     try:
-        nightly.NightRunner(suite_mod.load(str(path)), store, time.time(), events.append, only=("none",)).run()
+        night.NightRunner(suite_mod.load(str(path)), store, time.time(), events.append, only=("none",)).run()
     finally:
         store.close()
     line = next(e for e in events if "deadline" in e)
@@ -168,7 +173,7 @@ def test_a_stalled_run_says_it_failed_and_how_long_it_really_took() -> None:
     try:
         for n in (1, 2):
             calls[0] = 0
-            summary = client.run("127.0.0.1", srv.port, "generate", [{"text": "x"}] * n, [2] * n, n, 30.0, stall_s=1.0)
+            summary = runner.run("127.0.0.1", srv.port, "generate", [{"text": "x"}] * n, [2] * n, n, 30.0, stall_s=1.0)
             # The run lasted until the stalled request was given up, not until its last token.
             assert summary["seconds"] >= 1.0, summary
             run = RunResult.from_summary(0, False, summary)
@@ -188,7 +193,7 @@ def test_status_names_the_profile_of_a_launch_another_store_recorded(tmp_path: P
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
     try:
         deadline = time.monotonic() + 30
-        while not (found := hostside.op_find(NAMESPACE)) and time.monotonic() < deadline:
+        while not (found := ops.op_find(NAMESPACE)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert [p["profile"] for p in found] == ["eagle3"]
         # Not in this store: the launch's own name; nameless too (an older orch): said so, not "?".
@@ -213,7 +218,7 @@ def test_a_launch_carries_its_profile_name(write_profile: WriteProfile, tmp_path
         return {"pid": 1, "pgid": 1, "started_at": 0.0}
 
     host: Any = SimpleNamespace(python=sys.executable, sim_pythonpath=None, workdir=str(tmp_path), call=call)
-    launched = server.launch(host, profile, simulate=True, namespace=NAMESPACE)
+    launched = single.launch(host, profile, simulate=True, namespace=NAMESPACE)
     assert sent["env"][PROFILE] == "named" and launched.env[PROFILE] == "named"
 
 

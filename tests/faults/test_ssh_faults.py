@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator import hostside
+from orchestrator.agent import ops
 from tests.conftest import NAMESPACE, free_port, run_orch
 from tests.sshd import SSHD, _keygen, sshd_fixture
 
@@ -56,7 +56,7 @@ def _bench_fails(host: str, cwd: Path, *extra: str) -> str:
     errors = [line for line in out.splitlines() if "Error" in line]
     assert len(errors) == 1 and errors[0] == out.strip().splitlines()[-1], f"one clear error line, last:\n{out}"
     assert errors[0].startswith("Error: "), out
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
     return out
 
 

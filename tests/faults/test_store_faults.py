@@ -19,9 +19,9 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator import hostside
-from orchestrator.store import Store
-from orchestrator.store_schema import SCHEMA_VERSION
+from orchestrator.agent import ops
+from orchestrator.results.schema import SCHEMA_VERSION
+from orchestrator.results.store import Store
 from tests.conftest import NAMESPACE, run_orch, wait_for_line
 
 SimProfiles = Callable[..., dict[str, Path]]
@@ -169,7 +169,7 @@ def test_sigkill_mid_run_leaves_an_interrupted_experiment(sim_profiles: SimProfi
             proc.kill()
         code, out, err = orch("down", "--grace", "2", cwd=tmp_path)  # the simulator it left behind
     assert code == 0, err
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 # ------------------------------------------------------------------ files that are not (our) results databases
@@ -180,7 +180,7 @@ def _cli_all_fail(db: Path, tmp_path: Path, *needles: str) -> None:
     for args in (("list",), ("show", "last"), ("bench", "baseline", "--sim", "--runs", "2", *FAST)):
         code, _, err = orch(*args, "--db", str(db), cwd=tmp_path)
         assert_clean_error(code, err, str(db), *needles)
-    assert hostside.op_find(NAMESPACE) == []
+    assert ops.op_find(NAMESPACE) == []
 
 
 def test_foreign_database_with_an_orch_schema_version(sim_profiles: SimProfiles, tmp_path: Path) -> None:
@@ -277,7 +277,7 @@ def test_read_only_store_is_readable_and_a_run_is_refused(
     assert "Traceback" not in err and "unexpected" not in err, err
     code, _, err = orch("bench", "baseline", "--sim", "--runs", "2", *FAST, "--db", str(db), cwd=tmp_path)
     assert_clean_error(code, err, str(db), "read-only", "use another --db")
-    assert hostside.op_find(NAMESPACE) == [] and port_free(port_of(tmp_path))
+    assert ops.op_find(NAMESPACE) == [] and port_free(port_of(tmp_path))
     assert statuses(db)[0][0][1] == "running"  # nothing was (or could be) written
 
 
@@ -351,7 +351,7 @@ def test_disk_full_mid_run_keeps_finished_runs_and_tears_down(
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGKILL)
     assert_clean_error(proc.returncode, err, str(db), "disk is full", "everything recorded before is kept")
-    assert hostside.op_find(NAMESPACE) == [] and port_free(port_of(tmp_path))
+    assert ops.op_find(NAMESPACE) == [] and port_free(port_of(tmp_path))
     filler.unlink()
     store = Store(db)  # writable again: whatever the killed session could not record is settled now
     (exp,) = store.experiments()

@@ -10,8 +10,10 @@ from typing import Any
 
 import yaml
 
-from orchestrator import fingerprint, history, nightresult, report_html
-from orchestrator.bench import BenchConfig
+from orchestrator.config.workload import BenchConfig
+from orchestrator.launch import fingerprint
+from orchestrator.nightly import history, result
+from orchestrator.report import html
 from tests.conftest import FAST_SIM, free_port
 from tests.faults.support import FAST, assert_nothing_left, assert_plain, run
 
@@ -58,12 +60,12 @@ def test_a_nightly_history_stored_with_the_old_digest_goes_on_in_one_environment
     past = [_night(i, _fp(workload_digest="old"), 100.0 + (i % 3) * 0.3) for i in range(8)]
     tonight = _night(8, _fp(workload_sha256="new"), 100.2)
     value = tonight.series[0]
-    verdict = nightresult.judge(value, past, tonight, 5)
+    verdict = result.judge(value, past, tonight, 5)
     assert verdict.status == "ok", verdict
-    assert set(nightresult.series_env_ids([(n, n.series[0]) for n in [*past, tonight]])) == {"0"}
+    assert set(result.series_env_ids([(n, n.series[0]) for n in [*past, tonight]])) == {"0"}
     # The contrast: the same field with another value is a step in the environment.
     moved = _night(8, _fp(workload_digest="other"), 100.2)
-    assert nightresult.judge(moved.series[0], past, moved, 5).status == "environment"
+    assert result.judge(moved.series[0], past, moved, 5).status == "environment"
 
 
 def test_reproducing_a_file_prompt_bundle_names_no_workload_cause(tmp_path: Path) -> None:
@@ -88,5 +90,5 @@ def test_reproducing_a_file_prompt_bundle_names_no_workload_cause(tmp_path: Path
 
 
 def test_the_html_report_shows_the_digest_of_either_scheme() -> None:
-    shown = {path for _, path in report_html.FINGERPRINT_ROWS}
+    shown = {path for _, path in html.FINGERPRINT_ROWS}
     assert (fingerprint.WORKLOAD_KEY,) in shown and (fingerprint.LEGACY_WORKLOAD_KEY,) in shown

@@ -1,0 +1,257 @@
+"""The benchmark client: stdlib-only asyncio HTTP/1.1 streaming, shipped to hosts with the agent.
+
+It runs next to the server (through the host-side agent) by default, or on the orch machine (`--client local`).
+Token accounting is per token, not per chunk: under speculative decoding one stream chunk carries several tokens,
+and a chunk of k tokens after a gap g contributes k inter-token latencies of g/k. Each read is parsed where it lands
+(`streamparse`), with one timestamp for every event it brought; see docs/client.md.
+
+This module runs a benchmark (c streams, the watchdog, Ctrl-C); its parts: `client_requests` (bodies, the Record,
+token counts checked), `client_stream` (one streamed request), `client_metrics` (/metrics counters) and
+`client_summary` (a run reduced to its metrics and validity).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from orchestrator.client.metrics import scrape_metrics
+from orchestrator.client.request import ENDPOINTS, Record, build_body
+from orchestrator.client.stream import Guard, check_bounds, fetch, live, live_begin, live_end
+from orchestrator.client.summary import summarize_run
+from orchestrator.common import stopsignals
+
+# What the rest of orch (bench, progress, the agent) and benchmarks/client_fidelity.py use through this module.
+__all__ = ["ENDPOINTS", "build_body", "live", "run", "run_requests", "summarize_run"]
+
+
+def _in_thread(fn: Callable[[], str | None]) -> asyncio.Future[str | None]:
+    """fn() in a daemon thread: a slow check never stalls the event loop, and a hung one never blocks exit."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[str | None] = loop.create_future()
+
+    def work() -> None:
+        try:
+            result, error = fn(), None
+        except Exception as e:
+            result, error = None, e
+
+        def settle() -> None:
+            if fut.done():
+                return
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(result)
+
+        with contextlib.suppress(RuntimeError):  # the run ended and its loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(settle)
+
+    threading.Thread(target=work, name="orch-client-watchdog", daemon=True).start()
+    return fut
+
+
+async def run_requests(
+    host: str,
+    port: int,
+    endpoint: str,
+    bodies: list[dict[str, Any]],
+    max_tokens: list[int],
+    concurrency: int,
+    timeout: float,
+    *,
+    stall_s: float = 60.0,
+    first_token_s: float = 180.0,
+    watchdog: Callable[[], str | None] | None = None,
+    watchdog_every_s: float = 1.0,
+) -> tuple[list[Record], float, dict[str, Any], str | None]:
+    """c workers take requests in order until none is left. Returns records, the busy window, metric deltas and
+    why the run was aborted (None unless the watchdog said so).
+
+    The busy window ends when the first worker finds no request left: until then all c streams were busy, so
+    tokens received inside it measure throughput at concurrency c, without the drain at the end. `watchdog` is
+    called every watchdog_every_s while the run is in flight (in a thread); a reason from it cancels every request
+    in flight or queued, each recorded with that reason.
+    """
+    check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
+    path = ENDPOINTS[endpoint]
+    before = await scrape_metrics(host, port)
+    live_begin()
+    t0 = time.perf_counter()
+    records = [Record(index=i, start=0.0, max_tokens=max_tokens[i]) for i in range(len(bodies))]
+    next_index = 0
+    window_end: float | None = None
+    aborted: str | None = None
+    guards: set[Guard] = set()
+
+    def abort(reason: str) -> None:
+        nonlocal aborted
+        aborted = reason
+        for g in list(guards):
+            g.stop(f"aborted: {reason}")
+
+    async def worker() -> None:
+        nonlocal next_index, window_end
+        while True:
+            if next_index >= len(bodies) or aborted is not None:
+                if window_end is None:
+                    window_end = time.perf_counter() - t0
+                return
+            i = next_index
+            next_index += 1
+            rec = records[i]
+            rec.start = time.perf_counter() - t0
+            await fetch(
+                host,
+                port,
+                path,
+                bodies[i],
+                rec,
+                t0,
+                timeout,
+                stall_s=stall_s,
+                first_token_s=first_token_s,
+                guards=guards,
+            )
+            if rec.error is not None:
+                rec.failed = time.perf_counter() - t0
+
+    async def watch(check: Callable[[], str | None]) -> None:
+        while True:
+            await asyncio.sleep(watchdog_every_s)
+            try:
+                reason = await _in_thread(check)
+            except Exception as e:
+                reason = f"the watchdog check failed: {type(e).__name__}: {e}"
+            if reason:
+                abort(str(reason))
+                return
+
+    watcher = asyncio.get_running_loop().create_task(watch(watchdog)) if watchdog is not None else None
+    try:
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
+    finally:
+        live_end()
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+    if aborted is not None:
+        for rec in records[next_index:]:
+            rec.error = f"aborted: {aborted} (not sent)"
+    # After an abort the server may be the reason: do not wait on its /metrics.
+    after = await scrape_metrics(host, port) if before is not None and aborted is None else None
+    deltas: dict[str, Any] = {}
+    if before is not None and after is not None:
+        # Every counter: the engine adapter decides which ones describe speculative decoding (orch side).
+        # Only counters in both scrapes: one that appears mid-run has no known starting value.
+        deltas = {k: after[k] - before[k] for k in after if (k.endswith("_total") or "_total[" in k) and k in before}
+    return records, window_end if window_end is not None else time.perf_counter() - t0, deltas, aborted
+
+
+def run(
+    host: str,
+    port: int,
+    endpoint: str,
+    bodies: list[dict[str, Any]],
+    max_tokens: list[int],
+    concurrency: int,
+    timeout: float = 600.0,
+    min_duration_s: float = 0.0,
+    *,
+    stall_s: float = 60.0,
+    first_token_s: float = 180.0,
+    watchdog: Callable[[], str | None] | None = None,
+    watchdog_every_s: float = 1.0,
+) -> dict[str, Any]:
+    """One benchmark run, measured and summarised where this code runs (the host, or the orch machine).
+
+    A request fails when no token arrives for stall_s after its first (or none within first_token_s); `watchdog`,
+    polled every watchdog_every_s, aborts the whole run by returning a reason. See docs/client.md.
+    """
+    check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
+    records, window, deltas, aborted = _run_interruptibly(
+        lambda: run_requests(
+            host,
+            port,
+            endpoint,
+            bodies,
+            max_tokens,
+            concurrency,
+            timeout,
+            stall_s=stall_s,
+            first_token_s=first_token_s,
+            watchdog=watchdog,
+            watchdog_every_s=watchdog_every_s,
+        )
+    )
+    return summarize_run(records, window, concurrency, deltas, min_duration_s, aborted)
+
+
+T = TypeVar("T")
+
+
+def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """asyncio.run, except that Ctrl-C (and orch's SIGTERM, SIGHUP) always ends the run promptly with KeyboardInterrupt.
+
+    From Python 3.11 asyncio.run turns the first SIGINT into one cancellation of the main task, and
+    asyncio.wait_for swallows a cancellation that races with its inner task finishing (seen in CI: a Ctrl-C at the
+    start of a run was lost and the benchmark went on). Here a Ctrl-C cancels the run again every 50 ms until it
+    ends, and the run then always ends in KeyboardInterrupt, whatever the coroutine made of the cancellation.
+    Raising inside the loop instead would leave tasks holding a KeyboardInterrupt nobody retrieves. The handlers are
+    in place before the loop is built and until it is closed: a signal raising KeyboardInterrupt half-way through
+    building or closing a loop leaves a broken object whose destructor prints a traceback (seen with SIGTERM).
+    """
+    interrupted = False
+    state: dict[str, Any] = {}
+
+    def keep_cancelling() -> None:
+        task = state.get("task")
+        if task is not None and not task.done():
+            task.cancel()
+            state["loop"].call_later(0.05, keep_cancelling)
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal interrupted
+        interrupted = True
+        if "loop" in state:
+            state["loop"].call_soon_threadsafe(keep_cancelling)
+
+    previous: dict[signal.Signals, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in stopsignals.STOP_SIGNALS:
+            current = signal.getsignal(sig)
+            # Only handlers that would raise in the middle of the loop (Python's for SIGINT, orch's for the others).
+            if stopsignals.raises(current):
+                previous[sig] = signal.signal(sig, on_signal)
+    try:
+        loop = state["loop"] = asyncio.new_event_loop()
+        try:
+            if interrupted:
+                raise KeyboardInterrupt
+            task: asyncio.Task[T] = loop.create_task(make())
+            state["task"] = task
+            try:
+                result = loop.run_until_complete(task)
+            except asyncio.CancelledError:
+                if interrupted:
+                    raise KeyboardInterrupt from None
+                raise
+            if interrupted:
+                raise KeyboardInterrupt
+            return result
+        finally:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -1,0 +1,123 @@
+"""The limits every experiment's plan meets before anything is built: from options, a suite, a bundle or --resume."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from orchestrator.client.request import ENDPOINTS
+from orchestrator.config.plan import Plan, assumed_speed, claimed_speed, plan, sim_speed
+from orchestrator.config.profile import Profile
+from orchestrator.config.workload import CLIENT_PLACES, BenchConfig
+from orchestrator.errors import InputError
+
+# What each workload field may be. The CLI's option ranges and a suite's workload fields are these same numbers; a
+# bundle or a stored experiment (a --resume) meets them too, as nothing else has checked those.
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "runs": (1, 10_000),
+    "warmup": (0, 1000),
+    "max_tokens": (1, 1_000_000),
+    "warmup_max_tokens": (1, 1_000_000),
+    "requests_per_stream": (1, 10_000),
+    "input_len": (1, 1_000_000),
+}
+LEVELS = (1, 4096)  # concurrency levels
+BLOCKS = (1, 1000)  # blocks of one experiment (each launches every arm once)
+SECONDS_RANGES: dict[str, tuple[float, float]] = {
+    "min_run_s": (0.0, 86400.0),
+    "stall_timeout_s": (0.5, 86400.0),
+    "first_token_timeout_s": (0.5, 86400.0),
+    "request_timeout_s": (0.5, 7 * 86400.0),
+}
+
+
+class PlanError(InputError):
+    """A workload or plan orch will not run: a field out of its range, or more work per launch than the limits."""
+
+
+def check_workload(bench: BenchConfig, where: str = "") -> None:
+    """Every field of the workload within what orch runs; PlanError names the first that is not (prefixed with
+    `where`, e.g. "content.config.bench.")."""
+    for name, (lo, hi) in INT_RANGES.items():
+        value = getattr(bench, name)
+        if value is None and name == "input_len":
+            continue
+        if not _int_within(value, lo, hi):
+            raise PlanError(f"{where}{name}: expected a whole number from {lo:,} to {hi:,}, got {_shown(value)}")
+    levels = bench.concurrency
+    lo, hi = LEVELS
+    if (
+        not levels
+        or not all(_int_within(c, lo, hi) for c in levels)
+        or len(set(levels)) != len(levels)
+        or len(levels) > hi
+    ):
+        raise PlanError(f"{where}concurrency: expected distinct whole numbers from {lo} to {hi}, got {_shown(levels)}")
+    for name, (flo, fhi) in SECONDS_RANGES.items():
+        value = getattr(bench, name)
+        if not (_is_number(value) and math.isfinite(value) and flo <= value <= fhi):
+            raise PlanError(f"{where}{name}: expected seconds from {flo:g} to {fhi:g}, got {_shown(value)}")
+    if not (isinstance(bench.seed, int) and not isinstance(bench.seed, bool)):
+        raise PlanError(f"{where}seed: expected a whole number, got {_shown(bench.seed)}")
+    for name, valid in (("endpoint", tuple(ENDPOINTS)), ("client", CLIENT_PLACES)):
+        if getattr(bench, name) not in valid:
+            raise PlanError(f"{where}{name}: expected one of {', '.join(valid)}, got {_shown(getattr(bench, name))}")
+    if not isinstance(bench.prompts, str) or not bench.prompts:
+        raise PlanError(f"{where}prompts: expected a prompt set's name or a file, got {_shown(bench.prompts)}")
+
+
+def check_blocks(blocks: Any, name: str = "blocks") -> None:
+    if not _int_within(blocks, *BLOCKS):
+        raise PlanError(f"{name}: expected a whole number from {BLOCKS[0]} to {BLOCKS[1]}, got {_shown(blocks)}")
+
+
+def checked_plan(
+    bench: BenchConfig,
+    profiles: Sequence[Profile],
+    *,
+    blocks: int,
+    sim: bool,
+    least_blocks: int | None = None,
+    show: Callable[[str], None] = lambda _: None,
+) -> Plan:
+    """The plan of an experiment (its most blocks), refused with PlanError if a field is out of range or a launch
+    would do more than the limits allow; `show` sees the plan line first (with `least_blocks`, --blocks auto's
+    range). Pure arithmetic: nothing is generated or launched, so an absurd plan costs nothing to refuse."""
+    check_workload(bench)
+    check_blocks(blocks)
+    speeds = [sim_speed(p.env_dict() | p.sim_env(), p.server_flags()) for p in profiles] if sim else []
+    calibrated = bool(speeds) and all(s is not None for s in speeds)
+    # A real engine's speed is unknown before it runs, unless every profile claims one (expect.tok_s).
+    claims = [p.expect.tok_s if p.expect else None for p in profiles]
+    claimed = not calibrated and all(c is not None for c in claims)
+    if calibrated:
+        arms = [s for s in speeds if s is not None]
+    elif claimed:
+        arms = [claimed_speed(c) for c in claims if c is not None]
+    else:
+        arms = [assumed_speed()] * len(profiles)
+    work = plan(bench, arms, blocks=blocks, calibrated=calibrated, claimed=claimed)
+    least = (
+        plan(bench, arms, blocks=least_blocks, calibrated=calibrated, claimed=claimed)
+        if least_blocks is not None
+        else None
+    )
+    show(work.line(least))
+    refusal = work.refusal()
+    if refusal:
+        raise PlanError(refusal)
+    return work
+
+
+def _int_within(value: Any, lo: int, hi: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
+    text = repr(list(value) if isinstance(value, tuple) else value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,107 @@
+"""`RunOptions`: what `orch ab`, `orch bench` or `orch reproduce` was asked to do, built once from its options."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.errors import InputError
+from orchestrator.stats.sequential import DEFAULT_MAX_BLOCKS, SequentialPlan
+
+
+class OptionError(InputError):
+    """Options that cannot run together (or with the experiment they name): the CLI shows it as a usage error
+    (exit 2, with click's usage line); any other caller gets an InputError."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Every option of a run command, typed. The defaults are `orch ab`'s, so a test builds one with the few fields
+    it cares about. `given` names the options the user gave (not left at their defaults): `--resume` and a bundle
+    refuse some of them, and take the experiment's own value for others only when not given."""
+
+    command: str = "ab"  # ab | bench | reproduce: what --fail-on is judged against, which refusals apply
+    profiles: tuple[str, ...] = ()
+    resume: str | None = None
+    # where, and how the servers are run
+    host_spec: str = "local"
+    inventory: str | None = None
+    accept_new_host_key: bool = False
+    workdir: str | None = None
+    db: str | None = None
+    sim: bool = False
+    attach: tuple[str, ...] = ()  # ARM=URL for orch ab, one URL for orch bench
+    allow_mixed: bool = False
+    allow_node_mismatch: bool = False
+    strict_env: bool = False
+    port: int | None = None
+    force: bool = False
+    ready_timeout: float | None = None
+    grace: float = 10.0
+    gpu_wait: float = 120.0
+    lock_wait: float = 0.0
+    # the workload
+    runs: int = 5
+    warmup: int = 2
+    max_tokens: int = 2048
+    seed: int = 0
+    concurrency: tuple[int, ...] = (1,)
+    requests_per_stream: int = 1
+    endpoint: str | None = None
+    prompt_source: str = "builtin"
+    input_len: int | None = None
+    client_place: str = "host"
+    min_run_s: float = 1.0
+    stall_timeout: float = 60.0
+    first_token_timeout: float = 180.0
+    # the design and its judgement
+    blocks: int | str | None = "auto"  # auto, N, or None (orch reproduce: the bundle's own / a claim's default)
+    max_blocks: int | None = DEFAULT_MAX_BLOCKS  # None where the command has no --blocks auto
+    order: str = "random"
+    order_seed: int | None = None
+    min_effect: float = 0.02
+    target_tps: float | None = None
+    fail_on: tuple[str, ...] = ()
+    # output
+    as_json: bool = False
+    quiet: bool = False
+    verbose: bool = False
+    given: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def from_params(cls, command: str, params: Mapping[str, Any], given: Iterable[str] = ()) -> RunOptions:
+        """From a command's parsed parameters (click's `ctx.params`); parameters that are not run options (orch
+        reproduce's target and claim) are the caller's. An option a command does not have keeps its default, except
+        --max-blocks, which only `orch ab` has."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"command", "given"}
+        values = {k: v for k, v in params.items() if k in known}
+        if "profile" in params:  # orch bench's one PROFILE
+            values["profiles"] = (params["profile"],)
+        attach = values.get("attach")
+        values["attach"] = (attach,) if isinstance(attach, str) else tuple(attach or ())
+        values.setdefault("max_blocks", None)
+        for name in ("profiles", "concurrency", "fail_on"):
+            if name in values:
+                values[name] = tuple(values[name])
+        return cls(command=command, given=frozenset(given) & frozenset(params), **values)
+
+    def gave(self, name: str) -> bool:
+        """Whether the user gave this option (rather than leaving it at its default)."""
+        return name in self.given
+
+    def check_verbosity(self) -> None:
+        if self.quiet and self.verbose:
+            raise OptionError("-q (verdict only) and -v (every request) exclude each other")
+
+    def sequential_plan(self) -> SequentialPlan | None:
+        """--blocks auto's plan, or None for a fixed number of blocks (where --max-blocks has no meaning)."""
+        if self.blocks != "auto":
+            if self.gave("max_blocks"):
+                raise OptionError(f"--max-blocks applies to --blocks auto, not to --blocks {self.blocks}")
+            return None
+        return SequentialPlan(max_blocks=self.max_blocks if self.max_blocks is not None else DEFAULT_MAX_BLOCKS)
+
+    def replace(self, **changes: Any) -> RunOptions:
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,185 @@
+"""The plan, before anything runs: the work and time an experiment's options imply, and the limits it meets."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from orchestrator.config.workload import BenchConfig
+
+# Limits on one launch's workload. Beyond them a benchmark is a typo (or days of GPU time), and merely building
+# its request sequence pins a CPU and fills memory with no output.
+MAX_REQUESTS_PER_LAUNCH = 100_000
+MAX_OUTPUT_TOKENS_PER_LAUNCH = 100_000_000
+MAX_PROMPT_TOKEN_IDS = 20_000_000  # --prompts random holds requests x input_len token ids in memory
+# Without calibration the time is a lower bound: few real servers decode one stream faster than this.
+ASSUMED_MAX_STREAM_TPS = 1000.0
+# Without calibration or a claim the plan line shows the time at these per-stream speeds (a 2-core CPU decodes a
+# small model at tens of tok/s; a GPU server a few hundred): the user knows which is closer to their engine.
+EXAMPLE_STREAM_TPS = (30.0, 300.0)
+
+# Per-stream output tok/s at a concurrency level, and the fixed seconds of one launch (loading, warmup).
+ArmSpeed = tuple[Callable[[int], float], float]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The work an experiment will do, computed from the options alone (nothing generated, nothing launched)."""
+
+    launches: int
+    runs_per_launch: int
+    requests_per_launch: int
+    output_tokens_per_launch: int
+    prompt_token_ids_per_launch: int
+    seconds: float
+    calibrated: bool
+    shortest_run_s: float | None = None  # the quickest timed run by the simulator's calibration (None: unknown)
+    min_run_s: float = 0.0
+    warmups: int = 0  # of runs_per_launch
+    stream_tokens: int = 0  # output tokens each stream decodes one after another, over every launch
+    claimed: bool = False  # the speeds are the profiles' claims (expect.tok_s), not the simulator's calibration
+
+    def time_text(self) -> str:
+        """The estimate as the plan line says it: "about 2 min", or "at least 2 min" without calibration or claim."""
+        return f"{'about' if self.calibrated or self.claimed else 'at least'} {_duration(self.seconds)}"
+
+    def _when(self, least: Plan | None) -> str:
+        since = f"{_duration(least.seconds)} to " if least is not None else ""
+        if self.calibrated:
+            return f"{since}{self.time_text()} (simulator calibration)"
+        if self.claimed:
+            return f"{since}{self.time_text()} (at each profile's expect.tok_s per stream; server loading not counted)"
+        low = f"{least.stream_tokens} to " if least is not None else ""
+
+        def span(tps: float) -> str:
+            low = f"{_duration(least.stream_tokens / tps)} to " if least is not None else ""
+            return f"{low}{_duration(self.stream_tokens / tps)}"
+
+        slow, fast = EXAMPLE_STREAM_TPS
+        return (
+            f"unknown for this engine until it runs: {low}{self.stream_tokens} output tokens decoded one after "
+            f"another per stream (about {span(slow)} at {slow:.0f} tok/s per stream, {span(fast)} at {fast:.0f}) "
+            "plus loading the server for every launch; --sim or the profiles' expect.tok_s give an estimate"
+        )
+
+    def line(self, least: Plan | None = None) -> str:
+        """The plan in one line; with `least` (--blocks auto's minimum), the range from it to this maximum."""
+        when = self._when(least)
+        if least is not None:
+            return (
+                f"plan (--blocks auto): {least.launches} to {self.launches} launches, stopping as soon as every "
+                f"comparison is decided; per launch {self.runs_per_launch} runs, {self.requests_per_launch} requests "
+                f"and {self.output_tokens_per_launch} output tokens; time {when}"
+            )
+        warm = f" (+{self.warmups} warmup)" if self.warmups else ""
+        return (
+            f"plan: {self.launches} launch(es) x {self.runs_per_launch - self.warmups} runs{warm}, "
+            f"{self.requests_per_launch} requests and {self.output_tokens_per_launch} output tokens per launch; "
+            f"time {when}"
+        )
+
+    def refusal(self) -> str | None:
+        """Why this plan is refused (the limit and how to get under it), or None."""
+        if self.requests_per_launch > MAX_REQUESTS_PER_LAUNCH:
+            return (
+                f"{self.requests_per_launch} requests per launch is over the limit of {MAX_REQUESTS_PER_LAUNCH} "
+                "(warmups + runs x sum of --concurrency levels x --requests-per-stream); lower --runs, "
+                "--concurrency or --requests-per-stream"
+            )
+        if self.output_tokens_per_launch > MAX_OUTPUT_TOKENS_PER_LAUNCH:
+            return (
+                f"{self.output_tokens_per_launch} output tokens per launch is over the limit of "
+                f"{MAX_OUTPUT_TOKENS_PER_LAUNCH}; lower --max-tokens or the number of requests"
+            )
+        if self.prompt_token_ids_per_launch > MAX_PROMPT_TOKEN_IDS:
+            return (
+                f"{self.prompt_token_ids_per_launch} random prompt tokens per launch is over the limit of "
+                f"{MAX_PROMPT_TOKEN_IDS}; lower --input-len or the number of requests"
+            )
+        return None
+
+    def too_short(self) -> str | None:
+        """Why the simulator's calibration expects every run of an arm to be invalid (shorter than --min-run-s):
+        `orch ab` warns before launching, a nightly suite refuses the item."""
+        if self.calibrated and self.shortest_run_s is not None and self.shortest_run_s < self.min_run_s:
+            return (
+                f"by the simulator's calibration the quickest arm's runs would last about {self.shortest_run_s:.2f}s, "
+                f"under --min-run-s {self.min_run_s:g}s, so they would be invalid; raise --max-tokens (or "
+                "--requests-per-stream) or lower --min-run-s"
+            )
+        return None
+
+
+def plan(
+    config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrated: bool, claimed: bool = False
+) -> Plan:
+    """What `config` asks of each launch, and a time estimate from each arm's speed; pure arithmetic."""
+    timed = sum(config.requests_per_run(c) for c in config.concurrency) * config.runs
+    requests = config.warmup + timed
+    tokens = config.warmup * config.warmup_max_tokens + timed * config.max_tokens
+    prompt_ids = requests * (config.input_len or 128) if config.prompts == "random" else 0
+    seconds = 0.0
+    shortest = float("inf")
+    stream_tokens = 0
+    for speed, setup_s in arms:
+        seconds += setup_s + config.warmup * config.warmup_max_tokens / speed(1)
+        stream_tokens += config.warmup * config.warmup_max_tokens
+        for c in config.concurrency:
+            # The c streams run side by side; each sends requests_per_stream requests one after another.
+            run_s = config.requests_per_stream * config.max_tokens / speed(c)
+            seconds += config.runs * run_s
+            stream_tokens += config.runs * config.requests_per_stream * config.max_tokens
+            shortest = min(shortest, run_s)
+    return Plan(
+        launches=len(arms) * blocks,
+        runs_per_launch=config.warmup + config.runs * len(config.concurrency),
+        requests_per_launch=requests,
+        output_tokens_per_launch=tokens,
+        prompt_token_ids_per_launch=prompt_ids,
+        seconds=seconds * blocks,
+        calibrated=calibrated,
+        shortest_run_s=shortest if arms and config.runs else None,
+        min_run_s=config.min_run_s,
+        warmups=config.warmup,
+        stream_tokens=stream_tokens * blocks,
+        claimed=claimed and not calibrated,
+    )
+
+
+def assumed_speed() -> ArmSpeed:
+    return (lambda c: ASSUMED_MAX_STREAM_TPS), 0.0
+
+
+def claimed_speed(tok_s: float) -> ArmSpeed:
+    """A profile's claimed single-stream tok/s (expect.tok_s) as its speed at every level, loading not counted."""
+    return (lambda c: tok_s), 0.0
+
+
+def sim_speed(env: Mapping[str, str], server_flags: Sequence[str]) -> ArmSpeed | None:
+    """The simulator's calibrated speed for a launch with this env and these flags (None: it would not start)."""
+    from orchestrator.sim.args import SimArgError
+    from orchestrator.sim.knobs import knob_float, read_knobs
+    from orchestrator.sim.timing import TimingModel
+    from orchestrator.sim.vllm_args import parse_launch_args
+
+    try:
+        # argparse reports a bad flag on stderr and exits; the launch itself will say so properly.
+        with contextlib.redirect_stderr(io.StringIO()):
+            cfg = parse_launch_args(list(server_flags))
+        knobs = read_knobs(env)
+    except (SimArgError, ValueError, SystemExit):
+        return None
+    model = TimingModel.from_knobs(knobs, cfg.spec, 1.0, cfg.chunked_prefill_size)
+    return model.steady_tokens_per_s, knob_float(knobs, "load_s") + knob_float(knobs, "warmup_s")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"

@@ -1,0 +1,265 @@
+"""Benchmark runs on a launched server: the runner (client on the host, or local) and the warmup/timed-run loop."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from orchestrator.config.workload import BenchConfig, request_items
+from orchestrator.engines import Engine
+from orchestrator.errors import BenchError
+from orchestrator.results.run import RunResult
+from orchestrator.ui import progress
+
+if TYPE_CHECKING:  # `orch show` imports this module for its result types: no asyncio client, psutil or simulator
+    from orchestrator.hosts.base import Host
+
+
+GPU_PROBE_AFTER_S = 0.2  # into the run: the GPUs are busy, and even short test runs last longer
+GPU_PROBE_TIMEOUT_S = 90.0  # op_gpus runs nvidia-smi twice, each bounded at 30 s
+MAX_RECOVERIES = 3
+
+
+# A runner sends one run's requests (bodies, their max tokens, the concurrency) and returns client.summarize_run's dict.
+# With probe_gpus=True it also reads the GPUs' state during the run (summary["gpus"]; None if the run was too short).
+Runner = Callable[[list[dict[str, Any]], list[int], int, bool], dict[str, Any]]
+
+
+def host_runner(
+    host: Host, address: str, port: int, config: BenchConfig, watch: list[dict[str, Any]] | None = None
+) -> Runner:
+    """The client runs on the host, through the host-side agent: no laptop network jitter in the numbers.
+    `watch` (the launch's recorded processes) is checked there once a second: a run stops the moment one exits."""
+
+    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
+        rounds = -(-len(bodies) // concurrency)
+        result: dict[str, Any] = host.call(
+            "bench_run",
+            call_timeout=60 + config.request_timeout_s * rounds,
+            address=address,
+            port=port,
+            endpoint=config.endpoint,
+            bodies=bodies,
+            max_tokens=max_tokens,
+            concurrency=concurrency,
+            timeout_s=config.request_timeout_s,
+            min_duration_s=0.0,
+            gpu_probe=host.config.nvidia_smi if probe_gpus else None,
+            stall_s=config.stall_timeout_s,
+            first_token_s=config.first_token_timeout_s,
+            watch=watch,
+        )
+        return result
+
+    return run
+
+
+def local_runner(
+    base_url: str, config: BenchConfig, host: Host | None = None, watch: list[dict[str, Any]] | None = None
+) -> Runner:
+    """The client runs in this process against base_url (for a remote host: the SSH tunnel's local end).
+    GPU probes and the liveness checks of `watch` go to `host` from other threads (the agent is idle meanwhile)."""
+    parts = urlsplit(base_url)
+    if parts.hostname is None or parts.port is None:
+        raise BenchError(f"cannot benchmark {base_url!r}: expected http://HOST:PORT")
+    address, port, gpu_host = parts.hostname, parts.port, host
+
+    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
+        reading: list[dict[str, Any]] = []
+        probe = None
+        if probe_gpus and gpu_host is not None:
+            target = gpu_host
+
+            def read() -> None:
+                # A probe is a nicety: it never fails a run, and never prints a thread traceback into one.
+                with contextlib.suppress(Exception):
+                    smi = target.config.nvidia_smi
+                    reading.append(target.call("gpus", call_timeout=GPU_PROBE_TIMEOUT_S, nvidia_smi=smi))
+
+            probe = threading.Timer(GPU_PROBE_AFTER_S, read)
+            probe.daemon = True
+            probe.start()
+        watchdog = None
+        if watch and gpu_host is not None:
+            checked = gpu_host
+
+            def watchdog() -> str | None:
+                state: dict[str, Any] = checked.call("launch_health", procs=watch)
+                return None if state["ok"] else str(state["problem"])
+
+        try:
+            from orchestrator.client import runner as client
+
+            result = client.run(
+                address,
+                port,
+                config.endpoint,
+                bodies,
+                max_tokens,
+                concurrency,
+                config.request_timeout_s,
+                stall_s=config.stall_timeout_s,
+                first_token_s=config.first_token_timeout_s,
+                watchdog=watchdog,
+            )
+        finally:
+            if probe is not None:
+                probe.cancel()
+                probe.join(timeout=GPU_PROBE_TIMEOUT_S)
+        result["gpus"] = reading[0] if reading else None
+        return result
+
+    return run
+
+
+def with_engine_counters(runner: Runner, engine: Engine) -> Runner:
+    """A runner whose runs take their speculative statistics from the engine's own /metrics counters when the
+    responses carried none (vLLM reports them only there; SGLang there too without per-request meta_info)."""
+
+    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
+        summary = runner(bodies, max_tokens, concurrency, probe_gpus)
+        if summary.get("spec_accept_length") is None:
+            counted = engine.spec_from_counters(summary.get("counter_deltas") or {})
+            if counted is not None:
+                summary["spec_accept_length"] = counted.accept_length
+                summary["accept_source"] = counted.source
+                summary["spec"] = {
+                    "drafted": counted.drafted,
+                    "accepted": counted.accepted,
+                    "acceptance_rate": counted.acceptance_rate,
+                }
+                if counted.per_position and counted.drafts:
+                    # Accepted tokens at draft position 1, 2, … and the drafts behind them: orch whatif's acceptance
+                    # per position.
+                    summary["spec"]["per_position"] = list(counted.per_position)
+                    summary["spec"]["drafts"] = counted.drafts
+        return summary
+
+    return run
+
+
+def runner_for(
+    host: Host,
+    address: str,
+    port: int,
+    base_url: str,
+    config: BenchConfig,
+    engine: Engine,
+    *,
+    watch: list[dict[str, Any]] | None = None,
+    probe_gpus: bool = True,
+) -> Runner:
+    """The runner for config.client (on the host through the agent, or here against base_url) whose runs take the
+    engine's own counters where the responses carried no speculative statistics. probe_gpus=False: never read the
+    GPUs (an attached server's GPUs are not known to be the ones --host can see)."""
+    inner = (
+        host_runner(host, address, port, config, watch)
+        if config.client == "host"
+        else local_runner(base_url, config, host if probe_gpus or watch else None, watch)
+    )
+    counted = with_engine_counters(inner, engine)
+    if probe_gpus:
+        return counted
+    return lambda bodies, max_tokens, concurrency, _probe: counted(bodies, max_tokens, concurrency, False)
+
+
+def run_benchmark(
+    runner: Runner,
+    config: BenchConfig,
+    *,
+    model: str,
+    on_run: Callable[[RunResult], None] | None = None,
+    recover: Callable[[str], bool] | None = None,
+) -> list[RunResult]:
+    """Warmups, then timed runs at each concurrency level; `on_run` sees each run the moment it finishes.
+
+    A run with failed requests calls `recover` (reconnect, check the server); if the server is whole and healthy the
+    run is repeated from the start (never stitched together), at most MAX_RECOVERIES times per benchmark, after
+    which it is recorded as invalid. If the server is gone or unhealthy, BenchError (recorded as an invalid run
+    first, so it is stored).
+    """
+    from orchestrator.client import runner as client
+
+    items = request_items(config)
+    position = 0
+    results: list[RunResult] = []
+    recoveries = 0
+
+    def one(index: int, warm: bool, concurrency: int, n: int, max_tokens: int) -> None:
+        nonlocal position, recoveries
+        chunk = items[position : position + n]
+        position += n
+        bodies = [client.build_body(config.endpoint, it, max_tokens, model) for it in chunk]
+        while True:
+            # The GPUs are read once per launch, at the same point of every launch so launches compare like for like:
+            # during the last warmup (busy GPUs, and nvidia-smi never disturbs a measured run), or without warmups
+            # during the first timed run.
+            probe = (warm and index == config.warmup - 1) or (
+                config.warmup == 0 and not warm and index == 0 and concurrency == config.concurrency[0]
+            )
+            progress.phase(
+                "warmup" if warm else "run",
+                index=index,
+                of=config.warmup if warm else config.runs,
+                concurrency=concurrency,
+            )
+            summary = runner(bodies, [max_tokens] * n, concurrency, probe)
+            if summary.get("aborted"):
+                # The watchdog saw the launch break (a process exited): nothing to check or repeat.
+                stopped = RunResult.from_summary(index, warm, summary)
+                results.append(stopped)
+                if on_run is not None:
+                    on_run(stopped)
+                raise BenchError(
+                    f"the launch broke during run {index + 1} at concurrency {concurrency}: {summary['aborted']}; "
+                    "the run was stopped at once and not repeated. The server's log is named above"
+                )
+            if not summary["errors"] or recover is None:
+                break
+            first = next(r["error"] for r in summary["per_request"] if r["error"])
+            which = f"{'warmup' if warm else 'run'} {index + 1}/{config.warmup if warm else config.runs}"
+            left = recoveries < MAX_RECOVERIES
+            what = (
+                f"{which} at concurrency {concurrency}: {summary['errors']} of {summary['requests']} requests failed "
+                f"(first: {first}); checking the connection and the server, then "
+                + (
+                    f"repeating the run if both are fine (repeat {recoveries + 1} of at most {MAX_RECOVERIES} in "
+                    "this launch)"
+                    if left
+                    else f"keeping the run, invalid: no repeats left ({MAX_RECOVERIES} per launch)"
+                )
+            )
+            # The server is checked either way: a dead one ends the launch now instead of failing every later run.
+            if not recover(what):
+                failed = RunResult.from_summary(index, warm, summary)
+                results.append(failed)
+                if on_run is not None:
+                    on_run(failed)  # the failed run is stored too: it is the evidence of what happened
+                raise BenchError(
+                    f"the server failed during run {index + 1} at concurrency {concurrency} ({first}); "
+                    "the launch was torn down and the run not repeated. Its log is named above"
+                )
+            if not left:
+                break
+            recoveries += 1
+        if not warm and summary["window_s"] < config.min_run_s and summary["valid"]:
+            summary = {
+                **summary,
+                "valid": False,
+                "invalid_reason": f"run lasted {summary['window_s']:.2f}s, shorter than the minimum "
+                f"{config.min_run_s:.2f}s (raise --max-tokens or lower --min-run-s)",
+            }
+        run = RunResult.from_summary(index, warm, summary)
+        results.append(run)
+        if on_run is not None:
+            on_run(run)
+
+    for i in range(config.warmup):
+        one(i, True, 1, 1, config.warmup_max_tokens)
+    for c in config.concurrency:
+        for i in range(config.runs):
+            one(i, False, c, config.requests_per_run(c), config.max_tokens)
+    return results

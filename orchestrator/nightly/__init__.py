@@ -1,0 +1,6 @@
+"""The nightly regression suite: `suite` (the YAML file), `night` (run its items, store each at once), `fanout` and
+`child` (Slurm items in parallel), `history` and `changepoint` (each series over nights, per environment), `result`
+(tonight's verdicts and exit code) and `report` (the night in Markdown and text).
+"""
+
+__all__ = ["changepoint", "child", "fanout", "history", "night", "report", "result", "suite"]

@@ -1,0 +1,490 @@
+"""A nightly suite file: its items (A/B experiments and single-profile checks), metrics, thresholds and limits."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator import engines, yamlfile
+from orchestrator.client.request import ENDPOINTS
+from orchestrator.config import limits
+from orchestrator.config import profile as profiles_mod
+from orchestrator.config.profile import Profile
+from orchestrator.config.prompts import BUNDLED_SETS
+from orchestrator.config.workload import CLIENT_PLACES, BenchConfig, request_items
+from orchestrator.errors import InputError, OrchError
+from orchestrator.fields import (
+    FieldError,
+    boolean,
+    choice,
+    did_you_mean,
+    int_range,
+    key_name,
+    nonempty_str,
+    show,
+)
+from orchestrator.stats import estimates
+
+
+class SuiteError(InputError):
+    """A suite file is missing, malformed or invalid: the message names the file, the item and the field."""
+
+
+# What a metric measures and which way is worse. A/B items also track each arm's ratio to the baseline.
+METRICS: dict[str, tuple[str, bool]] = {
+    "tok_s": ("per-stream output tok/s", True),
+    "agg_tok_s": ("aggregate output tok/s over all streams", True),
+    "ttft_p99": ("time to first token, p99 (s)", False),
+    "accept_length": ("speculative accept length", True),
+}
+FAIL_ON = ("slower", "different", "env")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+DEFAULT_THRESHOLD = 0.03
+DEFAULT_DEADLINE_S = 6 * 3600.0
+DEFAULT_WAIT_S = 1800.0
+DEFAULT_TIMEOUT_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One tracked metric of an item: name, at which concurrency level, and the change worth waking someone for."""
+
+    name: str
+    concurrency: int | None  # None: the item's first level
+    threshold: float
+
+    @property
+    def higher_is_better(self) -> bool:
+        return METRICS[self.name][1]
+
+    @property
+    def key(self) -> str:
+        """As written in the suite file: `tok_s` or `agg_tok_s@32`."""
+        return self.name + (f"@{self.concurrency}" if self.concurrency is not None else "")
+
+
+@dataclass(frozen=True)
+class Item:
+    """One thing measured every night: an A/B (two or more profiles, the first the baseline) or one profile."""
+
+    name: str
+    profiles: tuple[Profile, ...]
+    host: str
+    sim: bool
+    bench: BenchConfig
+    blocks: int
+    order: str
+    metrics: tuple[Metric, ...]
+    threshold: float  # also the A/B's smallest difference worth calling (its min_effect)
+    timeout_s: float
+    fail_on: tuple[str, ...] = ()
+    strict_env: bool = False
+    allow_node_mismatch: bool = False  # a multi-node item: launch even if its nodes differ (recorded, reported)
+    ready_timeout_s: float | None = None
+    grace_s: float = 10.0
+    gpu_wait_s: float = 120.0
+    port: int | None = None  # every launched arm serves here, not on its profile's port (a shared box)
+
+    @property
+    def kind(self) -> str:
+        return "ab" if len(self.profiles) > 1 else "bench"
+
+    @property
+    def levels(self) -> tuple[int, ...]:
+        return self.bench.concurrency
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    path: Path
+    sha256: str  # of the file as read: which version of the suite a night ran
+    items: tuple[Item, ...]
+    deadline_s: float = DEFAULT_DEADLINE_S
+    wait_s: float = DEFAULT_WAIT_S
+    confirm: bool = True  # re-measure an item that looks like a regression before reporting it
+    min_history: int = 5
+    inventory: str | None = None
+    fan_out: bool = False  # items on Slurm hosts each run in their own allocation, in parallel
+    fields: dict[str, Any] = field(default_factory=dict, compare=False)  # the file's top-level mapping, as read
+
+
+# ---------------------------------------------------------------- value parsers
+
+
+_TIME_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*")
+
+
+def _seconds_of(v: Any) -> float | None:
+    """A number of seconds, or "90s", "45m", "2h"; None for anything else."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str) and (m := _TIME_RE.fullmatch(v)):
+        return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+    return None
+
+
+def duration(v: Any) -> float:
+    """90, "90s", "45m", "2h" -> seconds."""
+    seconds = _seconds_of(v)
+    if seconds is None:
+        raise FieldError(f"expected a duration such as 90s, 45m or 2h, got {show(v)}")
+    if not 1 <= seconds <= 7 * 86400:
+        raise FieldError(f"expected a duration from 1s to 7 days, got {show(v)}")
+    return seconds
+
+
+def seconds(lo: float, hi: float) -> Callable[[Any], float]:
+    """A time in seconds, as a number or a duration ("30s", "2m"), within [lo, hi]."""
+
+    def check(v: Any) -> float:
+        value = _seconds_of(v)
+        if value is None or not lo <= value <= hi:  # NaN fails the range too
+            raise FieldError(f"expected seconds from {lo:g} to {hi:g}, as a number or a duration such as 30s or 2m, "
+                             f"got {show(v)}")  # fmt: skip
+        return value
+
+    return check
+
+
+def percentage(v: Any) -> float:
+    """ "3%" or 0.03 -> 0.03 (more than 0 and less than 50 %)."""
+    expected = "a percentage such as 3% or a fraction such as 0.03, more than 0% and less than 50%"
+    if isinstance(v, bool):
+        raise FieldError(f"expected {expected}, got {show(v)}")
+    try:
+        if isinstance(v, str):
+            text = v.strip()
+            value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        elif isinstance(v, int | float):
+            value = float(v)
+        else:
+            raise ValueError
+    except ValueError:
+        raise FieldError(f"expected {expected}, got {show(v)}") from None
+    if not 0 < value < 0.5:
+        raise FieldError(f"expected {expected}, got {show(v)}")
+    return value
+
+
+def _levels(v: Any) -> tuple[int, ...]:
+    items = v if isinstance(v, list) else [v]
+    check = int_range(1, 4096)
+    levels = tuple(check(x) for x in items)
+    if not levels or len(set(levels)) != len(levels):
+        raise FieldError(f"expected distinct concurrency levels from 1 to 4096, got {show(v)}")
+    return levels
+
+
+def _fail_on(v: Any) -> tuple[str, ...]:
+    items = v if isinstance(v, list) else [p.strip() for p in str(v).split(",")] if isinstance(v, str) else None
+    if not items:
+        raise FieldError(f"expected one or more of {', '.join(FAIL_ON)}, got {show(v)}")
+    return tuple(choice(FAIL_ON)(x) for x in items)
+
+
+def _metric(spec: Any, threshold: float) -> Metric:
+    if not isinstance(spec, str):
+        raise FieldError(f"expected a metric name such as tok_s or agg_tok_s@32, got {show(spec)}")
+    name, _, at = spec.partition("@")
+    if name not in METRICS:
+        valid = ", ".join(f"{k} ({v[0]})" for k, v in METRICS.items())
+        raise FieldError(f"unknown metric {show(name)}{did_you_mean(name, METRICS)}; valid: {valid}")
+    level = None
+    if at:
+        if not at.isdigit() or not 1 <= int(at) <= 4096:
+            raise FieldError(f"{show(spec)}: after '@' comes a concurrency level from 1 to 4096")
+        level = int(at)
+    return Metric(name, level, threshold)
+
+
+# ---------------------------------------------------------------- the file
+
+WORKLOAD_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "runs": int_range(*limits.INT_RANGES["runs"]),
+    "warmup": int_range(*limits.INT_RANGES["warmup"]),
+    "max_tokens": int_range(*limits.INT_RANGES["max_tokens"]),
+    "seed": int_range(-(2**63), 2**63 - 1),
+    "concurrency": _levels,
+    "requests_per_stream": int_range(*limits.INT_RANGES["requests_per_stream"]),
+    "endpoint": choice(tuple(ENDPOINTS)),
+    "prompts": nonempty_str,
+    "input_len": int_range(*limits.INT_RANGES["input_len"]),
+    "client": choice(tuple(CLIENT_PLACES)),
+    "min_run_s": seconds(0.0, 86400.0),
+    "stall_timeout": seconds(0.5, 86400.0),
+    "first_token_timeout": seconds(0.5, 86400.0),
+}
+ITEM_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "name": nonempty_str,
+    "ab": lambda v: v,  # checked with the profiles, below
+    "bench": lambda v: v,
+    "host": nonempty_str,
+    "sim": boolean,
+    "blocks": int_range(1, 100),
+    "order": choice(estimates.ORDERS),
+    "metrics": lambda v: v,
+    "threshold": percentage,
+    "timeout": duration,
+    "fail_on": _fail_on,
+    "strict_env": boolean,
+    "allow_node_mismatch": boolean,
+    "ready_timeout": seconds(1.0, 86400.0),
+    "grace": seconds(0.0, 600.0),
+    "gpu_wait": seconds(0.0, 3600.0),
+    "port": int_range(1, 65535),
+    "workload": lambda v: v,
+}
+TOP_FIELDS: dict[str, Callable[[Any], Any]] = {
+    "suite": nonempty_str,
+    "deadline": duration,
+    "wait": lambda v: 0.0 if v == 0 else duration(v),
+    "confirm": boolean,
+    "min_history": int_range(3, 100),
+    "fan_out": boolean,
+    "inventory": nonempty_str,
+    "defaults": lambda v: v,
+    "items": lambda v: v,
+}
+
+
+def _checked(data: Mapping[Any, Any], schema: Mapping[str, Callable[[Any], Any]], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        checker = schema.get(str(key))
+        if checker is None:
+            valid = ", ".join(schema)
+            raise SuiteError(f"{where}: {key_name(key)}: unknown field{did_you_mean(str(key), schema)}; valid: {valid}")
+        if value is None:
+            continue
+        try:
+            out[str(key)] = checker(value)
+        except FieldError as e:
+            raise SuiteError(f"{where}: {key_name(key)}: {e}") from None
+    return out
+
+
+def _mapping(v: Any, where: str) -> Mapping[Any, Any]:
+    if not isinstance(v, Mapping):
+        raise SuiteError(f"{where}: expected a mapping of fields, got {show(v)}")
+    return v
+
+
+def _load_profile(ref: Any, base: Path, where: str) -> Profile:
+    if not isinstance(ref, str) or not ref.strip():
+        raise SuiteError(f"{where}: expected a profile name or file, got {show(ref)}")
+    path = Path(ref)
+    if (path.suffix in (".yaml", ".yml") or "/" in ref) and not path.is_absolute():
+        ref = str(base / path)  # relative to the suite file, wherever cron starts orch
+    try:
+        return profiles_mod.load(ref, cwd=base)
+    except OrchError as e:
+        raise SuiteError(f"{where}: {e}") from None
+
+
+def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: str) -> Item:
+    data = _mapping(raw, f"{where}: items[{index}]")
+    name = data.get("name")
+    label = f"{where}: item {name!r}" if isinstance(name, str) and name else f"{where}: items[{index}]"
+    if "name" not in data:
+        raise SuiteError(f"{label}: name: required (letters, digits, '.', '_', '-'; unique in the suite)")
+    merged = {**defaults, **data}
+    if isinstance(defaults.get("workload"), Mapping) and isinstance(data.get("workload"), Mapping):
+        # A workload in the defaults and one in the item merge field by field: the item overrides what it names.
+        merged["workload"] = {**defaults["workload"], **data["workload"]}
+    fields = _checked(merged, ITEM_FIELDS, label)
+    if not NAME_RE.match(fields["name"]):
+        raise SuiteError(f"{label}: name: expected letters, digits, '.', '_', '-' (at most 64), got {show(name)}")
+    if ("ab" in fields) == ("bench" in fields):
+        raise SuiteError(f"{label}: give exactly one of ab: [BASELINE, OTHER, ...] (an A/B) or bench: PROFILE")
+    if "ab" in fields:
+        refs = fields["ab"]
+        if not isinstance(refs, list) or len(refs) < 2:
+            raise SuiteError(f"{label}: ab: expected a list of two or more profiles (the first is the baseline)")
+        profiles = tuple(_load_profile(r, base, f"{label}: ab[{i}]") for i, r in enumerate(refs))
+    else:
+        profiles = (_load_profile(fields["bench"], base, f"{label}: bench"),)
+    try:
+        profiles_mod.check_distinct_names(list(profiles))
+    except OrchError as e:
+        raise SuiteError(f"{label}: {e}") from None
+    workload = _checked(
+        _mapping(fields.get("workload", {}), f"{label}: workload"), WORKLOAD_FIELDS, f"{label}: workload"
+    )
+    prompts = workload.get("prompts", "builtin")
+    if prompts not in ("builtin", "random", *BUNDLED_SETS) and not Path(prompts).is_absolute():
+        prompts = str(base / prompts)
+    bench = BenchConfig(
+        runs=workload.get("runs", 5),
+        warmup=workload.get("warmup", 2),
+        max_tokens=workload.get("max_tokens", 2048),
+        seed=workload.get("seed", 0),
+        concurrency=workload.get("concurrency", (1,)),
+        requests_per_stream=workload.get("requests_per_stream", 1),
+        endpoint=workload.get("endpoint") or _common_endpoint(profiles, label),
+        prompts=prompts,
+        input_len=workload.get("input_len"),
+        client=workload.get("client", "host"),
+        min_run_s=workload.get("min_run_s", 1.0),
+        stall_timeout_s=workload.get("stall_timeout", 60.0),
+        first_token_timeout_s=workload.get("first_token_timeout", 180.0),
+    )
+    blocks = fields.get("blocks", 3 if len(profiles) > 1 else 1)
+    try:
+        # What an arm's engine cannot do (an endpoint, --sim) is refused tonight, not at 3 a.m.
+        engines.check_use(profiles, bench.endpoint, simulate=fields.get("sim", False))
+    except InputError as e:
+        raise SuiteError(f"{label}: {e}") from None
+    _check_plan(bench, profiles, blocks, fields.get("sim", False), label)
+    threshold = fields.get("threshold", DEFAULT_THRESHOLD)
+    metrics = _metrics(fields.get("metrics", ["tok_s"]), threshold, bench.concurrency, label)
+    if "accept_length" in {m.name for m in metrics} and not any(p.speculative for p in profiles):
+        raise SuiteError(f"{label}: metrics: accept_length needs a profile with speculative decoding")
+    fail_on = fields.get("fail_on", ())
+    if fail_on and len(profiles) < 2 and any(p.expect is None for p in profiles) and set(fail_on) - {"env"}:
+        raise SuiteError(
+            f"{label}: fail_on: {', '.join(fail_on)} needs something to compare with: an A/B (ab:) or an expect: "
+            f"block in profile {profiles[0].name}"
+        )
+    return Item(
+        name=fields["name"],
+        profiles=profiles,
+        host=fields.get("host", "local"),
+        sim=fields.get("sim", False),
+        bench=bench,
+        blocks=blocks,
+        order=fields.get("order", "random"),
+        metrics=metrics,
+        threshold=threshold,
+        timeout_s=fields.get("timeout", DEFAULT_TIMEOUT_S),
+        fail_on=fail_on,
+        strict_env=fields.get("strict_env", False),
+        allow_node_mismatch=fields.get("allow_node_mismatch", False),
+        ready_timeout_s=fields.get("ready_timeout"),
+        grace_s=fields.get("grace", 10.0),
+        gpu_wait_s=fields.get("gpu_wait", 120.0),
+        port=fields.get("port"),
+    )
+
+
+def _common_endpoint(profiles: tuple[Profile, ...], label: str) -> str:
+    try:
+        return engines.common_endpoint([p.engine for p in profiles])
+    except InputError as e:
+        raise SuiteError(f"{label}: workload.endpoint: {e}") from None
+
+
+def _check_plan(bench: BenchConfig, profiles: tuple[Profile, ...], blocks: int, sim: bool, label: str) -> None:
+    """What `orch ab` refuses before launching (an absurd plan, a bad prompt file), refused before the night."""
+    try:
+        work = limits.checked_plan(bench, profiles, blocks=blocks, sim=sim)
+    except limits.PlanError as e:
+        raise SuiteError(f"{label}: workload: {e}") from None
+    refusal = work.too_short()
+    if refusal:
+        raise SuiteError(f"{label}: workload: {refusal}")
+    try:
+        request_items(bench)
+    except OrchError as e:
+        raise SuiteError(f"{label}: workload: {e}") from None
+
+
+def _metrics(raw: Any, threshold: float, levels: tuple[int, ...], label: str) -> tuple[Metric, ...]:
+    """A list of names (each with the item's threshold) or a mapping name -> its own threshold."""
+    where = f"{label}: metrics"
+    if isinstance(raw, str):
+        raw = [raw]
+    if isinstance(raw, list):
+        pairs = [(spec, threshold) for spec in raw]
+    elif isinstance(raw, Mapping):
+        pairs = []
+        for spec, value in raw.items():
+            try:
+                pairs.append((spec, threshold if value is None else percentage(value)))
+            except FieldError as e:
+                raise SuiteError(f"{where}: {key_name(spec)}: {e}") from None
+    else:
+        raise SuiteError(f"{where}: expected a list such as [tok_s, ttft_p99] or a mapping such as {{tok_s: 3%}}")
+    if not pairs:
+        raise SuiteError(f"{where}: empty; name at least one of {', '.join(METRICS)}")
+    out: list[Metric] = []
+    for spec, th in pairs:
+        try:
+            metric = _metric(spec, th)
+        except FieldError as e:
+            raise SuiteError(f"{where}: {e}") from None
+        if metric.concurrency is not None and metric.concurrency not in levels:
+            raise SuiteError(
+                f"{where}: {metric.key}: the workload runs concurrency {', '.join(map(str, levels))} only; "
+                f"add {metric.concurrency} to workload.concurrency or measure at one of those"
+            )
+        if metric.key in {m.key for m in out}:
+            raise SuiteError(f"{where}: {metric.key} listed twice")
+        out.append(metric)
+    return tuple(out)
+
+
+def load(path: str | Path) -> Suite:
+    """Read and validate a suite file, profiles included; every problem is a SuiteError naming file, item, field."""
+    p = Path(path)
+    if p.is_dir():
+        raise SuiteError(f"{p}: is a directory; give the suite's YAML file")
+    if not yamlfile.is_file(p):
+        raise SuiteError(f"{p}: no such suite file")
+    raw_bytes = p.read_bytes()
+    data = yamlfile.load(p, SuiteError, "nightly suite file")
+    where = str(p)
+    if data is None:
+        raise SuiteError(f"{where}: empty; a suite needs at least `items:` (see docs/nightly.md)")
+    top = _checked(_mapping(data, where), TOP_FIELDS, where)
+    defaults = _mapping(top.get("defaults", {}), f"{where}: defaults")
+    if "name" in defaults:
+        raise SuiteError(f"{where}: defaults: name: every item needs its own name")
+    _checked(defaults, ITEM_FIELDS, f"{where}: defaults")
+    if "workload" in defaults:
+        _checked(
+            _mapping(defaults["workload"], f"{where}: defaults: workload"),
+            WORKLOAD_FIELDS,
+            f"{where}: defaults: workload",
+        )
+    raw_items = top.get("items")
+    if not isinstance(raw_items, list) or not raw_items:
+        raise SuiteError(f"{where}: items: expected a list of one or more items (each with name and ab: or bench:)")
+    base = p.resolve().parent
+    items = tuple(_item(raw, defaults, i, base, where) for i, raw in enumerate(raw_items))
+    seen: set[str] = set()
+    for item in items:
+        if item.name in seen:
+            raise SuiteError(f"{where}: item {item.name!r}: name: used twice; item names must be unique")
+        seen.add(item.name)
+    name = top.get("suite", p.stem)
+    if not NAME_RE.match(name):
+        raise SuiteError(f"{where}: suite: expected letters, digits, '.', '_', '-' (at most 64), got {show(name)}")
+    inventory = top.get("inventory")
+    if inventory is not None and not Path(inventory).is_absolute():
+        inventory = str(base / inventory)
+    if inventory is None:
+        # Like `orch ab`'s lookup, but next to the suite instead of the working directory cron happens to use.
+        env = os.environ.get("ORCH_HOSTS")
+        candidates = [base / "hosts.yaml", Path(env) if env else profiles_mod.user_profile_dir().parent / "hosts.yaml"]
+        inventory = next((str(c) for c in candidates if yamlfile.is_file(c)), None)
+    return Suite(
+        name=name,
+        path=p.resolve(),
+        sha256=hashlib.sha256(raw_bytes).hexdigest(),
+        items=items,
+        deadline_s=top.get("deadline", DEFAULT_DEADLINE_S),
+        wait_s=top.get("wait", DEFAULT_WAIT_S),
+        confirm=top.get("confirm", True),
+        min_history=top.get("min_history", 5),
+        inventory=inventory,
+        fan_out=top.get("fan_out", False),
+        fields=dict(data),
+    )

@@ -1,0 +1,432 @@
+"""`orch report --html`: one self-contained HTML file (inline CSS and SVG plots, no scripts, no network) per result."""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from orchestrator import __version__
+from orchestrator.report import plots
+from orchestrator.report.experiment import SIM_BANNER, attached_banner, breakeven_lines, comparison_line, level_rows
+from orchestrator.results.model import ABResult, ArmResult, LaunchResult
+
+if TYPE_CHECKING:
+    from orchestrator.results.run import RunResult
+
+# launch id -> the store's per-request rows of that launch (store.requests): live results carry them in each run.
+Requests = Mapping[str, Sequence[Mapping[str, Any]]]
+
+CSS = """
+body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1f2328;max-width:1100px;margin:0 auto;
+padding:24px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:28px 0 8px;border-bottom:1px solid #d0d7de}
+.meta{color:#57606a;margin:0 0 12px}
+.banner{padding:10px 14px;border-radius:6px;font-weight:600;margin:10px 0}
+.sim{background:#fff8c5;border:2px solid #bf8700}.attached{background:#ffebe9;border:2px solid #cf222e}
+ul.verdicts{list-style:none;padding:0}ul.verdicts li{padding:8px 12px;margin:6px 0;border-left:6px solid #8c959f;
+background:#f6f8fa;font-family:ui-monospace,monospace;font-size:14px;font-weight:600}
+ul.verdicts li.v-faster{border-color:#1a7f37}ul.verdicts li.v-slower{border-color:#cf222e}
+ul.verdicts li.v-no-difference{border-color:#0969da}
+ul.verdicts li.v-inconclusive,ul.verdicts li.v-none{border-color:#bf8700}
+table{border-collapse:collapse;margin:8px 0;font-size:13px}th,td{padding:4px 10px;border-bottom:1px solid #d0d7de}
+th{background:#f6f8fa;text-align:left}td:first-child{white-space:nowrap}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+figure{margin:18px 0;padding:8px;border:1px solid #d0d7de;border-radius:6px}figure svg{width:100%;height:auto}
+figcaption{color:#57606a;font-size:13px;margin-top:4px}.note{color:#57606a}.warn{color:#9a6700}
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _table(rows: Sequence[Sequence[object]], table_id: str, numeric_from: int = 1) -> str:
+    head = "".join(f"<th>{_e(c)}</th>" for c in rows[0])
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="n">{_e(c)}</td>' if i >= numeric_from else f"<td>{_e(c)}</td>" for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows[1:]
+    )
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _figure(fig_id: str, svg: str, caption: str) -> str:
+    return f'<figure id="{fig_id}">{svg}<figcaption id="{fig_id}-cap">{_e(caption)}</figcaption></figure>'
+
+
+def _request_rows(run: RunResult, launch: LaunchResult, requests: Requests) -> list[Mapping[str, Any]]:
+    """A run's per-request summaries (index, tokens, ttft_s, e2e_s, error): from the run, or the store's rows."""
+    if run.per_request:
+        return list(run.per_request)
+    return [
+        {**r, "index": r.get("idx")}
+        for r in requests.get(launch.launch_id, ())
+        if not r.get("run_warmup") and r.get("run_concurrency") == run.concurrency and r.get("run_idx") == run.index
+    ]
+
+
+def _complete(rows: Sequence[Mapping[str, Any]]) -> list[tuple[float, float, int]]:
+    return [
+        (float(r["ttft_s"]), float(r["e2e_s"]), int(r["tokens"]))
+        for r in sorted(rows, key=lambda r: r.get("index") or 0)
+        if not r.get("error") and r.get("ttft_s") is not None and r.get("e2e_s") is not None
+    ]
+
+
+def _arrivals(rows: Sequence[Mapping[str, Any]]) -> list[tuple[Sequence[float], float, int]]:
+    """Each complete request's token-arrival profile (seconds from its start at 0 %, 10 %, ..., 100 % of its tokens),
+    end-to-end time and tokens; none for requests stored before orch kept the profile."""
+    out: list[tuple[Sequence[float], float, int]] = []
+    for r in sorted(rows, key=lambda r: r.get("index") or 0):
+        profile = r.get("arrivals_s")
+        if profile is None and r.get("arrivals_json"):
+            profile = json.loads(r["arrivals_json"])
+        if not r.get("error") and profile and r.get("e2e_s") is not None and r.get("tokens"):
+            out.append(([float(t) for t in profile], float(r["e2e_s"]), int(r["tokens"])))
+    return out
+
+
+def _runs(arm: ArmResult, level: int) -> list[tuple[LaunchResult, RunResult]]:
+    return [(launch, r) for launch in arm.launches for r in launch.timed_at(level)]
+
+
+def _tok_s_figure(result: ABResult, level: int) -> str:
+    arms = [
+        plots.ArmLaunches(
+            arm.label,
+            i,
+            [(la.block + 1, [r.tok_s for r in la.timed_at(level)], la.value_at(level)) for la in arm.launches],
+            arm.median_at(level),
+        )
+        for i, arm in enumerate(result.arms)
+    ]
+    fig_id = f"fig-tok-s-c{level}"
+    svg = plots.launch_points(fig_id, arms, f"tok/s per stream @ concurrency {level}")
+    return _figure(
+        fig_id,
+        svg,
+        f"tok/s per stream at concurrency {level}: each dot is a timed run, grouped by launch (bN: block N); a bar "
+        "marks a launch's value (the median of its runs), the dashed line the arm's median of launch values. "
+        "Comparisons rest on launches, so the spread between bars is the noise that matters.",
+    )
+
+
+def _ratio_figure(result: ABResult) -> str:
+    rows = []
+    for level in result.levels or [1]:
+        for c in result.comparisons_at(level):
+            est = c.estimate
+            ci = est is not None and est.blocks >= 2  # one block's interval holds only run noise: not drawn
+            label = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level}"
+            rows.append(
+                plots.RatioBar(
+                    label,
+                    c.ratio,
+                    est.lo if ci and est else None,
+                    est.hi if ci and est else None,
+                    c.verdict if ci else "inconclusive",
+                )
+            )
+    svg = plots.ratio_intervals("fig-ratios", rows, result.min_effect)
+    return _figure(
+        "fig-ratios",
+        svg,
+        f"Each comparison's ratio (arm / baseline) with its 95% confidence interval over blocks; the grey band is "
+        f"±{result.min_effect * 100:.1f}% (--min-effect). A hollow point has no interval (fewer than two blocks).",
+    )
+
+
+def _representative(arm: ArmResult, level: int) -> tuple[LaunchResult, RunResult] | None:
+    """The timed run closest to the arm's median: one typical run, not the best one."""
+    runs = _runs(arm, level)
+    median = arm.median_at(level)
+    if not runs or median is None:
+        return None
+    return min(runs, key=lambda lr: abs(lr[1].tok_s - median))
+
+
+def _timeline_figure(result: ABResult, level: int, requests: Requests) -> str:
+    lines, missing = [], []
+    for i, arm in enumerate(result.arms):
+        pick = _representative(arm, level)
+        done = _arrivals(_request_rows(pick[1], pick[0], requests)) if pick else []
+        if pick and done:
+            launch, run = pick
+            label = f"{arm.label} (block {launch.block + 1}, run {run.index + 1}: {run.tok_s:.1f} tok/s)"
+            lines.append(plots.Timeline(label, i, done, sequential=run.concurrency == 1))
+        else:
+            missing.append(arm.label)
+    gap = (
+        ""
+        if not missing
+        else f" No token-arrival profiles stored for {', '.join(missing)} (stored by orch before they were kept, or "
+        "imported from a bundle)."
+    )
+    if not lines:
+        return f'<p class="note" id="fig-tokens-missing">Tokens over time: not available.{_e(gap)}</p>'
+    seq = all(t.sequential for t in lines)
+    return _figure(
+        "fig-tokens",
+        plots.token_timelines("fig-tokens", lines),
+        f"Output tokens received over time in one run of each arm at concurrency {level} (the run closest to the "
+        "arm's median). Each point is measured: when 0%, 10%, ..., 100% of a request's tokens had arrived (orch "
+        "keeps these 11 instants per request, not every token's); a steeper line is a faster stream, a step is a "
+        "pause or a burst. "
+        + (
+            "Requests are laid end to end (they ran one after another; the short gaps between them are not stored)."
+            if seq
+            else "Request start times are not stored, so each request is drawn from its own start."
+        )
+        + gap,
+    )
+
+
+def _latency_figures(result: ABResult, level: int, requests: Requests) -> list[str]:
+    ttft: list[tuple[str, int, list[float]]] = []
+    per_request = True
+    for i, arm in enumerate(result.arms):
+        samples = [t * 1000 for la, r in _runs(arm, level) for t, _, _ in _complete(_request_rows(r, la, requests))]
+        if not samples:  # no per-request rows (an older store): the runs' own medians are what is left
+            per_request = False
+            samples = [r.ttft_s * 1000 for _, r in _runs(arm, level) if r.ttft_s is not None]
+        ttft.append((arm.label, i, samples))
+    itl = [
+        (
+            arm.label,
+            i,
+            {
+                f"p{p}": [
+                    r.metrics["itl"][f"p{p}"] * 1000
+                    for _, r in _runs(arm, level)
+                    if (r.metrics.get("itl") or {}).get(f"p{p}") is not None
+                ]
+                for p in (50, 90, 99)
+            },
+        )
+        for i, arm in enumerate(result.arms)
+    ]
+    return [
+        _figure(
+            "fig-ttft",
+            plots.strip_box("fig-ttft", ttft, "time to first token (ms)"),
+            f"Time to first token at concurrency {level}: "
+            + (
+                "one point per request (every timed run of every launch)."
+                if per_request
+                else "per-request values are not stored for this experiment; one point per run (the run's median)."
+            ),
+        ),
+        _figure(
+            "fig-itl",
+            plots.percentile_points("fig-itl", itl, "inter-token latency (ms)"),
+            f"Inter-token latency at concurrency {level}: orch stores each run's ITL percentiles, not the raw "
+            "inter-token samples; one point per run and percentile.",
+        ),
+    ]
+
+
+def _speculation(result: ABResult) -> str:
+    spec = result.speculation()
+    if not spec:
+        return ""
+    base = result.arms[0]
+    parts = ["<h2>Speculative decoding: break-even</h2>"]
+    for arm, be in spec:
+        index = result.arms.index(arm)
+        fig_id = f"fig-breakeven-{index}"
+        parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in breakeven_lines(be)) + "</ul>")
+        parts.append(
+            _figure(
+                fig_id,
+                plots.breakeven_chart(fig_id, be, arm.label, base.label, index),
+                f"{arm.label}: tok/s per stream against accept length at its measured cycle time "
+                f"({be.cycle_ms:.1f} ms = accept length / tok/s); it beats {base.label} right of the break-even line"
+                + (f"; the target is {be.target_tps:.0f} tok/s" if be.target_tps else "")
+                + f". Chain model, {be.steps} draft steps.",
+            )
+        )
+    return "".join(parts)
+
+
+def _launch_table(result: ABResult) -> str:
+    levels = result.levels or [1]
+    rows: list[list[object]] = [
+        [
+            "block",
+            "position",
+            "arm",
+            "launch id",
+            *[f"tok/s @ {c}" for c in levels],
+            "valid runs",
+            "invalid runs",
+            "ready s",
+            "env check",
+        ]
+    ]
+    for la in sorted(result.launches, key=lambda la: (la.block, la.position)):
+        values = [la.value_at(c) for c in levels]
+        rows.append(
+            [
+                la.block + 1,
+                la.position + 1,
+                result.arms[la.arm_index].label,
+                la.launch_id,
+                *["-" if v is None else f"{v:.1f}" for v in values],
+                sum(len(la.timed_at(c)) for c in levels),
+                len(la.invalid_runs),
+                "-" if la.attached else f"{la.ready_s:.1f}",
+                "attached (not verified)"
+                if la.attached
+                else ("ok" if la.env_report.get("ok", True) is not False else "MISMATCH"),
+            ]
+        )
+    for cut in result.cut_short:
+        rows.append(
+            [
+                cut.block + 1,
+                "-",
+                result.arms[cut.arm_index].label,
+                f"cut short ({cut.status})",
+                *["-"] * len(levels),
+                "-",
+                "-",
+                "-",
+                "not in the statistics",
+            ]
+        )
+    return _table(rows, "table-launches", numeric_from=99)
+
+
+def _fact(value: Any, key: str) -> str:
+    if value is None or value == []:
+        return "-"
+    if ("sha" in key or "digest" in key) and isinstance(value, str) and len(value) > 16:
+        return value[:16] + "…"
+    if key.endswith("_bytes") and isinstance(value, (int, float)):
+        return f"{value / 2**30:.1f} GiB"
+    if key == "boot_time" and isinstance(value, (int, float)):
+        return datetime.datetime.fromtimestamp(value, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if isinstance(value, list):
+        return "; ".join(", ".join(f"{k}={v}" for k, v in g.items()) if isinstance(g, dict) else str(g) for g in value)
+    return str(value)
+
+
+FINGERPRINT_ROWS = (
+    ("engine", ("software", "engine")),
+    ("engine version", ("software", "engine_version")),
+    ("GPU model", ("gpus", "model")),
+    ("GPU count", ("gpus", "count")),
+    ("GPU driver", ("gpus", "driver")),
+    ("CUDA", ("gpus", "cuda")),
+    ("torch", ("software", "torch")),
+    ("python", ("software", "python")),
+    ("kernel", ("host", "kernel")),
+    ("CPU", ("host", "cpu_model")),
+    ("profile sha256", ("profile_sha256",)),
+    ("workload sha256", ("workload_sha256",)),  # fingerprint.WORKLOAD_KEY
+    ("workload digest (path included)", ("workload_digest",)),  # fingerprint.LEGACY_WORKLOAD_KEY: stored before it
+    ("orch version", ("orch", "version")),
+    ("orch commit", ("orch", "git_sha")),
+)
+
+
+def _dig(d: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        d = d.get(key) if isinstance(d, dict) else None
+    return d
+
+
+def _host_section(result: ABResult) -> str:
+    per_node = {} if len(result.nodes) < 2 else result.host_facts["nodes"]
+    shown = {k: v for k, v in result.host_facts.items() if not (per_node and k in ("nodes", "node_mismatches"))}
+    facts = [["fact", "value"]] + [[k, _fact(v, k)] for k, v in shown.items()]
+    out = f"<h3>Host {_e(result.host_label)}</h3>"
+    if any(arm.attached_url for arm in result.arms):
+        out += '<p class="note">Host facts are --host\'s, not those of the attached server(s).</p>'
+    out += _table(facts, "table-host", 99) if len(facts) > 1 else '<p class="note">No host facts stored.</p>'
+    if per_node:
+        # One column per node: the facts above are node rank 0's, and a multi-node server is only as even as these.
+        keys = list(dict.fromkeys(k for f in per_node.values() for k in f))
+        table = [["fact", *per_node]] + [[k, *(_fact(f.get(k), k) for f in per_node.values())] for k in keys]
+        out += f"<h3>Nodes (rank order)</h3>{_table(table, 'table-nodes', 99)}"
+    prints = [(arm.label, next((la.fingerprint for la in arm.launches if la.fingerprint), None)) for arm in result.arms]
+    rows: list[list[object]] = [["field", *[label for label, _ in prints]]]
+    for name, path in FINGERPRINT_ROWS:
+        values = [_fact(_dig(fp, path), path[-1]) if fp else "-" for _, fp in prints]
+        if any(v != "-" for v in values):
+            rows.append([name, *values])
+    out += "<h3>Launch fingerprints (first launch of each arm)</h3>" + _table(rows, "table-fingerprint", 99)
+    return out
+
+
+def ab_html(result: ABResult, requests: Requests | None = None) -> str:
+    """The whole report as one HTML document; `requests` adds the store's per-request rows to a stored result."""
+    plots.require_matplotlib()
+    reqs: Requests = requests or {}
+    level = result.levels[0] if result.levels else 1
+    d = result.design
+    title = f"A/B {result.experiment_id} on {result.host_label}" if len(result.arms) > 1 else f"{result.experiment_id}"
+    body = [f"<h1>{_e(title)}</h1>"]
+    body.append(
+        f'<p class="meta">Status: {_e(result.status)}. Arms: {_e(", ".join(a.label for a in result.arms))}. '
+        f"Design: {d.blocks} block(s), launch order {_e(d.order)}"
+        + (f" (seed {d.seed})" if d.order == "random" else "")
+        + f"; minimum effect of interest ±{result.min_effect * 100:.1f}%.</p>"
+    )
+    if result.simulated:
+        body.append(f'<div class="banner sim" id="banner-simulated">{_e(SIM_BANNER)}</div>')
+    body += [f'<div class="banner attached" id="banner-attached">{_e(b)}</div>' for b in attached_banner(result)]
+    node = result.node_mismatch()
+    if node:
+        body.append(f'<div class="banner attached" id="banner-nodes">WARNING: {_e(node)}</div>')
+    lines = [
+        (c.verdict or "none", comparison_line(c)) for lv in result.levels or [1] for c in result.comparisons_at(lv)
+    ]
+    body.append('<section id="verdict"><h2>Verdict</h2>')
+    if lines:
+        body.append(
+            '<ul class="verdicts">'
+            + "".join(f'<li class="v-{v.replace(" ", "-")}">{_e(text)}</li>' for v, text in lines)
+            + "</ul>"
+        )
+    else:
+        body.append('<p class="note">One arm: nothing to compare.</p>')
+    body += [f'<p class="note">NOTE: {_e(n)}</p>' for n in result.notes]
+    body.append("</section>")
+    body.append('<section id="summary"><h2>Summary</h2>')
+    for lv in result.levels or [1]:
+        body.append(f"<h3>tok/s per stream at concurrency {lv}</h3>")
+        body.append(_table(level_rows(result, lv), f"table-summary-c{lv}"))
+    body.append(
+        '<p class="note">median: of launch values (each the median of its runs); min/max over runs; CV within and '
+        "across launches; vs: mean per-block ratio.</p></section>"
+    )
+    body.append('<section id="plots"><h2>Throughput</h2>')
+    body += [_tok_s_figure(result, lv) for lv in result.levels or [1]]
+    if len(result.arms) > 1:
+        body.append(_ratio_figure(result))
+    body.append("<h2>Over time and latency</h2>")
+    body.append(_timeline_figure(result, level, reqs))
+    body += _latency_figures(result, level, reqs)
+    body.append("</section>")
+    body.append(f'<section id="speculation">{_speculation(result)}</section>')
+    body.append('<section id="launches"><h2>Launches</h2>' + _launch_table(result) + "</section>")
+    body.append('<section id="host-section"><h2>Host fingerprint</h2>' + _host_section(result) + "</section>")
+    warnings = result.warnings()
+    if warnings:
+        body.append(
+            '<section id="warnings"><h2>Warnings</h2><ul>'
+            + "".join(f'<li class="warn">{_e(w)}</li>' for w in warnings)
+            + "</ul></section>"
+        )
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body.append(f'<footer class="note">orch {_e(__version__)}, {stamp}. One file: no scripts, no network.</footer>')
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{_e(title)} — orch</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
+    )

@@ -1,0 +1,300 @@
+"""The HTML report's plots: matplotlib figures (Agg, no pyplot) rendered to inline SVG text from plain numbers."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import OrchError
+from orchestrator.stats.estimates import BreakEven
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+INSTALL_HINT = (
+    "the HTML report draws its plots with matplotlib, which is not installed: pip install 'orch-bench[report]' "
+    "(in a checkout: pip install -e '.[report]')"
+)
+VERDICT_COLORS = {"faster": "#1a7f37", "slower": "#cf222e", "no difference": "#0969da", "inconclusive": "#bf8700"}
+
+
+class MissingExtra(OrchError):
+    """An optional dependency is not installed: a problem of the environment, not of the input (exit 1)."""
+
+
+def require_matplotlib() -> None:
+    """Fail early with the install hint, before any work is done."""
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise MissingExtra(INSTALL_HINT) from e
+    # Only the HTML path gets here, so `orch --help` and every other command never pay for matplotlib.
+    matplotlib.use("Agg")
+
+
+def arm_color(index: int) -> str:
+    return f"C{index % 10}"
+
+
+def _render(fig_id: str, size: tuple[float, float], draw: Callable[[Figure], None]) -> str:
+    require_matplotlib()
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    rc: dict[Any, Any] = {  # Any keys: matplotlib types them as a Literal of every rc name
+        "svg.fonttype": "none",  # text stays text: selectable, searchable, and a tenth of the size of glyph paths
+        "svg.hashsalt": fig_id,  # clip-path ids differ between the figures inlined into one page, and are stable
+        "font.size": 9,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "text.parse_math": False,  # a profile named "a$b" is a name, not TeX
+    }
+    with matplotlib.rc_context(rc):
+        fig = Figure(figsize=size, layout="constrained")
+        draw(fig)
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    text = buf.getvalue()
+    text = text[text.index("<svg") :]  # inline: no XML declaration or DOCTYPE inside HTML
+    return re.sub(r"<svg ", f'<svg role="img" aria-labelledby="{fig_id}-cap" ', text, count=1)
+
+
+@dataclass(frozen=True)
+class ArmLaunches:
+    """One arm at one level: per launch its block number (1-based), run values and launch value; the arm median."""
+
+    label: str
+    index: int
+    launches: Sequence[tuple[int, Sequence[float], float | None]]
+    median: float | None
+
+
+def launch_points(fig_id: str, arms: Sequence[ArmLaunches], ylabel: str) -> str:
+    """Each run a dot, grouped by launch (so launch-to-launch spread shows), each launch's value a bar, the arm's
+    median a dashed line."""
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        for pos, arm in enumerate(arms):
+            n = len(arm.launches)
+            xs = [pos + (k - (n - 1) / 2) * (0.6 / max(n, 1)) for k in range(n)]
+            for x, (block, runs, value) in zip(xs, arm.launches, strict=True):
+                ax.scatter([x] * len(runs), runs, s=14, color=arm_color(arm.index), alpha=0.55, zorder=3)
+                if value is not None:
+                    ax.hlines(value, x - 0.06, x + 0.06, color=arm_color(arm.index), linewidth=2.5, zorder=4)
+                ax.annotate(
+                    f"b{block}",
+                    (x, 0),
+                    xycoords=("data", "axes fraction"),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=7,
+                    color="#57606a",
+                )
+            if arm.median is not None:
+                ax.hlines(arm.median, pos - 0.4, pos + 0.4, color="black", linestyle="--", linewidth=1, zorder=5)
+                ax.annotate(
+                    f"median {arm.median:.1f}",
+                    (pos + 0.4, arm.median),
+                    xytext=(2, 0),
+                    textcoords="offset points",
+                    va="center",
+                    fontsize=8,
+                )
+        ax.set_xticks(range(len(arms)), [a.label for a in arms])
+        ax.set_xlim(-0.6, len(arms) - 0.2)
+        # From zero, so heights compare honestly; a small gap then looks small, and the ratio plot shows its size.
+        ax.set_ylim(0, None)
+        if len(arms) > 1:
+            title = "y axis from 0; each arm's median is marked, the ratio plot shows the difference with its CI"
+            ax.set_title(title, fontsize=8, loc="right")
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="x", visible=False)
+
+    return _render(fig_id, (8.0, 3.6), draw)
+
+
+@dataclass(frozen=True)
+class RatioBar:
+    """One comparison's bar in the ratio-interval plot: its ratio, 95 % interval and verdict."""
+
+    label: str
+    ratio: float | None
+    lo: float | None  # None: no interval (one block, or nothing paired)
+    hi: float | None
+    verdict: str | None
+
+
+def ratio_intervals(fig_id: str, rows: Sequence[RatioBar], min_effect: float) -> str:
+    """Each comparison's ratio with its 95 % CI, against the band of differences too small to matter."""
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        ax.axvspan(1 - min_effect, 1 + min_effect, color="#8c959f", alpha=0.25)
+        ax.set_title(f"grey band: no difference within ±{min_effect * 100:.1f}%", fontsize=8, loc="right")
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        for y, row in enumerate(rows):
+            color = VERDICT_COLORS.get(row.verdict or "", "#57606a")
+            if row.ratio is None:
+                ax.annotate("nothing to compare", (1.0, y), ha="center", va="center", fontsize=8)
+                continue
+            if row.lo is not None and row.hi is not None:
+                ax.errorbar(
+                    [row.ratio],
+                    [y],
+                    xerr=[[row.ratio - row.lo], [row.hi - row.ratio]],
+                    fmt="o",
+                    color=color,
+                    capsize=4,
+                    markersize=6,
+                )
+            else:
+                ax.plot([row.ratio], [y], marker="o", markerfacecolor="white", color=color, markersize=6)
+            ax.annotate(
+                f"{row.ratio:.3f}x  {row.verdict or 'no interval'}",
+                (row.ratio, y),
+                xytext=(0, 7),
+                textcoords="offset points",
+                ha="center",
+                fontsize=8,
+                color=color,
+            )
+        ax.set_yticks(range(len(rows)), [r.label for r in rows])
+        ax.set_ylim(-0.7, len(rows) - 0.3)
+        ax.invert_yaxis()
+        ax.set_xlabel("ratio of tok/s per stream (arm / baseline), 95% CI over blocks")
+
+    return _render(fig_id, (8.0, 1.3 + 0.55 * len(rows)), draw)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """One run of one arm: per request its token-arrival profile (seconds from its start at 0 %, 10 %, ..., 100 %
+    of its tokens), its end-to-end seconds and its tokens; sequential when the requests ran one after another."""
+
+    label: str
+    index: int
+    requests: Sequence[tuple[Sequence[float], float, int]]
+    sequential: bool
+
+
+def token_timelines(fig_id: str, lines: Sequence[Timeline]) -> str:
+    """Tokens received against time, through the measured instants at each tenth of every request's tokens."""
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        for line in lines:
+            color, start, total = arm_color(line.index), 0.0, 0
+            for n, (profile, e2e, tokens) in enumerate(line.requests):
+                base = total if line.sequential else 0
+                steps = len(profile) - 1
+                xs = [start + t for t in profile]
+                ys = [base + tokens * k / steps for k in range(steps + 1)]
+                label = line.label if n == 0 else None
+                ax.plot(xs, ys, color=color, linewidth=1.3, marker="o", markersize=2.5, label=label)
+                if line.sequential:
+                    start, total = start + e2e, total + tokens
+        ax.set_xlabel("seconds since the run's first request was sent")
+        ax.set_ylabel("output tokens received")
+        ax.set_xlim(0, None)
+        ax.set_ylim(0, None)
+        ax.legend(fontsize=8)
+
+    return _render(fig_id, (8.0, 3.4), draw)
+
+
+def strip_box(fig_id: str, groups: Sequence[tuple[str, int, Sequence[float]]], ylabel: str) -> str:
+    """A box plot per arm with every sample drawn over it (small samples: the points matter more than the box)."""
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        data = [list(values) for _, _, values in groups]
+        ax.boxplot(data, positions=range(len(groups)), widths=0.45, showfliers=False, medianprops={"color": "black"})
+        for pos, (_, index, values) in enumerate(groups):
+            n = len(values)
+            xs = [pos + ((k * 0.618) % 1 - 0.5) * 0.3 for k in range(n)]  # deterministic jitter
+            ax.scatter(xs, values, s=12, color=arm_color(index), alpha=0.7, zorder=3)
+        ax.set_xticks(range(len(groups)), [f"{label}\n(n={len(v)})" for label, _, v in groups])
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="x", visible=False)
+
+    return _render(fig_id, (8.0, 3.2), draw)
+
+
+def percentile_points(
+    fig_id: str, groups: Sequence[tuple[str, int, Mapping[str, Sequence[float]]]], ylabel: str
+) -> str:
+    """Per arm and percentile (p50, p90, p99 …), one dot per run: what is stored when raw samples are not."""
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        keys = list(dict.fromkeys(k for _, _, per in groups for k in per))
+        width = 0.7 / max(len(groups), 1)
+        for g, (label, index, per) in enumerate(groups):
+            for k, key in enumerate(keys):
+                values = per.get(key, [])
+                x = k + (g - (len(groups) - 1) / 2) * width
+                ax.scatter(
+                    [x] * len(values), values, s=14, color=arm_color(index), alpha=0.7, label=label if k == 0 else None
+                )
+        ax.set_xticks(range(len(keys)), keys)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+        ax.grid(axis="x", visible=False)
+
+    return _render(fig_id, (8.0, 3.2), draw)
+
+
+def breakeven_chart(fig_id: str, be: BreakEven, label: str, base_label: str, index: int) -> str:
+    """tok/s against accept length at the measured cycle time: the break-even line, the measured point, the target."""
+    per_ms = 1000.0 / be.cycle_ms  # tok/s per token of accept length at this cycle time
+    reach = be.steps + 1
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        top = max(reach, be.breakeven_tau, be.target_tau or 0.0, be.measured_tau or 0.0) * 1.08
+        ax.plot(
+            [1.0, top], [per_ms, top * per_ms], color=arm_color(index), label=f"{label} at a {be.cycle_ms:.1f} ms cycle"
+        )
+        ax.axhline(be.baseline_tps, color="black", linewidth=1, label=f"{base_label}: {be.baseline_tps:.1f} tok/s")
+        ax.axvline(
+            be.breakeven_tau,
+            color="#cf222e",
+            linestyle="--",
+            linewidth=1,
+            label=f"break-even accept length {be.breakeven_tau:.2f}",
+        )
+        if top > reach:
+            ax.axvspan(reach, top, color="#8c959f", alpha=0.2, label=f"beyond {be.steps} draft steps (unreachable)")
+        if be.measured_tau is not None:
+            ax.plot(
+                [be.measured_tau],
+                [be.measured_tau * per_ms],
+                "o",
+                color=arm_color(index),
+                markersize=8,
+                markeredgecolor="black",
+                label=f"measured: {be.measured_tau:.2f}",
+            )
+        if be.target_tps is not None and be.target_tau is not None:
+            ax.axhline(be.target_tps, color="#8250df", linestyle=":", linewidth=1.2)
+            ax.plot(
+                [be.target_tau],
+                [be.target_tps],
+                "D",
+                color="#8250df",
+                label=f"target {be.target_tps:.0f} tok/s: accept length {be.target_tau:.2f}",
+            )
+        ax.set_xlim(1.0, top)
+        ax.set_ylim(0, None)
+        ax.set_xlabel("accept length (tokens per draft-and-verify cycle)")
+        ax.set_ylabel("tok/s per stream")
+        ax.legend(fontsize=8, loc="upper left")
+
+    return _render(fig_id, (8.0, 3.8), draw)

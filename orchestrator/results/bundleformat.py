@@ -1,0 +1,354 @@
+"""The result bundle's format: its fields, digest and secret markers, and the checks a file must pass to be read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from orchestrator import __version__, files
+from orchestrator.config import limits
+from orchestrator.config.workload import BenchConfig
+from orchestrator.errors import BundleError
+from orchestrator.stats.sequential import SequentialPlan
+
+BUNDLE_FORMAT = "orch-result-bundle"
+BUNDLE_VERSION = 1
+MAX_BUNDLE_BYTES = 200 * 1024 * 1024
+# A prompt file larger than this travels as its digest and original path only.
+MAX_PROMPT_BYTES = 5 * 1024 * 1024
+# A secret in the store is a digest keyed with that store's key: useless to anyone else. The bundle says only that
+# it was set, so the receiver knows to provide it.
+WITHHELD = "<withheld: set by the sender>"
+_DIGEST_RE = re.compile(r"<redacted hmac:[0-9a-f]*>")
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+STATUSES = ("running", "complete", "failed", "interrupted")
+
+# The bundle's fields and their store columns: this table, not the schema, defines the format.
+# Type codes: str int num bool dict list any; a trailing "?" allows null or absence.
+EXPERIMENT_FIELDS = {
+    "id": "str",
+    "kind": "str",
+    "status": "str",
+    "simulated": "bool",
+    "host": "str",
+    "arms": "list",
+    "created_at": "num",
+    "finished_at": "num?",
+    "error": "str?",
+    "orch_version": "str",
+}
+LAUNCH_FIELDS = {
+    "launch_id": "str",
+    "arm_index": "int",
+    "block": "int",
+    "position": "int",
+    "profile": "str",
+    "resolved_profile": "dict",
+    "argv": "list",
+    "env": "dict",
+    "pid": "int?",
+    "started_at": "num",
+    "ready_s": "num?",
+    "preflight": "any?",
+    "env_report": "dict?",
+    "teardown": "dict?",
+    "gpus": "dict?",
+    "fingerprint": "dict?",
+    "status": "str",
+    "error": "str?",
+    "runs": "list",
+}
+RUN_FIELDS = {
+    "warmup": "bool",
+    "concurrency": "int",
+    "idx": "int",
+    "tokens": "int",
+    "seconds": "num",
+    "tok_s": "num",
+    "aggregate_tok_s": "num?",
+    "prompt_tokens": "int",
+    "ttft_s": "num?",
+    "spec_accept_length": "num?",
+    "spec_verify_ct": "int?",
+    "accept_source": "str?",
+    "token_source": "str?",
+    "requests": "int",
+    "errors": "int",
+    "metrics": "dict?",
+    "valid": "bool",
+    "invalid_reason": "str?",
+    "finished_at": "num",
+    "per_request": "list",
+}
+REQUEST_FIELDS = {
+    "idx": "int",
+    "tokens": "int",
+    "prompt_tokens": "int?",
+    "ttft_s": "num?",
+    "e2e_s": "num?",
+    "chunks": "int?",
+    "accept_length": "num?",
+    "error": "str?",
+    "arrivals_s": "list?",  # the token-arrival profile (store column arrivals_json); absent from older bundles
+}
+# Counts, durations and rates: a negative one is no measurement (and breaks the log-scale statistics).
+NOT_NEGATIVE = frozenset(
+    {
+        "idx", "tokens", "seconds", "tok_s", "aggregate_tok_s", "prompt_tokens", "ttft_s", "spec_accept_length",
+        "spec_verify_ct", "requests", "errors", "e2e_s", "chunks", "accept_length", "ready_s", "pid",
+    }
+)  # fmt: skip
+# Bundle key → store column, where they differ (the store keeps JSON in *_json text columns).
+LAUNCH_COLUMNS = {
+    "resolved_profile": "profile_json",
+    "argv": "argv_json",
+    "env": "env_json",
+    "preflight": "preflight_json",
+    "env_report": "env_report_json",
+    "teardown": "teardown_json",
+    "gpus": "gpus_json",
+    "fingerprint": "fingerprint_json",
+}
+
+
+# ---------------------------------------------------------------- digests and secrets
+
+
+def canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def digest_of(bundle: Mapping[str, Any]) -> str:
+    """sha256 over the canonical JSON of everything in the bundle but the digest itself."""
+    return "sha256:" + hashlib.sha256(canonical({k: v for k, v in bundle.items() if k != "digest"})).hexdigest()
+
+
+def content_digest(content: Any) -> str:
+    """The experiment's own identity, apart from when and by whom it was exported."""
+    return "sha256:" + hashlib.sha256(canonical(content)).hexdigest()
+
+
+def withhold(obj: Any) -> Any:
+    """obj with every secret digest replaced by WITHHELD (in strings at any depth)."""
+    if isinstance(obj, str):
+        return _DIGEST_RE.sub(WITHHELD, obj)
+    if isinstance(obj, list):
+        return [withhold(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: withhold(v) for k, v in obj.items()}
+    return obj
+
+
+def bench_config(config: Mapping[str, Any]) -> BenchConfig:
+    """The workload a bundle's (or a stored) config describes."""
+    known = {f.name for f in fields(BenchConfig)}
+    data = {k: v for k, v in dict(config["bench"]).items() if k in known}
+    data["concurrency"] = tuple(data.get("concurrency", (1,)))
+    return BenchConfig(**data)
+
+
+def read_bundle(path: str | Path) -> dict[str, Any]:
+    """A bundle file, checked (format, version, digest, every field) before anyone uses it."""
+    where = str(path)
+    try:
+        with files.open_regular(path) as f:
+            data = f.read(MAX_BUNDLE_BYTES + 1)
+    except files.NotRegularFile as e:
+        raise BundleError(f"{where}: {e}, not a result bundle") from None
+    except OSError as e:
+        raise BundleError(f"{where}: cannot read the bundle: {e.strerror or e}") from e
+    if len(data) > MAX_BUNDLE_BYTES:
+        raise BundleError(f"{where}: larger than {MAX_BUNDLE_BYTES // 2**20} MiB; not a result bundle orch can read")
+    if not data.strip():
+        raise BundleError(f"{where}: the file is empty, not a result bundle")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BundleError(f"{where}: not UTF-8 text (byte {e.start}); not a result bundle") from None
+    try:
+        bundle = json.loads(text)
+    except json.JSONDecodeError as e:
+        body = text.strip()
+        # Cut short (an interrupted copy): an object that never closes, failing on its last line.
+        if body.startswith("{") and not body.endswith("}") and e.lineno >= text.rstrip().count("\n") + 1:
+            raise BundleError(
+                f"{where}: truncated: the JSON ends at byte {len(data)} in the middle of the document (an interrupted "
+                "copy or download?); ask for the file again"
+            ) from None
+        raise BundleError(
+            f"{where}: not JSON (line {e.lineno}, column {e.colno}: {e.msg}); not a result bundle"
+        ) from None
+    except RecursionError:
+        raise BundleError(f"{where}: JSON nested too deeply; not a result bundle") from None
+    return check_bundle(bundle, where)
+
+
+def check_bundle(bundle: Any, where: str) -> dict[str, Any]:
+    if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
+        hint = ""
+        if isinstance(bundle, dict) and "experiment_id" in bundle and "comparisons" in bundle:
+            hint = "; it looks like `orch export --format json` output, which cannot be re-run or imported"
+        raise BundleError(
+            f'{where}: not an orch result bundle (no "format": "{BUNDLE_FORMAT}"){hint}; '
+            "ask for the file `orch export ID --format bundle` writes"
+        )
+    version = bundle.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise BundleError(f"{where}: version: expected a positive integer, got {json.dumps(version)[:40]}")
+    if version > BUNDLE_VERSION:
+        raise BundleError(
+            f"{where}: bundle version {version} is newer than this orch ({__version__}) understands "
+            f"(up to {BUNDLE_VERSION}); upgrade orch to read it"
+        )
+    digest = bundle.get("digest")
+    if not isinstance(digest, str):
+        raise BundleError(f"{where}: digest: missing; the file is incomplete or was not written by orch")
+    if digest != digest_of(bundle):
+        raise BundleError(
+            f"{where}: the content does not match its digest (edited or damaged after export); "
+            "ask the sender for the file again"
+        )
+    _check_content(bundle.get("content"), where)
+    return bundle
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _type_ok(value: Any, code: str) -> bool:
+    code = code.rstrip("?")
+    if code == "any":
+        return True
+    if code == "num":  # JSON has no NaN or Infinity: a bundle holding them was not written by orch
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if code == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if code == "bool":
+        return isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))
+    return isinstance(value, {"str": str, "dict": dict, "list": list}[code])
+
+
+_NAMES = {"str": "text", "int": "an integer", "num": "a finite number", "bool": "true or false", "dict": "an object"}
+
+
+def _check(obj: Any, spec: Mapping[str, str], where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise BundleError(f"{where}: expected an object, got {_shown(obj)}")
+    for key, code in spec.items():
+        value = obj.get(key)
+        if value is None and code.endswith("?"):
+            continue
+        if key not in obj:
+            raise BundleError(f"{where}.{key}: required field is missing")
+        if not _type_ok(value, code):
+            expected = _NAMES.get(code.rstrip("?"), "a list")
+            raise BundleError(f"{where}.{key}: expected {expected}, got {_shown(value)}")
+        if key in NOT_NEGATIVE and code.rstrip("?") in ("int", "num") and isinstance(value, int | float) and value < 0:
+            raise BundleError(f"{where}.{key}: expected a number of at least 0, got {_shown(value)}")
+    return obj
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _unique(keys: list[Any], where: str, what: str) -> None:
+    seen: set[Any] = set()
+    for key in keys:
+        if key in seen:
+            raise BundleError(f"{where}: {what} {key} appears twice")
+        seen.add(key)
+
+
+def _check_content(content: Any, where: str) -> None:
+    c = _check(
+        content,
+        {
+            "experiment": "dict",
+            "config": "dict",
+            "design": "dict?",
+            "profiles": "list",
+            "prompts": "dict",
+            "launches": "list",
+        },
+        f"{where}: content",
+    )
+    exp = _check(c["experiment"], EXPERIMENT_FIELDS, f"{where}: content.experiment")
+    if not ID_RE.match(exp["id"]):
+        raise BundleError(f"{where}: content.experiment.id: {_shown(exp['id'])} is not an experiment id")
+    if exp["status"] not in STATUSES:
+        raise BundleError(f"{where}: content.experiment.status: expected one of {', '.join(STATUSES)}")
+    arms = exp["arms"]
+    if not arms or not all(isinstance(a, str) for a in arms):
+        raise BundleError(f"{where}: content.experiment.arms: expected a non-empty list of profile names")
+    _check(c["config"], {"bench": "dict", "requests_sha256": "str?", "host_facts": "dict?"}, f"{where}: content.config")
+    for key in ("min_effect", "target_tps"):
+        value = c["config"].get(key)
+        if value is not None and not (_type_ok(value, "num") and math.isfinite(value)):
+            raise BundleError(f"{where}: content.config.{key}: expected a finite number")
+    try:
+        bench = bench_config(c["config"])
+    except (TypeError, ValueError) as e:
+        raise BundleError(f"{where}: content.config.bench: not a workload this orch understands ({e})") from None
+    try:
+        # The limits `orch ab` keeps: a bundle is re-run from these numbers (`orch reproduce`).
+        limits.check_workload(bench, "content.config.bench.")
+    except limits.PlanError as e:
+        raise BundleError(f"{where}: {e}") from None
+    if c["design"] is not None:
+        _check_design(c["design"], len(arms), f"{where}: content.design")
+    if len(c["profiles"]) != len(arms) or not all(isinstance(p, dict) for p in c["profiles"]):
+        raise BundleError(f"{where}: content.profiles: expected one resolved profile (an object) per arm ({len(arms)})")
+    _check(c["prompts"], {"source": "str", "requests_sha256": "str?"}, f"{where}: content.prompts")
+    items = c["prompts"].get("items")
+    if items is not None and not (isinstance(items, list) and all(isinstance(i, dict) for i in items)):
+        raise BundleError(f"{where}: content.prompts.items: expected a list of prompt objects")
+    ids = []
+    for i, launch in enumerate(c["launches"]):
+        at = f"{where}: content.launches[{i}]"
+        _check(launch, LAUNCH_FIELDS, at)
+        ids.append(launch["launch_id"])
+        if not 0 <= launch["arm_index"] < len(arms):
+            raise BundleError(f"{at}.arm_index: {launch['arm_index']} is not an arm (0..{len(arms) - 1})")
+        if launch["block"] < 0 or launch["position"] < 0:
+            raise BundleError(f"{at}: block and position must not be negative")
+        for j, run in enumerate(launch["runs"]):
+            _check(run, RUN_FIELDS, f"{at}.runs[{j}]")
+            if not 1 <= run["concurrency"] <= limits.LEVELS[1]:
+                raise BundleError(
+                    f"{at}.runs[{j}].concurrency: expected 1 to {limits.LEVELS[1]}, got {run['concurrency']}"
+                )
+            if run["valid"] and not run["warmup"] and run["tok_s"] <= 0:
+                raise BundleError(
+                    f"{at}.runs[{j}].tok_s: a valid run measured more than 0 tok/s, got {_shown(run['tok_s'])}"
+                )
+            for k, req in enumerate(run["per_request"]):
+                _check(req, REQUEST_FIELDS, f"{at}.runs[{j}].per_request[{k}]")
+                if req.get("arrivals_s") is not None and not all(_type_ok(t, "num") for t in req["arrivals_s"]):
+                    raise BundleError(f"{at}.runs[{j}].per_request[{k}].arrivals_s: expected a list of seconds")
+            _unique([r["idx"] for r in run["per_request"]], f"{at}.runs[{j}]", "request index")
+        _unique([(bool(r["warmup"]), r["concurrency"], r["idx"]) for r in launch["runs"]], at, "run")
+    _unique(ids, f"{where}: content.launches", "launch id")
+
+
+def _check_design(design: Any, arms: int, where: str) -> None:
+    _check(design, {"blocks": "int", "order": "str", "seed": "int", "schedule": "list"}, where)
+    try:
+        limits.check_blocks(design["blocks"], f"{where}.blocks")
+    except limits.PlanError as e:
+        raise BundleError(str(e)) from None
+    if design.get("auto") is not None:
+        try:
+            SequentialPlan.from_dict(design["auto"])
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
+            raise BundleError(f"{where}.auto: not a --blocks auto plan this orch understands ({e})") from None
+    for b, block in enumerate(design["schedule"]):
+        if not isinstance(block, list) or not all(_type_ok(a, "int") and 0 <= a < arms for a in block):
+            raise BundleError(f"{where}.schedule[{b}]: expected a list of arm indexes (0..{arms - 1})")

@@ -1,0 +1,349 @@
+"""Two experiments side by side (and a claim against a measurement): per arm and per ratio, did it reproduce?
+
+Pure: reads results.ABResult objects, never the store or a host. The fingerprint differences ("causes") are ranked
+by the caller and only carried here so that the renderers can put them under the verdict."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import InputError
+from orchestrator.results.model import ABResult, ArmResult
+from orchestrator.stats.estimates import RatioEstimate
+from orchestrator.stats.reproduction import (
+    DEFAULT_TOLERANCE,
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    ArmEstimate,
+    ReproVerdict,
+    arm_estimate,
+    reproduction_verdict,
+)
+
+# Documented exit codes of `orch compare` / `orch reproduce` (1 error, 2 usage, 130 interrupted are the CLI's).
+EXIT_CODES = {REPRODUCED: 0, NOT_REPRODUCED: 3, INCONCLUSIVE: 4}
+
+
+@dataclass(frozen=True)
+class ArmSide:
+    """One arm in one experiment, at one concurrency level."""
+
+    label: str
+    tok_s: ArmEstimate | None  # None: no valid timed run
+    ttft_s: float | None  # median over valid timed runs
+    itl_p50_s: float | None
+    accept_length: float | None
+
+
+@dataclass(frozen=True)
+class ArmRow:
+    label: str  # A's name of the arm (B's where only B has it)
+    a: ArmSide | None  # None: the arm exists in b only
+    b: ArmSide | None
+    verdict: ReproVerdict | None  # b against a; None unless both sides have a tok/s
+    b_label: str | None = None  # B's own name of it, where --map paired arms of different names
+
+    @property
+    def shown(self) -> str:
+        return self.label if self.b_label is None else f"{self.label} (B: {self.b_label})"
+
+
+@dataclass(frozen=True)
+class RatioRow:
+    arm: str  # A's names (as ArmRow.label)
+    vs: str
+    a: RatioEstimate | None
+    b: RatioEstimate | None
+    verdict: ReproVerdict | None
+    b_name: str | None = None  # "arm / vs" in B's names, where --map renamed either
+
+    @property
+    def shown(self) -> str:
+        name = f"{self.arm} / {self.vs}"
+        return name if self.b_name is None else f"{name} (B: {self.b_name})"
+
+
+@dataclass(frozen=True)
+class Side:
+    experiment_id: str
+    host: str
+    simulated: bool
+    blocks: int
+
+
+@dataclass(frozen=True)
+class ExperimentComparison:
+    """b (the new result) judged against a (the recorded one)."""
+
+    a: Side
+    b: Side
+    concurrency: int
+    tolerance: float
+    arms: tuple[ArmRow, ...]
+    ratios: tuple[RatioRow, ...]
+    causes: tuple[str, ...]  # fingerprint differences, most likely cause first (ranked by the caller)
+    status: str
+    reason: str  # one sentence: why this status
+    arm_map: tuple[tuple[str, str], ...] = ()  # (B's name, A's name) pairs given with --map
+
+    @property
+    def map_hint(self) -> str | None:
+        """The --map line that would pair the arms found on one side only, when they could be the same arms."""
+        return map_line(self.only_in_a, self.only_in_b)
+
+    @property
+    def only_in_a(self) -> list[str]:
+        return [r.label for r in self.arms if r.b is None]
+
+    @property
+    def only_in_b(self) -> list[str]:
+        return [r.label for r in self.arms if r.a is None]
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def arm_side(arm: ArmResult, level: int, seed: int = 0) -> ArmSide:
+    per_launch = [v for v in arm.per_launch_at(level) if v]
+    timed = arm.timed_at(level)
+    return ArmSide(
+        label=arm.label,
+        tok_s=arm_estimate(per_launch, seed=seed) if per_launch else None,
+        ttft_s=_median([r.ttft_s for r in timed if r.ttft_s is not None]),
+        itl_p50_s=_median([r.metrics["itl"]["p50"] for r in timed if r.metrics.get("itl", {}).get("p50")]),
+        accept_length=arm.accept_length_at(level),
+    )
+
+
+def _item_name(kind: str, name: str) -> str:
+    return f"{name} tok/s" if kind == "arm" else f"ratio {name}"
+
+
+def overall(
+    items: Sequence[tuple[str, ReproVerdict | None]], missing: Sequence[str], tolerance: float
+) -> tuple[str, str]:
+    """reproduced if every item reproduced (and nothing is missing), not reproduced if any did not, else
+    inconclusive; with the sentence that says why."""
+    tol = f"±{tolerance * 100:.1f}%"
+    failed = [(n, v) for n, v in items if v is not None and v.status == NOT_REPRODUCED]
+    if failed:
+        parts = [f"{n} {v.change * 100:+.1f}%" for n, v in failed]
+        return NOT_REPRODUCED, f"beyond {tol}: " + ", ".join(parts)
+    open_ = [n for n, v in items if v is None or v.status == INCONCLUSIVE]
+    if not items:
+        return INCONCLUSIVE, "nothing to compare: no arm with valid runs on both sides"
+    if open_ or missing:
+        needs = [v.blocks_needed for _, v in items if v is not None and v.blocks_needed]
+        uncertain = [(n, v.recording_blocks_needed) for n, v in items if v is not None and v.recording_blocks_needed]
+        why = []
+        if open_:
+            tail = f" (about {max(needs)} blocks would likely decide)" if needs and not uncertain else ""
+            why.append("undecided: " + ", ".join(open_) + tail)
+        if needs and uncertain:
+            decidable = [n for n, v in items if v is not None and v.blocks_needed]
+            why.append(f"about {max(needs)} blocks would likely decide {', '.join(decidable)}")
+        if uncertain:
+            why.append(
+                f"the recording is too uncertain to reproduce {', '.join(n for n, _ in uncertain)}: ask for a "
+                f"recording of at least {max(b for _, b in uncertain)} blocks (and re-run it with as many)"
+            )
+        if missing:
+            why.append("on one side only: " + ", ".join(missing))
+        return INCONCLUSIVE, "; ".join(why)
+    return REPRODUCED, f"all {len(items)} values agree within {tol}"
+
+
+def map_line(only_a: Sequence[str], only_b: Sequence[str]) -> str | None:
+    """`--map B=A ...` pairing arms found on one side only: by position when both sides have as many (a guess the
+    user checks, never applied unasked), else one example pair."""
+    if not only_a or not only_b:
+        return None
+    pairs = zip(only_b, only_a, strict=True) if len(only_a) == len(only_b) else [(only_b[0], only_a[0])]
+    return " ".join(f"--map {b}={a}" for b, a in pairs)
+
+
+def check_map(arm_map: Mapping[str, str], a: Sequence[str], b: Sequence[str]) -> None:
+    """--map NEW=OLD pairs: NEW an arm of B, OLD an arm of A, each used once, no B arm left under a taken name."""
+    for new, old in arm_map.items():
+        if new not in b:
+            raise InputError(f"--map {new}={old}: B has no arm {new!r} (B's arms: {', '.join(b)})")
+        if old not in a:
+            raise InputError(f"--map {new}={old}: A has no arm {old!r} (A's arms: {', '.join(a)})")
+    targets = list(arm_map.values())
+    twice = sorted({t for t in targets if targets.count(t) > 1})
+    if twice:
+        raise InputError(f"--map pairs more than one arm of B with {', '.join(twice)} of A: give each arm once")
+    clash = [label for label in b if label not in arm_map and label in targets]
+    if clash:
+        raise InputError(
+            f"--map: B's own arm {clash[0]!r} would be compared with A's {clash[0]!r} too; map it as well "
+            f"(--map {clash[0]}=OTHER)"
+        )
+
+
+class NothingInCommon(InputError):
+    """No arm of B has the name of an arm of A (nor was paired with one by --map): there is no verdict to give."""
+
+
+def compare(
+    a: ABResult,
+    b: ABResult,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    causes: Sequence[str] = (),
+    concurrency: int | None = None,
+    arm_map: Mapping[str, str] | None = None,
+) -> ExperimentComparison:
+    """b (new) against a (recorded): arms matched by label (the profile name; name#2 in an A/A test), or as arm_map
+    pairs them (B's label -> A's label); each comparison (each arm vs the first arm) matched by (arm, baseline).
+    NothingInCommon when no arm matches."""
+    level = concurrency if concurrency is not None else (a.levels[0] if a.levels else 1)
+    arm_map = dict(arm_map or {})
+    a_arms = {arm.label: arm for arm in a.arms}
+    check_map(arm_map, list(a_arms), [arm.label for arm in b.arms])
+    b_arms = {arm_map.get(arm.label, arm.label): arm for arm in b.arms}  # keyed by A's names
+    if a_arms and b_arms and not set(a_arms) & set(b_arms):
+        hint = map_line(list(a_arms), list(b_arms))
+        raise NothingInCommon(
+            f"nothing to compare: no arm of B ({b.experiment_id}: {', '.join(b_arms)}) has the name of an arm of A "
+            f"({a.experiment_id}: {', '.join(a_arms)}); say which arm of B is which arm of A with --map B_ARM=A_ARM, "
+            f"e.g. {hint}"
+        )
+    labels = list(a_arms) + [label for label in b_arms if label not in a_arms]
+    rows: list[ArmRow] = []
+    for label in labels:
+        sa = arm_side(a_arms[label], level, a.design.seed) if label in a_arms else None
+        sb = arm_side(b_arms[label], level, b.design.seed) if label in b_arms else None
+        both = sa is not None and sb is not None and sa.tok_s is not None and sb.tok_s is not None
+        v = (
+            reproduction_verdict(sa.tok_s, sb.tok_s, tolerance)
+            if both and sa and sb and sa.tok_s and sb.tok_s
+            else None
+        )
+        b_own = b_arms[label].label if label in b_arms else None
+        rows.append(ArmRow(label, sa, sb, v, b_own if b_own != label else None))
+    a_cmp = {(c.arm_label, c.vs_label): c.estimate for c in a.comparisons_at(level)}
+    b_cmp = {
+        (arm_map.get(c.arm_label, c.arm_label), arm_map.get(c.vs_label, c.vs_label)): (c.estimate, c)
+        for c in b.comparisons_at(level)
+    }
+    ratios: list[RatioRow] = []
+    for key in list(a_cmp) + [k for k in b_cmp if k not in a_cmp]:
+        ea = a_cmp.get(key)
+        eb, cb = b_cmp.get(key, (None, None))
+        rv = reproduction_verdict(ea, eb, tolerance) if ea is not None and eb is not None else None
+        b_name = f"{cb.arm_label} / {cb.vs_label}" if cb is not None else None
+        ratios.append(RatioRow(key[0], key[1], ea, eb, rv, b_name if b_name != f"{key[0]} / {key[1]}" else None))
+    items = [(_item_name("arm", r.label), r.verdict) for r in rows if r.a and r.b]
+    items += [
+        (_item_name("ratio", f"{r.arm}/{r.vs}"), r.verdict) for r in ratios if r.arm in a_arms and r.arm in b_arms
+    ]
+    missing = [r.label for r in rows if r.a is None or r.b is None]
+    status, reason = overall(items, missing, tolerance)
+    return ExperimentComparison(
+        a=Side(a.experiment_id, a.host, a.simulated, a.blocks),
+        b=Side(b.experiment_id, b.host, b.simulated, b.blocks),
+        concurrency=level,
+        tolerance=tolerance,
+        arms=tuple(rows),
+        ratios=tuple(ratios),
+        causes=tuple(causes),
+        status=status,
+        reason=reason,
+        arm_map=tuple(arm_map.items()),
+    )
+
+
+# ---------------------------------------------------------------- a claim ("94 tok/s on our box")
+
+
+@dataclass(frozen=True)
+class ClaimVerdict:
+    """One arm's measurement against a colleague's claimed tok/s (and claimed ratio vs a baseline)."""
+
+    arm: str
+    measured: ArmEstimate | None
+    claimed_tps: float | None
+    tps: ReproVerdict | None
+    baseline: str | None
+    baseline_measured: ArmEstimate | None
+    claimed_ratio: float | None
+    ratio: RatioEstimate | None  # measured arm / baseline
+    ratio_verdict: ReproVerdict | None
+    tolerance: float
+    status: str
+    reason: str
+    simulated: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.status]
+
+
+def claim_verdict(
+    result: ABResult,
+    arm: str,
+    *,
+    claimed_tps: float | None = None,
+    claimed_ratio: float | None = None,
+    tolerance: float = DEFAULT_TOLERANCE,
+    concurrency: int | None = None,
+) -> ClaimVerdict:
+    """result holds the claimed arm and (as its first arm, when it is not the claimed one) the baseline, measured
+    from fresh state. The claim has no interval, so only this measurement's noise counts."""
+    labels = [a.label for a in result.arms]
+    if arm not in labels:
+        raise InputError(f"the claim is about arm {arm!r}, but the result has only: {', '.join(labels)}")
+    if claimed_tps is None and claimed_ratio is None:
+        raise InputError("nothing claimed: give a claimed tok/s (--claim) and/or a claimed ratio (--claim-ratio)")
+    for name, value in (("claimed tok/s", claimed_tps), ("claimed ratio", claimed_ratio)):
+        if value is not None and not value > 0:
+            raise InputError(f"{name} must be a positive number, got {value}")
+    level = concurrency if concurrency is not None else (result.levels[0] if result.levels else 1)
+    index = labels.index(arm)
+    base = result.arms[0] if index > 0 else None
+    if claimed_ratio is not None and base is None:
+        raise InputError(f"a claimed ratio needs a baseline arm besides {arm!r} (--vs BASELINE)")
+    measured = arm_side(result.arms[index], level, result.design.seed).tok_s
+    base_measured = arm_side(base, level, result.design.seed).tok_s if base else None
+    tps = reproduction_verdict(claimed_tps, measured, tolerance) if claimed_tps and measured else None
+    est = next((c.estimate for c in result.comparisons_at(level) if c.arm_index == index), None)
+    rv = reproduction_verdict(claimed_ratio, est, tolerance) if claimed_ratio and est else None
+    items = ([(_item_name("arm", arm), tps)] if claimed_tps else []) + (
+        [(_item_name("ratio", f"{arm}/{base.label}" if base else arm), rv)] if claimed_ratio else []
+    )
+    status, reason = overall(items, [], tolerance)
+    return ClaimVerdict(
+        arm=arm,
+        measured=measured,
+        claimed_tps=claimed_tps,
+        tps=tps,
+        baseline=base.label if base else None,
+        baseline_measured=base_measured,
+        claimed_ratio=claimed_ratio,
+        ratio=est,
+        ratio_verdict=rv,
+        tolerance=tolerance,
+        status=status,
+        reason=reason,
+        simulated=result.simulated,
+    )
+
+
+def estimate_json(e: ArmEstimate | RatioEstimate | None) -> dict[str, Any] | None:
+    """value, 95 % CI (None with one launch/block) and the number of launches/blocks behind it."""
+    if e is None:
+        return None
+    if isinstance(e, ArmEstimate):
+        ci = [e.lo, e.hi] if e.lo is not None and e.hi is not None else None
+        return {"value": e.value, "ci95": ci, "n": e.launches, "method": e.method}
+    return {"value": e.ratio, "ci95": [e.lo, e.hi] if e.blocks >= 2 else None, "n": e.blocks, "method": e.method}

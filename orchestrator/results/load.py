@@ -1,0 +1,105 @@
+"""A stored experiment read back as the same results model a live run returns (for show, export, whatif, resume)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.results.model import ABResult, CutShort, Design, LaunchResult, spec_steps, with_auto_notes
+from orchestrator.stats.estimates import DEFAULT_MIN_EFFECT
+
+if TYPE_CHECKING:
+    from orchestrator.results.store import Store
+
+
+def port_note(port: int | None, launches: Sequence[LaunchResult]) -> str | None:
+    """What a report says of a port given for the experiment (`--port`, a nightly item's `port:`); None when every
+    server listened on its profile's own. The ports are the launches' own (a resume may have given another)."""
+    if port is None:
+        return None
+    seen = {((launch.fingerprint or {}).get("profile") or {}).get("port") for launch in launches if not launch.attached}
+    used = sorted(p for p in seen if isinstance(p, int)) or [port]
+    where = f"port {used[0]}" if len(used) == 1 else "ports " + ", ".join(map(str, used))
+    return f"servers launched on {where} (given with --port or an item's port:, in place of the profiles' own)"
+
+
+def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], list[CutShort]]:
+    """The experiment's completed launches (in execution order), and those that were cut short."""
+    from orchestrator.results.run import RunResult
+
+    out: list[LaunchResult] = []
+    discarded: list[CutShort] = []
+    for row in store.launches(exp_id):
+        if row["status"] != "complete":
+            discarded.append(CutShort(int(row.get("block") or 0), int(row["arm_index"]), str(row["status"])))
+            continue
+        out.append(
+            LaunchResult(
+                profile=row["profile"],
+                launch_id=row["launch_id"],
+                runs=tuple(RunResult.from_row(r) for r in store.runs(row["launch_id"])),
+                ready_s=float(row["ready_s"] or 0.0),
+                env_report=json.loads(row["env_report_json"] or "{}"),
+                teardown=json.loads(row["teardown_json"] or "{}"),
+                spec_steps=spec_steps(json.loads(row["profile_json"])),
+                block=int(row.get("block") or 0),
+                position=int(row["position"] if row.get("position") is not None else row["arm_index"]),
+                arm_index=int(row["arm_index"]),
+                gpus=json.loads(row["gpus_json"]) if row.get("gpus_json") else None,
+                fingerprint=json.loads(row["fingerprint_json"]) if row.get("fingerprint_json") else None,
+            )
+        )
+    return out, discarded
+
+
+def _resumable(exp: dict[str, Any]) -> bool:
+    """Whether `orch ab --resume` could continue a stored, unfinished experiment (so whether to suggest it)."""
+    error = exp.get("error") or ""
+    return (
+        bool(exp.get("design_json"))
+        and len(json.loads(exp["arms_json"])) > 1
+        and "--strict-env" not in error
+        and "no valid timed run" not in error
+    )
+
+
+def load_result(
+    store: Store, ref: str, *, min_effect: float | None = None, target_tps: float | None = None
+) -> ABResult:
+    """A stored experiment, finished or not, as the same ABResult a live run returns (for show/export)."""
+    exp = store.find_experiment(ref)
+    config = json.loads(exp["config_json"])
+    launches, cut = stored_launches(store, exp["id"])
+    design = (
+        Design.from_dict(json.loads(exp["design_json"]))
+        if exp.get("design_json")
+        else Design(1, "fixed", 0, (tuple(range(len(json.loads(exp["arms_json"])))),))
+    )
+    notes = []
+    if exp["status"] != "complete":
+        total = len(design.slots())
+        notes.append(
+            f"experiment {exp['status']} after {len(launches)} of {total} launches"
+            + (f" ({exp['error']})" if exp.get("error") and exp["status"] != "interrupted" else "")
+            + (f"; continue it with: orch ab --resume {exp['id']}" if _resumable(exp) else "")
+        )
+    if cut:
+        notes.append(f"{len(cut)} launch(es) cut short are stored but left out of the statistics")
+    port = port_note(config.get("port") if isinstance(config.get("port"), int) else None, launches)
+    notes += [port] if port else []
+    result = ABResult(
+        experiment_id=exp["id"],
+        simulated=bool(exp["simulated"]),
+        host=exp["host"],
+        profiles=tuple(json.loads(exp["arms_json"])),
+        launches=tuple(launches),
+        host_facts=config.get("host_facts") or {},
+        target_tps=target_tps if target_tps is not None else config.get("target_tps"),
+        design=design,
+        min_effect=min_effect if min_effect is not None else float(config.get("min_effect", DEFAULT_MIN_EFFECT)),
+        status=exp["status"],
+        notes=tuple(notes),
+        cut_short=tuple(cut),
+    )
+    return with_auto_notes(result)

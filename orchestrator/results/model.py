@@ -1,0 +1,702 @@
+"""Experiment results: the model (launches → arms → the A/B result with its comparisons and warnings), apart from
+what produces it (the run loop in `ab`) and from reading it back from the store (`results_load`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from orchestrator import engines
+from orchestrator.stats.estimates import (
+    DEFAULT_MIN_EFFECT,
+    ArmSpread,
+    BreakEven,
+    RatioEstimate,
+    Summary,
+    arm_spread,
+    blocks_needed,
+    launch_value,
+    minimal_detectable_effect,
+    noisy_host,
+    open_question,
+    outliers,
+    ratio_ci,
+    relative_range,
+    schedule,
+    slow_first_run,
+    spec_from_run,
+    summarize,
+    verdict,
+)
+from orchestrator.stats.sequential import SequentialPlan
+
+if TYPE_CHECKING:
+    # Imported where runs are read back (results_load): the results model itself needs none of the run loop.
+    from orchestrator.results.run import RunResult
+
+
+def has_valid_run(launches: Sequence[LaunchResult], arm_index: int) -> bool:
+    mine = [launch for launch in launches if launch.arm_index == arm_index]
+    return any(launch.timed_at(level) for launch in mine for level in launch.levels)
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """One launch of one arm (in one block) and its runs, with what was verified about it."""
+
+    profile: str
+    launch_id: str
+    runs: tuple[RunResult, ...]
+    ready_s: float
+    env_report: dict[str, Any]
+    teardown: dict[str, Any]
+    spec_steps: int | None = None  # draft steps when the arm uses speculative decoding
+    block: int = 0
+    position: int = 0  # place in its block's launch order
+    arm_index: int = 0
+    gpus: dict[str, Any] | None = None  # nvidia-smi under load, after the timed runs
+    fingerprint: dict[str, Any] | None = None  # fingerprint.collect(): what could make two launches differ
+
+    @property
+    def levels(self) -> list[int]:
+        """Concurrency levels in the order they ran."""
+        return list(dict.fromkeys(r.concurrency for r in self.runs if not r.warmup))
+
+    def timed_at(self, concurrency: int | None = None) -> list[RunResult]:
+        """Valid timed runs at one level (default: the first level, the headline)."""
+        level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
+        return [r for r in self.runs if not r.warmup and r.valid and r.concurrency == level]
+
+    def value_at(self, concurrency: int | None = None, metric: str = "tok_s") -> float | None:
+        """The launch-level value: the median of its valid timed runs."""
+        values = [float(v) for r in self.timed_at(concurrency) if (v := getattr(r, metric)) is not None]
+        return launch_value(values) if values else None
+
+    @property
+    def invalid_runs(self) -> list[RunResult]:
+        return [r for r in self.runs if not r.warmup and not r.valid]
+
+    @property
+    def attached(self) -> dict[str, Any] | None:
+        """The marker of a session on a server orch did not launch (`--attach`): its URL, not fresh, env not
+        verified; None for a launch of orch's own."""
+        mark = (self.fingerprint or {}).get("attached") or self.env_report.get("attached")
+        return mark if isinstance(mark, dict) else None
+
+
+def mean_accept_length(runs: Sequence[RunResult]) -> float | None:
+    """Mean accept length over runs, each from that run's own data (never the server's lifetime average)."""
+    values = [r.spec_accept_length for r in runs if r.spec_accept_length is not None]
+    return sum(values) / len(values) if values else None
+
+
+def arm_label(names: Sequence[str], index: int) -> str:
+    """The profile name, or "name#2" when one profile is two arms (an A/A test)."""
+    return f"{names[index]}#{index + 1}" if list(names).count(names[index]) > 1 else names[index]
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm (profile) across all its launches; the launch, not the run, is the unit of replication."""
+
+    profile: str
+    launches: tuple[LaunchResult, ...]
+    spec_steps: int | None = None
+    label: str = ""  # the profile name, or "name#2" when one profile is two arms (an A/A test)
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.profile)
+
+    @property
+    def launch_id(self) -> str | None:
+        return self.launches[0].launch_id if self.launches else None
+
+    @property
+    def runs(self) -> list[RunResult]:
+        return [r for launch in self.launches for r in launch.runs]
+
+    @property
+    def levels(self) -> list[int]:
+        return list(dict.fromkeys(level for launch in self.launches for level in launch.levels))
+
+    def _level(self, concurrency: int | None) -> int:
+        return concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
+
+    def timed_at(self, concurrency: int | None = None) -> list[RunResult]:
+        level = self._level(concurrency)
+        return [r for launch in self.launches for r in launch.timed_at(level)]
+
+    @property
+    def timed(self) -> list[RunResult]:
+        return self.timed_at()
+
+    def per_launch_at(self, concurrency: int | None = None, metric: str = "tok_s") -> list[list[float]]:
+        level = self._level(concurrency)
+        return [[float(getattr(r, metric)) for r in launch.timed_at(level)] for launch in self.launches]
+
+    def spread_at(self, concurrency: int | None = None, metric: str = "tok_s") -> ArmSpread | None:
+        """Launches, runs, median of launch values, CV within and across launches."""
+        per_launch = [v for v in self.per_launch_at(concurrency, metric) if v]
+        return arm_spread(per_launch) if per_launch else None
+
+    def summary_at(self, concurrency: int | None = None) -> Summary | None:
+        """Per-stream tok/s over every valid timed run of every launch (for min/max; comparisons use launches)."""
+        timed = self.timed_at(concurrency)
+        return summarize([r.tok_s for r in timed]) if timed else None
+
+    def aggregate_at(self, concurrency: int | None = None) -> ArmSpread | None:
+        return self.spread_at(concurrency, "aggregate_tok_s")
+
+    @property
+    def summary(self) -> Summary | None:
+        return self.summary_at()
+
+    def median_at(self, concurrency: int | None = None) -> float | None:
+        """The arm's headline number: the median of its launch values."""
+        spread = self.spread_at(concurrency)
+        return spread.median if spread else None
+
+    def accept_length_at(self, concurrency: int | None = None) -> float | None:
+        return mean_accept_length(self.timed_at(concurrency))
+
+    @property
+    def accept_length(self) -> float | None:
+        return self.accept_length_at()
+
+    @property
+    def env_ok(self) -> bool:
+        """No launch's env check found a mismatch (an attached arm's env is unverified, not mismatched)."""
+        return all(launch.env_report.get("ok", True) is not False for launch in self.launches)
+
+    @property
+    def attached_url(self) -> str | None:
+        """The URL of the running server this arm was measured on (`--attach`), or None for launched arms."""
+        return next((str(m["url"]) for launch in self.launches if (m := launch.attached)), None)
+
+
+@dataclass(frozen=True)
+class Design:
+    """How the launches of an experiment are arranged: every block launches every arm once, in a recorded order.
+    With `auto` (`--blocks auto`) `blocks` is how many are scheduled so far: one more after each undecided look."""
+
+    blocks: int = 1
+    order: str = "fixed"
+    seed: int = 0
+    schedule: tuple[tuple[int, ...], ...] = ((0,),)
+    auto: SequentialPlan | None = None
+
+    @classmethod
+    def make(cls, arms: int, blocks: int, order: str, seed: int, auto: SequentialPlan | None = None) -> Design:
+        return cls(blocks, order, seed, tuple(tuple(b) for b in schedule(arms, blocks, order, seed)), auto)
+
+    def extended(self, blocks: int) -> Design:
+        """The same design with more blocks: the seeded schedule of the longer design starts with this one's."""
+        return Design.make(len(self.schedule[0]), blocks, self.order, self.seed, self.auto)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "blocks": self.blocks,
+            "order": self.order,
+            "seed": self.seed,
+            "schedule": [list(b) for b in self.schedule],
+            **({"auto": self.auto.to_dict()} if self.auto is not None else {}),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Design:
+        return cls(
+            int(d["blocks"]),
+            str(d["order"]),
+            int(d["seed"]),
+            tuple(tuple(int(i) for i in b) for b in d["schedule"]),
+            SequentialPlan.from_dict(d["auto"]) if d.get("auto") else None,
+        )
+
+    def slots(self) -> list[tuple[int, int, int]]:
+        """(block, position, arm index) for every launch, in execution order."""
+        return [(b, pos, arm) for b, order in enumerate(self.schedule) for pos, arm in enumerate(order)]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    arm: str  # profile names (the JSON contract); labels tell two arms of one profile apart
+    vs: str
+    ratio: float | None  # geometric mean over blocks of the launch-value ratios
+    concurrency: int = 1
+    aggregate_ratio: float | None = None
+    estimate: RatioEstimate | None = None
+    verdict: str | None = None  # faster | slower | no difference | inconclusive; None without paired launches
+    mde: float | None = None
+    blocks_needed: int | None = None
+    min_effect: float = DEFAULT_MIN_EFFECT
+    arm_label: str = ""
+    vs_label: str = ""
+    arm_index: int = 1
+    sequential: dict[str, Any] | None = None  # --blocks auto: the look this interval belongs to
+
+    @property
+    def advice(self) -> str | None:
+        """For an inconclusive comparison, what would decide it, phrased for the question it asks."""
+        est = self.estimate
+        if self.verdict != "inconclusive" or est is None or est.blocks < 2 or self.ratio is None:
+            return None
+        pct, me = abs(self.ratio - 1) * 100, self.min_effect * 100
+        if open_question(est, self.min_effect) == "sign":
+            what = f"whether the observed {pct:.1f}% {'gain' if self.ratio >= 1 else 'loss'} is real"
+        else:
+            what = f"whether the difference (observed {pct:.1f}%) lies within ±{me:.1f}%"
+        if self.blocks_needed is None:
+            return f"at this noise no practical number of blocks would show {what}"
+        if self.blocks_needed <= est.blocks:  # the bootstrap or a sequential look's wider interval held it back
+            return f"a few more blocks would likely show {what}"
+        return f"about {self.blocks_needed} blocks would likely show {what} (at this noise, 80% power)"
+
+    def to_dict(self) -> dict[str, Any]:
+        est = self.estimate
+        return {
+            "arm": self.arm,
+            "vs": self.vs,
+            "arm_label": self.arm_label or self.arm,
+            "vs_label": self.vs_label or self.vs,
+            "arm_index": self.arm_index,
+            "concurrency": self.concurrency,
+            "ratio": self.ratio,
+            "aggregate_ratio": self.aggregate_ratio,
+            "blocks": est.blocks if est else 0,
+            # One block's interval holds only run-to-run noise: publishing it would invite the very mistake
+            # (trusting one launch per arm) that orch exists to prevent.
+            "ci95": [est.lo, est.hi] if est and est.blocks >= 2 else None,
+            "ci_method": est.method if est else None,
+            "verdict": self.verdict,
+            "min_effect": self.min_effect,
+            "mde": self.mde,
+            "blocks_needed": self.blocks_needed,
+            "advice": self.advice,
+            **({"sequential": self.sequential} if self.sequential is not None else {}),
+        }
+
+
+@dataclass(frozen=True)
+class CutShort:
+    """A launch that started but did not complete: kept in the store, left out of the statistics."""
+
+    block: int
+    arm_index: int
+    status: str  # interrupted | failed | running (an older orch killed mid-launch)
+
+
+Paired = dict[str, tuple[list[list[float]], list[list[float]]]]
+# The fingerprint fields that digest a launch's workload, newest first (fingerprint.WORKLOAD_KEY and the key used before
+# it): the model reads stored fingerprints without importing the code that collects them.
+WORKLOAD_KEYS = ("workload_sha256", "workload_digest")
+
+
+def same_requests(base: LaunchResult, arm: LaunchResult, level: int) -> bool:
+    """Run i of both launches sent the same requests: the same workload digest (settings and every request, recorded
+    in each launch's fingerprint) and the same valid timed runs at this level. A launch without a digest (an older
+    orch, a hand-made bundle) or a run invalid in only one of them breaks the correspondence."""
+    fps = [launch.fingerprint or {} for launch in (base, arm)]
+    # fingerprint.WORKLOAD_KEY, else LEGACY_WORKLOAD_KEY in launches stored before it (both launches the same kind).
+    key = next((k for k in WORKLOAD_KEYS if all(isinstance(fp.get(k), str) for fp in fps)), None)
+    if key is None or fps[0][key] != fps[1][key]:
+        return False
+    return [r.index for r in base.timed_at(level)] == [r.index for r in arm.timed_at(level)]
+
+
+def _paired(base: ArmResult, arm: ArmResult, level: int, metrics: Sequence[str]) -> tuple[Paired, bool]:
+    """Per metric, the run values of the two arms' launches block by block, over the same blocks for every metric:
+    those where both launches have valid runs with positive values, each launch's runs in run order; and whether
+    every such block's two launches sent the same requests run by run (`same_requests`)."""
+    base_by_block = {launch.block: launch for launch in base.launches}
+    arm_by_block = {launch.block: launch for launch in arm.launches}
+    out: Paired = {m: ([], []) for m in metrics}
+    shared = True
+    for block in sorted(set(base_by_block) & set(arm_by_block)):
+        b_timed = sorted(base_by_block[block].timed_at(level), key=lambda r: r.index)
+        a_timed = sorted(arm_by_block[block].timed_at(level), key=lambda r: r.index)
+        values = {
+            m: ([float(getattr(r, m)) for r in b_timed], [float(getattr(r, m)) for r in a_timed]) for m in metrics
+        }
+        if b_timed and a_timed and all(v > 0 for b, a in values.values() for v in b + a):
+            for m, (b, a) in values.items():
+                out[m][0].append(b)
+                out[m][1].append(a)
+            shared = shared and same_requests(base_by_block[block], arm_by_block[block], level)
+    return out, shared
+
+
+@dataclass(frozen=True)
+class ABResult:
+    experiment_id: str
+    simulated: bool
+    host: str
+    profiles: tuple[str, ...]
+    launches: tuple[LaunchResult, ...]  # in execution order
+    host_facts: dict[str, Any]
+    target_tps: float | None = None
+    design: Design = field(default_factory=Design)
+    min_effect: float = DEFAULT_MIN_EFFECT
+    status: str = "complete"
+    notes: tuple[str, ...] = ()  # things worth saying that are not about the numbers (e.g. discarded launches)
+    cut_short: tuple[CutShort, ...] = ()  # launches that started but did not complete (not in the statistics)
+
+    @cached_property
+    def arms(self) -> tuple[ArmResult, ...]:
+        out = []
+        for i, name in enumerate(self.profiles):
+            mine = tuple(launch for launch in self.launches if launch.arm_index == i)
+            steps = next((launch.spec_steps for launch in mine), None)
+            out.append(ArmResult(name, mine, steps, arm_label(self.profiles, i)))
+        return tuple(out)
+
+    @property
+    def blocks(self) -> int:
+        """Blocks in which every arm has a launch."""
+        per_arm = [{launch.block for launch in arm.launches} for arm in self.arms]
+        return len(set.intersection(*per_arm)) if per_arm else 0
+
+    @property
+    def levels(self) -> list[int]:
+        """Concurrency levels in the order they ran, over every launch (a partial experiment may lack an arm)."""
+        return list(dict.fromkeys(level for launch in self.launches for level in launch.levels))
+
+    @cached_property
+    def _comparisons(self) -> dict[int, tuple[Comparison, ...]]:
+        """Each level's comparisons, once computed: the report's tables, verdict lines, advice and `--blocks auto`
+        notes all ask for them, and every one is a bootstrap. Safe to keep: the result is frozen, and
+        dataclasses.replace (another min_effect or design) makes a new result with an empty cache."""
+        return {}
+
+    def with_notes(self, *notes: str) -> ABResult:
+        """The same result with more notes; notes change no number, so the comparisons computed so far are kept."""
+        out = dataclasses.replace(self, notes=(*self.notes, *notes))
+        out.__dict__["_comparisons"] = self._comparisons
+        return out
+
+    def comparisons_at(self, concurrency: int | None = None) -> list[Comparison]:
+        level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
+        if level not in self._comparisons:
+            self._comparisons[level] = tuple(self._compare_at(level))
+        return list(self._comparisons[level])
+
+    def _compare_at(self, level: int) -> list[Comparison]:
+        base = self.arms[0]
+        out = []
+        for index, arm in enumerate(self.arms[1:], start=1):
+            names: dict[str, Any] = {"arm_label": arm.label, "vs_label": base.label, "arm_index": index}
+            paired, shared = _paired(base, arm, level, ("tok_s", "aggregate_tok_s"))
+            b_runs, a_runs = paired["tok_s"]
+            if not b_runs:
+                out.append(Comparison(arm.profile, base.profile, None, level, min_effect=self.min_effect, **names))
+                continue
+            plan, n = self.design.auto, len(b_runs)
+            crit = plan.t_crit(n) if plan is not None else None
+            if plan is None:
+                est, sequential = ratio_ci(b_runs, a_runs, seed=self.design.seed, paired=shared), None
+            else:
+                # The interval the stopping rule used: a repeated CI at this look's nominal level, never a plain 95 %.
+                est = ratio_ci(
+                    b_runs, a_runs, seed=self.design.seed, alpha=plan.nominal_alpha(n), t_crit=crit, paired=shared
+                )
+                est = dataclasses.replace(est, method=f"{plan.describe()}; look at {n} blocks: {est.method}")
+                sequential = {**plan.to_dict(), "look_blocks": n, "nominal_alpha": plan.nominal_alpha(n), "t": crit}
+            b_agg, a_agg = paired["aggregate_tok_s"]
+            agg = math.exp(
+                statistics.fmean(math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True))
+            )
+            out.append(
+                Comparison(
+                    arm=arm.profile,
+                    vs=base.profile,
+                    ratio=est.ratio,
+                    concurrency=level,
+                    aggregate_ratio=agg,
+                    estimate=est,
+                    verdict=verdict(est, self.min_effect),
+                    mde=minimal_detectable_effect(est, crit),
+                    blocks_needed=blocks_needed(est, self.min_effect),
+                    min_effect=self.min_effect,
+                    sequential=sequential,
+                    **names,
+                )
+            )
+        return out
+
+    @property
+    def comparisons(self) -> list[Comparison]:
+        """Each arm against the first, at the first concurrency level (the headline)."""
+        return self.comparisons_at()
+
+    def undecided(self) -> list[Comparison]:
+        """Comparisons (each arm against the first, at every level) that are not faster, slower or no difference."""
+        levels = self.levels or [1]
+        return [c for level in levels for c in self.comparisons_at(level) if c.verdict in (None, "inconclusive")]
+
+    def speculation(self) -> list[tuple[ArmResult, BreakEven]]:
+        """For each speculative arm compared with a non-speculative baseline: the break-even arithmetic."""
+        base = self.arms[0]
+        base_tps = base.median_at()
+        if base_tps is None or base.spec_steps is not None:
+            return []
+        out = []
+        for arm in self.arms[1:]:
+            tps, tau = arm.median_at(), arm.accept_length
+            if arm.spec_steps is None or tps is None or tau is None:
+                continue
+            out.append((arm, spec_from_run(base_tps, tps, tau, arm.spec_steps, self.target_tps)))
+        return out
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes of a multi-node host (an inventory group, a multi-node Slurm allocation) in rank order; []
+        for one host."""
+        nodes = self.host_facts.get("nodes")
+        return list(nodes) if isinstance(nodes, dict) else []
+
+    @property
+    def host_label(self) -> str:
+        """The host as reports name it: a multi-node host with its nodes."""
+        nodes = self.nodes
+        return f"{self.host} (nodes {', '.join(nodes)})" if len(nodes) > 1 else self.host
+
+    def node_mismatch(self) -> str | None:
+        """The nodes of the multi-node group differed (launched with --allow-node-mismatch), or None."""
+        mismatches = self.host_facts.get("node_mismatches") or []
+        if not mismatches:
+            return None
+        return f"the nodes of {self.host} differ (launched anyway with --allow-node-mismatch): {'; '.join(mismatches)}"
+
+    def host_noise_warnings(self) -> list[str]:
+        """Arms whose launches vary far more than a quiet host's (stats.noisy_host), at each level."""
+        out = []
+        for arm in self.arms:
+            for level in arm.levels:
+                spread = arm.spread_at(level)
+                line = (
+                    host_noise_warning(arm.label + (f" @ {level}" if len(self.levels) > 1 else ""), spread)
+                    if spread
+                    else None
+                )
+                if line:
+                    out.append(line)
+        return out
+
+    def warnings(self) -> list[str]:
+        """What a careful reader should know before trusting the numbers; printed, never raised."""
+        node = self.node_mismatch()
+        out: list[str] = ([node] if node else []) + attached_warnings(self.arms)
+        if self.blocks < 2 and len(self.arms) > 1:
+            if self.design.blocks < 2:
+                out.append(
+                    "one launch per arm: restart-to-restart noise (the kind that once turned 82 tok/s into 89) is "
+                    "not estimated, so no verdict is possible; use --blocks 3 or more"
+                )
+            else:
+                out.append(
+                    f"only {self.blocks} of {self.design.blocks} blocks complete: no verdict until at least two are "
+                    f"(orch ab --resume {self.experiment_id})"
+                )
+        for launch in self.launches:
+            where = f"{self.arms[launch.arm_index].label} (block {launch.block + 1})"
+            for level in launch.levels:
+                timed = launch.timed_at(level)
+                values = [r.tok_s for r in timed]
+                at = f" @ {level}" if len(self.levels) > 1 else ""
+                med = statistics.median(values) if values else 0.0
+                for i in outliers(values):
+                    out.append(
+                        f"outlier run: {where} run {timed[i].index + 1}{at}: {values[i]:.1f} tok/s vs the launch's "
+                        f"median {med:.1f} (median-absolute-deviation z > 3.5); kept in the statistics"
+                    )
+                ordered = sorted(timed, key=lambda r: r.index)
+                in_order = [r.tok_s for r in ordered]
+                if slow_first_run(in_order):
+                    out.append(
+                        f"slow first run: {where}{at}: run {ordered[0].index + 1} gave {in_order[0]:.1f} tok/s, the "
+                        f"others {statistics.median(in_order[1:]):.1f}: "
+                        + (
+                            "warmup may be too short (raise --warmup)"
+                            if level == 1
+                            else "the level's first run warms it up (warmups run at concurrency 1)"
+                        )
+                    )
+        for arm in self.arms:
+            for level in arm.levels:
+                launches = [launch for launch in arm.launches if launch.timed_at(level)]
+                values = [launch.value_at(level) or 0.0 for launch in launches]
+                # 5 %: with three launches the MAD is crude, and 2-3 % restart noise is ordinary on a busy host.
+                for i in outliers(values, min_rel=0.05, min_n=3):
+                    out.append(
+                        f"far launch: {arm.label} block {launches[i].block + 1}"
+                        + (f" @ {level}" if len(self.levels) > 1 else "")
+                        + f": {values[i]:.1f} tok/s vs the arm's median launch {statistics.median(values):.1f}; "
+                        "something differed in that launch (host state, another job?)"
+                    )
+        out += self.host_noise_warnings()
+        out += gpu_drift_warnings(self.launches, [arm.label for arm in self.arms])
+        bad_env = [arm.label for arm in self.arms if not arm.env_ok]
+        if bad_env:
+            out.append(f"environment mismatches in {', '.join(bad_env)} (see the env check lines)")
+        return out
+
+
+def host_noise_warning(label: str, spread: ArmSpread) -> str | None:
+    """One arm's launches swing far more than a quiet host's do (`noisy_host`): the numbers and what to do."""
+    if not noisy_host(spread) or spread.cv_across is None:
+        return None
+    within = (
+        f"{spread.cv_within * 100:.1f}% between runs within a launch"
+        if spread.cv_within is not None
+        else "one run per launch, so no run-to-run noise to compare"
+    )
+    return (
+        f"noisy host: {label}: its {spread.launches} launches ranged {spread.launch_min:.1f}-{spread.launch_max:.1f} "
+        f"tok/s (CV {spread.cv_across * 100:.0f}% across launches, {within}): the same configuration should give "
+        "about the same number each launch, so something else on the host moved it (other jobs, CPU or GPU "
+        "clocks, memory pressure); the CIs are wide and a verdict needs many blocks: quiet the host (stop other "
+        "work, check `uptime`/`top`, nvidia-smi) and run again, or run more blocks"
+    )
+
+
+def why_undecided(c: Comparison) -> str:
+    """One undecided comparison: its numbers, what keeps it open, and what would decide it."""
+    head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {c.concurrency}"
+    est = c.estimate
+    if est is None or c.ratio is None:
+        return f"{head}: no block in which both have valid runs"
+    if est.blocks < 2:
+        return f"{head}: one paired block, which cannot separate restart noise from a real difference"
+    numbers = f"{c.ratio:.3f}x, CI [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks"
+    noise = f"block-to-block spread {est.log_sd * 100:.1f}%" if est.log_sd is not None else "no spread estimate"
+    if open_question(est, c.min_effect) == "sign":
+        why = f"the CI still includes 1 ({noise})"
+    else:
+        why = f"the CI reaches beyond ±{c.min_effect * 100:.1f}% ({noise})"
+    return f"{head}: {numbers}: {why}" + (f"; {c.advice}" if c.advice else "")
+
+
+def auto_look(result: ABResult) -> tuple[bool, str]:
+    """The stopping rule of `--blocks auto`, after every scheduled block ran: stop once every comparison is decided
+    (faster, slower or no difference by its repeated CI), at the maximum, or when an arm has no valid run at all
+    (more blocks would not give it one); the line says which."""
+    plan = result.design.auto
+    if plan is None:
+        return True, "fixed design"
+    blocks = result.design.blocks
+    empty = [arm.label for i, arm in enumerate(result.arms) if not has_valid_run(result.launches, i)]
+    if empty:
+        return True, f"look after block {blocks}: no valid run in {', '.join(empty)}; stopping"
+    open_ = result.undecided()
+    if not open_:
+        return True, f"look after block {blocks}: every comparison is decided; stopping (--blocks auto)"
+    if blocks >= plan.max_blocks:
+        return True, f"look after block {blocks}: {len(open_)} comparison(s) undecided at the maximum; stopping"
+    names = ", ".join(f"{c.arm_label or c.arm} @ {c.concurrency}" for c in open_)
+    return (
+        False,
+        f"look after block {blocks}: undecided: {names}; adding block {blocks + 1} of at most {plan.max_blocks}",
+    )
+
+
+def auto_notes(result: ABResult) -> list[str]:
+    """What `--blocks auto` did and why it stopped, for the report (nothing for a fixed design)."""
+    plan = result.design.auto
+    if plan is None:
+        return []
+    out = [
+        f"--blocks auto ({plan.min_blocks} to {plan.max_blocks} blocks): the CIs are {plan.describe()}, valid at "
+        "whichever block the experiment stopped (a plain 95% CI after looking at every block would be too narrow)"
+    ]
+    if result.status != "complete":
+        return out
+    open_ = result.undecided()
+    if not open_:
+        out.append(f"--blocks auto stopped after {result.design.blocks} blocks: every comparison is decided")
+    else:
+        out.append(
+            f"--blocks auto stopped after {result.design.blocks} blocks with {len(open_)} comparison(s) "
+            "inconclusive: " + "; ".join(why_undecided(c) for c in open_)
+        )
+    return out
+
+
+def attached_warnings(arms: Sequence[ArmResult]) -> list[str]:
+    """Arms measured on servers orch did not launch (`--attach`), and a comparison mixing them with launched arms."""
+    attached = [arm for arm in arms if arm.attached_url]
+    launched = [arm.label for arm in arms if not arm.attached_url and arm.launches]
+    out = []
+    if attached and launched:
+        out.append(
+            f"MIXED COMPARISON (--allow-mixed): attached {', '.join(a.label for a in attached)} against launched "
+            f"{', '.join(launched)}: the difference may come from how each server was set up and what it did before, "
+            "not only from its configuration"
+        )
+    for arm in attached:
+        out.append(
+            f"{arm.label} was measured on {arm.attached_url}, a server orch did not launch (attached): "
+            "its state was not fresh (each block was another benchmark session on the same running server, not a "
+            "restart) and its environment was not verified (orch cannot read its processes, env or host)"
+        )
+        if any(
+            ((launch.fingerprint or {}).get("software") or {}).get("reports_orch_simulator") for launch in arm.launches
+        ):
+            out.append(
+                f"SIMULATED: the server {arm.label} is attached to reports itself as orch's simulator: its numbers "
+                "are simulated, not measured on real hardware"
+            )
+    return out
+
+
+def gpu_drift_warnings(
+    launches: Sequence[LaunchResult], labels: Sequence[str], clock_rel: float = 0.05, temp_c: float = 10.0
+) -> list[str]:
+    """GPU SM clocks or temperatures under load that moved between launches: throttling makes launches unequal."""
+    per_gpu: dict[Any, list[tuple[str, float | None, float | None]]] = {}
+    for launch in launches:
+        state = launch.gpus or {}
+        # Only the GPUs this launch used (an idle GPU's clock says nothing): by its processes when nvidia-smi can name
+        # them (in a container it reports host PIDs), else the GPUs that were busy at the reading.
+        used = {a.get("gpu_index") for a in state.get("apps") or [] if a.get("launch_id") == launch.launch_id}
+        for g in state.get("gpus") or []:
+            util = g.get("utilization.gpu")
+            if (used and g.get("index") not in used) or (not used and isinstance(util, (int, float)) and util <= 0):
+                continue
+            clock, temp = g.get("clocks.sm"), g.get("temperature.gpu")
+            per_gpu.setdefault(g.get("index"), []).append(
+                (
+                    f"{labels[launch.arm_index]}/block {launch.block + 1}",
+                    float(clock) if isinstance(clock, (int, float)) else None,
+                    float(temp) if isinstance(temp, (int, float)) else None,
+                )
+            )
+    out = []
+    for index, readings in sorted(per_gpu.items(), key=lambda kv: str(kv[0])):
+        clocks = [c for _, c, _ in readings if c is not None]
+        temps = [t for _, _, t in readings if t is not None]
+        if clocks and relative_range(clocks) > clock_rel:
+            detail = ", ".join(f"{w} {c:.0f}" for w, c, _ in readings if c is not None)
+            out.append(f"GPU {index} SM clock under load changed between launches (MHz: {detail})")
+        if temps and max(temps) - min(temps) > temp_c:
+            detail = ", ".join(f"{w} {t:.0f}" for w, _, t in readings if t is not None)
+            out.append(f"GPU {index} temperature under load changed between launches (°C: {detail})")
+    return out
+
+
+def spec_steps(profile_dict: dict[str, Any]) -> int | None:
+    spec = profile_dict.get("speculative")
+    if not spec:
+        return None
+    name = profile_dict.get("engine")
+    # An engine this orch no longer knows (an old bundle) falls back to SGLang's default of 3 steps.
+    return engines.get(name).spec_steps(spec) if name in engines.names() else int(spec.get("num_steps") or 3)
+
+
+def with_auto_notes(result: ABResult) -> ABResult:
+    notes = auto_notes(result)
+    return result.with_notes(*notes) if notes else result

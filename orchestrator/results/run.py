@@ -1,0 +1,92 @@
+"""One benchmark run's result (RunResult): what the client measured, as stored and compared."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run (warmups included, never in statistics). At concurrency 1 the first six fields are the seed's."""
+
+    index: int
+    warmup: bool
+    tokens: int
+    seconds: float
+    tok_s: float  # output tokens per second per stream (tokens / end-to-end time, averaged over requests)
+    prompt_tokens: int
+    ttft_s: float | None  # median time to first token
+    spec_accept_length: float | None = None
+    spec_verify_ct: int | None = None
+    valid: bool = True
+    invalid_reason: str | None = None
+    concurrency: int = 1
+    aggregate_tok_s: float = 0.0  # output tokens per second, all streams, while all were busy
+    requests: int = 1
+    errors: int = 0
+    accept_source: str | None = None
+    token_source: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)  # ttft/itl/tpot/e2e distributions, chunk counts
+    per_request: tuple[dict[str, Any], ...] = ()
+    gpus: dict[str, Any] | None = None  # nvidia-smi read during this run, when it was probed
+
+    @classmethod
+    def from_summary(cls, index: int, warmup: bool, s: dict[str, Any]) -> RunResult:
+        return cls(
+            index=index,
+            warmup=warmup,
+            tokens=int(s["tokens"]),
+            seconds=float(s["seconds"]),
+            tok_s=float(s["tok_s"]),
+            prompt_tokens=int(s["prompt_tokens"]),
+            ttft_s=s["ttft_s"],
+            spec_accept_length=s["spec_accept_length"],
+            spec_verify_ct=s["spec_verify_ct"],
+            valid=bool(s["valid"]),
+            invalid_reason=s["invalid_reason"],
+            concurrency=int(s["concurrency"]),
+            aggregate_tok_s=float(s["aggregate_tok_s"]),
+            requests=int(s["requests"]),
+            errors=int(s["errors"]),
+            accept_source=s["accept_source"],
+            token_source=s["token_source"],
+            metrics={
+                k: s[k]
+                for k in ("ttft", "itl", "tpot", "e2e", "window_s", "chunks", "multi_token_chunks", "spec")
+                if k in s
+            },
+            per_request=tuple(s["per_request"]),
+            gpus=s.get("gpus"),
+        )
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> RunResult:
+        """A run as the store keeps it (older rows may lack the later columns)."""
+        metrics = json.loads(row.get("metrics_json") or "{}")
+        return cls(
+            index=int(row["idx"]),
+            warmup=bool(row["warmup"]),
+            tokens=int(row["tokens"]),
+            seconds=float(row["seconds"]),
+            tok_s=float(row["tok_s"]),
+            prompt_tokens=int(row["prompt_tokens"]),
+            ttft_s=row["ttft_s"],
+            spec_accept_length=row["spec_accept_length"],
+            spec_verify_ct=row["spec_verify_ct"],
+            valid=bool(row["valid"]),
+            invalid_reason=row["invalid_reason"],
+            concurrency=int(row.get("concurrency") or 1),
+            aggregate_tok_s=float(row["aggregate_tok_s"] if row.get("aggregate_tok_s") is not None else row["tok_s"]),
+            requests=int(row.get("requests") or 1),
+            errors=int(row.get("errors") or 0),
+            accept_source=row.get("accept_source"),
+            token_source=row.get("token_source"),
+            metrics=metrics,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["per_request"] = list(self.per_request)
+        return d

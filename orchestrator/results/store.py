@@ -1,0 +1,586 @@
+"""The results store: a versioned SQLite file, written the moment each run finishes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from orchestrator.errors import ExperimentRefError, InputError, StoreError
+from orchestrator.results.schema import INDEXES, MIGRATIONS, SCHEMA_VERSION, actual_schema, expected_schema
+
+# psutil, socket and secrets are imported where they are used: `orch list` opens the store and reads it, and should
+# not pay for what only a running experiment (its owner) or the secret-digest key needs.
+
+
+def default_path() -> Path:
+    return Path(platformdirs.user_data_dir("orch")) / "orch.db"
+
+
+def open_existing(db: str | None) -> Store:
+    """The results database a reading command (or a resume) needs: --db, else the default; none there is a
+    StoreError saying how to make one, never an empty database created to read from."""
+    path = Path(db) if db else default_path()
+    if not path.exists():
+        raise StoreError(f"{path}: no results database here yet (run `orch ab` first, or pass --db)")
+    return Store(path)
+
+
+AMBIGUOUS_SHOWN = 10  # ids an ambiguous prefix lists
+BUSY_TIMEOUT_MAX_S = 1e6  # sqlite3 takes the timeout in milliseconds as a C int: far beyond this overflows
+
+
+def busy_timeout_s() -> float:
+    """How long to wait for another process's lock on the file (ORCH_DB_BUSY_TIMEOUT_S, default 30 s). A value that
+    is set but invalid is refused: silently waiting 30 s instead of what the user asked for hides their mistake."""
+    raw = os.environ.get("ORCH_DB_BUSY_TIMEOUT_S")
+    if raw is None or not raw.strip():  # `ORCH_DB_BUSY_TIMEOUT_S= orch ...` is the shell's way to unset it
+        return 30.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    # nan fails both comparisons, so it lands here too
+    if not 0 <= value < BUSY_TIMEOUT_MAX_S:
+        raise InputError(
+            f"ORCH_DB_BUSY_TIMEOUT_S={raw!r}: expected a non-negative number of seconds below "
+            f"{BUSY_TIMEOUT_MAX_S:g} (such as 30, the default when it is unset)"
+        )
+    return value
+
+
+def this_process() -> dict[str, Any]:
+    """Who owns a running experiment: enough to tell later whether that process is still the same one."""
+    import socket
+
+    import psutil
+
+    return {"pid": os.getpid(), "create_time": psutil.Process().create_time(), "host": socket.gethostname()}
+
+
+def owner_gone(owner: dict[str, Any]) -> str | None:
+    """Why the owner process of a running experiment is known to be gone, or None (alive, elsewhere, or unknown)."""
+    import socket
+
+    pid, created = owner.get("pid"), owner.get("create_time")
+    if owner.get("host") != socket.gethostname() or not isinstance(pid, int) or not isinstance(created, int | float):
+        return None  # another machine's process (or an owner we cannot read) is nobody's to judge from here
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return f"PID {pid} is gone"
+        if abs(proc.create_time() - created) > 0.5:
+            return f"PID {pid} is gone; the PID now belongs to another process"
+    except psutil.NoSuchProcess:
+        return f"PID {pid} is gone"
+    except psutil.Error:
+        return None
+    return None
+
+
+def _kind(e: sqlite3.Error) -> str:
+    """The SQLite error behind e (its code name where Python has it, else read from the message)."""
+    name = getattr(e, "sqlite_errorname", "") or ""
+    text = str(e).lower()
+    for kind, code, words in (
+        ("busy", "SQLITE_BUSY", "locked"),
+        ("busy", "SQLITE_LOCKED", "locked"),
+        ("readonly", "SQLITE_READONLY", "readonly"),
+        ("full", "SQLITE_FULL", "disk is full"),
+        ("notadb", "SQLITE_NOTADB", "not a database"),
+        ("corrupt", "SQLITE_CORRUPT", "malformed"),
+        ("cantopen", "SQLITE_CANTOPEN", "unable to open"),
+        ("ioerr", "SQLITE_IOERR", "disk i/o error"),
+    ):
+        if name.startswith(code) or words in text:
+            return kind
+    return "other"
+
+
+class Store:
+    """One SQLite file. Every write commits at once, so a crash loses at most the run in flight."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path is not None else default_path()
+        timeout_s = busy_timeout_s()  # before anything is created: an invalid setting leaves nothing behind
+        # Experiments whose owner is gone but which a read-only file still records as running: shown interrupted.
+        self._orphans: dict[str, str] = {}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"{self.path}: cannot create the results database: {e.strerror or e}") from e
+        try:
+            # A file orch may not write (permissions, an immutable file, a read-only mount) opens read-only:
+            # listing and showing still work, and the first write says why it cannot.
+            self.conn = sqlite3.connect(self.path, timeout=timeout_s)
+        except sqlite3.Error as e:
+            raise self._error(e, "opening it") from e
+        try:
+            self.conn.row_factory = sqlite3.Row
+            try:
+                self.conn.execute("PRAGMA foreign_keys = ON")
+            except sqlite3.Error as e:
+                raise self._error(e, "opening it") from e
+            self._migrate()
+            self.reap_orphans()
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def _error(self, e: sqlite3.Error, doing: str) -> StoreError:
+        """What went wrong with the file, in words, and what to do about it."""
+        kind = _kind(e)
+        where = f"{self.path}"
+        if kind == "busy":
+            return StoreError(
+                f"{where}: the results database is locked by another process (still busy after "
+                f"{busy_timeout_s():g}s, while {doing}); let the other orch finish, or use another --db"
+            )
+        if kind == "readonly":
+            return StoreError(
+                f"{where}: the results database is read-only ({e}, while {doing}); make the file and its directory "
+                "writable, or use another --db"
+            )
+        if kind == "full":
+            return StoreError(
+                f"{where}: the disk is full ({e}, while {doing}); everything recorded before is kept. Free some "
+                "space, or use another --db"
+            )
+        if kind == "notadb":
+            return StoreError(
+                f"{where} is not an SQLite database (corrupt, or another kind of file: {e}); move it aside or use "
+                "another --db"
+            )
+        if kind == "corrupt":
+            return StoreError(
+                f"{where}: the results database is corrupt ({e}, while {doing}); move it aside "
+                "(`sqlite3 FILE .recover` may salvage it) or use another --db"
+            )
+        if kind == "cantopen":
+            return StoreError(
+                f"{where}: cannot open the results database ({e}, while {doing}); check that the file and its "
+                "directory exist and are readable and writable, or use another --db"
+            )
+        if kind == "ioerr":
+            return StoreError(f"{where}: I/O error on the results database ({e}, while {doing}); check the disk")
+        return StoreError(f"{where}: the results database failed while {doing}: {e}")
+
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        """A read for modules that keep their own tables here (the nightly history), failures explained."""
+        return self._query(sql, params)
+
+    def transaction(self, doing: str) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """One committed write for modules that keep their own tables here, failures explained."""
+        return self._write(doing)
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        """A read, with any SQLite failure explained."""
+        try:
+            return self.conn.execute(sql, params).fetchall()
+        except sqlite3.Error as e:
+            raise self._error(e, "reading it") from e
+
+    def _migrate(self) -> None:
+        try:
+            version = int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+        except sqlite3.Error as e:
+            raise self._error(e, "opening it") from e
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: schema version {version} is newer than this orch understands ({SCHEMA_VERSION}); "
+                "upgrade orch or use another --db"
+            )
+        # Checked before anything is written: someone else's SQLite file must not get orch's tables added to it.
+        self._check_schema(version)
+        for target in range(version, SCHEMA_VERSION):
+            try:
+                with self.conn:
+                    self.conn.executescript("BEGIN;" + MIGRATIONS[target] + f"; PRAGMA user_version = {target + 1};")
+            except sqlite3.Error as e:
+                raise self._error(e, f"upgrading its schema from version {target} to {target + 1}") from e
+        self._ensure_indexes()
+
+    def _ensure_indexes(self) -> None:
+        """Add the INDEXES a file lacks (one made by an older orch). Only reads get slower without them, so a file
+        orch may not write now (read-only, locked, full) is read as it is, and indexed at a later open."""
+        try:
+            have = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+            missing = [sql for name, sql in INDEXES.items() if name not in have]
+            if missing:
+                with self.conn:
+                    for sql in missing:
+                        self.conn.execute(sql)
+        except sqlite3.Error as e:
+            if _kind(e) not in ("readonly", "busy", "full"):
+                raise self._error(e, "adding its indexes") from e
+
+    def _check_schema(self, version: int) -> None:
+        try:
+            actual = actual_schema(self.conn)
+        except sqlite3.Error as e:
+            raise self._error(e, "opening it") from e
+        expected = expected_schema(version)
+        if version == 0:
+            if actual:
+                tables = ", ".join(sorted(actual)[:5])
+                raise StoreError(
+                    f"{self.path} is not an orch results database (it has tables {tables} but no orch schema "
+                    "version); use another --db"
+                )
+            return
+        missing = [f"table {t}" for t in sorted(expected) if t not in actual]
+        missing += [f"column {t}.{c}" for t in sorted(expected) if t in actual for c in sorted(expected[t] - actual[t])]
+        if missing:
+            more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+            raise StoreError(
+                f"{self.path} is not an orch results database (schema version {version}, but missing "
+                f"{', '.join(missing[:4])}{more}); use another --db"
+            )
+
+    def reap_orphans(self) -> list[str]:
+        """Running experiments whose orch process (on this machine) is gone become `interrupted`, and so do their
+        running launches; returns their ids. An owner that is alive, on another machine or unrecorded (an older orch)
+        leaves its experiment alone. A read-only file keeps its rows; they are shown interrupted all the same."""
+        reaped: list[str] = []
+        rows = self._query("SELECT id, owner_json FROM experiments WHERE status = 'running' AND owner_json IS NOT NULL")
+        for row in rows:
+            try:
+                owner = json.loads(row["owner_json"])
+            except ValueError:
+                continue
+            gone = owner_gone(owner) if isinstance(owner, dict) else None
+            if gone is None:
+                continue
+            error = (
+                f"orch was killed ({gone}) before it recorded how this experiment ended (or it could not write here)"
+            )
+            self._orphans[row["id"]] = error
+            reaped.append(row["id"])
+            try:
+                with self.conn:
+                    # Only if nobody reclaimed it meanwhile (a resume records its own owner).
+                    cur = self.conn.execute(
+                        "UPDATE experiments SET status = 'interrupted', finished_at = ?, error = ?"
+                        " WHERE id = ? AND status = 'running' AND owner_json = ?",
+                        (time.time(), error, row["id"], row["owner_json"]),
+                    )
+                    if cur.rowcount:
+                        self.conn.execute(
+                            "UPDATE launches SET status = 'interrupted', error = ?"
+                            " WHERE experiment_id = ? AND status = 'running'",
+                            (error, row["id"]),
+                        )
+                    else:
+                        del self._orphans[row["id"]]
+                        reaped.pop()
+            except sqlite3.Error as e:
+                if _kind(e) != "readonly":
+                    raise self._error(e, "marking experiments of a killed orch interrupted") from e
+        return reaped
+
+    def _shown(self, row: sqlite3.Row) -> dict[str, Any]:
+        """An experiment row as it is: interrupted if its owner is gone, whatever a read-only file says."""
+        out = dict(row)
+        if out.get("status") == "running" and out.get("id") in self._orphans:
+            out["status"], out["error"] = "interrupted", self._orphans[out["id"]]
+        return out
+
+    def close(self) -> None:
+        self.conn.close()
+
+    @property
+    def redaction_key(self) -> bytes:
+        """The random key of this store's secret digests (HMAC): a digest cannot be confirmed by guessing without it."""
+        rows = self._query("SELECT value FROM meta WHERE key = 'redaction_key'")
+        if not rows:
+            import secrets
+
+            with self._write("storing its secret-digest key") as c:
+                c.execute(
+                    "INSERT OR IGNORE INTO meta (key, value) VALUES ('redaction_key', ?)", (secrets.token_hex(32),)
+                )
+            rows = self._query("SELECT value FROM meta WHERE key = 'redaction_key'")
+        return bytes.fromhex(rows[0][0])
+
+    @contextmanager
+    def _write(self, doing: str = "writing to it") -> Iterator[sqlite3.Connection]:
+        try:
+            with self.conn:
+                yield self.conn
+        except sqlite3.Error as e:
+            raise self._error(e, doing) from e
+
+    def create_experiment(
+        self,
+        exp_id: str,
+        *,
+        kind: str,
+        simulated: bool,
+        host: str,
+        arms: list[str],
+        config: dict[str, Any],
+        orch_version: str,
+        design: dict[str, Any] | None = None,
+    ) -> None:
+        with self._write("recording a new experiment") as c:
+            c.execute(
+                "INSERT INTO experiments (id, kind, created_at, status, simulated, host, arms_json, config_json,"
+                " orch_version, design_json, owner_json) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    exp_id,
+                    kind,
+                    time.time(),
+                    int(simulated),
+                    host,
+                    json.dumps(arms),
+                    json.dumps(config),
+                    orch_version,
+                    None if design is None else json.dumps(design),
+                    json.dumps(this_process()),
+                ),
+            )
+
+    def update_design(self, exp_id: str, design: dict[str, Any]) -> None:
+        """`--blocks auto` scheduled another block: stored first, so a resume continues the same design."""
+        with self._write("recording the experiment's design") as c:
+            c.execute("UPDATE experiments SET design_json = ? WHERE id = ?", (json.dumps(design), exp_id))
+
+    def reopen_experiment(self, exp_id: str) -> None:
+        """A resumed experiment is running again; its earlier end (and why) is no longer its state."""
+        with self._write("reopening an experiment") as c:
+            c.execute(
+                "UPDATE experiments SET status = 'running', finished_at = NULL, error = NULL, owner_json = ?"
+                " WHERE id = ?",
+                (json.dumps(this_process()), exp_id),
+            )
+        self._orphans.pop(exp_id, None)
+
+    def finish_experiment(self, exp_id: str, status: str, error: str | None = None) -> None:
+        with self._write(f"recording that the experiment ended ({status})") as c:
+            c.execute(
+                "UPDATE experiments SET status = ?, finished_at = ?, error = ? WHERE id = ?",
+                (status, time.time(), error, exp_id),
+            )
+
+    def import_experiment(
+        self,
+        experiment: dict[str, Any],
+        launches: list[dict[str, Any]],
+        runs: list[dict[str, Any]],
+        requests: list[dict[str, Any]],
+    ) -> None:
+        """Rows of an experiment recorded elsewhere (a result bundle), all in one transaction: all or nothing."""
+        schema = expected_schema(SCHEMA_VERSION)
+        with self._write("importing an experiment") as c:
+            for table, rows in (("experiments", [experiment]), ("launches", launches), ("runs", runs)):
+                for row in rows:
+                    self._insert(c, schema, table, row)
+            for row in requests:
+                self._insert(c, schema, "requests", row)
+
+    @staticmethod
+    def _insert(c: sqlite3.Connection, schema: dict[str, set[str]], table: str, row: dict[str, Any]) -> None:
+        unknown = set(row) - schema[table]
+        if unknown:  # column names come from orch's own code, never from a file: this is a bug, not bad input
+            raise StoreError(f"cannot import into {table}: unknown columns {sorted(unknown)}")
+        names = sorted(row)
+        c.execute(
+            f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join('?' for _ in names)})",
+            tuple(row[n] for n in names),
+        )
+
+    def launch_ids_taken(self, launch_ids: list[str]) -> list[str]:
+        """Which of these launch ids this store already holds (launch ids are unique across experiments)."""
+        taken: list[str] = []
+        for i in range(0, len(launch_ids), 500):
+            chunk = launch_ids[i : i + 500]
+            rows = self._query(
+                f"SELECT launch_id FROM launches WHERE launch_id IN ({', '.join('?' for _ in chunk)})", tuple(chunk)
+            )
+            taken += [r[0] for r in rows]
+        return taken
+
+    def add_launch(
+        self,
+        launch_id: str,
+        *,
+        experiment_id: str,
+        arm_index: int,
+        profile: str,
+        profile_dict: dict[str, Any],
+        argv: list[str],
+        env: dict[str, str],
+        pid: int | None,
+        started_at: float,
+        block: int = 0,
+        position: int | None = None,
+    ) -> None:
+        with self._write("recording a launch") as c:
+            c.execute(
+                "INSERT INTO launches (launch_id, experiment_id, arm_index, block, position, profile, profile_json,"
+                " argv_json, env_json, pid, started_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running')",
+                (
+                    launch_id,
+                    experiment_id,
+                    arm_index,
+                    block,
+                    arm_index if position is None else position,
+                    profile,
+                    json.dumps(profile_dict),
+                    json.dumps(argv),
+                    json.dumps(env),
+                    pid,
+                    started_at,
+                ),
+            )
+
+    def update_launch(self, launch_id: str, **fields: Any) -> None:
+        allowed = {
+            "ready_s",
+            "preflight_json",
+            "env_report_json",
+            "teardown_json",
+            "gpus_json",
+            "fingerprint_json",
+            "status",
+            "error",
+        }
+        bad = set(fields) - allowed
+        if bad:
+            raise StoreError(f"cannot update launch fields {sorted(bad)}")
+        values = [json.dumps(v) if k.endswith("_json") else v for k, v in fields.items()]
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self._write("updating a launch") as c:
+            c.execute(f"UPDATE launches SET {sets} WHERE launch_id = ?", (*values, launch_id))
+
+    def add_run(self, launch_id: str, run: dict[str, Any]) -> None:
+        """One finished run and its per-request summaries, in one transaction."""
+        key = (launch_id, int(run["warmup"]), int(run.get("concurrency", 1)), int(run["index"]))
+        with self._write("recording a finished run") as c:
+            c.execute(
+                "INSERT INTO runs (launch_id, warmup, concurrency, idx, tokens, seconds, tok_s, aggregate_tok_s,"
+                " prompt_tokens, ttft_s, spec_accept_length, spec_verify_ct, accept_source, token_source, requests,"
+                " errors, metrics_json, valid, invalid_reason, finished_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    *key,
+                    run["tokens"],
+                    run["seconds"],
+                    run["tok_s"],
+                    run.get("aggregate_tok_s"),
+                    run["prompt_tokens"],
+                    run["ttft_s"],
+                    run["spec_accept_length"],
+                    run["spec_verify_ct"],
+                    run.get("accept_source"),
+                    run.get("token_source"),
+                    run.get("requests", 1),
+                    run.get("errors", 0),
+                    json.dumps(run.get("metrics") or {}),
+                    int(run["valid"]),
+                    run["invalid_reason"],
+                    time.time(),
+                ),
+            )
+            c.executemany(
+                "INSERT INTO requests (launch_id, run_warmup, run_concurrency, run_idx, idx, tokens, prompt_tokens,"
+                " ttft_s, e2e_s, chunks, accept_length, error, arrivals_json)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        *key,
+                        r["index"],
+                        r["tokens"],
+                        r.get("prompt_tokens"),
+                        r.get("ttft_s"),
+                        r.get("e2e_s"),
+                        r.get("chunks"),
+                        r.get("accept_length"),
+                        r.get("error"),
+                        None if r.get("arrivals_s") is None else json.dumps(r["arrivals_s"]),
+                    )
+                    for r in run.get("per_request") or []
+                ],
+            )
+
+    def requests(self, launch_id: str) -> list[dict[str, Any]]:
+        rows = self._query(
+            "SELECT * FROM requests WHERE launch_id = ? ORDER BY run_warmup DESC, run_concurrency, run_idx, idx",
+            (launch_id,),
+        )
+        return [dict(r) for r in rows]
+
+    def experiment(self, exp_id: str) -> dict[str, Any] | None:
+        rows = self._query("SELECT * FROM experiments WHERE id = ?", (exp_id,))
+        return self._shown(rows[0]) if rows else None
+
+    def launches(self, exp_id: str) -> list[dict[str, Any]]:
+        rows = [
+            dict(r)
+            for r in self._query("SELECT * FROM launches WHERE experiment_id = ? ORDER BY started_at", (exp_id,))
+        ]
+        if exp_id in self._orphans:
+            for r in rows:
+                if r["status"] == "running":
+                    r["status"], r["error"] = "interrupted", self._orphans[exp_id]
+        return rows
+
+    def runs(self, launch_id: str) -> list[dict[str, Any]]:
+        rows = self._query(
+            # rowid: the order the runs finished in, so concurrency levels read back in the order they ran
+            "SELECT * FROM runs WHERE launch_id = ? ORDER BY warmup DESC, rowid",
+            (launch_id,),
+        )
+        return [dict(r) for r in rows]
+
+    def experiments(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest experiments first, each with how many of its launches completed."""
+        rows = self._query(
+            "SELECT e.*, (SELECT COUNT(*) FROM launches l WHERE l.experiment_id = e.id AND l.status = 'complete')"
+            " AS launches_complete FROM experiments e ORDER BY created_at DESC LIMIT ?",
+            (limit,),
+        )
+        return [self._shown(r) for r in rows]
+
+    def find_experiment(self, ref: str) -> dict[str, Any]:
+        """An experiment by id, unique id prefix, or `last`; StoreError naming the candidates otherwise."""
+        if not ref.strip():
+            raise ExperimentRefError("an experiment id (or a unique prefix of one, or `last`) is needed")
+        if ref == "last":
+            rows = self._query("SELECT * FROM experiments ORDER BY created_at DESC LIMIT 1")
+            if not rows:
+                raise StoreError(f"{self.path}: no experiments stored yet")
+            return self._shown(rows[0])
+        exact = self.experiment(ref)
+        if exact is not None:
+            return exact
+        pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        shown = AMBIGUOUS_SHOWN
+        rows = self._query(
+            "SELECT * FROM experiments WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC LIMIT ?",
+            (pattern, shown + 1),
+        )
+        if len(rows) == 1:
+            return self._shown(rows[0])
+        if not rows:
+            raise StoreError(f"no experiment {ref!r} in {self.path} (`orch list` shows the stored ones)")
+        # Which one was meant is the user's to say: a usage error (exit 2) that lists what the prefix matches.
+        more = ""
+        if len(rows) > shown:
+            total = self._query("SELECT COUNT(*) AS n FROM experiments WHERE id LIKE ? ESCAPE '\\'", (pattern,))[0]["n"]
+            more = f" and {total - shown} more"
+        ids = ", ".join(r["id"] for r in rows[:shown])
+        raise ExperimentRefError(
+            f"{ref!r} matches several experiments in {self.path} (newest first: {ids}{more}); give more of the id"
+        )

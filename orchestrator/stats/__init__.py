@@ -1,0 +1,6 @@
+"""Statistics as pure functions (no I/O, no clocks): `estimates` (ratios and their CIs, verdicts, spreads, the
+speculative break-even), `sequential` (`--blocks auto`'s group-sequential boundaries), `reproduction` (does a
+result agree with a claim or an earlier run).
+"""
+
+__all__ = ["estimates", "reproduction", "sequential"]

@@ -50,7 +50,7 @@ except ImportError:  # a tree from before the packages
 SHOW_IN_PROCESS = """
 import json, sys, time
 try:  # the package layout
-    from orchestrator.report.experiment import ab_text
+    from orchestrator.report.text import ab_text
     from orchestrator.results import model as results
     from orchestrator.results.load import load_result
     from orchestrator.results.store import Store

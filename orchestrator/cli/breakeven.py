@@ -6,7 +6,7 @@ import click
 
 from orchestrator.cli.base import MAX_TPS, FiniteFloat
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
-from orchestrator.report.experiment import breakeven_lines
+from orchestrator.report.lines import breakeven_lines
 from orchestrator.stats import estimates
 
 

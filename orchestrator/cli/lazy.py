@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 # name -> ("module:attribute", the first paragraph of the command's help). `orch --help` and the completion of command
 # names read this table, so that `orch --version` and `orch list` never import what `orch ab` needs (the client,
-# asyncio, SSH, psutil, the statistics). tests/test_startup.py checks it against the commands themselves.
+# asyncio, SSH, psutil, the statistics). tests/cli/test_startup.py checks it against the commands themselves.
 COMMANDS: dict[str, tuple[str, str]] = {
     "ab": ("orchestrator.cli.run:ab_cmd",
            "Compare PROFILES (the first is the baseline), each launch from fresh, verified state."),

@@ -23,7 +23,9 @@ from orchestrator.experiment import resume
 from orchestrator.experiment import run as experiment
 from orchestrator.launch import ports
 from orchestrator.report.compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
-from orchestrator.report.experiment import SIM_BANNER, ab_json, ab_text
+from orchestrator.report.jsondoc import ab_json
+from orchestrator.report.lines import SIM_BANNER
+from orchestrator.report.text import ab_text
 from orchestrator.results import bundle as bundle_mod
 from orchestrator.results.compare import claim_verdict
 from orchestrator.results.model import ABResult

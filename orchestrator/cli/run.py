@@ -16,7 +16,9 @@ from orchestrator.config.options import OptionError
 from orchestrator.errors import InputError
 from orchestrator.experiment import failon
 from orchestrator.experiment import run as experiment
-from orchestrator.report.experiment import SIM_BANNER, ab_json, ab_text, attached_banner, comparison_line
+from orchestrator.report.jsondoc import ab_json
+from orchestrator.report.lines import SIM_BANNER, attached_banner, comparison_line
+from orchestrator.report.text import ab_text
 from orchestrator.results import model
 from orchestrator.ui.progress import PlainReporter
 

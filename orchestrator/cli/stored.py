@@ -13,6 +13,7 @@ from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.options import db_option, open_existing, parse_effect, read_files
 from orchestrator.errors import StoreError
+from orchestrator.report.formats import FORMATS
 
 if TYPE_CHECKING:
     from orchestrator.files import Output
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from orchestrator.results.store import Store
 
 # `orch list` imports nothing but the store: the results model, reports and bundles are imported by the commands
-# that read an experiment (tests/test_startup.py keeps it so).
+# that read an experiment (tests/cli/test_startup.py keeps it so).
 
 
 @click.command("list", cls=JsonCommand)
@@ -156,12 +157,12 @@ def _read(
 
 def html_report(ref: str, db: str | None, min_effect: float | None = None) -> tuple[str, int]:
     """The report's HTML text and the number of launches in it; matplotlib is imported only here."""
-    from orchestrator.report import html, plots
 
-    plots.require_matplotlib()  # before reading anything: a missing extra is said first
+    html = FORMATS["html"]
+    html.check()  # before reading anything: a missing extra is said first
     result, requests = load_with_requests(ref, db, min_effect)
     require_launches(result)
-    return html.ab_html(result, requests), len(result.launches)
+    return html.render(result, requests), len(result.launches)
 
 
 @click.command("show")
@@ -178,7 +179,8 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
     """An experiment's report from the store (ID: an id, a unique prefix, or 'last'); partial ones too.
 
     FILE: a result bundle (`orch export ID --format bundle`), shown without importing it."""
-    from orchestrator.report.experiment import ab_json, ab_text
+    from orchestrator.report.jsondoc import ab_json
+    from orchestrator.report.text import ab_text
 
     result = stored_result(experiment, db, min_effect)
     require_launches(result)
@@ -191,7 +193,7 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["json", "csv", "jsonl", "md", "html", "bundle"]),
+    type=click.Choice([*FORMATS, "bundle"]),
     default="json",
     show_default=True,
     help="json: the `ab --json` document; csv: one row per timed run; jsonl: one JSON line per request of every "
@@ -212,8 +214,6 @@ def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float |
 def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) -> None:
     """Export a stored experiment (or a result bundle FILE) as JSON, CSV, JSON Lines, Markdown, HTML or a bundle."""
     from orchestrator import files
-    from orchestrator.report.experiment import ab_csv, ab_json, ab_markdown
-    from orchestrator.report.jsonl import request_jsonl
 
     reading = read_files(db, *([experiment] if is_file(experiment) else []))
     # Checked before any work: a refused -o costs nothing, and the store is never written over.
@@ -221,37 +221,19 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
     if fmt == "bundle":
         _export_bundle(experiment, db, target)
         return
-    if fmt == "html":
-        _export_html(experiment, db, target)
-        return
-    if fmt == "jsonl":
+    export = FORMATS[fmt]
+    export.check()
+    if export.per_request:
         result, requests = load_with_requests(experiment, db)
-        require_launches(result)
-        text = request_jsonl(result, requests)
     else:
-        result = stored_result(experiment, db)
-        require_launches(result)
-        text = {
-            "json": lambda: json.dumps(ab_json(result), indent=2) + "\n",
-            "csv": lambda: ab_csv(result),
-            "md": lambda: ab_markdown(result),
-        }[fmt]()
+        result, requests = stored_result(experiment, db), {}
+    require_launches(result)
+    text = export.render(result, requests)
     if target is None or target.to_stdout:
         click.echo(text, nl=False)
         return
     files.write_output(target, text, "the export")  # never a half-written export
     click.echo(f"wrote {output} ({fmt}, {len(result.launches)} launches)", err=True)
-
-
-def _export_html(ref: str, db: str | None, target: Output | None) -> None:
-    from orchestrator import files
-
-    text, launches = html_report(ref, db)
-    if target is None or target.to_stdout:
-        click.echo(text, nl=False)
-        return
-    files.write_output(target, text, "the report")
-    click.echo(f"wrote {target.path} (html, {launches} launches)", err=True)
 
 
 def _export_bundle(ref: str, db: str | None, target: Output | None) -> None:

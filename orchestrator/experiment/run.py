@@ -23,7 +23,7 @@ from orchestrator.hosts import resolve_host
 from orchestrator.hosts.base import Host, HostConfig, default_namespace
 from orchestrator.hosts.inventory import HostGroup, lookup
 from orchestrator.launch import attach, ports
-from orchestrator.report.experiment import SIM_BANNER
+from orchestrator.report.lines import SIM_BANNER
 from orchestrator.results import model
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store, open_existing

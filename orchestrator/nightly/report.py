@@ -18,7 +18,7 @@ from orchestrator.nightly.result import (
     pct,
     series_env_ids,
 )
-from orchestrator.report.experiment import SIM_BANNER
+from orchestrator.report.lines import SIM_BANNER
 
 LABELS = {
     "regression": "**REGRESSION**",

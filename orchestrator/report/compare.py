@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.report.experiment import SIM_BANNER, md_table, text_table
+from orchestrator.report.lines import SIM_BANNER
+from orchestrator.report.markdown import md_table
+from orchestrator.report.text import text_table
 from orchestrator.results.compare import ArmSide, ClaimVerdict, ExperimentComparison, Side, estimate_json
 from orchestrator.stats.estimates import RatioEstimate
 from orchestrator.stats.reproduction import NOT_REPRODUCED, ArmEstimate, ReproVerdict

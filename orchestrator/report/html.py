@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__
 from orchestrator.report import plots
-from orchestrator.report.experiment import SIM_BANNER, attached_banner, breakeven_lines, comparison_line, level_rows
+from orchestrator.report.lines import SIM_BANNER, attached_banner, breakeven_lines, comparison_line, level_rows
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 
 if TYPE_CHECKING:
@@ -430,3 +430,8 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)} — orch</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
+
+
+def render(result: ABResult, requests: Requests) -> str:
+    """`orch export --format html` and `orch report --html`."""
+    return ab_html(result, requests)

@@ -62,3 +62,8 @@ def request_jsonl(result: ABResult, requests: Mapping[str, Sequence[Mapping[str,
             }
             lines.append(json.dumps({k: record[k] for k in JSONL_FIELDS}))
     return "".join(line + "\n" for line in lines)
+
+
+def render(result: ABResult, requests: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
+    """`orch export --format jsonl`."""
+    return request_jsonl(result, requests)

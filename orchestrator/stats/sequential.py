@@ -258,7 +258,7 @@ def simulate_t_boundaries(plan: SequentialPlan) -> tuple[float, ...]:
 
 # `orch ab`'s default plan (--blocks auto, 3 to 8 blocks, Pocock-like α = 0.05), as simulate_t_boundaries gives it:
 # every `orch show` of such an experiment would otherwise import numpy and simulate 200,000 paths (~0.15 s) for these
-# same six numbers. tests/test_auto.py simulates them again.
+# same six numbers. tests/experiment/test_auto.py simulates them again.
 KNOWN_T_BOUNDARIES: dict[SequentialPlan, tuple[float, ...]] = {
     SequentialPlan(): (6.222502368544156, 5.376651198947975, 4.47274482472512, 3.937084516211764, 3.605768226802812,
                        3.406801894074012),

@@ -17,9 +17,9 @@ import yaml
 from tests import slurmcluster
 from tests.conftest import REPO, WriteProfile
 from tests.faults.support import FAST, assert_nothing_left, assert_plain, orch_env, stored
+from tests.hosts.test_slurmhost import VENV_BIN, needs_cluster
+from tests.nightly.test_nightly import DEFAULTS, sim_profile, write_suite
 from tests.slurmcluster import PARTITION
-from tests.test_nightly import DEFAULTS, sim_profile, write_suite
-from tests.test_slurmhost import VENV_BIN, needs_cluster
 
 SimProfiles = Callable[..., dict[str, Path]]
 RUNS = ("--runs", "50", "--max-tokens", "40", *FAST)

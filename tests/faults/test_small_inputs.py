@@ -31,7 +31,7 @@ from orchestrator.results.store import Store, default_path
 from orchestrator.ui import progress
 from tests.conftest import NAMESPACE, WriteProfile
 from tests.faults.test_client_faults import OK_HEAD, Loopback, gen_event
-from tests.test_nightly import sim_profile, write_suite
+from tests.nightly.test_nightly import sim_profile, write_suite
 
 Capsys = pytest.CaptureFixture[str]
 

@@ -1,0 +1,69 @@
+"""An experiment's report as Markdown, for a ticket or a pull request (`orch export --format md`)."""
+
+from __future__ import annotations
+
+from orchestrator.report.lines import (
+    SIM_BANNER,
+    attached_banner,
+    breakeven_lines,
+    ci_method_line,
+    comparison_line,
+    is_ab,
+    level_rows,
+    node_mismatch_lines,
+    order_text,
+    whatif_line,
+)
+from orchestrator.results.model import ABResult
+
+
+def md_table(rows: list[list[str]]) -> list[str]:
+    """rows (a header first) as a Markdown table: the first column left-aligned, the numbers right-aligned."""
+    out = [
+        "| " + " | ".join(rows[0]) + " |",
+        "|" + "|".join("---" if i == 0 else "---:" for i in range(len(rows[0]))) + "|",
+    ]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows[1:]]
+    return out
+
+
+def ab_markdown(result: ABResult) -> str:
+    """The report as Markdown, for a ticket or a pull request."""
+    head = "A/B" if is_ab(result) else f"Benchmark of {result.arms[0].label},"
+    lines = [f"# {head} {result.experiment_id} on {result.host_label}", ""]
+    if result.simulated:
+        lines += [f"**{SIM_BANNER}**", ""]
+    lines += [line for banner in attached_banner(result) for line in (f"**{banner}**", "")]
+    lines += [line for w in node_mismatch_lines(result) for line in (f"**WARNING: {w}**", "")]
+    d = result.design
+    lines.append(
+        f"Status: {result.status}. Design: {d.blocks} block(s)"
+        + order_text(result)
+        + f"; minimum effect of interest ±{result.min_effect * 100:.1f}%."
+    )
+    lines += [f"> NOTE: {n}" for n in result.notes]
+    for level in result.levels or [1]:
+        rows = level_rows(result, level)
+        lines += ["", f"## tok/s per stream at concurrency {level}", ""]
+        lines += md_table(rows)
+        lines.append("")
+        lines += [f"- {comparison_line(c)}" for c in result.comparisons_at(level)]
+        if method := ci_method_line(result.comparisons_at(level)):
+            lines.append(f"- {method}")
+    spec = result.speculation()
+    if spec:
+        lines += ["", "## Speculative decoding", ""]
+        for spec_arm, be in spec:
+            lines.append(f"{spec_arm.label}:")
+            lines += [f"- {line}" for line in breakeven_lines(be)]
+        if recommendation := whatif_line(result):
+            lines.append(f"- {recommendation}")
+    warnings = result.warnings()
+    if warnings:
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]
+    return "\n".join(lines) + "\n"
+
+
+def render(result: ABResult, requests: object = None) -> str:
+    """`orch export --format md`."""
+    return ab_markdown(result)

@@ -1,0 +1,101 @@
+"""An experiment's report as plain text: what `orch ab`, `orch bench` and `orch show` print."""
+
+from __future__ import annotations
+
+from orchestrator.report.lines import (
+    SIM_BANNER,
+    attached_banner,
+    breakeven_lines,
+    ci_method_line,
+    comparison_line,
+    is_ab,
+    level_rows,
+    node_mismatch_lines,
+    number,
+    order_text,
+    title,
+    whatif_line,
+)
+from orchestrator.results.model import ABResult
+
+
+def text_table(rows: list[list[str]]) -> list[str]:
+    """rows (a header first) as aligned plain-text lines: the first column left, the numbers right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for n, row in enumerate(rows):
+        cells = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
+        out.append("  " + "  ".join(cells).rstrip())
+        if n == 0:
+            out.append("  " + "  ".join("-" * w for w in widths))
+    return out
+
+
+def _design_lines(result: ABResult) -> list[str]:
+    d = result.design
+    head = f"  design: {d.blocks} block(s)" + order_text(result)
+    lines = [head]
+    if d.blocks < 2 and len(result.arms) < 2:
+        return lines
+    by_slot = {(launch.block, launch.arm_index): launch for launch in result.launches}
+    cut = {(c.block, c.arm_index): c.status for c in result.cut_short}
+    level = result.levels[0] if result.levels else 1
+    for b, order in enumerate(d.schedule):
+        cells = []
+        for arm in order:
+            launch = by_slot.get((b, arm))
+            if launch is not None:
+                state = number(launch.value_at(level))
+            elif (b, arm) in cut:
+                state = f"cut short ({cut[(b, arm)]}; not in the statistics)"
+            else:
+                state = "not run"
+            cells.append(f"{result.arms[arm].label} {state}")
+        lines.append(f"    block {b + 1}: " + ", ".join(cells))
+    return lines
+
+
+def ab_text(result: ABResult) -> str:
+    lines = ["", f"========== {title(result)} =========="]
+    if result.simulated:
+        lines.append(SIM_BANNER)
+    lines += attached_banner(result)
+    lines += [f"  WARNING: {w}" for w in node_mismatch_lines(result)]
+    for note in result.notes:
+        lines.append(f"  NOTE: {note}")
+    lines += _design_lines(result)
+    base = result.arms[0]
+    for level in result.levels or [1]:
+        rows = level_rows(result, level)
+        lines.append(
+            f"  tok/s per stream at concurrency {level}" + (" (simulated)" if result.simulated else "") + ": median "
+            "of launch medians; min/max over runs; CV within and across launches"
+            + ("; vs: mean per-block ratio" if is_ab(result) else "")
+        )
+        lines += text_table(rows)
+        for c in result.comparisons_at(level):
+            lines.append("  " + comparison_line(c))
+        if method := ci_method_line(result.comparisons_at(level)):
+            lines.append(f"    {method}")
+        lines.append("")
+    for spec_arm, be in result.speculation():
+        lines.append(
+            f"  why {spec_arm.label} runs at this speed (speculative decoding vs {base.label}, concurrency "
+            f"{result.levels[0] if result.levels else 1}):"
+        )
+        lines += breakeven_lines(be, indent="    ")
+    if recommendation := whatif_line(result):
+        lines.append(f"  {recommendation}")
+    for arm in result.arms:
+        for launch in arm.launches:
+            for r in launch.invalid_runs:
+                lines.append(
+                    f"  excluded: {arm.label} block {launch.block + 1} run {r.index + 1} @ {r.concurrency}: "
+                    f"{r.invalid_reason}"
+                )
+        sources = {r.accept_source for r in arm.timed_at() if r.accept_source}
+        if sources:
+            lines.append(f"  {arm.label}: accept length from {', '.join(sorted(sources))}")
+    for warning in result.warnings():
+        lines.append(f"  WARNING: {warning}")
+    return "\n".join(lines).rstrip()

@@ -1,0 +1,214 @@
+"""vLLM: the adapter's command line and profile checks, the simulator's vLLM mode, and an A/B through it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from orchestrator import engines
+from orchestrator.agent import ops
+from orchestrator.config.design import ABConfig
+from orchestrator.config.profile import load
+from orchestrator.config.workload import BenchConfig
+from orchestrator.errors import ProfileError
+from orchestrator.experiment.ab import run_ab
+from orchestrator.hosts.local import LocalHost
+from orchestrator.report.text import ab_text
+from orchestrator.results.load import load_result
+from orchestrator.results.store import Store
+from orchestrator.sim.args import SimArgError
+from orchestrator.sim.vllm_args import parse_vllm_args
+from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+EAGLE3 = '{"method": "eagle3", "model": "/models/Kimi-K25-eagle3", "num_speculative_tokens": 3}'
+
+
+def test_bundled_profiles_render_vllms_command_line() -> None:
+    prof = load("vllm-eagle3-3step")
+    flags = ["/models/Kimi-K2.5-INT4", "--tensor-parallel-size", "8", "--host", "127.0.0.1", "--port", "8000"]
+    flags += ["--trust-remote-code", "--speculative-config", EAGLE3]
+    assert prof.launch_argv("py", simulate=False) == ["py", "-m", "vllm.entrypoints.cli.main", "serve", *flags]
+    assert prof.launch_argv("py", simulate=True) == ["py", "-m", "orchestrator.sim", "serve", *flags]
+    base = load("vllm-baseline")
+    assert "--speculative-config" not in base.launch_argv("py", simulate=False)
+    assert base.env == load("baseline").env and base.tp_size == load("baseline").tp_size == 8
+    assert base.model_path == load("baseline").model_path
+    vllm = engines.get("vllm")
+    assert vllm.health_path == "/health" and "VLLM_WORKER_MULTIPROC_METHOD" in vllm.env_overrides
+
+
+@pytest.mark.parametrize(
+    ("fields", "needle"),
+    [
+        ({"speculative": {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 3}},
+         r"speculative.algorithm: vllm has no algorithm 'EAGLE3'.*expected one of eagle3, eagle, mtp"),
+        ({"speculative": {"algorithm": "eagle3", "draft_model_path": "/d", "num_steps": 3, "eagle_topk": 1}},
+         r"speculative.eagle_topk: not a field of vllm's speculative settings"),
+        ({"speculative": {"algorithm": "eagle3", "num_steps": 3}},
+         r"speculative.draft_model_path: required for eagle3"),
+        ({"speculative": {"algorithm": "eagle3", "draft_model_path": "/d"}}, r"speculative.num_steps: required"),
+        ({"speculative": {"algorithm": "ngram", "draft_model_path": "/d", "num_steps": 4}},
+         r"speculative.draft_model_path: ngram drafts from the prompt"),
+        ({"mem_fraction_static": 0.8}, r"mem_fraction_static: not a field of vllm profiles"),
+        ({"server_args": ["--speculative-config", "{}"]},
+         r"server_args\[0\]: --speculative-config is set by the field 'speculative'"),
+    ],
+)  # fmt: skip
+def test_bad_vllm_profiles_are_refused_naming_the_field(
+    write_profile: WriteProfile, fields: dict[str, Any], needle: str
+) -> None:
+    path = write_profile("bad", engine="vllm", model_path="/m", port=8000, **fields)
+    with pytest.raises(ProfileError, match=needle):
+        load(str(path))
+
+
+def test_mtp_and_ngram_profiles(write_profile: WriteProfile) -> None:
+    mtp = load(str(write_profile("mtp", engine="vllm", model_path="/m", port=1, speculative={"algorithm": "mtp"})))
+    assert mtp.server_flags()[-2:] == ["--speculative-config", '{"method": "mtp"}']
+    ngram = write_profile(
+        "ng", engine="vllm", model_path="/m", port=1, speculative={"algorithm": "ngram", "num_steps": 4}
+    )
+    assert json.loads(load(str(ngram)).server_flags()[-1]) == {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def test_sim_resolves_vllms_speculative_config() -> None:
+    cfg = parse_vllm_args(["/m", "-tp", "4", "--speculative-config", EAGLE3, "--max_model_len", "32k"])
+    assert cfg.spec is not None and (cfg.spec.num_steps, cfg.spec.num_draft_tokens, cfg.spec.depth) == (3, 4, 3)
+    assert (cfg.tp_size, cfg.context_length, cfg.host, cfg.port) == (4, 32000, "0.0.0.0", 8000)
+    mtp = parse_vllm_args(["/m", "--speculative-config", '{"method": "deepseek_mtp"}'])
+    assert mtp.spec is not None and mtp.num_speculative_tokens == 1 and mtp.speculative_draft_model_path == "/m"
+    inferred = parse_vllm_args(["/m", "--speculative-config", '{"model": "x/EAGLE3-K", "num_speculative_tokens": 2}'])
+    assert inferred.spec is not None and inferred.spec.algorithm == "EAGLE3"
+    for spec, needle in (
+        ('{"method": "EAGLE3", "model": "/d", "num_speculative_tokens": 3}', "not one the simulator models"),
+        ('{"method": "eagle3", "model": "/d", "num_steps": 3}', "unknown field 'num_steps'"),
+        ('{"method": "eagle3", "num_speculative_tokens": 3}', "without speculative model"),
+        ('{"method": "eagle3", "model": "/d"}', "num_speculative_tokens must be provided"),
+        ('{"method": "eagle", "model": "/d", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}',
+         "cannot be other value than 1"),
+    ):  # fmt: skip
+        with pytest.raises(SimArgError, match=needle):
+            parse_vllm_args(["/m", "-tp", "4", "--speculative-config", spec])
+
+
+def _sim_env(**knobs: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_SIM_")}
+    env["PYTHONPATH"] = str(REPO)
+    env.update({f"ORCH_SIM_{k.upper()}": v for k, v in {"load_s": "0.3", "warmup_s": "0.3", **knobs}.items()})
+    return env
+
+
+def test_sim_refuses_unknown_flags_like_vllm(tmp_path: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "orchestrator.sim", "serve", "/m", *args]
+        return subprocess.run(cmd, env=_sim_env(), capture_output=True, text=True, timeout=60, cwd=tmp_path)
+
+    bad = run("--mem-fraction-static", "0.8")
+    assert bad.returncode == 2 and "unrecognized arguments: --mem-fraction-static" in bad.stderr
+    assert bad.stderr.startswith("[orch-sim] SIMULATOR of vllm serve")
+    spec = run("--speculative-config", '{"method": "eagle3", "model": "/d", "k": 3}')
+    assert spec.returncode == 1 and "unknown field 'k'" in spec.stderr
+    assert run("--speculative-config", "{not json").returncode == 2
+
+
+@contextmanager
+def _vllm_sim(tmp_path: Path, *args: str, **knobs: str) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    port = free_port()
+    log = tmp_path / f"vllm-{port}.log"
+    cmd = [sys.executable, "-m", "orchestrator.sim", "serve", "/models/kimi", "--host", "127.0.0.1"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [*cmd, "--port", str(port), *args], env=_sim_env(**knobs), stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True, cwd=REPO,
+        )  # fmt: skip
+    try:
+        yield proc, port, log
+    finally:
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def test_sim_vllm_mode_endpoints_and_metrics(tmp_path: Path) -> None:
+    args = ("--served-model-name", "kimi", "--speculative-config", EAGLE3)
+    with _vllm_sim(tmp_path, *args, load_s="1.0", seed="5") as (proc, port, log), httpx.Client(timeout=30) as c:
+        time.sleep(0.3)
+        with pytest.raises(ConnectionRefusedError):  # bound, not listening: like vLLM while it loads
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, log.read_text()
+            with suppress(httpx.TransportError):
+                if c.get(url + "/health").status_code == 200:
+                    break
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        models = c.get(url + "/v1/models").json()["data"]
+        assert [m["id"] for m in models] == ["kimi"] and "simulated" in models[0]["owned_by"]
+        assert c.post(url + "/generate", json={"text": "x"}).status_code == 404
+        body = {"model": "kimi", "prompt": "count to ten", "max_tokens": 40, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
+        events = []
+        with c.stream("POST", url + "/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    events.append(json.loads(line[6:]))
+        assert events[-1]["usage"]["completion_tokens"] == 40 and events[-1]["choices"] == []
+        assert all(e["usage"] is not None for e in events) and "stop_reason" in events[0]["choices"][0]
+        metrics = c.get(url + "/metrics").text
+        assert c.get(url + "/version").json()["version"]
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line[:1] != "#"}
+    label = 'model_name="kimi",engine="0"'
+    drafts = values[f"vllm:spec_decode_num_drafts_total{{{label}}}"]
+    accepted = values[f"vllm:spec_decode_num_accepted_tokens_total{{{label}}}"]
+    assert values[f"vllm:spec_decode_num_draft_tokens_total{{{label}}}"] == 3 * drafts
+    per_pos = [
+        values[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{label},position="{i}"}}'] for i in range(3)
+    ]
+    assert sum(per_pos) == accepted and per_pos == sorted(per_pos, reverse=True)
+    assert values[f"vllm:generation_tokens_total{{{label}}}"] == 40
+    text = log.read_text()
+    assert text.startswith("[orch-sim] SIMULATOR of vllm serve") and "VLLM_WORKER_MULTIPROC_METHOD=spawn" in text
+
+
+def test_ab_on_simulated_vllm_reads_accept_length_from_metrics(write_profile: WriteProfile, tmp_path: Path) -> None:
+    common: dict[str, Any] = {"engine": "vllm", "model_path": "/models/Kimi-K2.5-INT4", "tp_size": 2}
+    common |= {"trust_remote_code": True, "ready_timeout_s": 30, "sim": FAST_SIM}
+    base = write_profile("vllm-baseline", port=free_port(), **common)
+    spec = {"algorithm": "eagle3", "draft_model_path": "/models/Kimi-K25-eagle3", "num_steps": 3}
+    eagle = write_profile("vllm-eagle3-3step", port=free_port(), speculative=spec, **common)
+    store = Store(tmp_path / "r.db")
+    bench = BenchConfig(min_run_s=0, runs=2, warmup=1, max_tokens=64, endpoint="completions")
+    cfg = ABConfig(bench=bench, simulate=True, namespace=NAMESPACE, grace_s=2, gpu_wait_s=0, blocks=2)
+    result = run_ab(LocalHost(), [load(str(base)), load(str(eagle))], cfg, store)
+    assert len(result.launches) == 4
+    assert ops.op_find(NAMESPACE) == []
+    loaded = load_result(store, result.experiment_id)
+    spec_runs = [r for launch in loaded.launches if launch.arm_index == 1 for r in launch.timed_at()]
+    assert spec_runs and all("vllm:spec_decode" in (r.accept_source or "") for r in spec_runs)
+    assert all(r.spec_accept_length is not None and 1.0 <= r.spec_accept_length <= 4.0 for r in spec_runs)
+    # vLLM's accepted tokens per draft position reach the store (orch whatif's acceptance per position): one count per
+    # drafted position, never more than the drafts, and falling with the position (a chain: position 2 needs 1).
+    for r in spec_runs:
+        counted = r.metrics["spec"]
+        per_pos, drafts = counted["per_position"], counted["drafts"]
+        assert len(per_pos) == 3 and drafts > 0 and all(0 <= n <= drafts for n in per_pos), counted
+        assert per_pos[0] >= per_pos[1] >= per_pos[2] and sum(per_pos) == counted["accepted"], counted
+    text = ab_text(loaded)
+    assert "break-even accept length" in text and "measured accept length" in text
+    fingerprint = loaded.launches[0].fingerprint
+    assert fingerprint is not None and fingerprint["software"]["engine"] == "vllm (simulated)"

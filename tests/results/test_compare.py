@@ -1,0 +1,178 @@
+"""Two experiments side by side and claims: statuses, one-sided arms, and the text/JSON/Markdown renderings.
+Synthetic ABResults, no servers (built like tests/stats/test_design.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+import pytest
+
+from orchestrator.errors import InputError
+from orchestrator.report.compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
+from orchestrator.results.compare import claim_verdict, compare
+from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.run import RunResult
+
+# Deterministic per-block launch factors (restart noise of ~0.3 %), the same for every arm of a block.
+FACTORS = (1.0, 1.004, 0.996, 1.002, 0.998)
+
+
+def _run(i: int, tok_s: float, ttft: float = 0.02) -> RunResult:
+    return RunResult(
+        index=i,
+        warmup=False,
+        tokens=2048,
+        seconds=2048 / tok_s,
+        tok_s=tok_s,
+        prompt_tokens=30,
+        ttft_s=ttft,
+        concurrency=1,
+        aggregate_tok_s=tok_s,
+        metrics={"itl": {"p50": 1 / tok_s, "p99": 1.2 / tok_s}},
+    )
+
+
+def _result(exp_id: str, speeds: dict[str, float], *, blocks: int = 5, factors: Sequence[float] = FACTORS) -> ABResult:
+    names = tuple(speeds)
+    launches = []
+    for b in range(blocks):
+        for i, name in enumerate(names):
+            value = speeds[name] * factors[b % len(factors)]
+            launches.append(
+                LaunchResult(
+                    profile=name,
+                    launch_id=f"{exp_id}-{b}-{i}",
+                    runs=tuple(_run(k, value * (1 + 0.0005 * k)) for k in range(3)),
+                    ready_s=4.0,
+                    env_report={"ok": True},
+                    teardown={},
+                    block=b,
+                    position=i,
+                    arm_index=i,
+                )
+            )
+    design = Design.make(len(names), blocks, "fixed", 0)
+    return ABResult(exp_id, True, "local", names, tuple(launches), {}, design=design)
+
+
+SPEEDS = {"baseline": 83.0, "eagle3-3step": 60.8}
+
+
+def test_same_state_reproduces_every_arm_and_ratio() -> None:
+    c = compare(_result("A", SPEEDS), _result("B", SPEEDS), tolerance=0.03)
+    assert c.status == "reproduced" and c.exit_code == 0
+    assert [r.verdict.status for r in c.arms if r.verdict] == ["reproduced", "reproduced"]
+    assert [(q.arm, q.vs) for q in c.ratios] == [("eagle3-3step", "baseline")]
+    assert c.ratios[0].verdict is not None and c.ratios[0].verdict.status == "reproduced"
+    assert c.only_in_a == [] and c.only_in_b == []
+    assert compare_text(c).splitlines()[0] == "REPRODUCED: all 3 values agree within ±3.0%"
+
+
+def test_a_slower_server_is_not_reproduced_in_absolute_terms_but_the_ratio_is() -> None:
+    slow = {k: v * 0.94 for k, v in SPEEDS.items()}
+    causes = ["worker env NCCL_P2P_DISABLE: 1 -> (unset)", "host kernel 6.8.0 -> 6.8.1"]
+    c = compare(_result("A", SPEEDS), _result("B", slow), tolerance=0.03, causes=causes)
+    assert c.status == "not reproduced" and c.exit_code == 3
+    base = c.arms[0].verdict
+    assert base is not None and base.status == "not reproduced" and base.change == pytest.approx(-0.06, abs=1e-3)
+    assert c.ratios[0].verdict is not None and c.ratios[0].verdict.status == "reproduced"
+    text = compare_text(c)
+    assert text.startswith("NOT REPRODUCED: beyond ±3.0%: baseline tok/s -6.0%, eagle3-3step tok/s -6.0%")
+    a, b = c.arms[0].a, c.arms[0].b
+    assert a is not None and a.tok_s is not None and b is not None and b.tok_s is not None and b.tok_s.lo
+    assert b.tok_s.value == pytest.approx(83.0 * 0.94 * 1.0005, rel=1e-3)  # the median run is 0.05 % up
+    assert f"{a.tok_s.value:.1f} [{a.tok_s.lo:.1f}, " in text and f"{b.tok_s.value:.1f} [{b.tok_s.lo:.1f}, " in text
+    # The causes come under the verdict, most likely first, in the caller's order.
+    lines = text.splitlines()
+    at = lines.index("  likely causes, most likely first:")
+    assert lines[at + 1 : at + 3] == [f"    1. {causes[0]}", f"    2. {causes[1]}"]
+
+
+def test_arms_on_one_side_only_keep_it_inconclusive() -> None:
+    more = {**SPEEDS, "ngram": 70.0}
+    c = compare(_result("A", SPEEDS), _result("B", more), tolerance=0.03)
+    assert c.only_in_b == ["ngram"] and c.only_in_a == []
+    assert c.status == "inconclusive" and c.exit_code == 4 and "on one side only: ngram" in c.reason
+    ngram = [q for q in c.ratios if q.arm == "ngram"]
+    assert len(ngram) == 1 and ngram[0].a is None and ngram[0].verdict is None
+    assert "only in B: ngram" in compare_text(c)
+    back = compare(_result("B", more), _result("A", SPEEDS), tolerance=0.03)
+    assert back.only_in_a == ["ngram"]
+
+
+def test_noisy_short_experiments_are_inconclusive_with_the_blocks_that_would_decide() -> None:
+    noisy = (1.0, 1.03)
+    c = compare(_result("A", SPEEDS, blocks=2, factors=noisy), _result("B", SPEEDS, blocks=2, factors=(0.99, 1.02)))
+    assert c.status == "inconclusive"
+    assert c.arms[0].verdict is not None and c.arms[0].verdict.status == "inconclusive"
+    assert "undecided: baseline tok/s" in c.reason
+
+
+def test_json_document_has_stable_fields_and_serialises() -> None:
+    c = compare(_result("A", SPEEDS), _result("B", {k: v * 0.94 for k, v in SPEEDS.items()}), causes=["x"])
+    doc = json.loads(json.dumps(compare_json(c)))
+    assert set(doc) == {
+        "status",
+        "reason",
+        "exit_code",
+        "tolerance",
+        "concurrency",
+        "a",
+        "b",
+        "arms",
+        "ratios",
+        "only_in_a",
+        "only_in_b",
+        "arm_map",
+        "causes",
+    }
+    assert doc["status"] == "not reproduced" and doc["exit_code"] == 3 and doc["causes"] == ["x"]
+    assert doc["a"] == {"experiment_id": "A", "host": "local", "simulated": True, "blocks": 5}
+    arm = doc["arms"][0]
+    assert arm["label"] == "baseline" and set(arm["a"]) == {"tok_s", "ttft_s", "itl_p50_s", "accept_length"}
+    assert arm["a"]["tok_s"]["n"] == 5 and len(arm["a"]["tok_s"]["ci95"]) == 2
+    assert arm["verdict"]["status"] == "not reproduced" and arm["verdict"]["change"] == pytest.approx(-0.06, abs=1e-3)
+    assert doc["ratios"][0]["verdict"]["status"] == "reproduced"
+
+
+def test_markdown_is_a_table_with_the_verdict_on_top() -> None:
+    c = compare(_result("A", SPEEDS), _result("B", {k: v * 0.94 for k, v in SPEEDS.items()}), causes=["gpu clocks"])
+    md = compare_markdown(c)
+    lines = md.splitlines()
+    assert lines[0] == "# Compare A → B" and lines[2].startswith("**NOT REPRODUCED: ")
+    assert any(line.startswith("| arm | A tok/s") for line in lines)
+    assert any(line.startswith("| baseline | ") and "NOT REPRODUCED" in line for line in lines)
+    assert any(line.startswith("| eagle3-3step / baseline | ") and "REPRODUCED" in line for line in lines)
+    assert "## Likely causes, most likely first" in md and "1. gpu clocks" in md
+
+
+def test_a_claim_of_94_against_a_measured_60_8() -> None:
+    result = _result("R", SPEEDS, blocks=3)
+    cv = claim_verdict(result, "eagle3-3step", claimed_tps=94.0, claimed_ratio=1.06)
+    assert cv.status == "not reproduced" and cv.exit_code == 3
+    assert cv.baseline == "baseline" and cv.tps is not None and cv.ratio_verdict is not None
+    text = claim_text(cv)
+    m = cv.measured
+    assert m is not None and m.lo is not None and m.hi is not None
+    assert (
+        f"eagle3-3step: claimed 94.0 tok/s, measured 60.8 tok/s [{m.lo:.1f}, {m.hi:.1f}] over 3 launches -> "
+        f"NOT REPRODUCED ({(m.value / 94 - 1) * 100:+.1f} %); baseline measured 83.0 tok/s beside it"
+    ) in text
+    assert "eagle3-3step vs baseline: claimed ratio 1.060, measured 0.733" in text
+    doc = json.loads(json.dumps(claim_json(cv)))
+    assert doc["claimed_tok_s"] == 94.0 and doc["tok_s_verdict"]["status"] == "not reproduced"
+    fair = claim_verdict(result, "eagle3-3step", claimed_tps=60.8)
+    assert fair.status == "reproduced" and fair.exit_code == 0
+
+
+def test_bad_claims_are_input_errors() -> None:
+    result = _result("R", SPEEDS, blocks=3)
+    with pytest.raises(InputError, match="only: baseline, eagle3-3step"):
+        claim_verdict(result, "medusa", claimed_tps=94.0)
+    with pytest.raises(InputError, match="nothing claimed"):
+        claim_verdict(result, "eagle3-3step")
+    with pytest.raises(InputError, match="needs a baseline"):
+        claim_verdict(result, "baseline", claimed_ratio=1.06)
+    with pytest.raises(InputError, match="positive"):
+        claim_verdict(result, "eagle3-3step", claimed_tps=-1.0)

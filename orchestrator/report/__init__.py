@@ -1,5 +1,6 @@
-"""Results rendered, no measuring: `experiment` (text, JSON, CSV, Markdown of one experiment), `compare` (two
-experiments, or a claim), `html` with `plots` (one self-contained file), `jsonl` (per-request records).
+"""Results rendered, no measuring: one module per format behind `formats.FORMATS` (`text`, `jsondoc`, `csvrows`,
+`markdown`, `html` with its `plots`, `jsonl`), what every format says in `lines`, and comparisons or a claim's
+verdict in `compare`.
 """
 
-__all__ = ["compare", "experiment", "html", "jsonl", "plots"]
+__all__ = ["compare", "csvrows", "formats", "html", "jsondoc", "jsonl", "lines", "markdown", "plots", "text"]

@@ -69,9 +69,9 @@ def test_the_before_client_comes_from_the_named_commit() -> None:
         old = (tree / "orchestrator" / "client.py").read_text()
         assert "_COMPLETION_TOKENS" in old and not (tree / "orchestrator" / "streamparse.py").exists()
         # The runner imports the client from that tree, not from this checkout (nor from its working directory,
-        # which `python -c` puts first on the path).
+        # which `python -c` puts first on the path). That commit is from before the packages: orchestrator/client.py.
         out = subprocess.run(
-            [sys.executable, "-c", "from orchestrator.client import runner; print(runner.__file__)"],
+            [sys.executable, "-c", "from orchestrator import client; print(client.__file__)"],
             cwd=tree,
             env={"PYTHONPATH": str(tree), "PATH": ""},
             capture_output=True,

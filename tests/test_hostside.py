@@ -300,7 +300,10 @@ def test_cmdlines_shown_from_the_host_are_masked(
 def test_lock_is_exclusive_and_reclaimed_only_from_our_own_session(tmp_path: Path) -> None:
     lock = str(tmp_path / "orch.lock")
     agent = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.agent", "--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "orchestrator.agent", "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert agent.stdin is not None and agent.stdout is not None

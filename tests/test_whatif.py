@@ -16,10 +16,10 @@ from click.testing import CliRunner
 from orchestrator.cli import main
 from orchestrator.cli.base import cli
 from orchestrator.cli.whatif import whatif_cmd
+from orchestrator.common.acceptance import chain_accept_length
 from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store
-from orchestrator.common.acceptance import chain_accept_length
 from orchestrator.stats.estimates import breakeven
 from orchestrator.whatif.fit import alpha_needed
 from orchestrator.whatif.predict import analyse, recommendation_line

@@ -15,7 +15,7 @@ from orchestrator.cli.hostlist import entry_line, group_entry, host_entry
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
 from orchestrator.cli.options import db_option, host_options, with_host_options
-from orchestrator.experiment.host import acquire_host_lock
+from orchestrator.hosts import lock as locks
 from orchestrator.hosts import open_reachable, resolve_host
 from orchestrator.hosts.base import Host, default_namespace
 from orchestrator.hosts.check import check_host
@@ -54,12 +54,12 @@ def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, g
                 continue
             where = host_spec if len(nodes) == 1 else f"{host_spec} ({name})"
             if not force:
-                acquire_host_lock(node, node.lock_path, "orch down", 0.0, lambda _: None, purpose="orch down")
+                locks.acquire_host_lock(node, "orch down", 0.0, lambda _: None, purpose="orch down")
             try:
                 result = node.call("down", namespace=default_namespace(), grace_s=grace, force=force)
             finally:
                 if not force:
-                    node.call("unlock", path=node.lock_path)
+                    locks.release(node)
             failed |= _print_down(where, result)
     if failed:
         raise SystemExit(1)

@@ -4,34 +4,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 import click
 
-from orchestrator import yamlfile
 from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import db_option, fixed_bench_options, parse_tolerance, run_options
 from orchestrator.cli.run import usage_errors
 from orchestrator.cli.stored import stored_result
-from orchestrator.config import profile as profiles_mod
-from orchestrator.config.options import RunOptions
-from orchestrator.errors import InputError
 from orchestrator.experiment import reproduce as reproduce_mod
-from orchestrator.experiment import resume
-from orchestrator.experiment import run as experiment
-from orchestrator.launch import ports
 from orchestrator.report.compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
 from orchestrator.report.jsondoc import ab_json
-from orchestrator.report.lines import SIM_BANNER
 from orchestrator.report.text import ab_text
-from orchestrator.results import bundle as bundle_mod
-from orchestrator.results.compare import claim_verdict
 from orchestrator.results.model import ABResult
-from orchestrator.results.store import Store
-
-CLAIM_BLOCKS = 3  # a verdict needs the launch-to-launch spread: one launch per arm cannot give one
 
 
 def blocks_by_target(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -44,7 +30,7 @@ def blocks_by_target(fn: Callable[..., Any]) -> Callable[..., Any]:
         type=click.IntRange(1, 1000),
         default=None,
         help="Launches per arm: each block launches every arm once [default: a BUNDLE's own number of blocks (1 "
-        f"for a bundle from before designs); a PROFILE's claim {CLAIM_BLOCKS}].",
+        f"for a bundle from before designs); a PROFILE's claim {reproduce_mod.CLAIM_BLOCKS}].",
     )
     return fn
 
@@ -78,102 +64,19 @@ def reproduce_cmd(
     Examples: orch reproduce result.orch.json --host gpu-box   |   orch reproduce eagle3-3step --sim --claim 94
     """
     options = run_options(click.get_current_context(), "reproduce")
-    if yamlfile.is_file(Path(target)) and Path(target).suffix not in (".yaml", ".yml"):
-        if claim_tps is not None or claim_ratio is not None or vs_name is not None:
-            raise click.UsageError("--claim, --claim-ratio and --vs judge a profile's claim, not a result bundle")
-        _reproduce_bundle(target, tolerance, options)
-    _reproduce_claim(target, claim_tps, claim_ratio, vs_name, tolerance, options)
-
-
-def _reproduce_bundle(path: str, tolerance: float, options: RunOptions) -> NoReturn:
-    bundle = bundle_mod.read_bundle(path)
-    simulated = bool(bundle["content"]["experiment"]["simulated"])
-    passed = resume.fixed_given(options, simulated, but=("blocks",))
-    if passed:
-        raise click.UsageError(
-            f"a bundle is re-run with its own settings; drop {', '.join(passed)} "
-            "(--blocks may change the number of blocks)"
-        )
-    # Before any header line: a multi-node bundle on a --host with too few nodes is refused from the inventory alone,
-    # and a plan over the limits from its numbers alone.
-    profiles = bundle_mod.profiles_from_bundle(bundle)
-    blocks = options.blocks if isinstance(options.blocks, int) else None  # None: the bundle's own
-    reproduce_mod.check_plan(bundle, profiles, blocks, path)
-    if not options.gave("port"):  # the port the experiment was given, unless this run gives another
-        options = options.replace(port=ports.recorded(bundle["content"]["config"], f"{path}: content.config"))
-    try:
-        experiment.check_host_nodes(profiles, options.host_spec, options.inventory, port=options.port)
-    except InputError as e:
-        measured = bundle["content"]["experiment"].get("host")
-        raise InputError(f"{e} (the bundle was measured on {measured!r})" if measured else str(e)) from None
-    store = Store(options.db)
-    try:
-        rep = experiment.reporter_for(options)
-        bench = bundle_mod.bench_config(bundle["content"]["config"])
-        event, on_run = experiment.progress(rep, bench)
-        if simulated:
-            event(SIM_BANNER)
-        event(f"reproducing {bundle['content']['experiment']['id']} from {path}; results database: {store.path}")
-        # A Slurm host asks for as many nodes as the bundle's largest multi-node profile spans.
-        nodes = max((int(p.get("nnodes") or 1) for p in bundle["content"]["profiles"]), default=1)
-        with experiment.host_for(options, options.host_spec, nodes=nodes) as host:
-            base = experiment.ab_config(options.replace(sim=simulated, strict_env=False), bench)
-            new, verdict = reproduce_mod.reproduce_bundle(
-                host,
-                bundle,
-                store,
-                base,
-                workdir=store.path.parent / "reproduce",
-                tolerance=tolerance,
-                blocks=blocks,
-                source=path,
-                on_event=event,
-                on_run=on_run,
-            )
-    finally:
-        store.close()
-    try:
-        report = compare_json(verdict), compare_text(verdict)
-    except Exception as e:  # the measurement is stored: a failure rendering its verdict must not hide where it is
-        raise reproduce_mod.JudgingFailed(new.experiment_id, path, e) from e
-    verdict_out(new, "reproduction", *report, options.as_json)
-    raise SystemExit(verdict.exit_code)
-
-
-def _reproduce_claim(
-    target: str,
-    claim_tps: float | None,
-    claim_ratio: float | None,
-    vs_name: str | None,
-    tolerance: float,
-    options: RunOptions,
-) -> NoReturn:
-    prof = profiles_mod.load(target)
-    expect = prof.expect
-    claimed_tps = claim_tps if claim_tps is not None else (expect.tok_s if expect else None)
-    claimed_ratio = claim_ratio if claim_ratio is not None else (expect.ratio if expect else None)
-    if claimed_tps is None and claimed_ratio is None:
-        raise click.UsageError(
-            f"nothing to judge in {prof.source}: give --claim TOK_S (and/or --claim-ratio R --vs BASELINE), or add "
-            "an expect: block (tok_s, ratio, vs) to the profile"
-        )
-    vs = vs_name or (expect.vs if expect else None)
-    if vs is None and prof.name != "baseline" and "baseline" in profiles_mod.available():
-        vs = "baseline"
-    if claimed_ratio is not None and vs is None:
-        raise click.UsageError("a claimed ratio needs a baseline: give --vs PROFILE (or expect.vs in the profile)")
-    options = options.replace(
-        profiles=(vs, target) if vs else (target,), blocks=CLAIM_BLOCKS if options.blocks is None else options.blocks
-    )
-    store = Store(options.db)
-    try:
-        with usage_errors():
-            result = experiment.start(store, options, experiment.reporter_for(options), warn=_warn)
-    finally:
-        store.close()
-    verdict = claim_verdict(result, result.arms[-1].label, claimed_tps=claimed_tps, claimed_ratio=claimed_ratio,
-                            tolerance=tolerance)  # fmt: skip
-    verdict_out(result, "claim", claim_json(verdict), claim_text(verdict), options.as_json)
+    with usage_errors():
+        plan = reproduce_mod.plan_reproduction(target, reproduce_mod.Claim(claim_tps, claim_ratio, vs_name), options)
+    if isinstance(plan, reproduce_mod.BundlePlan):
+        new, comparison = reproduce_mod.run_bundle(plan, tolerance)
+        try:
+            report = compare_json(comparison), compare_text(comparison)
+        except Exception as e:  # the measurement is stored: a failure rendering its verdict must not hide where it is
+            raise reproduce_mod.JudgingFailed(new.experiment_id, plan.path, e) from e
+        verdict_out(new, "reproduction", *report, plan.options.as_json)
+        raise SystemExit(comparison.exit_code)
+    with usage_errors():
+        result, verdict = reproduce_mod.run_claim(plan, tolerance, warn=_warn)
+    verdict_out(result, "claim", claim_json(verdict), claim_text(verdict), plan.options.as_json)
     raise SystemExit(verdict.exit_code)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import random
@@ -17,8 +16,9 @@ from orchestrator.config.design import ABConfig, new_experiment_id
 from orchestrator.config.profile import Profile
 from orchestrator.errors import BenchError, OrchError
 from orchestrator.experiment.arm import StrictEnvError, run_launch
-from orchestrator.experiment.host import check_nodes, facts_changed, host_facts, lock_nodes, nodes_needed
+from orchestrator.experiment.host import check_nodes, facts_changed, host_facts, nodes_needed
 from orchestrator.experiment.resume import check_resumable, check_same_machine, comparable_profile, requests_digest
+from orchestrator.hosts import lock as locks
 from orchestrator.hosts.base import Host
 from orchestrator.hosts.group import GroupHost
 from orchestrator.launch import attach, ports, single
@@ -106,7 +106,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
     if isinstance(host, GroupHost):
         multinode.check_ports(host, facts["nodes"], nodes_needed(profiles))
     # The host lock comes before any write: a session that cannot have the host changes nothing in the store.
-    locked = lock_nodes(host, exp_id, config.lock_wait_s, on_event)
+    locked = locks.lock_nodes(host, exp_id, config.lock_wait_s, on_event)
     try:
         notes: list[str] = []
         launches: list[LaunchResult] = []
@@ -220,10 +220,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
         port = port_note(config.port, launches)
         notes += [port] if port else []
     finally:
-        # Never let a failed unlock hide why we are here; the lock also goes when the agent's connection closes.
-        for node in reversed(locked):
-            with contextlib.suppress(Exception):
-                node.call("unlock", path=node.lock_path)
+        locks.release_quietly(reversed(locked))
     return with_auto_notes(
         ABResult(
             exp_id,

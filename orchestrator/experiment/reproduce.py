@@ -1,27 +1,36 @@
-"""Reproducing a result: a bundle's design re-run from fresh state and judged against what it recorded, and the
-fingerprint differences that most likely explain a difference."""
+"""Reproducing a result (`orch reproduce`): a bundle's design, or a profile's claim, planned and refused before
+anything starts, re-run from fresh state and judged; and the fingerprint differences that most likely explain a
+difference."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator import files
+from orchestrator import files, yamlfile
 from orchestrator.config import limits
+from orchestrator.config import profile as profiles_mod
 from orchestrator.config.design import ABConfig
+from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.config.profile import Profile
 from orchestrator.config.workload import request_items
 from orchestrator.errors import InputError, OrchError
+from orchestrator.experiment import resume
+from orchestrator.experiment import run as experiment
 from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.base import Host
-from orchestrator.launch import fingerprint
+from orchestrator.launch import fingerprint, ports
+from orchestrator.report.lines import SIM_BANNER
 from orchestrator.results import bundle as bundle_mod
-from orchestrator.results.compare import ExperimentComparison, compare
+from orchestrator.results.compare import ClaimVerdict, ExperimentComparison, claim_verdict, compare
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store
+
+CLAIM_BLOCKS = 3  # a verdict needs the launch-to-launch spread: one launch per arm cannot give one
 
 
 class JudgingFailed(OrchError):
@@ -137,3 +146,151 @@ def reproduce_bundle(
         return new, compare_results(recorded, new, tolerance)
     except Exception as e:  # the measurement is stored: a failure judging it must not hide where it is
         raise JudgingFailed(new.experiment_id, source, e) from e
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What `orch reproduce PROFILE` is told the profile gives (--claim, --claim-ratio, --vs); each one left None is
+    taken from the profile's expect: block."""
+
+    tok_s: float | None = None
+    ratio: float | None = None
+    vs: str | None = None
+
+    def given(self) -> bool:
+        return self.tok_s is not None or self.ratio is not None or self.vs is not None
+
+
+@dataclass(frozen=True)
+class BundlePlan:
+    """A bundle to re-run, read and checked: its profiles, the blocks this run asks for (None: the bundle's own), and
+    the options it runs with (the port its experiment was given, unless this run gives another)."""
+
+    path: str
+    bundle: dict[str, Any]
+    profiles: list[Profile]
+    blocks: int | None
+    options: RunOptions
+
+    @property
+    def simulated(self) -> bool:
+        return bool(self.bundle["content"]["experiment"]["simulated"])
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """A profile's claim to measure: the options run it (its baseline first, when it has one), and what it claims."""
+
+    options: RunOptions
+    tok_s: float | None
+    ratio: float | None
+
+
+def is_bundle(target: str) -> bool:
+    """BUNDLE|PROFILE names a bundle when it is a file that is not YAML (a profile file is YAML)."""
+    path = Path(target)
+    return yamlfile.is_file(path) and path.suffix not in (".yaml", ".yml")
+
+
+def plan_reproduction(target: str, claim: Claim, options: RunOptions) -> BundlePlan | ClaimPlan:
+    """What `orch reproduce TARGET` runs, refused before anything starts (OptionError: options that cannot go with
+    it, which the CLI shows as usage errors)."""
+    if is_bundle(target):
+        if claim.given():
+            raise OptionError("--claim, --claim-ratio and --vs judge a profile's claim, not a result bundle")
+        return plan_bundle(target, options)
+    return plan_claim(target, claim, options)
+
+
+def plan_bundle(path: str, options: RunOptions) -> BundlePlan:
+    """The bundle at `path`, re-run with its own settings (only --blocks may change how many blocks)."""
+    bundle = bundle_mod.read_bundle(path)
+    simulated = bool(bundle["content"]["experiment"]["simulated"])
+    passed = resume.fixed_given(options, simulated, but=("blocks",))
+    if passed:
+        raise OptionError(
+            f"a bundle is re-run with its own settings; drop {', '.join(passed)} "
+            "(--blocks may change the number of blocks)"
+        )
+    # Before any header line: a multi-node bundle on a --host with too few nodes is refused from the inventory alone,
+    # and a plan over the limits from its numbers alone.
+    profiles = bundle_mod.profiles_from_bundle(bundle)
+    blocks = options.blocks if isinstance(options.blocks, int) else None  # None: the bundle's own
+    check_plan(bundle, profiles, blocks, path)
+    if not options.gave("port"):  # the port the experiment was given, unless this run gives another
+        options = options.replace(port=ports.recorded(bundle["content"]["config"], f"{path}: content.config"))
+    try:
+        experiment.check_host_nodes(profiles, options.host_spec, options.inventory, port=options.port)
+    except InputError as e:
+        measured = bundle["content"]["experiment"].get("host")
+        raise InputError(f"{e} (the bundle was measured on {measured!r})" if measured else str(e)) from None
+    return BundlePlan(path, bundle, profiles, blocks, options)
+
+
+def run_bundle(plan: BundlePlan, tolerance: float) -> tuple[ABResult, ExperimentComparison]:
+    """The planned bundle re-run on the options' host, stored, and judged against what it recorded."""
+    bundle, options = plan.bundle, plan.options
+    store = Store(options.db)
+    try:
+        rep = experiment.reporter_for(options)
+        bench = bundle_mod.bench_config(bundle["content"]["config"])
+        event, on_run = experiment.progress(rep, bench)
+        if plan.simulated:
+            event(SIM_BANNER)
+        event(f"reproducing {bundle['content']['experiment']['id']} from {plan.path}; results database: {store.path}")
+        # A Slurm host asks for as many nodes as the bundle's largest multi-node profile spans.
+        nodes = max((int(p.get("nnodes") or 1) for p in bundle["content"]["profiles"]), default=1)
+        with experiment.host_for(options, options.host_spec, nodes=nodes) as host:
+            base = experiment.ab_config(options.replace(sim=plan.simulated, strict_env=False), bench)
+            return reproduce_bundle(
+                host,
+                bundle,
+                store,
+                base,
+                workdir=store.path.parent / "reproduce",
+                tolerance=tolerance,
+                blocks=plan.blocks,
+                source=plan.path,
+                on_event=event,
+                on_run=on_run,
+            )
+    finally:
+        store.close()
+
+
+def plan_claim(target: str, claim: Claim, options: RunOptions) -> ClaimPlan:
+    """The profile `target` beside its baseline (claim.vs, else expect.vs, else a profile named 'baseline'), in
+    CLAIM_BLOCKS blocks unless options give another number."""
+    prof = profiles_mod.load(target)
+    expect = prof.expect
+    claimed_tps = claim.tok_s if claim.tok_s is not None else (expect.tok_s if expect else None)
+    claimed_ratio = claim.ratio if claim.ratio is not None else (expect.ratio if expect else None)
+    if claimed_tps is None and claimed_ratio is None:
+        raise OptionError(
+            f"nothing to judge in {prof.source}: give --claim TOK_S (and/or --claim-ratio R --vs BASELINE), or add "
+            "an expect: block (tok_s, ratio, vs) to the profile"
+        )
+    vs = claim.vs or (expect.vs if expect else None)
+    if vs is None and prof.name != "baseline" and "baseline" in profiles_mod.available():
+        vs = "baseline"
+    if claimed_ratio is not None and vs is None:
+        raise OptionError("a claimed ratio needs a baseline: give --vs PROFILE (or expect.vs in the profile)")
+    options = options.replace(
+        profiles=(vs, target) if vs else (target,), blocks=CLAIM_BLOCKS if options.blocks is None else options.blocks
+    )
+    return ClaimPlan(options, claimed_tps, claimed_ratio)
+
+
+def run_claim(
+    plan: ClaimPlan, tolerance: float, warn: Callable[[str], None] = experiment.warn_stderr
+) -> tuple[ABResult, ClaimVerdict]:
+    """The planned claim measured from fresh state (a new experiment, refused like `orch ab`'s) and judged."""
+    store = Store(plan.options.db)
+    try:
+        result = experiment.start(store, plan.options, experiment.reporter_for(plan.options), warn=warn)
+    finally:
+        store.close()
+    verdict = claim_verdict(
+        result, result.arms[-1].label, claimed_tps=plan.tok_s, claimed_ratio=plan.ratio, tolerance=tolerance
+    )
+    return result, verdict

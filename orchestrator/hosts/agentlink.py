@@ -6,12 +6,10 @@ import hashlib
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from orchestrator.agent import ops
-from orchestrator.errors import HostError
 from orchestrator.hosts.base import Progress
 from orchestrator.ui import progress
 
@@ -133,30 +131,3 @@ def agent_version(files: dict[str, bytes]) -> str:
     for name, data in sorted(files.items()):
         h.update(name.encode() + b"\0" + data + b"\0")
     return h.hexdigest()[:12]
-
-
-class HeldLock:
-    """The host lock a session holds through its agent (SSH and Slurm hosts): noted from lock/unlock replies, and
-    taken again by the fresh agent after the old one was lost."""
-
-    def __init__(self) -> None:
-        self.held: tuple[str, dict[str, Any]] | None = None  # (path, holder)
-
-    def note(self, request: dict[str, Any], reply: dict[str, Any]) -> None:
-        args = request.get("args", {})
-        if request["op"] == "lock" and reply.get("ok") and reply["result"].get("acquired"):
-            self.held = (args["path"], args["holder"])
-        if request["op"] == "unlock":
-            self.held = None
-
-    def retake(self, send: Callable[[dict[str, Any], float], dict[str, Any]], what: str) -> None:
-        """Take the lock again through `send` (a new agent). Our previous agent may still hold it after a silent
-        drop; the lock file names this session, so the agent may end that one agent of ours (and nothing else)."""
-        if self.held is None:
-            return
-        path, holder = self.held
-        reply = send({"op": "lock", "args": {"path": path, "holder": holder, "wait_s": 10, "reclaim": True}}, 60)
-        if not reply.get("ok") or not reply["result"]["acquired"]:
-            self.held = None
-            held_by = reply.get("result", {}).get("holder") if reply.get("ok") else reply.get("error")
-            raise HostError(f"{what}, the host lock is held by {held_by}")

@@ -1,4 +1,4 @@
-"""The `Host` interface every transport implements, its `HostConfig`, call counts, and the host lock's path."""
+"""The `Host` interface every transport implements, its `HostConfig`, call counts, and the namespace."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from typing import Any
 from orchestrator.errors import HostError
 
 NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-# The host lock's directory: host-wide, so HOME and --workdir cannot give two sessions two locks.
-LOCK_DIR = "/tmp"
 
 
 def default_namespace() -> str:
@@ -24,11 +22,6 @@ def default_namespace() -> str:
     if not NAMESPACE_RE.match(ns):
         raise HostError(f"ORCH_NAMESPACE={ns!r} is invalid: use 1-64 letters, digits, '_', '.' or '-'")
     return ns
-
-
-def host_lock_path(namespace: str) -> str:
-    """One orch session per host (and namespace), whatever HOME or --workdir each session uses."""
-    return f"{LOCK_DIR}/orch-{namespace}.lock"
 
 
 @dataclass(frozen=True)
@@ -131,11 +124,6 @@ class Host(ABC):
     def reach_address(self) -> str | None:
         """Where other machines reach this host (a multi-node launch's rank 0), when orch knows it."""
         return self.config.address
-
-    @property
-    def lock_path(self) -> str:
-        """The host lock: one orch session per host at a time."""
-        return host_lock_path(default_namespace())
 
     def ensure_connected(self, force: bool = False) -> None:  # noqa: B027 - optional hook
         """Re-establish the connection if it dropped (bounded); the local host is always there."""

@@ -23,10 +23,6 @@ class GroupHost(Host):
     def sim_pythonpath(self) -> str | None:  # type: ignore[override]
         return self.nodes[0].sim_pythonpath
 
-    @property
-    def lock_path(self) -> str:
-        return self.nodes[0].lock_path
-
     def call(
         self, op: str, *, call_timeout: float | None = None, on_progress: Progress | None = None, **args: Any
     ) -> Any:

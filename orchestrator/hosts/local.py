@@ -10,8 +10,9 @@ from typing import Any
 
 import platformdirs
 
-from orchestrator.agent import lock, ops
+from orchestrator.agent import ops
 from orchestrator.hosts.base import CallStats, Host, HostConfig, Progress
+from orchestrator.hosts.lock import host_lock_path, release_in_process
 
 
 class LocalHost(Host):
@@ -40,7 +41,7 @@ class LocalHost(Host):
 
     def close(self) -> None:
         # The lock of an in-process agent lives in this process; release it like a remote agent's exit would.
-        lock.op_unlock(self.lock_path)
+        release_in_process(host_lock_path())
 
 
 def _as_json(on_progress: Progress) -> Progress:

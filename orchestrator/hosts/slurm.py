@@ -42,13 +42,13 @@ from orchestrator.hosts.agentlink import (
     AGENT_ENTRY,
     AgentLink,
     ConnectionLost,
-    HeldLock,
     Stream,
     agent_files,
     agent_version,
     call_timeout,
 )
 from orchestrator.hosts.base import CallStats, Host, HostConfig, Progress, default_namespace
+from orchestrator.hosts.lock import HeldLock
 from orchestrator.hosts.relay import Relay
 from orchestrator.hosts.slurm_cli import Allocation, AllocationRequest, QueueState, Slurm, SlurmError
 from orchestrator.ui import progress
@@ -491,9 +491,8 @@ class SlurmHost(Host):
             for tunnel in self._tunnels.values():
                 tunnel.close()
             self._tunnels.clear()
-            if self._host_lock.held is not None and self._lost is None and self._link is not None:
-                with contextlib.suppress(Exception):
-                    self.call("unlock", path=self._host_lock.held[0])
+            if self._lost is None and self._link is not None:
+                self._host_lock.release(self.call)
         finally:
             self._closed = True
             try:

@@ -37,7 +37,6 @@ from orchestrator.hosts.agentlink import (
     AGENT_ENTRY,
     AgentLink,
     ConnectionLost,
-    HeldLock,
     Stream,
     agent_files,
     agent_version,
@@ -45,6 +44,7 @@ from orchestrator.hosts.agentlink import (
 )
 from orchestrator.hosts.base import CallStats, Host, HostConfig, Progress
 from orchestrator.hosts.inventory import TARGET_RE
+from orchestrator.hosts.lock import HeldLock
 from orchestrator.hosts.relay import Relay
 
 log = logging.getLogger("orch.ssh")
@@ -576,9 +576,8 @@ class SSHHost(Host):
         for tunnel in self._tunnels.values():
             tunnel.close()
         self._tunnels.clear()
-        if self._host_lock.held is not None and self._lost is None and not self._agent_abandoned:
-            with contextlib.suppress(Exception):
-                self.call("unlock", path=self._host_lock.held[0])
+        if self._lost is None and not self._agent_abandoned:
+            self._host_lock.release(self.call)
         self._closed = True
         self._drop()
 

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import os
 import signal
-import socket
-import sys
 import threading
 import time
 import uuid
@@ -15,15 +12,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.agent.lock import op_lock, op_unlock
-from orchestrator.agent.processes import HostSideError
 from orchestrator.common.redaction import scrub
 from orchestrator.config.design import ABConfig
-from orchestrator.errors import HostError, InputError, OrchError
+from orchestrator.errors import InputError, OrchError
 from orchestrator.experiment import ab, failon
 from orchestrator.experiment import host as experiment_host
+from orchestrator.hosts import lock as locks
 from orchestrator.hosts import open_host, resolve_host
-from orchestrator.hosts.base import LOCK_DIR, HostConfig, default_namespace
+from orchestrator.hosts.base import HostConfig, default_namespace
 from orchestrator.hosts.inventory import HostGroup, load_groups, load_inventory, parse_target
 from orchestrator.launch import ports
 from orchestrator.launch import single as server
@@ -76,18 +72,6 @@ def _stop_signal() -> signal.Signals:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and callable(signal.getsignal(signal.SIGTERM)):
         return signal.SIGTERM
     return signal.SIGINT
-
-
-def night_lock_path(namespace: str) -> str:
-    """One night at a time on this machine (per namespace), whatever the suite, HOME or database."""
-    return f"{LOCK_DIR}/orch-nightly-{namespace}.lock"
-
-
-def _night_lock(path: str, holder: dict[str, Any], wait_s: float) -> dict[str, Any]:
-    try:
-        return op_lock(path, holder, wait_s=wait_s)
-    except HostSideError as e:  # the lock path is unsafe (hostlock says which and what to do): an error, exit 1
-        raise HostError(str(e)) from None
 
 
 def suite_inventory(suite: Suite) -> dict[str, HostConfig]:
@@ -266,27 +250,14 @@ class NightRunner:
             self.night_id = "n" + time.strftime("%Y%m%d-", time.localtime(self.night_at)) + uuid.uuid4().hex[:6]
 
     def run(self) -> NightReport:
-        namespace = default_namespace()
-        lock = night_lock_path(namespace)
-        holder = {
-            "suite": self.suite.name,
-            "user": getpass.getuser(),
-            "machine": socket.gethostname(),
-            "pid": os.getpid(),
-            "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-            "command": " ".join(sys.argv[:12]),
-        }
-        got = _night_lock(lock, holder, 0)
+        lock = locks.night_lock_path(default_namespace())
+        got = locks.take_night_lock(lock, self.suite.name, self.suite.wait_s, self.on_event)
         if not got["acquired"]:
-            self.on_event(
-                f"another night is running ({_holder(got['holder'])}); waiting up to {self.suite.wait_s:.0f}s"
-            )
-            got = _night_lock(lock, holder, self.suite.wait_s)
-        if not got["acquired"]:
+            holder = locks.describe_night_holder(got["holder"])
             error = (
-                f"another night still runs on this machine ({_holder(got['holder'])}) after waiting "
-                f"{self.suite.wait_s:.0f}s (the suite's wait:); this night did not start. Nights must not overlap: "
-                "move the cron time, or shorten the suite's deadline"
+                f"another night still runs on this machine ({holder}) after waiting {self.suite.wait_s:.0f}s (the "
+                "suite's wait:); this night did not start. Nights must not overlap: move the cron time, or shorten "
+                "the suite's deadline"
             )
             now = time.time()
             # Said like any other night (stdout, --markdown-out): a night that silently did not run is a night lost.
@@ -297,7 +268,7 @@ class NightRunner:
         try:
             return self._run_locked()
         finally:
-            op_unlock(lock)
+            locks.release_in_process(lock)
 
     def _run_locked(self) -> NightReport:
         suite = self.suite
@@ -550,10 +521,3 @@ class NightRunner:
         return ItemReport(
             item.name, item.host, item.kind, item.sim, status, experiments, error, seconds=time.monotonic() - began
         )
-
-
-def _holder(h: dict[str, Any]) -> str:
-    if not h:
-        return "holder unknown"
-    who = f"{h.get('user', '?')}@{h.get('machine', '?')} pid {h.get('pid', '?')}"
-    return f"suite {h.get('suite', '?')}, {who} since {h.get('since', '?')}"

@@ -7,8 +7,11 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import yaml
 
+from orchestrator.config.options import OptionError, RunOptions
+from orchestrator.experiment.reproduce import Claim, ClaimPlan, plan_reproduction
 from tests import fake_nvidia_smi
 from tests.conftest import FAST_SIM, WriteProfile, free_port
 from tests.faults.support import FAST, assert_nothing_left, assert_plain, orch_env, run
@@ -40,6 +43,27 @@ def test_a_claim_in_the_profile_and_an_undecidable_one(sim_profiles: SimProfiles
     assert "INCONCLUSIVE" in out.out and "claimed 60.0 tok/s" in out.out
     none = run("reproduce", "baseline", "--sim", cwd=tmp_path)
     assert none.rc == 2 and "nothing to judge" in none.err, none.text
+
+
+def test_a_claim_is_planned_beside_its_baseline_or_refused_before_anything_runs(
+    sim_profiles: SimProfiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The core without click: what a claim runs (its baseline first, 3 blocks unless --blocks), and its refusals."""
+    sim_profiles()
+    monkeypatch.chdir(tmp_path)
+    options = RunOptions(command="reproduce", blocks=None)
+    plan = plan_reproduction("eagle3", Claim(tok_s=94), options)
+    assert isinstance(plan, ClaimPlan) and (plan.tok_s, plan.ratio) == (94, None)
+    assert plan.options.profiles == ("baseline", "eagle3") and plan.options.blocks == 3
+    assert plan_reproduction("eagle3", Claim(ratio=1.5, vs="base"), options.replace(blocks=5)).options.blocks == 5
+    with pytest.raises(OptionError, match="nothing to judge in"):
+        plan_reproduction("eagle3", Claim(vs="base"), options)
+    with pytest.raises(OptionError, match="a claimed ratio needs a baseline"):
+        plan_reproduction("baseline", Claim(ratio=1.5), options)
+    bundle = tmp_path / "r.orch.json"
+    bundle.write_text("{}")  # refused before it is read
+    with pytest.raises(OptionError, match="judge a profile's claim, not a result bundle"):
+        plan_reproduction(str(bundle), Claim(vs="baseline"), options)
 
 
 # Two arms of the same speed with little restart noise, so three blocks can decide within ±3 %.

@@ -13,6 +13,7 @@ import yaml
 
 from orchestrator.cli import main
 from orchestrator.config import limits
+from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.experiment import reproduce as reproduce_mod
 from orchestrator.results import bundle as bundle_mod
 from tests.conftest import FAST_SIM, free_port
@@ -214,3 +215,17 @@ def test_a_resumed_experiment_meets_the_same_limits(
     assert main(["ab", "--resume", exp_id, "--db", str(db)]) == 2
     err = capsys.readouterr().err
     assert "runs: expected a whole number from 1 to 10,000, got 1000000000" in err and "Traceback" not in err
+
+
+def test_a_bundle_is_planned_with_its_own_settings(sent: dict[str, Any], nothing_built: None) -> None:
+    """The core without click: a bundle's plan keeps its blocks and port unless this run gives them, and refuses
+    the settings it fixes."""
+    options = RunOptions(command="reproduce", blocks=None)
+    plan = reproduce_mod.plan_reproduction(str(sent["path"]), reproduce_mod.Claim(), options)
+    assert isinstance(plan, reproduce_mod.BundlePlan) and plan.simulated and plan.blocks is None
+    assert [p.name for p in plan.profiles] == ["p"]
+    assert plan.options.port == sent["bundle"]["content"]["config"].get("port")
+    again = reproduce_mod.plan_bundle(str(sent["path"]), options.replace(blocks=2, given=frozenset({"blocks"})))
+    assert again.blocks == 2
+    with pytest.raises(OptionError, match="drop --runs, --seed"):
+        reproduce_mod.plan_bundle(str(sent["path"]), options.replace(runs=3, seed=1, given=frozenset({"runs", "seed"})))

@@ -13,9 +13,8 @@ import yaml
 from orchestrator.agent import lock as hostlock
 from orchestrator.agent.processes import HostSideError
 from orchestrator.errors import HostError
-from orchestrator.hosts.base import host_lock_path
 from orchestrator.hosts.local import LocalHost
-from orchestrator.nightly.night import night_lock_path
+from orchestrator.hosts.lock import host_lock_path, night_lock_path
 from tests.conftest import FAST_SIM, NAMESPACE, free_port
 from tests.faults.support import assert_plain, run, stored
 

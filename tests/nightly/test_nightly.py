@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from orchestrator.agent import lock as hostlock
-from orchestrator.nightly.night import night_lock_path
+from orchestrator.hosts.lock import night_lock_path
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
 from tests.faults.support import assert_nothing_left, assert_plain, run, start, stored
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import StoreError
+from orchestrator.hosts.lock import host_lock_path
 from orchestrator.report.csvrows import ab_csv
 from orchestrator.report.jsondoc import ab_json
 from orchestrator.report.markdown import ab_markdown
@@ -451,6 +452,6 @@ def test_interrupt_right_after_the_experiment_is_stored_still_marks_it(tmp_path:
     (exp,) = store.experiments()
     assert exp["status"] == "interrupted"
     host = LocalHost()
-    assert host.call("lock", path=host.lock_path, holder={"session": "other"}, wait_s=0)["acquired"]  # released
-    host.call("unlock", path=host.lock_path)
+    assert host.call("lock", path=host_lock_path(), holder={"session": "other"}, wait_s=0)["acquired"]  # released
+    host.call("unlock", path=host_lock_path())
     store.close()

@@ -28,6 +28,7 @@ from orchestrator.results import bundle as bundle_mod
 from orchestrator.results.compare import claim_verdict
 from orchestrator.results.model import ABResult
 from orchestrator.results.store import Store
+from orchestrator.ui.events import Lines
 
 CLAIM_BLOCKS = 3  # a verdict needs the launch-to-launch spread: one launch per arm cannot give one
 
@@ -125,7 +126,7 @@ def _reproduce_bundle(path: str, tolerance: float, options: RunOptions) -> NoRet
                 tolerance=tolerance,
                 blocks=blocks,
                 source=path,
-                on_event=event,
+                events=Lines(event),  # this reporter is not entered (no live view): phases reach no one
                 on_run=on_run,
             )
     finally:

@@ -19,7 +19,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.hosts.group import GroupHost
 from orchestrator.launch import attach
 from orchestrator.launch import group as multinode
-from orchestrator.ui import progress
+from orchestrator.ui.events import QUIET, Events
 
 if TYPE_CHECKING:
     from orchestrator.config.design import ABConfig
@@ -41,9 +41,7 @@ def nodes_needed(profiles: Sequence[Profile]) -> int:
     return max((p.nnodes for p in profiles if attach.url_of(p) is None), default=1)
 
 
-def host_facts(
-    host: Host, config: ABConfig, resumed: dict[str, Any] | None, on_event: Callable[[str], None]
-) -> dict[str, Any]:
+def host_facts(host: Host, config: ABConfig, resumed: dict[str, Any] | None, events: Events) -> dict[str, Any]:
     """The host facts stored with the experiment. A group's: every node's, compared before anything starts; rank
     0's stand for the experiment (its API is measured), every node's under `nodes`, and how they differ under
     `node_mismatches` when --allow-node-mismatch (or the resumed experiment's own) let them launch anyway."""
@@ -56,7 +54,7 @@ def host_facts(
     per_node, mismatches = multinode.node_facts(host, allow_mismatch=allowed)
     if not mismatches:
         return {**per_node[host.nodes[0].name], "nodes": per_node}
-    on_event(
+    events.line(
         f"WARNING: the nodes of {host.name} differ ({'; '.join(mismatches)}); launching anyway "
         "(--allow-node-mismatch): the experiment records it and its reports show it"
     )
@@ -85,11 +83,11 @@ def check_nodes_for(profiles: Sequence[Profile], nodes: int, host_name: str, is_
             )
 
 
-def lock_nodes(host: Host, exp_id: str, wait_s: float, on_event: Callable[[str], None]) -> list[Host]:
+def lock_nodes(host: Host, exp_id: str, wait_s: float, events: Events) -> list[Host]:
     """The host lock of every node (a group's in name order, so two sessions wanting overlapping groups cannot
     deadlock); the hosts whose lock this session now holds."""
     if not isinstance(host, GroupHost):
-        acquire_host_lock(host, host.lock_path, exp_id, wait_s, on_event)
+        acquire_host_lock(host, host.lock_path, exp_id, wait_s, events)
         return [host]
     held: list[Host] = []
 
@@ -98,10 +96,10 @@ def lock_nodes(host: Host, exp_id: str, wait_s: float, on_event: Callable[[str],
 
     try:
         for node in sorted(host.nodes, key=lambda h: h.name):
-            if acquire_host_lock(node, node.lock_path, exp_id, wait_s, on_event, shared_ok=ours):
+            if acquire_host_lock(node, node.lock_path, exp_id, wait_s, events, shared_ok=ours):
                 held.append(node)
             else:
-                on_event(f"NOTE: {node.name} is the same machine as another node of {host.name} (one host lock)")
+                events.line(f"NOTE: {node.name} is the same machine as another node of {host.name} (one host lock)")
     except BaseException:
         for node in held:
             with contextlib.suppress(Exception):
@@ -115,7 +113,7 @@ def acquire_host_lock(
     path: str,
     exp_id: str,
     wait_s: float,
-    on_event: Callable[[str], None],
+    events: Events = QUIET,
     *,
     purpose: str = "run",
     shared_ok: Callable[[dict[str, Any]], bool] | None = None,
@@ -136,8 +134,8 @@ def acquire_host_lock(
     if not got["acquired"] and shared_ok is not None and shared_ok(got.get("holder") or {}):
         return False
     if not got["acquired"] and wait_s > 0:
-        on_event(f"{host.name} is busy ({describe_holder(got['holder'])}); waiting up to {wait_s:.0f}s")
-        progress.phase("lock wait", holder=describe_holder(got["holder"]))
+        events.line(f"{host.name} is busy ({describe_holder(got['holder'])}); waiting up to {wait_s:.0f}s")
+        events.phase("lock wait", holder=describe_holder(got["holder"]))
         got = host.call("lock", path=path, holder=holder, wait_s=wait_s)
     if not got["acquired"]:
         if purpose == "orch down":

@@ -22,6 +22,7 @@ from orchestrator.results.compare import ExperimentComparison, compare
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store
+from orchestrator.ui.events import QUIET, Events
 
 
 class JudgingFailed(OrchError):
@@ -123,7 +124,7 @@ def reproduce_bundle(
     tolerance: float,
     blocks: int | None = None,
     source: str = "BUNDLE",
-    on_event: Callable[[str], None] = lambda _: None,
+    events: Events = QUIET,
     on_run: Callable[[str, RunResult], None] = lambda _p, _r: None,
 ) -> tuple[ABResult, ExperimentComparison]:
     """Run the bundle's design again here, from fresh state, and judge the new result against the recorded one."""
@@ -132,7 +133,7 @@ def reproduce_bundle(
     check_plan(bundle, profiles, blocks, source)
     config = rerun_config(bundle, recorded, base, workdir, blocks)
     provenance = {"reproduces": recorded.experiment_id, "reproduces_digest": bundle.get("digest")}
-    new = run_ab(host, profiles, config, store, on_event=on_event, on_run=on_run, provenance=provenance)
+    new = run_ab(host, profiles, config, store, events=events, on_run=on_run, provenance=provenance)
     try:
         return new, compare_results(recorded, new, tolerance)
     except Exception as e:  # the measurement is stored: a failure judging it must not hide where it is

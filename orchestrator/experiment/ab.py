@@ -82,7 +82,8 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
 
     With `resume`, continue that stored experiment: its completed launches stand, the rest of its schedule runs
     (same seed, same order); launches cut short earlier are kept in the store but left out of the statistics.
-    `provenance` (how it was started: the --host given, the workdir) is stored with a new experiment.
+    `provenance` (how it was started: the --host given, the workdir) is stored with a new experiment. `events` gets
+    every progress line (scrubbed of the profiles' secret values) and phase; `on_run` every finished run.
     """
     if not profiles:
         raise OrchError("an A/B needs at least one profile")

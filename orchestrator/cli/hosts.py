@@ -54,7 +54,7 @@ def down_cmd(host_spec: str, inventory: str | None, accept_new_host_key: bool, g
                 continue
             where = host_spec if len(nodes) == 1 else f"{host_spec} ({name})"
             if not force:
-                locks.acquire_host_lock(node, "orch down", 0.0, lambda _: None, purpose="orch down")
+                locks.acquire_host_lock(node, "orch down", 0.0, purpose="orch down")
             try:
                 result = node.call("down", namespace=default_namespace(), grace_s=grace, force=force)
             finally:

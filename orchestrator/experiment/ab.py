@@ -15,7 +15,7 @@ from orchestrator.config import limits
 from orchestrator.config.design import ABConfig, new_experiment_id
 from orchestrator.config.profile import Profile
 from orchestrator.errors import BenchError, OrchError
-from orchestrator.experiment.arm import StrictEnvError, run_launch
+from orchestrator.experiment.arm import ArmContext, LaunchSlot, StrictEnvError, run_launch
 from orchestrator.experiment.host import check_nodes, facts_changed, host_facts, nodes_needed
 from orchestrator.experiment.resume import check_resumable, check_same_machine, comparable_profile, requests_digest
 from orchestrator.hosts import lock as locks
@@ -35,7 +35,7 @@ from orchestrator.results.model import (
 )
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store
-from orchestrator.ui import progress
+from orchestrator.ui.events import QUIET, Events, Scrubbed
 
 
 class NoValidRunsError(BenchError):
@@ -73,7 +73,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
     config: ABConfig,
     store: Store,
     *,
-    on_event: Callable[[str], None] = lambda _: None,
+    events: Events = QUIET,
     on_run: Callable[[str, RunResult], None] = lambda _p, _r: None,
     resume: str | None = None,
     provenance: dict[str, Any] | None = None,
@@ -82,7 +82,8 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
 
     With `resume`, continue that stored experiment: its completed launches stand, the rest of its schedule runs
     (same seed, same order); launches cut short earlier are kept in the store but left out of the statistics.
-    `provenance` (how it was started: the --host given, the workdir) is stored with a new experiment.
+    `provenance` (how it was started: the --host given, the workdir) is stored with a new experiment. `events` gets
+    every progress line (scrubbed of the profiles' secret values) and phase; `on_run` every finished run.
     """
     if not profiles:
         raise OrchError("an A/B needs at least one profile")
@@ -96,17 +97,17 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
     # Secret values are stored as digests keyed per store; errors and printed log tails are scrubbed of them.
     key = store.redaction_key
     secrets = [v for p in profiles for v in single.profile_secrets(p)]
-    on_event = _scrubbing(on_event, secrets)
+    events = Scrubbed(events, secrets)
     check_nodes(host, profiles)
     ports.check(config.port, profiles, host.group if isinstance(host, GroupHost) else host.config)
     profiles = ports.override(profiles, config.port)
     resumed = store.find_experiment(resume) if resume is not None else None
     exp_id = resumed["id"] if resumed is not None else new_experiment_id()
-    facts = host_facts(host, config, resumed, on_event)
+    facts = host_facts(host, config, resumed, events)
     if isinstance(host, GroupHost):
         multinode.check_ports(host, facts["nodes"], nodes_needed(profiles))
     # The host lock comes before any write: a session that cannot have the host changes nothing in the store.
-    locked = locks.lock_nodes(host, exp_id, config.lock_wait_s, on_event)
+    locked = locks.lock_nodes(host, exp_id, config.lock_wait_s, events)
     try:
         notes: list[str] = []
         launches: list[LaunchResult] = []
@@ -119,17 +120,17 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             changed = facts_changed(stored.get("host_facts") or {}, facts)
             if changed:
                 notes.append(f"host facts changed since the experiment started: {', '.join(changed)}")
-                on_event(f"NOTE: {notes[-1]}")
+                events.line(f"NOTE: {notes[-1]}")
             if config.port is not None and stored.get("port") != config.port:
                 began = (
                     f"started with --port {stored['port']}" if stored.get("port") else "started on its profiles' ports"
                 )
                 notes.append(f"{began}, resumed with --port {config.port}")
-                on_event(f"NOTE: {notes[-1]}")
+                events.line(f"NOTE: {notes[-1]}")
             if stored.get("namespace") not in (None, config.namespace):
                 # Cleanup before each launch only sees its own namespace: leftovers of the other would be "foreign".
                 notes.append(f"started in namespace {stored['namespace']!r}, resumed in {config.namespace!r}")
-                on_event(f"NOTE: {notes[-1]}")
+                events.line(f"NOTE: {notes[-1]}")
             launches, cut = stored_launches(store, exp_id)
             if cut:
                 discarded = len(cut)
@@ -150,19 +151,20 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
                 design=design.to_dict(),
             )
         names = [p.name for p in profiles]
+        context = ArmContext(host, config, store, events, on_run, key)
         try:  # from here on the stored experiment ends interrupted, failed or complete, whatever happens
-            progress.phase("experiment", id=exp_id, arms=names, simulated=config.simulate)
+            events.phase("experiment", id=exp_id, arms=names, simulated=config.simulate)
             auto = f"blocks auto ({design.auto.min_blocks} to {design.auto.max_blocks})" if design.auto else ""
-            on_event(
+            events.line(
                 f"experiment {exp_id} on {host.name}: {' vs '.join(names)}, {auto or f'{design.blocks} block(s)'}, "
                 f"order {design.order} (seed {design.seed})" + (" (SIMULATED server)" if config.simulate else "")
             )
             if design.blocks < 2 and len(profiles) > 1:
-                on_event(
+                events.line(
                     "NOTE: one launch per arm cannot separate restart noise from a real difference; use --blocks 3+"
                 )
             if resume is not None:
-                on_event(f"resuming {exp_id}: {len(launches)} of {len(design.slots())} launches already complete")
+                events.line(f"resuming {exp_id}: {len(launches)} of {len(design.slots())} launches already complete")
             n = 0
             while True:
                 done = {(launch.block, launch.arm_index) for launch in launches}
@@ -170,7 +172,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
                 for block, position, arm in [slot for slot in design.slots() if (slot[0], slot[2]) not in done]:
                     n += 1
                     cap = f" (at most {design.auto.max_blocks})" if design.auto else ""
-                    progress.phase(
+                    events.phase(
                         "slot",
                         n=n,
                         total=len(design.slots()),
@@ -179,21 +181,17 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
                         max_blocks=design.auto.max_blocks if design.auto else None,
                         arm=arm_label(names, arm),
                     )
-                    on_event(
+                    events.line(
                         f"launch {n}/{len(design.slots())}: block {block + 1}/{design.blocks}{cap}, "
                         f"{arm_label(names, arm)}"
                     )
-                    launches.append(
-                        run_launch(
-                            host, profiles[arm], arm, block, position, exp_id, config, store, on_event, on_run, key
-                        )
-                    )
+                    launches.append(run_launch(LaunchSlot(exp_id, arm, block, position), profiles[arm], context))
                 if design.auto is None:
                     break
-                progress.phase("look")
+                events.phase("look")
                 now = ABResult(exp_id, config.simulate, host.name, tuple(names), tuple(launches), facts)
                 stop, line = auto_look(dataclasses.replace(now, design=design, min_effect=config.min_effect))
-                on_event(line)
+                events.line(line)
                 if stop:
                     break
                 design = design.extended(design.blocks + 1)
@@ -207,12 +205,12 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
         except KeyboardInterrupt:
             store.finish_experiment(exp_id, "interrupted", "interrupted by the user")
             if len(profiles) > 1:
-                on_event(f"experiment {exp_id} interrupted; continue it with: orch ab --resume {exp_id}")
+                events.line(f"experiment {exp_id} interrupted; continue it with: orch ab --resume {exp_id}")
             raise
         except BaseException as e:
             store.finish_experiment(exp_id, "failed", scrub(str(e), secrets) or type(e).__name__)
             if len(profiles) > 1 and not isinstance(e, (StrictEnvError, NoValidRunsError)):
-                on_event(
+                events.line(
                     f"experiment {exp_id} failed; after fixing the cause, continue it with: orch ab --resume {exp_id}"
                 )
             raise
@@ -235,8 +233,3 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             notes=tuple(notes),
         )
     )
-
-
-def _scrubbing(on_event: Callable[[str], None], secrets: list[str]) -> Callable[[str], None]:
-    """on_event, printing no secret: events can carry a server's log tail (which has its args in clear)."""
-    return lambda msg: on_event(scrub(msg, secrets))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.profile import Profile
@@ -12,6 +12,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.hosts.group import GroupHost
 from orchestrator.launch import attach
 from orchestrator.launch import group as multinode
+from orchestrator.ui.events import Events
 
 if TYPE_CHECKING:
     from orchestrator.config.design import ABConfig
@@ -29,9 +30,7 @@ def nodes_needed(profiles: Sequence[Profile]) -> int:
     return max((p.nnodes for p in profiles if attach.url_of(p) is None), default=1)
 
 
-def host_facts(
-    host: Host, config: ABConfig, resumed: dict[str, Any] | None, on_event: Callable[[str], None]
-) -> dict[str, Any]:
+def host_facts(host: Host, config: ABConfig, resumed: dict[str, Any] | None, events: Events) -> dict[str, Any]:
     """The host facts stored with the experiment. A group's: every node's, compared before anything starts; rank
     0's stand for the experiment (its API is measured), every node's under `nodes`, and how they differ under
     `node_mismatches` when --allow-node-mismatch (or the resumed experiment's own) let them launch anyway."""
@@ -44,7 +43,7 @@ def host_facts(
     per_node, mismatches = multinode.node_facts(host, allow_mismatch=allowed)
     if not mismatches:
         return {**per_node[host.nodes[0].name], "nodes": per_node}
-    on_event(
+    events.line(
         f"WARNING: the nodes of {host.name} differ ({'; '.join(mismatches)}); launching anyway "
         "(--allow-node-mismatch): the experiment records it and its reports show it"
     )

@@ -29,6 +29,7 @@ from orchestrator.results.compare import ClaimVerdict, ExperimentComparison, cla
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store
+from orchestrator.ui.events import QUIET, Events, Lines
 
 CLAIM_BLOCKS = 3  # a verdict needs the launch-to-launch spread: one launch per arm cannot give one
 
@@ -132,7 +133,7 @@ def reproduce_bundle(
     tolerance: float,
     blocks: int | None = None,
     source: str = "BUNDLE",
-    on_event: Callable[[str], None] = lambda _: None,
+    events: Events = QUIET,
     on_run: Callable[[str, RunResult], None] = lambda _p, _r: None,
 ) -> tuple[ABResult, ExperimentComparison]:
     """Run the bundle's design again here, from fresh state, and judge the new result against the recorded one."""
@@ -141,7 +142,7 @@ def reproduce_bundle(
     check_plan(bundle, profiles, blocks, source)
     config = rerun_config(bundle, recorded, base, workdir, blocks)
     provenance = {"reproduces": recorded.experiment_id, "reproduces_digest": bundle.get("digest")}
-    new = run_ab(host, profiles, config, store, on_event=on_event, on_run=on_run, provenance=provenance)
+    new = run_ab(host, profiles, config, store, events=events, on_run=on_run, provenance=provenance)
     try:
         return new, compare_results(recorded, new, tolerance)
     except Exception as e:  # the measurement is stored: a failure judging it must not hide where it is
@@ -251,7 +252,7 @@ def run_bundle(plan: BundlePlan, tolerance: float) -> tuple[ABResult, Experiment
                 tolerance=tolerance,
                 blocks=plan.blocks,
                 source=plan.path,
-                on_event=event,
+                events=Lines(event),  # this reporter is not entered (no live view): phases reach no one
                 on_run=on_run,
             )
     finally:

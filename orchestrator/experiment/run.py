@@ -116,7 +116,7 @@ def start(
             blocks=auto.max_blocks if auto else blocks_of(options),
             sim=options.sim,
             least_blocks=auto.min_blocks if auto else None,
-            show=rep.event,
+            show=rep.line,
         )
     except limits.PlanError as e:
         raise OptionError(str(e)) from None
@@ -260,7 +260,7 @@ def progress(rep: PlainReporter, bench: BenchConfig) -> tuple[Callable[[str], No
         rep.bench = bench
         rep.run(name, run)
 
-    return rep.event, on_run
+    return rep.line, on_run
 
 
 def host_for(
@@ -294,5 +294,5 @@ def execute(
         with host_for(options, options.host_spec, event, nodes=experiment_host.nodes_needed(profiles)) as host:
             where = {"host_spec": options.host_spec, "workdir": options.workdir, "namespace": config.namespace}
             return ab.run_ab(
-                host, profiles, config, store, on_event=event, on_run=on_run, resume=resume_id, provenance=where
+                host, profiles, config, store, events=rep, on_run=on_run, resume=resume_id, provenance=where
             )

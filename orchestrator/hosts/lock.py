@@ -17,7 +17,7 @@ from orchestrator.agent.processes import HostSideError
 from orchestrator.errors import HostError
 from orchestrator.hosts.base import Host, default_namespace
 from orchestrator.hosts.group import GroupHost
-from orchestrator.ui import progress
+from orchestrator.ui.events import QUIET, Events
 
 # Host-wide, so HOME and --workdir cannot give two sessions two locks.
 LOCK_DIR = "/tmp"
@@ -62,7 +62,7 @@ def acquire_host_lock(
     host: Host,
     exp_id: str,
     wait_s: float,
-    on_event: Callable[[str], None],
+    events: Events = QUIET,
     *,
     purpose: str = "run",
     shared_ok: Callable[[dict[str, Any]], bool] | None = None,
@@ -75,8 +75,8 @@ def acquire_host_lock(
     if not got["acquired"] and shared_ok is not None and shared_ok(got.get("holder") or {}):
         return False
     if not got["acquired"] and wait_s > 0:
-        on_event(f"{host.name} is busy ({describe_holder(got['holder'])}); waiting up to {wait_s:.0f}s")
-        progress.phase("lock wait", holder=describe_holder(got["holder"]))
+        events.line(f"{host.name} is busy ({describe_holder(got['holder'])}); waiting up to {wait_s:.0f}s")
+        events.phase("lock wait", holder=describe_holder(got["holder"]))
         got = host.call("lock", path=path, holder=holder, wait_s=wait_s)
     if not got["acquired"]:
         if purpose == "orch down":
@@ -92,11 +92,11 @@ def acquire_host_lock(
     return True
 
 
-def lock_nodes(host: Host, exp_id: str, wait_s: float, on_event: Callable[[str], None]) -> list[Host]:
+def lock_nodes(host: Host, exp_id: str, wait_s: float, events: Events) -> list[Host]:
     """The host lock of every node (a group's in name order, so two sessions wanting overlapping groups cannot
     deadlock); the hosts whose lock this session now holds."""
     if not isinstance(host, GroupHost):
-        acquire_host_lock(host, exp_id, wait_s, on_event)
+        acquire_host_lock(host, exp_id, wait_s, events)
         return [host]
     held: list[Host] = []
 
@@ -105,10 +105,10 @@ def lock_nodes(host: Host, exp_id: str, wait_s: float, on_event: Callable[[str],
 
     try:
         for node in sorted(host.nodes, key=lambda h: h.name):
-            if acquire_host_lock(node, exp_id, wait_s, on_event, shared_ok=ours):
+            if acquire_host_lock(node, exp_id, wait_s, events, shared_ok=ours):
                 held.append(node)
             else:
-                on_event(f"NOTE: {node.name} is the same machine as another node of {host.name} (one host lock)")
+                events.line(f"NOTE: {node.name} is the same machine as another node of {host.name} (one host lock)")
     except BaseException:
         release_quietly(held)
         raise

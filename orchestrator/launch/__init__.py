@@ -1,6 +1,7 @@
-"""A server's launch on a host, and what is measured on it: `single` (one process tree), `group` (one arm over a
-group's nodes), `attach` (a server someone else runs), each `start`ed into a `Launch` that fingerprints and is
-torn down in `finally`; `benchmark` runs the workload against it; `ports` and `fingerprint` serve all three.
+"""A server for an arm on a host, and what is measured on it: `lifecycle` (the one lifecycle: prepared, started,
+ready, read back, stopped in `finally`) runs the steps of `single` (one process tree), `group` (one arm over a
+group's nodes) or `attach` (a server someone else runs), and yields their common `Server`; `benchmark` runs the
+workload against it; `ports` and `fingerprint` serve all three.
 """
 
-__all__ = ["attach", "benchmark", "fingerprint", "group", "ports", "single"]
+__all__ = ["attach", "benchmark", "fingerprint", "group", "lifecycle", "ports", "single"]

@@ -5,27 +5,22 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import httpx
 
 from orchestrator import __version__, engines
-from orchestrator.common.redaction import scrub
 from orchestrator.config.profile import Profile
-from orchestrator.errors import InputError, ServerError, was_interrupted
+from orchestrator.config.workload import BenchConfig
+from orchestrator.errors import InputError, ServerError
 from orchestrator.hosts.base import Host
 from orchestrator.launch import fingerprint, single
-from orchestrator.launch.benchmark import run_benchmark, runner_for
-from orchestrator.results.model import LaunchResult, spec_steps
-from orchestrator.results.run import RunResult
-from orchestrator.results.store import Store
+from orchestrator.launch.benchmark import Runner, runner_for
+from orchestrator.ui.events import Events
 
-if TYPE_CHECKING:
-    from orchestrator.config.design import ABConfig
-
-HEALTH_TIMEOUT_S = 5.0
 MODELS_TIMEOUT_S = 5.0
 NOT_FRESH = (
     "its state was not fresh: orch did not launch it, so its caches, uptime and any other clients' load are "
@@ -215,108 +210,85 @@ def collect_fingerprint(
     return fp
 
 
-def run_session(
-    host: Host,
-    profile: Profile,
-    index: int,
-    block: int,
-    position: int,
-    exp_id: str,
-    config: ABConfig,
-    store: Store,
-    on_event: Callable[[str], None],
-    on_run: Callable[[str, RunResult], None],
-    redaction_key: bytes | None = None,
-) -> LaunchResult:
-    """One block's session of an attached arm: one health check, then the benchmark; nothing started or stopped.
-    The URL is reached from --host's side (the client runs there by default; for --client local, through it)."""
-    url = url_of(profile)
-    assert url is not None
+@dataclass
+class AttachedServer:
+    """A server someone else runs, as an arm's session on it is measured: reached from --host's side (the client
+    runs there by default; for --client local, through it). Its health check stood for readiness; it is neither
+    read back nor torn down, and its marker stands in for the env report, preflight and teardown."""
+
+    url: str  # as the profile or --attach gave it
+    address: str
+    port: int
+    base_url: str  # as --host's side reaches it
+    record: single.LaunchRecord
+    teardown: dict[str, Any] | None = None
+    ready_s: ClassVar[None] = None  # orch did not wait for it to start
+    env_ok: ClassVar[None] = None  # orch cannot read its environment
+    # No GPU probes: the GPUs --host can read are not known to be the server's. (Its /metrics counter deltas also
+    # count any other client's traffic: part of what "not fresh" means.)
+    probes_gpus: ClassVar[bool] = False
+
+    @property
+    def launch_id(self) -> str:
+        return self.record.launch_id
+
+    @property
+    def mark(self) -> dict[str, Any]:
+        return marker(self.url)
+
+    @property
+    def preflight(self) -> dict[str, Any]:
+        return {"attached": self.mark}
+
+    def env_record(self) -> dict[str, Any]:
+        return {"processes": None, "ok": None, "mismatches": [], "inherited": {}, "attached": self.mark}
+
+    def not_torn_down(self) -> dict[str, Any]:
+        return {"attached": self.mark, "note": "not torn down: orch did not launch it"}
+
+    def fingerprint(
+        self, host: Host, profile: Profile, *, workload_digest: str, redaction_key: bytes | None
+    ) -> dict[str, Any]:
+        return collect_fingerprint(
+            self.base_url, profile, self.mark, workload_digest=workload_digest, redaction_key=redaction_key
+        )
+
+    def notes(self, profile: Profile, fp: dict[str, Any]) -> list[str]:
+        """What is said of the server once it is fingerprinted: that it serves another model than the profile's."""
+        model = profile.served_model_name or profile.model_path
+        served = (fp.get("software") or {}).get("served_models")
+        if served and model not in served:
+            return [f"NOTE: {self.url}/v1/models lists {', '.join(served)}, not the profile's {model!r}"]
+        return []
+
+    def runner(self, host: Host, profile: Profile, bench: BenchConfig) -> Runner:
+        engine = engines.get(profile.engine)
+        return runner_for(host, self.address, self.port, self.base_url, bench, engine, probe_gpus=False)
+
+    def recover(self, host: Host, profile: Profile, events: Events, err: str) -> bool:
+        """After failed requests: whether the run may be repeated (the server is healthy; it is never restarted)."""
+        events.line(f"{profile.name}: {err} (an attached server: checked, never restarted)")
+        host.ensure_connected()
+        problem = single.health_problem(self.base_url, profile, timeout_s=single.HEALTH_TIMEOUT_S)
+        if problem is not None:
+            events.line(f"{profile.name}: the attached server at {self.url}: {problem}; not repeating the run")
+            return False
+        return True
+
+
+def reach(host: Host, url: str) -> tuple[str, int, str]:
+    """The attached server's address and port, and its base URL as --host's side reaches it."""
     parts = urlsplit(url)
     address, port = str(parts.hostname), int(parts.port or 0)
-    base_url = host.url(port, address)
-    problem = single.health_problem(base_url, profile, timeout_s=HEALTH_TIMEOUT_S)
+    return address, port, host.url(port, address)
+
+
+def check_health(base_url: str, url: str, profile: Profile) -> None:
+    """An attached server's readiness: one health check, for orch neither starts nor waits for a server it did not
+    launch (ServerError if it fails)."""
+    problem = single.health_problem(base_url, profile, timeout_s=single.HEALTH_TIMEOUT_S)
     if problem is not None:
         raise ServerError(
             f"{profile.name}: the attached server at {url} is not ready ({problem}); orch neither starts nor waits "
             "for a server it did not launch: start it, or check the URL"
         )
-    on_event(
-        f"{profile.name}: attached to {url}: orch did not launch it and will not stop it; this block is another "
-        "benchmark session on the same running server (state NOT fresh, environment NOT verified)"
-    )
-    launch_id = single.new_launch_id(config.namespace)
-    mark = marker(url)
-    store.add_launch(
-        launch_id,
-        experiment_id=exp_id,
-        arm_index=index,
-        block=block,
-        position=position,
-        profile=profile.name,
-        profile_dict=profile.to_dict(redaction_key=redaction_key),
-        argv=[],
-        env={},
-        pid=None,
-        started_at=time.time(),
-    )
-    env_report: dict[str, Any] = {"processes": None, "ok": None, "mismatches": [], "inherited": {}, "attached": mark}
-    fp = collect_fingerprint(
-        base_url,
-        profile,
-        mark,
-        workload_digest=fingerprint.workload_digest(config.bench),
-        redaction_key=redaction_key,
-    )
-    store.update_launch(launch_id, preflight_json={"attached": mark}, env_report_json=env_report, fingerprint_json=fp)
-    model = profile.served_model_name or profile.model_path
-    served = (fp.get("software") or {}).get("served_models")
-    if served and model not in served:
-        on_event(f"{profile.name}: NOTE: {url}/v1/models lists {', '.join(served)}, not the profile's {model!r}")
-    runs: list[RunResult] = []
-
-    def record(run: RunResult) -> None:
-        runs.append(run)
-        store.add_run(launch_id, run.to_dict())
-        on_run(profile.name, run)
-
-    def recover(err: str) -> bool:
-        on_event(f"{profile.name}: {err} (an attached server: checked, never restarted)")
-        host.ensure_connected()
-        problem = single.health_problem(base_url, profile, timeout_s=HEALTH_TIMEOUT_S)
-        if problem is not None:
-            on_event(f"{profile.name}: the attached server at {url}: {problem}; not repeating the run")
-            return False
-        return True
-
-    try:
-        run_benchmark(
-            # No GPU probes: the GPUs --host can read are not known to be the server's. (Its /metrics counter deltas
-            # also count any other client's traffic: part of what "not fresh" means.)
-            runner_for(host, address, port, base_url, config.bench, engines.get(profile.engine), probe_gpus=False),
-            config.bench,
-            model=model,
-            on_run=record,
-            recover=recover,
-        )
-    except BaseException as e:
-        status = "interrupted" if was_interrupted(e) else "failed"
-        error = scrub(str(e), single.profile_secrets(profile)) or type(e).__name__
-        store.update_launch(launch_id, status=status, error=error)
-        raise
-    teardown = {"attached": mark, "note": "not torn down: orch did not launch it"}
-    store.update_launch(launch_id, status="complete", teardown_json=teardown)
-    return LaunchResult(
-        profile.name,
-        launch_id,
-        tuple(runs),
-        0.0,
-        env_report,
-        teardown,
-        spec_steps=spec_steps(profile.to_dict()),
-        block=block,
-        position=position,
-        arm_index=index,
-        gpus=None,
-        fingerprint=fp,
-    )

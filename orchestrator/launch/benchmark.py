@@ -12,7 +12,7 @@ from orchestrator.config.workload import BenchConfig, request_items
 from orchestrator.engines import Engine
 from orchestrator.errors import BenchError
 from orchestrator.results.run import RunResult
-from orchestrator.ui import progress
+from orchestrator.ui.events import QUIET, Events
 
 if TYPE_CHECKING:  # `orch show` imports this module for its result types: no asyncio client, psutil or simulator
     from orchestrator.hosts.base import Host
@@ -173,8 +173,10 @@ def run_benchmark(
     model: str,
     on_run: Callable[[RunResult], None] | None = None,
     recover: Callable[[str], bool] | None = None,
+    events: Events = QUIET,
 ) -> list[RunResult]:
-    """Warmups, then timed runs at each concurrency level; `on_run` sees each run the moment it finishes.
+    """Warmups, then timed runs at each concurrency level; `on_run` sees each run the moment it finishes, `events`
+    each one's start (a phase).
 
     A run with failed requests calls `recover` (reconnect, check the server); if the server is whole and healthy the
     run is repeated from the start (never stitched together), at most MAX_RECOVERIES times per benchmark, after
@@ -200,7 +202,7 @@ def run_benchmark(
             probe = (warm and index == config.warmup - 1) or (
                 config.warmup == 0 and not warm and index == 0 and concurrency == config.concurrency[0]
             )
-            progress.phase(
+            events.phase(
                 "warmup" if warm else "run",
                 index=index,
                 of=config.warmup if warm else config.runs,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -22,8 +22,9 @@ from orchestrator.config.profile import Profile
 from orchestrator.config.workload import BenchConfig, request_items
 from orchestrator.errors import HostError, OrchError
 from orchestrator.hosts.base import Host
-from orchestrator.launch import single
-from orchestrator.launch.single import EnvReport, RunningServer
+
+if TYPE_CHECKING:  # single builds its servers' fingerprints with collect()
+    from orchestrator.launch.single import EnvReport, Launch, RunningServer
 
 FINGERPRINT_VERSION = 1
 # Importing sglang pulls in torch and friends: well beyond the agent's default call deadline on a cold disk.
@@ -88,6 +89,16 @@ def fetch_server_info(base_url: str) -> dict[str, Any]:
     return {}
 
 
+def host_probe(host: Host, launch: Launch, profile: Profile) -> dict[str, Any]:
+    """The host-side fingerprint probe's arguments (op_fingerprint): the server's own interpreter — its packages are
+    what the server runs, whatever orch's agent runs on — and the engine's packages."""
+    engine = engines.get(profile.engine)
+    # The simulator's interpreter has no engine worth importing (and importing a real one would cost seconds).
+    packages = [p for p in engine.packages if not (launch.simulated and p == engine.version_package)]
+    python = launch.argv[0] if launch.argv else host.python
+    return {"python": python, "packages": packages, "nvidia_smi": host.config.nvidia_smi}
+
+
 def worker_env(report: EnvReport, expected: dict[str, str]) -> dict[str, str]:
     """Each profile variable as the server's processes hold it: its value where every process has it, else what
     the processes have instead (no PIDs: they change every launch, the counts do not)."""
@@ -148,9 +159,7 @@ def _collect(
         try:
             if pre is not None:
                 raise HostError(str(pre.get("error") or "the host-side fingerprint probe failed"))
-            part = host.call(
-                "fingerprint", **single.fingerprint_probe(host, launch, profile), call_timeout=HOST_CALL_TIMEOUT_S
-            )
+            part = host.call("fingerprint", **host_probe(host, launch, profile), call_timeout=HOST_CALL_TIMEOUT_S)
         except OrchError as e:
             part = {"host": None, "gpus": None, "software": None, "unreadable": [{"field": "host", "why": str(e)}]}
     unreadable += part.get("unreadable") or []

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import engines
@@ -18,7 +16,7 @@ from orchestrator.errors import AllocationEnded, HostError, InputError, OrchErro
 from orchestrator.hosts.base import Host, connect_address
 from orchestrator.hosts.group import GroupHost
 from orchestrator.launch import fingerprint, single
-from orchestrator.ui import progress
+from orchestrator.ui.events import Events
 
 # How long one readiness call on node rank 0 may wait before orch looks at the other ranks again: a rank that dies
 # while rank 0 waits for it to join is seen within this.
@@ -194,7 +192,7 @@ def _poll(rank: Rank, probe: dict[str, Any], profile: Profile, slice_s: float) -
     return "exited" if result.get("why") == "exited" else "waiting"
 
 
-def wait_group_ready(srv: GroupServer, profile: Profile, *, timeout_s: float, on_event: single.EventFn) -> float:
+def wait_group_ready(srv: GroupServer, profile: Profile, *, timeout_s: float, events: Events) -> float:
     """Until node rank 0 answers the engine's readiness probe and every other rank its own (SGLang: the dummy
     /health, up once every rank has joined); a rank that exits meanwhile fails the launch with its log tail."""
     engine = engines.get(profile.engine)
@@ -202,7 +200,7 @@ def wait_group_ready(srv: GroupServer, profile: Profile, *, timeout_s: float, on
     secrets = single.profile_secrets(profile)
     pending = {rank.index for rank in srv.ranks}
     t0 = time.monotonic()
-    progress.phase("loading", profile=profile.name, state="loading", log="")
+    events.phase("loading", profile=profile.name, state="loading", log="")
     while True:
         for rank in [*srv.ranks[1:], *srv.ranks[:1]]:
             if rank.index not in pending:
@@ -219,7 +217,7 @@ def wait_group_ready(srv: GroupServer, profile: Profile, *, timeout_s: float, on
                 )
             if state == "ready":
                 pending.discard(rank.index)
-                on_event(f"{profile.name}: {rank.label} ready")
+                events.line(f"{profile.name}: {rank.label} ready")
         if not pending:
             return time.monotonic() - t0
         if time.monotonic() - t0 > timeout_s:
@@ -230,7 +228,7 @@ def wait_group_ready(srv: GroupServer, profile: Profile, *, timeout_s: float, on
             )
 
 
-def _env_report(reports: list[tuple[Rank, single.EnvReport]]) -> single.EnvReport:
+def merged_env_report(reports: list[tuple[Rank, single.EnvReport]]) -> single.EnvReport:
     """Every node's env check as one: a mismatch names its node."""
     mismatches = []
     for rank, report in reports:
@@ -244,8 +242,8 @@ def _env_report(reports: list[tuple[Rank, single.EnvReport]]) -> single.EnvRepor
     )
 
 
-def _teardown_all(
-    ranks: list[Rank], profile: Profile, *, grace_s: float, gpu_wait_s: float, on_event: single.EventFn
+def teardown_all(
+    ranks: list[Rank], profile: Profile, *, grace_s: float, gpu_wait_s: float, events: Events
 ) -> AllocationEnded | None:
     """Every launched rank at once (each on its own host; nodes that share a machine each wait for the GPUs only
     once every rank there is gone); the AllocationEnded of a rank whose Slurm allocation had ended, if any."""
@@ -262,6 +260,7 @@ def _teardown_all(
                 known=rank.processes,
                 gpu_wait_s=gpu_wait_s,
                 profile=profile.name,
+                events=events,
             )
         except AllocationEnded as e:
             rank.teardown = {"error": str(e), "allocation_ended": e.state}
@@ -276,102 +275,9 @@ def _teardown_all(
         td = rank.teardown or {}
         if rank.label in ended:
             # Slurm ended every process of the job: not a failed teardown (the error is said once, at the end).
-            on_event(f"{profile.name}: {rank.label}: {single.allocation_ended_line(ended[rank.label])}")
+            events.line(f"{profile.name}: {rank.label}: {single.allocation_ended_line(ended[rank.label])}")
         elif "error" in td:
-            on_event(f"{profile.name}: {rank.label}: TEARDOWN FAILED: {td['error']}")
+            events.line(f"{profile.name}: {rank.label}: TEARDOWN FAILED: {td['error']}")
         else:
-            on_event(f"{rank.label}: " + single.teardown_line(rank.profile, td))
+            events.line(f"{rank.label}: " + single.teardown_line(rank.profile, td))
     return next(iter(ended.values()), None)
-
-
-@contextlib.contextmanager
-def running_group(
-    group: GroupHost,
-    profile: Profile,
-    *,
-    simulate: bool,
-    namespace: str,
-    ready_timeout_s: float | None = None,
-    grace_s: float = 10.0,
-    gpu_wait_s: float = 120.0,
-    force: bool = False,
-    on_event: single.EventFn = single.quiet,
-    on_launch: Callable[[single.Launch], None] | None = None,
-    on_teardown: Callable[[single.RunningServer], None] | None = None,
-    redaction_key: bytes | None = None,
-) -> Iterator[GroupServer]:
-    """server.running for profile.nnodes nodes: every node made fresh first, then rank 0..N-1 launched with the
-    engine's node flags, ready when rank 0 serves and every rank is up, env verified on every node; every node is
-    torn down however the block exits."""
-    n = profile.nnodes
-    if len(group.nodes) < n:
-        raise OrchError(f"{profile.name} has nnodes: {n} but group {group.name} has {len(group.nodes)} hosts")
-    stride = group.group.port_stride
-    ranks = [Rank(i, group.nodes[i], replace(profile, port=profile.port + i * stride)) for i in range(n)]
-    progress.phase("cleanup", profile=profile.name)
-    # Every node before any launch: on nodes that share a machine, a fresh launch would otherwise look like a
-    # live session's leftover to the next node's cleanup.
-    for rank in ranks:
-        rank.preflight = single.preflight(rank.host, rank.profile, namespace, on_event, force=force)
-    engine = engines.get(profile.engine)
-    init = f"{init_address(group)}:{free_port(ranks[0].host, {r.profile.port for r in ranks})}"
-    base_id = single.new_launch_id(namespace)
-    progress.phase("launch", profile=profile.name)
-    srv: GroupServer | None = None
-    failed = True
-    try:
-        for rank in ranks:
-            rank.launch = single.launch(
-                rank.host,
-                rank.profile,
-                simulate=simulate,
-                namespace=namespace,
-                redaction_key=redaction_key,
-                extra_args=engine.node_flags(n, rank.index, init),
-                launch_id=base_id if rank.index == 0 else f"{base_id}-rank{rank.index}",
-            )
-            on_event(
-                f"{profile.name}: {rank.label} launched PID {rank.launch.pid} ({rank.launch.launch_id}), "
-                f"log {rank.launch.log_path}"
-            )
-            if rank.index == 0:
-                srv = GroupServer(
-                    launch=rank.launch,
-                    base_url=group.url(profile.port, connect_address(profile.host)),
-                    preflight=rank.preflight,
-                    ranks=ranks,
-                )
-                if on_launch is not None:
-                    on_launch(rank.launch)
-        assert srv is not None
-        srv.preflight = {**ranks[0].preflight, "nodes": [{**r.to_dict(), "preflight": r.preflight} for r in ranks]}
-        on_event(f"{profile.name}: {n} nodes rendezvous at {init}")
-        timeout = ready_timeout_s if ready_timeout_s is not None else profile.ready_timeout_s
-        srv.ready_s = wait_group_ready(srv, profile, timeout_s=timeout, on_event=on_event)
-        on_event(f"{profile.name}: ready after {srv.ready_s:.1f}s (every node)")
-        progress.phase("env check", profile=profile.name)
-        reports = []
-        for rank in ranks:
-            assert rank.launch is not None
-            report, rank.processes = single.read_back(rank.host, rank.launch, rank.profile, redaction_key=redaction_key)
-            reports.append((rank, report))
-        srv.env_report = _env_report(reports)
-        srv.processes = ranks[0].processes
-        yield srv
-        failed = False
-    finally:
-        with single.shielded(on_event):
-            progress.phase("teardown", profile=profile.name)
-            ended = _teardown_all(ranks, profile, grace_s=grace_s, gpu_wait_s=gpu_wait_s, on_event=on_event)
-            if srv is not None:
-                srv.teardown = {
-                    **(ranks[0].teardown or {}),
-                    "nodes": [{**r.to_dict(), "teardown": r.teardown} for r in ranks],
-                }
-                errors = [r for r in ranks if "error" in (r.teardown or {})]
-                if on_teardown is not None:
-                    on_teardown(srv)
-                if ended is not None and not failed:
-                    raise ended  # said once (every node of one allocation ended with it), with its own hint
-                if errors and not failed:
-                    raise HostError("; ".join(f"{r.label}: {(r.teardown or {})['error']}" for r in errors))

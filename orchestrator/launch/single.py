@@ -1,4 +1,4 @@
-"""One server launch's lifecycle on a host: preflight, detached launch, readiness, env read-back, teardown."""
+"""One launched server on one host: the lifecycle's steps (preflight, launch, readiness, read-back, teardown)."""
 
 from __future__ import annotations
 
@@ -8,26 +8,24 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from orchestrator import engines
+from orchestrator import __version__, engines
 from orchestrator.agent.ops import MARKER
 from orchestrator.agent.processes import PROFILE
 from orchestrator.agent.waits import gpu_problems
 from orchestrator.common import stopsignals
 from orchestrator.common.redaction import redact, redact_argv, scrub, secret_values
 from orchestrator.config.profile import Profile
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import AllocationEnded, HostError, ServerError
 from orchestrator.hosts.base import Host, connect_address
+from orchestrator.launch import fingerprint
+from orchestrator.launch.benchmark import Runner, runner_for
 from orchestrator.ui import progress
-
-EventFn = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    pass
+from orchestrator.ui.events import QUIET, Events
 
 
 def new_launch_id(namespace: str) -> str:
@@ -48,6 +46,17 @@ class Launch:
     env: dict[str, str]
     simulated: bool
     started_at: float
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """What is stored of a launch as it starts (an attached server's has no argv, env or PID)."""
+
+    launch_id: str
+    started_at: float
+    argv: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    pid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +91,7 @@ class EnvReport:
 
 
 def preflight(
-    host: Host, profile: Profile, namespace: str, on_event: EventFn = _quiet, *, force: bool = False
+    host: Host, profile: Profile, namespace: str, events: Events = QUIET, *, force: bool = False
 ) -> dict[str, Any]:
     """Make the host fresh for a launch and verify it: no earlier orch launch, the port free, the GPUs idle.
     One host round trip (the agent cleans up, then reads the port's owner and the GPUs), unless a port owner is
@@ -91,7 +100,7 @@ def preflight(
 
     def cleaning(event: dict[str, Any]) -> None:
         if event.get("step") == "cleanup":
-            on_event(
+            events.line(
                 f"cleaning up {event.get('processes')} leftover process(es) of earlier orch launch "
                 f"{event.get('launch_id')}"
             )
@@ -121,7 +130,7 @@ def preflight(
         owner = owners[0]
         record["port_owner"] = owner
         if force and cfg.foreign_port == "kill-with-force" and owner["pid"] is not None:
-            on_event(
+            events.line(
                 f"port {profile.port}: killing its owner PID {owner['pid']} ({owner['cmdline']}) "
                 "because the host's policy is kill-with-force and --force was given"
             )
@@ -194,7 +203,7 @@ def launch(
     except BaseException:
         # Whether it started is unknown (the connection dropped, or Ctrl-C arrived mid-call): the marker finds it
         # if it did, so tear down by marker before giving up.
-        with _shielded(_quiet), contextlib.suppress(HostError):
+        with shielded(QUIET), contextlib.suppress(HostError):
             host.call("teardown", launch_id=launch_id, grace_s=2.0, port_wait_s=0)
         raise
     return Launch(
@@ -225,7 +234,7 @@ def wait_ready(
     *,
     timeout_s: float,
     poll_s: float = READY_POLL_S,
-    on_event: EventFn = _quiet,
+    events: Events = QUIET,
     then: dict[str, Any] | None = None,
     extras: dict[str, Any] | None = None,
 ) -> float:
@@ -236,16 +245,16 @@ def wait_ready(
     probe = engine.ready_probe(profile)
     secrets = profile_secrets(profile)
     t0 = time.monotonic()
-    progress.phase("loading", profile=profile.name, state="loading", log="")
+    events.phase("loading", profile=profile.name, state="loading", log="")
 
     def heard(event: dict[str, Any]) -> None:
         state = str(event.get("state", "loading"))
         if event.get("changed"):
-            on_event(f"{profile.name}: port {launch_.port} answers; {probe.label} says {scrub(state, secrets)}")
+            events.line(f"{profile.name}: port {launch_.port} answers; {probe.label} says {scrub(state, secrets)}")
         # For the live view only: what a 30-minute model load is doing (the server's args, keys included, are in
         # that log: scrubbed).
         log = progress.log_line(scrub(str(event.get("log") or ""), secrets))
-        progress.phase("loading", profile=profile.name, state=state, log=log)
+        events.phase("loading", profile=profile.name, state=state, log=log)
 
     result = host.call(
         "wait_ready",
@@ -256,7 +265,7 @@ def wait_ready(
         log_path=launch_.log_path,
         timeout_s=timeout_s,
         poll_s=poll_s,
-        log_every_s=LOG_TAIL_EVERY_S if progress.listening() else 0.0,
+        log_every_s=LOG_TAIL_EVERY_S if events.watched else 0.0,
         probe_timeout_s=PROBE_TIMEOUT_S,
         on_progress=heard,
         call_timeout=timeout_s + PROBE_TIMEOUT_S + 60,
@@ -320,13 +329,11 @@ def read_back(
 ) -> tuple[EnvReport, list[dict[str, Any]]]:
     """One host round trip once ready: the env check (verify_env) and every process of the launch (PID and start
     time), recorded for liveness checks during runs and for teardown."""
-    args, expected = _state_args(launch_, profile, redaction_key)
-    return _from_state(host.call("launch_state", **args), expected, launch_, profile)
+    args, expected = state_args(launch_, profile, redaction_key)
+    return from_state(host.call("launch_state", **args), expected, launch_, profile)
 
 
-def _state_args(
-    launch_: Launch, profile: Profile, redaction_key: bytes | None
-) -> tuple[dict[str, Any], dict[str, str]]:
+def state_args(launch_: Launch, profile: Profile, redaction_key: bytes | None) -> tuple[dict[str, Any], dict[str, str]]:
     """launch_state's arguments and the env the profile expects, secrets as digests under the same key."""
     # The host digests with the same key, so equal values compare equal without leaving the host in clear.
     key = redaction_key or os.urandom(32)
@@ -335,20 +342,10 @@ def _state_args(
     return args, expected
 
 
-def _from_state(
+def from_state(
     state: dict[str, Any], expected: dict[str, str], launch_: Launch, profile: Profile
 ) -> tuple[EnvReport, list[dict[str, Any]]]:
     return _env_report(state["environ"], expected, launch_, profile), state["procs"]
-
-
-def fingerprint_probe(host: Host, launch_: Launch, profile: Profile) -> dict[str, Any]:
-    """The host-side fingerprint probe's arguments (op_fingerprint): the server's own interpreter — its packages are
-    what the server runs, whatever orch's agent runs on — and the engine's packages."""
-    engine = engines.get(profile.engine)
-    # The simulator's interpreter has no engine worth importing (and importing a real one would cost seconds).
-    packages = [p for p in engine.packages if not (launch_.simulated and p == engine.version_package)]
-    python = launch_.argv[0] if launch_.argv else host.python
-    return {"python": python, "packages": packages, "nvidia_smi": host.config.nvidia_smi}
 
 
 def _env_report(procs: list[dict[str, Any]], expected: dict[str, str], launch_: Launch, profile: Profile) -> EnvReport:
@@ -378,6 +375,7 @@ def teardown(
     known: list[dict[str, Any]] | None = None,
     gpu_wait_s: float | None = None,
     profile: str = "",
+    events: Events = QUIET,
 ) -> dict[str, Any]:
     """Stop the launch (see hostside.op_teardown); with gpu_wait_s, the agent then waits (bounded) for the GPUs'
     memory to be back to idle, in the same round trip (`gpus_after`)."""
@@ -390,7 +388,7 @@ def teardown(
 
     def waiting(event: dict[str, Any]) -> None:
         if event.get("step") == "gpu wait":
-            progress.phase("gpu wait", profile=profile, timeout_s=gpu_wait_s)
+            events.phase("gpu wait", profile=profile, timeout_s=gpu_wait_s)
 
     report: dict[str, Any] = host.call(
         "teardown",
@@ -405,9 +403,13 @@ def teardown(
     return report
 
 
+HEALTH_TIMEOUT_S = 5.0
+
+
 @dataclass
 class RunningServer:
-    """A ready server and everything recorded on the way; teardown fills in at the end."""
+    """A ready server orch launched, everything recorded on the way, and how it is measured; teardown fills in at
+    the end."""
 
     launch: Launch
     base_url: str
@@ -421,6 +423,52 @@ class RunningServer:
     # Read by the agent while waiting for readiness (fingerprint.collect uses them instead of asking again):
     # "fingerprint" ({"value": op_fingerprint's answer} or {"error": …}) and "server_info" (GET /server_info).
     prefetched: dict[str, Any] = field(default_factory=dict)
+    probes_gpus: ClassVar[bool] = True  # its host's GPUs are its own: the runs read them
+
+    @property
+    def launch_id(self) -> str:
+        return self.launch.launch_id
+
+    @property
+    def record(self) -> LaunchRecord:
+        la = self.launch
+        return LaunchRecord(la.launch_id, la.started_at, argv=la.argv, env=la.env, pid=la.pid)
+
+    @property
+    def env_ok(self) -> bool | None:
+        return None if self.env_report is None else self.env_report.ok
+
+    def env_record(self) -> dict[str, Any]:
+        assert self.env_report is not None
+        return self.env_report.to_dict()
+
+    def fingerprint(
+        self, host: Host, profile: Profile, *, workload_digest: str, redaction_key: bytes | None
+    ) -> dict[str, Any]:
+        return fingerprint.collect(
+            host, self, profile, workload_digest=workload_digest, redaction_key=redaction_key, orch_version=__version__
+        )
+
+    def notes(self, profile: Profile, fp: dict[str, Any]) -> list[str]:
+        """What is said of the server once it is fingerprinted: its env check."""
+        assert self.env_report is not None
+        return describe_env(self.env_report)
+
+    def runner(self, host: Host, profile: Profile, bench: BenchConfig) -> Runner:
+        engine = engines.get(profile.engine)
+        address = connect_address(profile.host)
+        return runner_for(host, address, self.launch.port, self.base_url, bench, engine, watch=self.processes)
+
+    def recover(self, host: Host, profile: Profile, events: Events, err: str) -> bool:
+        """After failed requests: whether the run may be repeated (the connection and the server are whole)."""
+        events.line(f"{profile.name}: {err}")
+        host.ensure_connected()
+        problem = server_problem(host, self, profile)
+        if problem is not None:
+            tail = self.failure_tail(host, 20)
+            events.line(f"{profile.name}: {problem}; not repeating the run. Last lines of its log:\n{tail}")
+            return False
+        return True
 
     def failure_tail(self, host: Host, lines: int = 20) -> str:
         """The server's last log lines, to show why it failed (a multi-node launch: those of the ranks that died)."""
@@ -434,8 +482,46 @@ class RunningServer:
         return None if state["ok"] else str(state["problem"])
 
 
+def server_problem(host: Host, srv: RunningServer, profile: Profile) -> str | None:
+    """Why a server that failed requests should not be used again, or None if it is whole and answers its health
+    check. A run is only ever repeated against a healthy server: repeating it against a hung one only waits again."""
+    # A crashing server closes its port a moment before its processes are gone: give it that moment, so a crash is
+    # reported as one, not retried as if the network had dropped.
+    for _ in range(15):
+        problem = srv.problem(host)
+        if problem is None and not host.call("alive", pid=srv.launch.pid)["alive"]:
+            problem = f"the server process {srv.launch.pid} exited"
+        if problem is not None:
+            return problem
+        time.sleep(0.2)
+    return health_problem(srv.base_url, profile, timeout_s=HEALTH_TIMEOUT_S)
+
+
+def describe_env(report: EnvReport) -> list[str]:
+    """Human lines for an env check: one per differing variable, grouping the processes it differs in."""
+    if report.ok:
+        where = "the server's one process" if report.processes == 1 else f"all {report.processes} processes"
+        lines = [f"env check ok: every profile variable reached {where}"]
+    else:
+        groups: dict[tuple[str, str, str | None, str], list[int]] = {}
+        for m in report.mismatches:
+            groups.setdefault((m.var, m.expected, m.actual, m.note), []).append(m.pid)
+        noun = "process" if report.processes == 1 else "processes"
+        lines = [f"ENV MISMATCH in {len({m.pid for m in report.mismatches})} of {report.processes} {noun}:"]
+        for (var, want, got, note), pids in sorted(groups.items()):
+            actual = "missing" if got is None else f"={got}"
+            pid_list = ", ".join(str(p) for p in pids)
+            lines.append(
+                f"  {var}: profile says {want!r}, PID {pid_list} has {actual}" + (f" ({note})" if note else "")
+            )
+    if report.inherited:
+        inherited = ", ".join(f"{k}={v}" for k, v in sorted(report.inherited.items()))
+        lines.append(f"note: inherited from the launching environment, not set by the profile: {inherited}")
+    return lines
+
+
 @contextlib.contextmanager
-def _shielded(on_event: EventFn) -> Iterator[None]:
+def shielded(events: Events) -> Iterator[None]:
     """Let a teardown finish even if the user presses Ctrl-C again (or cron sends SIGTERM, or the terminal hangs up)
     while it runs."""
     if threading.current_thread() is not threading.main_thread():
@@ -443,7 +529,7 @@ def _shielded(on_event: EventFn) -> Iterator[None]:
         return
 
     def later(signum: int, frame: object) -> None:
-        on_event("teardown in progress; orch exits as soon as the server is gone")
+        events.line("teardown in progress; orch exits as soon as the server is gone")
 
     # An ignored signal (SIGHUP under nohup) stays ignored.
     old = {sig: signal.getsignal(sig) for sig in stopsignals.STOP_SIGNALS}
@@ -457,78 +543,8 @@ def _shielded(on_event: EventFn) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-@contextlib.contextmanager
-def running(
-    host: Host,
-    profile: Profile,
-    *,
-    simulate: bool,
-    namespace: str,
-    ready_timeout_s: float | None = None,
-    grace_s: float = 10.0,
-    gpu_wait_s: float = 120.0,
-    force: bool = False,
-    on_event: EventFn = _quiet,
-    on_launch: Callable[[Launch], None] | None = None,
-    on_teardown: Callable[[RunningServer], None] | None = None,
-    redaction_key: bytes | None = None,
-) -> Iterator[RunningServer]:
-    """Fresh launch → ready → env verified; the server is torn down however the block exits.
-
-    redaction_key: the store's key for the digests of secret values in what gets recorded (none: a random one)."""
-    progress.phase("cleanup", profile=profile.name)
-    pre = preflight(host, profile, namespace, on_event, force=force)
-    progress.phase("launch", profile=profile.name)
-    launched = launch(host, profile, simulate=simulate, namespace=namespace, redaction_key=redaction_key)
-    on_event(f"{profile.name}: launched PID {launched.pid} ({launched.launch_id}), log {launched.log_path}")
-    srv = RunningServer(launch=launched, base_url=host.url(profile.port, connect_address(profile.host)), preflight=pre)
-    failed = True
-    try:
-        if on_launch is not None:
-            on_launch(launched)
-        timeout = ready_timeout_s if ready_timeout_s is not None else profile.ready_timeout_s
-        # The agent answers the wait with the env read-back and the fingerprint's host part, so a ready server is
-        # benchmarked without more round trips (and the package probe ran while the server loaded).
-        state_args, expected = _state_args(launched, profile, redaction_key)
-        then = {"launch_state": state_args, "fingerprint": fingerprint_probe(host, launched, profile)}
-        extras: dict[str, Any] = {}
-        srv.ready_s = wait_ready(
-            host, launched, profile, timeout_s=timeout, on_event=on_event, then={**then, "server_info": True},
-            extras=extras,
-        )  # fmt: skip
-        on_event(f"{profile.name}: ready after {srv.ready_s:.1f}s")
-        progress.phase("env check", profile=profile.name)
-        state = extras.get("launch_state") or host.call("launch_state", **state_args)
-        srv.env_report, srv.processes = _from_state(state, expected, launched, profile)
-        srv.prefetched = {k: extras[k] for k in ("fingerprint", "server_info") if k in extras}
-        yield srv
-        failed = False
-    finally:
-        with _shielded(on_event):
-            try:
-                progress.phase("teardown", profile=profile.name)
-                srv.teardown = teardown(
-                    host, launched, grace_s=grace_s, known=srv.processes, gpu_wait_s=gpu_wait_s, profile=profile.name
-                )
-            except AllocationEnded as e:
-                # Not a failed teardown: Slurm already ended every process. The error itself is said once, at the end.
-                srv.teardown = {"error": str(e), "allocation_ended": e.state}
-                on_event(f"{profile.name}: {allocation_ended_line(e)}")
-                if not failed:
-                    raise
-            except HostError as e:
-                srv.teardown = {"error": str(e)}
-                on_event(f"{profile.name}: TEARDOWN FAILED: {e}")
-                if not failed:
-                    raise
-            else:
-                on_event(_teardown_line(profile, srv.teardown))
-            if on_teardown is not None:
-                on_teardown(srv)
-
-
 def allocation_ended_line(e: AllocationEnded) -> str:
-    """What a teardown says when Slurm had ended the allocation under the server (multinode.py says it per rank)."""
+    """What a teardown says when Slurm had ended the allocation under the server (a group says it per rank)."""
     return f"teardown: nothing left to stop — Slurm ended allocation {e.job_id} ({e.state}) and every process in it"
 
 
@@ -543,7 +559,7 @@ def _owners(td: dict[str, Any]) -> str:
     )
 
 
-def _teardown_line(profile: Profile, td: dict[str, Any]) -> str:
+def teardown_line(profile: Profile, td: dict[str, Any]) -> str:
     left = td.get("remaining") or []
     gpus = td.get("gpus_after") or {}
     return (
@@ -556,9 +572,3 @@ def _teardown_line(profile: Profile, td: dict[str, Any]) -> str:
         + (f"; GPU memory idle after {gpus['waited_s']}s" if gpus.get("idle") else "")
         + (f"; GPUs NOT idle: {'; '.join(gpus['problems'])}" if gpus.get("idle") is False else "")
     )
-
-
-# For multinode.py, which runs the same lifecycle over several hosts.
-quiet = _quiet
-shielded = _shielded
-teardown_line = _teardown_line

@@ -22,6 +22,7 @@ from orchestrator.launch import single
 from orchestrator.nightly.result import ItemReport
 from orchestrator.nightly.suite import Item, Suite
 from orchestrator.ui import progress
+from orchestrator.ui.events import Lines
 
 if TYPE_CHECKING:
     from orchestrator.nightly.night import NightRunner
@@ -170,7 +171,7 @@ class FanOut:
         allocation; a second signal meanwhile does not cut that short (the children run in their own sessions, so
         they hear of it only from here)."""
         try:
-            with single.shielded(self.runner.on_event):
+            with single.shielded(Lines(self.runner.on_event)):
                 for c in self.children:
                     if c.proc.poll() is None and c.stopping is None:
                         self._interrupt(c, None)

@@ -29,6 +29,7 @@ from orchestrator.nightly.suite import DEFAULT_TIMEOUT_S, Item, Suite
 from orchestrator.results.model import ABResult, Design
 from orchestrator.results.store import Store
 from orchestrator.ui import progress
+from orchestrator.ui.events import Lines
 from orchestrator.ui.progress import run_line
 
 
@@ -376,7 +377,7 @@ class NightRunner:
                     list(item.profiles),
                     config,
                     self.store,
-                    on_event=on_event,
+                    events=Lines(on_event),
                     on_run=lambda _name, run: self.on_event(prefix + "  " + run_line(run, item.bench)),
                     provenance={
                         "host_spec": item.host,

@@ -71,7 +71,7 @@ class LiveReporter(PlainReporter):
             redirect_stderr=False,
         )
 
-    def phase(self, name: str, data: dict[str, Any]) -> None:
+    def show_phase(self, name: str, data: dict[str, Any]) -> None:
         # A phase of a few milliseconds (env check, cleanup) is still drawn once.
         if self.tracker.update(name, data) and self.live.is_started:
             self.live.refresh()

@@ -1,4 +1,4 @@
-"""An experiment's progress: phase hooks for the core, shown as timestamped plain lines (or live, progress_live)."""
+"""An experiment's progress as timestamped plain lines (or live: live.py), and phase hooks for the host layer."""
 
 from __future__ import annotations
 
@@ -239,9 +239,11 @@ def request_line(req: dict[str, Any]) -> str:
 
 
 class PlainReporter:
-    """Progress as lines, each with the time of day; -q keeps only errors (on stderr), -v adds every request."""
+    """Progress as lines, each with the time of day; -q keeps only errors (on stderr), -v adds every request. It is
+    the core's events (events.Events) and, while entered, the listener of the host layer's phase() hooks."""
 
     HEARTBEAT_S = 30.0  # a long model load says so this often (-v: every 5 s)
+    watched = True
 
     def __init__(self, out: TextIO, *, quiet: bool = False, verbose: bool = False, err: TextIO | None = None) -> None:
         self.out, self.err = out, err or sys.stderr
@@ -250,7 +252,7 @@ class PlainReporter:
         self.tracker = Tracker()
         self._beat = 0.0
 
-    def event(self, msg: str) -> None:
+    def line(self, msg: str) -> None:
         if self.quiet:
             if severity(msg) == "error":
                 self.emit(msg, self.err)
@@ -269,7 +271,11 @@ class PlainReporter:
             for req in run.per_request:
                 self.emit(request_line(req))
 
-    def phase(self, name: str, data: dict[str, Any]) -> None:
+    def phase(self, name: str, **info: Any) -> None:
+        with contextlib.suppress(Exception):  # showing progress must never break a measurement
+            self.show_phase(name, info)
+
+    def show_phase(self, name: str, data: dict[str, Any]) -> None:
         if self.tracker.update(name, data):
             self._beat = self.tracker.clock()
         every = 5.0 if self.verbose else self.HEARTBEAT_S
@@ -287,7 +293,7 @@ class PlainReporter:
         print(text, file=self.out, flush=True)
 
     def __enter__(self) -> PlainReporter:
-        self._listening = listen(self.phase)
+        self._listening = listen(self.show_phase)
         self._listening.__enter__()
         return self
 

@@ -21,9 +21,8 @@ from orchestrator.agent import ops, teardown
 from orchestrator.config.profile import load
 from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import BenchError
-from orchestrator.experiment.arm import HEALTH_TIMEOUT_S, server_problem
 from orchestrator.hosts.local import LocalHost
-from orchestrator.launch import single
+from orchestrator.launch import lifecycle, single
 from orchestrator.launch.benchmark import local_runner, run_benchmark
 from tests.conftest import NAMESPACE, wait_for_line
 from tests.faults.support import (
@@ -252,7 +251,8 @@ def test_a_stall_alone_is_bounded_and_never_retried(sim_profiles: SimProfiles) -
     prof = load(str(sim_profiles(sim={"fault": "worker-hang-after-tokens:40"})["baseline"]))
     host = LocalHost()
     cfg = BenchConfig(min_run_s=0, runs=5, warmup=0, max_tokens=16, stall_timeout_s=2.0)
-    with single.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2, gpu_wait_s=0) as srv:
+    with lifecycle.running(host, prof, lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2, gpu_wait_s=0)) as srv:
+        assert isinstance(srv, single.RunningServer)
         srv.processes = []  # as if the dead worker had never been recorded
         t0 = time.monotonic()
         with pytest.raises(BenchError, match="the server failed during run 3") as failure:
@@ -260,10 +260,10 @@ def test_a_stall_alone_is_bounded_and_never_retried(sim_profiles: SimProfiles) -
                 local_runner(srv.base_url, cfg),
                 cfg,
                 model="m",
-                recover=lambda err: server_problem(host, srv, prof) is None,
+                recover=lambda err: single.server_problem(host, srv, prof) is None,
             )
         # The stall ended it (and no repeat): not the request timeout. A generous bound: it is no speed test.
-        assert time.monotonic() - t0 < 2 + HEALTH_TIMEOUT_S + 45
+        assert time.monotonic() - t0 < 2 + single.HEALTH_TIMEOUT_S + 45
         assert "stalled: no token for 2s" in str(failure.value)
     assert_nothing_left()
 

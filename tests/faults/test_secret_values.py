@@ -21,7 +21,7 @@ from orchestrator.cli import main
 from orchestrator.common.redaction import SECRET_NAME_RE, redact, redact_argv, scrub
 from orchestrator.config.profile import load
 from orchestrator.hosts.local import LocalHost
-from orchestrator.launch import fingerprint, single
+from orchestrator.launch import fingerprint, lifecycle, single
 from orchestrator.results import bundle as bundle_mod
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port, run_orch
 
@@ -147,7 +147,8 @@ def test_a_failed_launch_log_tail_is_scrubbed_of_url_userinfo(write_profile: Wri
 def test_status_masks_userinfo_in_a_server_command_line(write_profile: WriteProfile, tmp_path: Path) -> None:
     pw = _passwords()
     prof = load(str(_profile(write_profile, pw)))
-    with single.running(LocalHost(), prof, simulate=True, namespace=NAMESPACE, grace_s=2) as srv:
+    with lifecycle.running(LocalHost(), prof, lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2)) as srv:
+        assert isinstance(srv, single.RunningServer)
         code, text = _orch("status", "-v", cwd=tmp_path)
         log = Path(srv.launch.log_path)
         # The raw log stays on the host, readable by its owner only (orch often runs as root on shared hosts).

@@ -25,8 +25,9 @@ from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import HostError, ServerError
 from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.local import LocalHost
-from orchestrator.launch import single
+from orchestrator.launch import lifecycle, single
 from orchestrator.results.store import Store
+from orchestrator.ui.events import Lines
 from tests import fake_nvidia_smi
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port, run_orch
 
@@ -134,7 +135,9 @@ def test_a_successful_run_and_status_leak_no_secret(write_profile: WriteProfile,
     api_key, hf_token = _secrets()
     path = _secret_profile(write_profile, api_key, hf_token)
     # `orch status` from another process while a server launched with the secrets runs.
-    with single.running(LocalHost(), load(str(path)), simulate=True, namespace=NAMESPACE, grace_s=2) as srv:
+    settings = lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2)
+    with lifecycle.running(LocalHost(), load(str(path)), settings) as srv:
+        assert isinstance(srv, single.RunningServer)
         code, status_out, status_err = _orch("status", "-v", cwd=tmp_path)
     assert code == 0, status_err
     assert srv.launch.launch_id in status_out and "--api-key <redacted>" in status_out, status_out
@@ -183,13 +186,13 @@ def test_errors_are_scrubbed_before_they_are_stored(
         # Any error text, not only a log tail, may quote a secret: the store gets it scrubbed.
         raise ServerError(f"health check said: bad key {api_key}; HF_TOKEN={hf_token} Authorization: Bearer x1y2")
 
-    monkeypatch.setattr(single, "_from_state", leaky)  # the env check (and process list) once ready
+    monkeypatch.setattr(single, "from_state", leaky)  # the env check (and process list) once ready
     store = Store(tmp_path / "r.db")
     events: list[str] = []
     config = ABConfig(bench=BenchConfig(min_run_s=0, runs=1, warmup=0, max_tokens=8), simulate=True, grace_s=2)
     try:
         with pytest.raises(ServerError):
-            run_ab(LocalHost(), [prof], replace(config, namespace=NAMESPACE), store, on_event=events.append)
+            run_ab(LocalHost(), [prof], replace(config, namespace=NAMESPACE), store, events=Lines(events.append))
         (exp,) = store.experiments()
         (launch,) = store.launches(exp["id"])
     finally:

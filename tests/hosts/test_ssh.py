@@ -28,6 +28,7 @@ from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.inventory import load_inventory, parse_target
 from orchestrator.hosts.ssh import SSHHost, keyscan_command
 from orchestrator.results.store import Store
+from orchestrator.ui.events import Lines
 from tests import fake_nvidia_smi
 from tests.conftest import NAMESPACE, run_orch, wait_for_line
 from tests.sshd import SSHD
@@ -249,7 +250,7 @@ def test_connection_dropped_mid_run_reconnects_and_finishes(
 
     with SSHHost(remote) as host:
         cfg = ABConfig(bench=_bench(runs=3, max_tokens=40), simulate=True, namespace=NAMESPACE, grace_s=2)
-        result = run_ab(host, [prof], cfg, store, on_event=events.append, on_run=drop_after_first_run)
+        result = run_ab(host, [prof], cfg, store, events=Lines(events.append), on_run=drop_after_first_run)
         reconnects = host.stats.reconnects
     assert dropped, "the test should have killed the sshd session processes"
     assert reconnects >= 1

@@ -33,6 +33,7 @@ from orchestrator.report.markdown import ab_markdown
 from orchestrator.report.text import ab_text
 from orchestrator.results.load import load_result
 from orchestrator.results.store import Store
+from orchestrator.ui.events import Lines
 from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port
 
 QUICK = ["--runs", "2", "--warmup", "0", "--max-tokens", "16", "--min-run-s", "0"]
@@ -122,7 +123,7 @@ def test_an_attached_ab_leaves_the_server_alone_and_every_output_says_so(
     bench = BenchConfig(min_run_s=0, runs=2, warmup=0, max_tokens=16)
     events: list[str] = []
     result = run_ab(LocalHost(), profiles, ABConfig(bench=bench, namespace=NAMESPACE, blocks=2), store,
-                    on_event=events.append)  # fmt: skip
+                    events=Lines(events.append))  # fmt: skip
     assert len(result.launches) == 4 and all(launch.attached for launch in result.launches)
     assert all(len(launch.timed_at()) == 2 for launch in result.launches)
     assert any("attached to" in e and "state NOT fresh, environment NOT verified" in e for e in events)

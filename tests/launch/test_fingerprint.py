@@ -18,7 +18,7 @@ from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import HostError
 from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.local import LocalHost
-from orchestrator.launch import fingerprint, single
+from orchestrator.launch import fingerprint, lifecycle, single
 from orchestrator.launch.fingerprint import Difference, collect, diff
 from orchestrator.results.load import stored_launches
 from orchestrator.results.store import Store
@@ -38,7 +38,8 @@ def fake_smi(tmp_path: Path) -> tuple[Path, Path]:
 
 def _launch_fingerprint(host: LocalHost, profile_path: Path) -> dict[str, Any]:
     prof = load(str(profile_path))
-    with single.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2) as srv:
+    with lifecycle.running(host, prof, lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2)) as srv:
+        assert isinstance(srv, single.RunningServer)
         return collect(
             host,
             srv,

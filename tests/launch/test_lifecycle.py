@@ -16,12 +16,13 @@ from orchestrator.config.profile import Profile, load
 from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import BenchError, ServerError, was_interrupted
 from orchestrator.experiment.ab import run_ab
-from orchestrator.experiment.arm import describe_env
 from orchestrator.hosts.local import LocalHost
-from orchestrator.launch import single
+from orchestrator.launch import lifecycle, single
 from orchestrator.launch.benchmark import local_runner, run_benchmark
+from orchestrator.launch.single import describe_env
 from orchestrator.results.load import load_result
 from orchestrator.results.store import Store
+from orchestrator.ui.events import QUIET, Lines
 from tests.conftest import NAMESPACE
 
 SimProfiles = Callable[..., dict[str, Path]]
@@ -31,15 +32,16 @@ def _nothing_left() -> None:
     assert ops.op_find(NAMESPACE) == []
 
 
-def _running(host: LocalHost, prof: Profile, **kw: object) -> object:
-    return single.running(host, prof, simulate=True, namespace=NAMESPACE, grace_s=2, **kw)  # type: ignore[arg-type]
+def _running(host: LocalHost, prof: Profile, *, events: list[str] | None = None, **kw: object) -> object:
+    settings = lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2, **kw)  # type: ignore[arg-type]
+    return lifecycle.running(host, prof, settings, QUIET if events is None else Lines(events.append))
 
 
 def test_full_lifecycle_with_env_check_and_clean_teardown(sim_profiles: SimProfiles) -> None:
     prof = load(str(sim_profiles()["baseline"]))
     host = LocalHost()
     events: list[str] = []
-    with single.running(host, prof, simulate=True, namespace=NAMESPACE, on_event=events.append) as srv:
+    with lifecycle.running(host, prof, lifecycle.Settings(NAMESPACE, simulate=True), Lines(events.append)) as srv:
         assert srv.env_report is not None and srv.env_report.ok
         assert srv.env_report.processes >= prof.tp_size + 2  # main + tp schedulers + detokenizer
         pids = [p["pid"] for p in ops.op_find(NAMESPACE)]
@@ -160,7 +162,7 @@ def test_strict_env_fails_the_arm(sim_profiles: SimProfiles, tmp_path: Path) -> 
     )
     events: list[str] = []
     with pytest.raises(ServerError, match="environment check failed"):
-        run_ab(LocalHost(), [prof, prof], cfg, store, on_event=events.append)
+        run_ab(LocalHost(), [prof, prof], cfg, store, events=Lines(events.append))
     exp = store.experiments()[0]
     assert exp["status"] == "failed"
     assert store.launches(exp["id"])[0]["status"] == "failed"
@@ -209,7 +211,7 @@ def test_preflight_cleans_leftovers_of_an_earlier_launch(sim_profiles: SimProfil
     old = single.launch(host, prof, simulate=True, namespace=NAMESPACE)  # "orch crashed": never torn down
     single.wait_ready(host, old, prof, timeout_s=20)
     events: list[str] = []
-    with _running(host, prof, on_event=events.append) as srv:  # type: ignore[attr-defined]
+    with _running(host, prof, events=events) as srv:  # type: ignore[attr-defined]
         assert srv.preflight["cleaned"][0]["launch_id"] == old.launch_id
         assert not ops.op_alive(old.pid)["alive"]
     assert any("leftover" in e for e in events)

@@ -30,6 +30,7 @@ from orchestrator.hosts.group import GroupHost
 from orchestrator.hosts.inventory import load_groups
 from orchestrator.launch.group import NodeMismatchError
 from orchestrator.results.store import Store
+from orchestrator.ui.events import QUIET, Lines
 from tests import fake_nvidia_smi
 from tests.conftest import FAST_SIM, NAMESPACE, REPO, WriteProfile, free_port, free_ports
 from tests.sshd import SSHD
@@ -130,7 +131,7 @@ def test_two_node_ab_over_two_ssh_hosts(
     store = Store(tmp_path / "r.db")
     with resolve_host(pair) as host:
         assert isinstance(host, GroupHost) and [n.name for n in host.nodes] == ["node-a", "node-b"]
-        result = run_ab(host, profiles, _config(), store, on_event=events.append)
+        result = run_ab(host, profiles, _config(), store, events=Lines(events.append))
     text = "\n".join(events)
     assert [len([r for r in a.launches[0].runs if not r.warmup]) for a in result.arms] == [2, 2]
     assert all(r.tokens == 24 for a in result.arms for r in a.launches[0].runs if not r.warmup)
@@ -153,7 +154,7 @@ def test_a_rank_dying_during_load_tears_down_every_node_with_its_log(
     events: list[str] = []
     store = Store(tmp_path / "r.db")
     with resolve_host(pair) as host, pytest.raises(ServerError) as err:
-        run_ab(host, [_load("baseline", profile_dir)], _config(), store, on_event=events.append)
+        run_ab(host, [_load("baseline", profile_dir)], _config(), store, events=Lines(events.append))
     message = str(err.value)
     assert "node rank 1 (node-b)" in message and "exited during startup" in message
     assert "--- node rank 1 (node-b)" in message and "Initialization failed" in message
@@ -181,7 +182,7 @@ def test_a_rank_dying_mid_run_ends_the_arm_and_every_rank_is_gone(
             [_load("baseline", profile_dir)],
             _config(runs=4),
             store,
-            on_event=events.append,
+            events=Lines(events.append),
             on_run=kill_rank_1,
         )
     text = "\n".join(events) + "\n" + str(err.value)
@@ -406,7 +407,7 @@ def test_allow_node_mismatch_launches_and_every_report_says_so(
     assert f'id="banner-nodes">WARNING: {html.escape(line)}</div>' in page
     assert page.count(html.escape(line)) == 2  # the banner, and among the warnings
     with resolve_host(pair) as host:  # resuming such an experiment needs no flag: it was allowed when it started
-        facts = host_facts(host, _config(), {"config_json": exp["config_json"]}, lambda _: None)
+        facts = host_facts(host, _config(), {"config_json": exp["config_json"]}, QUIET)
     assert facts["node_mismatches"] == [mismatch]
     _nothing_left()
 

@@ -27,6 +27,7 @@ from orchestrator.results.run import RunResult
 from orchestrator.results.schema import MIGRATIONS, SCHEMA_VERSION
 from orchestrator.results.store import Store
 from orchestrator.stats.estimates import arm_spread, outliers, relative_range, schedule, slow_first_run
+from orchestrator.ui.events import Lines
 
 # ------------------------------------------------------------------ pure helpers
 
@@ -448,7 +449,7 @@ def test_interrupt_right_after_the_experiment_is_stored_still_marks_it(tmp_path:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        run_ab(LocalHost(), [prof, prof], ABConfig(simulate=True), store, on_event=interrupt)
+        run_ab(LocalHost(), [prof, prof], ABConfig(simulate=True), store, events=Lines(interrupt))
     (exp,) = store.experiments()
     assert exp["status"] == "interrupted"
     host = LocalHost()

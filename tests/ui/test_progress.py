@@ -179,8 +179,8 @@ def test_plain_reporter_quiet_keeps_errors_on_stderr(tmp_path: Path) -> None:
     rep = progress.PlainReporter(out, quiet=True, err=err)
     with rep:
         progress.phase("slot", n=1, total=2, block=1, blocks=1, arm="a")
-        rep.event("launch 1/2: block 1/1, a")
-        rep.event("a: TEARDOWN FAILED: the agent is gone")
+        rep.line("launch 1/2: block 1/1, a")
+        rep.line("a: TEARDOWN FAILED: the agent is gone")
         rep.run("a", RunResult(0, False, 8, 1.0, 8.0, 4, None))
     assert not progress.listening()
     out.seek(0), err.seek(0)

@@ -62,6 +62,15 @@ _KNOB_LIST: tuple[Knob, ...] = (
         1.0,
     ),
     Knob("batch_slope", float, 0.02, "iteration time grows by this fraction per extra running request", 0.0, 10.0),
+    Knob(
+        "verify_batch_ms",
+        float,
+        0.75,
+        "under speculation, verify time added per draft token of each running request beyond the first (the "
+        "compute batched drafts take); 0: speculation batches like the baseline",
+        0.0,
+        10000.0,
+    ),
     Knob("prefill_ms", float, 15.0, "fixed cost of one prefill iteration (per chunk)", 0.0, 100000.0),
     Knob("prefill_per_token_ms", float, 0.05, "prefill cost per prompt token", 0.0, 1000.0),
     Knob("launch_noise", float, 0.01, "sigma of the lognormal speed factor drawn once per launch", 0.0, 1.0),

@@ -34,9 +34,25 @@ def batch_factor(batch: int, slope: float) -> float:
     return 1.0 + slope * max(0, batch - 1)
 
 
-def iteration_ms(base_ms: float, speed_factor: float, batch: int, slope: float, noise: float) -> float:
-    """Wall time of one scheduler iteration: base x speed x batch factor x (1 + noise)."""
-    return base_ms * speed_factor * batch_factor(batch, slope) * (1.0 + noise)
+def verify_batch_extra_ms(batch: int, draft_tokens: int, verify_batch_ms: float) -> float:
+    """Verify time the drafts of every running request but the first add (0 at batch 1).
+
+    One verify forward runs batch x (draft_tokens + 1) tokens; alone, the drafts ride on the memory-bound pass
+    (verify_per_token_ms), but batched with other requests they compete for the compute the batch needs.
+    """
+    return verify_batch_ms * max(0, batch - 1) * draft_tokens
+
+
+def decode_cycle_ms(base_ms: float, batch: int, slope: float, extra_ms: float) -> float:
+    """One decode iteration of batch running requests before speed and noise: base x batch factor + extra."""
+    return base_ms * batch_factor(batch, slope) + extra_ms
+
+
+def iteration_ms(
+    base_ms: float, speed_factor: float, batch: int, slope: float, noise: float, extra_ms: float = 0.0
+) -> float:
+    """Wall time of one scheduler iteration: (base x batch factor + extra) x speed x (1 + noise)."""
+    return decode_cycle_ms(base_ms, batch, slope, extra_ms) * speed_factor * (1.0 + noise)
 
 
 def prefill_time_ms(total_tokens: int, prefill_ms: float, per_token_ms: float, chunk_size: int) -> float:
@@ -89,6 +105,7 @@ class TimingModel:
     verify_per_token_ms: float
     accept_alpha: float
     batch_slope: float
+    verify_batch_ms: float
     prefill_ms: float
     prefill_per_token_ms: float
     jitter: float
@@ -118,6 +135,7 @@ class TimingModel:
             verify_per_token_ms=f("verify_per_token_ms"),
             accept_alpha=f("accept_alpha"),
             batch_slope=f("batch_slope"),
+            verify_batch_ms=f("verify_batch_ms"),
             prefill_ms=f("prefill_ms"),
             prefill_per_token_ms=f("prefill_per_token_ms"),
             jitter=f("jitter"),
@@ -144,9 +162,19 @@ class TimingModel:
     def mean_accept_length(self) -> float:
         return 1.0 if self.spec is None else mean_accept_length(self.accept_alpha, self.spec.depth)
 
+    def batch_extra_ms(self, batch: int) -> float:
+        """What batching adds to a cycle beyond the batch factor: the drafts' verify compute (0 without speculation)."""
+        if self.spec is None:
+            return 0.0
+        return verify_batch_extra_ms(batch, max(0, self.spec.num_draft_tokens - 1), self.verify_batch_ms)
+
+    def cycle_ms(self, batch: int = 1) -> float:
+        """One decode iteration with batch running requests, before speed factor and noise."""
+        return decode_cycle_ms(self.base_cycle_ms, batch, self.batch_slope, self.batch_extra_ms(batch))
+
     def decode_iteration_ms(self, batch: int, rng: random.Random) -> float:
         noise = draw_noise(rng, self.jitter)
-        return iteration_ms(self.base_cycle_ms, self.speed_factor, batch, self.batch_slope, noise)
+        return self.cycle_ms(batch) * self.speed_factor * (1.0 + noise)
 
     def prefill_iteration_ms(self, total_tokens: int, rng: random.Random) -> float:
         base = prefill_time_ms(total_tokens, self.prefill_ms, self.prefill_per_token_ms, self.chunk_size)
@@ -160,5 +188,4 @@ class TimingModel:
 
     def steady_tokens_per_s(self, batch: int = 1) -> float:
         """Expected per-request decode rate (long outputs, no noise, this launch's speed factor)."""
-        cycle = self.base_cycle_ms * self.speed_factor * batch_factor(batch, self.batch_slope)
-        return 1000.0 * self.mean_accept_length / cycle
+        return 1000.0 * self.mean_accept_length / (self.cycle_ms(batch) * self.speed_factor)

@@ -27,6 +27,7 @@ from orchestrator.sim import timing
 from orchestrator.sim.args import SimArgError, parse_server_args
 from orchestrator.sim.knobs import ALPHA_TAU2_K3, KNOBS, parse_fault, read_knobs
 from orchestrator.sim.sglang_env import rewrite_env
+from tests.conftest import WriteProfile
 
 REPO = Path(__file__).resolve().parents[2]
 EAGLE3_3STEP = [
@@ -90,6 +91,86 @@ def test_iteration_and_cycle_times() -> None:
     assert sum(factors) / len(factors) == pytest.approx(1.0, abs=0.002)
 
 
+# The configurations the batch model must leave alone at batch 1: baseline, chains of 2 and 3 steps, a tree, NGRAM.
+BATCH_ONE_SPECS = [
+    None,
+    timing.SpecConfig("EAGLE3", 3, 1, 4),
+    timing.SpecConfig("EAGLE3", 2, 1, 3),
+    timing.SpecConfig("EAGLE", 4, 4, 16),
+    timing.SpecConfig("NGRAM", 3, 1, 8),
+]
+
+
+def _pre_batching_iteration_ms(model: timing.TimingModel, batch: int, rng: random.Random) -> float:
+    """The decode iteration as timed before speculation had a batch cost of its own: base x speed x slope x noise."""
+    noise = timing.draw_noise(rng, model.jitter)
+    return model.base_cycle_ms * model.speed_factor * timing.batch_factor(batch, model.batch_slope) * (1.0 + noise)
+
+
+@pytest.mark.parametrize("spec", BATCH_ONE_SPECS)
+def test_batch_one_is_timed_exactly_as_before_the_batch_model(spec: timing.SpecConfig | None) -> None:
+    model = timing.TimingModel.from_knobs(read_knobs({"ORCH_SIM_JITTER": "0.05"}), spec, 1.037, 8192)
+    assert model.verify_batch_ms > 0  # on by default, and still no effect alone
+    assert model.batch_extra_ms(1) == 0.0 and model.cycle_ms(1) == model.base_cycle_ms
+    ours, before = random.Random(11), random.Random(11)
+    for _ in range(200):  # bit for bit, noise included, so a seeded single-stream launch replays as it did
+        assert model.decode_iteration_ms(1, ours) == _pre_batching_iteration_ms(model, 1, before)
+    expected = 1000.0 * model.mean_accept_length / (model.base_cycle_ms * model.speed_factor)
+    assert model.steady_tokens_per_s(1) == pytest.approx(expected, rel=1e-12)
+    if spec is None:  # the baseline batches as it always did, at every batch size
+        for batch in (2, 8, 64):
+            assert model.decode_iteration_ms(batch, ours) == pytest.approx(
+                _pre_batching_iteration_ms(model, batch, before)
+            )
+
+
+def test_batched_verify_cost_formula_and_its_growth() -> None:
+    assert timing.verify_batch_extra_ms(1, 3, 0.75) == 0.0
+    assert timing.verify_batch_extra_ms(9, 3, 0.75) == pytest.approx(0.75 * 8 * 3)
+    assert timing.iteration_ms(33.0, 1.0, 9, 0.02, 0.0, 18.0) == pytest.approx(33.0 * 1.16 + 18.0)
+    assert timing.iteration_ms(33.0, 1.1, 9, 0.02, 0.01, 18.0) == pytest.approx((33.0 * 1.16 + 18.0) * 1.1 * 1.01)
+    knobs = read_knobs({})
+    spec3 = timing.TimingModel.from_knobs(knobs, timing.SpecConfig("EAGLE3", 3, 1, 4), 1.0, 8192)
+    assert spec3.cycle_ms(16) == pytest.approx(33.0 * 1.3 + 0.75 * 15 * 3)
+    for spec in BATCH_ONE_SPECS:
+        model = timing.TimingModel.from_knobs(knobs, spec, 1.0, 8192)
+        cycles = [model.cycle_ms(b) for b in range(1, 65)]
+        rates = [model.steady_tokens_per_s(b) for b in range(1, 65)]
+        assert all(a < b for a, b in itertools.pairwise(cycles))  # every extra running request costs time
+        assert all(a > b for a, b in itertools.pairwise(rates))
+    # More draft tokens per request cost more under load; with the knob at 0 speculation batches like the baseline.
+    wide = timing.TimingModel.from_knobs(knobs, timing.SpecConfig("EAGLE", 3, 4, 8), 1.0, 8192)
+    assert wide.batch_extra_ms(8) > spec3.batch_extra_ms(8) > 0
+    flat = timing.TimingModel.from_knobs(read_knobs({"ORCH_SIM_VERIFY_BATCH_MS": "0"}), spec3.spec, 1.0, 8192)
+    base = timing.TimingModel.from_knobs(knobs, None, 1.0, 8192)
+    ratios = {b: flat.steady_tokens_per_s(b) / base.steady_tokens_per_s(b) for b in (1, 16, 64)}
+    assert ratios[16] == pytest.approx(ratios[1]) and ratios[64] == pytest.approx(ratios[1])
+
+
+def _bundled_model(name: str) -> timing.TimingModel:
+    from orchestrator.config import profile
+    from orchestrator.sim.args import parse_server_args
+
+    prof = profile.load(str(REPO / "profiles" / f"{name}.yaml"))
+    cfg = parse_server_args(prof.server_flags())
+    return timing.TimingModel.from_knobs(read_knobs(prof.env_dict() | prof.sim_env()), cfg.spec, 1.0, 8192)
+
+
+def test_the_fast_speculative_profile_wins_alone_and_loses_under_load() -> None:
+    base, fast, three = (_bundled_model(n) for n in ("baseline", "sim-eagle3-fast", "eagle3-3step"))
+    # The seed story at concurrency 1 is untouched.
+    assert base.steady_tokens_per_s(1) == pytest.approx(1000 / 12.2)
+    assert three.steady_tokens_per_s(1) == pytest.approx(2000 / 33.0)
+    ratio = {b: fast.steady_tokens_per_s(b) / base.steady_tokens_per_s(b) for b in range(1, 65)}
+    assert ratio[1] > 1.4 and ratio[16] < 0.7
+    assert all(a > b for a, b in itertools.pairwise(ratio.values()))
+    crossover = min(b for b, r in ratio.items() if r < 1.0)
+    assert 4 <= crossover <= 12, ratio
+    assert crossover == 6  # 1 + (τ·decode − cycle) / (verify_batch_ms·3 + slope·(cycle − τ·decode)) = 5.8
+    # eagle3-3step loses alone and loses more under load.
+    assert three.steady_tokens_per_s(16) / base.steady_tokens_per_s(16) < three.steady_tokens_per_s(1) / 82.0
+
+
 # ---- knobs and args ---------------------------------------------------------------------------------------------
 
 
@@ -119,12 +200,32 @@ def test_knobs_defaults_and_env_names() -> None:
         ({"ORCH_SIM_FAULT": "worker-hang-after-tokens"}, "needs a token count"),
         ({"ORCH_SIM_FAULT": "reexec-no-marker:2"}, "takes no argument"),
         ({"ORCH_SIM_DROP_ENV": "OK,not-a-name"}, "'not-a-name'"),
+        (
+            {"ORCH_SIM_VERIFY_BATCH_MS": "-0.5"},
+            "ORCH_SIM_VERIFY_BATCH_MS='-0.5' is out of range: expected a number between 0 and 10000",
+        ),
+        ({"ORCH_SIM_VERIFY_BATCH_MS": "lots"}, "ORCH_SIM_VERIFY_BATCH_MS='lots' is invalid"),
+        ({"ORCH_SIM_VERIFY_BATCH_MS": "inf"}, "finite"),
+        ({"ORCH_SIM_VERIFY_BATCH_MSX": "1"}, "unknown simulator knob ORCH_SIM_VERIFY_BATCH_MSX"),
     ],
 )
 def test_knob_errors_name_the_variable(env: dict[str, str], needle: str) -> None:
     with pytest.raises(ValueError, match=None) as exc:
         read_knobs(env)
     assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize(("value", "needle"), [(-1, "out of range"), ("fast", "expected a number"), (True, "got True")])
+def test_a_profiles_verify_batch_ms_is_checked_at_load(write_profile: WriteProfile, value: Any, needle: str) -> None:
+    from orchestrator.config import profile
+    from orchestrator.errors import ProfileError
+
+    path = write_profile("bad", engine="sglang", model_path="/m", tp_size=1, port=1, sim={"verify_batch_ms": value})
+    with pytest.raises(ProfileError) as exc:
+        profile.load(str(path))
+    assert "sim.verify_batch_ms" in str(exc.value) and needle in str(exc.value)
+    good = write_profile("good", engine="sglang", model_path="/m", tp_size=1, port=1, sim={"verify_batch_ms": 0})
+    assert profile.load(str(good)).sim_env() == {"ORCH_SIM_VERIFY_BATCH_MS": "0.0"}
 
 
 def test_parse_fault() -> None:

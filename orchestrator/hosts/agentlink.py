@@ -103,7 +103,7 @@ class AgentLink:
 
 
 # What a host needs to run orch's agent, its benchmark client and the simulator: whole packages of stdlib + psutil
-# code, shipped as they are (tests/test_imports.py holds them to that; tests/agent/test_hostside.py runs the agent,
+# code, shipped as they are (tests/test_imports.py holds them to that; tests/agent/test_ops.py runs the agent,
 # and the client, from these files alone). A module joins the host side by living in one of them.
 SHIPPED_PACKAGES = ("agent", "client", "common", "sim")
 # The agent's entry on the host, beside the `orchestrator/` folder so that its imports find the shipped packages:

@@ -100,7 +100,9 @@ def test_the_host_factory_imports_a_remote_transport_only_when_a_host_needs_it(t
         [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
     loaded = proc.stdout.strip()
-    assert loaded == str([f"orchestrator.hosts.{m}" for m in ("base", "group", "inventory", "local")]), proc.stderr
+    assert loaded == str([f"orchestrator.hosts.{m}" for m in ("base", "group", "inventory", "local", "lock")]), (
+        proc.stderr
+    )
 
 
 def test_completing_a_command_name_imports_no_command_module(tmp_path: Path) -> None:

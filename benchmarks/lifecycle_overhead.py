@@ -87,7 +87,7 @@ def worker(args: argparse.Namespace) -> None:
     from orchestrator.hosts.base import HostConfig
     from orchestrator.hosts.local import LocalHost
     from orchestrator.results.store import Store
-    from orchestrator.ui import progress
+    from orchestrator.ui.events import Lines
 
     prof = load(args.profile)
     channels: list[tuple[str, float]] = []
@@ -130,7 +130,7 @@ def worker(args: argparse.Namespace) -> None:
     events: list[tuple[float, str, str | None]] = []
     watch, opened = _observer(prof.port)
 
-    def listener(name: str, data: dict[str, Any]) -> None:
+    def listener(name: str, **data: Any) -> None:
         events.append((time.perf_counter(), name, data.get("state")))
         if name == "launch":
             watch.set()
@@ -139,10 +139,9 @@ def worker(args: argparse.Namespace) -> None:
     config = ABConfig(bench=bench, simulate=True, namespace=os.environ["ORCH_NAMESPACE"], order="fixed")
     store = Store(Path(args.workdir) / f"{time.time_ns()}.db")
     try:
-        with progress.listen(listener):
-            t0 = time.perf_counter()
-            run_ab(host, [prof] * args.arms, config, store)
-            t_end = time.perf_counter()
+        t0 = time.perf_counter()
+        run_ab(host, [prof] * args.arms, config, store, events=Lines(phases=listener))
+        t_end = time.perf_counter()
     finally:
         store.close()
         host.close()

@@ -23,6 +23,7 @@ from orchestrator.hosts.group import GroupHost
 from orchestrator.hosts.inventory import inventory_paths, load_groups, load_inventory
 from orchestrator.launch import group as multinode
 from orchestrator.results.store import default_path as default_db_path
+from orchestrator.ui.events import Lines
 
 
 @click.command("down")
@@ -76,8 +77,8 @@ def _open_nodes(
     unreachable: dict[str, str]
     if group is None:
         # What opening takes long for (a Slurm allocation's queue wait) is said on stderr: stdout may be --json.
-        say = functools.partial(click.echo, err=True)
-        host = resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key, on_event=say)
+        say = Lines(functools.partial(click.echo, err=True))
+        host = resolve_host(host_spec, inventory=inventory, accept_new_host_key=accept_new_host_key, events=say)
         unreachable = {}
     else:
         host, unreachable = group

@@ -20,6 +20,7 @@ from orchestrator.nightly import suite as suite_mod
 from orchestrator.nightly.result import NightReport
 from orchestrator.results.store import Store
 from orchestrator.ui import progress
+from orchestrator.ui.events import Lines
 
 
 def parse_now(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
@@ -134,7 +135,8 @@ def nightly_cmd(
     def event(msg: str) -> None:
         click.echo(stamp(msg) if stamped else msg, err=True)
 
-    runner = night.NightRunner(suite, store, now if now is not None else datetime.now().timestamp(), event, only=only)
+    night_at = now if now is not None else datetime.now().timestamp()
+    runner = night.NightRunner(suite, store, night_at, Lines(event), only=only)
     try:
         try:
             report = runner.run()

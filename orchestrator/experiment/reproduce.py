@@ -252,7 +252,7 @@ def run_bundle(plan: BundlePlan, tolerance: float) -> tuple[ABResult, Experiment
                 tolerance=tolerance,
                 blocks=plan.blocks,
                 source=plan.path,
-                events=Lines(event),  # this reporter is not entered (no live view): phases reach no one
+                events=Lines(event),  # the lines only: no live view while reproducing, its phases reach no one
                 on_run=on_run,
             )
     finally:

@@ -27,6 +27,7 @@ from orchestrator.report.lines import SIM_BANNER
 from orchestrator.results import model
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store, open_existing
+from orchestrator.ui.events import Events
 from orchestrator.ui.progress import PlainReporter, is_terminal
 
 
@@ -263,16 +264,14 @@ def progress(rep: PlainReporter, bench: BenchConfig) -> tuple[Callable[[str], No
     return rep.line, on_run
 
 
-def host_for(
-    options: RunOptions, host_spec: str, on_event: Callable[[str], None] | None = None, nodes: int = 1
-) -> Host:
+def host_for(options: RunOptions, host_spec: str, events: Events | None = None, nodes: int = 1) -> Host:
     """The host (or group) `host_spec` names, opened with the options' workdir, inventory and host-key policy."""
     return resolve_host(
         host_spec,
         workdir=options.workdir,
         inventory=options.inventory,
         accept_new_host_key=options.accept_new_host_key,
-        on_event=on_event,
+        events=events,
         nodes=nodes,
     )
 
@@ -291,7 +290,7 @@ def execute(
         if options.sim:
             event(SIM_BANNER)
         event(f"results database: {store.path}")
-        with host_for(options, options.host_spec, event, nodes=experiment_host.nodes_needed(profiles)) as host:
+        with host_for(options, options.host_spec, rep, nodes=experiment_host.nodes_needed(profiles)) as host:
             where = {"host_spec": options.host_spec, "workdir": options.workdir, "namespace": config.namespace}
             return ab.run_ab(
                 host, profiles, config, store, events=rep, on_run=on_run, resume=resume_id, provenance=where

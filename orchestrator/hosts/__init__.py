@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import logging
 from dataclasses import replace
 
 from orchestrator.errors import HostError, InputError
@@ -11,6 +11,7 @@ from orchestrator.hosts.base import Host, HostConfig
 from orchestrator.hosts.group import GroupHost
 from orchestrator.hosts.inventory import HostGroup, lookup
 from orchestrator.hosts.local import LocalHost
+from orchestrator.ui.events import Events, Lines
 
 # Callers import every other name from the module that owns it (hosts.base, hosts.inventory, hosts.local, ...).
 __all__ = ["open_group", "open_host", "open_reachable", "resolve_host"]
@@ -22,34 +23,35 @@ def resolve_host(
     workdir: str | None = None,
     inventory: str | None = None,
     accept_new_host_key: bool = False,
-    on_event: Callable[[str], None] | None = None,
+    events: Events | None = None,
     nodes: int = 1,
 ) -> Host:
-    """Turn `--host` into a connected Host; `on_event` hears what opening it takes long for (a Slurm queue).
+    """Turn `--host` into a connected Host; `events` hears what opening it takes long for (a Slurm queue).
     `nodes`: how many nodes the experiment's largest multi-node profile spans (a Slurm host asks for that many)."""
     config, hosts = lookup(spec, inventory)
     if isinstance(config, HostGroup):
-        return open_group(config, hosts, workdir=workdir, accept_new_host_key=accept_new_host_key)
+        return open_group(config, hosts, workdir=workdir, accept_new_host_key=accept_new_host_key, events=events)
     if workdir:
         config = replace(config, workdir=workdir)
-    return open_host(config, accept_new_host_key=accept_new_host_key, on_event=on_event, nodes=nodes)
+    return open_host(config, accept_new_host_key=accept_new_host_key, events=events, nodes=nodes)
 
 
 def open_host(
     config: HostConfig,
     *,
     accept_new_host_key: bool = False,
-    on_event: Callable[[str], None] | None = None,
+    events: Events | None = None,
     nodes: int = 1,
 ) -> Host:
     """A Host for one resolved inventory entry (`scheduler: slurm`, `slurm:PARTITION`, or `user@addr[:port]`);
-    a Slurm entry with `nodes` > 1 is one allocation of that many nodes, as a group (one node per rank)."""
+    a Slurm entry with `nodes` > 1 is one allocation of that many nodes, as a group (one node per rank). Without
+    `events`, a Slurm host logs its lines (and its phases go nowhere)."""
     if config.scheduler == "slurm":
         from orchestrator.hosts.slurm import SlurmHost, open_nodes  # only when Slurm is used
 
         if nodes == 1:
-            return SlurmHost(config, on_event=on_event)
-        members = open_nodes(config, nodes, on_event=on_event)
+            return SlurmHost(config, events=events)
+        members = open_nodes(config, nodes, events=events)
         group = HostGroup(
             name=config.name,
             nodes=tuple(m.name for m in members),
@@ -74,15 +76,22 @@ def open_reachable(
     if not isinstance(group, HostGroup):
         return None
     unreachable: dict[str, str] = {}
-    opened = _open_nodes(group, hosts, None, accept_new_host_key, unreachable)
+    opened = _open_nodes(group, hosts, None, accept_new_host_key, unreachable, None)
     return (GroupHost(group, opened) if opened else None), unreachable
 
 
 def open_group(
-    group: HostGroup, hosts: dict[str, HostConfig], *, workdir: str | None, accept_new_host_key: bool
+    group: HostGroup,
+    hosts: dict[str, HostConfig],
+    *,
+    workdir: str | None,
+    accept_new_host_key: bool,
+    events: Events | None = None,
 ) -> Host:
-    """Connect to every node of the group (closing those already open if one cannot be reached)."""
-    return GroupHost(group, _open_nodes(group, hosts, workdir, accept_new_host_key, None))
+    """Connect to every node of the group (closing those already open if one cannot be reached). A node's lines
+    are logged (a group's Slurm node has always logged its queue wait); its phases go to `events`."""
+    node_events = None if events is None else Lines(logging.getLogger("orch.slurm").warning, events.phase)
+    return GroupHost(group, _open_nodes(group, hosts, workdir, accept_new_host_key, None, node_events))
 
 
 def _open_nodes(
@@ -91,6 +100,7 @@ def _open_nodes(
     workdir: str | None,
     accept_new_host_key: bool,
     unreachable: dict[str, str] | None,
+    events: Events | None,
 ) -> list[Host]:
     """The group's nodes, connected in rank order. Without `unreachable`, one that cannot be reached closes the
     others and raises; with it, that node is recorded there (name: why) and left out."""
@@ -99,7 +109,7 @@ def _open_nodes(
         for name in group.nodes:
             config = replace(hosts[name], workdir=workdir) if workdir else hosts[name]
             try:
-                opened.append(open_host(config, accept_new_host_key=accept_new_host_key))
+                opened.append(open_host(config, accept_new_host_key=accept_new_host_key, events=events))
             except HostError as e:
                 # A bad inventory value is the user's to fix, not a node that is down.
                 if unreachable is None or isinstance(e, InputError):

@@ -184,13 +184,13 @@ def describe_night_holder(h: dict[str, Any]) -> str:
     return f"suite {h.get('suite', '?')}, {who} since {h.get('since', '?')}"
 
 
-def take_night_lock(path: str, suite: str, wait_s: float, on_event: Callable[[str], None]) -> dict[str, Any]:
+def take_night_lock(path: str, suite: str, wait_s: float, events: Events) -> dict[str, Any]:
     """The night lock, taken in this process (a night runs where orch runs), waiting up to wait_s behind another
     night; the lock's reply (`acquired`, and `holder` when not)."""
     holder = night_holder(suite)
     got = _lock_in_process(path, holder, 0)
     if not got["acquired"]:
-        on_event(f"another night is running ({describe_night_holder(got['holder'])}); waiting up to {wait_s:.0f}s")
+        events.line(f"another night is running ({describe_night_holder(got['holder'])}); waiting up to {wait_s:.0f}s")
         got = _lock_in_process(path, holder, wait_s)
     return got
 

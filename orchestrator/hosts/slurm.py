@@ -32,7 +32,6 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from orchestrator.agent import ops
@@ -52,6 +51,7 @@ from orchestrator.hosts.lock import HeldLock
 from orchestrator.hosts.relay import Relay
 from orchestrator.hosts.slurm_cli import Allocation, AllocationRequest, QueueState, Slurm, SlurmError
 from orchestrator.ui import progress
+from orchestrator.ui.events import Events
 
 log = logging.getLogger("orch.slurm")
 
@@ -230,7 +230,7 @@ class SlurmHost(Host):
         self,
         config: HostConfig,
         *,
-        on_event: Callable[[str], None] | None = None,
+        events: Events | None = None,
         cli: Slurm | None = None,
         poll_s: float = 5.0,
         nodes: int = 1,
@@ -241,7 +241,7 @@ class SlurmHost(Host):
         self.stats = CallStats()
         self.python = config.python or "python3"
         self.cli = cli or Slurm()
-        self._on_event = on_event
+        self._events = events
         self._io_lock = threading.RLock()
         self._link: AgentLink | None = None
         self._seq = 0
@@ -279,13 +279,14 @@ class SlurmHost(Host):
     # ------------------------------------------------------------ the allocation
 
     def _event(self, msg: str) -> None:
-        if self._on_event is not None:
-            self._on_event(msg)
+        if self._events is not None:
+            self._events.line(msg)
         else:
             log.warning("%s", msg)
 
     def _queued(self, st: QueueState) -> None:
-        progress.phase("slurm queue", job=st.job_id, state=st.state, reason=st.reason, waited_s=st.waited_s)
+        if self._events is not None:
+            self._events.phase("slurm queue", job=st.job_id, state=st.state, reason=st.reason, waited_s=st.waited_s)
         said = self._queue_said
         if st.state != "PENDING":
             where = f"partition {self.request.partition}" if self.request.partition else "the default partition"
@@ -505,17 +506,17 @@ def open_nodes(
     config: HostConfig,
     nodes: int,
     *,
-    on_event: Callable[[str], None] | None = None,
+    events: Events | None = None,
     cli: Slurm | None = None,
     poll_s: float = 5.0,
 ) -> list[SlurmHost]:
     """One allocation of `nodes` nodes and a host on each (its own agent step), in Slurm's node order. The first
     holds the allocation: close it last (closing it releases the allocation, and every step with it)."""
-    first = SlurmHost(config, on_event=on_event, cli=cli, poll_s=poll_s, nodes=nodes)
+    first = SlurmHost(config, events=events, cli=cli, poll_s=poll_s, nodes=nodes)
     hosts = [first]
     try:
         for node in first.allocation.nodes[1:]:
-            hosts.append(SlurmHost(config, on_event=on_event, cli=first.cli, node_of=(first.allocation, node)))
+            hosts.append(SlurmHost(config, events=events, cli=first.cli, node_of=(first.allocation, node)))
     except BaseException:
         for host in reversed(hosts):
             with contextlib.suppress(Exception):

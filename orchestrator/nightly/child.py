@@ -20,6 +20,7 @@ from orchestrator.nightly import night
 from orchestrator.nightly import suite as suite_mod
 from orchestrator.nightly.result import ItemReport
 from orchestrator.results.store import Store
+from orchestrator.ui.events import Lines
 
 
 def _watch_parent(parent: int) -> None:
@@ -47,7 +48,7 @@ def main(spec: dict[str, Any]) -> int:
     item = next(i for i in suite.items if i.name == spec["item"])
     store = Store(spec["db"])
     runner = night.NightRunner(
-        suite, store, float(spec["night_at"]), lambda msg: print(msg, flush=True), night_id=spec["night_id"]
+        suite, store, float(spec["night_at"]), Lines(lambda msg: print(msg, flush=True)), night_id=spec["night_id"]
     )
     code = 0
     report: ItemReport | None = None

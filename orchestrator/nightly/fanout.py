@@ -22,7 +22,6 @@ from orchestrator.launch import single
 from orchestrator.nightly.result import ItemReport
 from orchestrator.nightly.suite import Item, Suite
 from orchestrator.ui import progress
-from orchestrator.ui.events import Lines
 
 if TYPE_CHECKING:
     from orchestrator.nightly.night import NightRunner
@@ -152,7 +151,7 @@ class FanOut:
             line = line.rstrip("\n")
             child.tail.append(line)
             child.allocation = allocation_state(line, child.allocation)
-            self.runner.on_event(line if line.startswith(prefix) else f"{prefix} {line}")
+            self.runner.events.line(line if line.startswith(prefix) else f"{prefix} {line}")
 
     def wait(self) -> list[ItemReport]:
         """Every child's report, once all have ended; a child past its time is stopped the way Ctrl-C would."""
@@ -171,7 +170,7 @@ class FanOut:
         allocation; a second signal meanwhile does not cut that short (the children run in their own sessions, so
         they hear of it only from here)."""
         try:
-            with single.shielded(Lines(self.runner.on_event)):
+            with single.shielded(self.runner.events):
                 for c in self.children:
                     if c.proc.poll() is None and c.stopping is None:
                         self._interrupt(c, None)

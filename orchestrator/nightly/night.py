@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from orchestrator.nightly.suite import DEFAULT_TIMEOUT_S, Item, Suite
 from orchestrator.results.model import ABResult, Design
 from orchestrator.results.store import Store
 from orchestrator.ui import progress
-from orchestrator.ui.events import Lines
+from orchestrator.ui.events import QUIET, Events, Lines
 from orchestrator.ui.progress import run_line
 
 
@@ -233,12 +233,12 @@ def _merge(first: ABResult, second: ABResult) -> ABResult:
 
 @dataclass
 class NightRunner:
-    """Runs one night of a suite against one store; `on_event` gets the progress lines."""
+    """Runs one night of a suite against one store; `events` gets the progress lines."""
 
     suite: Suite
     store: Store
     night_at: float
-    on_event: Callable[[str], None] = lambda _: None
+    events: Events = QUIET
     only: tuple[str, ...] = ()
     night_id: str = ""  # default: n<the night's date>-<random>
     last: NightReport | None = None  # the night so far, also when it was interrupted
@@ -252,7 +252,7 @@ class NightRunner:
 
     def run(self) -> NightReport:
         lock = locks.night_lock_path(default_namespace())
-        got = locks.take_night_lock(lock, self.suite.name, self.suite.wait_s, self.on_event)
+        got = locks.take_night_lock(lock, self.suite.name, self.suite.wait_s, self.events)
         if not got["acquired"]:
             holder = locks.describe_night_holder(got["holder"])
             error = (
@@ -279,7 +279,7 @@ class NightRunner:
         reports: list[ItemReport] = []
         status = "complete"
         items = [i for i in suite.items if not self.only or i.name in self.only]
-        self.on_event(
+        self.events.line(
             f"night {self.night_id}: suite {suite.name} ({len(items)} item(s)), deadline "
             f"{progress.duration(suite.deadline_s)}, results database {self.store.path}"
         )
@@ -292,7 +292,7 @@ class NightRunner:
                     reports.append(self._skipped(item, "the night's deadline had passed before it could start"))
                     continue
                 own = " (its own allocation, in parallel)" if item in parallel else ""
-                self.on_event(f"item {n}/{len(items)}: {item.name} on {item.host}{own}")
+                self.events.line(f"item {n}/{len(items)}: {item.name} on {item.host}{own}")
                 if item in parallel:
                     fan.start(item)  # reported by fan.wait()
                 else:
@@ -359,26 +359,29 @@ class NightRunner:
         prefix = f"[{item.name}] "
         self._allocation = None
 
-        def on_event(msg: str) -> None:
+        def said(msg: str) -> None:
             self._allocation = fanout.allocation_state(msg, self._allocation)
-            self.on_event(prefix + msg)
+            self.events.line(prefix + msg)
+
+        # Its phases pass on only to a night that is watched: none is yet (nightly prints lines, no live view).
+        events = Lines(said, self.events.phase if self.events.watched else None)
 
         self._alarm.arm(budget, why)
         try:
             nodes = experiment_host.nodes_needed(item.profiles)
             # A Slurm host says how its allocation waits in the queue (and where an interrupted item stood).
             if self.suite.inventory:  # its groups too
-                host = resolve_host(item.host, inventory=self.suite.inventory, nodes=nodes, on_event=on_event)
+                host = resolve_host(item.host, inventory=self.suite.inventory, nodes=nodes, events=events)
             else:
-                host = open_host(parse_target(item.host, {}), nodes=nodes, on_event=on_event)
+                host = open_host(parse_target(item.host, {}), nodes=nodes, events=events)
             with host:
                 return ab.run_ab(
                     host,
                     list(item.profiles),
                     config,
                     self.store,
-                    events=Lines(on_event),
-                    on_run=lambda _name, run: self.on_event(prefix + "  " + run_line(run, item.bench)),
+                    events=events,
+                    on_run=lambda _name, run: self.events.line(prefix + "  " + run_line(run, item.bench)),
                     provenance={
                         "host_spec": item.host,
                         "namespace": config.namespace,
@@ -436,7 +439,7 @@ class NightRunner:
             self.store, self.night_id, item, status="complete", experiments=experiments, error=None, series=series,
             envs=envs, simulated=item.sim, decisions={v.value.series: v.decision() | hit for v in verdicts},
         )  # fmt: skip
-        self.on_event(f"[{item.name}] done in {report.seconds:.0f}s: {status}")
+        self.events.line(f"[{item.name}] done in {report.seconds:.0f}s: {status}")
         return report
 
     def _confirm(
@@ -452,7 +455,7 @@ class NightRunner:
         """Tonight looks like a regression: measure once more from fresh state and report it only if the re-run
         says so too (one bad measurement is not a regression). Tonight's value is then both experiments pooled."""
         suspects = [v.value.series for v in verdicts if v.status == "regression"]
-        self.on_event(f"[{item.name}] looks like a regression ({', '.join(suspects)}); re-measuring once to confirm")
+        self.events.line(f"[{item.name}] looks like a regression ({', '.join(suspects)}); re-measuring once to confirm")
         try:
             second = self._measure_once(item, deadline)
         except KeyboardInterrupt:
@@ -477,7 +480,7 @@ class NightRunner:
             second, why = None, f"the confirmation re-run failed: {e}"
         if second is None:
             # Unconfirmed is still reported: a regression that also breaks the re-run must not go quiet.
-            self.on_event(f"[{item.name}] {why}; reporting the first measurement")
+            self.events.line(f"[{item.name}] {why}; reporting the first measurement")
             noted = [dataclasses.replace(v, note=why) if v.status == "regression" else v for v in verdicts]
             return noted, first, *measured
         experiments.append(second.experiment_id)
@@ -502,7 +505,7 @@ class NightRunner:
                 verdict = dataclasses.replace(verdict, status="ok", note="a regression only in the pooled value")
             out.append(verdict)
         notes = [f"{v.value.series} {v.note}" for v in out if v.note]
-        self.on_event(f"[{item.name}] re-run: {'; '.join(notes) or 'done'}")
+        self.events.line(f"[{item.name}] re-run: {'; '.join(notes) or 'done'}")
         return out, pooled, series, envs
 
     def _failed(self, item: Item, status: str, error: str, began: float) -> ItemReport:
@@ -511,7 +514,7 @@ class NightRunner:
         error = error.replace(
             "Use --wait SECONDS to queue behind it.", "The suite's wait: sets how long a night queues."
         )
-        self.on_event(f"[{item.name}] {status}: {error}")
+        self.events.line(f"[{item.name}] {status}: {error}")
         experiments = tuple(history.night_experiments(self.store, self.night_id, item.name))
         if experiments and status in ("interrupted", "timeout"):
             error += f" (its launches so far are stored: orch show {experiments[-1]})"

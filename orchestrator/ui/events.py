@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orchestrator.common.redaction import scrub
-from orchestrator.ui import progress
 
 
 class Events(Protocol):
@@ -30,20 +30,23 @@ def _ignore(_: str) -> None:
 
 @dataclass(frozen=True)
 class Lines:
-    """Events for a caller that takes only the lines (nightly, reproduce's tests, a bare run_ab); its phases go to
-    whoever listens to progress (progress.listen), as the host layer's own phases do."""
+    """Events for a caller that takes only the lines (nightly, `orch hosts`, a bare run_ab); its phases go to
+    `phases` when given (watched then), else nowhere."""
 
     show: Callable[[str], None] = _ignore
+    phases: Callable[..., None] | None = None  # called as phase(name, **info)
 
     def line(self, text: str) -> None:
         self.show(text)
 
     def phase(self, name: str, **info: Any) -> None:
-        progress.phase(name, **info)
+        if self.phases is not None:
+            with contextlib.suppress(Exception):  # showing progress must never break a measurement
+                self.phases(name, **info)
 
     @property
     def watched(self) -> bool:
-        return progress.listening()
+        return self.phases is not None
 
 
 QUIET = Lines()

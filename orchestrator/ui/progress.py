@@ -1,4 +1,4 @@
-"""An experiment's progress as timestamped plain lines (or live: live.py), and phase hooks for the host layer."""
+"""An experiment's progress as timestamped plain lines (or live: live.py)."""
 
 from __future__ import annotations
 
@@ -7,40 +7,13 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextvars import ContextVar
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:  # bench reports its phases through this module
     from orchestrator.config.workload import BenchConfig
     from orchestrator.results.run import RunResult
-
-Listener = Callable[[str, dict[str, Any]], None]
-_LISTENER: ContextVar[Listener | None] = ContextVar("orch_progress", default=None)
-
-
-def phase(name: str, **data: Any) -> None:
-    """Tell whoever shows progress that phase `name` began or moved on; nothing when nobody listens."""
-    listener = _LISTENER.get()
-    if listener is not None:
-        with contextlib.suppress(Exception):  # showing progress must never break a measurement
-            listener(name, data)
-
-
-def listening() -> bool:
-    """Whether phase() reaches anyone: the core skips work done only for the display (reading a log tail)."""
-    return _LISTENER.get() is not None
-
-
-@contextlib.contextmanager
-def listen(listener: Listener) -> Iterator[None]:
-    token = _LISTENER.set(listener)
-    try:
-        yield
-    finally:
-        _LISTENER.reset(token)
-
 
 # ---------------------------------------------------------------- the run in flight
 
@@ -108,7 +81,7 @@ def duration(seconds: float) -> str:
 
 @dataclass
 class Tracker:
-    """The experiment's position and phase, from the core's hooks; the ETA once one launch has been timed."""
+    """The experiment's position and phase, from the core's phases; the ETA once one launch has been timed."""
 
     clock: Callable[[], float] = time.monotonic
     experiment: str = ""
@@ -240,7 +213,7 @@ def request_line(req: dict[str, Any]) -> str:
 
 class PlainReporter:
     """Progress as lines, each with the time of day; -q keeps only errors (on stderr), -v adds every request. It is
-    the core's events (events.Events) and, while entered, the listener of the host layer's phase() hooks."""
+    the core's events (events.Events): the lines and the phases come through the object passed in, nothing else."""
 
     HEARTBEAT_S = 30.0  # a long model load says so this often (-v: every 5 s)
     watched = True
@@ -293,12 +266,10 @@ class PlainReporter:
         print(text, file=self.out, flush=True)
 
     def __enter__(self) -> PlainReporter:
-        self._listening = listen(self.show_phase)
-        self._listening.__enter__()
-        return self
+        return self  # the live view (live.py) starts here
 
     def __exit__(self, *exc: object) -> None:
-        self._listening.__exit__(None, None, None)
+        pass
 
 
 def is_terminal(out: TextIO) -> bool:

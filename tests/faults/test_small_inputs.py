@@ -29,6 +29,7 @@ from orchestrator.nightly import suite as suite_mod
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store, default_path
 from orchestrator.ui import progress
+from orchestrator.ui.events import Lines
 from tests.conftest import NAMESPACE, WriteProfile
 from tests.faults.test_client_faults import OK_HEAD, Loopback, gen_event
 from tests.nightly.test_nightly import sim_profile, write_suite
@@ -144,7 +145,7 @@ def test_a_short_deadline_is_said_in_seconds_not_as_zero_minutes(write_profile: 
     events: list[str] = []
     store = Store(tmp_path / "n.db")
     try:
-        night.NightRunner(suite_mod.load(str(path)), store, time.time(), events.append, only=("none",)).run()
+        night.NightRunner(suite_mod.load(str(path)), store, time.time(), Lines(events.append), only=("none",)).run()
     finally:
         store.close()
     line = next(e for e in events if "deadline" in e)

@@ -1,17 +1,23 @@
-"""hosts/slurm_cli.py without a cluster: job names, requests, error messages from Slurm's own words, job states."""
+"""hosts/slurm_cli.py without a cluster: job names, requests, error messages from Slurm's own words, job states;
+where a Slurm node of a group reports."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.agent import processes
 from orchestrator.errors import HostError, InputError
-from orchestrator.hosts import slurm_cli
+from orchestrator.hosts import open_group, slurm_cli
+from orchestrator.hosts.base import HostConfig
+from orchestrator.hosts.inventory import HostGroup
 from orchestrator.hosts.slurm_cli import AllocationRequest, JobState, Slurm, SlurmError, SlurmInputError
+from orchestrator.ui.events import Lines
 
 
 def test_a_job_name_carries_namespace_and_session_and_parses_back() -> None:
@@ -160,3 +166,24 @@ def test_a_slurm_experiment_may_resume_on_another_slurm_host_of_its_partition(tm
     assert not same_slurm_partition("slurm:gpu", "other", inv)  # another partition: other nodes, other GPUs
     assert not same_slurm_partition("slurm:gpu", "box", inv) and not same_slurm_partition("box", "local", inv)
     assert not same_slurm_partition("slurm:gpu", "long", str(tmp_path / "missing.yaml"))
+
+
+def test_a_groups_slurm_node_logs_its_lines_and_its_phases_reach_the_view(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def queued(config: HostConfig, *, accept_new_host_key: bool, events: Any) -> Any:
+        events.line(f"{config.name}: allocation 12 is queued")
+        events.phase("slurm queue", job="12")
+        raise HostError("not granted")
+
+    monkeypatch.setattr("orchestrator.hosts.open_host", queued)
+    lines: list[str] = []
+    phases: list[tuple[str, dict[str, Any]]] = []
+    view = Lines(lines.append, lambda name, **info: phases.append((name, info)))
+    group = HostGroup("pair", ("a", "b"))
+    hosts = {n: HostConfig(name=n, scheduler="slurm") for n in group.nodes}
+    with caplog.at_level(logging.WARNING, "orch.slurm"), pytest.raises(HostError, match="not granted"):
+        open_group(group, hosts, workdir=None, accept_new_host_key=False, events=view)
+    # The line is logged, as a group's node has always done; only the phase goes to the view.
+    assert lines == [] and phases == [("slurm queue", {"job": "12"})]
+    assert [r.getMessage() for r in caplog.records if r.name == "orch.slurm"] == ["a: allocation 12 is queued"]

@@ -23,6 +23,7 @@ from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.inventory import load_inventory, parse_target
 from orchestrator.hosts.slurm import SlurmHost, request_for
 from orchestrator.hosts.slurm_cli import Slurm
+from orchestrator.ui.events import Lines
 from tests import slurmcluster
 from tests.conftest import NAMESPACE, REPO
 from tests.slurmcluster import PARTITION, SlurmCluster, unavailable_reason
@@ -168,10 +169,12 @@ def test_every_arm_runs_in_one_allocation_released_at_close(
     cluster: SlurmCluster, cli: Slurm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     events: list[str] = []
+    phases: list[str] = []
     config = HostConfig(
         name="gpus", scheduler="slurm", partition=PARTITION, gpus=8, python=sys.executable, workdir=str(tmp_path)
     )
-    with SlurmHost(config, cli=cli, on_event=events.append, poll_s=0.2) as host:
+    view = Lines(events.append, lambda name, **_: phases.append(name))
+    with SlurmHost(config, cli=cli, events=view, poll_s=0.2) as host:
         job = host.job_id
         assert slurm_cli.job_state(cli, job).state == "RUNNING"
         name = cluster.run("squeue", "-h", "-j", job, "-o", "%j|%l|%b").stdout.strip().split("|")
@@ -185,7 +188,7 @@ def test_every_arm_runs_in_one_allocation_released_at_close(
     assert slurm_cli.job_state(cli, job).state == "CANCELLED"
     with pytest.raises(HostError, match="orch released allocation"):
         host.call("hello")
-    assert any("granted allocation" in e for e in events)
+    assert any("granted allocation" in e for e in events) and "slurm queue" in phases  # the live view's phase
 
 
 @pytest.mark.slurm
@@ -300,7 +303,7 @@ def test_a_crashed_session_leaves_no_server_and_its_allocation_is_released_by_th
     assert slurm_cli.job_state(cli, job).state == "RUNNING"
     events: list[str] = []
     config = HostConfig(name="c", scheduler="slurm", python=sys.executable, workdir=str(tmp_path))
-    with SlurmHost(config, cli=cli, on_event=events.append):
+    with SlurmHost(config, cli=cli, events=Lines(events.append)):
         assert slurm_cli.job_state(cli, job).state == "CANCELLED"
     assert f"released allocation {job} (RUNNING) left by an orch session that is gone" in events[0]
 

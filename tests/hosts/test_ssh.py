@@ -351,16 +351,14 @@ def test_ctrl_c_while_the_server_loads_over_ssh_tears_it_down_at_once(
 def test_an_arm_over_ssh_costs_four_calls_and_no_channel_whatever_its_load_time(
     remote: HostConfig, sim_profiles: SimProfiles, tmp_path: Path
 ) -> None:
-    from orchestrator.ui import progress
-
     prof = load(str(sim_profiles(sim={"load_s": 2.0})["baseline"]))
     states: list[tuple[str, Any]] = []
     with SSHHost(remote) as host:
         tunnels = host.stats.channels_by_kind.get("tunnel", 0)
         cfg = ABConfig(bench=_bench(runs=2, max_tokens=8), simulate=True, namespace=NAMESPACE, grace_s=2)
-        # Listening, like the CLI's live view: the server's log lines come with the agent's progress events.
-        with progress.listen(lambda name, data: states.append((name, data.get("log")))):
-            run_ab(host, [prof], cfg, Store(tmp_path / "r.db"))
+        # Watched, like the CLI's live view: the server's log lines come with the agent's progress events.
+        watched = Lines(phases=lambda name, **data: states.append((name, data.get("log"))))
+        run_ab(host, [prof], cfg, Store(tmp_path / "r.db"), events=watched)
         by_op = dict(host.stats.by_op)
         tunnels = host.stats.channels_by_kind.get("tunnel", 0) - tunnels
     per_experiment = sum(by_op.pop(op) for op in ("facts", "lock", "unlock"))

@@ -63,9 +63,9 @@ def test_an_item_interrupted_in_slurms_queue_says_it_never_ran(
 ) -> None:
     runner, item = _runner(write_profile, tmp_path, "slurm:p")
 
-    def open_host(config: Any, *, nodes: int, on_event: Any) -> Any:
+    def open_host(config: Any, *, nodes: int, events: Any) -> Any:
         for line in said:
-            on_event(line)
+            events.line(line)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(night, "open_host", open_host)

@@ -178,11 +178,10 @@ def test_plain_reporter_quiet_keeps_errors_on_stderr(tmp_path: Path) -> None:
     out, err = (tmp_path / "out").open("w+"), (tmp_path / "err").open("w+")
     rep = progress.PlainReporter(out, quiet=True, err=err)
     with rep:
-        progress.phase("slot", n=1, total=2, block=1, blocks=1, arm="a")
+        rep.phase("slot", n=1, total=2, block=1, blocks=1, arm="a")
         rep.line("launch 1/2: block 1/1, a")
         rep.line("a: TEARDOWN FAILED: the agent is gone")
         rep.run("a", RunResult(0, False, 8, 1.0, 8.0, 4, None))
-    assert not progress.listening()
     out.seek(0), err.seek(0)
     assert out.read() == ""
     assert STAMP.sub("", err.read()) == "a: TEARDOWN FAILED: the agent is gone\n"

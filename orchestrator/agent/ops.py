@@ -1,11 +1,11 @@
 """Host-side agent: the work orch does *on* a host (launch, find, inspect, kill, benchmark), JSON in/out.
 
-The local host calls `dispatch()` in-process; a remote host runs this same file with the host's Python
-(`python3 hostside.py --serve`, one JSON request per line). It needs only the stdlib, psutil, and the shipped
-stdlib + psutil modules shipped beside it (`hosts.agentlink.agent_files()`): `processes` (the marker, finding orch's
-processes), `hostfacts` (facts, GPUs, engine versions, fingerprints), `hostwait` (until a launch is ready, until the
-GPUs are idle), `teardown` (stopping a launch, a port's holder), `hostlock` (the host lock), `redaction`, `client`
-and `sim/`. Keep every other orchestrator import out of it.
+The local host calls `dispatch()` in-process; a remote host runs it with the host's Python (`python3 orch_agent.py
+--serve`, one JSON request per line). It needs only the stdlib, psutil and the packages shipped with it
+(`hosts.agentlink.SHIPPED_PACKAGES`): its siblings `processes` (the marker, finding orch's processes), `facts`
+(facts, GPUs, engine versions, fingerprints), `waits` (until a launch is ready, until the GPUs are idle), `teardown`
+(stopping a launch, a port's holder) and `lock` (the host lock), with `common.redaction`, the benchmark client and
+`sim/`. Keep every other orchestrator import out of it.
 
 A launch costs few round trips: one call each for preflight (leftovers, port owner, GPUs), launch, the wait until
 ready, the env read-back with the process list, and teardown with the GPU-idle wait. Long calls report progress

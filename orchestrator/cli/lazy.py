@@ -15,9 +15,9 @@ if TYPE_CHECKING:
 # names read this table, so that `orch --version` and `orch list` never import what `orch ab` needs (the client,
 # asyncio, SSH, psutil, the statistics). tests/cli/test_startup.py checks it against the commands themselves.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "ab": ("orchestrator.cli.run:ab_cmd",
+    "ab": ("orchestrator.cli.ab:ab_cmd",
            "Compare PROFILES (the first is the baseline), each launch from fresh, verified state."),
-    "bench": ("orchestrator.cli.run:bench_cmd",
+    "bench": ("orchestrator.cli.ab:bench_cmd",
               "Benchmark one profile from a fresh, verified launch (--blocks N: N launches, with the spread across "
               "them)."),
     "breakeven": ("orchestrator.cli.breakeven:breakeven_cmd",

@@ -8,10 +8,10 @@ from typing import Any, cast
 
 import click
 
+from orchestrator.cli.ab import usage_errors
 from orchestrator.cli.base import FiniteFloat
 from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import db_option, fixed_bench_options, parse_tolerance, run_options
-from orchestrator.cli.run import usage_errors
 from orchestrator.cli.stored import stored_result
 from orchestrator.experiment import reproduce as reproduce_mod
 from orchestrator.report.compare import claim_json, claim_text, compare_json, compare_markdown, compare_text

@@ -5,9 +5,9 @@ Token accounting is per token, not per chunk: under speculative decoding one str
 and a chunk of k tokens after a gap g contributes k inter-token latencies of g/k. Each read is parsed where it lands
 (`streamparse`), with one timestamp for every event it brought; see docs/client.md.
 
-This module runs a benchmark (c streams, the watchdog, Ctrl-C); its parts: `client_requests` (bodies, the Record,
-token counts checked), `client_stream` (one streamed request), `client_metrics` (/metrics counters) and
-`client_summary` (a run reduced to its metrics and validity).
+This module runs a benchmark (c streams, the watchdog, Ctrl-C); its parts: `request` (bodies, the Record, token
+counts checked), `stream` (one streamed request), `metrics` (/metrics counters) and `summary` (a run reduced to its
+metrics and validity).
 """
 
 from __future__ import annotations

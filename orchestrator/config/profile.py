@@ -98,7 +98,7 @@ class Profile:
     model_path: str
     port: int
     tp_size: int = 1
-    nnodes: int = 1  # > 1: one launch spreads over that many hosts of an inventory group (multinode.py)
+    nnodes: int = 1  # > 1: one launch spreads over that many hosts of an inventory group (launch/group.py)
     host: str = "127.0.0.1"
     served_model_name: str | None = None
     trust_remote_code: bool = False

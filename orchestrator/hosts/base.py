@@ -81,7 +81,7 @@ class CallStats:
             self.channels_by_kind[kind] = self.channels_by_kind.get(kind, 0) + 1
 
 
-# What a long host-side operation reports while it runs (hostside.report): a state, a log line, a step begun.
+# What a long host-side operation reports while it runs (agent/ops.report): a state, a log line, a step begun.
 Progress = Callable[[dict[str, Any]], None]
 
 

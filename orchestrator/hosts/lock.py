@@ -1,4 +1,4 @@
-"""The host lock on orch's side (one orch session per machine; the lock file itself is the agent's `agent.lock`)."""
+"""The host lock on orch's side (one orch session per machine; the lock file itself is the shipped `agent/lock`'s)."""
 
 from __future__ import annotations
 
@@ -198,5 +198,5 @@ def take_night_lock(path: str, suite: str, wait_s: float, events: Events) -> dic
 def _lock_in_process(path: str, holder: dict[str, Any], wait_s: float) -> dict[str, Any]:
     try:
         return op_lock(path, holder, wait_s=wait_s)
-    except HostSideError as e:  # the lock path is unsafe (agent.lock says which and what to do): an error, exit 1
+    except HostSideError as e:  # the lock path is unsafe (agent/lock says which and what to do): an error, exit 1
         raise HostError(str(e)) from None

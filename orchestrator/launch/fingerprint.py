@@ -413,7 +413,7 @@ def _unkeyed(value: Any) -> Any:
 
 # Flags whose value orch itself chooses anew for every launch, with what stands in for that value when two launches
 # are compared. A multi-node launch's --dist-init-addr is rank 0's address and a port drawn free for that launch
-# (multinode.free_port): compared as it is, every multi-node launch would differ from every other and a nightly
+# (launch/group.free_port): compared as it is, every multi-node launch would differ from every other and a nightly
 # history of one would never build. The flag stays (with --nnodes and --node-rank, which are stable, it says the
 # launch was multi-node, and the argv around it still lines up); the address goes with the port, as which machine
 # rank 0 ran on is compared already (GPU UUIDs, hostname) and a rendezvous address moves no number.

@@ -377,7 +377,7 @@ def teardown(
     profile: str = "",
     events: Events = QUIET,
 ) -> dict[str, Any]:
-    """Stop the launch (see hostside.op_teardown); with gpu_wait_s, the agent then waits (bounded) for the GPUs'
+    """Stop the launch (see agent/ops.op_teardown); with gpu_wait_s, the agent then waits (bounded) for the GPUs'
     memory to be back to idle, in the same round trip (`gpus_after`)."""
     args: dict[str, Any] = {}
     if known:

@@ -1,4 +1,4 @@
-"""A fan-out child: one item of the parent's night (nightly_fanout.py starts it as `python -m
+"""A fan-out child: one item of the parent's night (nightly/fanout.py starts it as `python -m
 orchestrator.nightly.child SPEC`), run the way the night runs it, into the same store; its report to a file."""
 
 # Its own module so that the night (nightly.py) imports the fan-out and the child imports the night, never both ways.

@@ -244,7 +244,7 @@ class NightRunner:
     last: NightReport | None = None  # the night so far, also when it was interrupted
     _cut: ItemReport | None = None  # the item Ctrl-C (or SIGTERM) stopped, as far as it got
     _alarm: _Alarm = field(default_factory=_Alarm)
-    _allocation: str | None = None  # the item in progress on Slurm: nightly_fanout.allocation_state
+    _allocation: str | None = None  # the item in progress on Slurm: nightly/fanout.allocation_state
 
     def __post_init__(self) -> None:
         if not self.night_id:

@@ -1,5 +1,5 @@
 """Experiment results: the model (launches → arms → the A/B result with its comparisons and warnings), apart from
-what produces it (the run loop in `ab`) and from reading it back from the store (`results_load`)."""
+what produces it (the run loop, `experiment/ab`) and from reading it back from the store (`results/load`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ from orchestrator.stats.estimates import (
 from orchestrator.stats.sequential import SequentialPlan
 
 if TYPE_CHECKING:
-    # Imported where runs are read back (results_load): the results model itself needs none of the run loop.
+    # Imported where runs are read back (results/load): the results model itself needs none of the run loop.
     from orchestrator.results.run import RunResult
 
 

@@ -16,7 +16,7 @@ from orchestrator.sim import logs
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
-# orch's launch marker (hostside.MARKER); named here because the simulator must not import the agent.
+# orch's launch marker (agent/processes.MARKER); named here because the simulator must not import the agent.
 LAUNCH_MARKER = "ORCH_LAUNCH_ID"
 REEXEC_TAG = "orch-sim:reexec-no-marker"
 

@@ -216,7 +216,7 @@ def ratio_ci(
     resample that gives one arm its fastest prompt three times and the other its slowest reads prompt-to-prompt
     differences as noise, and with heterogeneous prompts that swamps the effect.
     `alpha` and `t_crit` set another two-sided level and its Student t critical value (a sequential look's nominal
-    level, stats_seq); the defaults are the fixed design's 95 %.
+    level, stats/sequential); the defaults are the fixed design's 95 %.
     """
     if len(base) != len(arm) or not base:
         raise ValueError("need the same number (>= 1) of blocks for both arms")

@@ -12,9 +12,9 @@ from typing import Any
 import click
 import pytest
 
+from orchestrator.cli.ab import ab_cmd, bench_cmd
 from orchestrator.cli.options import run_options
 from orchestrator.cli.reproduce import reproduce_cmd
-from orchestrator.cli.run import ab_cmd, bench_cmd
 from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.experiment import resume
 from orchestrator.experiment import run as experiment

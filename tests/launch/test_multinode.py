@@ -372,7 +372,7 @@ def test_allow_node_mismatch_launches_and_every_report_says_so(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from orchestrator.cli import main
-    from orchestrator.cli.run import verdict_lines
+    from orchestrator.cli.ab import verdict_lines
     from orchestrator.report.html import ab_html
     from orchestrator.report.markdown import ab_markdown
     from orchestrator.report.text import ab_text

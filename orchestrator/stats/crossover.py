@@ -1,0 +1,138 @@
+"""Where a speculative arm stops paying: the load at which its ratio to the baseline crosses 1, with a CI (pure).
+
+The design's blocks cover every level, so each block gives one paired log ratio per level. Between measured levels
+each block's log ratio is interpolated in log(level) by the quadratic through the three nearest levels — per block,
+so the spread between blocks is known at every point — and the crossover is where the mean over blocks crosses 0.
+Its confidence interval inverts the level-wise test: a load x is in it when the Student-t interval (over blocks,
+df = blocks − 1) of the interpolated mean log ratio at x contains 0. That is exact under normal block noise when the
+true curve is locally quadratic in log(level); docs/statistics.md checks its coverage by simulation, also on a truth
+that is not. An interval that
+reaches the end of the measured range is open on that side: the data cannot say how far beyond it goes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.stats.estimates import t_975
+
+GRID = 400  # points between the lowest and highest level at which the interval is evaluated
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """The answer: `status` is "crosses" (with `at` and its CI), "pays throughout", "never pays" (the whole measured
+    range decided one way) or "undecided" (no crossing seen, but the data cannot exclude one within [lo, hi])."""
+
+    status: str
+    at: float | None  # the level where the mean log ratio is 0
+    lo: float | None  # the CI's ends; None where it reaches past the measured range on that side
+    hi: float | None
+    pays_below: bool | None  # True: the arm is faster below the crossover and slower above it
+    levels: tuple[float, ...]
+    blocks: int
+    crosses_again: bool = False  # the mean crosses 0 more than once in the range (only the first is reported)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "status": self.status,
+            "at": self.at,
+            "ci": [self.lo, self.hi],
+            "pays_below": self.pays_below,
+            "levels": list(self.levels),
+            "blocks": self.blocks,
+            "crosses_again": self.crosses_again,
+            "method": "per-block quadratic interpolation of log ratios in log(level); Student-t test inversion over blocks",
+        }
+
+
+def crossover(levels: Sequence[float], ratios: Sequence[Sequence[float | None]]) -> Crossover:
+    """`levels` (rates or concurrencies, increasing, > 0) and `ratios[i][b]`: the arm's ratio to the baseline at
+    level i in block b. Blocks missing a level's ratio (None) are left out at every level, so each remaining block
+    stays paired across the range. Needs two levels and two complete blocks."""
+    if len(levels) < 2 or len(levels) != len(ratios):
+        raise ValueError("a crossover needs a ratio at two or more levels")
+    if any(b <= a for a, b in itertools.pairwise(levels)) or levels[0] <= 0:
+        raise ValueError(f"levels must be positive and increasing, got {list(levels)}")
+    d: list[list[float]] = []  # per complete block: its log ratio at each level
+    for b in range(min(len(r) for r in ratios)):
+        column = [r[b] for r in ratios]
+        if all(v is not None and v > 0 for v in column):
+            d.append([math.log(v) for v in column if v is not None])
+    if len(d) < 2:
+        raise ValueError("a crossover needs two or more blocks with a ratio at every level")
+    u = [math.log(x) for x in levels]
+    t = t_975(len(d) - 1)
+    x = [float(v) for v in levels]
+    grid = _grid(u)
+    # Two interpolants between the measured levels, quadratic in log(level) and in the level itself: a crossover is
+    # placed between them, and a load is in the CI when either cannot exclude a crossing there.
+    by_log = [[_at(row, u, g) for row in d] for g in grid]
+    by_level = [[_at(row, x, math.exp(g)) for row in d] for g in grid]
+    mean = [(statistics.fmean(a) + statistics.fmean(b)) / 2 for a, b in zip(by_log, by_level, strict=True)]
+    accept = [_accepts(a, t) or _accepts(b, t) for a, b in zip(by_log, by_level, strict=True)]
+    roots = [_root(grid[j], grid[j + 1], mean[j], mean[j + 1]) for j in range(len(grid) - 1) if _changes(mean, j)]
+    measured, blocks = tuple(float(x) for x in levels), len(d)
+    if not roots:
+        positive = mean[0] > 0
+        if not any(accept):
+            return Crossover("pays throughout" if positive else "never pays", None, None, None, None, measured, blocks)
+        lo, hi = _span(grid, accept, accept.index(True))
+        return Crossover("undecided", None, lo, hi, None, measured, blocks)
+    root = roots[0]
+    j = min(range(len(grid)), key=lambda k: abs(grid[k] - root))
+    lo, hi = _span(grid, accept, j) if accept[j] else (math.exp(root), math.exp(root))
+    return Crossover("crosses", math.exp(root), lo, hi, mean[0] > 0, measured, blocks, crosses_again=len(roots) > 1)
+
+
+def _grid(u: list[float]) -> list[float]:
+    step = (u[-1] - u[0]) / GRID
+    return sorted({*(u[0] + k * step for k in range(GRID + 1)), *u})
+
+
+def _at(row: list[float], u: list[float], g: float) -> float:
+    """One block's log ratio at log-level g: the quadratic through the three measured levels nearest g (the line
+    through both, with only two), so a curve that bends between levels is followed rather than cut straight."""
+    if len(u) == 2:
+        w = (g - u[0]) / (u[1] - u[0])
+        return row[0] + w * (row[1] - row[0])
+    i = min(range(len(u) - 2), key=lambda k: abs((u[k] + u[k + 2]) / 2 - g))
+    xs, ys = u[i : i + 3], row[i : i + 3]
+    total = 0.0
+    for j in range(3):
+        term = ys[j]
+        for k in range(3):
+            if k != j:
+                term *= (g - xs[k]) / (xs[j] - xs[k])
+        total += term
+    return total
+
+
+def _accepts(values: list[float], t: float) -> bool:
+    """Whether 0 is inside the t interval of these blocks' mean."""
+    m = statistics.fmean(values)
+    half = t * statistics.stdev(values) / math.sqrt(len(values))
+    return abs(m) <= half
+
+
+def _changes(mean: list[float], j: int) -> bool:
+    a, b = mean[j], mean[j + 1]
+    return (a > 0 >= b) or (a < 0 <= b) if a != 0 else False
+
+
+def _root(g0: float, g1: float, m0: float, m1: float) -> float:
+    return g0 if m1 == m0 else g0 + (g1 - g0) * m0 / (m0 - m1)
+
+
+def _span(grid: list[float], accept: list[bool], j: int) -> tuple[float | None, float | None]:
+    """The accepted run of grid points around j, as levels; None where it reaches the grid's end."""
+    a = b = j
+    while a > 0 and accept[a - 1]:
+        a -= 1
+    while b < len(grid) - 1 and accept[b + 1]:
+        b += 1
+    return (None if a == 0 else math.exp(grid[a]), None if b == len(grid) - 1 else math.exp(grid[b]))

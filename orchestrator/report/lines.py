@@ -278,7 +278,10 @@ def metric_rows(result: ABResult, level: int) -> list[list[str]]:
     spec = METRICS[result.metric]
     ab = is_ab(result)
     ratios = {c.arm_index: c for c in result.comparisons_at(level)} if ab else {}
-    rows = [["arm", "launches", spec.name, "min", "max", "CV across"] + ([f"vs {result.arms[0].label}"] if ab else [])]
+    rows = [
+        ["arm", "launches", f"{spec.name} {spec.unit}", "min", "max", "CV across"]
+        + ([f"vs {result.arms[0].label}"] if ab else [])
+    ]
     for i, arm in enumerate(result.arms):
         spread = arm.spread_at(level, spec.name)
 

@@ -115,9 +115,9 @@ def parse_fail_on(ctx: click.Context, param: click.Parameter, value: tuple[str, 
 # profile's expect.tok_s.
 FAIL_ON_HELP = {
     "ab": "Set the exit code from the verdict: 3 if MODE fails, 4 if that is undecided (inconclusive, or one block: "
-    "no CI), else 0. Modes: slower (an arm slower than the first, at any concurrency level), different (slower or "
-    "faster), env (workers without their profile's env, or launches of one arm whose fingerprints differ in engine, "
-    "GPUs, env or profile). Repeatable or comma-separated (slower,env); allowed with --resume.",
+    "no CI), else 0. Modes: slower (an arm slower than the first on --metric, at any concurrency level), different "
+    "(slower or faster), env (workers without their profile's env, or launches of one arm whose fingerprints differ "
+    "in engine, GPUs, env or profile). Repeatable or comma-separated (slower,env); allowed with --resume.",
     "bench": "Set the exit code from the result: 3 if MODE fails, 4 if that cannot be told, else 0. Modes: slower "
     "(single-stream tok/s below the profile's expect.tok_s beyond 3%; refused before launching without it), "
     "different (beyond 3% either way), env (workers without their profile's env, or launches whose fingerprints "

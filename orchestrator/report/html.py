@@ -147,7 +147,8 @@ def _ratio_figure(result: ABResult) -> str:
     return _figure(
         "fig-ratios",
         svg,
-        f"Each comparison's ratio (arm / baseline) with its 95% confidence interval over blocks; the grey band is "
+        f"Each comparison's ratio (arm / baseline{'' if result.metric == 'tok_s' else ' of ' + result.metric}) with "
+        "its 95% confidence interval over blocks; the grey band is "
         f"±{result.min_effect * 100:.1f}% (--min-effect). A hollow point has no interval (fewer than two blocks).",
     )
 

@@ -251,3 +251,12 @@ def test_latency_metric_table_in_the_report() -> None:
     (cand,) = [ln for ln in text.splitlines() if ln.strip().startswith("candidate") and "ttft" not in ln][-1:]
     assert "40.0" in cand and "0.800" in cand
     assert math.isclose(ab_json(result)["arms"][1]["by_concurrency"][0]["metric"]["median"], 0.04, rel_tol=0.02)
+
+
+def test_the_html_report_has_the_goodput_table_and_says_what_the_verdicts_are_on() -> None:
+    from orchestrator.report.html import ab_html
+
+    page = ab_html(_with(_result([{16: (0.05, 0.01, 8)}, {16: (0.05, 0.01, 2)}], slo=SLO), metric="goodput"))
+    assert '<table id="table-goodput-c16">' in page and "<th>within SLO</th>" in page
+    assert 'id="verdict-metric">verdicts on goodput' in page and 'id="verdict-slo">SLO ttft_p99=100ms' in page
+    assert "candidate vs baseline @ 16: goodput 0.29" in page

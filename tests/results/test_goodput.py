@@ -24,9 +24,10 @@ from orchestrator.results.goodput import (
     run_attainment,
     run_value,
 )
-from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.model import ABResult, Design, LaunchResult, auto_look
 from orchestrator.results.run import RunResult
 from orchestrator.stats.estimates import RatioEstimate, verdict
+from orchestrator.stats.sequential import SequentialPlan
 
 SLO = parse_slo("ttft_p99=100ms,tpot_p99=20ms")
 
@@ -260,3 +261,18 @@ def test_the_html_report_has_the_goodput_table_and_says_what_the_verdicts_are_on
     assert '<table id="table-goodput-c16">' in page and "<th>within SLO</th>" in page
     assert 'id="verdict-metric">verdicts on goodput' in page and 'id="verdict-slo">SLO ttft_p99=100ms' in page
     assert "candidate vs baseline @ 16: goodput 0.29" in page
+
+
+def test_blocks_auto_looks_decide_on_the_metric() -> None:
+    # Both arms stream alike (tok/s: no difference, decided); their goodput swaps from block to block (undecided).
+    goods = [(8, 4), (4, 8), (8, 4)]
+    launches = [
+        _launch(arm, b, [_run(i, _requests(good, 0.05, 0.01) + _requests(8 - good, 1.0, 0.05)) for i in range(3)])
+        for b, pair in enumerate(goods)
+        for arm, good in enumerate(pair)
+    ]
+    design = Design.make(2, 3, "fixed", 0, SequentialPlan(max_blocks=8))
+    result = ABResult("exp", True, "local", ("baseline", "candidate"), tuple(launches), {}, design=design, slo=SLO)
+    assert auto_look(result) == (True, "look after block 3: every comparison is decided; stopping (--blocks auto)")
+    stop, line = auto_look(_with(result, metric="goodput"))
+    assert not stop and line.startswith("look after block 3: undecided: candidate @ 1; adding block 4")

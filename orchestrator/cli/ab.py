@@ -11,8 +11,15 @@ import click
 
 from orchestrator.cli.complete import profile_names
 from orchestrator.cli.jsonout import RunCommand
-from orchestrator.cli.options import bench_options, fixed_bench_options, run_options, verbosity_options
+from orchestrator.cli.options import (
+    bench_options,
+    fixed_bench_options,
+    judgement_options,
+    run_options,
+    verbosity_options,
+)
 from orchestrator.config.options import OptionError
+from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.errors import InputError
 from orchestrator.experiment import failon
 from orchestrator.experiment import run as experiment
@@ -80,9 +87,21 @@ def verdict_lines(result: model.ABResult) -> list[str]:
         lines.append(
             f"{arm.label} @ {level}: median {spread.median:.1f} tok/s per stream over {len(arm.launches)} launch(es)"
             + (f", CV across launches {spread.cv_across * 100:.2f}%" if spread.cv_across is not None else "")
+            + metric_text(arm, level, result.metric)
         )
     lines += [f"WARNING: {w}" for w in result.warnings()]
     return lines
+
+
+def metric_text(arm: model.ArmResult, level: int, metric: str) -> str:
+    """-q for one arm: its value of --metric too, where that is not tok/s (and goodput under --slo)."""
+    shown = [m for m in dict.fromkeys((metric, "goodput" if arm.slo is not None else DEFAULT_METRIC)) if m != "tok_s"]
+    parts = []
+    for name in shown:
+        spec, spread = METRICS[name], arm.spread_at(level, name)
+        if spread is not None:
+            parts.append(f"{name} {spread.median * spec.scale:.2f} {spec.unit}")
+    return f"; {', '.join(parts)}" if parts else ""
 
 
 def parse_fail_on(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -96,9 +115,9 @@ def parse_fail_on(ctx: click.Context, param: click.Parameter, value: tuple[str, 
 # profile's expect.tok_s.
 FAIL_ON_HELP = {
     "ab": "Set the exit code from the verdict: 3 if MODE fails, 4 if that is undecided (inconclusive, or one block: "
-    "no CI), else 0. Modes: slower (an arm slower than the first, at any concurrency level), different (slower or "
-    "faster), env (workers without their profile's env, or launches of one arm whose fingerprints differ in engine, "
-    "GPUs, env or profile). Repeatable or comma-separated (slower,env); allowed with --resume.",
+    "no CI), else 0. Modes: slower (an arm slower than the first on --metric, at any concurrency level), different "
+    "(slower or faster), env (workers without their profile's env, or launches of one arm whose fingerprints differ "
+    "in engine, GPUs, env or profile). Repeatable or comma-separated (slower,env); allowed with --resume.",
     "bench": "Set the exit code from the result: 3 if MODE fails, 4 if that cannot be told, else 0. Modes: slower "
     "(single-stream tok/s below the profile's expect.tok_s beyond 3%; refused before launching without it), "
     "different (beyond 3% either way), env (workers without their profile's env, or launches whose fingerprints "
@@ -136,6 +155,7 @@ def fail_on_option(command: str) -> Callable[[Callable[..., Any]], Callable[...,
     help="Compare attached arms with launched ones (refused otherwise); every report then carries a WARNING.",
 )
 @bench_options
+@judgement_options(default_metric=True)
 @fail_on_option("ab")
 @verbosity_options
 def ab_cmd(**_: Any) -> None:
@@ -167,6 +187,7 @@ def ab_cmd(**_: Any) -> None:
     "Its state is not fresh and its env not verified, and every report says so.",
 )
 @fixed_bench_options
+@judgement_options(default_metric=True)
 @fail_on_option("bench")
 @verbosity_options
 def bench_cmd(**_: Any) -> None:

@@ -59,7 +59,8 @@ OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
                   "--endpoint", "--prompts", "--input-len", "--client", "--min-run-s", "--stall-timeout",
                   "--first-token-timeout")),
     ("Design and verdict", ("--resume", "--blocks", "--max-blocks", "--order", "--order-seed", "--min-effect",
-                            "--target-tps", "--fail-on", "--claim", "--claim-ratio", "--vs", "--tolerance")),
+                            "--metric", "--slo", "--target-tps", "--fail-on", "--claim", "--claim-ratio", "--vs",
+                            "--tolerance")),
     ("Host", ("--host", "--workdir", "--wait", "--inventory", "--accept-new-host-key", "--allow-node-mismatch")),
     ("Output", ("--db", "--json", "-q", "-v")),
 )  # fmt: skip

@@ -12,6 +12,7 @@ from orchestrator.cli.base import MAX_TPS, FiniteFloat
 
 if TYPE_CHECKING:
     from orchestrator.config.options import RunOptions
+    from orchestrator.config.slo import SLO
     from orchestrator.results.store import Store
 
 # The benchmark's option sets import what they describe (the client's endpoints, the statistics' orders) when they
@@ -337,6 +338,69 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
     for opt in reversed(options):
         fn = opt(fn)
     return fn
+
+
+def parse_slo_option(ctx: click.Context, param: click.Parameter, value: str | None) -> SLO | None:
+    from orchestrator.config.slo import parse_slo
+    from orchestrator.errors import InputError
+
+    if value is None:
+        return None
+    try:
+        return parse_slo(value, where="")
+    except InputError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def parse_metric_option(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    from orchestrator.config.slo import parse_metric
+    from orchestrator.errors import InputError
+
+    if value is None:
+        return None
+    try:
+        return parse_metric(value, where="")
+    except InputError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+SLO_HELP = (
+    "Service-level objectives, e.g. ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s (any of ttft, tpot, e2e, each with "
+    "an optional _p50/_p90/_p95/_p99; limits in ms or s). A request is good when it completed within every limit "
+    "(as vLLM's --goodput counts); goodput = good requests (and their output tokens) per second of the run, "
+    "reported per arm and level with the share of requests within the SLO, and whether each arm's pNN met its limit."
+)
+METRIC_HELP = (
+    "What the verdict (faster/slower, its CI, --fail-on slower, --blocks auto's stopping) is on: tok_s (per-stream "
+    "tok/s, the default), aggregate_tok_s, goodput or goodput_tok_s (need --slo), or a latency percentile "
+    "(ttft_p50..p99, tpot_pNN, e2e_pNN with p50/p90/p95/p99; itl_p50/p90/p99), where lower is better: the ratio is "
+    "arm / baseline as always, and a ratio below 1 is faster."
+)
+
+
+def judgement_options(*, default_metric: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--slo and --metric: of `orch ab` and `orch bench` (recorded with the experiment), and of `orch show` (judge a
+    stored experiment on others; default_metric False: the experiment's own when not given)."""
+    from orchestrator.config.slo import DEFAULT_METRIC
+
+    def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn = click.option(
+            "--metric",
+            default=DEFAULT_METRIC if default_metric else None,
+            show_default=default_metric,
+            callback=parse_metric_option,
+            metavar="NAME",
+            help=METRIC_HELP if default_metric else METRIC_HELP + " [default: the experiment's own]",
+        )(fn)
+        return click.option(
+            "--slo",
+            default=None,
+            callback=parse_slo_option,
+            metavar="OBJECTIVES",
+            help=SLO_HELP if default_metric else SLO_HELP + " [default: the experiment's own]",
+        )(fn)
+
+    return add
 
 
 def verbosity_options(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -11,11 +11,12 @@ import click
 
 from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
-from orchestrator.cli.options import db_option, open_existing, parse_effect, read_files
+from orchestrator.cli.options import db_option, judgement_options, open_existing, parse_effect, read_files
 from orchestrator.errors import StoreError
 from orchestrator.report.formats import FORMATS
 
 if TYPE_CHECKING:
+    from orchestrator.config.slo import SLO
     from orchestrator.files import Output
     from orchestrator.results import model
     from orchestrator.results.store import Store
@@ -108,17 +109,21 @@ def _attached(config_json: str) -> bool:
     return any(isinstance(p, dict) and p.get("attach") for p in json.loads(config_json).get("profiles") or [])
 
 
-def stored_result(ref: str, db: str | None, min_effect: float | None = None) -> model.ABResult:
-    """ID, prefix or `last` from the store; a path that exists is a result bundle, read without importing it."""
+def stored_result(
+    ref: str, db: str | None, min_effect: float | None = None, slo: SLO | None = None, metric: str | None = None
+) -> model.ABResult:
+    """ID, prefix or `last` from the store; a path that exists is a result bundle, read without importing it. `slo`
+    and `metric` judge it on others than its own."""
     from orchestrator.results.load import load_result
 
     if is_file(ref):
         from orchestrator.results import bundle as bundle_mod
 
-        return bundle_mod.result_from_bundle(bundle_mod.read_bundle(ref), min_effect=min_effect)
+        bundle = bundle_mod.read_bundle(ref)
+        return bundle_mod.result_from_bundle(bundle, min_effect=min_effect, slo=slo, metric=metric)
     store = open_existing(db)
     try:
-        return load_result(store, ref, min_effect=min_effect)
+        return load_result(store, ref, min_effect=min_effect, slo=slo, metric=metric)
     finally:
         store.close()
 
@@ -175,14 +180,18 @@ def html_report(ref: str, db: str | None, min_effect: float | None = None) -> tu
     callback=lambda c, p, v: None if v is None else parse_effect(c, p, v),
     help="Judge against another minimum effect than the experiment's.",
 )
-def show_cmd(experiment: str, db: str | None, as_json: bool, min_effect: float | None) -> None:
+@judgement_options(default_metric=False)
+def show_cmd(
+    experiment: str, db: str | None, as_json: bool, min_effect: float | None, slo: SLO | None, metric: str | None
+) -> None:
     """An experiment's report from the store (ID: an id, a unique prefix, or 'last'); partial ones too.
 
-    FILE: a result bundle (`orch export ID --format bundle`), shown without importing it."""
+    FILE: a result bundle (`orch export ID --format bundle`), shown without importing it. --slo and --metric judge
+    it on other objectives or another metric than its own (goodput is counted from the stored per-request rows)."""
     from orchestrator.report.jsondoc import ab_json
     from orchestrator.report.text import ab_text
 
-    result = stored_result(experiment, db, min_effect)
+    result = stored_result(experiment, db, min_effect, slo, metric)
     require_launches(result)
     click.echo(json.dumps(ab_json(result), indent=2) if as_json else ab_text(result).lstrip("\n"))
 

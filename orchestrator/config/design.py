@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from orchestrator.config.slo import DEFAULT_METRIC, SLO
 from orchestrator.config.workload import BenchConfig
 from orchestrator.stats.estimates import DEFAULT_MIN_EFFECT
 from orchestrator.stats.sequential import SequentialPlan
@@ -32,6 +33,8 @@ class ABConfig:
     allow_mixed: bool = False  # compare arms on servers orch did not launch (attached) with launched ones
     allow_node_mismatch: bool = False  # launch on a group whose nodes differ (recorded in the host facts)
     port: int | None = None  # every launched arm serves here, not on its profile's port (--port, an item's port:)
+    slo: SLO | None = None  # --slo: the objectives goodput counts against
+    metric: str = DEFAULT_METRIC  # --metric: what the verdicts (and --blocks auto's looks) are on
 
 
 def new_experiment_id() -> str:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.config.slo import DEFAULT_METRIC, SLO, check_metric
 from orchestrator.errors import InputError
 from orchestrator.stats.sequential import DEFAULT_MAX_BLOCKS, SequentialPlan
 
@@ -64,6 +65,8 @@ class RunOptions:
     min_effect: float = 0.02
     target_tps: float | None = None
     fail_on: tuple[str, ...] = ()
+    slo: SLO | None = None  # --slo
+    metric: str = DEFAULT_METRIC  # --metric
     # output
     as_json: bool = False
     quiet: bool = False
@@ -94,6 +97,19 @@ class RunOptions:
     def check_verbosity(self) -> None:
         if self.quiet and self.verbose:
             raise OptionError("-q (verdict only) and -v (every request) exclude each other")
+
+    def check_metric(self) -> None:
+        """--metric goodput needs --slo; orch bench's --fail-on judges tok/s against the profile's expect.tok_s."""
+        try:
+            check_metric(self.metric, self.slo)
+        except InputError as e:
+            raise OptionError(str(e)) from None
+        judged = [m for m in self.fail_on if m in ("slower", "different")]
+        if self.command == "bench" and judged and self.metric != DEFAULT_METRIC:
+            raise OptionError(
+                f"orch bench --fail-on {judged[0]} judges single-stream tok/s against the profile's expect.tok_s; "
+                f"--metric {self.metric} has no expected value to judge against (compare two profiles with orch ab)"
+            )
 
     def sequential_plan(self) -> SequentialPlan | None:
         """--blocks auto's plan, or None for a fixed number of blocks (where --max-blocks has no meaning)."""

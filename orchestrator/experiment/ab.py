@@ -14,6 +14,7 @@ from orchestrator.common.redaction import scrub
 from orchestrator.config import limits
 from orchestrator.config.design import ABConfig, new_experiment_id
 from orchestrator.config.profile import Profile
+from orchestrator.config.slo import DEFAULT_METRIC
 from orchestrator.errors import BenchError, OrchError
 from orchestrator.experiment.arm import ArmContext, LaunchSlot, StrictEnvError, run_launch
 from orchestrator.experiment.host import check_nodes, facts_changed, host_facts, nodes_needed
@@ -23,6 +24,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.hosts.group import GroupHost
 from orchestrator.launch import attach, ports, single
 from orchestrator.launch import group as multinode
+from orchestrator.results.goodput import needs_rows
 from orchestrator.results.load import port_note, stored_launches
 from orchestrator.results.model import (
     ABResult,
@@ -63,6 +65,8 @@ def experiment_config(
         "target_tps": config.target_tps,
         "allow_mixed": config.allow_mixed,
         **({"allow_node_mismatch": True} if config.allow_node_mismatch else {}),  # a resume allows it too
+        **({"slo": config.slo.to_dict()} if config.slo is not None else {}),  # a resume and a bundle judge on them
+        **({"metric": config.metric} if config.metric != DEFAULT_METRIC else {}),
         **(provenance or {}),
     }
 
@@ -131,7 +135,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
                 # Cleanup before each launch only sees its own namespace: leftovers of the other would be "foreign".
                 notes.append(f"started in namespace {stored['namespace']!r}, resumed in {config.namespace!r}")
                 events.line(f"NOTE: {notes[-1]}")
-            launches, cut = stored_launches(store, exp_id)
+            launches, cut = stored_launches(store, exp_id, requests=needs_rows(config.slo, config.metric))
             if cut:
                 discarded = len(cut)
                 notes.append(f"{discarded} launch(es) cut short are kept in the store but left out of the statistics")
@@ -190,6 +194,8 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
                     break
                 events.phase("look")
                 now = ABResult(exp_id, config.simulate, host.name, tuple(names), tuple(launches), facts)
+                # The looks decide on what the verdicts are on (--metric, --slo).
+                now = dataclasses.replace(now, slo=config.slo, metric=config.metric)
                 stop, line = auto_look(dataclasses.replace(now, design=design, min_effect=config.min_effect))
                 events.line(line)
                 if stop:
@@ -231,5 +237,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             design,
             config.min_effect,
             notes=tuple(notes),
+            slo=config.slo,
+            metric=config.metric,
         )
     )

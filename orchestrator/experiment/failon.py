@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config.profile import Expect
+from orchestrator.config.slo import DEFAULT_METRIC
 from orchestrator.errors import InputError
 from orchestrator.launch.fingerprint import Difference, diff
 from orchestrator.results.compare import claim_verdict
@@ -127,10 +128,11 @@ def fail_on_verdict(
 ) -> FailOn:
     """Judge a finished experiment under the modes (MODES; comma lists accepted).
 
-    slower: 3 if any arm is slower than the first arm at any concurrency level the experiment ran, else 4 if any
-    comparison is undecided (inconclusive, or one block: no CI), else 0. A single-arm result (orch bench) is judged
-    against `expect` (the profile's expect.tok_s, single-stream) within `tolerance` (default 3 %): 3 when it is not
-    reproduced and the measured value is below, 4 when that cannot be told.
+    slower: 3 if any arm is slower than the first arm at any concurrency level the experiment ran (on the result's
+    metric, --metric: for a latency, slower is higher), else 4 if any comparison is undecided (inconclusive, or one
+    block: no CI), else 0. A single-arm result (orch bench) is judged against `expect` (the profile's expect.tok_s,
+    single-stream) within `tolerance` (default 3 %): 3 when it is not reproduced and the measured value is below, 4
+    when that cannot be told.
     different: the same, but faster fails too (anything but "no difference"; for one arm: not reproduced either way).
     env: 3 if any worker environment differed from its profile, or launches of one arm differ in their fingerprints
     in what moves a number (engine, packages, GPUs and their settings, worker env, profile, workload)."""
@@ -158,10 +160,13 @@ def _ci(lo: float | None, hi: float | None, digits: int) -> str:
 def comparison_check(c: Comparison, mode: str, name_level: bool) -> Check:
     """One arm against the baseline at one level, from the comparison's own verdict (its CI over blocks)."""
     who, base = c.arm_label or c.arm, c.vs_label or c.vs
-    at = f" at concurrency {c.concurrency}" if name_level else ""
+    # A comparison on another metric than tok/s names it (--metric): "slower on ttft_p99" is a higher p99 TTFT.
+    at = ("" if c.metric == DEFAULT_METRIC else f" on {c.metric}") + (
+        f" at concurrency {c.concurrency}" if name_level else ""
+    )
     est = c.estimate
     if est is None or c.ratio is None:
-        return Check(mode, INCONCLUSIVE, f"{who} vs {base}{at}: no block in which both have valid runs")
+        return Check(mode, INCONCLUSIVE, f"{who} vs {base}{at}: {c.note or 'no block in which both have valid runs'}")
     if est.blocks < 2:
         return Check(
             mode,
@@ -169,7 +174,7 @@ def comparison_check(c: Comparison, mode: str, name_level: bool) -> Check:
             f"{who} vs {base}{at} is inconclusive: ratio {c.ratio:.3f} from one block, which has no confidence "
             "interval (use --blocks 3 or more)",
         )
-    numbers = f"ratio {c.ratio:.3f}{_ci(est.lo, est.hi, 3)}"
+    numbers = ("" if c.metric == DEFAULT_METRIC else f"{c.metric} ") + f"ratio {c.ratio:.3f}{_ci(est.lo, est.hi, 3)}"
     if c.verdict == "slower":
         return Check(mode, FAIL, f"{who} is slower than {base}{at} ({numbers})")
     if c.verdict == "faster":

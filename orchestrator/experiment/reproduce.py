@@ -118,6 +118,8 @@ def rerun_config(
         order_seed=recorded.design.seed,
         min_effect=recorded.min_effect,
         target_tps=recorded.target_tps,
+        slo=recorded.slo,
+        metric=recorded.metric,
         strict_env=bool(config.get("strict_env")),
         allow_mixed=bool(config.get("allow_mixed")),
     )

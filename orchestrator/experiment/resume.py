@@ -10,6 +10,7 @@ from typing import Any
 
 from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.config.profile import Profile
+from orchestrator.config.slo import stored_judgement
 from orchestrator.config.workload import BenchConfig, request_items
 from orchestrator.errors import OrchError
 from orchestrator.hosts.base import HostConfig
@@ -38,6 +39,9 @@ FIXED_OPTIONS = {
     "strict_env": "--strict-env",
     "attach": "--attach",
     "allow_mixed": "--allow-mixed",
+    # What the verdicts are on: --blocks auto's looks decided when to stop by them, so a resume keeps them.
+    "slo": "--slo",
+    "metric": "--metric",
 }
 
 # How long to wait for a hung server is not part of what is measured: a resume may change it (option → BenchConfig).
@@ -111,7 +115,10 @@ def resumed_options(exp: dict[str, Any], stored: dict[str, Any], options: RunOpt
     give others."""
     if options.gave("workdir") and stored.get("workdir") and options.workdir != stored["workdir"]:
         raise OptionError(f"experiment {exp['id']} used --workdir {stored['workdir']}; resume it with that one")
+    slo, metric = stored_judgement(stored, f"experiment {exp['id']}")
     return options.replace(
+        slo=slo,
+        metric=metric,
         sim=bool(exp["simulated"]),
         strict_env=bool(stored.get("strict_env")),
         allow_mixed=bool(stored.get("allow_mixed")),

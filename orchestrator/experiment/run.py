@@ -55,6 +55,7 @@ def run(
     Refusals come before anything starts, as OptionError (the CLI's usage errors) or other InputErrors."""
     if options.command == "ab" and options.resume is None and len(options.profiles) < 2:
         raise OptionError("an A/B needs at least two profiles (use `orch bench` for one)")
+    options.check_metric()
     expect = bench_expect(options) if options.command == "bench" else None
     options.check_verbosity()
     rep = reporter if reporter is not None else reporter_for(options)
@@ -234,6 +235,8 @@ def ab_config(options: RunOptions, bench: BenchConfig) -> ABConfig:
         allow_mixed=options.allow_mixed,
         allow_node_mismatch=options.allow_node_mismatch,
         port=options.port,
+        slo=options.slo,
+        metric=options.metric,
     )
 
 

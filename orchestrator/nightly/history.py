@@ -13,6 +13,7 @@ from typing import Any
 from orchestrator.errors import StoreError
 from orchestrator.launch import fingerprint
 from orchestrator.nightly.suite import METRICS, Item, Metric
+from orchestrator.results.goodput import comparable
 from orchestrator.results.model import ABResult, ArmResult
 from orchestrator.results.store import Store, owner_gone, this_process
 from orchestrator.stats.reproduction import arm_estimate
@@ -56,13 +57,17 @@ def env_key(envs: dict[str, dict[str, Any]], arms: Sequence[str]) -> str:
 
 
 def _run_values(arm: ArmResult, metric: Metric, level: int) -> list[list[float]]:
-    """Per launch, the valid timed runs' values of the metric (runs without one left out)."""
+    """Per launch, the valid timed runs' values of the metric (runs without one left out). Goodput counts half a
+    request more in every run (results/goodput.CONTINUITY): a night in which no request met the SLO is a value on
+    the log scale (and a regression), not a gap in the series."""
     out = []
     for launch in arm.launches:
         values: list[float] = []
         for run in launch.timed_at(level):
-            if metric.name == "tok_s":
-                v: Any = run.tok_s
+            if metric.name == "goodput":
+                v: Any = comparable(run, "goodput", arm.slo)
+            elif metric.name == "tok_s":
+                v = run.tok_s
             elif metric.name == "agg_tok_s":
                 v = run.aggregate_tok_s
             elif metric.name == "ttft_p99":
@@ -104,17 +109,18 @@ def measure(item: Item, result: ABResult, min_history: int = 5) -> tuple[list[Se
                     est.launches, metric.threshold, higher, env_key(envs, [arm.label]), (arm.label,), min_history,
                 )
             )  # fmt: skip
-        if metric.name not in ("tok_s", "agg_tok_s") or len(result.arms) < 2:
+        if metric.name not in ("tok_s", "agg_tok_s", "goodput") or len(result.arms) < 2:
             continue
         # The ratio to the baseline, measured within the night, block by block: host drift cancels out of it.
-        for c in result.comparisons_at(level):
+        for c in result.comparisons_at(level, "goodput" if metric.name == "goodput" else "tok_s"):
             ratio_est = c.estimate
             if ratio_est is None:
                 continue
-            ratio = c.ratio if metric.name == "tok_s" else c.aggregate_ratio
+            ratio = c.aggregate_ratio if metric.name == "agg_tok_s" else c.ratio
             if ratio is None or ratio <= 0:
                 continue
-            ci = (ratio_est.lo, ratio_est.hi) if metric.name == "tok_s" and ratio_est.blocks >= 2 else (None, None)
+            has_ci = metric.name != "agg_tok_s" and ratio_est.blocks >= 2
+            ci = (ratio_est.lo, ratio_est.hi) if has_ci else (None, None)
             label = f"{c.arm_label or c.arm}/{c.vs_label or c.vs}"
             arms = (c.arm_label or c.arm, c.vs_label or c.vs)
             out.append(

@@ -210,6 +210,7 @@ def suite_summary(suite: Suite) -> dict[str, Any]:
                 "name": i.name, "kind": i.kind, "profiles": [p.name for p in i.profiles], "host": i.host,
                 "simulated": i.sim, "blocks": i.blocks, "timeout_s": i.timeout_s, "threshold": i.threshold,
                 "fail_on": list(i.fail_on), "metrics": {m.key: m.threshold for m in i.metrics},
+                **({"slo": i.slo.to_dict()} if i.slo is not None else {}),
                 "allow_node_mismatch": i.allow_node_mismatch,
                 "workload": i.bench.to_dict(),
             }
@@ -355,6 +356,7 @@ class NightRunner:
             order=item.order,
             min_effect=item.threshold,
             port=item.port,
+            slo=item.slo,
         )
         prefix = f"[{item.name}] "
         self._allocation = None

@@ -45,6 +45,7 @@ def metric_label(metric: str) -> str:
         "agg_tok_s": "aggregate tok/s",
         "ttft_p99": "TTFT p99",
         "accept_length": "accept length",
+        "goodput": "goodput req/s",
     }.get(name, name)
     return label + (f" @{at}" if at else "")
 
@@ -62,7 +63,7 @@ def fmt_value(v: float | None, metric: str, ratio: bool = False) -> str:
     name = metric.partition("@")[0]
     if name == "ttft_p99":
         return f"{v * 1000:.0f} ms"
-    if name == "accept_length":
+    if name in ("accept_length", "goodput"):
         return f"{v:.2f}"
     return f"{v:.1f}"
 

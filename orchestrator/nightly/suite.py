@@ -16,6 +16,8 @@ from orchestrator.config import limits
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.profile import Profile
 from orchestrator.config.prompts import BUNDLED_SETS
+from orchestrator.config.slo import EXAMPLE as SLO_EXAMPLE
+from orchestrator.config.slo import SLO, parse_slo
 from orchestrator.config.workload import CLIENT_PLACES, BenchConfig, request_items
 from orchestrator.errors import InputError, OrchError
 from orchestrator.fields import (
@@ -41,6 +43,7 @@ METRICS: dict[str, tuple[str, bool]] = {
     "agg_tok_s": ("aggregate output tok/s over all streams", True),
     "ttft_p99": ("time to first token, p99 (s)", False),
     "accept_length": ("speculative accept length", True),
+    "goodput": ("requests within every limit of the item's slo: per second", True),
 }
 FAIL_ON = ("slower", "different", "env")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -89,6 +92,7 @@ class Item:
     grace_s: float = 10.0
     gpu_wait_s: float = 120.0
     port: int | None = None  # every launched arm serves here, not on its profile's port (a shared box)
+    slo: SLO | None = None  # what the goodput metric counts against (stored with each night's experiment)
 
     @property
     def kind(self) -> str:
@@ -190,6 +194,16 @@ def _fail_on(v: Any) -> tuple[str, ...]:
     return tuple(choice(FAIL_ON)(x) for x in items)
 
 
+def _slo(v: Any) -> SLO:
+    """`slo: ttft_p99=500ms,tpot_p99=50ms` as --slo takes it."""
+    if not isinstance(v, str):
+        raise FieldError(f"expected objectives such as {SLO_EXAMPLE} (as --slo takes them), got {show(v)}")
+    try:
+        return parse_slo(v, where="")
+    except InputError as e:
+        raise FieldError(str(e)) from None
+
+
 def _metric(spec: Any, threshold: float) -> Metric:
     if not isinstance(spec, str):
         raise FieldError(f"expected a metric name such as tok_s or agg_tok_s@32, got {show(spec)}")
@@ -241,6 +255,7 @@ ITEM_FIELDS: dict[str, Callable[[Any], Any]] = {
     "gpu_wait": seconds(0.0, 3600.0),
     "port": int_range(1, 65535),
     "workload": lambda v: v,
+    "slo": lambda v: _slo(v),
 }
 TOP_FIELDS: dict[str, Callable[[Any], Any]] = {
     "suite": nonempty_str,
@@ -347,6 +362,8 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
     metrics = _metrics(fields.get("metrics", ["tok_s"]), threshold, bench.concurrency, label)
     if "accept_length" in {m.name for m in metrics} and not any(p.speculative for p in profiles):
         raise SuiteError(f"{label}: metrics: accept_length needs a profile with speculative decoding")
+    if "goodput" in {m.name for m in metrics} and "slo" not in fields:
+        raise SuiteError(f"{label}: metrics: goodput counts requests within an SLO: add slo: (e.g. slo: {SLO_EXAMPLE})")
     fail_on = fields.get("fail_on", ())
     if fail_on and len(profiles) < 2 and any(p.expect is None for p in profiles) and set(fail_on) - {"env"}:
         raise SuiteError(
@@ -371,6 +388,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         grace_s=fields.get("grace", 10.0),
         gpu_wait_s=fields.get("gpu_wait", 120.0),
         port=fields.get("port"),
+        slo=fields.get("slo"),
     )
 
 

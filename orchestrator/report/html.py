@@ -10,7 +10,19 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__
 from orchestrator.report import plots
-from orchestrator.report.lines import SIM_BANNER, attached_banner, breakeven_lines, comparison_line, level_rows
+from orchestrator.report.lines import (
+    SIM_BANNER,
+    attached_banner,
+    breakeven_lines,
+    comparison_line,
+    level_rows,
+    metric_heading,
+    metric_line,
+    metric_rows,
+    slo_heading,
+    slo_line,
+    slo_rows,
+)
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 
 if TYPE_CHECKING:
@@ -135,7 +147,8 @@ def _ratio_figure(result: ABResult) -> str:
     return _figure(
         "fig-ratios",
         svg,
-        f"Each comparison's ratio (arm / baseline) with its 95% confidence interval over blocks; the grey band is "
+        f"Each comparison's ratio (arm / baseline{'' if result.metric == 'tok_s' else ' of ' + result.metric}) with "
+        "its 95% confidence interval over blocks; the grey band is "
         f"±{result.min_effect * 100:.1f}% (--min-effect). A hollow point has no interval (fewer than two blocks).",
     )
 
@@ -387,6 +400,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         (c.verdict or "none", comparison_line(c)) for lv in result.levels or [1] for c in result.comparisons_at(lv)
     ]
     body.append('<section id="verdict"><h2>Verdict</h2>')
+    body += [f'<p class="note" id="{i}">{_e(t)}.</p>' for i, t in judged_on(result)]
     if lines:
         body.append(
             '<ul class="verdicts">'
@@ -401,6 +415,14 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     for lv in result.levels or [1]:
         body.append(f"<h3>tok/s per stream at concurrency {lv}</h3>")
         body.append(_table(level_rows(result, lv), f"table-summary-c{lv}"))
+        if result.slo is not None:
+            body.append(f"<h3>Goodput at concurrency {lv}</h3>")
+            body.append(_table(slo_rows(result, lv), f"table-goodput-c{lv}"))
+            body.append(f'<p class="note">{_e(slo_heading(result, lv))}.</p>')
+        if heading := metric_heading(result, lv):
+            body.append(f"<h3>{_e(result.metric)} at concurrency {lv}</h3>")
+            body.append(_table(metric_rows(result, lv), f"table-metric-c{lv}"))
+            body.append(f'<p class="note">{_e(heading)}.</p>')
     body.append(
         '<p class="note">median: of launch values (each the median of its runs); min/max over runs; CV within and '
         "across launches; vs: mean per-block ratio.</p></section>"
@@ -430,6 +452,12 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{_e(title)} — orch</title><style>{CSS}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
+
+
+def judged_on(result: ABResult) -> list[tuple[str, str]]:
+    """The verdicts' metric (when not tok/s) and the SLO, each with its element id."""
+    pairs = (("verdict-metric", metric_line(result)), ("verdict-slo", slo_line(result)))
+    return [(i, text) for i, text in pairs if text]
 
 
 def render(result: ABResult, requests: Requests) -> str:

@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.slo import DEFAULT_METRIC, METRICS
+from orchestrator.results.goodput import run_attainment
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 
 if TYPE_CHECKING:
+    from orchestrator.config.slo import SLO
     from orchestrator.results.run import RunResult
 
 
-def _run_json(run: RunResult, launch: LaunchResult | None = None) -> dict[str, Any]:
+def _run_json(run: RunResult, launch: LaunchResult | None = None, slo: SLO | None = None) -> dict[str, Any]:
+    got = run_attainment(run, slo) if slo is not None else None
     return {
         "tokens": run.tokens,
         "seconds": run.seconds,
@@ -35,10 +39,12 @@ def _run_json(run: RunResult, launch: LaunchResult | None = None) -> dict[str, A
         **{k: run.metrics.get(k) for k in ("ttft", "itl", "tpot", "e2e", "chunks", "multi_token_chunks")},
         # drafted / accepted tokens and their ratio, where the engine reports them (None where it does not)
         "spec": run.metrics.get("spec"),
+        # under --slo: the run's good requests, goodput (req/s and tok/s) and attainment; null without per-request rows
+        **({"goodput": got.to_dict() if got is not None else None} if slo is not None else {}),
     }
 
 
-def _level_json(arm: ArmResult, level: int) -> dict[str, Any]:
+def _level_json(arm: ArmResult, level: int, metric: str = DEFAULT_METRIC) -> dict[str, Any]:
     s, spread, agg = arm.summary_at(level), arm.spread_at(level), arm.aggregate_at(level)
     return {
         "concurrency": level,
@@ -48,10 +54,44 @@ def _level_json(arm: ArmResult, level: int) -> dict[str, Any]:
         "spread": spread.to_dict() if spread else None,
         "launch_values": [launch.value_at(level) for launch in arm.launches],
         "accept_length": arm.accept_length_at(level),
+        **({"goodput": _goodput_json(arm, level)} if arm.slo is not None else {}),
+        **({"metric": _metric_json(arm, level, metric)} if metric != DEFAULT_METRIC else {}),
     }
 
 
-def _arm_json(arm: ArmResult) -> dict[str, Any]:
+def _goodput_json(arm: ArmResult, level: int) -> dict[str, Any]:
+    """One arm at one level under the SLO: goodput's launch values and spread (req/s and tok/s), every request
+    pooled (how many met every limit), and each percentile objective as the arm met it."""
+    req, tok, pooled = arm.spread_at(level, "goodput"), arm.spread_at(level, "goodput_tok_s"), arm.attainment_at(level)
+    checks = arm.objectives_at(level)
+    return {
+        "median_req_s": req.median if req else None,
+        "median_tok_s": tok.median if tok else None,
+        "spread_req_s": req.to_dict() if req else None,
+        "spread_tok_s": tok.to_dict() if tok else None,
+        "launch_values_req_s": [launch.value_at(level, "goodput", arm.slo) for launch in arm.launches],
+        "launch_values_tok_s": [launch.value_at(level, "goodput_tok_s", arm.slo) for launch in arm.launches],
+        "requests": pooled.requests if pooled else None,
+        "good_requests": pooled.good if pooled else None,
+        "attainment": pooled.fraction if pooled else None,
+        "objectives": [
+            {"objective": o.key, "limit_s": o.limit_s, "value_s": value, "met": met} for o, value, met in checks
+        ],
+        "slo_met": None if not checks or any(m is None for _, _, m in checks) else all(m for _, _, m in checks),
+    }
+
+
+def _metric_json(arm: ArmResult, level: int, metric: str) -> dict[str, Any]:
+    spread = arm.spread_at(level, metric)
+    return {
+        "name": metric,
+        "median": spread.median if spread else None,
+        "spread": spread.to_dict() if spread else None,
+        "launch_values": [launch.value_at(level, metric, arm.slo) for launch in arm.launches],
+    }
+
+
+def _arm_json(arm: ArmResult, metric: str = DEFAULT_METRIC) -> dict[str, Any]:
     s, spread = arm.summary, arm.spread_at()
     first = arm.launches[0] if arm.launches else None
     return {
@@ -60,13 +100,13 @@ def _arm_json(arm: ArmResult) -> dict[str, Any]:
         "launch_id": arm.launch_id,
         "launch_ids": [launch.launch_id for launch in arm.launches],
         "launches": len(arm.launches),
-        "runs": [_run_json(r, launch) for launch in arm.launches for r in launch.runs if not r.warmup],
+        "runs": [_run_json(r, launch, arm.slo) for launch in arm.launches for r in launch.runs if not r.warmup],
         "warmup_runs": [_run_json(r, launch) for launch in arm.launches for r in launch.runs if r.warmup],
         "median_tok_s": spread.median if spread else None,
         "summary": s.to_dict() if s else None,
         "spread": spread.to_dict() if spread else None,
         "accept_length": arm.accept_length,
-        "by_concurrency": [_level_json(arm, level) for level in arm.levels],
+        "by_concurrency": [_level_json(arm, level, metric) for level in arm.levels],
         "ready_s": first.ready_s if first and not first.attached else None,
         "attached": arm.attached_url,
         "env_check": next(
@@ -96,6 +136,12 @@ def _launch_json(result: ABResult, launch: LaunchResult) -> dict[str, Any]:
                 "aggregate_tok_s": launch.value_at(level, "aggregate_tok_s"),
                 "ttft_s": launch.value_at(level, "ttft_s"),
                 "runs": len(launch.timed_at(level)),
+                **({"goodput_req_s": launch.value_at(level, "goodput", result.slo)} if result.slo is not None else {}),
+                **(
+                    {result.metric: launch.value_at(level, result.metric, result.slo)}
+                    if result.metric not in (DEFAULT_METRIC, "aggregate_tok_s")
+                    else {}
+                ),
             }
             for level in launch.levels
         ],
@@ -116,7 +162,12 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "blocks": result.blocks,
         "design": result.design.to_dict(),
         "min_effect": result.min_effect,
-        "arms": [_arm_json(a) for a in result.arms],
+        # what the comparisons' ratios and verdicts are on (--metric), and the SLO goodput counts against (--slo)
+        "metric": result.metric,
+        "metric_higher_is_better": METRICS[result.metric].higher_is_better,
+        "slo": result.slo.to_dict() if result.slo is not None else None,
+        "slo_text": result.slo.text if result.slo is not None else None,
+        "arms": [_arm_json(a, result.metric) for a in result.arms],
         "launches": [_launch_json(result, launch) for launch in result.launches],
         "comparisons": [c.to_dict() for c in result.comparisons],
         "speculation": [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.results.model import ABResult, ArmResult, Comparison
 from orchestrator.stats.estimates import BreakEven
 
@@ -122,8 +123,9 @@ def _arm_row(arm: ArmResult, level: int, vs: str) -> list[str]:
 
 
 def level_rows(result: ABResult, level: int) -> list[list[str]]:
-    """The header and one row per arm at one concurrency level (text and Markdown share them)."""
-    ratios = {c.arm_index: c for c in result.comparisons_at(level)}
+    """The header and one row per arm at one concurrency level (text and Markdown share them); its vs column is the
+    tok/s ratio whatever --metric the verdicts are on."""
+    ratios = {c.arm_index: c for c in result.comparisons_at(level, DEFAULT_METRIC)}
     if not is_ab(result):  # one arm: nothing to be "vs"
         return [HEADER, *(_arm_row(arm, level, "")[:-1] for arm in result.arms)]
     rows = [[*HEADER, "vs " + result.arms[0].label]]
@@ -146,17 +148,24 @@ def title(result: ABResult) -> str:
 
 
 def comparison_line(c: Comparison) -> str:
-    """One arm against the baseline: the ratio, its 95 % CI over blocks, and what may be concluded from it."""
+    """One arm against the baseline: the ratio, its 95 % CI over blocks, and what may be concluded from it. A
+    comparison on another metric than tok/s names it (and, for a latency, that lower is better: a ratio below 1 is
+    faster)."""
     head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {c.concurrency}: "
+    what = "" if c.metric == DEFAULT_METRIC else c.metric + ("" if c.higher_is_better else " (lower is better)")
     est = c.estimate
     if c.ratio is None or est is None:
-        return head + "no block in which both have valid runs: nothing to compare"
+        why = c.note or "no block in which both have valid runs"
+        return head + (f"{what}: " if what else "") + why + ": nothing to compare"
+    head += f"{what} " if what else ""
     pct = abs(c.ratio - 1) * 100
-    word = "faster" if c.ratio >= 1 else "slower"
+    better = c.ratio >= 1 if c.higher_is_better else c.ratio <= 1
+    word = "faster" if better else "slower"
+    note = f"; NOTE: {c.note}" if c.note else ""
     if est.blocks < 2:
         return (
             head + f"{c.ratio:.3f}x ({pct:.1f}% {word} in one block) -> inconclusive: one launch per arm cannot "
-            "separate restart noise from a real difference (use --blocks 3 or more)"
+            "separate restart noise from a real difference (use --blocks 3 or more)" + note
         )
     line = head + f"{c.ratio:.3f}x, 95% CI [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks -> "
     me = c.min_effect * 100
@@ -170,7 +179,7 @@ def comparison_line(c: Comparison) -> str:
             line += f"; {c.advice}"
     if c.mde is not None:
         line += f"; minimal detectable effect {c.mde * 100:.1f}%"
-    return line
+    return line + note
 
 
 def ci_method_line(comparisons: Sequence[Comparison]) -> str | None:
@@ -193,3 +202,102 @@ def whatif_line(result: ABResult) -> str | None:
     from orchestrator.whatif import predict
 
     return predict.recommendation_line(result)
+
+
+# ---------------------------------------------------------------- goodput under the SLO, and the verdict's metric
+
+
+def metric_line(result: ABResult) -> str | None:
+    """Which metric the verdicts are on, when it is not tok/s (the table above every verdict shows tok/s)."""
+    if result.metric == DEFAULT_METRIC:
+        return None
+    spec = METRICS[result.metric]
+    way = "higher is better" if spec.higher_is_better else "lower is better: a ratio below 1 is faster"
+    return f"verdicts on {result.metric}: {spec.label} ({way}), not tok/s per stream (--metric)"
+
+
+def slo_line(result: ABResult) -> str | None:
+    if result.slo is None:
+        return None
+    return (
+        f"SLO {result.slo.text} ({result.slo.describe()}): a request is good when it completed within every limit; "
+        "goodput = good requests per second of the run"
+    )
+
+
+def slo_heading(result: ABResult, level: int) -> str:
+    return (
+        f"goodput at concurrency {level}: median of launch values (each the median of its runs); within SLO: "
+        "share of all requests within every limit; SLO met: each arm's pNN (median of launch values) within its limit"
+        + ("; vs: goodput ratio" if is_ab(result) else "")
+    )
+
+
+def slo_rows(result: ABResult, level: int) -> list[list[str]]:
+    """Each arm's goodput under the SLO at one level: req/s and tok/s of good requests, the share of requests within
+    every limit, each percentile objective's value, whether all were met, and (an A/B) the goodput ratio."""
+    arms = result.arms
+    objectives = [o for o in (result.slo.objectives if result.slo else ()) if o.percentile is not None]
+    header = ["arm", "goodput req/s", "good tok/s", "within SLO"]
+    header += [f"{o.quantity.upper()} p{o.percentile} ms" for o in objectives] + ["SLO met"]
+    ab = is_ab(result)
+    ratios = {c.arm_index: c for c in result.comparisons_at(level, "goodput")} if ab else {}
+    rows = [header + ([f"vs {arms[0].label}"] if ab else [])]
+    for i, arm in enumerate(arms):
+        req, tok, got = arm.spread_at(level, "goodput"), arm.spread_at(level, "goodput_tok_s"), arm.attainment_at(level)
+        checks = arm.objectives_at(level)
+        met = [m for _, _, m in checks]
+        verdict = "-" if not checks or None in met else ("yes" if all(met) else "no")
+        row = [
+            arm.label,
+            number(req.median if req else None, 2),
+            number(tok.median if tok else None),
+            "-" if got is None or got.fraction is None else f"{got.fraction * 100:.1f}%",
+            *[_ms(v) for _, v, _ in checks],
+            verdict,
+        ]
+        if ab:
+            cmp = ratios.get(i)
+            row.append("1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-"))
+        rows.append(row)
+    return rows
+
+
+def metric_heading(result: ABResult, level: int) -> str | None:
+    """The table of the verdict's metric, where no other table shows it: a latency percentile."""
+    spec = METRICS[result.metric]
+    if spec.higher_is_better:
+        return None
+    return (
+        f"{spec.label} at concurrency {level} ({spec.unit}, lower is better): median of launch values (each the "
+        "median of its runs); min/max over launches; CV across launches" + ("; vs: ratio" if is_ab(result) else "")
+    )
+
+
+def metric_rows(result: ABResult, level: int) -> list[list[str]]:
+    spec = METRICS[result.metric]
+    ab = is_ab(result)
+    ratios = {c.arm_index: c for c in result.comparisons_at(level)} if ab else {}
+    rows = [
+        ["arm", "launches", f"{spec.name} {spec.unit}", "min", "max", "CV across"]
+        + ([f"vs {result.arms[0].label}"] if ab else [])
+    ]
+    for i, arm in enumerate(result.arms):
+        spread = arm.spread_at(level, spec.name)
+
+        def shown(value: float | None) -> str:
+            return number(None if value is None else value * spec.scale)
+
+        row = [
+            arm.label,
+            str(spread.launches if spread else 0),
+            shown(spread.median if spread else None),
+            shown(spread.launch_min if spread else None),
+            shown(spread.launch_max if spread else None),
+            _pct(spread.cv_across if spread else None),
+        ]
+        if ab:
+            cmp = ratios.get(i)
+            row.append("1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-"))
+        rows.append(row)
+    return rows

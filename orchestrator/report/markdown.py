@@ -10,8 +10,14 @@ from orchestrator.report.lines import (
     comparison_line,
     is_ab,
     level_rows,
+    metric_heading,
+    metric_line,
+    metric_rows,
     node_mismatch_lines,
     order_text,
+    slo_heading,
+    slo_line,
+    slo_rows,
     whatif_line,
 )
 from orchestrator.results.model import ABResult
@@ -42,10 +48,17 @@ def ab_markdown(result: ABResult) -> str:
         + f"; minimum effect of interest ±{result.min_effect * 100:.1f}%."
     )
     lines += [f"> NOTE: {n}" for n in result.notes]
+    lines += [part for line in (metric_line(result), slo_line(result)) if line for part in ("", line + ".")]
     for level in result.levels or [1]:
         rows = level_rows(result, level)
         lines += ["", f"## tok/s per stream at concurrency {level}", ""]
         lines += md_table(rows)
+        if result.slo is not None:
+            lines += ["", f"### Goodput at concurrency {level}", "", slo_heading(result, level) + ".", ""]
+            lines += md_table(slo_rows(result, level))
+        if heading := metric_heading(result, level):
+            lines += ["", f"### {result.metric} at concurrency {level}", "", heading + ".", ""]
+            lines += md_table(metric_rows(result, level))
         lines.append("")
         lines += [f"- {comparison_line(c)}" for c in result.comparisons_at(level)]
         if method := ci_method_line(result.comparisons_at(level)):

@@ -10,9 +10,15 @@ from orchestrator.report.lines import (
     comparison_line,
     is_ab,
     level_rows,
+    metric_heading,
+    metric_line,
+    metric_rows,
     node_mismatch_lines,
     number,
     order_text,
+    slo_heading,
+    slo_line,
+    slo_rows,
     title,
     whatif_line,
 )
@@ -64,6 +70,7 @@ def ab_text(result: ABResult) -> str:
     for note in result.notes:
         lines.append(f"  NOTE: {note}")
     lines += _design_lines(result)
+    lines += [f"  {line}" for line in (metric_line(result), slo_line(result)) if line]
     base = result.arms[0]
     for level in result.levels or [1]:
         rows = level_rows(result, level)
@@ -73,6 +80,12 @@ def ab_text(result: ABResult) -> str:
             + ("; vs: mean per-block ratio" if is_ab(result) else "")
         )
         lines += text_table(rows)
+        if result.slo is not None:
+            lines.append(f"  {slo_heading(result, level)}")
+            lines += text_table(slo_rows(result, level))
+        if heading := metric_heading(result, level):
+            lines.append(f"  {heading}")
+            lines += text_table(metric_rows(result, level))
         for c in result.comparisons_at(level):
             lines.append("  " + comparison_line(c))
         if method := ci_method_line(result.comparisons_at(level)):

@@ -15,6 +15,7 @@ from orchestrator import __version__, files
 from orchestrator.common.redaction import SECRET_FLAG_RE
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config import prompts
+from orchestrator.config.slo import SLO
 from orchestrator.config.workload import BenchConfig, request_items
 from orchestrator.errors import InputError, OrchError, StoreError
 from orchestrator.results.bundleformat import (
@@ -298,12 +299,14 @@ def import_bundle(store: Store, bundle: Mapping[str, Any], source: str = "") -> 
     return str(exp_id)
 
 
-def result_from_bundle(bundle: Mapping[str, Any], *, min_effect: float | None = None) -> ABResult:
+def result_from_bundle(
+    bundle: Mapping[str, Any], *, min_effect: float | None = None, slo: SLO | None = None, metric: str | None = None
+) -> ABResult:
     """The bundle's experiment as the ABResult `orch show` renders, read without touching the user's store."""
     store = Store(":memory:")
     try:
         exp_id = import_bundle(store, bundle)
-        return load_result(store, exp_id, min_effect=min_effect)
+        return load_result(store, exp_id, min_effect=min_effect, slo=slo, metric=metric)
     finally:
         store.close()
 

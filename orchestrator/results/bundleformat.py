@@ -13,8 +13,9 @@ from typing import Any
 
 from orchestrator import __version__, files
 from orchestrator.config import limits
+from orchestrator.config.slo import stored_judgement
 from orchestrator.config.workload import BenchConfig
-from orchestrator.errors import BundleError
+from orchestrator.errors import BundleError, InputError
 from orchestrator.stats.sequential import SequentialPlan
 
 BUNDLE_FORMAT = "orch-result-bundle"
@@ -293,6 +294,10 @@ def _check_content(content: Any, where: str) -> None:
         value = c["config"].get(key)
         if value is not None and not (_type_ok(value, "num") and math.isfinite(value)):
             raise BundleError(f"{where}: content.config.{key}: expected a finite number")
+    try:
+        stored_judgement(c["config"], f"{where}: content.config")
+    except InputError as e:
+        raise BundleError(str(e)) from None
     try:
         bench = bench_config(c["config"])
     except (TypeError, ValueError) as e:

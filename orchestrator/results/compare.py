@@ -231,10 +231,10 @@ def compare(
         )
         b_own = b_arms[label].label if label in b_arms else None
         rows.append(ArmRow(label, sa, sb, v, b_own if b_own != label else None))
-    a_cmp = {(c.arm_label, c.vs_label): c.estimate for c in a.comparisons_at(level)}
+    a_cmp = {(c.arm_label, c.vs_label): c.estimate for c in a.comparisons_at(level, "tok_s")}
     b_cmp = {
         (arm_map.get(c.arm_label, c.arm_label), arm_map.get(c.vs_label, c.vs_label)): (c.estimate, c)
-        for c in b.comparisons_at(level)
+        for c in b.comparisons_at(level, "tok_s")
     }
     ratios: list[RatioRow] = []
     for key in list(a_cmp) + [k for k in b_cmp if k not in a_cmp]:
@@ -316,7 +316,7 @@ def claim_verdict(
     measured = arm_side(result.arms[index], level, result.design.seed).tok_s
     base_measured = arm_side(base, level, result.design.seed).tok_s if base else None
     tps = reproduction_verdict(claimed_tps, measured, tolerance) if claimed_tps and measured else None
-    est = next((c.estimate for c in result.comparisons_at(level) if c.arm_index == index), None)
+    est = next((c.estimate for c in result.comparisons_at(level, "tok_s") if c.arm_index == index), None)
     rv = reproduction_verdict(claimed_ratio, est, tolerance) if claimed_ratio and est else None
     items = ([(_item_name("arm", arm), tps)] if claimed_tps else []) + (
         [(_item_name("ratio", f"{arm}/{base.label}" if base else arm), rv)] if claimed_ratio else []

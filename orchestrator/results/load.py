@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.slo import SLO, check_metric, stored_judgement
+from orchestrator.results.goodput import needs_rows
 from orchestrator.results.model import ABResult, CutShort, Design, LaunchResult, spec_steps, with_auto_notes
 from orchestrator.stats.estimates import DEFAULT_MIN_EFFECT
 
 if TYPE_CHECKING:
+    from orchestrator.results.run import RunResult
     from orchestrator.results.store import Store
 
 
@@ -24,8 +28,9 @@ def port_note(port: int | None, launches: Sequence[LaunchResult]) -> str | None:
     return f"servers launched on {where} (given with --port or an item's port:, in place of the profiles' own)"
 
 
-def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], list[CutShort]]:
-    """The experiment's completed launches (in execution order), and those that were cut short."""
+def stored_launches(store: Store, exp_id: str, *, requests: bool = False) -> tuple[list[LaunchResult], list[CutShort]]:
+    """The experiment's completed launches (in execution order), and those that were cut short; with `requests`,
+    every run carries its per-request rows (what goodput under an SLO is counted from)."""
     from orchestrator.results.run import RunResult
 
     out: list[LaunchResult] = []
@@ -34,11 +39,14 @@ def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], list
         if row["status"] != "complete":
             discarded.append(CutShort(int(row.get("block") or 0), int(row["arm_index"]), str(row["status"])))
             continue
+        per_run = request_rows(store, row["launch_id"]) if requests else {}
         out.append(
             LaunchResult(
                 profile=row["profile"],
                 launch_id=row["launch_id"],
-                runs=tuple(RunResult.from_row(r) for r in store.runs(row["launch_id"])),
+                runs=tuple(
+                    with_rows(RunResult.from_row(r), per_run.get(run_key(r), [])) for r in store.runs(row["launch_id"])
+                ),
                 ready_s=float(row["ready_s"] or 0.0),
                 env_report=json.loads(row["env_report_json"] or "{}"),
                 teardown=json.loads(row["teardown_json"] or "{}"),
@@ -53,6 +61,23 @@ def stored_launches(store: Store, exp_id: str) -> tuple[list[LaunchResult], list
     return out, discarded
 
 
+def request_rows(store: Store, launch_id: str) -> dict[tuple[bool, int, int], list[dict[str, Any]]]:
+    """A launch's per-request rows by run (warmup, concurrency, index), each with `index` as a live run has it."""
+    out: dict[tuple[bool, int, int], list[dict[str, Any]]] = {}
+    for r in store.requests(launch_id):
+        key = (bool(r["run_warmup"]), int(r["run_concurrency"]), int(r["run_idx"]))
+        out.setdefault(key, []).append({**r, "index": r["idx"]})
+    return out
+
+
+def run_key(row: dict[str, Any]) -> tuple[bool, int, int]:
+    return bool(row["warmup"]), int(row.get("concurrency") or 1), int(row["idx"])
+
+
+def with_rows(run: RunResult, rows: list[dict[str, Any]]) -> RunResult:
+    return dataclasses.replace(run, per_request=tuple(rows)) if rows else run
+
+
 def _resumable(exp: dict[str, Any]) -> bool:
     """Whether `orch ab --resume` could continue a stored, unfinished experiment (so whether to suggest it)."""
     error = exp.get("error") or ""
@@ -65,12 +90,23 @@ def _resumable(exp: dict[str, Any]) -> bool:
 
 
 def load_result(
-    store: Store, ref: str, *, min_effect: float | None = None, target_tps: float | None = None
+    store: Store,
+    ref: str,
+    *,
+    min_effect: float | None = None,
+    target_tps: float | None = None,
+    slo: SLO | None = None,
+    metric: str | None = None,
 ) -> ABResult:
-    """A stored experiment, finished or not, as the same ABResult a live run returns (for show/export)."""
+    """A stored experiment, finished or not, as the same ABResult a live run returns (for show/export); `slo` and
+    `metric` judge it on others than its own (`orch show --slo/--metric`)."""
     exp = store.find_experiment(ref)
     config = json.loads(exp["config_json"])
-    launches, cut = stored_launches(store, exp["id"])
+    own_slo, own_metric = stored_judgement(config, f"experiment {exp['id']}")
+    slo = slo if slo is not None else own_slo
+    metric = metric or own_metric
+    check_metric(metric, slo, "--metric" if metric != own_metric else f"experiment {exp['id']}: metric")
+    launches, cut = stored_launches(store, exp["id"], requests=needs_rows(slo, metric))
     design = (
         Design.from_dict(json.loads(exp["design_json"]))
         if exp.get("design_json")
@@ -101,5 +137,7 @@ def load_result(
         status=exp["status"],
         notes=tuple(notes),
         cut_short=tuple(cut),
+        slo=slo,
+        metric=metric,
     )
     return with_auto_notes(result)

@@ -12,6 +12,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import engines
+from orchestrator.config.slo import DEFAULT_METRIC, METRICS, SLO, Objective
+from orchestrator.results.goodput import Attainment, block_values, pooled, run_value
 from orchestrator.stats.estimates import (
     DEFAULT_MIN_EFFECT,
     ArmSpread,
@@ -72,9 +74,10 @@ class LaunchResult:
         level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
         return [r for r in self.runs if not r.warmup and r.valid and r.concurrency == level]
 
-    def value_at(self, concurrency: int | None = None, metric: str = "tok_s") -> float | None:
-        """The launch-level value: the median of its valid timed runs."""
-        values = [float(v) for r in self.timed_at(concurrency) if (v := getattr(r, metric)) is not None]
+    def value_at(self, concurrency: int | None = None, metric: str = "tok_s", slo: SLO | None = None) -> float | None:
+        """The launch-level value: the median of its valid timed runs (a metric of config/slo.METRICS or a run field;
+        `slo` for the goodput metrics)."""
+        values = [v for r in self.timed_at(concurrency) if (v := run_value(r, metric, slo)) is not None]
         return launch_value(values) if values else None
 
     @property
@@ -108,6 +111,7 @@ class ArmResult:
     launches: tuple[LaunchResult, ...]
     spec_steps: int | None = None
     label: str = ""  # the profile name, or "name#2" when one profile is two arms (an A/A test)
+    slo: SLO | None = None  # what the goodput metrics count against
 
     def __post_init__(self) -> None:
         if not self.label:
@@ -137,8 +141,12 @@ class ArmResult:
         return self.timed_at()
 
     def per_launch_at(self, concurrency: int | None = None, metric: str = "tok_s") -> list[list[float]]:
+        """Per launch, its valid timed runs' values of the metric (runs without one left out)."""
         level = self._level(concurrency)
-        return [[float(getattr(r, metric)) for r in launch.timed_at(level)] for launch in self.launches]
+        return [
+            [v for r in launch.timed_at(level) if (v := run_value(r, metric, self.slo)) is not None]
+            for launch in self.launches
+        ]
 
     def spread_at(self, concurrency: int | None = None, metric: str = "tok_s") -> ArmSpread | None:
         """Launches, runs, median of launch values, CV within and across launches."""
@@ -152,6 +160,22 @@ class ArmResult:
 
     def aggregate_at(self, concurrency: int | None = None) -> ArmSpread | None:
         return self.spread_at(concurrency, "aggregate_tok_s")
+
+    def objectives_at(self, concurrency: int | None = None) -> list[tuple[Objective, float | None, bool | None]]:
+        """Each objective of the SLO with a percentile, as the arm met it at one level: the median of its launch
+        values of that percentile (seconds) and whether it is within the limit (None: no value)."""
+        out: list[tuple[Objective, float | None, bool | None]] = []
+        for o in self.slo.objectives if self.slo is not None else ():
+            if o.percentile is None:
+                continue
+            spread = self.spread_at(concurrency, f"{o.quantity}_p{o.percentile}")
+            value = spread.median if spread else None
+            out.append((o, value, None if value is None else value <= o.limit_s))
+        return out
+
+    def attainment_at(self, concurrency: int | None = None) -> Attainment | None:
+        """Every valid timed run's requests at one level under the arm's SLO, pooled: how many met all its limits."""
+        return pooled(self.timed_at(concurrency), self.slo) if self.slo is not None else None
 
     @property
     def summary(self) -> Summary | None:
@@ -239,6 +263,13 @@ class Comparison:
     vs_label: str = ""
     arm_index: int = 1
     sequential: dict[str, Any] | None = None  # --blocks auto: the look this interval belongs to
+    metric: str = DEFAULT_METRIC  # what the ratio and the verdict are on (config/slo.METRICS)
+    note: str | None = None  # what a reader must know about this comparison's numbers
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Whether a ratio above 1 is the arm doing better: throughput and goodput; not latency (faster is lower)."""
+        return METRICS[self.metric].higher_is_better
 
     @property
     def advice(self) -> str | None:
@@ -248,7 +279,8 @@ class Comparison:
             return None
         pct, me = abs(self.ratio - 1) * 100, self.min_effect * 100
         if open_question(est, self.min_effect) == "sign":
-            what = f"whether the observed {pct:.1f}% {'gain' if self.ratio >= 1 else 'loss'} is real"
+            gain = self.ratio >= 1 if self.higher_is_better else self.ratio <= 1
+            what = f"whether the observed {pct:.1f}% {'gain' if gain else 'loss'} is real"
         else:
             what = f"whether the difference (observed {pct:.1f}%) lies within ±{me:.1f}%"
         if self.blocks_needed is None:
@@ -279,6 +311,9 @@ class Comparison:
             "blocks_needed": self.blocks_needed,
             "advice": self.advice,
             **({"sequential": self.sequential} if self.sequential is not None else {}),
+            "metric": self.metric,
+            "higher_is_better": self.higher_is_better,
+            **({"note": self.note} if self.note else {}),
         }
 
 
@@ -309,10 +344,13 @@ def same_requests(base: LaunchResult, arm: LaunchResult, level: int) -> bool:
     return [r.index for r in base.timed_at(level)] == [r.index for r in arm.timed_at(level)]
 
 
-def _paired(base: ArmResult, arm: ArmResult, level: int, metrics: Sequence[str]) -> tuple[Paired, bool]:
+def _paired(
+    base: ArmResult, arm: ArmResult, level: int, metrics: Sequence[str], slo: SLO | None = None
+) -> tuple[Paired, bool]:
     """Per metric, the run values of the two arms' launches block by block, over the same blocks for every metric:
-    those where both launches have valid runs with positive values, each launch's runs in run order; and whether
-    every such block's two launches sent the same requests run by run (`same_requests`)."""
+    those where both launches have valid runs with positive values (goodput: `goodput.block_values`), each launch's
+    runs in run order; and whether every such block's two launches sent the same requests run by run
+    (`same_requests`)."""
     base_by_block = {launch.block: launch for launch in base.launches}
     arm_by_block = {launch.block: launch for launch in arm.launches}
     out: Paired = {m: ([], []) for m in metrics}
@@ -320,10 +358,9 @@ def _paired(base: ArmResult, arm: ArmResult, level: int, metrics: Sequence[str])
     for block in sorted(set(base_by_block) & set(arm_by_block)):
         b_timed = sorted(base_by_block[block].timed_at(level), key=lambda r: r.index)
         a_timed = sorted(arm_by_block[block].timed_at(level), key=lambda r: r.index)
-        values = {
-            m: ([float(getattr(r, m)) for r in b_timed], [float(getattr(r, m)) for r in a_timed]) for m in metrics
-        }
-        if b_timed and a_timed and all(v > 0 for b, a in values.values() for v in b + a):
+        found = {m: block_values(b_timed, a_timed, m, slo) for m in metrics}
+        values = {m: v for m, v in found.items() if v is not None}
+        if b_timed and a_timed and len(values) == len(found):
             for m, (b, a) in values.items():
                 out[m][0].append(b)
                 out[m][1].append(a)
@@ -345,6 +382,8 @@ class ABResult:
     status: str = "complete"
     notes: tuple[str, ...] = ()  # things worth saying that are not about the numbers (e.g. discarded launches)
     cut_short: tuple[CutShort, ...] = ()  # launches that started but did not complete (not in the statistics)
+    slo: SLO | None = None  # --slo: what goodput counts against
+    metric: str = DEFAULT_METRIC  # --metric: what the comparisons' ratios and verdicts are on
 
     @cached_property
     def arms(self) -> tuple[ArmResult, ...]:
@@ -352,7 +391,7 @@ class ABResult:
         for i, name in enumerate(self.profiles):
             mine = tuple(launch for launch in self.launches if launch.arm_index == i)
             steps = next((launch.spec_steps for launch in mine), None)
-            out.append(ArmResult(name, mine, steps, arm_label(self.profiles, i)))
+            out.append(ArmResult(name, mine, steps, arm_label(self.profiles, i), self.slo))
         return tuple(out)
 
     @property
@@ -367,7 +406,7 @@ class ABResult:
         return list(dict.fromkeys(level for launch in self.launches for level in launch.levels))
 
     @cached_property
-    def _comparisons(self) -> dict[int, tuple[Comparison, ...]]:
+    def _comparisons(self) -> dict[tuple[str, int], tuple[Comparison, ...]]:
         """Each level's comparisons, once computed: the report's tables, verdict lines, advice and `--blocks auto`
         notes all ask for them, and every one is a bootstrap. Safe to keep: the result is frozen, and
         dataclasses.replace (another min_effect or design) makes a new result with an empty cache."""
@@ -379,19 +418,22 @@ class ABResult:
         out.__dict__["_comparisons"] = self._comparisons
         return out
 
-    def comparisons_at(self, concurrency: int | None = None) -> list[Comparison]:
+    def comparisons_at(self, concurrency: int | None = None, metric: str | None = None) -> list[Comparison]:
+        """Each arm against the first at one level, on `metric` (default: the experiment's, --metric)."""
         level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
-        if level not in self._comparisons:
-            self._comparisons[level] = tuple(self._compare_at(level))
-        return list(self._comparisons[level])
+        key = (metric or self.metric, level)
+        if key not in self._comparisons:
+            self._comparisons[key] = tuple(self._compare_at(level, key[0]))
+        return list(self._comparisons[key])
 
-    def _compare_at(self, level: int) -> list[Comparison]:
+    def _compare_at(self, level: int, metric: str = DEFAULT_METRIC) -> list[Comparison]:
         base = self.arms[0]
         out = []
         for index, arm in enumerate(self.arms[1:], start=1):
             names: dict[str, Any] = {"arm_label": arm.label, "vs_label": base.label, "arm_index": index}
-            paired, shared = _paired(base, arm, level, ("tok_s", "aggregate_tok_s"))
-            b_runs, a_runs = paired["tok_s"]
+            names |= {"metric": metric, "note": self.comparison_note(base, arm, level, metric)}
+            paired, shared = _paired(base, arm, level, tuple(dict.fromkeys((metric, "aggregate_tok_s"))), self.slo)
+            b_runs, a_runs = paired[metric]
             if not b_runs:
                 out.append(Comparison(arm.profile, base.profile, None, level, min_effect=self.min_effect, **names))
                 continue
@@ -418,7 +460,7 @@ class ABResult:
                     concurrency=level,
                     aggregate_ratio=agg,
                     estimate=est,
-                    verdict=verdict(est, self.min_effect),
+                    verdict=verdict(est, self.min_effect, higher_is_better=METRICS[metric].higher_is_better),
                     mde=minimal_detectable_effect(est, crit),
                     blocks_needed=blocks_needed(est, self.min_effect),
                     min_effect=self.min_effect,
@@ -432,6 +474,29 @@ class ABResult:
     def comparisons(self) -> list[Comparison]:
         """Each arm against the first, at the first concurrency level (the headline)."""
         return self.comparisons_at()
+
+    def comparison_note(self, base: ArmResult, arm: ArmResult, level: int, metric: str) -> str | None:
+        """What the numbers of a comparison on `metric` cannot show by themselves: a goodput without an SLO or the
+        per-request rows it is counted from, or no request of either arm within the SLO."""
+        if not METRICS[metric].needs_slo:
+            return None
+        if self.slo is None:
+            return f"{metric} needs an SLO (--slo)"
+        got = [base.attainment_at(level), arm.attainment_at(level)]
+        if any(a is None for a in got):
+            return f"{metric} is counted from per-request rows, which these runs do not have"
+        if not any(a.good for a in got if a is not None):
+            return f"no request of either arm met the SLO ({self.slo.describe()}): both goodputs are 0"
+        zero = [who.label for who, a in zip((base, arm), got, strict=True) if a is not None and not a.good]
+        if zero:
+            return (
+                f"no request of {zero[0]} met the SLO: its goodput is 0, and the ratio counts half a request more in "
+                "every run of both arms (a continuity correction), so it is not 0 and the loss shown is understated"
+                if zero[0] == arm.label
+                else f"no request of {zero[0]} met the SLO: its goodput is 0, and the ratio counts half a request "
+                "more in every run of both arms (a continuity correction), so it is finite and the gain understated"
+            )
+        return None
 
     def undecided(self) -> list[Comparison]:
         """Comparisons (each arm against the first, at every level) that are not faster, slower or no difference."""

@@ -267,15 +267,17 @@ def ratio_ci(
     return RatioEstimate(ratio=point, lo=math.exp(lo), hi=math.exp(hi), blocks=n, method=method, log_sd=sd)
 
 
-def verdict(est: RatioEstimate, min_effect: float = DEFAULT_MIN_EFFECT) -> str:
+def verdict(est: RatioEstimate, min_effect: float = DEFAULT_MIN_EFFECT, *, higher_is_better: bool = True) -> str:
     """faster/slower only when the CI excludes 1 and the effect is at least min_effect; no difference when the CI
-    lies inside ±min_effect; otherwise inconclusive. One block can never separate restart noise: inconclusive."""
+    lies inside ±min_effect; otherwise inconclusive. One block can never separate restart noise: inconclusive.
+    For a metric where lower is better (a latency) the words swap: a ratio below 1 is faster."""
     if est.blocks < 2:
         return "inconclusive"
+    above, below = ("faster", "slower") if higher_is_better else ("slower", "faster")
     if est.lo > 1.0 and est.ratio - 1.0 >= min_effect:
-        return "faster"
+        return above
     if est.hi < 1.0 and 1.0 - est.ratio >= min_effect:
-        return "slower"
+        return below
     if est.lo >= 1.0 - min_effect and est.hi <= 1.0 + min_effect:
         return "no difference"
     return "inconclusive"

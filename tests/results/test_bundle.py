@@ -162,6 +162,10 @@ def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, st
     del missing["content"]["launches"][1]["runs"][0]["tok_s"]
     ill = json.loads(text)
     ill["content"]["launches"][0]["arm_index"] = "first"
+    slo = json.loads(text)
+    slo["content"]["config"]["slo"] = {"ttft_p99": "fast"}
+    metric = json.loads(text)
+    metric["content"]["config"]["metric"] = "goodput"  # without an SLO to count against
     return {
         "not json": ("this is not json {", "not JSON"),
         "truncated": (text[: len(text) // 2], "truncated"),
@@ -172,6 +176,8 @@ def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, st
         "tampered": (json.dumps(tampered), "does not match its digest"),
         "missing field": (json.dumps(_resealed(missing)), "content.launches[1].runs[0].tok_s: required field"),
         "ill-typed": (json.dumps(_resealed(ill)), "content.launches[0].arm_index: expected an integer"),
+        "bad slo": (json.dumps(_resealed(slo)), "content.config: slo: ttft_p99: expected a limit in seconds"),
+        "bad metric": (json.dumps(_resealed(metric)), "content.config: metric goodput counts requests within the SLO"),
     }
 
 
@@ -187,6 +193,8 @@ def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, st
         "tampered",
         "missing field",
         "ill-typed",
+        "bad slo",
+        "bad metric",
     ],
 )
 def test_bad_bundles_exit_2_with_one_clear_line(

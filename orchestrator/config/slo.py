@@ -1,0 +1,218 @@
+"""What a verdict is on (`--metric`) and the service-level objectives goodput counts against (`--slo`)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.errors import InputError
+
+# The per-request latencies an objective may limit: each request's own value is checked against the limit.
+QUANTITIES = {
+    "ttft": "time to first token",
+    "tpot": "time per output token after the first",
+    "e2e": "end-to-end time",
+}
+PERCENTILES = (50, 90, 95, 99)
+_KEY_RE = re.compile(r"^(?P<quantity>[a-z0-9]+)(?:_p(?P<percentile>\d+))?$")
+_VALUE_RE = re.compile(r"^(?P<number>[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(?P<unit>ms|s)$")
+MAX_LIMIT_S = 86400.0
+EXAMPLE = "ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s"
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One limit of an SLO, e.g. `ttft_p99=500ms`. Per request (goodput, attainment): the request's own TTFT must be
+    at most the limit. The percentile, when given, is the aggregate statement the SLO makes: a run meets
+    `ttft_p99=500ms` when its p99 TTFT is at most 500 ms, i.e. when about 99 % of its requests meet the limit."""
+
+    quantity: str  # ttft | tpot | e2e
+    percentile: int | None  # None: a per-request limit with no aggregate statement (`ttft=500ms`)
+    limit_s: float
+
+    @property
+    def key(self) -> str:
+        return self.quantity + (f"_p{self.percentile}" if self.percentile is not None else "")
+
+    @property
+    def text(self) -> str:
+        """As `--slo` takes it: milliseconds below 10 s, else seconds (`ttft_p99=500ms`, `e2e_p99=10s`)."""
+        return f"{self.key}={seconds_text(self.limit_s)}"
+
+    def describe(self) -> str:
+        """In words, for a report: `TTFT p99 ≤ 500 ms`."""
+        name = self.quantity.upper()
+        at = f" p{self.percentile}" if self.percentile is not None else " (each request)"
+        return f"{name}{at} <= {seconds_text(self.limit_s, space=True)}"
+
+
+def at(where: str) -> str:
+    """A message's prefix naming where the value came from (none where the caller says it: click's option errors)."""
+    return f"{where}: " if where else ""
+
+
+def seconds_text(value: float, *, space: bool = False) -> str:
+    gap = " " if space else ""
+    if value < 10:
+        return f"{round(value * 1000, 3):g}{gap}ms"
+    return f"{round(value, 3):g}{gap}s"
+
+
+@dataclass(frozen=True)
+class SLO:
+    """The objectives of `--slo`, in the order given. A request is good when it completed and meets every limit;
+    goodput is good requests (or their output tokens) per second of the run, as vLLM's `--goodput` and AIPerf count."""
+
+    objectives: tuple[Objective, ...]
+
+    @property
+    def text(self) -> str:
+        return ",".join(o.text for o in self.objectives)
+
+    def describe(self) -> str:
+        return ", ".join(o.describe() for o in self.objectives)
+
+    def limit(self, quantity: str) -> float | None:
+        return next((o.limit_s for o in self.objectives if o.quantity == quantity), None)
+
+    def meets(self, values: Mapping[str, float | None]) -> bool:
+        """Whether a request's latencies (seconds, by quantity) meet every limit; a missing value does not."""
+        for o in self.objectives:
+            v = values.get(o.quantity)
+            if v is None or not v <= o.limit_s:
+                return False
+        return True
+
+    def to_dict(self) -> dict[str, float]:
+        """As stored with the experiment (and in its bundle): objective key → limit in seconds."""
+        return {o.key: o.limit_s for o in self.objectives}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "slo") -> SLO:
+        if not isinstance(d, Mapping) or not d:
+            raise InputError(f"{at(where)}expected objectives such as {{ttft_p99: 0.5}} (seconds)")
+        out = []
+        for key, value in d.items():
+            quantity, percentile = objective_key(str(key), where)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InputError(f"{at(where)}{key}: expected a limit in seconds, got {value!r}")
+            out.append(Objective(quantity, percentile, checked_limit(float(value), f"{at(where)}{key}")))
+        return checked(tuple(out), where)
+
+
+def objective_key(key: str, where: str) -> tuple[str, int | None]:
+    """`ttft_p99` → ("ttft", 99); anything else is an InputError naming it and what is valid."""
+    m = _KEY_RE.match(key.strip().lower())
+    valid = (
+        f"valid: {', '.join(QUANTITIES)}, each with an optional percentile "
+        f"{', '.join(f'_p{p}' for p in PERCENTILES)} (e.g. {EXAMPLE})"
+    )
+    if not m or m["quantity"] not in QUANTITIES:
+        raise InputError(f"{at(where)}unknown objective {key.strip()!r}; {valid}")
+    percentile = int(m["percentile"]) if m["percentile"] is not None else None
+    if percentile is not None and percentile not in PERCENTILES:
+        raise InputError(f"{at(where)}{key.strip()!r}: percentile p{percentile} is not offered; {valid}")
+    return m["quantity"], percentile
+
+
+def checked_limit(limit_s: float, where: str) -> float:
+    if not math.isfinite(limit_s) or not 0 < limit_s <= MAX_LIMIT_S:
+        raise InputError(f"{at(where)}the limit must be more than 0 and at most {MAX_LIMIT_S:g} s")
+    return limit_s
+
+
+def checked(objectives: tuple[Objective, ...], where: str) -> SLO:
+    seen: dict[str, str] = {}
+    for o in objectives:
+        if o.quantity in seen:
+            raise InputError(
+                f"{at(where)}{o.quantity} is limited twice ({seen[o.quantity]} and {o.key}); a request is counted "
+                f"against one {o.quantity.upper()} limit: give one"
+            )
+        seen[o.quantity] = o.key
+    return SLO(objectives)
+
+
+def parse_slo(text: str, where: str = "--slo") -> SLO:
+    """`ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s` (any subset; ms or s): an InputError names the piece that is wrong."""
+    pieces = [p.strip() for p in str(text).split(",")]
+    if not any(pieces):
+        raise InputError(f"{at(where)}empty; expected objectives such as {EXAMPLE}")
+    out = []
+    for piece in pieces:
+        if not piece:
+            raise InputError(f"{at(where)}{text!r} has an empty piece between commas; expected e.g. {EXAMPLE}")
+        key, sep, value = piece.partition("=")
+        if not sep:
+            raise InputError(f"{at(where)}{piece!r}: expected OBJECTIVE=LIMIT such as ttft_p99=500ms")
+        quantity, percentile = objective_key(key, where)
+        m = _VALUE_RE.match(value.strip().lower())
+        if not m:
+            hint = "a unit, e.g. 500ms or 0.5s" if re.fullmatch(r"[0-9.eE+-]+", value.strip()) else "e.g. 500ms or 0.5s"
+            raise InputError(f"{at(where)}{piece!r}: the limit needs {hint}")
+        number = float(m["number"])
+        limit = number / 1000 if m["unit"] == "ms" else number
+        out.append(Objective(quantity, percentile, checked_limit(limit, f"{at(where)}{piece!r}")))
+    return checked(tuple(out), where)
+
+
+# ---------------------------------------------------------------- what a verdict is on
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One metric a comparison may be on: per run, then a launch's value is the median of its runs, as for tok/s."""
+
+    name: str
+    label: str  # in words, for reports
+    unit: str  # tok/s | req/s | ms
+    higher_is_better: bool
+    needs_slo: bool = False
+    scale: float = 1.0  # shown value = stored value x scale (latencies are stored in seconds, shown in ms)
+
+
+def _metrics() -> dict[str, MetricSpec]:
+    out = {
+        "tok_s": MetricSpec("tok_s", "tok/s per stream", "tok/s", True),
+        "aggregate_tok_s": MetricSpec("aggregate_tok_s", "aggregate tok/s (all streams)", "tok/s", True),
+        "goodput": MetricSpec("goodput", "requests within every SLO limit per second", "req/s", True, True),
+        "goodput_tok_s": MetricSpec(
+            "goodput_tok_s", "output tok/s of the requests within every SLO limit", "tok/s", True, True
+        ),
+    }
+    for quantity, words in (*QUANTITIES.items(), ("itl", "inter-token latency")):
+        # orch keeps each run's ITL percentiles (50/90/99), not every inter-token gap: no p95 for it.
+        for p in (50, 90, 99) if quantity == "itl" else PERCENTILES:
+            name = f"{quantity}_p{p}"
+            out[name] = MetricSpec(name, f"{words}, p{p}", "ms", False, scale=1000.0)
+    return out
+
+
+METRICS = _metrics()
+DEFAULT_METRIC = "tok_s"
+
+
+def parse_metric(text: str, where: str = "--metric") -> str:
+    name = str(text).strip().lower()
+    if name not in METRICS:
+        raise InputError(f"{at(where)}unknown metric {text!r}; valid: {', '.join(METRICS)}")
+    return name
+
+
+def check_metric(metric: str, slo: SLO | None, where: str = "--metric") -> None:
+    """A goodput metric counts requests within the SLO: without one it has nothing to count."""
+    if METRICS[metric].needs_slo and slo is None:
+        raise InputError(f"{where} {metric} counts requests within the SLO: give --slo too (e.g. --slo {EXAMPLE})")
+
+
+def stored_judgement(config: Mapping[str, Any], where: str) -> tuple[SLO | None, str]:
+    """The SLO and metric a stored experiment (or a bundle's config) was judged on; one stored before them: no SLO,
+    and tok/s. A bad value is an InputError naming `where`."""
+    raw = config.get("slo")
+    slo = SLO.from_dict(raw, f"{at(where)}slo") if raw is not None else None
+    metric = parse_metric(config.get("metric") or DEFAULT_METRIC, f"{at(where)}metric")
+    check_metric(metric, slo, f"{at(where)}metric")
+    return slo, metric

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.report.lines import energy_note
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ def _run_json(run: RunResult, launch: LaunchResult | None = None) -> dict[str, A
         **{k: run.metrics.get(k) for k in ("ttft", "itl", "tpot", "e2e", "chunks", "multi_token_chunks")},
         # drafted / accepted tokens and their ratio, where the engine reports them (None where it does not)
         "spec": run.metrics.get("spec"),
+        # joules over the steady window from nvidia-smi's power samples ({"error": why} when not measured; None for a
+        # run that never tried) and per output token
+        "energy": run.energy,
+        "j_per_token": run.j_per_token,
     }
 
 
@@ -48,7 +53,16 @@ def _level_json(arm: ArmResult, level: int) -> dict[str, Any]:
         "spread": spread.to_dict() if spread else None,
         "launch_values": [launch.value_at(level) for launch in arm.launches],
         "accept_length": arm.accept_length_at(level),
+        "energy": _energy_json(arm, level),
     }
+
+
+def _energy_json(arm: ArmResult, level: int) -> dict[str, Any] | None:
+    est = arm.energy_at(level)
+    if est is not None:
+        return {**est.to_dict(), "launch_values": [launch.energy_at(level) for launch in arm.launches]}
+    why = arm.energy_missing_at(level)
+    return {"j_per_token": None, "not_measured": why} if why else None
 
 
 def _arm_json(arm: ArmResult) -> dict[str, Any]:
@@ -66,6 +80,7 @@ def _arm_json(arm: ArmResult) -> dict[str, Any]:
         "summary": s.to_dict() if s else None,
         "spread": spread.to_dict() if spread else None,
         "accept_length": arm.accept_length,
+        "energy": _energy_json(arm, arm.levels[0]) if arm.levels else None,
         "by_concurrency": [_level_json(arm, level) for level in arm.levels],
         "ready_s": first.ready_s if first and not first.attached else None,
         "attached": arm.attached_url,
@@ -125,6 +140,11 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "comparisons_by_concurrency": [c.to_dict() for level in levels for c in result.comparisons_at(level)],
         "warnings": result.warnings(),
         "notes": list(result.notes),
+        "energy_comparisons_by_concurrency": [
+            c.to_dict() for level in levels for c in result.energy_comparisons_at(level)
+        ],
+        # what the energy figures are (nvidia-smi's power field and its averaging window), or why there are none
+        "energy_note": energy_note(result),
     }
 
 

@@ -13,16 +13,23 @@
 # An optional JSON state file (env FAKE_NVIDIA_SMI_STATE, else the path `install` baked into the wrapper) may
 # override: {"gpus": 8, "extra_used_mib": {"3": 50000}, "fail": "error text -> exit 1",
 # "busy_clock_mhz": {"0": 1980}} (the SM clock a busy GPU reports, e.g. a throttled one; default 2430),
-# "name": "NVIDIA H100 80GB HBM3" (the GPU model, to pretend to be another machine).
+# "name": "NVIDIA H100 80GB HBM3" (the GPU model, to pretend to be another machine),
+# "power_w": {"0": 300.5} (the power a busy GPU draws; default 412.80 W, an idle one 62.15 W),
+# "no_instant": true (an older driver: no power.draw.instant or power.draw.average, in --help-query-gpu or queries).
 # With no arguments it prints the usual status header (driver and CUDA version) and a one-line GPU table.
+# `-lms N` (`--loop-ms=N`) repeats a --query-gpu every N ms, as the real one does, until SIGINT (exit 0) or SIGTERM,
+# or until its reader goes away, and at most LOOP_MAX_S in all (a leaked loop ends by itself); `--help-query-gpu`
+# lists the fields it answers.
 # It only reads /proc; it never signals anything.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import stat
 import sys
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +48,11 @@ _UUID_NS = uuid.UUID("6f1c1f3e-8a52-4c64-9a8e-2b7f4f0f3c11")
 
 EXIT_FAIL = 1
 EXIT_UNSUPPORTED = 9  # what the brief asks for any invocation this fake doesn't implement
+BUSY_W = 412.80
+IDLE_W = 62.15
+LOOP_MAX_S = 600.0
+RESCAN_S = 1.0  # a loop reads /proc at most this often (who holds a GPU changes rarely within a run)
+NEWER_FIELDS = ("power.draw.instant", "power.draw.average")  # what "no_instant" (an older driver) lacks
 
 
 def gpu_uuid(index: int) -> str:
@@ -63,6 +75,7 @@ class Gpu:
     procs: list[GpuProc] = field(default_factory=list)
     busy_clock_mhz: int = 2430
     name: str = NAME
+    busy_w: float = BUSY_W
 
     @property
     def busy(self) -> bool:
@@ -175,6 +188,11 @@ def _gpus(state: dict[str, object]) -> list[Gpu]:
     if isinstance(state.get("name"), str):
         for g in gpus:
             g.name = str(state["name"])
+    watts = state.get("power_w") or {}
+    if isinstance(watts, dict):
+        for key, w in watts.items():
+            if 0 <= int(key) < n:
+                gpus[int(key)].busy_w = float(w)
     for proc in _scan(n):
         gpus[proc.gpu].procs.append(proc)
     return gpus
@@ -189,7 +207,10 @@ GPU_FIELDS: dict[str, Callable[[Gpu], str]] = {
     "memory.free": lambda g: str(TOTAL_MIB - g.used),
     "temperature.gpu": lambda g: "61" if g.busy else "34",
     "clocks.sm": lambda g: str(g.busy_clock_mhz) if g.busy else "1410",
-    "power.draw": lambda g: "412.80" if g.busy else "62.15",
+    "power.draw": lambda g: _watts(g),
+    "power.draw.instant": lambda g: _watts(g),
+    "power.draw.average": lambda g: _watts(g),
+    "timestamp": lambda g: _timestamp(),
     "uuid": lambda g: gpu_uuid(g.index),
     "persistence_mode": lambda g: "Enabled",
     "ecc.mode.current": lambda g: "Enabled",
@@ -199,6 +220,16 @@ GPU_FIELDS: dict[str, Callable[[Gpu], str]] = {
     "clocks.applications.memory": lambda g: "12481",
     "utilization.gpu": lambda g: "100" if g.procs else "0",
 }
+
+
+def _watts(g: Gpu) -> str:
+    return f"{g.busy_w if g.busy else IDLE_W:.2f}"
+
+
+def _timestamp() -> str:
+    # nvidia-smi's own format: local time to the millisecond.
+    return datetime.datetime.now().strftime("%Y/%m/%d %H:%M:%S.%f")[:-3]
+
 
 APP_FIELDS: dict[str, Callable[[GpuProc], str]] = {
     "pid": lambda p: str(p.pid),
@@ -213,40 +244,81 @@ def _unsupported(argv: Sequence[str], why: str) -> int:
     return EXIT_UNSUPPORTED
 
 
+@dataclass
+class Invocation:
+    """What one command line asks for."""
+
+    query: tuple[str, list[str]] | None = None  # (--query-gpu or --query-compute-apps, the fields)
+    fmt: str | None = None
+    list_gpus: bool = False
+    loop_ms: int | None = None
+    help_query: bool = False
+
+
+def _parse(argv: Sequence[str]) -> Invocation | str:
+    """The invocation, or why this fake refuses it."""
+    inv = Invocation()
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        key, _, value = arg.partition("=")
+        if arg in ("-lms", "--loop-ms") or key == "--loop-ms":
+            text = value if key == "--loop-ms" and value else (args.pop(0) if args else "")
+            if not text.isdigit() or int(text) <= 0:
+                return f"Invalid loop interval {text!r}."
+            inv.loop_ms = int(text)
+        elif arg == "--help-query-gpu" and len(argv) == 1:
+            inv.help_query = True
+        elif key in ("--query-gpu", "--query-compute-apps") and value:
+            if inv.query is not None:
+                return "Only one query is supported."
+            inv.query = (key, [f.strip() for f in value.split(",")])
+        elif key == "--format" and value:
+            inv.fmt = value
+        elif arg in ("-L", "--list-gpus"):
+            inv.list_gpus = True
+        else:
+            return f"Unsupported argument {arg!r} in the fake nvidia-smi."
+    return inv
+
+
+def _refusal(inv: Invocation) -> str | None:
+    """Why a parsed invocation cannot be answered, or None."""
+    if inv.list_gpus == (inv.query is not None):
+        return "Expected exactly one of -L or --query-gpu=/--query-compute-apps=."
+    if inv.query is not None and inv.fmt != "csv,noheader,nounits":
+        return "The fake nvidia-smi supports only --format=csv,noheader,nounits."
+    if inv.query is not None:
+        table = GPU_FIELDS if inv.query[0] == "--query-gpu" else APP_FIELDS
+        for name in inv.query[1]:
+            if name not in table:
+                return f'Field "{name}" is not a valid field to query.'
+    if inv.loop_ms is not None and (inv.query is None or inv.query[0] != "--query-gpu"):
+        return "The fake nvidia-smi loops (-lms) only a --query-gpu."
+    return None
+
+
 def main(argv: Sequence[str]) -> int:
     """Answer one nvidia-smi invocation; returns the exit status."""
-    query: tuple[str, list[str]] | None = None
-    fmt: str | None = None
-    list_gpus = False
-    for arg in argv:
-        key, _, value = arg.partition("=")
-        if key in ("--query-gpu", "--query-compute-apps") and value:
-            if query is not None:
-                return _unsupported(argv, "Only one query is supported.")
-            query = (key, [f.strip() for f in value.split(",")])
-        elif key == "--format" and value:
-            fmt = value
-        elif arg in ("-L", "--list-gpus"):
-            list_gpus = True
-        else:
-            return _unsupported(argv, f"Unsupported argument {arg!r} in the fake nvidia-smi.")
     if not argv:
         return _header()
-    if list_gpus == (query is not None):
-        return _unsupported(argv, "Expected exactly one of -L or --query-gpu=/--query-compute-apps=.")
-    if query is not None and fmt != "csv,noheader,nounits":
-        return _unsupported(argv, "The fake nvidia-smi supports only --format=csv,noheader,nounits.")
-    table: dict[str, Callable[[Gpu], str]] | dict[str, Callable[[GpuProc], str]]
-    if query is not None:
-        table = GPU_FIELDS if query[0] == "--query-gpu" else APP_FIELDS
-        for name in query[1]:
-            if name not in table:
-                return _unsupported(argv, f'Field "{name}" is not a valid field to query.')
+    inv = _parse(argv)
+    if isinstance(inv, str):
+        return _unsupported(argv, inv)
+    if inv.help_query:
+        return _help_query_gpu()
+    if (why := _refusal(inv)) is not None:
+        return _unsupported(argv, why)
+    query, list_gpus = inv.query, inv.list_gpus
 
     state = _load_state()
+    if state.get("no_instant") and query is not None and (old := [f for f in query[1] if f in NEWER_FIELDS]):
+        return _unsupported(argv, f'Field "{old[0]}" is not a valid field to query.')
     if state.get("fail"):
         print(str(state["fail"]))
         return EXIT_FAIL
+    if inv.loop_ms is not None and query is not None:
+        return _loop(state, query[1], inv.loop_ms)
     gpus = _gpus(state)
     lines: list[str] = []
     if list_gpus:
@@ -257,6 +329,35 @@ def main(argv: Sequence[str]) -> int:
         lines = [", ".join(APP_FIELDS[f](p) for f in query[1]) for g in gpus for p in g.procs]
     if lines:
         sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _loop(state: dict[str, object], fields: list[str], every_ms: int) -> int:
+    """The query's rows every every_ms until SIGINT (as Ctrl+C ends the real loop: exit 0), SIGTERM, a closed
+    stdout, or LOOP_MAX_S."""
+    end = time.monotonic() + LOOP_MAX_S
+    gpus, scanned = _gpus(state), time.monotonic()
+    try:
+        while time.monotonic() < end:
+            if time.monotonic() - scanned >= RESCAN_S:
+                gpus, scanned = _gpus(state), time.monotonic()
+            sys.stdout.write("".join(", ".join(GPU_FIELDS[f](g) for f in fields) + "\n" for g in gpus))
+            sys.stdout.flush()
+            time.sleep(every_ms / 1000)
+    except KeyboardInterrupt:
+        pass
+    except BrokenPipeError:
+        os._exit(0)  # its reader is gone: end now, without the interpreter's exit flush into the closed pipe
+    return 0
+
+
+def _help_query_gpu() -> int:
+    """The fields this fake answers, quoted as the real help lists them (an older driver's without NEWER_FIELDS)."""
+    state = _load_state()
+    names = [f for f in GPU_FIELDS if not (state.get("no_instant") and f in NEWER_FIELDS)]
+    print('List of valid properties to query for the switch "--query-gpu=":\n')
+    for name in names:
+        print(f'"{name}"\nA reading of the fake nvidia-smi.\n')
     return 0
 
 

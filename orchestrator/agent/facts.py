@@ -130,7 +130,7 @@ GPU_FIELDS = (
 APP_FIELDS = ("pid", "used_memory", "gpu_uuid")
 
 
-def _csv_query(nvidia_smi: str, query: str, fields: tuple[str, ...]) -> list[dict[str, Any]]:
+def csv_query(nvidia_smi: str, query: str, fields: tuple[str, ...]) -> list[dict[str, Any]]:
     cmd = [nvidia_smi, f"--query-{query}={','.join(fields)}", "--format=csv,noheader,nounits"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
@@ -142,11 +142,11 @@ def _csv_query(nvidia_smi: str, query: str, fields: tuple[str, ...]) -> list[dic
         values = [v.strip() for v in line.split(",")]
         if len(values) != len(fields):
             raise HostSideError(f"unexpected nvidia-smi output line: {line!r}")
-        rows.append({f: _number(v) for f, v in zip(fields, values, strict=True)})
+        rows.append({f: smi_value(v) for f, v in zip(fields, values, strict=True)})
     return rows
 
 
-def _number(text: str) -> Any:
+def smi_value(text: str) -> Any:
     for kind in (int, float):
         try:
             return kind(text)
@@ -160,8 +160,8 @@ def op_gpus(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
     if shutil.which(nvidia_smi) is None:
         return {"available": False, "error": f"{nvidia_smi} not found on PATH", "gpus": [], "apps": []}
     try:
-        gpus = _csv_query(nvidia_smi, "gpu", GPU_FIELDS)
-        apps = _csv_query(nvidia_smi, "compute-apps", APP_FIELDS)
+        gpus = csv_query(nvidia_smi, "gpu", GPU_FIELDS)
+        apps = csv_query(nvidia_smi, "compute-apps", APP_FIELDS)
     except (HostSideError, OSError, subprocess.TimeoutExpired) as e:
         return {"available": False, "error": str(e), "gpus": [], "apps": []}
     index_of = {g["uuid"]: g["index"] for g in gpus}
@@ -272,13 +272,13 @@ def _fingerprint_gpus(nvidia_smi: str, unreadable: list[dict[str, str]]) -> dict
         return None
     fields = tuple(FINGERPRINT_GPU_FIELDS)
     try:
-        rows = _csv_query(nvidia_smi, "gpu", fields)
+        rows = csv_query(nvidia_smi, "gpu", fields)
     except (HostSideError, OSError, subprocess.TimeoutExpired) as e:
         # An older driver refuses the whole query for one unknown field: ask field by field to say which.
         rows, why, failed = [], str(e), []
         for name in fields:
             try:
-                column = _csv_query(nvidia_smi, "gpu", (name,))
+                column = csv_query(nvidia_smi, "gpu", (name,))
             except (HostSideError, OSError, subprocess.TimeoutExpired) as e1:
                 failed.append({"field": f"gpus.{FINGERPRINT_GPU_FIELDS[name]}", "why": str(e1)[:600]})
                 continue

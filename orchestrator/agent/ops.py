@@ -351,6 +351,9 @@ def op_down(namespace: str, grace_s: float = 10.0, force: bool = False) -> dict[
     return {"stopped": stopped, "live": list(live.values())}
 
 
+GPU_PROBE_AFTER_S = 0.2  # into the run: the GPUs are busy, and even short test runs last longer
+
+
 def op_bench_run(
     port: int,
     endpoint: str,
@@ -361,18 +364,22 @@ def op_bench_run(
     min_duration_s: float = 0.0,
     address: str = "127.0.0.1",
     gpu_probe: str | None = None,
-    gpu_probe_after_s: float = 0.2,
     stall_s: float = 60.0,
     first_token_s: float = 180.0,
     watch: list[dict[str, Any]] | None = None,
+    power_smi: str | None = None,
 ) -> dict[str, Any]:
     """One benchmark run against address:port, measured here next to the server.
 
-    With gpu_probe (the nvidia-smi to run), GPU clocks and temperatures are read once, gpu_probe_after_s into the
+    With gpu_probe (the nvidia-smi to run), GPU clocks and temperatures are read once, GPU_PROBE_AFTER_S into the
     run: while the GPUs work. Read after the run they would already be falling back to idle.
+    With power_smi (the nvidia-smi to run), one looping nvidia-smi samples the GPUs' power every 100 ms for the
+    run's duration, in this same call; the run's energy over its steady window is result["energy"] (its "error"
+    says why there is none: a missing or failing nvidia-smi never fails the run).
     """
     import threading
 
+    from orchestrator.agent.power import RunEnergy
     from orchestrator.client import runner
 
     reading: list[dict[str, Any]] = []
@@ -383,11 +390,14 @@ def op_bench_run(
         with contextlib.suppress(Exception):
             reading.append(op_gpus(nvidia_smi))
 
-    if gpu_probe:
-        probe = threading.Timer(gpu_probe_after_s, read, args=(gpu_probe,))
-        probe.daemon = True
-        probe.start()
+    power = RunEnergy(power_smi, watch, runner.live) if power_smi else None
     try:
+        if power is not None:
+            power.begin()  # nvidia-smi's first sample is in before the run starts
+        if gpu_probe:
+            probe = threading.Timer(GPU_PROBE_AFTER_S, read, args=(gpu_probe,))
+            probe.daemon = True
+            probe.start()
         result = runner.run(
             address,
             port,
@@ -402,11 +412,17 @@ def op_bench_run(
             # Every recorded process of the launch, checked here next to it: a dead worker stops the run at once.
             watchdog=(lambda: launch_problem(watch)) if watch else None,
         )
+    except BaseException:
+        if power is not None:
+            power.finish(None)  # nvidia-smi stops whatever happened to the run
+        raise
     finally:
         if probe is not None:
             probe.cancel()
             probe.join(timeout=65)  # a probe already running finishes (op_gpus: two nvidia-smi calls, 30 s each)
     result["gpus"] = reading[0] if reading else None
+    if power is not None:
+        result["energy"] = power.finish(result)
     return result
 
 

@@ -20,7 +20,18 @@ if TYPE_CHECKING:  # `orch show` imports this module for its result types: no as
 
 GPU_PROBE_AFTER_S = 0.2  # into the run: the GPUs are busy, and even short test runs last longer
 GPU_PROBE_TIMEOUT_S = 90.0  # op_gpus runs nvidia-smi twice, each bounded at 30 s
+# Power sampling around a run on the host (`bench_run`'s power_smi): nvidia-smi's start and first sample before
+# the run, its last sample and stop after; bounded in agent/power.
+POWER_CALL_EXTRA_S = 30.0
 MAX_RECOVERIES = 3
+# Why a run has no energy figure where none is sampled at all (the run's "energy" entry; reports give the reason).
+NO_ENERGY_MULTINODE = (
+    "a multi-node launch: power is sampled on the node that runs the client, which would leave out the others' GPUs"
+)
+NO_ENERGY_REMOTE_LOCAL_CLIENT = (
+    "--client local with a remote host: power is sampled by the host's agent inside the call that carries a run, "
+    "and a local client makes no such call (use --client host)"
+)
 
 
 # A runner sends one run's requests (bodies, their max tokens, the concurrency) and returns client.summarize_run's dict.
@@ -29,16 +40,23 @@ Runner = Callable[[list[dict[str, Any]], list[int], int, bool], dict[str, Any]]
 
 
 def host_runner(
-    host: Host, address: str, port: int, config: BenchConfig, watch: list[dict[str, Any]] | None = None
+    host: Host,
+    address: str,
+    port: int,
+    config: BenchConfig,
+    watch: list[dict[str, Any]] | None = None,
+    power: bool = False,
 ) -> Runner:
     """The client runs on the host, through the host-side agent: no laptop network jitter in the numbers.
-    `watch` (the launch's recorded processes) is checked there once a second: a run stops the moment one exits."""
+    `watch` (the launch's recorded processes) is checked there once a second: a run stops the moment one exits.
+    With `power`, the agent samples the GPUs' power during every run, in the same call (summary["energy"])."""
 
     def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
         rounds = -(-len(bodies) // concurrency)
+        sampling: dict[str, Any] = {"power_smi": host.config.nvidia_smi} if power else {}
         result: dict[str, Any] = host.call(
             "bench_run",
-            call_timeout=60 + config.request_timeout_s * rounds,
+            call_timeout=60 + config.request_timeout_s * rounds + (POWER_CALL_EXTRA_S if power else 0.0),
             address=address,
             port=port,
             endpoint=config.endpoint,
@@ -51,6 +69,7 @@ def host_runner(
             stall_s=config.stall_timeout_s,
             first_token_s=config.first_token_timeout_s,
             watch=watch,
+            **sampling,
         )
         return result
 
@@ -58,16 +77,34 @@ def host_runner(
 
 
 def local_runner(
-    base_url: str, config: BenchConfig, host: Host | None = None, watch: list[dict[str, Any]] | None = None
+    base_url: str,
+    config: BenchConfig,
+    host: Host | None = None,
+    watch: list[dict[str, Any]] | None = None,
+    power: bool = False,
 ) -> Runner:
     """The client runs in this process against base_url (for a remote host: the SSH tunnel's local end).
-    GPU probes and the liveness checks of `watch` go to `host` from other threads (the agent is idle meanwhile)."""
+    GPU probes and the liveness checks of `watch` go to `host` from other threads (the agent is idle meanwhile).
+    With `power`: the GPUs' power is sampled here during every run when `host` is this machine (the same sampler
+    the agent runs); for a remote host the run's energy says why it was not."""
     parts = urlsplit(base_url)
     if parts.hostname is None or parts.port is None:
         raise BenchError(f"cannot benchmark {base_url!r}: expected http://HOST:PORT")
     address, port, gpu_host = parts.hostname, parts.port, host
 
     def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
+        from orchestrator.client import runner as client
+
+        sampler = None
+        if power and gpu_host is not None and gpu_host.config.is_local:
+            from orchestrator.agent.power import RunEnergy
+
+            sampler = RunEnergy(gpu_host.config.nvidia_smi, watch, client.live)
+            try:
+                sampler.begin()  # nvidia-smi's first sample is in before the run starts (and the probe's timer)
+            except BaseException:
+                sampler.finish(None)
+                raise
         reading: list[dict[str, Any]] = []
         probe = None
         if probe_gpus and gpu_host is not None:
@@ -91,8 +128,6 @@ def local_runner(
                 return None if state["ok"] else str(state["problem"])
 
         try:
-            from orchestrator.client import runner as client
-
             result = client.run(
                 address,
                 port,
@@ -105,12 +140,27 @@ def local_runner(
                 first_token_s=config.first_token_timeout_s,
                 watchdog=watchdog,
             )
+        except BaseException:
+            if sampler is not None:
+                sampler.finish(None)  # nvidia-smi stops whatever happened to the run
+            raise
         finally:
             if probe is not None:
                 probe.cancel()
                 probe.join(timeout=GPU_PROBE_TIMEOUT_S)
         result["gpus"] = reading[0] if reading else None
+        if sampler is not None:
+            result["energy"] = sampler.finish(result)
+        elif power:
+            result["energy"] = {"source": "nvidia-smi", "error": NO_ENERGY_REMOTE_LOCAL_CLIENT}
         return result
+
+    return run
+
+
+def _without_energy(runner: Runner, why: str) -> Runner:
+    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
+        return {**runner(bodies, max_tokens, concurrency, probe_gpus), "energy": {"source": "nvidia-smi", "error": why}}
 
     return run
 
@@ -154,12 +204,18 @@ def runner_for(
 ) -> Runner:
     """The runner for config.client (on the host through the agent, or here against base_url) whose runs take the
     engine's own counters where the responses carried no speculative statistics. probe_gpus=False: never read the
-    GPUs (an attached server's GPUs are not known to be the ones --host can see)."""
+    GPUs (an attached server's GPUs are not known to be the ones --host can see), power included. Every run of a
+    launch orch made samples the GPUs' power (summary["energy"]), on one node only: a multi-node launch says why
+    it has none."""
+    multinode = len(host.members()) > 1
+    power = probe_gpus and not multinode
     inner = (
-        host_runner(host, address, port, config, watch)
+        host_runner(host, address, port, config, watch, power)
         if config.client == "host"
-        else local_runner(base_url, config, host if probe_gpus or watch else None, watch)
+        else local_runner(base_url, config, host if probe_gpus or watch else None, watch, power)
     )
+    if probe_gpus and multinode:
+        inner = _without_energy(inner, NO_ENERGY_MULTINODE)
     counted = with_engine_counters(inner, engine)
     if probe_gpus:
         return counted

@@ -15,6 +15,8 @@ from orchestrator.report.lines import (
     attached_banner,
     breakeven_lines,
     comparison_line,
+    energy_lines,
+    energy_note,
     level_rows,
     metric_heading,
     metric_line,
@@ -376,6 +378,22 @@ def _host_section(result: ABResult) -> str:
     return out
 
 
+def _energy_section(result: ABResult) -> str:
+    """Joules per output token per arm and level with their CIs, and what they are; the not-measured line alone
+    when no arm has them; nothing for an experiment whose runs never tried."""
+    note = energy_note(result)
+    if note is None:
+        return ""
+    parts = ['<section id="energy"><h2>Energy per output token</h2>']
+    for lv in result.levels or [1]:
+        lines = energy_lines(result, lv)
+        if lines:
+            parts.append(f"<h3>{_e(lines[0])}</h3>")
+            parts.append('<ul class="energy">' + "".join(f"<li>{_e(line)}</li>" for line in lines[1:]) + "</ul>")
+    parts.append(f'<p class="note" id="energy-note">{_e(note)}</p></section>')
+    return "".join(parts)
+
+
 def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     """The whole report as one HTML document; `requests` adds the store's per-request rows to a stored result."""
     plots.require_matplotlib()
@@ -427,6 +445,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         '<p class="note">median: of launch values (each the median of its runs); min/max over runs; CV within and '
         "across launches; vs: mean per-block ratio.</p></section>"
     )
+    body.append(_energy_section(result))
     body.append('<section id="plots"><h2>Throughput</h2>')
     body += [_tok_s_figure(result, lv) for lv in result.levels or [1]]
     if len(result.arms) > 1:

@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
+from orchestrator.report.lines import energy_note
 from orchestrator.results.goodput import run_attainment
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 
@@ -41,6 +42,10 @@ def _run_json(run: RunResult, launch: LaunchResult | None = None, slo: SLO | Non
         "spec": run.metrics.get("spec"),
         # under --slo: the run's good requests, goodput (req/s and tok/s) and attainment; null without per-request rows
         **({"goodput": got.to_dict() if got is not None else None} if slo is not None else {}),
+        # joules over the steady window from nvidia-smi's power samples ({"error": why} when not measured; None for a
+        # run that never tried) and per output token
+        "energy": run.energy,
+        "j_per_token": run.j_per_token,
     }
 
 
@@ -56,6 +61,7 @@ def _level_json(arm: ArmResult, level: int, metric: str = DEFAULT_METRIC) -> dic
         "accept_length": arm.accept_length_at(level),
         **({"goodput": _goodput_json(arm, level)} if arm.slo is not None else {}),
         **({"metric": _metric_json(arm, level, metric)} if metric != DEFAULT_METRIC else {}),
+        "energy": _energy_json(arm, level),
     }
 
 
@@ -91,6 +97,14 @@ def _metric_json(arm: ArmResult, level: int, metric: str) -> dict[str, Any]:
     }
 
 
+def _energy_json(arm: ArmResult, level: int) -> dict[str, Any] | None:
+    est = arm.energy_at(level)
+    if est is not None:
+        return {**est.to_dict(), "launch_values": [launch.energy_at(level) for launch in arm.launches]}
+    why = arm.energy_missing_at(level)
+    return {"j_per_token": None, "not_measured": why} if why else None
+
+
 def _arm_json(arm: ArmResult, metric: str = DEFAULT_METRIC) -> dict[str, Any]:
     s, spread = arm.summary, arm.spread_at()
     first = arm.launches[0] if arm.launches else None
@@ -106,6 +120,7 @@ def _arm_json(arm: ArmResult, metric: str = DEFAULT_METRIC) -> dict[str, Any]:
         "summary": s.to_dict() if s else None,
         "spread": spread.to_dict() if spread else None,
         "accept_length": arm.accept_length,
+        "energy": _energy_json(arm, arm.levels[0]) if arm.levels else None,
         "by_concurrency": [_level_json(arm, level, metric) for level in arm.levels],
         "ready_s": first.ready_s if first and not first.attached else None,
         "attached": arm.attached_url,
@@ -176,6 +191,11 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "comparisons_by_concurrency": [c.to_dict() for level in levels for c in result.comparisons_at(level)],
         "warnings": result.warnings(),
         "notes": list(result.notes),
+        "energy_comparisons_by_concurrency": [
+            c.to_dict() for level in levels for c in result.energy_comparisons_at(level)
+        ],
+        # what the energy figures are (nvidia-smi's power field and its averaging window), or why there are none
+        "energy_note": energy_note(result),
     }
 
 

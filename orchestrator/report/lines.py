@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
-from orchestrator.results.model import ABResult, ArmResult, Comparison
+from orchestrator.results.model import ABResult, ArmResult, Comparison, EnergyComparison
 from orchestrator.stats.estimates import BreakEven
 
 SIM_BANNER = "SIMULATED: these numbers come from orch's simulator (of SGLang or vLLM), not from a real server on a GPU."
@@ -301,3 +301,106 @@ def metric_rows(result: ABResult, level: int) -> list[list[str]]:
             row.append("1.000" if i == 0 else (f"{cmp.ratio:.3f}" if cmp and cmp.ratio else "-"))
         rows.append(row)
     return rows
+
+
+def joules(value: float | None) -> str:
+    """Joules to three significant figures (J/token spans 0.01 on a small model to hundreds on a big TP group)."""
+    if value is None:
+        return "-"
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}" if value >= 10 else (f"{value:.2f}" if value >= 1 else f"{value:.3g}")
+
+
+def energy_measured(result: ABResult) -> bool:
+    """Whether any arm has an energy figure at any level."""
+    return any(arm.energy_at(level) is not None for arm in result.arms for level in arm.levels)
+
+
+def energy_missing(result: ABResult) -> str | None:
+    """Why no arm has an energy figure (the runs' reasons, each once), or None when some arm has one or no run
+    tried (an experiment stored before orch measured energy, an attached server)."""
+    if energy_measured(result):
+        return None
+    reasons = [why for arm in result.arms for level in arm.levels if (why := arm.energy_missing_at(level))]
+    return "; ".join(dict.fromkeys(reasons)) if reasons else None
+
+
+def energy_arm_line(arm: ArmResult, level: int) -> str | None:
+    """One arm's joules per output token at one level with its CI, or why it has none."""
+    est = arm.energy_at(level)
+    if est is None:
+        why = arm.energy_missing_at(level)
+        return f"{arm.label}: not measured ({why})" if why else None
+    if est.lo is not None and est.hi is not None:
+        ci = f"95% CI [{joules(est.lo)}, {joules(est.hi)}] over {est.launches} launches"
+    else:
+        ci = "one launch: no CI (restart-to-restart noise needs --blocks 2 or more)"
+    watts = f"; {est.mean_w:.0f} W" if est.mean_w is not None else ""
+    gpus = f" on {est.gpus} GPU{'s' if est.gpus != 1 else ''}" if est.gpus else ""
+    return f"{arm.label}: {joules(est.j_per_token)} J/token, {ci} ({est.runs} runs{watts}{gpus})"
+
+
+def energy_comparison_line(c: EnergyComparison) -> str:
+    """An arm's joules per output token against the baseline's, with its CI over blocks and the verdict."""
+    head = f"{c.arm_label} vs {c.vs_label} @ {c.concurrency}: "
+    est = c.estimate
+    if est is None:
+        return head + "no block in which both measured energy"
+    pct = abs(est.ratio - 1) * 100
+    if est.blocks < 2:
+        return head + f"{est.ratio:.3f}x the energy per token in one block -> inconclusive (use --blocks 3 or more)"
+    line = head + f"{est.ratio:.3f}x the energy per token, 95% CI [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks"
+    if c.verdict in ("less", "more"):
+        return line + f" -> {c.verdict.upper()} energy per token by {pct:.1f}%"
+    if c.verdict == "no difference":
+        return line + f" -> no difference (the CI lies within ±{c.min_effect * 100:.1f}%)"
+    return line + f" -> inconclusive (the CI is too wide to call ±{c.min_effect * 100:.1f}%)"
+
+
+def energy_lines(result: ABResult, level: int) -> list[str]:
+    """Joules per output token at one level: a heading, one line per arm, one per comparison; [] when no arm
+    measured energy anywhere (`energy_missing` says why once)."""
+    if not energy_measured(result):
+        return []
+    arms = [line for arm in result.arms if (line := energy_arm_line(arm, level))]
+    if not arms:
+        return []
+    head = f"energy per output token at concurrency {level} (J/token: joules over each run's steady window, summed "
+    head += "over the server's GPUs, / output tokens in it; launch value = median of its runs):"
+    return [head, *arms, *(energy_comparison_line(c) for c in result.energy_comparisons_at(level))]
+
+
+POWER_FIELD_NOTES = {
+    "power.draw.instant": "power.draw.instant, the board's last power reading (NVIDIA documents it as accurate to "
+    "±5 W, not the window its sensor averages over)",
+    "power.draw": "power.draw, which on Ampere and newer GPUs is an average over the last second (instantaneous on "
+    "older ones; this driver lacks power.draw.instant), so each sample smears the second before it: close over runs "
+    "of several seconds, not over a run of about one",
+}
+
+
+def energy_note(result: ABResult) -> str | None:
+    """What the energy figures are and are not, said once wherever they are shown; the not-measured line when no
+    arm has any."""
+    if (why := energy_missing(result)) is not None:
+        return f"energy: not measured ({why})"
+    if not energy_measured(result):
+        return None
+    fields = sorted(
+        {f for arm in result.arms for level in arm.levels if (est := arm.energy_at(level)) for f in est.fields}
+    )
+    said = "; ".join(POWER_FIELD_NOTES.get(f, f) for f in fields) or "nvidia-smi's power readings"
+    note = (
+        f"energy: from nvidia-smi's {said}, sampled every 100 ms by one looping nvidia-smi during each run and "
+        "integrated (trapezoid) over the run's steady window; the board's own sensor samples and averages on the "
+        "driver's schedule, so these are estimates of the GPU boards' energy (no CPU, memory or cooling), not a "
+        "power meter's readings"
+    )
+    if result.simulated:
+        note += (
+            "; SIMULATED: the server was orch's simulator, so the watts are whatever the nvidia-smi on PATH reported "
+            "for the GPUs it attributed to the simulator's processes (a fake one in orch's tests), not GPUs doing "
+            "this work"
+        )
+    return note

@@ -8,6 +8,8 @@ from orchestrator.report.lines import (
     breakeven_lines,
     ci_method_line,
     comparison_line,
+    energy_lines,
+    energy_note,
     is_ab,
     level_rows,
     metric_heading,
@@ -63,6 +65,8 @@ def ab_markdown(result: ABResult) -> str:
         lines += [f"- {comparison_line(c)}" for c in result.comparisons_at(level)]
         if method := ci_method_line(result.comparisons_at(level)):
             lines.append(f"- {method}")
+        if energy := energy_lines(result, level):
+            lines += ["", f"### {energy[0][0].upper()}{energy[0][1:]}", ""] + [f"- {line}" for line in energy[1:]]
     spec = result.speculation()
     if spec:
         lines += ["", "## Speculative decoding", ""]
@@ -71,6 +75,8 @@ def ab_markdown(result: ABResult) -> str:
             lines += [f"- {line}" for line in breakeven_lines(be)]
         if recommendation := whatif_line(result):
             lines.append(f"- {recommendation}")
+    if note := energy_note(result):
+        lines += ["", f"_{note}_"]
     warnings = result.warnings()
     if warnings:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]

@@ -8,6 +8,8 @@ from orchestrator.report.lines import (
     breakeven_lines,
     ci_method_line,
     comparison_line,
+    energy_lines,
+    energy_note,
     is_ab,
     level_rows,
     metric_heading,
@@ -90,6 +92,8 @@ def ab_text(result: ABResult) -> str:
             lines.append("  " + comparison_line(c))
         if method := ci_method_line(result.comparisons_at(level)):
             lines.append(f"    {method}")
+        energy = energy_lines(result, level)
+        lines += [f"  {line}" if i == 0 else f"    {line}" for i, line in enumerate(energy)]
         lines.append("")
     for spec_arm, be in result.speculation():
         lines.append(
@@ -109,6 +113,8 @@ def ab_text(result: ABResult) -> str:
         sources = {r.accept_source for r in arm.timed_at() if r.accept_source}
         if sources:
             lines.append(f"  {arm.label}: accept length from {', '.join(sorted(sources))}")
+    if said := energy_note(result):
+        lines.append(f"  {said}")
     for warning in result.warnings():
         lines.append(f"  WARNING: {warning}")
     return "\n".join(lines).rstrip()

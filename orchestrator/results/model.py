@@ -33,6 +33,7 @@ from orchestrator.stats.estimates import (
     slow_first_run,
     spec_from_run,
     summarize,
+    t_975,
     verdict,
 )
 from orchestrator.stats.sequential import SequentialPlan
@@ -90,6 +91,15 @@ class LaunchResult:
         verified; None for a launch of orch's own."""
         mark = (self.fingerprint or {}).get("attached") or self.env_report.get("attached")
         return mark if isinstance(mark, dict) else None
+
+    def energy_runs_at(self, concurrency: int | None = None) -> list[RunResult]:
+        """Valid timed runs at one level with an energy figure."""
+        return [r for r in self.timed_at(concurrency) if r.j_per_token is not None]
+
+    def energy_at(self, concurrency: int | None = None) -> float | None:
+        """The launch's joules per output token: the median of its measured valid timed runs (like tok/s)."""
+        values = [float(r.j_per_token or 0.0) for r in self.energy_runs_at(concurrency)]
+        return launch_value(values) if values else None
 
 
 def mean_accept_length(runs: Sequence[RunResult]) -> float | None:
@@ -202,6 +212,26 @@ class ArmResult:
     def attached_url(self) -> str | None:
         """The URL of the running server this arm was measured on (`--attach`), or None for launched arms."""
         return next((str(m["url"]) for launch in self.launches if (m := launch.attached)), None)
+
+    def energy_at(self, concurrency: int | None = None) -> EnergyEstimate | None:
+        """Joules per output token at one level over the launches that measured it (`energy_estimate`)."""
+        level = self._level(concurrency)
+        measured = [launch for launch in self.launches if launch.energy_runs_at(level)]
+        if not measured:
+            return None
+        runs = [r for launch in measured for r in launch.energy_runs_at(level)]
+        return energy_estimate([float(launch.energy_at(level) or 0.0) for launch in measured], runs)
+
+    def energy_missing_at(self, concurrency: int | None = None) -> str | None:
+        """Why this arm has no energy figure at one level (its runs' reasons, each once); None when it has one,
+        or when its runs never tried (stored before orch measured energy, or on an attached server)."""
+        if self.energy_at(concurrency) is not None:
+            return None
+        entries = [r.energy for r in self.timed_at(concurrency) if r.energy is not None]
+        if not entries:
+            entries = [r.energy for r in self.runs if not r.warmup and r.energy is not None]
+        reasons = list(dict.fromkeys(str(e.get("error") or "no figure") for e in entries))
+        return "; ".join(reasons) if reasons else None
 
 
 @dataclass(frozen=True)
@@ -503,6 +533,18 @@ class ABResult:
         levels = self.levels or [1]
         return [c for level in levels for c in self.comparisons_at(level) if c.verdict in (None, "inconclusive")]
 
+    def energy_comparisons_at(self, concurrency: int | None = None) -> list[EnergyComparison]:
+        """Each arm's joules per output token against the first arm's at one level: the geometric mean of the
+        per-block ratios with the same bootstrap CI as tok/s, over the blocks where both launches measured energy."""
+        level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
+        base = self.arms[0]
+        out = []
+        for index, arm in enumerate(self.arms[1:], start=1):
+            b_runs, a_runs, paired = _energy_paired(base, arm, level)
+            est = ratio_ci(b_runs, a_runs, seed=self.design.seed, paired=paired) if b_runs else None
+            out.append(EnergyComparison(arm.label, base.label, level, index, est, self.min_effect))
+        return [c for c in out if c.estimate is not None]
+
     def speculation(self) -> list[tuple[ArmResult, BreakEven]]:
         """For each speculative arm compared with a non-speculative baseline: the break-even arithmetic."""
         base = self.arms[0]
@@ -765,3 +807,116 @@ def spec_steps(profile_dict: dict[str, Any]) -> int | None:
 def with_auto_notes(result: ABResult) -> ABResult:
     notes = auto_notes(result)
     return result.with_notes(*notes) if notes else result
+
+
+@dataclass(frozen=True)
+class EnergyEstimate:
+    """One arm's joules per output token at one level: the geometric mean of its launch values (each the median of
+    its measured runs), with a 95 % Student's t interval on their logs from two launches on (restart to restart
+    is the noise that matters, as for tok/s; one launch has no interval)."""
+
+    j_per_token: float
+    lo: float | None
+    hi: float | None
+    launches: int
+    runs: int
+    mean_w: float | None  # median over the runs of the mean power, summed over the GPUs
+    gpus: int | None  # GPUs summed (the most any run summed)
+    fields: tuple[str, ...]  # the nvidia-smi power field(s) the samples came from
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "j_per_token": self.j_per_token,
+            "ci95": [self.lo, self.hi] if self.lo is not None and self.hi is not None else None,
+            "ci_method": ENERGY_CI_METHOD if self.lo is not None else None,
+            "launches": self.launches,
+            "runs": self.runs,
+            "mean_w": self.mean_w,
+            "gpus": self.gpus,
+            "power_fields": list(self.fields),
+        }
+
+
+ENERGY_CI_METHOD = "geometric mean of launch values; Student's t on their logs"
+
+
+def energy_estimate(launch_values: Sequence[float], runs: Sequence[RunResult]) -> EnergyEstimate:
+    """EnergyEstimate from the launch values (joules per token, > 0) and the runs behind them."""
+    logs = [math.log(v) for v in launch_values]
+    n, mean = len(logs), statistics.fmean(logs)
+    lo = hi = None
+    if n >= 2:
+        half = t_975(n - 1) * statistics.stdev(logs) / math.sqrt(n)
+        lo, hi = math.exp(mean - half), math.exp(mean + half)
+    watts = [float(w) for r in runs if isinstance(w := (r.energy or {}).get("mean_w"), (int, float))]
+    gpus = [len(g) for r in runs if isinstance(g := (r.energy or {}).get("gpus"), list)]
+    fields = sorted({str(f) for r in runs if (f := (r.energy or {}).get("field"))})
+    return EnergyEstimate(
+        j_per_token=math.exp(mean),
+        lo=lo,
+        hi=hi,
+        launches=n,
+        runs=len(runs),
+        mean_w=statistics.median(watts) if watts else None,
+        gpus=max(gpus) if gpus else None,
+        fields=tuple(fields),
+    )
+
+
+@dataclass(frozen=True)
+class EnergyComparison:
+    """An arm's joules per output token against the baseline's: below 1 the arm spends less energy per token."""
+
+    arm_label: str
+    vs_label: str
+    concurrency: int
+    arm_index: int
+    estimate: RatioEstimate | None
+    min_effect: float = DEFAULT_MIN_EFFECT
+
+    @property
+    def verdict(self) -> str | None:
+        """less / more energy per token, no difference or inconclusive, by the same rule as tok/s's verdicts."""
+        if self.estimate is None:
+            return None
+        said = verdict(self.estimate, self.min_effect)
+        return {"faster": "more", "slower": "less"}.get(said, said)
+
+    def to_dict(self) -> dict[str, Any]:
+        est = self.estimate
+        return {
+            "arm_label": self.arm_label,
+            "vs_label": self.vs_label,
+            "arm_index": self.arm_index,
+            "concurrency": self.concurrency,
+            "ratio": est.ratio if est else None,
+            "blocks": est.blocks if est else 0,
+            "ci95": [est.lo, est.hi] if est and est.blocks >= 2 else None,
+            "ci_method": est.method if est else None,
+            "verdict": self.verdict,
+        }
+
+
+def _energy_paired(base: ArmResult, arm: ArmResult, level: int) -> tuple[list[list[float]], list[list[float]], bool]:
+    """The joules per token of the measured runs of both arms' launches block by block (blocks where both have
+    some, runs in run order), and whether every such block's runs correspond one to one (same requests, same runs
+    measured)."""
+    base_by_block = {launch.block: launch for launch in base.launches}
+    arm_by_block = {launch.block: launch for launch in arm.launches}
+    b_out: list[list[float]] = []
+    a_out: list[list[float]] = []
+    paired = True
+    for block in sorted(set(base_by_block) & set(arm_by_block)):
+        b_launch, a_launch = base_by_block[block], arm_by_block[block]
+        b_runs = sorted(b_launch.energy_runs_at(level), key=lambda r: r.index)
+        a_runs = sorted(a_launch.energy_runs_at(level), key=lambda r: r.index)
+        if not b_runs or not a_runs:
+            continue
+        b_out.append([float(r.j_per_token or 0.0) for r in b_runs])
+        a_out.append([float(r.j_per_token or 0.0) for r in a_runs])
+        paired = (
+            paired
+            and same_requests(b_launch, a_launch, level)
+            and [r.index for r in b_runs] == [r.index for r in a_runs]
+        )
+    return b_out, a_out, paired

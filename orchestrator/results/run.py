@@ -54,7 +54,7 @@ class RunResult:
             token_source=s["token_source"],
             metrics={
                 k: s[k]
-                for k in ("ttft", "itl", "tpot", "e2e", "window_s", "chunks", "multi_token_chunks", "spec")
+                for k in ("ttft", "itl", "tpot", "e2e", "window_s", "chunks", "multi_token_chunks", "spec", "energy")
                 if k in s
             },
             per_request=tuple(s["per_request"]),
@@ -85,6 +85,20 @@ class RunResult:
             token_source=row.get("token_source"),
             metrics=metrics,
         )
+
+    @property
+    def energy(self) -> dict[str, Any] | None:
+        """The run's energy over its steady window from the GPUs' power (agent/power.energy: joules, tokens,
+        j_per_token, mean_w, the power field, the GPUs summed), {"error": why} when it was not measured, None for a
+        run stored before orch measured energy or one whose runner never tried (an attached server)."""
+        found = self.metrics.get("energy")
+        return found if isinstance(found, dict) else None
+
+    @property
+    def j_per_token(self) -> float | None:
+        """Joules per output token over the steady window, summed over the server's GPUs; None if not measured."""
+        value = (self.energy or {}).get("j_per_token")
+        return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)

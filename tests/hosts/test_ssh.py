@@ -365,6 +365,11 @@ def test_an_arm_over_ssh_costs_four_calls_and_no_channel_whatever_its_load_time(
     assert per_experiment == 3 and by_op.pop("bench_run") == 3  # one per run: 1 warmup + 2 timed
     assert sum(by_op.values()) == 4, by_op  # preflight, launch, wait_ready (+ env, fingerprint), teardown
     assert tunnels == 0  # readiness, GET /server_info and the benchmark all run on the host
+    # Every run's power was sampled on the host inside the run's own bench_run call (counted above: no extra call).
+    db = sqlite3.connect(tmp_path / "r.db")
+    energies = [json.loads(m)["energy"] for (m,) in db.execute("SELECT metrics_json FROM runs")]
+    db.close()
+    assert len(energies) == 3 and all(e.get("j_per_token") for e in energies), energies
     loading_logs = [log for name, log in states if name == "loading" and log]
     assert any("Load weight begin" in log for log in loading_logs), states
     _nothing_left()

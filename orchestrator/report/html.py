@@ -15,6 +15,7 @@ from orchestrator.report.lines import (
     attached_banner,
     breakeven_lines,
     comparison_line,
+    crossover_lines,
     energy_lines,
     energy_note,
     level_rows,
@@ -429,6 +430,10 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         body.append('<p class="note">One arm: nothing to compare.</p>')
     body += [f'<p class="note">NOTE: {_e(n)}</p>' for n in result.notes]
     body.append("</section>")
+    if crossings := crossover_lines(result):
+        body.append('<section id="crossover"><h2>Where speculation stops paying</h2><ul class="crossovers">')
+        body += [f"<li>{_e(line)}</li>" for line in crossings]
+        body.append("</ul></section>")
     body.append('<section id="summary"><h2>Summary</h2>')
     for lv in result.levels or [1]:
         body.append(f"<h3>tok/s per stream at concurrency {lv}</h3>")

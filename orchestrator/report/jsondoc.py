@@ -189,6 +189,8 @@ def ab_json(result: ABResult) -> dict[str, Any]:
             {"arm": arm.profile, "arm_label": arm.label, **be.to_dict()} for arm, be in result.speculation()
         ],
         "comparisons_by_concurrency": [c.to_dict() for level in levels for c in result.comparisons_at(level)],
+        # where each arm's ratio to the first crosses 1 over the levels (two or more), with its 95 % CI
+        "crossovers": [{"arm": arm.profile, "arm_label": arm.label, **x.to_dict()} for arm, x in result.crossovers()],
         "warnings": result.warnings(),
         "notes": list(result.notes),
         "energy_comparisons_by_concurrency": [

@@ -404,3 +404,41 @@ def energy_note(result: ABResult) -> str | None:
             "this work"
         )
     return note
+
+
+# ---------------------------------------------------------------- where speculation stops paying
+
+
+def _level(value: float | None, word: str) -> str:
+    return "-" if value is None else f"{word} {value:.3g}"
+
+
+def crossover_lines(result: ABResult) -> list[str]:
+    """Each arm against the first over the levels measured (two or more): the load where it stops paying (or
+    starts), with its 95 % CI, or that it does not cross in the range measured."""
+    out = []
+    word = "concurrency"
+    for arm, x in result.crossovers():
+        span = f"{word} {x.levels[0]:g}–{x.levels[-1]:g}"
+        on = "" if result.metric == DEFAULT_METRIC else f" on {result.metric}"
+        head = f"crossover: {arm.label} vs {result.arms[0].label}{on}: "
+        if x.status == "crosses" and x.at is not None:
+            lo = f"below {word} {x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
+            hi = f"beyond {word} {x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
+            better, worse = ("faster", "slower") if x.pays_below else ("slower", "faster")
+            where = "below" if x.pays_below else "above"
+            line = (
+                f"pays {where} {word} ~{x.at:.3g} (95% CI {lo} to {hi}, over {x.blocks} blocks); "
+                f"{better} below it, {worse} above it"
+            )
+            if x.crosses_again:
+                line += " (the ratio crosses 1 more than once in the range; the first crossing is shown)"
+        elif x.status == "undecided":
+            lo = f"{word} {x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
+            hi = f"{word} {x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
+            line = f"no crossing seen in the range measured ({span}), but one between {lo} and {hi} cannot be excluded"
+        else:
+            verdict = "faster" if x.status == "pays throughout" else "slower"
+            line = f"does not cross in the range measured ({span}): {verdict} throughout"
+        out.append(head + line)
+    return out

@@ -8,6 +8,7 @@ from orchestrator.report.lines import (
     breakeven_lines,
     ci_method_line,
     comparison_line,
+    crossover_lines,
     energy_lines,
     energy_note,
     is_ab,
@@ -67,6 +68,8 @@ def ab_markdown(result: ABResult) -> str:
             lines.append(f"- {method}")
         if energy := energy_lines(result, level):
             lines += ["", f"### {energy[0][0].upper()}{energy[0][1:]}", ""] + [f"- {line}" for line in energy[1:]]
+    if crossings := crossover_lines(result):
+        lines += ["", "## Where speculation stops paying", ""] + [f"- {line}" for line in crossings]
     spec = result.speculation()
     if spec:
         lines += ["", "## Speculative decoding", ""]

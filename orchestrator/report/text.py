@@ -8,6 +8,7 @@ from orchestrator.report.lines import (
     breakeven_lines,
     ci_method_line,
     comparison_line,
+    crossover_lines,
     energy_lines,
     energy_note,
     is_ab,
@@ -95,6 +96,8 @@ def ab_text(result: ABResult) -> str:
         energy = energy_lines(result, level)
         lines += [f"  {line}" if i == 0 else f"    {line}" for i, line in enumerate(energy)]
         lines.append("")
+    for line in crossover_lines(result):
+        lines.append(f"  {line}")
     for spec_arm, be in result.speculation():
         lines.append(
             f"  why {spec_arm.label} runs at this speed (speculative decoding vs {base.label}, concurrency "

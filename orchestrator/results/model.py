@@ -3,6 +3,7 @@ what produces it (the run loop, `experiment/ab`) and from reading it back from t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import statistics
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import engines
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS, SLO, Objective
 from orchestrator.results.goodput import Attainment, block_values, pooled, run_value
+from orchestrator.stats.crossover import Crossover, crossover
 from orchestrator.stats.estimates import (
     DEFAULT_MIN_EFFECT,
     ArmSpread,
@@ -498,6 +500,34 @@ class ABResult:
                     **names,
                 )
             )
+        return out
+
+    def crossovers(self, metric: str | None = None) -> list[tuple[ArmResult, Crossover]]:
+        """Each arm against the first across the levels (two or more measured): where its ratio on `metric` crosses
+        1, oriented so that above 1 is better (stats/crossover). Arms without two complete blocks are left out."""
+        if len(self.levels) < 2 or len(self.arms) < 2:
+            return []
+        metric = metric or self.metric
+        flip = not METRICS[metric].higher_is_better
+        base, out = self.arms[0], []
+        for arm in self.arms[1:]:
+            b_by, a_by = {la.block: la for la in base.launches}, {la.block: la for la in arm.launches}
+            blocks = sorted(set(b_by) & set(a_by))
+            ratios: list[list[float | None]] = []
+            for level in self.levels:
+                row: list[float | None] = []
+                for block in blocks:
+                    b_runs = sorted(b_by[block].timed_at(level), key=lambda r: r.index)
+                    a_runs = sorted(a_by[block].timed_at(level), key=lambda r: r.index)
+                    values = block_values(b_runs, a_runs, metric, self.slo) if b_runs and a_runs else None
+                    if values is None or not values[0] or not values[1]:
+                        row.append(None)
+                        continue
+                    ratio = launch_value(values[1]) / launch_value(values[0])
+                    row.append(1 / ratio if flip and ratio > 0 else ratio)
+                ratios.append(row)
+            with contextlib.suppress(ValueError):  # fewer than two blocks complete at every level: nothing to say
+                out.append((arm, crossover([float(v) for v in self.levels], ratios)))
         return out
 
     @property

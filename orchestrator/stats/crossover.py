@@ -55,10 +55,15 @@ class Crossover:
         }
 
 
-def crossover(levels: Sequence[float], ratios: Sequence[Sequence[float | None]]) -> Crossover:
+def crossover(
+    levels: Sequence[float], ratios: Sequence[Sequence[float | None]], *, interpolants: Sequence[str] = ("log", "level")
+) -> Crossover:
     """`levels` (rates or concurrencies, increasing, > 0) and `ratios[i][b]`: the arm's ratio to the baseline at
     level i in block b. Blocks missing a level's ratio (None) are left out at every level, so each remaining block
-    stays paired across the range. Needs two levels and two complete blocks."""
+    stays paired across the range. Needs two levels and two complete blocks. `interpolants` (both by default; one of
+    them for the coverage study): "log" interpolates in log(level), "level" in the level."""
+    if not interpolants or not set(interpolants) <= {"log", "level"}:
+        raise ValueError(f"interpolants must be 'log' and/or 'level', got {list(interpolants)}")
     if len(levels) < 2 or len(levels) != len(ratios):
         raise ValueError("a crossover needs a ratio at two or more levels")
     if any(b <= a for a, b in itertools.pairwise(levels)) or levels[0] <= 0:
@@ -76,22 +81,48 @@ def crossover(levels: Sequence[float], ratios: Sequence[Sequence[float | None]])
     grid = _grid(u)
     # Two interpolants between the measured levels, quadratic in log(level) and in the level itself: a crossover is
     # placed between them, and a load is in the CI when either cannot exclude a crossing there.
-    by_log = [[_at(row, u, g) for row in d] for g in grid]
-    by_level = [[_at(row, x, math.exp(g)) for row in d] for g in grid]
-    mean = [(statistics.fmean(a) + statistics.fmean(b)) / 2 for a, b in zip(by_log, by_level, strict=True)]
-    accept = [_accepts(a, t) or _accepts(b, t) for a, b in zip(by_log, by_level, strict=True)]
-    roots = [_root(grid[j], grid[j + 1], mean[j], mean[j + 1]) for j in range(len(grid) - 1) if _changes(mean, j)]
-    measured, blocks = tuple(float(x) for x in levels), len(d)
-    if not roots:
-        positive = mean[0] > 0
-        if not any(accept):
+    curves = [
+        [[_at(row, u, g) if kind == "log" else _at(row, x, math.exp(g)) for row in d] for g in grid]
+        for kind in dict.fromkeys(interpolants)
+    ]  # per interpolant, per grid point: every block's log ratio there
+    measured, blocks = tuple(float(v) for v in levels), len(d)
+    found = [_one(grid, c, t) for c in curves]
+    crossing = [f for f in found if f[0] is not None]
+    if not crossing:
+        if not any(any(f[3]) for f in found):
+            positive = statistics.fmean(curves[0][0]) > 0
             return Crossover("pays throughout" if positive else "never pays", None, None, None, None, measured, blocks)
-        lo, hi = _span(grid, accept, accept.index(True))
+        spans = [_span(grid, f[3], f[3].index(True)) for f in found if any(f[3])]
+        lo, hi = _hull(spans)
         return Crossover("undecided", None, lo, hi, None, measured, blocks)
-    root = roots[0]
-    j = min(range(len(grid)), key=lambda k: abs(grid[k] - root))
-    lo, hi = _span(grid, accept, j) if accept[j] else (math.exp(root), math.exp(root))
-    return Crossover("crosses", math.exp(root), lo, hi, mean[0] > 0, measured, blocks, crosses_again=len(roots) > 1)
+    # The interpolants' crossings, and the accepted run around each: the answer spans them all.
+    at = math.exp(statistics.fmean(f[0] for f in crossing if f[0] is not None))
+    spans = []
+    for root, _, _, accept in crossing:
+        assert root is not None
+        j = min(range(len(grid)), key=lambda k: abs(grid[k] - root))
+        spans.append(_span(grid, accept, j) if accept[j] else (math.exp(root), math.exp(root)))
+        spans.append((math.exp(root), math.exp(root)))
+    lo, hi = _hull(spans)
+    again = any(f[1] for f in crossing)
+    return Crossover("crosses", at, lo, hi, crossing[0][2], measured, blocks, crosses_again=again)
+
+
+def _one(grid: list[float], curve: list[list[float]], t: float) -> tuple[float | None, bool, bool, list[bool]]:
+    """One interpolant: its first crossing (log level), whether it crosses again, whether it pays below the
+    crossing, and where 0 is inside the t interval."""
+    mean = [statistics.fmean(values) for values in curve]
+    accept = [_accepts(values, t) for values in curve]
+    roots = [_root(grid[j], grid[j + 1], mean[j], mean[j + 1]) for j in range(len(grid) - 1) if _changes(mean, j)]
+    return (roots[0] if roots else None), len(roots) > 1, mean[0] > 0, accept
+
+
+def _hull(spans: list[tuple[float | None, float | None]]) -> tuple[float | None, float | None]:
+    """The smallest interval holding every span; open (None) on a side where any span is."""
+    los, his = [s[0] for s in spans], [s[1] for s in spans]
+    return (None if None in los else min(v for v in los if v is not None)), (
+        None if None in his else max(v for v in his if v is not None)
+    )
 
 
 def _grid(u: list[float]) -> list[float]:

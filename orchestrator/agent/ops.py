@@ -351,6 +351,9 @@ def op_down(namespace: str, grace_s: float = 10.0, force: bool = False) -> dict[
     return {"stopped": stopped, "live": list(live.values())}
 
 
+GPU_PROBE_AFTER_S = 0.2  # into a run: the GPUs are busy, and even short test runs last longer
+
+
 def op_bench_run(
     port: int,
     endpoint: str,
@@ -361,14 +364,15 @@ def op_bench_run(
     min_duration_s: float = 0.0,
     address: str = "127.0.0.1",
     gpu_probe: str | None = None,
-    gpu_probe_after_s: float = 0.2,
     stall_s: float = 60.0,
     first_token_s: float = 180.0,
     watch: list[dict[str, Any]] | None = None,
+    open_loop: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One benchmark run against address:port, measured here next to the server.
+    """One benchmark run against address:port, measured here next to the server (open_loop: its requests sent at
+    their scheduled times, client.runner.run).
 
-    With gpu_probe (the nvidia-smi to run), GPU clocks and temperatures are read once, gpu_probe_after_s into the
+    With gpu_probe (the nvidia-smi to run), GPU clocks and temperatures are read once, GPU_PROBE_AFTER_S into the
     run: while the GPUs work. Read after the run they would already be falling back to idle.
     """
     import threading
@@ -384,7 +388,7 @@ def op_bench_run(
             reading.append(op_gpus(nvidia_smi))
 
     if gpu_probe:
-        probe = threading.Timer(gpu_probe_after_s, read, args=(gpu_probe,))
+        probe = threading.Timer(GPU_PROBE_AFTER_S, read, args=(gpu_probe,))
         probe.daemon = True
         probe.start()
     try:
@@ -401,6 +405,7 @@ def op_bench_run(
             first_token_s=first_token_s,
             # Every recorded process of the launch, checked here next to it: a dead worker stops the run at once.
             watchdog=(lambda: launch_problem(watch)) if watch else None,
+            open_loop=open_loop,
         )
     finally:
         if probe is not None:

@@ -20,6 +20,7 @@ from orchestrator.report.jsondoc import ab_json
 from orchestrator.report.lines import SIM_BANNER, attached_banner, comparison_line
 from orchestrator.report.text import ab_text
 from orchestrator.results import model
+from orchestrator.results.run import level_name
 from orchestrator.ui.progress import PlainReporter
 
 
@@ -75,10 +76,11 @@ def verdict_lines(result: model.ABResult) -> list[str]:
         arm = result.arms[0]
         spread = arm.spread_at(level)
         if spread is None:
-            lines.append(f"{arm.label} @ {level}: no valid timed run")
+            lines.append(f"{arm.label} @ {level_name(level)}: no valid timed run")
             continue
         lines.append(
-            f"{arm.label} @ {level}: median {spread.median:.1f} tok/s per stream over {len(arm.launches)} launch(es)"
+            f"{arm.label} @ {level_name(level)}: median {spread.median:.1f} tok/s per stream over "
+            f"{len(arm.launches)} launch(es)"
             + (f", CV across launches {spread.cv_across * 100:.2f}%" if spread.cv_across is not None else "")
         )
     lines += [f"WARNING: {w}" for w in result.warnings()]

@@ -25,7 +25,9 @@ MAX_RECOVERIES = 3
 
 # A runner sends one run's requests (bodies, their max tokens, the concurrency) and returns client.summarize_run's dict.
 # With probe_gpus=True it also reads the GPUs' state during the run (summary["gpus"]; None if the run was too short).
-Runner = Callable[[list[dict[str, Any]], list[int], int, bool], dict[str, Any]]
+# The last argument, for an open-loop run, is client.runner.run's `open_loop` (the schedule, rate, arrivals, cap;
+# concurrency is then 0); None for closed loop.
+Runner = Callable[[list[dict[str, Any]], list[int], int, bool, "dict[str, Any] | None"], dict[str, Any]]
 
 
 def host_runner(
@@ -34,11 +36,23 @@ def host_runner(
     """The client runs on the host, through the host-side agent: no laptop network jitter in the numbers.
     `watch` (the launch's recorded processes) is checked there once a second: a run stops the moment one exits."""
 
-    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
-        rounds = -(-len(bodies) // concurrency)
+    def run(
+        bodies: list[dict[str, Any]],
+        max_tokens: list[int],
+        concurrency: int,
+        probe_gpus: bool,
+        open_loop: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        if open_loop is None:
+            wait = config.request_timeout_s * -(-len(bodies) // concurrency)
+        else:
+            # The schedule, then the requests a cap holds back, one round of request timeouts per cap's worth.
+            cap = open_loop.get("max_concurrency") or len(bodies)
+            wait = max(open_loop["schedule"], default=0.0) + config.request_timeout_s * -(-len(bodies) // cap)
+        extra: dict[str, Any] = {"open_loop": open_loop} if open_loop is not None else {}
         result: dict[str, Any] = host.call(
             "bench_run",
-            call_timeout=60 + config.request_timeout_s * rounds,
+            call_timeout=60 + wait,
             address=address,
             port=port,
             endpoint=config.endpoint,
@@ -51,6 +65,7 @@ def host_runner(
             stall_s=config.stall_timeout_s,
             first_token_s=config.first_token_timeout_s,
             watch=watch,
+            **extra,
         )
         return result
 
@@ -67,7 +82,13 @@ def local_runner(
         raise BenchError(f"cannot benchmark {base_url!r}: expected http://HOST:PORT")
     address, port, gpu_host = parts.hostname, parts.port, host
 
-    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
+    def run(
+        bodies: list[dict[str, Any]],
+        max_tokens: list[int],
+        concurrency: int,
+        probe_gpus: bool,
+        open_loop: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         reading: list[dict[str, Any]] = []
         probe = None
         if probe_gpus and gpu_host is not None:
@@ -104,6 +125,7 @@ def local_runner(
                 stall_s=config.stall_timeout_s,
                 first_token_s=config.first_token_timeout_s,
                 watchdog=watchdog,
+                open_loop=open_loop,
             )
         finally:
             if probe is not None:
@@ -119,8 +141,14 @@ def with_engine_counters(runner: Runner, engine: Engine) -> Runner:
     """A runner whose runs take their speculative statistics from the engine's own /metrics counters when the
     responses carried none (vLLM reports them only there; SGLang there too without per-request meta_info)."""
 
-    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
-        summary = runner(bodies, max_tokens, concurrency, probe_gpus)
+    def run(
+        bodies: list[dict[str, Any]],
+        max_tokens: list[int],
+        concurrency: int,
+        probe_gpus: bool,
+        open_loop: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        summary = runner(bodies, max_tokens, concurrency, probe_gpus, open_loop)
         if summary.get("spec_accept_length") is None:
             counted = engine.spec_from_counters(summary.get("counter_deltas") or {})
             if counted is not None:
@@ -163,7 +191,9 @@ def runner_for(
     counted = with_engine_counters(inner, engine)
     if probe_gpus:
         return counted
-    return lambda bodies, max_tokens, concurrency, _probe: counted(bodies, max_tokens, concurrency, False)
+    return lambda bodies, max_tokens, concurrency, _probe, open_loop: counted(
+        bodies, max_tokens, concurrency, False, open_loop
+    )
 
 
 def run_benchmark(
@@ -175,8 +205,9 @@ def run_benchmark(
     recover: Callable[[str], bool] | None = None,
     events: Events = QUIET,
 ) -> list[RunResult]:
-    """Warmups, then timed runs at each concurrency level; `on_run` sees each run the moment it finishes, `events`
-    each one's start (a phase).
+    """Warmups, then timed runs at each concurrency level, or at each rate (open loop: each run sends its requests
+    at the times its schedule gives); `on_run` sees each run the moment it finishes, `events` each one's start (a
+    phase).
 
     A run with failed requests calls `recover` (reconnect, check the server); if the server is whole and healthy the
     run is repeated from the start (never stitched together), at most MAX_RECOVERIES times per benchmark, after
@@ -189,26 +220,40 @@ def run_benchmark(
     position = 0
     results: list[RunResult] = []
     recoveries = 0
+    first_level = config.rate[0] if config.open_loop else config.concurrency[0]
 
-    def one(index: int, warm: bool, concurrency: int, n: int, max_tokens: int) -> None:
+    def one(index: int, warm: bool, concurrency: int, n: int, max_tokens: int, rate: float | None = None) -> None:
         nonlocal position, recoveries
         chunk = items[position : position + n]
         position += n
         bodies = [client.build_body(config.endpoint, it, max_tokens, model) for it in chunk]
+        # Open loop: when each request is due, from the request sequence itself (its digest covers the schedule).
+        open_loop = (
+            None
+            if rate is None
+            else {
+                "schedule": [float(it["scheduled_s"]) for it in chunk],
+                "rate": rate,
+                "arrivals": config.arrivals,
+                "max_concurrency": config.max_concurrency,
+            }
+        )
+        at = f"concurrency {concurrency}" if rate is None else f"{rate:g} req/s"
         while True:
             # The GPUs are read once per launch, at the same point of every launch so launches compare like for like:
             # during the last warmup (busy GPUs, and nvidia-smi never disturbs a measured run), or without warmups
             # during the first timed run.
             probe = (warm and index == config.warmup - 1) or (
-                config.warmup == 0 and not warm and index == 0 and concurrency == config.concurrency[0]
+                config.warmup == 0 and not warm and index == 0 and (rate or concurrency) == first_level
             )
             events.phase(
                 "warmup" if warm else "run",
                 index=index,
                 of=config.warmup if warm else config.runs,
                 concurrency=concurrency,
+                **({"rate": rate} if rate is not None else {}),
             )
-            summary = runner(bodies, [max_tokens] * n, concurrency, probe)
+            summary = runner(bodies, [max_tokens] * n, concurrency, probe, open_loop)
             if summary.get("aborted"):
                 # The watchdog saw the launch break (a process exited): nothing to check or repeat.
                 stopped = RunResult.from_summary(index, warm, summary)
@@ -216,7 +261,7 @@ def run_benchmark(
                 if on_run is not None:
                     on_run(stopped)
                 raise BenchError(
-                    f"the launch broke during run {index + 1} at concurrency {concurrency}: {summary['aborted']}; "
+                    f"the launch broke during run {index + 1} at {at}: {summary['aborted']}; "
                     "the run was stopped at once and not repeated. The server's log is named above"
                 )
             if not summary["errors"] or recover is None:
@@ -225,7 +270,7 @@ def run_benchmark(
             which = f"{'warmup' if warm else 'run'} {index + 1}/{config.warmup if warm else config.runs}"
             left = recoveries < MAX_RECOVERIES
             what = (
-                f"{which} at concurrency {concurrency}: {summary['errors']} of {summary['requests']} requests failed "
+                f"{which} at {at}: {summary['errors']} of {summary['requests']} requests failed "
                 f"(first: {first}); checking the connection and the server, then "
                 + (
                     f"repeating the run if both are fine (repeat {recoveries + 1} of at most {MAX_RECOVERIES} in "
@@ -241,18 +286,19 @@ def run_benchmark(
                 if on_run is not None:
                     on_run(failed)  # the failed run is stored too: it is the evidence of what happened
                 raise BenchError(
-                    f"the server failed during run {index + 1} at concurrency {concurrency} ({first}); "
+                    f"the server failed during run {index + 1} at {at} ({first}); "
                     "the launch was torn down and the run not repeated. Its log is named above"
                 )
             if not left:
                 break
             recoveries += 1
         if not warm and summary["window_s"] < config.min_run_s and summary["valid"]:
+            longer = "raise --max-tokens" if rate is None else "raise --duration or --requests"
             summary = {
                 **summary,
                 "valid": False,
                 "invalid_reason": f"run lasted {summary['window_s']:.2f}s, shorter than the minimum "
-                f"{config.min_run_s:.2f}s (raise --max-tokens or lower --min-run-s)",
+                f"{config.min_run_s:.2f}s ({longer} or lower --min-run-s)",
             }
         run = RunResult.from_summary(index, warm, summary)
         results.append(run)
@@ -261,6 +307,11 @@ def run_benchmark(
 
     for i in range(config.warmup):
         one(i, True, 1, 1, config.warmup_max_tokens)
+    if config.open_loop:
+        for rate in config.rate:
+            for i in range(config.runs):
+                one(i, False, 0, len(config.schedule(rate, i)), config.max_tokens, rate)
+        return results
     for c in config.concurrency:
         for i in range(config.runs):
             one(i, False, c, config.requests_per_run(c), config.max_tokens)

@@ -27,6 +27,7 @@ CSV_FIELDS = (
     "accept_length",
     "invalid_reason",
     "attached",  # the URL of a server orch did not launch (--attach): state not fresh, env not verified
+    "rate",  # open loop: the level's requests per second (its concurrency is 0); empty for closed loop
 )
 
 
@@ -60,6 +61,7 @@ def ab_csv(result: ABResult) -> str:
                     "" if r.spec_accept_length is None else f"{r.spec_accept_length:.4f}",
                     r.invalid_reason or "",
                     (launch.attached or {}).get("url", ""),
+                    "" if r.rate is None else f"{r.rate:g}",
                 ]
             )
     return buf.getvalue()

@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
+from orchestrator.results.run import Level, Rate
 
 if TYPE_CHECKING:
     from orchestrator.results.run import RunResult
@@ -35,19 +36,29 @@ def _run_json(run: RunResult, launch: LaunchResult | None = None) -> dict[str, A
         **{k: run.metrics.get(k) for k in ("ttft", "itl", "tpot", "e2e", "chunks", "multi_token_chunks")},
         # drafted / accepted tokens and their ratio, where the engine reports them (None where it does not)
         "spec": run.metrics.get("spec"),
+        # open loop only: the level's rate, and the run against its schedule (client.summary.open_loop_summary)
+        **({"rate": run.rate, "open_loop": run.open_loop} if run.rate else {}),
     }
 
 
-def _level_json(arm: ArmResult, level: int) -> dict[str, Any]:
+def level_keys(level: Level) -> dict[str, Any]:
+    """Which level an entry is at: {"concurrency": c}, or for an open-loop level {"concurrency": None, "rate": r}."""
+    return {"concurrency": None, "rate": float(level)} if isinstance(level, Rate) else {"concurrency": level}
+
+
+def _level_json(arm: ArmResult, level: Level) -> dict[str, Any]:
     s, spread, agg = arm.summary_at(level), arm.spread_at(level), arm.aggregate_at(level)
+    rl = arm.rate_level(level)
     return {
-        "concurrency": level,
+        **level_keys(level),
         "median_tok_s": spread.median if spread else None,
         "median_aggregate_tok_s": agg.median if agg else None,
         "summary": s.to_dict() if s else None,
         "spread": spread.to_dict() if spread else None,
         "launch_values": [launch.value_at(level) for launch in arm.launches],
         "accept_length": arm.accept_length_at(level),
+        # open loop only: achieved vs offered rate, latency percentiles from the scheduled send, who limited it
+        **({"open_loop": rl.to_dict()} if rl is not None else {}),
     }
 
 
@@ -91,7 +102,7 @@ def _launch_json(result: ABResult, launch: LaunchResult) -> dict[str, Any]:
         "attached": launch.attached,
         "values": [
             {
-                "concurrency": level,
+                **level_keys(level),
                 "tok_s": launch.value_at(level),
                 "aggregate_tok_s": launch.value_at(level, "aggregate_tok_s"),
                 "ttft_s": launch.value_at(level, "ttft_s"),

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Sequence
 
 from orchestrator.results.model import ABResult, ArmResult, Comparison
+from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats.estimates import BreakEven
 
 SIM_BANNER = "SIMULATED: these numbers come from orch's simulator (of SGLang or vLLM), not from a real server on a GPU."
@@ -94,7 +95,7 @@ HEADER = [
 ]
 
 
-def _arm_row(arm: ArmResult, level: int, vs: str) -> list[str]:
+def _arm_row(arm: ArmResult, level: Level, vs: str) -> list[str]:
     """One arm at one level. median = median of launch values; min/max over runs; CVs within/across launches."""
     spread, s = arm.spread_at(level), arm.summary_at(level)
     timed = arm.timed_at(level)
@@ -121,8 +122,8 @@ def _arm_row(arm: ArmResult, level: int, vs: str) -> list[str]:
     ]
 
 
-def level_rows(result: ABResult, level: int) -> list[list[str]]:
-    """The header and one row per arm at one concurrency level (text and Markdown share them)."""
+def level_rows(result: ABResult, level: Level) -> list[list[str]]:
+    """The header and one row per arm at one level (text and Markdown share them)."""
     ratios = {c.arm_index: c for c in result.comparisons_at(level)}
     if not is_ab(result):  # one arm: nothing to be "vs"
         return [HEADER, *(_arm_row(arm, level, "")[:-1] for arm in result.arms)]
@@ -147,7 +148,7 @@ def title(result: ABResult) -> str:
 
 def comparison_line(c: Comparison) -> str:
     """One arm against the baseline: the ratio, its 95 % CI over blocks, and what may be concluded from it."""
-    head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {c.concurrency}: "
+    head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level_name(c.concurrency)}: "
     est = c.estimate
     if c.ratio is None or est is None:
         return head + "no block in which both have valid runs: nothing to compare"
@@ -193,3 +194,44 @@ def whatif_line(result: ABResult) -> str | None:
     from orchestrator.whatif import predict
 
     return predict.recommendation_line(result)
+
+
+def level_heading(level: Level) -> str:
+    """What a level's table shows, as its heading says it."""
+    if isinstance(level, Rate):
+        return (
+            f"tok/s per stream at {level_phrase(level)} (open loop: each request's time counts from when it was "
+            "scheduled)"
+        )
+    return f"tok/s per stream at {level_phrase(level)}"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def rate_lines(result: ABResult, level: Level) -> list[str]:
+    """At an open-loop level, each arm's achieved rate against the offered one and its latency percentiles from the
+    scheduled send time; a shortfall says who held the rate back (also among the warnings). [] at a concurrency
+    level."""
+    out = []
+    for arm in result.arms:
+        rl = arm.rate_level(level)
+        if rl is None:
+            continue
+        achieved = "-" if rl.achieved_rate is None else f"{rl.achieved_rate:.2f}"
+        scheduled = "-" if rl.scheduled_rate is None else f"{rl.scheduled_rate:.2f}"
+        line = (
+            f"{arm.label} @ {level_name(level)}: achieved {achieved} req/s of {scheduled} scheduled "
+            f"({rl.rate:g} offered); TTFT p50 {_seconds(rl.ttft_p50_s)}, p99 {_seconds(rl.ttft_p99_s)}; "
+            f"E2E p50 {_seconds(rl.e2e_p50_s)}, p99 {_seconds(rl.e2e_p99_s)}; send lag p99 "
+            + ("-" if rl.send_lag_p99_s is None else f"{rl.send_lag_p99_s * 1000:.2f} ms")
+            + (f"; {rl.held} requests held by the cap" if rl.held else "")
+            + (f"; peak {rl.peak_in_flight} in flight" if rl.peak_in_flight is not None else "")
+        )
+        if rl.limited is not None:
+            line += f" -> SHORT OF ITS RATE ({rl.limited}-limited)"
+        out.append(line)
+    return out

@@ -9,9 +9,11 @@ from orchestrator.report.lines import (
     ci_method_line,
     comparison_line,
     is_ab,
+    level_heading,
     level_rows,
     node_mismatch_lines,
     order_text,
+    rate_lines,
     whatif_line,
 )
 from orchestrator.results.model import ABResult
@@ -44,9 +46,10 @@ def ab_markdown(result: ABResult) -> str:
     lines += [f"> NOTE: {n}" for n in result.notes]
     for level in result.levels or [1]:
         rows = level_rows(result, level)
-        lines += ["", f"## tok/s per stream at concurrency {level}", ""]
+        lines += ["", f"## {level_heading(level)}", ""]
         lines += md_table(rows)
         lines.append("")
+        lines += [f"- {line}" for line in rate_lines(result, level)]
         lines += [f"- {comparison_line(c)}" for c in result.comparisons_at(level)]
         if method := ci_method_line(result.comparisons_at(level)):
             lines.append(f"- {method}")

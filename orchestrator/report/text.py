@@ -9,14 +9,17 @@ from orchestrator.report.lines import (
     ci_method_line,
     comparison_line,
     is_ab,
+    level_heading,
     level_rows,
     node_mismatch_lines,
     number,
     order_text,
+    rate_lines,
     title,
     whatif_line,
 )
 from orchestrator.results.model import ABResult
+from orchestrator.results.run import level_name, level_phrase
 
 
 def text_table(rows: list[list[str]]) -> list[str]:
@@ -68,11 +71,12 @@ def ab_text(result: ABResult) -> str:
     for level in result.levels or [1]:
         rows = level_rows(result, level)
         lines.append(
-            f"  tok/s per stream at concurrency {level}" + (" (simulated)" if result.simulated else "") + ": median "
+            f"  {level_heading(level)}" + (" (simulated)" if result.simulated else "") + ": median "
             "of launch medians; min/max over runs; CV within and across launches"
             + ("; vs: mean per-block ratio" if is_ab(result) else "")
         )
         lines += text_table(rows)
+        lines += [f"  {line}" for line in rate_lines(result, level)]
         for c in result.comparisons_at(level):
             lines.append("  " + comparison_line(c))
         if method := ci_method_line(result.comparisons_at(level)):
@@ -80,8 +84,8 @@ def ab_text(result: ABResult) -> str:
         lines.append("")
     for spec_arm, be in result.speculation():
         lines.append(
-            f"  why {spec_arm.label} runs at this speed (speculative decoding vs {base.label}, concurrency "
-            f"{result.levels[0] if result.levels else 1}):"
+            f"  why {spec_arm.label} runs at this speed (speculative decoding vs {base.label}, "
+            f"{level_phrase(result.levels[0] if result.levels else 1)}):"
         )
         lines += breakeven_lines(be, indent="    ")
     if recommendation := whatif_line(result):
@@ -90,7 +94,7 @@ def ab_text(result: ABResult) -> str:
         for launch in arm.launches:
             for r in launch.invalid_runs:
                 lines.append(
-                    f"  excluded: {arm.label} block {launch.block + 1} run {r.index + 1} @ {r.concurrency}: "
+                    f"  excluded: {arm.label} block {launch.block + 1} run {r.index + 1} @ {level_name(r.level)}: "
                     f"{r.invalid_reason}"
                 )
         sources = {r.accept_source for r in arm.timed_at() if r.accept_source}

@@ -30,13 +30,10 @@ JSONL_FIELDS = (
     "accept_length",
     "error",
     "attached",
-    # open loop (null for closed loop): the level's rate, when the request was due (seconds from the run's start),
-    # how late the client sent it, and how long of that a --max-concurrency cap held it
-    "rate",
-    "scheduled_s",
-    "send_lag_s",
-    "queued_s",
 )
+# After those, in an open-loop experiment's lines only: the level's rate, when the request was due (seconds from the
+# run's start), how late the client sent it, and how long of that a --max-concurrency cap held it.
+OPEN_LOOP_FIELDS = ("rate", "scheduled_s", "send_lag_s", "queued_s")
 
 
 def request_jsonl(result: ABResult, requests: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
@@ -68,7 +65,8 @@ def request_jsonl(result: ABResult, requests: Mapping[str, Sequence[Mapping[str,
                 "rate": key[1] or None,
                 **{k: row.get(k) for k in ("scheduled_s", "send_lag_s", "queued_s")},
             }
-            lines.append(json.dumps({k: record[k] for k in JSONL_FIELDS}))
+            fields = JSONL_FIELDS + (OPEN_LOOP_FIELDS if key[1] else ())
+            lines.append(json.dumps({k: record[k] for k in fields}))
     return "".join(line + "\n" for line in lines)
 
 

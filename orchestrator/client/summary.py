@@ -88,13 +88,20 @@ def limit_of(achieved_ratio: float | None, sent_ratio: float | None, held_fracti
     return "server"
 
 
+def lag_text(seconds: float) -> str:
+    """A send lag for people: 0.03 ms, 42 ms, 5.77 s."""
+    if seconds < 0.1:
+        return f"{seconds * 1000:.2f} ms"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
 def limit_reason(ol: dict[str, Any]) -> str | None:
     """An open-loop summary's shortfall in words: how far below the rate, and what held it back."""
     limit = ol.get("limited")
     if limit is None:
         return None
     lag = (ol.get("send_lag") or {}).get("p99")
-    lag_text = f"send lag p99 {lag * 1000:.1f} ms" if lag is not None else "no send lag measured"
+    lag_said = f"send lag p99 {lag_text(lag)}" if lag is not None else "no send lag measured"
     head = (
         f"completed {ol.get('achieved_rate') or 0:.2f} req/s of the {ol.get('scheduled_rate') or 0:.2f} scheduled "
         f"({ol.get('offered_rate') or 0:g} offered)"
@@ -109,10 +116,10 @@ def limit_reason(ol: dict[str, Any]) -> str | None:
             )
         return (
             f"{head}: limited by the client: it sent {ol.get('sent_rate') or 0:.2f} req/s, behind its schedule "
-            f"({lag_text})"
+            f"({lag_said})"
         )
     return (
-        f"{head}: limited by the server: requests went out on time ({lag_text}) but piled up, up to "
+        f"{head}: limited by the server: requests went out on time ({lag_said}) but piled up, up to "
         f"{ol.get('peak_in_flight')} in flight at once"
     )
 

@@ -11,6 +11,7 @@ from orchestrator.errors import InputError
 from orchestrator.launch.fingerprint import Difference, diff
 from orchestrator.results.compare import claim_verdict
 from orchestrator.results.model import ABResult, ArmResult, Comparison, LaunchResult
+from orchestrator.results.run import level_phrase
 from orchestrator.stats.reproduction import DEFAULT_TOLERANCE, NOT_REPRODUCED, REPRODUCED
 
 MODES = ("slower", "different", "env")
@@ -158,7 +159,7 @@ def _ci(lo: float | None, hi: float | None, digits: int) -> str:
 def comparison_check(c: Comparison, mode: str, name_level: bool) -> Check:
     """One arm against the baseline at one level, from the comparison's own verdict (its CI over blocks)."""
     who, base = c.arm_label or c.arm, c.vs_label or c.vs
-    at = f" at concurrency {c.concurrency}" if name_level else ""
+    at = f" at {level_phrase(c.concurrency)}" if name_level else ""
     est = c.estimate
     if est is None or c.ratio is None:
         return Check(mode, INCONCLUSIVE, f"{who} vs {base}{at}: no block in which both have valid runs")

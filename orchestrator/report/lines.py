@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from orchestrator.client.summary import lag_text
 from orchestrator.results.model import ABResult, ArmResult, Comparison
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats.estimates import BreakEven
@@ -227,7 +228,7 @@ def rate_lines(result: ABResult, level: Level) -> list[str]:
             f"{arm.label} @ {level_name(level)}: achieved {achieved} req/s of {scheduled} scheduled "
             f"({rl.rate:g} offered); TTFT p50 {_seconds(rl.ttft_p50_s)}, p99 {_seconds(rl.ttft_p99_s)}; "
             f"E2E p50 {_seconds(rl.e2e_p50_s)}, p99 {_seconds(rl.e2e_p99_s)}; send lag p99 "
-            + ("-" if rl.send_lag_p99_s is None else f"{rl.send_lag_p99_s * 1000:.2f} ms")
+            + ("-" if rl.send_lag_p99_s is None else lag_text(rl.send_lag_p99_s))
             + (f"; {rl.held} requests held by the cap" if rl.held else "")
             + (f"; peak {rl.peak_in_flight} in flight" if rl.peak_in_flight is not None else "")
         )

@@ -205,6 +205,8 @@ def run_line(run: RunResult, config: BenchConfig) -> str:
 def open_loop_line(run: RunResult, config: BenchConfig) -> str:
     """A finished open-loop run: its rate achieved against the schedule's, latency from the scheduled send times,
     and a shortfall (who held the rate back)."""
+    from orchestrator.client.summary import lag_text
+
     ol = run.open_loop
     e2e, ttft = run.metrics.get("e2e") or {}, run.metrics.get("ttft") or {}
 
@@ -219,7 +221,7 @@ def open_loop_line(run: RunResult, config: BenchConfig) -> str:
         f"{run.tok_s:.1f} tok/s per stream, {run.aggregate_tok_s:.0f} tok/s aggregate"
         + (f", TTFT p50 {ttft['p50'] * 1000:.0f} ms" if ttft.get("p50") is not None else "")
         + (f", E2E p99 {e2e['p99']:.2f}s" if e2e.get("p99") is not None else "")
-        + (f", send lag p99 {lag * 1000:.2f} ms" if lag is not None else "")
+        + (f", send lag p99 {lag_text(lag)}" if lag is not None else "")
     )
     if ol.get("held"):
         line += f", {ol['held']} held by --max-concurrency {ol.get('max_concurrency')}"

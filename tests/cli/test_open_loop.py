@@ -60,6 +60,11 @@ def test_bench_fail_on_slower_is_refused_with_rate(capsys: Capsys, tmp_path: Pat
     assert "open-loop level (--rate) does not measure" in " ".join(capsys.readouterr().err.split())
 
 
+def test_a_claim_refuses_rate(capsys: Capsys) -> None:
+    assert main(["reproduce", "baseline", "--claim", "80", "--sim", "--rate", "2"]) == 2
+    assert "--rate does not apply" in capsys.readouterr().err
+
+
 def test_the_plan_line_counts_an_open_loop_level_by_its_schedule(capsys: Capsys, tmp_path: Path) -> None:
     from orchestrator.config import limits
     from orchestrator.config import profile as profiles_mod
@@ -121,7 +126,9 @@ def _json(capsys: Capsys, *args: str) -> dict[str, Any]:
     return dict(json.loads(capsys.readouterr().out))
 
 
-def test_each_rate_is_a_level_with_its_comparison_and_json_fields(stored: tuple[Path, str, Path], capsys: Capsys) -> None:
+def test_each_rate_is_a_level_with_its_comparison_and_json_fields(
+    stored: tuple[Path, str, Path], capsys: Capsys
+) -> None:
     db, exp_id, _ = stored
     doc = _json(capsys, "show", exp_id, "--db", str(db))
     comparisons = doc["comparisons_by_concurrency"]
@@ -217,9 +224,11 @@ def test_reproducing_the_bundle_sends_the_same_schedule(
     assert code in (0, 3, 4), doc  # reproduced or not, it ran: the schedule is what is checked here
 
     def schedule(path: Path) -> list[tuple[float, int, int, float]]:
-        rows = sqlite3.connect(path).execute(
-            "SELECT run_rate, run_idx, idx, scheduled_s FROM requests WHERE run_warmup = 0"
-        ).fetchall()
+        rows = (
+            sqlite3.connect(path)
+            .execute("SELECT run_rate, run_idx, idx, scheduled_s FROM requests WHERE run_warmup = 0")
+            .fetchall()
+        )
         return sorted(set(rows))
 
     assert schedule(new_db) == schedule(db)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
@@ -13,7 +14,7 @@ from orchestrator.experiment.resume import requests_digest
 
 
 def _gaps(times: list[float]) -> list[float]:
-    return [b - a for a, b in zip(times, times[1:], strict=False)]
+    return [b - a for a, b in itertools.pairwise(times)]
 
 
 def test_a_schedule_is_a_pure_function_of_the_seed_and_run() -> None:
@@ -59,7 +60,7 @@ def test_parse_and_burstiness() -> None:
     assert arrivals.burstiness(2.0) == 0.25 and arrivals.burstiness(1.0) == 1.0  # vLLM's: 1/CV²
     assert math.isinf(arrivals.burstiness(0.0))
     for bad in ("gamma", "gamma:0", "gamma:-1", "gamma:nan", "gamma:11", "gamma:x", "uniform", ""):
-        with pytest.raises(ValueError, match="gamma|poisson"):
+        with pytest.raises(ValueError, match=r"gamma|poisson"):
             arrivals.parse(bad)
 
 

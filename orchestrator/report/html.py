@@ -196,6 +196,8 @@ def _timeline_figure(result: ABResult, level: Level, requests: Requests) -> str:
         + (
             "Requests are laid end to end (they ran one after another; the short gaps between them are not stored)."
             if seq
+            else "Each request is drawn from when it was scheduled (open loop: they overlapped)."
+            if isinstance(level, Rate)
             else "Request start times are not stored, so each request is drawn from its own start."
         )
         + gap,

@@ -75,7 +75,8 @@ lint: install
 
 # Reproduces docs/performance.md (about 8 min): start-up times against the code before issue 14 (git ref 3e11be3,
 # through its CLI), orchestration overhead and host round trips (orch local vs SSH vs a bare launch of the same server),
-# and the client's fidelity/capacity side by side with the field's clients installed into their own venv (.venv-ref).
+# the open-loop client's arrival fidelity (send lag behind schedule), and the client's fidelity/capacity side by side
+# with the field's clients installed into their own venv (.venv-ref).
 # `make test` runs every script in benchmarks/ in its --smoke mode (tests/test_benchmarks_smoke.py).
 REF := .venv-ref
 $(REF)/.installed: benchmarks/requirements-reference.txt
@@ -86,6 +87,7 @@ $(REF)/.installed: benchmarks/requirements-reference.txt
 bench: install $(REF)/.installed
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/lifecycle_overhead.py
+	$(BIN)/python benchmarks/arrival_fidelity.py
 	$(REF)/bin/python benchmarks/client_fidelity.py
 
 clean:

@@ -31,6 +31,11 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "## Capacity",
         "Every step (tok/s error",
     ),
+    "arrival_fidelity.py": (
+        "| rate (req/s) | requests | send lag p50 / p90 / p99 / max (ms) |",
+        "timer alone (nothing sent)",
+        "load average before / after",
+    ),
     "aa_real.py": ("real A/A experiments", "| # | ratio | 95% CI | MDE | verdict |", "verdicts:"),
     "aa_study.py": ("--blocks auto", "| restart noise | true effect |", "| blocks | A/A faster or slower"),
     "nightly_study.py": ("| threshold | confirmation re-run | false alarms", "| threshold | confirmation re-run |"),

@@ -367,9 +367,12 @@ def op_bench_run(
     stall_s: float = 60.0,
     first_token_s: float = 180.0,
     watch: list[dict[str, Any]] | None = None,
+    *,
     power_smi: str | None = None,
+    open_loop: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One benchmark run against address:port, measured here next to the server.
+    """One benchmark run against address:port, measured here next to the server (open_loop: its requests sent at
+    their scheduled times, client.runner.run).
 
     With gpu_probe (the nvidia-smi to run), GPU clocks and temperatures are read once, GPU_PROBE_AFTER_S into the
     run: while the GPUs work. Read after the run they would already be falling back to idle.
@@ -411,6 +414,7 @@ def op_bench_run(
             first_token_s=first_token_s,
             # Every recorded process of the launch, checked here next to it: a dead worker stops the run at once.
             watchdog=(lambda: launch_problem(watch)) if watch else None,
+            open_loop=open_loop,
         )
     except BaseException:
         if power is not None:

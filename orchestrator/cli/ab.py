@@ -27,6 +27,7 @@ from orchestrator.report.jsondoc import ab_json
 from orchestrator.report.lines import SIM_BANNER, attached_banner, comparison_line
 from orchestrator.report.text import ab_text
 from orchestrator.results import model
+from orchestrator.results.run import Level, level_name
 from orchestrator.ui.progress import PlainReporter
 
 
@@ -82,10 +83,11 @@ def verdict_lines(result: model.ABResult) -> list[str]:
         arm = result.arms[0]
         spread = arm.spread_at(level)
         if spread is None:
-            lines.append(f"{arm.label} @ {level}: no valid timed run")
+            lines.append(f"{arm.label} @ {level_name(level)}: no valid timed run")
             continue
         lines.append(
-            f"{arm.label} @ {level}: median {spread.median:.1f} tok/s per stream over {len(arm.launches)} launch(es)"
+            f"{arm.label} @ {level_name(level)}: median {spread.median:.1f} tok/s per stream over "
+            f"{len(arm.launches)} launch(es)"
             + (f", CV across launches {spread.cv_across * 100:.2f}%" if spread.cv_across is not None else "")
             + metric_text(arm, level, result.metric)
         )
@@ -93,7 +95,7 @@ def verdict_lines(result: model.ABResult) -> list[str]:
     return lines
 
 
-def metric_text(arm: model.ArmResult, level: int, metric: str) -> str:
+def metric_text(arm: model.ArmResult, level: Level, metric: str) -> str:
     """-q for one arm: its value of --metric too, where that is not tok/s (and goodput under --slo)."""
     shown = [m for m in dict.fromkeys((metric, "goodput" if arm.slo is not None else DEFAULT_METRIC)) if m != "tok_s"]
     parts = []

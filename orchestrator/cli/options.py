@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,40 @@ def parse_levels(ctx: click.Context, param: click.Parameter, value: str) -> tupl
     if not levels or any(n < 1 or n > 4096 for n in levels) or len(set(levels)) != len(levels):
         raise click.BadParameter(f"{value!r}: expected distinct integers from 1 to 4096")
     return levels
+
+
+def parse_rates(ctx: click.Context, param: click.Parameter, value: str | None) -> tuple[float, ...]:
+    """--rate R[,R...]: distinct request rates (per second), each a level."""
+    from orchestrator.config import arrivals
+
+    if value is None:
+        return ()
+    expected = (
+        f"expected up to {arrivals.MAX_LEVELS} distinct comma-separated request rates per second above 0 and at most "
+        f"{arrivals.MAX_RATE:g}, such as 1,2,4,8 or 0.5"
+    )
+    try:
+        rates = tuple(float(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: {expected}") from None
+    if (
+        not rates
+        or len(rates) > arrivals.MAX_LEVELS
+        or not all(math.isfinite(r) and 0 < r <= arrivals.MAX_RATE for r in rates)
+        or len(set(rates)) != len(rates)
+    ):
+        raise click.BadParameter(f"{value!r}: {expected}")
+    return rates
+
+
+def parse_arrivals(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from orchestrator.config import arrivals
+
+    try:
+        kind, cv = arrivals.parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    return f"gamma:{cv:g}" if kind == "gamma" else kind
 
 
 def parse_effect(ctx: click.Context, param: click.Parameter, value: str) -> float:
@@ -190,6 +225,7 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             type=click.IntRange(1, 10000),
             help="A run at concurrency c sends c x this many requests.",
         ),
+        *open_loop_options(),
         click.option(
             "--endpoint",
             default=None,
@@ -401,6 +437,58 @@ def judgement_options(*, default_metric: bool) -> Callable[[Callable[..., Any]],
         )(fn)
 
     return add
+
+
+def open_loop_options() -> list[Callable[..., Any]]:
+    """--rate and the options of open-loop levels (docs/load.md#open-loop-arrivals)."""
+    from orchestrator.config.workload import DEFAULT_DURATION_S
+
+    return [
+        click.option(
+            "--rate",
+            default=None,
+            callback=parse_rates,
+            metavar="R[,R...]",
+            help="Open loop: comma-separated request rates per second, e.g. 1,2,4,8, each a level (instead of "
+            "--concurrency, which it excludes). Requests are sent at scheduled times whatever the server does, and "
+            "TTFT and end-to-end latency count from the scheduled time. Every arm and launch gets the same "
+            "schedule (from --seed).",
+        ),
+        click.option(
+            "--arrivals",
+            default="poisson",
+            show_default=True,
+            callback=parse_arrivals,
+            metavar="poisson|gamma:CV|constant",
+            help="With --rate: the gaps between requests. gamma:CV has that coefficient of variation (gamma:1 is "
+            "Poisson, above 1 burstier, below steadier; vLLM's --burstiness is 1/CV^2); constant: exactly 1/R apart.",
+        ),
+        click.option(
+            "--duration",
+            "duration",
+            default=None,
+            type=FiniteFloat(0.001, 86400),
+            metavar="S",
+            help=f"With --rate: seconds of arrivals per run at each rate [default: {DEFAULT_DURATION_S:g} unless "
+            "--requests is given].",
+        ),
+        click.option(
+            "--requests",
+            "requests_per_level",
+            default=None,
+            type=click.IntRange(1, 100_000),
+            metavar="N",
+            help="With --rate: requests per run at each rate (instead of --duration).",
+        ),
+        click.option(
+            "--max-concurrency",
+            default=None,
+            type=click.IntRange(1, 100_000),
+            metavar="N",
+            help="With --rate: at most N requests in flight; the rest wait in the client, and their latency still "
+            "counts from their scheduled time.",
+        ),
+    ]
 
 
 def verbosity_options(fn: Callable[..., Any]) -> Callable[..., Any]:

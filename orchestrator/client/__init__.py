@@ -1,6 +1,6 @@
 """The benchmark client: stdlib-only asyncio HTTP/1.1 streaming, shipped to hosts with the agent so that the
-client can run beside the server (no laptop network in the numbers). `runner.run` sends one run's requests and
-returns `summary.summarize_run`'s dict.
+client can run beside the server (no laptop network in the numbers). `runner.run` sends one run's requests (by
+concurrency streams, or open loop at scheduled times: `openloop`) and returns `summary.summarize_run`'s dict.
 """
 
-__all__ = ["metrics", "request", "runner", "stream", "streamparse", "summary"]
+__all__ = ["metrics", "openloop", "request", "runner", "stream", "streamparse", "summary", "watchdog"]

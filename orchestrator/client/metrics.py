@@ -83,3 +83,9 @@ def _dechunk(data: bytes) -> bytes:
         out += rest[:size]
         data = rest[size + 2 :]
     return out
+
+
+def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Every counter's change across a run: the engine adapter decides which ones describe speculative decoding (orch
+    side). Only counters in both scrapes: one that appears mid-run has no known starting value."""
+    return {k: after[k] - before[k] for k in after if (k.endswith("_total") or "_total[" in k) and k in before}

@@ -99,7 +99,8 @@ def _ids_text(item: dict[str, Any]) -> str:
 
 @dataclass
 class Record:
-    """One request as the client saw it; times are seconds from the start of the run."""
+    """One request as the client saw it; times are seconds from the start of the run. TTFT and E2E count from
+    `start`: when the request began (closed loop), or when it was due (open loop)."""
 
     index: int
     start: float
@@ -119,6 +120,10 @@ class Record:
     reported_tokens: int | None = None  # an OpenAI server's final usage total
     error: str | None = None
     failed: float | None = None  # when the client gave it up (a stall, a timeout, an abort): `end` is its last byte
+    # Open loop: `start` is when the request was due (its latency counts from then), `sent` when the client began
+    # it (opened its connection), `queued` how long of that it waited for a --max-concurrency slot.
+    sent: float | None = None
+    queued: float = 0.0
 
     @property
     def ttft(self) -> float | None:

@@ -5,55 +5,31 @@ Token accounting is per token, not per chunk: under speculative decoding one str
 and a chunk of k tokens after a gap g contributes k inter-token latencies of g/k. Each read is parsed where it lands
 (`streamparse`), with one timestamp for every event it brought; see docs/client.md.
 
-This module runs a benchmark (c streams, the watchdog, Ctrl-C); its parts: `request` (bodies, the Record, token
-counts checked), `stream` (one streamed request), `metrics` (/metrics counters) and `summary` (a run reduced to its
-metrics and validity).
+This module runs a benchmark (c streams, or open loop through `openloop`; Ctrl-C); its parts: `request` (bodies, the
+Record, token counts checked), `stream` (one streamed request), `openloop` (requests sent at scheduled times),
+`watchdog` (the launch's liveness, polled during a run), `metrics` (/metrics counters) and `summary` (a run reduced
+to its metrics and validity).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from orchestrator.client.metrics import scrape_metrics
+from orchestrator.client.metrics import counter_deltas, scrape_metrics
+from orchestrator.client.openloop import run_schedule
 from orchestrator.client.request import ENDPOINTS, Record, build_body
 from orchestrator.client.stream import Guard, check_bounds, fetch, live, live_begin, live_end
 from orchestrator.client.summary import summarize_run
+from orchestrator.client.watchdog import watch
 from orchestrator.common import stopsignals
 
 # What the rest of orch (bench, progress, the agent) and benchmarks/client_fidelity.py use through this module.
 __all__ = ["ENDPOINTS", "build_body", "live", "run", "run_requests", "summarize_run"]
-
-
-def _in_thread(fn: Callable[[], str | None]) -> asyncio.Future[str | None]:
-    """fn() in a daemon thread: a slow check never stalls the event loop, and a hung one never blocks exit."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[str | None] = loop.create_future()
-
-    def work() -> None:
-        try:
-            result, error = fn(), None
-        except Exception as e:
-            result, error = None, e
-
-        def settle() -> None:
-            if fut.done():
-                return
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(result)
-
-        with contextlib.suppress(RuntimeError):  # the run ended and its loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(settle)
-
-    threading.Thread(target=work, name="orch-client-watchdog", daemon=True).start()
-    return fut
 
 
 async def run_requests(
@@ -121,18 +97,11 @@ async def run_requests(
             if rec.error is not None:
                 rec.failed = time.perf_counter() - t0
 
-    async def watch(check: Callable[[], str | None]) -> None:
-        while True:
-            await asyncio.sleep(watchdog_every_s)
-            try:
-                reason = await _in_thread(check)
-            except Exception as e:
-                reason = f"the watchdog check failed: {type(e).__name__}: {e}"
-            if reason:
-                abort(str(reason))
-                return
-
-    watcher = asyncio.get_running_loop().create_task(watch(watchdog)) if watchdog is not None else None
+    watcher = (
+        asyncio.get_running_loop().create_task(watch(watchdog, watchdog_every_s, abort))
+        if watchdog is not None
+        else None
+    )
     try:
         await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
     finally:
@@ -147,9 +116,7 @@ async def run_requests(
     after = await scrape_metrics(host, port) if before is not None and aborted is None else None
     deltas: dict[str, Any] = {}
     if before is not None and after is not None:
-        # Every counter: the engine adapter decides which ones describe speculative decoding (orch side).
-        # Only counters in both scrapes: one that appears mid-run has no known starting value.
-        deltas = {k: after[k] - before[k] for k in after if (k.endswith("_total") or "_total[" in k) and k in before}
+        deltas = counter_deltas(before, after)
     return records, window_end if window_end is not None else time.perf_counter() - t0, deltas, aborted
 
 
@@ -167,13 +134,39 @@ def run(
     first_token_s: float = 180.0,
     watchdog: Callable[[], str | None] | None = None,
     watchdog_every_s: float = 1.0,
+    open_loop: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One benchmark run, measured and summarised where this code runs (the host, or the orch machine).
 
     A request fails when no token arrives for stall_s after its first (or none within first_token_s); `watchdog`,
     polled every watchdog_every_s, aborts the whole run by returning a reason. See docs/client.md.
+
+    With `open_loop` ({"schedule": seconds per request, "rate", "arrivals", "max_concurrency"}) the requests are sent
+    at their scheduled times (run_schedule) instead of by `concurrency` busy streams, and the summary has an
+    "open_loop" part (summary.open_loop_summary).
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
+    if open_loop is not None:
+        cap = open_loop.get("max_concurrency")
+        records, window, deltas, aborted, peak = _run_interruptibly(
+            lambda: run_schedule(
+                host,
+                port,
+                endpoint,
+                bodies,
+                max_tokens,
+                [float(t) for t in open_loop["schedule"]],
+                timeout,
+                max_concurrency=int(cap) if cap is not None else None,
+                stall_s=stall_s,
+                first_token_s=first_token_s,
+                watchdog=watchdog,
+                watchdog_every_s=watchdog_every_s,
+            )
+        )
+        return summarize_run(
+            records, window, 0, deltas, min_duration_s, aborted, open_loop={**open_loop, "peak_in_flight": peak}
+        )
     records, window, deltas, aborted = _run_interruptibly(
         lambda: run_requests(
             host,

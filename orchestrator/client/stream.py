@@ -72,14 +72,17 @@ class Guard:
     def check(self) -> None:
         rec = self.rec
         now = time.perf_counter() - self.t0
+        # The server's deadlines run from when the request was sent: time an open-loop request waited in the client
+        # is the client's, not a stall of the server's.
+        began = rec.sent if rec.sent is not None else rec.start
         if rec.arrivals:
             deadline = rec.arrivals[-1][0] + self.stall_s
             why = f"stalled: no token for {self.stall_s:g}s after {rec.tokens} tokens"
         else:
-            deadline = rec.start + self.first_token_s
+            deadline = began + self.first_token_s
             why = f"stalled: no first token within {self.first_token_s:g}s"
-        if rec.start + self.timeout < deadline:
-            deadline, why = rec.start + self.timeout, f"timed out after {self.timeout:.0f}s with {rec.tokens} tokens"
+        if began + self.timeout < deadline:
+            deadline, why = began + self.timeout, f"timed out after {self.timeout:.0f}s with {rec.tokens} tokens"
         if now >= deadline:
             self.stop(why)
             return

@@ -58,6 +58,108 @@ def _dist(values: list[float]) -> dict[str, float | None]:
     }
 
 
+# An open-loop run (or level) whose requests completed more than this much slower than they were scheduled is flagged
+# as not having served its rate.
+SHORTFALL = 0.05
+
+
+def fitted_rate(times: list[float]) -> float | None:
+    """Events per second: 1 / the least-squares slope of the sorted times against their rank. Unlike count / span it
+    does not hang on the first and last event alone (one slow last request would otherwise pull a whole run's
+    achieved rate down). None below two events or without spread."""
+    t = sorted(times)
+    n = len(t)
+    if n < 2:
+        return None
+    mid, mean = (n - 1) / 2, sum(t) / n
+    sxx = sum((i - mid) ** 2 for i in range(n))
+    slope = sum((i - mid) * (x - mean) for i, x in enumerate(t)) / sxx
+    return 1.0 / slope if slope > 0 else None
+
+
+def limit_of(achieved_ratio: float | None, sent_ratio: float | None, held_fraction: float) -> str | None:
+    """Who kept an open-loop run (or level) below its rate: None when it completed its requests within SHORTFALL
+    of the schedule's rate; "client" when the client sent them late (its own sends fell behind, or the
+    --max-concurrency cap held requests back); else "server" (sent on time, answered late: they piled up)."""
+    if achieved_ratio is None or achieved_ratio >= 1 - SHORTFALL:
+        return None
+    if (sent_ratio is not None and sent_ratio < 1 - SHORTFALL) or held_fraction >= SHORTFALL:
+        return "client"
+    return "server"
+
+
+def lag_text(seconds: float) -> str:
+    """A send lag for people: 0.03 ms, 42 ms, 5.77 s."""
+    if seconds < 0.1:
+        return f"{seconds * 1000:.2f} ms"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def limit_reason(ol: dict[str, Any]) -> str | None:
+    """An open-loop summary's shortfall in words: how far below the rate, and what held it back."""
+    limit = ol.get("limited")
+    if limit is None:
+        return None
+    lag = (ol.get("send_lag") or {}).get("p99")
+    lag_said = f"send lag p99 {lag_text(lag)}" if lag is not None else "no send lag measured"
+    head = (
+        f"completed {ol.get('achieved_rate') or 0:.2f} req/s of the {ol.get('scheduled_rate') or 0:.2f} scheduled "
+        f"({ol.get('offered_rate') or 0:g} offered)"
+    )
+    if limit == "client":
+        if ol.get("held"):
+            wait = (ol.get("queue_wait") or {}).get("p99")
+            return (
+                f"{head}: limited by the client: the --max-concurrency {ol.get('max_concurrency')} cap held "
+                f"{ol.get('held')} of {ol.get('requests')} requests back"
+                + (f" (wait p99 {wait:.2f}s, counted in their latency)" if wait is not None else "")
+            )
+        return (
+            f"{head}: limited by the client: it sent {ol.get('sent_rate') or 0:.2f} req/s, behind its schedule "
+            f"({lag_said})"
+        )
+    return (
+        f"{head}: limited by the server: requests went out on time ({lag_said}) but piled up, up to "
+        f"{ol.get('peak_in_flight')} in flight at once"
+    )
+
+
+def open_loop_summary(records: list[Record], info: dict[str, Any]) -> dict[str, Any]:
+    """An open-loop run against its schedule: the rates offered, scheduled, sent and achieved (fitted_rate of the
+    due, send and completion times), the send lag behind schedule, the requests the --max-concurrency cap held back,
+    and whether (and why) it fell short of its rate."""
+    n = len(records)
+    sent = [r for r in records if r.sent is not None]
+    ok = [r for r in records if r.error is None and r.end is not None]
+    scheduled_rate = fitted_rate([r.start for r in records])
+    sent_rate = fitted_rate([r.sent for r in sent if r.sent is not None])
+    achieved_rate = fitted_rate([r.end for r in ok if r.end is not None])
+    held = [r.queued for r in records if r.queued > 0]
+    lags = [r.sent - r.start for r in sent if r.sent is not None]
+    achieved_ratio = achieved_rate / scheduled_rate if achieved_rate and scheduled_rate else None
+    sent_ratio = sent_rate / scheduled_rate if sent_rate and scheduled_rate else None
+    out: dict[str, Any] = {
+        "rate": info.get("rate"),
+        "arrivals": info.get("arrivals"),
+        "max_concurrency": info.get("max_concurrency"),
+        "requests": n,
+        "sent": len(sent),
+        "completed": len(ok),
+        "offered_rate": info.get("rate"),
+        "scheduled_rate": scheduled_rate,
+        "sent_rate": sent_rate,
+        "achieved_rate": achieved_rate,
+        "achieved_ratio": achieved_ratio,
+        "send_lag": {**_dist(lags), "max": max(lags, default=None)},
+        "held": len(held),
+        "queue_wait": _dist(held),
+        "peak_in_flight": info.get("peak_in_flight"),
+        "limited": limit_of(achieved_ratio, sent_ratio, len(held) / n if n else 0.0),
+    }
+    out["limit_reason"] = limit_reason(out)
+    return out
+
+
 def summarize_run(
     records: list[Record],
     window: float,
@@ -65,9 +167,12 @@ def summarize_run(
     deltas: dict[str, Any],
     min_duration_s: float,
     aborted: str | None = None,
+    *,
+    open_loop: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Reduce one run to its metrics and validity; what is stored and compared. `aborted`: why the run was cut
-    short (the watchdog's reason), if it was."""
+    short (the watchdog's reason), if it was. `open_loop`: the run's schedule settings (rate, arrivals, cap, peak in
+    flight) for an open-loop run, whose records start when they were due (concurrency 0)."""
     ok = [r for r in records if r.error is None and r.end is not None]
     errors = [r for r in records if r.error is not None]
     short = [r for r in ok if r.tokens < r.max_tokens]
@@ -120,7 +225,7 @@ def summarize_run(
     if window < min_duration_s:
         reasons.append(f"run lasted {window:.2f}s, shorter than the minimum {min_duration_s:.2f}s")
     sources = sorted({r.token_source for r in ok})
-    return {
+    summary: dict[str, Any] = {
         "concurrency": concurrency,
         "requests": len(records),
         "errors": len(errors),
@@ -169,7 +274,19 @@ def summarize_run(
                 "accepted": r.accepted,
                 "error": r.error,
                 "arrivals_s": arrival_profile(r),
+                **(
+                    {
+                        "scheduled_s": r.start,
+                        "send_lag_s": None if r.sent is None else r.sent - r.start,
+                        "queued_s": r.queued,
+                    }
+                    if open_loop is not None
+                    else {}
+                ),
             }
             for r in records
         ],
     }
+    if open_loop is not None:
+        summary["open_loop"] = open_loop_summary(records, open_loop)
+    return summary

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.client.request import ENDPOINTS
+from orchestrator.config import arrivals
 from orchestrator.config.plan import Plan, assumed_speed, claimed_speed, plan, sim_speed
 from orchestrator.config.profile import Profile
 from orchestrator.config.workload import CLIENT_PLACES, BenchConfig
@@ -23,6 +24,8 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "input_len": (1, 1_000_000),
 }
 LEVELS = (1, 4096)  # concurrency levels
+DURATION_S = (0.001, 86400.0)  # an open-loop run's --duration
+OPEN_LOOP_INTS: dict[str, tuple[int, int]] = {"requests_per_level": (1, 100_000), "max_concurrency": (1, 100_000)}
 BLOCKS = (1, 1000)  # blocks of one experiment (each launches every arm once)
 SECONDS_RANGES: dict[str, tuple[float, float]] = {
     "min_run_s": (0.0, 86400.0),
@@ -65,6 +68,56 @@ def check_workload(bench: BenchConfig, where: str = "") -> None:
             raise PlanError(f"{where}{name}: expected one of {', '.join(valid)}, got {_shown(getattr(bench, name))}")
     if not isinstance(bench.prompts, str) or not bench.prompts:
         raise PlanError(f"{where}prompts: expected a prompt set's name or a file, got {_shown(bench.prompts)}")
+    check_open_loop(bench, where)
+
+
+def check_open_loop(bench: BenchConfig, where: str = "") -> None:
+    """The open-loop fields (docs/load.md): rates, arrivals, one of duration and requests, the cap; all left at their
+    defaults in a closed-loop workload."""
+    rates = bench.rate
+    if not rates:
+        given = [
+            name
+            for name, default in (
+                ("duration_s", None),
+                ("requests_per_level", None),
+                ("max_concurrency", None),
+                ("arrivals", "poisson"),
+            )
+            if getattr(bench, name) != default
+        ]
+        if given:
+            raise PlanError(f"{where}{given[0]}: applies to an open-loop workload (rate levels) only; rate is empty")
+        return
+    if not (
+        len(rates) <= arrivals.MAX_LEVELS
+        and all(_is_number(r) and math.isfinite(r) and 0 < r <= arrivals.MAX_RATE for r in rates)
+        and len(set(rates)) == len(rates)
+    ):
+        raise PlanError(
+            f"{where}rate: expected up to {arrivals.MAX_LEVELS} distinct request rates above 0 and at most "
+            f"{arrivals.MAX_RATE:g} per second, got {_shown(rates)}"
+        )
+    if not isinstance(bench.arrivals, str):
+        raise PlanError(f"{where}arrivals: expected poisson, constant or gamma:CV, got {_shown(bench.arrivals)}")
+    try:
+        arrivals.parse(bench.arrivals)
+    except ValueError as e:
+        raise PlanError(f"{where}arrivals: {e}") from None
+    if (bench.duration_s is None) == (bench.requests_per_level is None):
+        raise PlanError(
+            f"{where}duration_s, requests_per_level: an open-loop workload gives exactly one of them "
+            f"(got {_shown(bench.duration_s)} and {_shown(bench.requests_per_level)})"
+        )
+    lo, hi = DURATION_S
+    if bench.duration_s is not None and not (
+        _is_number(bench.duration_s) and math.isfinite(bench.duration_s) and lo <= bench.duration_s <= hi
+    ):
+        raise PlanError(f"{where}duration_s: expected seconds from {lo:g} to {hi:g}, got {_shown(bench.duration_s)}")
+    for name, (ilo, ihi) in OPEN_LOOP_INTS.items():
+        value = getattr(bench, name)
+        if value is not None and not _int_within(value, ilo, ihi):
+            raise PlanError(f"{where}{name}: expected a whole number from {ilo:,} to {ihi:,}, got {_shown(value)}")
 
 
 def check_blocks(blocks: Any, name: str = "blocks") -> None:

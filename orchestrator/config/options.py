@@ -17,6 +17,16 @@ class OptionError(InputError):
     (exit 2, with click's usage line); any other caller gets an InputError."""
 
 
+# The open-loop options (field → flag): meaningful only with --rate.
+OPEN_LOOP_OPTIONS = {
+    "rate": "--rate",
+    "arrivals": "--arrivals",
+    "duration": "--duration",
+    "requests_per_level": "--requests",
+    "max_concurrency": "--max-concurrency",
+}
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """Every option of a run command, typed. The defaults are `orch ab`'s, so a test builds one with the few fields
@@ -57,6 +67,12 @@ class RunOptions:
     min_run_s: float = 1.0
     stall_timeout: float = 60.0
     first_token_timeout: float = 180.0
+    # open loop (--rate): requests sent at scheduled times instead of streams kept busy
+    rate: tuple[float, ...] = ()
+    arrivals: str = "poisson"
+    duration: float | None = None
+    requests_per_level: int | None = None
+    max_concurrency: int | None = None
     # the design and its judgement
     blocks: int | str | None = "auto"  # auto, N, or None (orch reproduce: the bundle's own / a claim's default)
     max_blocks: int | None = DEFAULT_MAX_BLOCKS  # None where the command has no --blocks auto
@@ -85,7 +101,7 @@ class RunOptions:
         attach = values.get("attach")
         values["attach"] = (attach,) if isinstance(attach, str) else tuple(attach or ())
         values.setdefault("max_blocks", None)
-        for name in ("profiles", "concurrency", "fail_on"):
+        for name in ("profiles", "concurrency", "fail_on", "rate"):
             if name in values:
                 values[name] = tuple(values[name])
         return cls(command=command, given=frozenset(given) & frozenset(params), **values)
@@ -109,6 +125,28 @@ class RunOptions:
             raise OptionError(
                 f"orch bench --fail-on {judged[0]} judges single-stream tok/s against the profile's expect.tok_s; "
                 f"--metric {self.metric} has no expected value to judge against (compare two profiles with orch ab)"
+            )
+
+    def check_open_loop(self) -> None:
+        """--rate (open loop) excludes the closed-loop options, and the open-loop options need it (docs/load.md)."""
+        if not self.rate:
+            given = [flag for name, flag in OPEN_LOOP_OPTIONS.items() if name != "rate" and self.gave(name)]
+            if given:
+                raise OptionError(
+                    f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to open-loop levels only: give "
+                    "--rate R[,R...] (requests per second), or leave them out for closed loop (--concurrency)"
+                )
+            return
+        for name, flag in (("concurrency", "--concurrency"), ("requests_per_stream", "--requests-per-stream")):
+            if self.gave(name):
+                raise OptionError(
+                    f"--rate (open loop: requests sent at scheduled times) and {flag} (closed loop: streams kept "
+                    "busy) exclude each other; give one of them"
+                )
+        if self.gave("duration") and self.gave("requests_per_level"):
+            raise OptionError(
+                "--duration and --requests exclude each other: an open-loop run at each rate lasts a time or a "
+                "number of requests; give one of them"
             )
 
     def sequential_plan(self) -> SequentialPlan | None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestrator.config import arrivals
 from orchestrator.config.workload import BenchConfig
 
 # Limits on one launch's workload. Beyond them a benchmark is a typo (or days of GPU time), and merely building
@@ -40,6 +42,9 @@ class Plan:
     warmups: int = 0  # of runs_per_launch
     stream_tokens: int = 0  # output tokens each stream decodes one after another, over every launch
     claimed: bool = False  # the speeds are the profiles' claims (expect.tok_s), not the simulator's calibration
+    schedule_s: float = 0.0  # open loop: seconds of arrival schedules over every launch (known before any speed)
+    open_loop: bool = False  # rate levels (--rate), not concurrency levels
+    about: bool = False  # the counts are averages (open loop for a --duration: the number of arrivals varies)
 
     def time_text(self) -> str:
         """The estimate as the plan line says it: "about 2 min", or "at least 2 min" without calibration or claim."""
@@ -51,6 +56,14 @@ class Plan:
             return f"{since}{self.time_text()} (simulator calibration)"
         if self.claimed:
             return f"{since}{self.time_text()} (at each profile's expect.tok_s per stream; server loading not counted)"
+        if self.open_loop:
+            since = f"{_duration(least.schedule_s)} to " if least is not None else ""
+            return (
+                f"unknown for this engine until it runs: at least {since}{_duration(self.schedule_s)} of arrival "
+                "schedules, plus what each run takes to finish its last requests (longer where the server cannot "
+                "keep up with the rate) and loading the server for every launch; --sim or the profiles' expect.tok_s "
+                "give an estimate"
+            )
         low = f"{least.stream_tokens} to " if least is not None else ""
 
         def span(tps: float) -> str:
@@ -67,21 +80,28 @@ class Plan:
     def line(self, least: Plan | None = None) -> str:
         """The plan in one line; with `least` (--blocks auto's minimum), the range from it to this maximum."""
         when = self._when(least)
+        about = "about " if self.about else ""
         if least is not None:
             return (
                 f"plan (--blocks auto): {least.launches} to {self.launches} launches, stopping as soon as every "
-                f"comparison is decided; per launch {self.runs_per_launch} runs, {self.requests_per_launch} requests "
-                f"and {self.output_tokens_per_launch} output tokens; time {when}"
+                f"comparison is decided; per launch {self.runs_per_launch} runs, {about}{self.requests_per_launch} "
+                f"requests and {self.output_tokens_per_launch} output tokens; time {when}"
             )
         warm = f" (+{self.warmups} warmup)" if self.warmups else ""
         return (
             f"plan: {self.launches} launch(es) x {self.runs_per_launch - self.warmups} runs{warm}, "
-            f"{self.requests_per_launch} requests and {self.output_tokens_per_launch} output tokens per launch; "
+            f"{about}{self.requests_per_launch} requests and {self.output_tokens_per_launch} output tokens per launch; "
             f"time {when}"
         )
 
     def refusal(self) -> str | None:
         """Why this plan is refused (the limit and how to get under it), or None."""
+        if self.requests_per_launch > MAX_REQUESTS_PER_LAUNCH and self.open_loop:
+            return (
+                f"about {self.requests_per_launch} requests per launch is over the limit of {MAX_REQUESTS_PER_LAUNCH} "
+                "(warmups + runs x the requests of every --rate level: rate x --duration, or --requests); lower "
+                "--runs, --rate, --duration or --requests"
+            )
         if self.requests_per_launch > MAX_REQUESTS_PER_LAUNCH:
             return (
                 f"{self.requests_per_launch} requests per launch is over the limit of {MAX_REQUESTS_PER_LAUNCH} "
@@ -108,6 +128,10 @@ class Plan:
                 f"by the simulator's calibration the quickest arm's runs would last about {self.shortest_run_s:.2f}s, "
                 f"under --min-run-s {self.min_run_s:g}s, so they would be invalid; raise --max-tokens (or "
                 "--requests-per-stream) or lower --min-run-s"
+                if not self.open_loop
+                else f"by the arrival schedules the shortest level's runs would last about {self.shortest_run_s:.2f}s, "
+                f"under --min-run-s {self.min_run_s:g}s, so they would be invalid; raise --duration (or --requests) "
+                "or lower --min-run-s"
             )
         return None
 
@@ -116,6 +140,8 @@ def plan(
     config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrated: bool, claimed: bool = False
 ) -> Plan:
     """What `config` asks of each launch, and a time estimate from each arm's speed; pure arithmetic."""
+    if config.open_loop:
+        return open_loop_plan(config, arms, blocks=blocks, calibrated=calibrated, claimed=claimed)
     timed = sum(config.requests_per_run(c) for c in config.concurrency) * config.runs
     requests = config.warmup + timed
     tokens = config.warmup * config.warmup_max_tokens + timed * config.max_tokens
@@ -146,6 +172,57 @@ def plan(
         stream_tokens=stream_tokens * blocks,
         claimed=claimed and not calibrated,
     )
+
+
+def open_loop_plan(
+    config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrated: bool, claimed: bool = False
+) -> Plan:
+    """plan() for rate levels: each run lasts its arrival schedule (--duration, or --requests / rate) plus the time
+    its last requests take, or longer where the arm cannot serve the rate (open_loop_run_s)."""
+    per_level = [arrivals.expected_requests(r, config.duration_s, config.requests_per_level) for r in config.rate]
+    spans = [arrivals.span_s(r, config.duration_s, config.requests_per_level) for r in config.rate]
+    timed = config.runs * sum(per_level)
+    seconds = 0.0
+    stream_tokens = 0
+    for speed, setup_s in arms:
+        seconds += setup_s + config.warmup * config.warmup_max_tokens / speed(1)
+        stream_tokens += config.warmup * config.warmup_max_tokens + config.runs * len(config.rate) * config.max_tokens
+        for rate, n, span in zip(config.rate, per_level, spans, strict=True):
+            seconds += config.runs * open_loop_run_s(rate, n, span, config.max_tokens, speed, config.max_concurrency)
+    return Plan(
+        launches=len(arms) * blocks,
+        runs_per_launch=config.warmup + config.runs * len(config.rate),
+        requests_per_launch=config.warmup + timed,
+        output_tokens_per_launch=config.warmup * config.warmup_max_tokens + timed * config.max_tokens,
+        prompt_token_ids_per_launch=(config.warmup + timed) * (config.input_len or 128)
+        if config.prompts == "random"
+        else 0,
+        seconds=seconds * blocks,
+        calibrated=calibrated,
+        shortest_run_s=min(spans) if arms and config.runs else None,
+        min_run_s=config.min_run_s,
+        warmups=config.warmup,
+        stream_tokens=stream_tokens * blocks,
+        claimed=claimed and not calibrated,
+        schedule_s=len(arms) * blocks * config.runs * sum(spans),
+        open_loop=True,
+        about=config.duration_s is not None,
+    )
+
+
+def open_loop_run_s(
+    rate: float, n: int, span: float, max_tokens: int, speed: Callable[[int], float], cap: int | None
+) -> float:
+    """One open-loop run's seconds at an arm's speed: the requests in flight c settle where c = rate x latency(c)
+    (Little's law, latency = max_tokens / speed(c), at most the cap or n); if c requests at a time complete fewer
+    than `rate` per second, the run lasts until the backlog is served, else its schedule, plus one request's time."""
+    most = max(1, min(n, cap if cap is not None else n))
+    c = min(most, max(1, math.ceil(rate * max_tokens / speed(1))))
+    for _ in range(8):
+        c = min(most, max(1, math.ceil(rate * max_tokens / speed(c))))
+    latency = max_tokens / speed(c)
+    capacity = c * speed(c) / max_tokens  # requests per second
+    return max(span, n / capacity) + latency
 
 
 def assumed_speed() -> ArmSpeed:

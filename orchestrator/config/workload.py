@@ -5,9 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config import prompts
+from orchestrator.config import arrivals, prompts
 
 CLIENT_PLACES = ("host", "local")
+# An open-loop level given neither --duration nor --requests lasts this long per run.
+DEFAULT_DURATION_S = 30.0
+# The open-loop fields: left out of to_dict() for a closed-loop workload, so that its stored config and digests stay
+# what they were before open loop existed (a resumed experiment, a nightly history).
+OPEN_LOOP_FIELDS = ("rate", "arrivals", "duration_s", "requests_per_level", "max_concurrency")
 
 
 @dataclass(frozen=True)
@@ -29,18 +34,57 @@ class BenchConfig:
     min_run_s: float = 1.0  # a timed run shorter than this is invalid (too short to measure)
     stall_timeout_s: float = 60.0  # a request with no new token for this long fails (the server hangs)
     first_token_timeout_s: float = 180.0  # ... and with no first token within this long
+    # Open loop (docs/load.md): rate levels in requests/s instead of concurrency levels; each run sends its requests
+    # at the times config/arrivals.schedule gives, for duration_s or requests_per_level, at most max_concurrency at
+    # once.
+    rate: tuple[float, ...] = ()
+    arrivals: str = "poisson"
+    duration_s: float | None = None
+    requests_per_level: int | None = None
+    max_concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        # Read back from JSON (a stored config, a bundle) the levels are a list; as a tuple the config stays hashable.
+        if not isinstance(self.rate, tuple):
+            object.__setattr__(self, "rate", tuple(self.rate))
+
+    @property
+    def open_loop(self) -> bool:
+        return bool(self.rate)
 
     def requests_per_run(self, concurrency: int) -> int:
         return concurrency * self.requests_per_stream
 
+    def schedule(self, rate: float, run: int) -> list[float]:
+        """When each request of timed run `run` at `rate` is due (seconds from the run's start): the same for every
+        arm and launch (config/arrivals.schedule)."""
+        return arrivals.schedule(
+            rate, self.arrivals, seed=self.seed, run=run, duration_s=self.duration_s, requests=self.requests_per_level
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "concurrency": list(self.concurrency)}
+        d = {**self.__dict__, "concurrency": list(self.concurrency), "rate": list(self.rate)}
+        return d if self.open_loop else {k: v for k, v in d.items() if k not in OPEN_LOOP_FIELDS}
 
 
 def request_items(config: BenchConfig) -> list[dict[str, Any]]:
-    """Every input the benchmark will send, in order: identical for every arm (a pure function of the config)."""
-    total = config.warmup + sum(config.runs * config.requests_per_run(c) for c in config.concurrency)
-    return [
+    """Every input the benchmark will send, in order: identical for every arm (a pure function of the config). An
+    open-loop run's items carry `scheduled_s`, when each is due, so the digests of the sequence cover the schedule."""
+    if not config.open_loop:
+        total = config.warmup + sum(config.runs * config.requests_per_run(c) for c in config.concurrency)
+        return [
+            it.to_dict()
+            for it in prompts.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
+        ]
+    schedules = [config.schedule(rate, run) for rate in config.rate for run in range(config.runs)]
+    total = config.warmup + sum(len(s) for s in schedules)
+    items = [
         it.to_dict()
         for it in prompts.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
     ]
+    position = config.warmup
+    for times in schedules:
+        for at in times:
+            items[position] = {**items[position], "scheduled_s": at}
+            position += 1
+    return items

@@ -12,6 +12,7 @@ from orchestrator.errors import InputError
 from orchestrator.launch.fingerprint import Difference, diff
 from orchestrator.results.compare import claim_verdict
 from orchestrator.results.model import ABResult, ArmResult, Comparison, LaunchResult
+from orchestrator.results.run import level_phrase
 from orchestrator.stats.reproduction import DEFAULT_TOLERANCE, NOT_REPRODUCED, REPRODUCED
 
 MODES = ("slower", "different", "env")
@@ -162,7 +163,7 @@ def comparison_check(c: Comparison, mode: str, name_level: bool) -> Check:
     who, base = c.arm_label or c.arm, c.vs_label or c.vs
     # A comparison on another metric than tok/s names it (--metric): "slower on ttft_p99" is a higher p99 TTFT.
     at = ("" if c.metric == DEFAULT_METRIC else f" on {c.metric}") + (
-        f" at concurrency {c.concurrency}" if name_level else ""
+        f" at {level_phrase(c.concurrency)}" if name_level else ""
     )
     est = c.estimate
     if est is None or c.ratio is None:

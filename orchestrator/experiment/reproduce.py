@@ -266,6 +266,11 @@ def plan_claim(target: str, claim: Claim, options: RunOptions) -> ClaimPlan:
     CLAIM_BLOCKS blocks unless options give another number."""
     prof = profiles_mod.load(target)
     expect = prof.expect
+    if options.rate:
+        raise OptionError(
+            "a profile's claim is judged on its tok/s at a concurrency level (closed loop); --rate does not apply "
+            "to it: drop --rate (or compare at rates with `orch ab`)"
+        )
     claimed_tps = claim.tok_s if claim.tok_s is not None else (expect.tok_s if expect else None)
     claimed_ratio = claim.ratio if claim.ratio is not None else (expect.ratio if expect else None)
     if claimed_tps is None and claimed_ratio is None:

@@ -42,6 +42,12 @@ FIXED_OPTIONS = {
     # What the verdicts are on: --blocks auto's looks decided when to stop by them, so a resume keeps them.
     "slo": "--slo",
     "metric": "--metric",
+    # open loop: the levels and their schedules (the schedules are part of the request sequence and its digest)
+    "rate": "--rate",
+    "arrivals": "--arrivals",
+    "duration": "--duration",
+    "requests_per_level": "--requests",
+    "max_concurrency": "--max-concurrency",
 }
 
 # How long to wait for a hung server is not part of what is measured: a resume may change it (option → BenchConfig).
@@ -177,7 +183,9 @@ def check_resumable(
     if bench is not None and config.get("requests_sha256") not in (None, requests_digest(bench)):
         raise OrchError(
             f"the requests of experiment {exp['id']} changed since it started (was the prompts file "
-            f"{bench.prompts!r} edited?); a resumed experiment must send the same requests"
+            f"{bench.prompts!r} edited?"
+            + (" or does this orch draw its arrival schedules differently?" if bench.open_loop else "")
+            + "); a resumed experiment must send the same requests"
         )
 
 

@@ -15,7 +15,7 @@ from orchestrator.config import profile as profiles_mod
 from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.config.plan import Plan
-from orchestrator.config.workload import BenchConfig, request_items
+from orchestrator.config.workload import DEFAULT_DURATION_S, BenchConfig, request_items
 from orchestrator.errors import OrchError
 from orchestrator.experiment import ab, failon, resume
 from orchestrator.experiment import host as experiment_host
@@ -78,6 +78,11 @@ def bench_expect(options: RunOptions) -> profiles_mod.Expect | None:
     if not options.fail_on:
         return None
     prof = profiles_mod.load(options.profiles[0])
+    if options.rate and any(mode in ("slower", "different") for mode in options.fail_on):
+        raise OptionError(
+            "--fail-on slower/different judges single-stream tok/s against the profile's expect.tok_s, which an "
+            "open-loop level (--rate) does not measure; use --concurrency 1, or --fail-on env alone"
+        )
     refusal = failon.single_profile_refusal(prof.name, prof.expect, options.fail_on, options.concurrency)
     if refusal:
         raise OptionError(refusal)
@@ -87,6 +92,7 @@ def bench_expect(options: RunOptions) -> profiles_mod.Expect | None:
 def start(
     store: Store, options: RunOptions, rep: PlainReporter, warn: Callable[[str], None] = warn_stderr
 ) -> model.ABResult:
+    options.check_open_loop()
     names = options.profiles
     profiles = [profiles_mod.load(n) for n in names]
     profiles_mod.check_distinct_names(profiles)
@@ -107,6 +113,7 @@ def start(
         min_run_s=options.min_run_s,
         stall_timeout_s=options.stall_timeout,
         first_token_timeout_s=options.first_token_timeout,
+        **open_loop_fields(options),
     )
     engines.check_use(profiles, bench.endpoint, simulate=options.sim)
     # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built.
@@ -127,6 +134,23 @@ def start(
             warn(f"WARNING: {line}")
     request_items(bench)  # bad prompt files or options fail here, before any server starts
     return execute(store, profiles, bench, options, rep, None)
+
+
+def open_loop_fields(options: RunOptions) -> dict[str, Any]:
+    """The workload's open-loop fields from --rate and its options ({} for closed loop); a level given neither
+    --duration nor --requests lasts DEFAULT_DURATION_S, recorded as if given."""
+    if not options.rate:
+        return {}
+    duration = options.duration
+    if duration is None and options.requests_per_level is None:
+        duration = DEFAULT_DURATION_S
+    return {
+        "rate": options.rate,
+        "arrivals": options.arrivals,
+        "duration_s": duration,
+        "requests_per_level": options.requests_per_level,
+        "max_concurrency": options.max_concurrency,
+    }
 
 
 def blocks_of(options: RunOptions) -> int:

@@ -36,7 +36,9 @@ NO_ENERGY_REMOTE_LOCAL_CLIENT = (
 
 # A runner sends one run's requests (bodies, their max tokens, the concurrency) and returns client.summarize_run's dict.
 # With probe_gpus=True it also reads the GPUs' state during the run (summary["gpus"]; None if the run was too short).
-Runner = Callable[[list[dict[str, Any]], list[int], int, bool], dict[str, Any]]
+# The last argument, for an open-loop run, is client.runner.run's `open_loop` (the schedule, rate, arrivals, cap;
+# concurrency is then 0); None for closed loop.
+Runner = Callable[[list[dict[str, Any]], list[int], int, bool, "dict[str, Any] | None"], dict[str, Any]]
 
 
 def host_runner(
@@ -51,12 +53,25 @@ def host_runner(
     `watch` (the launch's recorded processes) is checked there once a second: a run stops the moment one exits.
     With `power`, the agent samples the GPUs' power during every run, in the same call (summary["energy"])."""
 
-    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
-        rounds = -(-len(bodies) // concurrency)
-        sampling: dict[str, Any] = {"power_smi": host.config.nvidia_smi} if power else {}
+    def run(
+        bodies: list[dict[str, Any]],
+        max_tokens: list[int],
+        concurrency: int,
+        probe_gpus: bool,
+        open_loop: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        if open_loop is None:
+            wait = config.request_timeout_s * -(-len(bodies) // concurrency)
+        else:
+            # The schedule, then the requests a cap holds back, one round of request timeouts per cap's worth.
+            cap = open_loop.get("max_concurrency") or len(bodies)
+            wait = max(open_loop["schedule"], default=0.0) + config.request_timeout_s * -(-len(bodies) // cap)
+        extra: dict[str, Any] = {"open_loop": open_loop} if open_loop is not None else {}
+        if power:
+            extra["power_smi"] = host.config.nvidia_smi
         result: dict[str, Any] = host.call(
             "bench_run",
-            call_timeout=60 + config.request_timeout_s * rounds + (POWER_CALL_EXTRA_S if power else 0.0),
+            call_timeout=60 + wait + (POWER_CALL_EXTRA_S if power else 0.0),
             address=address,
             port=port,
             endpoint=config.endpoint,
@@ -69,7 +84,7 @@ def host_runner(
             stall_s=config.stall_timeout_s,
             first_token_s=config.first_token_timeout_s,
             watch=watch,
-            **sampling,
+            **extra,
         )
         return result
 
@@ -92,7 +107,13 @@ def local_runner(
         raise BenchError(f"cannot benchmark {base_url!r}: expected http://HOST:PORT")
     address, port, gpu_host = parts.hostname, parts.port, host
 
-    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
+    def run(
+        bodies: list[dict[str, Any]],
+        max_tokens: list[int],
+        concurrency: int,
+        probe_gpus: bool,
+        open_loop: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         from orchestrator.client import runner as client
 
         sampler = None
@@ -139,6 +160,7 @@ def local_runner(
                 stall_s=config.stall_timeout_s,
                 first_token_s=config.first_token_timeout_s,
                 watchdog=watchdog,
+                open_loop=open_loop,
             )
         except BaseException:
             if sampler is not None:
@@ -159,8 +181,15 @@ def local_runner(
 
 
 def _without_energy(runner: Runner, why: str) -> Runner:
-    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
-        return {**runner(bodies, max_tokens, concurrency, probe_gpus), "energy": {"source": "nvidia-smi", "error": why}}
+    def run(
+        bodies: list[dict[str, Any]],
+        max_tokens: list[int],
+        concurrency: int,
+        probe_gpus: bool,
+        open_loop: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        result = runner(bodies, max_tokens, concurrency, probe_gpus, open_loop)
+        return {**result, "energy": {"source": "nvidia-smi", "error": why}}
 
     return run
 
@@ -169,8 +198,14 @@ def with_engine_counters(runner: Runner, engine: Engine) -> Runner:
     """A runner whose runs take their speculative statistics from the engine's own /metrics counters when the
     responses carried none (vLLM reports them only there; SGLang there too without per-request meta_info)."""
 
-    def run(bodies: list[dict[str, Any]], max_tokens: list[int], concurrency: int, probe_gpus: bool) -> dict[str, Any]:
-        summary = runner(bodies, max_tokens, concurrency, probe_gpus)
+    def run(
+        bodies: list[dict[str, Any]],
+        max_tokens: list[int],
+        concurrency: int,
+        probe_gpus: bool,
+        open_loop: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        summary = runner(bodies, max_tokens, concurrency, probe_gpus, open_loop)
         if summary.get("spec_accept_length") is None:
             counted = engine.spec_from_counters(summary.get("counter_deltas") or {})
             if counted is not None:
@@ -219,7 +254,9 @@ def runner_for(
     counted = with_engine_counters(inner, engine)
     if probe_gpus:
         return counted
-    return lambda bodies, max_tokens, concurrency, _probe: counted(bodies, max_tokens, concurrency, False)
+    return lambda bodies, max_tokens, concurrency, _probe, open_loop: counted(
+        bodies, max_tokens, concurrency, False, open_loop
+    )
 
 
 def run_benchmark(
@@ -231,8 +268,9 @@ def run_benchmark(
     recover: Callable[[str], bool] | None = None,
     events: Events = QUIET,
 ) -> list[RunResult]:
-    """Warmups, then timed runs at each concurrency level; `on_run` sees each run the moment it finishes, `events`
-    each one's start (a phase).
+    """Warmups, then timed runs at each concurrency level, or at each rate (open loop: each run sends its requests
+    at the times its schedule gives); `on_run` sees each run the moment it finishes, `events` each one's start (a
+    phase).
 
     A run with failed requests calls `recover` (reconnect, check the server); if the server is whole and healthy the
     run is repeated from the start (never stitched together), at most MAX_RECOVERIES times per benchmark, after
@@ -245,26 +283,40 @@ def run_benchmark(
     position = 0
     results: list[RunResult] = []
     recoveries = 0
+    first_level = config.rate[0] if config.open_loop else config.concurrency[0]
 
-    def one(index: int, warm: bool, concurrency: int, n: int, max_tokens: int) -> None:
+    def one(index: int, warm: bool, concurrency: int, n: int, max_tokens: int, rate: float | None = None) -> None:
         nonlocal position, recoveries
         chunk = items[position : position + n]
         position += n
         bodies = [client.build_body(config.endpoint, it, max_tokens, model) for it in chunk]
+        # Open loop: when each request is due, from the request sequence itself (its digest covers the schedule).
+        open_loop = (
+            None
+            if rate is None
+            else {
+                "schedule": [float(it["scheduled_s"]) for it in chunk],
+                "rate": rate,
+                "arrivals": config.arrivals,
+                "max_concurrency": config.max_concurrency,
+            }
+        )
+        at = f"concurrency {concurrency}" if rate is None else f"{rate:g} req/s"
         while True:
             # The GPUs are read once per launch, at the same point of every launch so launches compare like for like:
             # during the last warmup (busy GPUs, and nvidia-smi never disturbs a measured run), or without warmups
             # during the first timed run.
             probe = (warm and index == config.warmup - 1) or (
-                config.warmup == 0 and not warm and index == 0 and concurrency == config.concurrency[0]
+                config.warmup == 0 and not warm and index == 0 and (rate or concurrency) == first_level
             )
             events.phase(
                 "warmup" if warm else "run",
                 index=index,
                 of=config.warmup if warm else config.runs,
                 concurrency=concurrency,
+                **({"rate": rate} if rate is not None else {}),
             )
-            summary = runner(bodies, [max_tokens] * n, concurrency, probe)
+            summary = runner(bodies, [max_tokens] * n, concurrency, probe, open_loop)
             if summary.get("aborted"):
                 # The watchdog saw the launch break (a process exited): nothing to check or repeat.
                 stopped = RunResult.from_summary(index, warm, summary)
@@ -272,7 +324,7 @@ def run_benchmark(
                 if on_run is not None:
                     on_run(stopped)
                 raise BenchError(
-                    f"the launch broke during run {index + 1} at concurrency {concurrency}: {summary['aborted']}; "
+                    f"the launch broke during run {index + 1} at {at}: {summary['aborted']}; "
                     "the run was stopped at once and not repeated. The server's log is named above"
                 )
             if not summary["errors"] or recover is None:
@@ -281,7 +333,7 @@ def run_benchmark(
             which = f"{'warmup' if warm else 'run'} {index + 1}/{config.warmup if warm else config.runs}"
             left = recoveries < MAX_RECOVERIES
             what = (
-                f"{which} at concurrency {concurrency}: {summary['errors']} of {summary['requests']} requests failed "
+                f"{which} at {at}: {summary['errors']} of {summary['requests']} requests failed "
                 f"(first: {first}); checking the connection and the server, then "
                 + (
                     f"repeating the run if both are fine (repeat {recoveries + 1} of at most {MAX_RECOVERIES} in "
@@ -297,18 +349,19 @@ def run_benchmark(
                 if on_run is not None:
                     on_run(failed)  # the failed run is stored too: it is the evidence of what happened
                 raise BenchError(
-                    f"the server failed during run {index + 1} at concurrency {concurrency} ({first}); "
+                    f"the server failed during run {index + 1} at {at} ({first}); "
                     "the launch was torn down and the run not repeated. Its log is named above"
                 )
             if not left:
                 break
             recoveries += 1
         if not warm and summary["window_s"] < config.min_run_s and summary["valid"]:
+            longer = "raise --max-tokens" if rate is None else "raise --duration or --requests"
             summary = {
                 **summary,
                 "valid": False,
                 "invalid_reason": f"run lasted {summary['window_s']:.2f}s, shorter than the minimum "
-                f"{config.min_run_s:.2f}s (raise --max-tokens or lower --min-run-s)",
+                f"{config.min_run_s:.2f}s ({longer} or lower --min-run-s)",
             }
         run = RunResult.from_summary(index, warm, summary)
         results.append(run)
@@ -317,6 +370,11 @@ def run_benchmark(
 
     for i in range(config.warmup):
         one(i, True, 1, 1, config.warmup_max_tokens)
+    if config.open_loop:
+        for rate in config.rate:
+            for i in range(config.runs):
+                one(i, False, 0, len(config.schedule(rate, i)), config.max_tokens, rate)
+        return results
     for c in config.concurrency:
         for i in range(config.runs):
             one(i, False, c, config.requests_per_run(c), config.max_tokens)

@@ -8,6 +8,7 @@ from orchestrator.report.lines import SIM_BANNER
 from orchestrator.report.markdown import md_table
 from orchestrator.report.text import text_table
 from orchestrator.results.compare import ArmSide, ClaimVerdict, ExperimentComparison, Side, estimate_json
+from orchestrator.results.run import Rate, level_phrase
 from orchestrator.stats.estimates import RatioEstimate
 from orchestrator.stats.reproduction import NOT_REPRODUCED, ArmEstimate, ReproVerdict
 
@@ -121,7 +122,7 @@ def compare_text(c: ExperimentComparison) -> str:
         headline(c),
         f"  A (recorded): {_side(c.a)}",
         f"  B (new):      {_side(c.b)}",
-        f"  concurrency {c.concurrency}; tolerance ±{c.tolerance * 100:.1f}%; tok/s = geometric mean of launch "
+        f"  {level_phrase(c.concurrency)}; tolerance ±{c.tolerance * 100:.1f}%; tok/s = geometric mean of launch "
         "medians, 95% CI across launches",
     ]
     if c.a.simulated or c.b.simulated:
@@ -163,7 +164,8 @@ def compare_json(c: ExperimentComparison) -> dict[str, Any]:
         "reason": c.reason,
         "exit_code": c.exit_code,
         "tolerance": c.tolerance,
-        "concurrency": c.concurrency,
+        "concurrency": None if isinstance(c.concurrency, Rate) else c.concurrency,
+        **({"rate": float(c.concurrency)} if isinstance(c.concurrency, Rate) else {}),
         "a": _side_json(c.a),
         "b": _side_json(c.b),
         "arms": [
@@ -199,7 +201,7 @@ def compare_markdown(c: ExperimentComparison) -> str:
     if c.a.simulated or c.b.simulated:
         lines += [f"**{SIM_BANNER}**", ""]
     lines += [
-        f"A (recorded): {_side(c.a)}; B (new): {_side(c.b)}. Concurrency {c.concurrency}; tolerance "
+        f"A (recorded): {_side(c.a)}; B (new): {_side(c.b)}. {level_phrase(c.concurrency).capitalize()}; tolerance "
         f"±{c.tolerance * 100:.1f}%.",
         "",
     ]

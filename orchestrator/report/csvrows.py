@@ -28,13 +28,16 @@ CSV_FIELDS = (
     "invalid_reason",
     "attached",  # the URL of a server orch did not launch (--attach): state not fresh, env not verified
 )
+# An open-loop experiment's CSV has one more column: each run's rate, requests per second (its concurrency is 0).
+OPEN_LOOP_FIELDS = ("rate",)
 
 
 def ab_csv(result: ABResult) -> str:
     """One row per timed run (invalid ones included, flagged): the raw data for a spreadsheet or pandas."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(CSV_FIELDS)
+    open_loop = result.open_loop
+    writer.writerow(CSV_FIELDS + (OPEN_LOOP_FIELDS if open_loop else ()))
     for launch in result.launches:
         for r in launch.runs:
             if r.warmup:
@@ -60,6 +63,7 @@ def ab_csv(result: ABResult) -> str:
                     "" if r.spec_accept_length is None else f"{r.spec_accept_length:.4f}",
                     r.invalid_reason or "",
                     (launch.attached or {}).get("url", ""),
+                    *([f"{r.rate:g}" if r.rate else ""] if open_loop else []),
                 ]
             )
     return buf.getvalue()

@@ -18,15 +18,18 @@ from orchestrator.report.lines import (
     crossover_lines,
     energy_lines,
     energy_note,
+    level_heading,
     level_rows,
     metric_heading,
     metric_line,
     metric_rows,
+    rate_lines,
     slo_heading,
     slo_line,
     slo_rows,
 )
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
+from orchestrator.results.run import Level, Rate, level_name, level_phrase
 
 if TYPE_CHECKING:
     from orchestrator.results.run import RunResult
@@ -69,6 +72,11 @@ def _table(rows: Sequence[Sequence[object]], table_id: str, numeric_from: int = 
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def level_id(level: Level) -> str:
+    """A level in element ids: c8 (concurrency), r2 or r0_5 (a rate)."""
+    return f"r{float(level):g}".replace(".", "_") if isinstance(level, Rate) else f"c{level}"
+
+
 def _figure(fig_id: str, svg: str, caption: str) -> str:
     return f'<figure id="{fig_id}">{svg}<figcaption id="{fig_id}-cap">{_e(caption)}</figcaption></figure>'
 
@@ -80,7 +88,10 @@ def _request_rows(run: RunResult, launch: LaunchResult, requests: Requests) -> l
     return [
         {**r, "index": r.get("idx")}
         for r in requests.get(launch.launch_id, ())
-        if not r.get("run_warmup") and r.get("run_concurrency") == run.concurrency and r.get("run_idx") == run.index
+        if not r.get("run_warmup")
+        and r.get("run_concurrency") == run.concurrency
+        and (r.get("run_rate") or 0.0) == (run.rate or 0.0)
+        and r.get("run_idx") == run.index
     ]
 
 
@@ -105,11 +116,11 @@ def _arrivals(rows: Sequence[Mapping[str, Any]]) -> list[tuple[Sequence[float], 
     return out
 
 
-def _runs(arm: ArmResult, level: int) -> list[tuple[LaunchResult, RunResult]]:
+def _runs(arm: ArmResult, level: Level) -> list[tuple[LaunchResult, RunResult]]:
     return [(launch, r) for launch in arm.launches for r in launch.timed_at(level)]
 
 
-def _tok_s_figure(result: ABResult, level: int) -> str:
+def _tok_s_figure(result: ABResult, level: Level) -> str:
     arms = [
         plots.ArmLaunches(
             arm.label,
@@ -119,12 +130,12 @@ def _tok_s_figure(result: ABResult, level: int) -> str:
         )
         for i, arm in enumerate(result.arms)
     ]
-    fig_id = f"fig-tok-s-c{level}"
-    svg = plots.launch_points(fig_id, arms, f"tok/s per stream @ concurrency {level}")
+    fig_id = f"fig-tok-s-{level_id(level)}"
+    svg = plots.launch_points(fig_id, arms, f"tok/s per stream @ {level_phrase(level)}")
     return _figure(
         fig_id,
         svg,
-        f"tok/s per stream at concurrency {level}: each dot is a timed run, grouped by launch (bN: block N); a bar "
+        f"tok/s per stream at {level_phrase(level)}: each dot is a timed run, grouped by launch (bN: block N); a bar "
         "marks a launch's value (the median of its runs), the dashed line the arm's median of launch values. "
         "Comparisons rest on launches, so the spread between bars is the noise that matters.",
     )
@@ -136,7 +147,7 @@ def _ratio_figure(result: ABResult) -> str:
         for c in result.comparisons_at(level):
             est = c.estimate
             ci = est is not None and est.blocks >= 2  # one block's interval holds only run noise: not drawn
-            label = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level}"
+            label = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level_name(level)}"
             rows.append(
                 plots.RatioBar(
                     label,
@@ -156,7 +167,7 @@ def _ratio_figure(result: ABResult) -> str:
     )
 
 
-def _representative(arm: ArmResult, level: int) -> tuple[LaunchResult, RunResult] | None:
+def _representative(arm: ArmResult, level: Level) -> tuple[LaunchResult, RunResult] | None:
     """The timed run closest to the arm's median: one typical run, not the best one."""
     runs = _runs(arm, level)
     median = arm.median_at(level)
@@ -165,7 +176,7 @@ def _representative(arm: ArmResult, level: int) -> tuple[LaunchResult, RunResult
     return min(runs, key=lambda lr: abs(lr[1].tok_s - median))
 
 
-def _timeline_figure(result: ABResult, level: int, requests: Requests) -> str:
+def _timeline_figure(result: ABResult, level: Level, requests: Requests) -> str:
     lines, missing = [], []
     for i, arm in enumerate(result.arms):
         pick = _representative(arm, level)
@@ -188,20 +199,22 @@ def _timeline_figure(result: ABResult, level: int, requests: Requests) -> str:
     return _figure(
         "fig-tokens",
         plots.token_timelines("fig-tokens", lines),
-        f"Output tokens received over time in one run of each arm at concurrency {level} (the run closest to the "
+        f"Output tokens received over time in one run of each arm at {level_phrase(level)} (the run closest to the "
         "arm's median). Each point is measured: when 0%, 10%, ..., 100% of a request's tokens had arrived (orch "
         "keeps these 11 instants per request, not every token's); a steeper line is a faster stream, a step is a "
         "pause or a burst. "
         + (
             "Requests are laid end to end (they ran one after another; the short gaps between them are not stored)."
             if seq
+            else "Each request is drawn from when it was scheduled (open loop: they overlapped)."
+            if isinstance(level, Rate)
             else "Request start times are not stored, so each request is drawn from its own start."
         )
         + gap,
     )
 
 
-def _latency_figures(result: ABResult, level: int, requests: Requests) -> list[str]:
+def _latency_figures(result: ABResult, level: Level, requests: Requests) -> list[str]:
     ttft: list[tuple[str, int, list[float]]] = []
     per_request = True
     for i, arm in enumerate(result.arms):
@@ -229,7 +242,7 @@ def _latency_figures(result: ABResult, level: int, requests: Requests) -> list[s
         _figure(
             "fig-ttft",
             plots.strip_box("fig-ttft", ttft, "time to first token (ms)"),
-            f"Time to first token at concurrency {level}: "
+            f"Time to first token at {level_phrase(level)}: "
             + (
                 "one point per request (every timed run of every launch)."
                 if per_request
@@ -239,7 +252,7 @@ def _latency_figures(result: ABResult, level: int, requests: Requests) -> list[s
         _figure(
             "fig-itl",
             plots.percentile_points("fig-itl", itl, "inter-token latency (ms)"),
-            f"Inter-token latency at concurrency {level}: orch stores each run's ITL percentiles, not the raw "
+            f"Inter-token latency at {level_phrase(level)}: orch stores each run's ITL percentiles, not the raw "
             "inter-token samples; one point per run and percentile.",
         ),
     ]
@@ -276,7 +289,7 @@ def _launch_table(result: ABResult) -> str:
             "position",
             "arm",
             "launch id",
-            *[f"tok/s @ {c}" for c in levels],
+            *[f"tok/s @ {level_name(c)}" for c in levels],
             "valid runs",
             "invalid runs",
             "ready s",
@@ -436,15 +449,17 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         body.append("</ul></section>")
     body.append('<section id="summary"><h2>Summary</h2>')
     for lv in result.levels or [1]:
-        body.append(f"<h3>tok/s per stream at concurrency {lv}</h3>")
-        body.append(_table(level_rows(result, lv), f"table-summary-c{lv}"))
+        body.append(f"<h3>{_e(level_heading(lv))}</h3>")
+        body.append(_table(level_rows(result, lv), f"table-summary-{level_id(lv)}"))
+        if rate := rate_lines(result, lv):
+            body.append(f'<ul id="rates-{level_id(lv)}">' + "".join(f"<li>{_e(line)}</li>" for line in rate) + "</ul>")
         if result.slo is not None:
-            body.append(f"<h3>Goodput at concurrency {lv}</h3>")
-            body.append(_table(slo_rows(result, lv), f"table-goodput-c{lv}"))
+            body.append(f"<h3>Goodput at {_e(level_phrase(lv))}</h3>")
+            body.append(_table(slo_rows(result, lv), f"table-goodput-{level_id(lv)}"))
             body.append(f'<p class="note">{_e(slo_heading(result, lv))}.</p>')
         if heading := metric_heading(result, lv):
-            body.append(f"<h3>{_e(result.metric)} at concurrency {lv}</h3>")
-            body.append(_table(metric_rows(result, lv), f"table-metric-c{lv}"))
+            body.append(f"<h3>{_e(result.metric)} at {_e(level_phrase(lv))}</h3>")
+            body.append(_table(metric_rows(result, lv), f"table-metric-{level_id(lv)}"))
             body.append(f'<p class="note">{_e(heading)}.</p>')
     body.append(
         '<p class="note">median: of launch values (each the median of its runs); min/max over runs; CV within and '

@@ -9,6 +9,7 @@ from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.report.lines import energy_note
 from orchestrator.results.goodput import run_attainment
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
+from orchestrator.results.run import Level, Rate
 
 if TYPE_CHECKING:
     from orchestrator.config.slo import SLO
@@ -46,13 +47,21 @@ def _run_json(run: RunResult, launch: LaunchResult | None = None, slo: SLO | Non
         # run that never tried) and per output token
         "energy": run.energy,
         "j_per_token": run.j_per_token,
+        # open loop only: the level's rate, and the run against its schedule (client.summary.open_loop_summary)
+        **({"rate": run.rate, "open_loop": run.open_loop} if run.rate else {}),
     }
 
 
-def _level_json(arm: ArmResult, level: int, metric: str = DEFAULT_METRIC) -> dict[str, Any]:
+def level_keys(level: Level) -> dict[str, Any]:
+    """Which level an entry is at: {"concurrency": c}, or for an open-loop level {"concurrency": None, "rate": r}."""
+    return {"concurrency": None, "rate": float(level)} if isinstance(level, Rate) else {"concurrency": level}
+
+
+def _level_json(arm: ArmResult, level: Level, metric: str = DEFAULT_METRIC) -> dict[str, Any]:
     s, spread, agg = arm.summary_at(level), arm.spread_at(level), arm.aggregate_at(level)
+    rl = arm.rate_level(level)
     return {
-        "concurrency": level,
+        **level_keys(level),
         "median_tok_s": spread.median if spread else None,
         "median_aggregate_tok_s": agg.median if agg else None,
         "summary": s.to_dict() if s else None,
@@ -62,10 +71,12 @@ def _level_json(arm: ArmResult, level: int, metric: str = DEFAULT_METRIC) -> dic
         **({"goodput": _goodput_json(arm, level)} if arm.slo is not None else {}),
         **({"metric": _metric_json(arm, level, metric)} if metric != DEFAULT_METRIC else {}),
         "energy": _energy_json(arm, level),
+        # open loop only: achieved vs offered rate, latency percentiles from the scheduled send, who limited it
+        **({"open_loop": rl.to_dict()} if rl is not None else {}),
     }
 
 
-def _goodput_json(arm: ArmResult, level: int) -> dict[str, Any]:
+def _goodput_json(arm: ArmResult, level: Level) -> dict[str, Any]:
     """One arm at one level under the SLO: goodput's launch values and spread (req/s and tok/s), every request
     pooled (how many met every limit), and each percentile objective as the arm met it."""
     req, tok, pooled = arm.spread_at(level, "goodput"), arm.spread_at(level, "goodput_tok_s"), arm.attainment_at(level)
@@ -87,7 +98,7 @@ def _goodput_json(arm: ArmResult, level: int) -> dict[str, Any]:
     }
 
 
-def _metric_json(arm: ArmResult, level: int, metric: str) -> dict[str, Any]:
+def _metric_json(arm: ArmResult, level: Level, metric: str) -> dict[str, Any]:
     spread = arm.spread_at(level, metric)
     return {
         "name": metric,
@@ -97,7 +108,7 @@ def _metric_json(arm: ArmResult, level: int, metric: str) -> dict[str, Any]:
     }
 
 
-def _energy_json(arm: ArmResult, level: int) -> dict[str, Any] | None:
+def _energy_json(arm: ArmResult, level: Level) -> dict[str, Any] | None:
     est = arm.energy_at(level)
     if est is not None:
         return {**est.to_dict(), "launch_values": [launch.energy_at(level) for launch in arm.launches]}
@@ -146,7 +157,7 @@ def _launch_json(result: ABResult, launch: LaunchResult) -> dict[str, Any]:
         "attached": launch.attached,
         "values": [
             {
-                "concurrency": level,
+                **level_keys(level),
                 "tok_s": launch.value_at(level),
                 "aggregate_tok_s": launch.value_at(level, "aggregate_tok_s"),
                 "ttft_s": launch.value_at(level, "ttft_s"),

@@ -31,6 +31,9 @@ JSONL_FIELDS = (
     "error",
     "attached",
 )
+# After those, in an open-loop experiment's lines only: the level's rate, when the request was due (seconds from the
+# run's start), how late the client sent it, and how long of that a --max-concurrency cap held it.
+OPEN_LOOP_FIELDS = ("rate", "scheduled_s", "send_lag_s", "queued_s")
 
 
 def request_jsonl(result: ABResult, requests: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
@@ -38,9 +41,9 @@ def request_jsonl(result: ABResult, requests: Mapping[str, Sequence[Mapping[str,
     AIPerf's per-record export; `requests` holds the store's rows per launch id (Store.requests)."""
     lines = []
     for launch in result.launches:
-        valid = {(r.concurrency, r.index): r.valid for r in launch.runs if not r.warmup}
+        valid = {(r.concurrency, r.rate or 0.0, r.index): r.valid for r in launch.runs if not r.warmup}
         for row in requests.get(launch.launch_id, ()):
-            key = (int(row["run_concurrency"]), int(row["run_idx"]))
+            key = (int(row["run_concurrency"]), float(row.get("run_rate") or 0.0), int(row["run_idx"]))
             if row["run_warmup"] or key not in valid:
                 continue
             record = {
@@ -53,14 +56,17 @@ def request_jsonl(result: ABResult, requests: Mapping[str, Sequence[Mapping[str,
                 "block": launch.block + 1,
                 "position": launch.position + 1,
                 "concurrency": key[0],
-                "run": key[1] + 1,
+                "run": key[2] + 1,
                 "run_valid": valid[key],
                 "request": int(row["idx"]) + 1,
                 **{k: row.get(k) for k in ("tokens", "prompt_tokens", "ttft_s", "e2e_s", "chunks", "accept_length")},
                 "error": row.get("error"),
                 "attached": (launch.attached or {}).get("url"),
+                "rate": key[1] or None,
+                **{k: row.get(k) for k in ("scheduled_s", "send_lag_s", "queued_s")},
             }
-            lines.append(json.dumps({k: record[k] for k in JSONL_FIELDS}))
+            fields = JSONL_FIELDS + (OPEN_LOOP_FIELDS if key[1] else ())
+            lines.append(json.dumps({k: record[k] for k in fields}))
     return "".join(line + "\n" for line in lines)
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
+from orchestrator.client.summary import lag_text
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.results.model import ABResult, ArmResult, Comparison, EnergyComparison
+from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats.estimates import BreakEven
 
 SIM_BANNER = "SIMULATED: these numbers come from orch's simulator (of SGLang or vLLM), not from a real server on a GPU."
@@ -95,7 +97,7 @@ HEADER = [
 ]
 
 
-def _arm_row(arm: ArmResult, level: int, vs: str) -> list[str]:
+def _arm_row(arm: ArmResult, level: Level, vs: str) -> list[str]:
     """One arm at one level. median = median of launch values; min/max over runs; CVs within/across launches."""
     spread, s = arm.spread_at(level), arm.summary_at(level)
     timed = arm.timed_at(level)
@@ -122,8 +124,8 @@ def _arm_row(arm: ArmResult, level: int, vs: str) -> list[str]:
     ]
 
 
-def level_rows(result: ABResult, level: int) -> list[list[str]]:
-    """The header and one row per arm at one concurrency level (text and Markdown share them); its vs column is the
+def level_rows(result: ABResult, level: Level) -> list[list[str]]:
+    """The header and one row per arm at one level (text and Markdown share them); its vs column is the
     tok/s ratio whatever --metric the verdicts are on."""
     ratios = {c.arm_index: c for c in result.comparisons_at(level, DEFAULT_METRIC)}
     if not is_ab(result):  # one arm: nothing to be "vs"
@@ -151,7 +153,7 @@ def comparison_line(c: Comparison) -> str:
     """One arm against the baseline: the ratio, its 95 % CI over blocks, and what may be concluded from it. A
     comparison on another metric than tok/s names it (and, for a latency, that lower is better: a ratio below 1 is
     faster)."""
-    head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {c.concurrency}: "
+    head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level_name(c.concurrency)}: "
     what = "" if c.metric == DEFAULT_METRIC else c.metric + ("" if c.higher_is_better else " (lower is better)")
     est = c.estimate
     if c.ratio is None or est is None:
@@ -225,15 +227,15 @@ def slo_line(result: ABResult) -> str | None:
     )
 
 
-def slo_heading(result: ABResult, level: int) -> str:
+def slo_heading(result: ABResult, level: Level) -> str:
     return (
-        f"goodput at concurrency {level}: median of launch values (each the median of its runs); within SLO: "
+        f"goodput at {level_phrase(level)}: median of launch values (each the median of its runs); within SLO: "
         "share of all requests within every limit; SLO met: each arm's pNN (median of launch values) within its limit"
         + ("; vs: goodput ratio" if is_ab(result) else "")
     )
 
 
-def slo_rows(result: ABResult, level: int) -> list[list[str]]:
+def slo_rows(result: ABResult, level: Level) -> list[list[str]]:
     """Each arm's goodput under the SLO at one level: req/s and tok/s of good requests, the share of requests within
     every limit, each percentile objective's value, whether all were met, and (an A/B) the goodput ratio."""
     arms = result.arms
@@ -263,18 +265,18 @@ def slo_rows(result: ABResult, level: int) -> list[list[str]]:
     return rows
 
 
-def metric_heading(result: ABResult, level: int) -> str | None:
+def metric_heading(result: ABResult, level: Level) -> str | None:
     """The table of the verdict's metric, where no other table shows it: a latency percentile."""
     spec = METRICS[result.metric]
     if spec.higher_is_better:
         return None
     return (
-        f"{spec.label} at concurrency {level} ({spec.unit}, lower is better): median of launch values (each the "
+        f"{spec.label} at {level_phrase(level)} ({spec.unit}, lower is better): median of launch values (each the "
         "median of its runs); min/max over launches; CV across launches" + ("; vs: ratio" if is_ab(result) else "")
     )
 
 
-def metric_rows(result: ABResult, level: int) -> list[list[str]]:
+def metric_rows(result: ABResult, level: Level) -> list[list[str]]:
     spec = METRICS[result.metric]
     ab = is_ab(result)
     ratios = {c.arm_index: c for c in result.comparisons_at(level)} if ab else {}
@@ -326,7 +328,7 @@ def energy_missing(result: ABResult) -> str | None:
     return "; ".join(dict.fromkeys(reasons)) if reasons else None
 
 
-def energy_arm_line(arm: ArmResult, level: int) -> str | None:
+def energy_arm_line(arm: ArmResult, level: Level) -> str | None:
     """One arm's joules per output token at one level with its CI, or why it has none."""
     est = arm.energy_at(level)
     if est is None:
@@ -358,7 +360,7 @@ def energy_comparison_line(c: EnergyComparison) -> str:
     return line + f" -> inconclusive (the CI is too wide to call ±{c.min_effect * 100:.1f}%)"
 
 
-def energy_lines(result: ABResult, level: int) -> list[str]:
+def energy_lines(result: ABResult, level: Level) -> list[str]:
     """Joules per output token at one level: a heading, one line per arm, one per comparison; [] when no arm
     measured energy anywhere (`energy_missing` says why once)."""
     if not energy_measured(result):
@@ -409,36 +411,77 @@ def energy_note(result: ABResult) -> str | None:
 # ---------------------------------------------------------------- where speculation stops paying
 
 
-def _level(value: float | None, word: str) -> str:
-    return "-" if value is None else f"{word} {value:.3g}"
-
-
 def crossover_lines(result: ABResult) -> list[str]:
     """Each arm against the first over the levels measured (two or more): the load where it stops paying (or
     starts), with its 95 % CI, or that it does not cross in the range measured."""
+    rates = bool(result.levels) and isinstance(result.levels[0], Rate)
+
+    def load(value: float, about: str = "") -> str:
+        return f"{about}{value:.3g} req/s" if rates else f"concurrency {about}{value:.3g}"
+
     out = []
-    word = "concurrency"
     for arm, x in result.crossovers():
-        span = f"{word} {x.levels[0]:g}–{x.levels[-1]:g}"
+        span = f"{load(x.levels[0])} to {load(x.levels[-1])}"
         on = "" if result.metric == DEFAULT_METRIC else f" on {result.metric}"
         head = f"crossover: {arm.label} vs {result.arms[0].label}{on}: "
         if x.status == "crosses" and x.at is not None:
-            lo = f"below {word} {x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
-            hi = f"beyond {word} {x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
+            lo = f"below {load(x.levels[0])}" if x.lo is None else load(x.lo)
+            hi = f"beyond {load(x.levels[-1])}" if x.hi is None else load(x.hi)
             better, worse = ("faster", "slower") if x.pays_below else ("slower", "faster")
             where = "below" if x.pays_below else "above"
             line = (
-                f"pays {where} {word} ~{x.at:.3g} (95% CI {lo} to {hi}, over {x.blocks} blocks); "
+                f"pays {where} {load(x.at, '~')} (95% CI {lo} to {hi}, over {x.blocks} blocks); "
                 f"{better} below it, {worse} above it"
             )
             if x.crosses_again:
                 line += " (the ratio crosses 1 more than once in the range; the first crossing is shown)"
         elif x.status == "undecided":
-            lo = f"{word} {x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
-            hi = f"{word} {x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
+            lo = load(x.levels[0]) if x.lo is None else load(x.lo)
+            hi = load(x.levels[-1]) if x.hi is None else load(x.hi)
             line = f"no crossing seen in the range measured ({span}), but one between {lo} and {hi} cannot be excluded"
         else:
             verdict = "faster" if x.status == "pays throughout" else "slower"
             line = f"does not cross in the range measured ({span}): {verdict} throughout"
         out.append(head + line)
+    return out
+
+
+def level_heading(level: Level) -> str:
+    """What a level's table shows, as its heading says it."""
+    if isinstance(level, Rate):
+        return (
+            f"tok/s per stream at {level_phrase(level)} (open loop: each request's time counts from when it was "
+            "scheduled)"
+        )
+    return f"tok/s per stream at {level_phrase(level)}"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def rate_lines(result: ABResult, level: Level) -> list[str]:
+    """At an open-loop level, each arm's achieved rate against the offered one and its latency percentiles from the
+    scheduled send time; a shortfall says who held the rate back (also among the warnings). [] at a concurrency
+    level."""
+    out = []
+    for arm in result.arms:
+        rl = arm.rate_level(level)
+        if rl is None:
+            continue
+        achieved = "-" if rl.achieved_rate is None else f"{rl.achieved_rate:.2f}"
+        scheduled = "-" if rl.scheduled_rate is None else f"{rl.scheduled_rate:.2f}"
+        line = (
+            f"{arm.label} @ {level_name(level)}: achieved {achieved} req/s of {scheduled} scheduled "
+            f"({rl.rate:g} offered); TTFT p50 {_seconds(rl.ttft_p50_s)}, p99 {_seconds(rl.ttft_p99_s)}; "
+            f"E2E p50 {_seconds(rl.e2e_p50_s)}, p99 {_seconds(rl.e2e_p99_s)}; send lag p99 "
+            + ("-" if rl.send_lag_p99_s is None else lag_text(rl.send_lag_p99_s))
+            + (f"; {rl.held} requests held by the cap" if rl.held else "")
+            + (f"; peak {rl.peak_in_flight} in flight" if rl.peak_in_flight is not None else "")
+        )
+        if rl.limited is not None:
+            line += f" -> SHORT OF ITS RATE ({rl.limited}-limited)"
+        out.append(line)
     return out

@@ -12,12 +12,14 @@ from orchestrator.report.lines import (
     energy_lines,
     energy_note,
     is_ab,
+    level_heading,
     level_rows,
     metric_heading,
     metric_line,
     metric_rows,
     node_mismatch_lines,
     order_text,
+    rate_lines,
     slo_heading,
     slo_line,
     slo_rows,
@@ -54,7 +56,7 @@ def ab_markdown(result: ABResult) -> str:
     lines += [part for line in (metric_line(result), slo_line(result)) if line for part in ("", line + ".")]
     for level in result.levels or [1]:
         rows = level_rows(result, level)
-        lines += ["", f"## tok/s per stream at concurrency {level}", ""]
+        lines += ["", f"## {level_heading(level)}", ""]
         lines += md_table(rows)
         if result.slo is not None:
             lines += ["", f"### Goodput at concurrency {level}", "", slo_heading(result, level) + ".", ""]
@@ -63,6 +65,7 @@ def ab_markdown(result: ABResult) -> str:
             lines += ["", f"### {result.metric} at concurrency {level}", "", heading + ".", ""]
             lines += md_table(metric_rows(result, level))
         lines.append("")
+        lines += [f"- {line}" for line in rate_lines(result, level)]
         lines += [f"- {comparison_line(c)}" for c in result.comparisons_at(level)]
         if method := ci_method_line(result.comparisons_at(level)):
             lines.append(f"- {method}")

@@ -12,6 +12,7 @@ from orchestrator.report.lines import (
     energy_lines,
     energy_note,
     is_ab,
+    level_heading,
     level_rows,
     metric_heading,
     metric_line,
@@ -19,6 +20,7 @@ from orchestrator.report.lines import (
     node_mismatch_lines,
     number,
     order_text,
+    rate_lines,
     slo_heading,
     slo_line,
     slo_rows,
@@ -26,6 +28,7 @@ from orchestrator.report.lines import (
     whatif_line,
 )
 from orchestrator.results.model import ABResult
+from orchestrator.results.run import level_name, level_phrase
 
 
 def text_table(rows: list[list[str]]) -> list[str]:
@@ -78,7 +81,7 @@ def ab_text(result: ABResult) -> str:
     for level in result.levels or [1]:
         rows = level_rows(result, level)
         lines.append(
-            f"  tok/s per stream at concurrency {level}" + (" (simulated)" if result.simulated else "") + ": median "
+            f"  {level_heading(level)}" + (" (simulated)" if result.simulated else "") + ": median "
             "of launch medians; min/max over runs; CV within and across launches"
             + ("; vs: mean per-block ratio" if is_ab(result) else "")
         )
@@ -89,6 +92,7 @@ def ab_text(result: ABResult) -> str:
         if heading := metric_heading(result, level):
             lines.append(f"  {heading}")
             lines += text_table(metric_rows(result, level))
+        lines += [f"  {line}" for line in rate_lines(result, level)]
         for c in result.comparisons_at(level):
             lines.append("  " + comparison_line(c))
         if method := ci_method_line(result.comparisons_at(level)):
@@ -100,8 +104,8 @@ def ab_text(result: ABResult) -> str:
         lines.append(f"  {line}")
     for spec_arm, be in result.speculation():
         lines.append(
-            f"  why {spec_arm.label} runs at this speed (speculative decoding vs {base.label}, concurrency "
-            f"{result.levels[0] if result.levels else 1}):"
+            f"  why {spec_arm.label} runs at this speed (speculative decoding vs {base.label}, "
+            f"{level_phrase(result.levels[0] if result.levels else 1)}):"
         )
         lines += breakeven_lines(be, indent="    ")
     if recommendation := whatif_line(result):
@@ -110,7 +114,7 @@ def ab_text(result: ABResult) -> str:
         for launch in arm.launches:
             for r in launch.invalid_runs:
                 lines.append(
-                    f"  excluded: {arm.label} block {launch.block + 1} run {r.index + 1} @ {r.concurrency}: "
+                    f"  excluded: {arm.label} block {launch.block + 1} run {r.index + 1} @ {level_name(r.level)}: "
                     f"{r.invalid_reason}"
                 )
         sources = {r.accept_source for r in arm.timed_at() if r.accept_source}

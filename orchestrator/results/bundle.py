@@ -25,6 +25,8 @@ from orchestrator.results.bundleformat import (
     LAUNCH_FIELDS,
     MAX_BUNDLE_BYTES,
     MAX_PROMPT_BYTES,
+    OPTIONAL_REQUEST_FIELDS,
+    OPTIONAL_RUN_FIELDS,
     REQUEST_FIELDS,
     RUN_FIELDS,
     WITHHELD,
@@ -129,17 +131,25 @@ def _launch(store: Store, row: dict[str, Any]) -> dict[str, Any]:
         out[key] = _loads(row.get(column)) if column.endswith("_json") else row.get(column)
     if out["position"] is None:
         out["position"] = row["arm_index"]
-    per_run: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
+    per_run: dict[tuple[int, int, float, int], list[dict[str, Any]]] = {}
     for r in store.requests(row["launch_id"]):
-        per_run.setdefault((r["run_warmup"], r["run_concurrency"], r["run_idx"]), []).append(
-            {k: r[k] for k in REQUEST_FIELDS if k != "arrivals_s"} | {"arrivals_s": _loads(r.get("arrivals_json"))}
+        request = {k: r.get(k) for k in REQUEST_FIELDS if k != "arrivals_s"} | {
+            "arrivals_s": _loads(r.get("arrivals_json"))
+        }
+        for k in OPTIONAL_REQUEST_FIELDS:
+            if request[k] is None:
+                del request[k]
+        per_run.setdefault((r["run_warmup"], r["run_concurrency"], r.get("run_rate") or 0.0, r["run_idx"]), []).append(
+            request
         )
     runs = []
     for r in store.runs(row["launch_id"]):
-        run = {k: r.get(k) for k in RUN_FIELDS if k not in ("metrics", "per_request")}
+        run = {k: r.get(k) for k in RUN_FIELDS if k not in ("metrics", "per_request", *OPTIONAL_RUN_FIELDS)}
+        if r.get("rate"):
+            run["rate"] = r["rate"]
         run["warmup"], run["valid"] = bool(r["warmup"]), bool(r["valid"])
         run["metrics"] = _loads(r.get("metrics_json"))
-        run["per_request"] = per_run.get((r["warmup"], r["concurrency"], r["idx"]), [])
+        run["per_request"] = per_run.get((r["warmup"], r["concurrency"], r.get("rate") or 0.0, r["idx"]), [])
         runs.append(run)
     out["runs"] = runs
     return out
@@ -282,6 +292,7 @@ def import_bundle(store: Store, bundle: Mapping[str, Any], source: str = "") -> 
                 warmup=warmup,
                 valid=int(bool(run["valid"])),
                 metrics_json=json.dumps(run.get("metrics") or {}),
+                rate=float(run.get("rate") or 0.0),
             )
             runs.append(run_row)
             for req in run["per_request"]:
@@ -292,6 +303,7 @@ def import_bundle(store: Store, bundle: Mapping[str, Any], source: str = "") -> 
                         "launch_id": launch["launch_id"],
                         "run_warmup": warmup,
                         "run_concurrency": run["concurrency"],
+                        "run_rate": float(run.get("rate") or 0.0),
                         "run_idx": run["idx"],
                     }
                 )

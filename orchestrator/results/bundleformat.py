@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__, files
-from orchestrator.config import limits
+from orchestrator.config import arrivals, limits
 from orchestrator.config.slo import stored_judgement
 from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import BundleError, InputError
@@ -86,6 +86,7 @@ RUN_FIELDS = {
     "invalid_reason": "str?",
     "finished_at": "num",
     "per_request": "list",
+    "rate": "num?",  # open loop: the level's requests per second (concurrency 0); absent for closed loop
 }
 REQUEST_FIELDS = {
     "idx": "int",
@@ -97,12 +98,21 @@ REQUEST_FIELDS = {
     "accept_length": "num?",
     "error": "str?",
     "arrivals_s": "list?",  # the token-arrival profile (store column arrivals_json); absent from older bundles
+    # open loop only (absent for closed loop): when the request was due, how late it was sent, how long a cap held it
+    "scheduled_s": "num?",
+    "send_lag_s": "num?",
+    "queued_s": "num?",
 }
+# Fields a bundle carries only where they have a value (open loop): a closed-loop experiment's bundle stays what it was
+# before they existed, digest and all.
+OPTIONAL_RUN_FIELDS = frozenset({"rate"})
+OPTIONAL_REQUEST_FIELDS = frozenset({"scheduled_s", "send_lag_s", "queued_s"})
 # Counts, durations and rates: a negative one is no measurement (and breaks the log-scale statistics).
 NOT_NEGATIVE = frozenset(
     {
         "idx", "tokens", "seconds", "tok_s", "aggregate_tok_s", "prompt_tokens", "ttft_s", "spec_accept_length",
         "spec_verify_ct", "requests", "errors", "e2e_s", "chunks", "accept_length", "ready_s", "pid",
+        "rate", "scheduled_s", "send_lag_s", "queued_s",
     }
 )  # fmt: skip
 # Bundle key → store column, where they differ (the store keeps JSON in *_json text columns).
@@ -151,6 +161,7 @@ def bench_config(config: Mapping[str, Any]) -> BenchConfig:
     known = {f.name for f in fields(BenchConfig)}
     data = {k: v for k, v in dict(config["bench"]).items() if k in known}
     data["concurrency"] = tuple(data.get("concurrency", (1,)))
+    data["rate"] = tuple(data.get("rate") or ())
     return BenchConfig(**data)
 
 
@@ -325,22 +336,34 @@ def _check_content(content: Any, where: str) -> None:
         if launch["block"] < 0 or launch["position"] < 0:
             raise BundleError(f"{at}: block and position must not be negative")
         for j, run in enumerate(launch["runs"]):
-            _check(run, RUN_FIELDS, f"{at}.runs[{j}]")
-            if not 1 <= run["concurrency"] <= limits.LEVELS[1]:
-                raise BundleError(
-                    f"{at}.runs[{j}].concurrency: expected 1 to {limits.LEVELS[1]}, got {run['concurrency']}"
-                )
-            if run["valid"] and not run["warmup"] and run["tok_s"] <= 0:
-                raise BundleError(
-                    f"{at}.runs[{j}].tok_s: a valid run measured more than 0 tok/s, got {_shown(run['tok_s'])}"
-                )
-            for k, req in enumerate(run["per_request"]):
-                _check(req, REQUEST_FIELDS, f"{at}.runs[{j}].per_request[{k}]")
-                if req.get("arrivals_s") is not None and not all(_type_ok(t, "num") for t in req["arrivals_s"]):
-                    raise BundleError(f"{at}.runs[{j}].per_request[{k}].arrivals_s: expected a list of seconds")
-            _unique([r["idx"] for r in run["per_request"]], f"{at}.runs[{j}]", "request index")
-        _unique([(bool(r["warmup"]), r["concurrency"], r["idx"]) for r in launch["runs"]], at, "run")
+            _check_run(run, f"{at}.runs[{j}]")
+        keys = [
+            (bool(r["warmup"]), r["concurrency"], r["idx"])
+            if r.get("rate") is None
+            else (bool(r["warmup"]), f"{r['rate']:g} req/s", r["idx"])
+            for r in launch["runs"]
+        ]
+        _unique(keys, at, "run")
     _unique(ids, f"{where}: content.launches", "launch id")
+
+
+def _check_run(run: Any, at: str) -> None:
+    _check(run, RUN_FIELDS, at)
+    if run.get("rate") is not None:
+        if run["concurrency"] != 0 or not 0 < run["rate"] <= arrivals.MAX_RATE:
+            raise BundleError(
+                f"{at}: an open-loop run has concurrency 0 and a rate above 0 and at most "
+                f"{arrivals.MAX_RATE:g}, got concurrency {run['concurrency']} and rate {_shown(run['rate'])}"
+            )
+    elif not 1 <= run["concurrency"] <= limits.LEVELS[1]:
+        raise BundleError(f"{at}.concurrency: expected 1 to {limits.LEVELS[1]}, got {run['concurrency']}")
+    if run["valid"] and not run["warmup"] and run["tok_s"] <= 0:
+        raise BundleError(f"{at}.tok_s: a valid run measured more than 0 tok/s, got {_shown(run['tok_s'])}")
+    for k, req in enumerate(run["per_request"]):
+        _check(req, REQUEST_FIELDS, f"{at}.per_request[{k}]")
+        if req.get("arrivals_s") is not None and not all(_type_ok(t, "num") for t in req["arrivals_s"]):
+            raise BundleError(f"{at}.per_request[{k}].arrivals_s: expected a list of seconds")
+    _unique([r["idx"] for r in run["per_request"]], f"{at}", "request index")
 
 
 def _check_design(design: Any, arms: int, where: str) -> None:

@@ -81,7 +81,7 @@ class ExperimentComparison:
 
     a: Side
     b: Side
-    concurrency: int
+    concurrency: float  # the level: a concurrency, or a results/run.Rate (open loop)
     tolerance: float
     arms: tuple[ArmRow, ...]
     ratios: tuple[RatioRow, ...]
@@ -112,7 +112,7 @@ def _median(values: Sequence[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def arm_side(arm: ArmResult, level: int, seed: int = 0) -> ArmSide:
+def arm_side(arm: ArmResult, level: float, seed: int = 0) -> ArmSide:
     per_launch = [v for v in arm.per_launch_at(level) if v]
     timed = arm.timed_at(level)
     return ArmSide(
@@ -200,7 +200,7 @@ def compare(
     *,
     tolerance: float = DEFAULT_TOLERANCE,
     causes: Sequence[str] = (),
-    concurrency: int | None = None,
+    concurrency: float | None = None,
     arm_map: Mapping[str, str] | None = None,
 ) -> ExperimentComparison:
     """b (new) against a (recorded): arms matched by label (the profile name; name#2 in an A/A test), or as arm_map
@@ -296,7 +296,7 @@ def claim_verdict(
     claimed_tps: float | None = None,
     claimed_ratio: float | None = None,
     tolerance: float = DEFAULT_TOLERANCE,
-    concurrency: int | None = None,
+    concurrency: float | None = None,
 ) -> ClaimVerdict:
     """result holds the claimed arm and (as its first arm, when it is not the claimed one) the baseline, measured
     from fresh state. The claim has no interval, so only this measurement's noise counts."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import engines
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS, SLO, Objective
 from orchestrator.results.goodput import Attainment, block_values, pooled, run_value
+from orchestrator.results.run import Level, Rate, level_name
 from orchestrator.stats.crossover import Crossover, crossover
 from orchestrator.stats.estimates import (
     DEFAULT_MIN_EFFECT,
@@ -68,16 +69,16 @@ class LaunchResult:
     fingerprint: dict[str, Any] | None = None  # fingerprint.collect(): what could make two launches differ
 
     @property
-    def levels(self) -> list[int]:
-        """Concurrency levels in the order they ran."""
-        return list(dict.fromkeys(r.concurrency for r in self.runs if not r.warmup))
+    def levels(self) -> list[Level]:
+        """Levels in the order they ran: concurrency levels, or rates (open loop, results/run.Rate)."""
+        return list(dict.fromkeys(r.level for r in self.runs if not r.warmup))
 
-    def timed_at(self, concurrency: int | None = None) -> list[RunResult]:
+    def timed_at(self, concurrency: Level | None = None) -> list[RunResult]:
         """Valid timed runs at one level (default: the first level, the headline)."""
         level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
-        return [r for r in self.runs if not r.warmup and r.valid and r.concurrency == level]
+        return [r for r in self.runs if not r.warmup and r.valid and r.level == level]
 
-    def value_at(self, concurrency: int | None = None, metric: str = "tok_s", slo: SLO | None = None) -> float | None:
+    def value_at(self, concurrency: Level | None = None, metric: str = "tok_s", slo: SLO | None = None) -> float | None:
         """The launch-level value: the median of its valid timed runs (a metric of config/slo.METRICS or a run field;
         `slo` for the goodput metrics)."""
         values = [v for r in self.timed_at(concurrency) if (v := run_value(r, metric, slo)) is not None]
@@ -94,11 +95,11 @@ class LaunchResult:
         mark = (self.fingerprint or {}).get("attached") or self.env_report.get("attached")
         return mark if isinstance(mark, dict) else None
 
-    def energy_runs_at(self, concurrency: int | None = None) -> list[RunResult]:
+    def energy_runs_at(self, concurrency: Level | None = None) -> list[RunResult]:
         """Valid timed runs at one level with an energy figure."""
         return [r for r in self.timed_at(concurrency) if r.j_per_token is not None]
 
-    def energy_at(self, concurrency: int | None = None) -> float | None:
+    def energy_at(self, concurrency: Level | None = None) -> float | None:
         """The launch's joules per output token: the median of its measured valid timed runs (like tok/s)."""
         values = [float(r.j_per_token or 0.0) for r in self.energy_runs_at(concurrency)]
         return launch_value(values) if values else None
@@ -113,6 +114,87 @@ def mean_accept_length(runs: Sequence[RunResult]) -> float | None:
 def arm_label(names: Sequence[str], index: int) -> str:
     """The profile name, or "name#2" when one profile is two arms (an A/A test)."""
     return f"{names[index]}#{index + 1}" if list(names).count(names[index]) > 1 else names[index]
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+@dataclass(frozen=True)
+class RateLevel:
+    """One arm at one open-loop level (docs/load.md): medians over its valid timed runs of the rates offered,
+    scheduled, sent and achieved, of latency percentiles counted from the scheduled send time, and whether it kept
+    up (client.summary.limit_of: None, "client" or "server", with the reason in words)."""
+
+    rate: float  # offered, requests per second
+    runs: int
+    requests: int  # over those runs
+    scheduled_rate: float | None
+    sent_rate: float | None
+    achieved_rate: float | None
+    achieved_ratio: float | None  # achieved / scheduled
+    send_lag_p99_s: float | None
+    held: int  # requests a --max-concurrency cap held back, over the runs
+    peak_in_flight: int | None
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    e2e_p50_s: float | None
+    e2e_p99_s: float | None
+    limited: str | None
+    reason: str | None
+
+    @classmethod
+    def of(cls, rate: float, runs: Sequence[RunResult]) -> RateLevel:
+        from orchestrator.client.summary import limit_of, limit_reason
+
+        parts = [r.open_loop for r in runs]
+        requests = sum(int(p.get("requests") or 0) for p in parts)
+        held = sum(int(p.get("held") or 0) for p in parts)
+        scheduled = _median([p.get("scheduled_rate") for p in parts])
+        sent = _median([p.get("sent_rate") for p in parts])
+        ratio = _median([p.get("achieved_ratio") for p in parts])
+        lag = _median([(p.get("send_lag") or {}).get("p99") for p in parts])
+        peaks = [int(p["peak_in_flight"]) for p in parts if p.get("peak_in_flight") is not None]
+        limited = limit_of(ratio, sent / scheduled if sent and scheduled else None, held / requests if requests else 0)
+        summary: dict[str, Any] = {
+            "limited": limited,
+            "achieved_rate": _median([p.get("achieved_rate") for p in parts]),
+            "scheduled_rate": scheduled,
+            "offered_rate": rate,
+            "sent_rate": sent,
+            "send_lag": {"p99": lag},
+            "held": held,
+            "requests": requests,
+            "max_concurrency": next((p.get("max_concurrency") for p in parts), None),
+            "queue_wait": {"p99": _median([(p.get("queue_wait") or {}).get("p99") for p in parts])},
+            "peak_in_flight": max(peaks) if peaks else None,
+        }
+
+        def pct(name: str, q: str) -> float | None:
+            return _median([(r.metrics.get(name) or {}).get(q) for r in runs])
+
+        return cls(
+            rate=rate,
+            runs=len(runs),
+            requests=requests,
+            scheduled_rate=scheduled,
+            sent_rate=sent,
+            achieved_rate=summary["achieved_rate"],
+            achieved_ratio=ratio,
+            send_lag_p99_s=lag,
+            held=held,
+            peak_in_flight=summary["peak_in_flight"],
+            ttft_p50_s=pct("ttft", "p50"),
+            ttft_p99_s=pct("ttft", "p99"),
+            e2e_p50_s=pct("e2e", "p50"),
+            e2e_p99_s=pct("e2e", "p99"),
+            limited=limited,
+            reason=limit_reason(summary),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
@@ -138,13 +220,13 @@ class ArmResult:
         return [r for launch in self.launches for r in launch.runs]
 
     @property
-    def levels(self) -> list[int]:
+    def levels(self) -> list[Level]:
         return list(dict.fromkeys(level for launch in self.launches for level in launch.levels))
 
-    def _level(self, concurrency: int | None) -> int:
+    def _level(self, concurrency: Level | None) -> Level:
         return concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
 
-    def timed_at(self, concurrency: int | None = None) -> list[RunResult]:
+    def timed_at(self, concurrency: Level | None = None) -> list[RunResult]:
         level = self._level(concurrency)
         return [r for launch in self.launches for r in launch.timed_at(level)]
 
@@ -152,7 +234,7 @@ class ArmResult:
     def timed(self) -> list[RunResult]:
         return self.timed_at()
 
-    def per_launch_at(self, concurrency: int | None = None, metric: str = "tok_s") -> list[list[float]]:
+    def per_launch_at(self, concurrency: Level | None = None, metric: str = "tok_s") -> list[list[float]]:
         """Per launch, its valid timed runs' values of the metric (runs without one left out)."""
         level = self._level(concurrency)
         return [
@@ -160,20 +242,20 @@ class ArmResult:
             for launch in self.launches
         ]
 
-    def spread_at(self, concurrency: int | None = None, metric: str = "tok_s") -> ArmSpread | None:
+    def spread_at(self, concurrency: Level | None = None, metric: str = "tok_s") -> ArmSpread | None:
         """Launches, runs, median of launch values, CV within and across launches."""
         per_launch = [v for v in self.per_launch_at(concurrency, metric) if v]
         return arm_spread(per_launch) if per_launch else None
 
-    def summary_at(self, concurrency: int | None = None) -> Summary | None:
+    def summary_at(self, concurrency: Level | None = None) -> Summary | None:
         """Per-stream tok/s over every valid timed run of every launch (for min/max; comparisons use launches)."""
         timed = self.timed_at(concurrency)
         return summarize([r.tok_s for r in timed]) if timed else None
 
-    def aggregate_at(self, concurrency: int | None = None) -> ArmSpread | None:
+    def aggregate_at(self, concurrency: Level | None = None) -> ArmSpread | None:
         return self.spread_at(concurrency, "aggregate_tok_s")
 
-    def objectives_at(self, concurrency: int | None = None) -> list[tuple[Objective, float | None, bool | None]]:
+    def objectives_at(self, concurrency: Level | None = None) -> list[tuple[Objective, float | None, bool | None]]:
         """Each objective of the SLO with a percentile, as the arm met it at one level: the median of its launch
         values of that percentile (seconds) and whether it is within the limit (None: no value)."""
         out: list[tuple[Objective, float | None, bool | None]] = []
@@ -185,7 +267,7 @@ class ArmResult:
             out.append((o, value, None if value is None else value <= o.limit_s))
         return out
 
-    def attainment_at(self, concurrency: int | None = None) -> Attainment | None:
+    def attainment_at(self, concurrency: Level | None = None) -> Attainment | None:
         """Every valid timed run's requests at one level under the arm's SLO, pooled: how many met all its limits."""
         return pooled(self.timed_at(concurrency), self.slo) if self.slo is not None else None
 
@@ -193,17 +275,25 @@ class ArmResult:
     def summary(self) -> Summary | None:
         return self.summary_at()
 
-    def median_at(self, concurrency: int | None = None) -> float | None:
+    def median_at(self, concurrency: Level | None = None) -> float | None:
         """The arm's headline number: the median of its launch values."""
         spread = self.spread_at(concurrency)
         return spread.median if spread else None
 
-    def accept_length_at(self, concurrency: int | None = None) -> float | None:
+    def accept_length_at(self, concurrency: Level | None = None) -> float | None:
         return mean_accept_length(self.timed_at(concurrency))
 
     @property
     def accept_length(self) -> float | None:
         return self.accept_length_at()
+
+    def rate_level(self, level: Level | None = None) -> RateLevel | None:
+        """This arm at an open-loop level (RateLevel); None at a concurrency level or without a valid timed run."""
+        level = self._level(level)
+        timed = self.timed_at(level)
+        if not isinstance(level, Rate) or not timed:
+            return None
+        return RateLevel.of(float(level), timed)
 
     @property
     def env_ok(self) -> bool:
@@ -215,7 +305,7 @@ class ArmResult:
         """The URL of the running server this arm was measured on (`--attach`), or None for launched arms."""
         return next((str(m["url"]) for launch in self.launches if (m := launch.attached)), None)
 
-    def energy_at(self, concurrency: int | None = None) -> EnergyEstimate | None:
+    def energy_at(self, concurrency: Level | None = None) -> EnergyEstimate | None:
         """Joules per output token at one level over the launches that measured it (`energy_estimate`)."""
         level = self._level(concurrency)
         measured = [launch for launch in self.launches if launch.energy_runs_at(level)]
@@ -224,7 +314,7 @@ class ArmResult:
         runs = [r for launch in measured for r in launch.energy_runs_at(level)]
         return energy_estimate([float(launch.energy_at(level) or 0.0) for launch in measured], runs)
 
-    def energy_missing_at(self, concurrency: int | None = None) -> str | None:
+    def energy_missing_at(self, concurrency: Level | None = None) -> str | None:
         """Why this arm has no energy figure at one level (its runs' reasons, each once); None when it has one,
         or when its runs never tried (stored before orch measured energy, or on an attached server)."""
         if self.energy_at(concurrency) is not None:
@@ -284,7 +374,7 @@ class Comparison:
     arm: str  # profile names (the JSON contract); labels tell two arms of one profile apart
     vs: str
     ratio: float | None  # geometric mean over blocks of the launch-value ratios
-    concurrency: int = 1
+    concurrency: Level = 1  # the level: a concurrency, or a Rate (open loop)
     aggregate_ratio: float | None = None
     estimate: RatioEstimate | None = None
     verdict: str | None = None  # faster | slower | no difference | inconclusive; None without paired launches
@@ -329,7 +419,9 @@ class Comparison:
             "arm_label": self.arm_label or self.arm,
             "vs_label": self.vs_label or self.vs,
             "arm_index": self.arm_index,
-            "concurrency": self.concurrency,
+            # An open-loop level has no concurrency: "rate" says which level it is (the key only appears there).
+            "concurrency": None if isinstance(self.concurrency, Rate) else self.concurrency,
+            **({"rate": float(self.concurrency)} if isinstance(self.concurrency, Rate) else {}),
             "ratio": self.ratio,
             "aggregate_ratio": self.aggregate_ratio,
             "blocks": est.blocks if est else 0,
@@ -364,7 +456,7 @@ Paired = dict[str, tuple[list[list[float]], list[list[float]]]]
 WORKLOAD_KEYS = ("workload_sha256", "workload_digest")
 
 
-def same_requests(base: LaunchResult, arm: LaunchResult, level: int) -> bool:
+def same_requests(base: LaunchResult, arm: LaunchResult, level: Level) -> bool:
     """Run i of both launches sent the same requests: the same workload digest (settings and every request, recorded
     in each launch's fingerprint) and the same valid timed runs at this level. A launch without a digest (an older
     orch, a hand-made bundle) or a run invalid in only one of them breaks the correspondence."""
@@ -377,7 +469,7 @@ def same_requests(base: LaunchResult, arm: LaunchResult, level: int) -> bool:
 
 
 def _paired(
-    base: ArmResult, arm: ArmResult, level: int, metrics: Sequence[str], slo: SLO | None = None
+    base: ArmResult, arm: ArmResult, level: Level, metrics: Sequence[str], slo: SLO | None = None
 ) -> tuple[Paired, bool]:
     """Per metric, the run values of the two arms' launches block by block, over the same blocks for every metric:
     those where both launches have valid runs with positive values (goodput: `goodput.block_values`), each launch's
@@ -433,12 +525,13 @@ class ABResult:
         return len(set.intersection(*per_arm)) if per_arm else 0
 
     @property
-    def levels(self) -> list[int]:
-        """Concurrency levels in the order they ran, over every launch (a partial experiment may lack an arm)."""
+    def levels(self) -> list[Level]:
+        """Levels in the order they ran, over every launch (a partial experiment may lack an arm): concurrency
+        levels, or rates (open loop)."""
         return list(dict.fromkeys(level for launch in self.launches for level in launch.levels))
 
     @cached_property
-    def _comparisons(self) -> dict[tuple[str, int], tuple[Comparison, ...]]:
+    def _comparisons(self) -> dict[tuple[str, Level], tuple[Comparison, ...]]:
         """Each level's comparisons, once computed: the report's tables, verdict lines, advice and `--blocks auto`
         notes all ask for them, and every one is a bootstrap. Safe to keep: the result is frozen, and
         dataclasses.replace (another min_effect or design) makes a new result with an empty cache."""
@@ -450,7 +543,7 @@ class ABResult:
         out.__dict__["_comparisons"] = self._comparisons
         return out
 
-    def comparisons_at(self, concurrency: int | None = None, metric: str | None = None) -> list[Comparison]:
+    def comparisons_at(self, concurrency: Level | None = None, metric: str | None = None) -> list[Comparison]:
         """Each arm against the first at one level, on `metric` (default: the experiment's, --metric)."""
         level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
         key = (metric or self.metric, level)
@@ -458,7 +551,7 @@ class ABResult:
             self._comparisons[key] = tuple(self._compare_at(level, key[0]))
         return list(self._comparisons[key])
 
-    def _compare_at(self, level: int, metric: str = DEFAULT_METRIC) -> list[Comparison]:
+    def _compare_at(self, level: Level, metric: str = DEFAULT_METRIC) -> list[Comparison]:
         base = self.arms[0]
         out = []
         for index, arm in enumerate(self.arms[1:], start=1):
@@ -535,7 +628,7 @@ class ABResult:
         """Each arm against the first, at the first concurrency level (the headline)."""
         return self.comparisons_at()
 
-    def comparison_note(self, base: ArmResult, arm: ArmResult, level: int, metric: str) -> str | None:
+    def comparison_note(self, base: ArmResult, arm: ArmResult, level: Level, metric: str) -> str | None:
         """What the numbers of a comparison on `metric` cannot show by themselves: a goodput without an SLO or the
         per-request rows it is counted from, or no request of either arm within the SLO."""
         if not METRICS[metric].needs_slo:
@@ -563,7 +656,7 @@ class ABResult:
         levels = self.levels or [1]
         return [c for level in levels for c in self.comparisons_at(level) if c.verdict in (None, "inconclusive")]
 
-    def energy_comparisons_at(self, concurrency: int | None = None) -> list[EnergyComparison]:
+    def energy_comparisons_at(self, concurrency: Level | None = None) -> list[EnergyComparison]:
         """Each arm's joules per output token against the first arm's at one level: the geometric mean of the
         per-block ratios with the same bootstrap CI as tok/s, over the blocks where both launches measured energy."""
         level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
@@ -616,12 +709,31 @@ class ABResult:
             for level in arm.levels:
                 spread = arm.spread_at(level)
                 line = (
-                    host_noise_warning(arm.label + (f" @ {level}" if len(self.levels) > 1 else ""), spread)
+                    host_noise_warning(arm.label + (f" @ {level_name(level)}" if len(self.levels) > 1 else ""), spread)
                     if spread
                     else None
                 )
                 if line:
                     out.append(line)
+        return out
+
+    @property
+    def open_loop(self) -> bool:
+        """Whether the levels are request rates (`--rate`) rather than concurrency levels."""
+        return any(isinstance(level, Rate) for level in self.levels)
+
+    def rate_warnings(self) -> list[str]:
+        """Open-loop levels an arm did not serve at their rate (client.summary.SHORTFALL), and who held it back."""
+        out = []
+        for arm in self.arms:
+            for level in arm.levels:
+                rl = arm.rate_level(level)
+                if rl is not None and rl.limited is not None:
+                    out.append(
+                        f"{arm.label} @ {level_name(level)} fell short of its rate: {rl.reason}; its latencies are "
+                        "those of a "
+                        + ("client that could not send on time" if rl.limited == "client" else "saturated server")
+                    )
         return out
 
     def warnings(self) -> list[str]:
@@ -644,7 +756,7 @@ class ABResult:
             for level in launch.levels:
                 timed = launch.timed_at(level)
                 values = [r.tok_s for r in timed]
-                at = f" @ {level}" if len(self.levels) > 1 else ""
+                at = f" @ {level_name(level)}" if len(self.levels) > 1 else ""
                 med = statistics.median(values) if values else 0.0
                 for i in outliers(values):
                     out.append(
@@ -659,7 +771,7 @@ class ABResult:
                         f"others {statistics.median(in_order[1:]):.1f}: "
                         + (
                             "warmup may be too short (raise --warmup)"
-                            if level == 1
+                            if level == 1 and not isinstance(level, Rate)
                             else "the level's first run warms it up (warmups run at concurrency 1)"
                         )
                     )
@@ -671,11 +783,12 @@ class ABResult:
                 for i in outliers(values, min_rel=0.05, min_n=3):
                     out.append(
                         f"far launch: {arm.label} block {launches[i].block + 1}"
-                        + (f" @ {level}" if len(self.levels) > 1 else "")
+                        + (f" @ {level_name(level)}" if len(self.levels) > 1 else "")
                         + f": {values[i]:.1f} tok/s vs the arm's median launch {statistics.median(values):.1f}; "
                         "something differed in that launch (host state, another job?)"
                     )
         out += self.host_noise_warnings()
+        out += self.rate_warnings()
         out += gpu_drift_warnings(self.launches, [arm.label for arm in self.arms])
         bad_env = [arm.label for arm in self.arms if not arm.env_ok]
         if bad_env:
@@ -703,7 +816,7 @@ def host_noise_warning(label: str, spread: ArmSpread) -> str | None:
 
 def why_undecided(c: Comparison) -> str:
     """One undecided comparison: its numbers, what keeps it open, and what would decide it."""
-    head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {c.concurrency}"
+    head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level_name(c.concurrency)}"
     est = c.estimate
     if est is None or c.ratio is None:
         return f"{head}: no block in which both have valid runs"
@@ -734,7 +847,7 @@ def auto_look(result: ABResult) -> tuple[bool, str]:
         return True, f"look after block {blocks}: every comparison is decided; stopping (--blocks auto)"
     if blocks >= plan.max_blocks:
         return True, f"look after block {blocks}: {len(open_)} comparison(s) undecided at the maximum; stopping"
-    names = ", ".join(f"{c.arm_label or c.arm} @ {c.concurrency}" for c in open_)
+    names = ", ".join(f"{c.arm_label or c.arm} @ {level_name(c.concurrency)}" for c in open_)
     return (
         False,
         f"look after block {blocks}: undecided: {names}; adding block {blocks + 1} of at most {plan.max_blocks}",
@@ -899,7 +1012,7 @@ class EnergyComparison:
 
     arm_label: str
     vs_label: str
-    concurrency: int
+    concurrency: Level
     arm_index: int
     estimate: RatioEstimate | None
     min_effect: float = DEFAULT_MIN_EFFECT
@@ -927,7 +1040,7 @@ class EnergyComparison:
         }
 
 
-def _energy_paired(base: ArmResult, arm: ArmResult, level: int) -> tuple[list[list[float]], list[list[float]], bool]:
+def _energy_paired(base: ArmResult, arm: ArmResult, level: Level) -> tuple[list[list[float]], list[list[float]], bool]:
     """The joules per token of the measured runs of both arms' launches block by block (blocks where both have
     some, runs in run order), and whether every such block's runs correspond one to one (same requests, same runs
     measured)."""

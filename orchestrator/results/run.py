@@ -7,6 +7,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class Rate(float):
+    """An open-loop level: requests per second. A closed-loop level is a plain int (the concurrency). A float, so
+    that levels of either kind sort, compare and key a dict alike; `level_name` tells them apart in words."""
+
+    def __repr__(self) -> str:
+        return f"Rate({float(self)!r})"
+
+
+Level = float  # an int concurrency, or a Rate
+
+
+def level_name(level: Level) -> str:
+    """How reports name a level after "@": "8" (concurrency), "2 req/s" (open loop)."""
+    return f"{float(level):g} req/s" if isinstance(level, Rate) else str(level)
+
+
+def level_phrase(level: Level) -> str:
+    """A level in a sentence: "concurrency 8", "2 req/s"."""
+    return level_name(level) if isinstance(level, Rate) else f"concurrency {level}"
+
+
 @dataclass(frozen=True)
 class RunResult:
     """One run (warmups included, never in statistics). At concurrency 1 the first six fields are the seed's."""
@@ -31,6 +52,18 @@ class RunResult:
     metrics: dict[str, Any] = field(default_factory=dict)  # ttft/itl/tpot/e2e distributions, chunk counts
     per_request: tuple[dict[str, Any], ...] = ()
     gpus: dict[str, Any] | None = None  # nvidia-smi read during this run, when it was probed
+    rate: float | None = None  # open loop: the level's requests per second (concurrency is then 0); None: closed loop
+
+    @property
+    def level(self) -> Level:
+        """The level this run belongs to: its rate (open loop) or its concurrency."""
+        return Rate(self.rate) if self.rate else self.concurrency
+
+    @property
+    def open_loop(self) -> dict[str, Any]:
+        """The run against its schedule (client.summary.open_loop_summary); {} for a closed-loop run."""
+        value = self.metrics.get("open_loop")
+        return value if isinstance(value, dict) else {}
 
     @classmethod
     def from_summary(cls, index: int, warmup: bool, s: dict[str, Any]) -> RunResult:
@@ -54,11 +87,23 @@ class RunResult:
             token_source=s["token_source"],
             metrics={
                 k: s[k]
-                for k in ("ttft", "itl", "tpot", "e2e", "window_s", "chunks", "multi_token_chunks", "spec", "energy")
+                for k in (
+                    "ttft",
+                    "itl",
+                    "tpot",
+                    "e2e",
+                    "window_s",
+                    "chunks",
+                    "multi_token_chunks",
+                    "spec",
+                    "energy",
+                    "open_loop",
+                )
                 if k in s
             },
             per_request=tuple(s["per_request"]),
             gpus=s.get("gpus"),
+            rate=float(s["open_loop"]["rate"]) if s.get("open_loop") else None,
         )
 
     @classmethod
@@ -77,13 +122,15 @@ class RunResult:
             spec_verify_ct=row["spec_verify_ct"],
             valid=bool(row["valid"]),
             invalid_reason=row["invalid_reason"],
-            concurrency=int(row.get("concurrency") or 1),
+            # 0 for an open-loop run; absent (1) in rows stored before concurrency levels
+            concurrency=int(row["concurrency"]) if row.get("concurrency") is not None else 1,
             aggregate_tok_s=float(row["aggregate_tok_s"] if row.get("aggregate_tok_s") is not None else row["tok_s"]),
             requests=int(row.get("requests") or 1),
             errors=int(row.get("errors") or 0),
             accept_source=row.get("accept_source"),
             token_source=row.get("token_source"),
             metrics=metrics,
+            rate=float(row["rate"]) if row.get("rate") else None,
         )
 
     @property

@@ -167,6 +167,70 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE requests ADD COLUMN arrivals_json TEXT;
     """,
+    # 9: open-loop levels (--rate). A run is keyed by its rate too (0 for closed loop; an open-loop run's concurrency
+    # is 0), so two rates' runs of one launch do not collide; each request records when it was due and how late the
+    # client sent it (and how long of that a --max-concurrency cap held it). SQLite cannot change a primary key in
+    # place: both tables are rebuilt, their rows copied.
+    """
+    CREATE TABLE runs_new (
+        launch_id TEXT NOT NULL REFERENCES launches(launch_id),
+        idx INTEGER NOT NULL,
+        warmup INTEGER NOT NULL,
+        concurrency INTEGER NOT NULL DEFAULT 1,
+        rate REAL NOT NULL DEFAULT 0,
+        tokens INTEGER NOT NULL,
+        seconds REAL NOT NULL,
+        tok_s REAL NOT NULL,
+        aggregate_tok_s REAL,
+        prompt_tokens INTEGER NOT NULL,
+        ttft_s REAL,
+        spec_accept_length REAL,
+        spec_verify_ct INTEGER,
+        accept_source TEXT,
+        token_source TEXT,
+        requests INTEGER NOT NULL DEFAULT 1,
+        errors INTEGER NOT NULL DEFAULT 0,
+        metrics_json TEXT,
+        valid INTEGER NOT NULL,
+        invalid_reason TEXT,
+        finished_at REAL NOT NULL,
+        PRIMARY KEY (launch_id, warmup, concurrency, rate, idx)
+    );
+    INSERT INTO runs_new (launch_id, idx, warmup, concurrency, tokens, seconds, tok_s, aggregate_tok_s, prompt_tokens,
+                          ttft_s, spec_accept_length, spec_verify_ct, accept_source, token_source, requests, errors,
+                          metrics_json, valid, invalid_reason, finished_at)
+        SELECT launch_id, idx, warmup, concurrency, tokens, seconds, tok_s, aggregate_tok_s, prompt_tokens, ttft_s,
+               spec_accept_length, spec_verify_ct, accept_source, token_source, requests, errors, metrics_json, valid,
+               invalid_reason, finished_at FROM runs ORDER BY rowid;
+    DROP TABLE runs;
+    ALTER TABLE runs_new RENAME TO runs;
+    CREATE TABLE requests_new (
+        launch_id TEXT NOT NULL REFERENCES launches(launch_id),
+        run_warmup INTEGER NOT NULL,
+        run_concurrency INTEGER NOT NULL,
+        run_rate REAL NOT NULL DEFAULT 0,
+        run_idx INTEGER NOT NULL,
+        idx INTEGER NOT NULL,
+        tokens INTEGER NOT NULL,
+        prompt_tokens INTEGER,
+        ttft_s REAL,
+        e2e_s REAL,
+        chunks INTEGER,
+        accept_length REAL,
+        error TEXT,
+        arrivals_json TEXT,
+        scheduled_s REAL,
+        send_lag_s REAL,
+        queued_s REAL,
+        PRIMARY KEY (launch_id, run_warmup, run_concurrency, run_rate, run_idx, idx)
+    );
+    INSERT INTO requests_new (launch_id, run_warmup, run_concurrency, run_idx, idx, tokens, prompt_tokens, ttft_s,
+                              e2e_s, chunks, accept_length, error, arrivals_json)
+        SELECT launch_id, run_warmup, run_concurrency, run_idx, idx, tokens, prompt_tokens, ttft_s, e2e_s, chunks,
+               accept_length, error, arrivals_json FROM requests ORDER BY rowid;
+    DROP TABLE requests;
+    ALTER TABLE requests_new RENAME TO requests;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -466,13 +466,19 @@ class Store:
 
     def add_run(self, launch_id: str, run: dict[str, Any]) -> None:
         """One finished run and its per-request summaries, in one transaction."""
-        key = (launch_id, int(run["warmup"]), int(run.get("concurrency", 1)), int(run["index"]))
+        key = (
+            launch_id,
+            int(run["warmup"]),
+            int(run.get("concurrency", 1)),
+            float(run.get("rate") or 0.0),  # open loop: the level's rate; 0 for closed loop
+            int(run["index"]),
+        )
         with self._write("recording a finished run") as c:
             c.execute(
-                "INSERT INTO runs (launch_id, warmup, concurrency, idx, tokens, seconds, tok_s, aggregate_tok_s,"
+                "INSERT INTO runs (launch_id, warmup, concurrency, rate, idx, tokens, seconds, tok_s, aggregate_tok_s,"
                 " prompt_tokens, ttft_s, spec_accept_length, spec_verify_ct, accept_source, token_source, requests,"
                 " errors, metrics_json, valid, invalid_reason, finished_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     *key,
                     run["tokens"],
@@ -494,9 +500,9 @@ class Store:
                 ),
             )
             c.executemany(
-                "INSERT INTO requests (launch_id, run_warmup, run_concurrency, run_idx, idx, tokens, prompt_tokens,"
-                " ttft_s, e2e_s, chunks, accept_length, error, arrivals_json)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO requests (launch_id, run_warmup, run_concurrency, run_rate, run_idx, idx, tokens,"
+                " prompt_tokens, ttft_s, e2e_s, chunks, accept_length, error, arrivals_json, scheduled_s, send_lag_s,"
+                " queued_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         *key,
@@ -509,6 +515,9 @@ class Store:
                         r.get("accept_length"),
                         r.get("error"),
                         None if r.get("arrivals_s") is None else json.dumps(r["arrivals_s"]),
+                        r.get("scheduled_s"),
+                        r.get("send_lag_s"),
+                        r.get("queued_s"),
                     )
                     for r in run.get("per_request") or []
                 ],
@@ -516,7 +525,8 @@ class Store:
 
     def requests(self, launch_id: str) -> list[dict[str, Any]]:
         rows = self._query(
-            "SELECT * FROM requests WHERE launch_id = ? ORDER BY run_warmup DESC, run_concurrency, run_idx, idx",
+            "SELECT * FROM requests WHERE launch_id = ?"
+            " ORDER BY run_warmup DESC, run_concurrency, run_rate, run_idx, idx",
             (launch_id,),
         )
         return [dict(r) for r in rows]

@@ -134,7 +134,10 @@ class LiveReporter(PlainReporter):
         if p in ("warmup", "run"):
             level = d.get("concurrency", 1)
             label = f"{p} {int(d.get('index', 0)) + 1}/{d.get('of', '?')}"
-            label += f" @ {level} streams" if level != 1 else ""
+            if d.get("rate") is not None:
+                label += f" @ {float(d['rate']):g} req/s"
+            elif level != 1:
+                label += f" @ {level} streams"
         else:
             label = PHASES.get(p, p)
         text.append(label, style="bold cyan")

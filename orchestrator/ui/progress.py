@@ -172,11 +172,14 @@ def run_line(run: RunResult, config: BenchConfig) -> str:
         # long the run really took (a stall lasts stall_s after the last token).
         what = f"Warmup {run.index + 1}/{config.warmup}" if run.warmup else f"Run {run.index + 1}/{config.runs}"
         streams = f" @ {run.concurrency} streams" if run.concurrency > 1 else ""
+        streams = f" @ {run.rate:g} req/s" if run.rate else streams
         why = run.invalid_reason or f"{run.errors} of {run.requests} requests failed"
         return f"  {what}{streams}: FAILED after {run.seconds:.2f}s: {why}"
     if run.warmup:
         return f"  Warmup {run.index + 1}/{config.warmup} done ({run.tokens} tokens)"
-    if run.concurrency == 1:  # the seed's line, character for character
+    if run.rate:
+        line = open_loop_line(run, config)
+    elif run.concurrency == 1:  # the seed's line, character for character
         line = (
             f"  Run {run.index + 1}/{config.runs}: {run.tokens} tokens in {run.seconds:.2f}s = {run.tok_s:.1f} tok/s "
             f"(prompt: {run.prompt_tokens} toks)"
@@ -196,6 +199,34 @@ def run_line(run: RunResult, config: BenchConfig) -> str:
             line += f" ({spec['accepted']:.0f} of {spec['drafted']:.0f} drafted tokens accepted)"
     if not run.valid:
         line += f"  INVALID: {run.invalid_reason}"
+    return line
+
+
+def open_loop_line(run: RunResult, config: BenchConfig) -> str:
+    """A finished open-loop run: its rate achieved against the schedule's, latency from the scheduled send times,
+    and a shortfall (who held the rate back)."""
+    from orchestrator.client.summary import lag_text
+
+    ol = run.open_loop
+    e2e, ttft = run.metrics.get("e2e") or {}, run.metrics.get("ttft") or {}
+
+    def rate(key: str) -> str:
+        value = ol.get(key)
+        return "-" if value is None else f"{value:.2f}"
+
+    lag = (ol.get("send_lag") or {}).get("p99")
+    line = (
+        f"  Run {run.index + 1}/{config.runs} @ {run.rate:g} req/s: {run.requests} requests, achieved "
+        f"{rate('achieved_rate')} req/s of {rate('scheduled_rate')} scheduled, {run.tokens} tokens, "
+        f"{run.tok_s:.1f} tok/s per stream, {run.aggregate_tok_s:.0f} tok/s aggregate"
+        + (f", TTFT p50 {ttft['p50'] * 1000:.0f} ms" if ttft.get("p50") is not None else "")
+        + (f", E2E p99 {e2e['p99']:.2f}s" if e2e.get("p99") is not None else "")
+        + (f", send lag p99 {lag_text(lag)}" if lag is not None else "")
+    )
+    if ol.get("held"):
+        line += f", {ol['held']} held by --max-concurrency {ol.get('max_concurrency')}"
+    if ol.get("limited"):
+        line += f"; SHORT OF ITS RATE ({ol['limited']}-limited)"
     return line
 
 

@@ -129,7 +129,12 @@ def analyse(
     """Fit the cost and acceptance models on the experiment's arms of one drafter and predict every step count.
     The band is Student's t (95 %) over per-block refits: each block's launches are fitted on their own, like the
     block log-ratios of `orch ab`, so launch-to-launch noise and the correlation within a block are carried."""
-    level = result.levels[0] if result.levels else 1
+    if result.open_loop:
+        raise WhatIfError(
+            f"experiment {result.experiment_id} ran open-loop rate levels (--rate); the what-if fits speed at a "
+            "concurrency level: run the arms with --concurrency"
+        )
+    level = int(result.levels[0]) if result.levels else 1
     profiles = profiles_of(result) if profiles is None else profiles
     chosen = select_arms(result, profiles, arms, level)
     blocks = sorted(set.intersection(*(set(a.per_block) for a in chosen)))

@@ -62,3 +62,46 @@ def test_store_refuses_newer_schema_and_garbage(tmp_path: Path) -> None:
     junk.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError, match=r"junk\.db is not an SQLite database"):
         Store(junk)
+
+
+def test_a_store_before_open_loop_keeps_its_runs_and_takes_rate_levels(tmp_path: Path) -> None:
+    """Schema 9 keys runs and requests by rate too (0 for closed loop): an older file's rows survive the rebuild, and
+    two rates' runs of one launch no longer collide."""
+    from orchestrator.results.run import RunResult
+    from orchestrator.results.schema import MIGRATIONS
+
+    db = tmp_path / "old.db"
+    c = sqlite3.connect(db)
+    for migration in MIGRATIONS[:8]:
+        c.executescript(migration)
+    c.execute("PRAGMA user_version = 8")
+    c.execute(
+        "INSERT INTO experiments (id, kind, created_at, status, simulated, host, arms_json, config_json, orch_version)"
+        " VALUES ('e1', 'ab', 0, 'complete', 1, 'local', '[\"a\"]', '{}', 't')"
+    )
+    c.execute(
+        "INSERT INTO launches (launch_id, experiment_id, arm_index, profile, profile_json, argv_json, env_json,"
+        " started_at, status) VALUES ('l1', 'e1', 0, 'a', '{}', '[]', '{}', 0, 'complete')"
+    )
+    c.execute(
+        "INSERT INTO runs (launch_id, idx, warmup, concurrency, tokens, seconds, tok_s, prompt_tokens, valid,"
+        " finished_at, metrics_json) VALUES ('l1', 0, 0, 4, 100, 1.0, 50.0, 10, 1, 0, '{}')"
+    )
+    c.execute(
+        "INSERT INTO requests (launch_id, run_warmup, run_concurrency, run_idx, idx, tokens, arrivals_json)"
+        " VALUES ('l1', 0, 4, 0, 0, 25, '[0.1]')"
+    )
+    c.commit()
+    c.close()
+    store = Store(db)
+    [row] = store.runs("l1")
+    assert row["rate"] == 0 and row["concurrency"] == 4 and row["tok_s"] == 50.0
+    run = RunResult.from_row(row)
+    assert run.rate is None and run.level == 4
+    [req] = store.requests("l1")
+    assert req["run_rate"] == 0 and req["arrivals_json"] == "[0.1]" and req["scheduled_s"] is None
+    for rate in (2.0, 8.0):  # two open-loop levels, run 0 of each: one key each
+        store.add_run("l1", {**_run(0), "concurrency": 0, "rate": rate, "per_request": [{"index": 0, "tokens": 5}]})
+    levels = [RunResult.from_row(r).level for r in store.runs("l1")]
+    assert levels == [4, 2.0, 8.0] and [type(v).__name__ for v in levels] == ["int", "Rate", "Rate"]
+    store.close()

@@ -1,0 +1,169 @@
+"""An open-loop run: each request sent at its scheduled time, whatever the requests before it are doing."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.client.metrics import counter_deltas, scrape_metrics
+from orchestrator.client.request import ENDPOINTS, Record
+from orchestrator.client.stream import Guard, check_bounds, fetch, live_begin, live_end
+from orchestrator.client.watchdog import watch
+
+# The event loop's timers wake up to a millisecond late (epoll's timeout is in whole milliseconds, rounded up): the
+# last stretch before a request is due is waited out by yielding to the loop instead, which keeps reading streams.
+SPIN_S = 0.0015
+
+
+async def until(deadline: float) -> None:
+    """Return at perf_counter() `deadline`, within tens of microseconds (SPIN_S), never before it."""
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return
+        await asyncio.sleep(left - SPIN_S if left > SPIN_S else 0)
+
+
+class Sender:
+    """The requests of one open-loop run: each sent in its own task when due, or, while `cap` are in flight, held
+    in the client (first come, first served) until one ends. A record's `start` is when it was due, `sent` when its
+    task began, `queued` how long the cap held it."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        path: str,
+        bodies: list[dict[str, Any]],
+        records: list[Record],
+        limits: tuple[float, float, float],
+        cap: int | None,
+    ) -> None:
+        self.host, self.port, self.path, self.bodies, self.records = host, port, path, bodies, records
+        self.timeout, self.stall_s, self.first_token_s = limits  # fetch's: a request's timeout and stall bounds
+        self.cap = cap
+        self.loop = asyncio.get_running_loop()
+        self.t0 = 0.0
+        self.aborted: str | None = None
+        self.guards: set[Guard] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.held: collections.deque[tuple[int, float]] = collections.deque()  # (request, when it was due)
+        self.in_flight = self.peak = 0
+        self.dispatcher: asyncio.Task[None] | None = None
+
+    def abort(self, reason: str) -> None:
+        self.aborted = reason
+        self.held.clear()
+        if self.dispatcher is not None:
+            self.dispatcher.cancel()  # it may be asleep until the next request is due, seconds away
+        for g in list(self.guards):
+            g.stop(f"aborted: {reason}")
+
+    def start(self, i: int) -> None:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        task = self.loop.create_task(self.one(i))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def one(self, i: int) -> None:
+        rec = self.records[i]
+        rec.sent = time.perf_counter() - self.t0
+        try:
+            await fetch(
+                self.host,
+                self.port,
+                self.path,
+                self.bodies[i],
+                rec,
+                self.t0,
+                self.timeout,
+                stall_s=self.stall_s,
+                first_token_s=self.first_token_s,
+                guards=self.guards,
+            )
+            if rec.error is not None:
+                rec.failed = time.perf_counter() - self.t0
+        finally:
+            self.in_flight -= 1
+            if self.held and self.aborted is None:
+                j, due = self.held.popleft()
+                self.records[j].queued = time.perf_counter() - self.t0 - due
+                self.start(j)
+
+    async def dispatch(self) -> None:
+        for i, rec in enumerate(self.records):
+            await until(self.t0 + rec.start)
+            if self.cap is not None and self.in_flight >= self.cap:
+                self.held.append((i, time.perf_counter() - self.t0))
+            else:
+                self.start(i)
+
+    async def run(self) -> None:
+        """Send every request on time and wait for all of them (or for an abort)."""
+        self.t0 = time.perf_counter()
+        self.dispatcher = self.loop.create_task(self.dispatch())
+        # asyncio.wait, not await: the dispatcher cancelled by an abort must not look like Ctrl-C cancelling the run.
+        await asyncio.wait({self.dispatcher})
+        if not self.dispatcher.cancelled() and (error := self.dispatcher.exception()) is not None:
+            raise error
+        while self.tasks:
+            await asyncio.wait(set(self.tasks))
+
+
+async def run_schedule(
+    host: str,
+    port: int,
+    endpoint: str,
+    bodies: list[dict[str, Any]],
+    max_tokens: list[int],
+    schedule: list[float],
+    timeout: float,
+    *,
+    max_concurrency: int | None = None,
+    stall_s: float = 60.0,
+    first_token_s: float = 180.0,
+    watchdog: Callable[[], str | None] | None = None,
+    watchdog_every_s: float = 1.0,
+) -> tuple[list[Record], float, dict[str, Any], str | None, int]:
+    """Open loop: request i is sent schedule[i] seconds after the start (Sender): a slow answer delays no later
+    send, and a request a --max-concurrency cap holds back still has its latency counted from when it was due (vLLM
+    issue 54101: time queued in the client must count).
+
+    Returns the records, the window (the last request's due time: tokens received within it measure throughput
+    while requests were arriving), the metric deltas, why the run was aborted, and the most requests in flight.
+    """
+    check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
+    if len(schedule) != len(bodies) or any(b < a for a, b in itertools.pairwise(schedule)):
+        raise ValueError("the schedule must give one time per request, in order")
+    before = await scrape_metrics(host, port)
+    records = [Record(index=i, start=at, max_tokens=max_tokens[i]) for i, at in enumerate(schedule)]
+    sender = Sender(
+        host, port, ENDPOINTS[endpoint], bodies, records, (timeout, stall_s, first_token_s), max_concurrency
+    )
+    live_begin()
+    watcher = (
+        asyncio.get_running_loop().create_task(watch(watchdog, watchdog_every_s, sender.abort))
+        if watchdog is not None
+        else None
+    )
+    try:
+        await sender.run()
+    finally:
+        live_end()
+        for helper in (sender.dispatcher, watcher):
+            if helper is not None:
+                helper.cancel()
+                await asyncio.gather(helper, return_exceptions=True)
+    if sender.aborted is not None:
+        for rec in records:
+            if rec.sent is None:
+                rec.error = f"aborted: {sender.aborted} (not sent)"
+    after = await scrape_metrics(host, port) if before is not None and sender.aborted is None else None
+    deltas = counter_deltas(before, after) if before is not None and after is not None else {}
+    window = schedule[-1] if schedule and sender.aborted is None else time.perf_counter() - sender.t0
+    return records, window, deltas, sender.aborted, sender.peak

@@ -1,0 +1,136 @@
+"""The open-loop client against a local server whose answers take a known time: requests go out on schedule whatever
+the answers do, latency counts from the scheduled time (time held by a --max-concurrency cap included), and a
+shortfall is told apart (client or server)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from orchestrator.client import runner
+from orchestrator.client.summary import fitted_rate, limit_of
+from tests.client.test_client_stream import Server, generate_answer
+
+
+class SlowServer(Server):
+    """Answers every /generate request after `delay` seconds (a server busy elsewhere, or a long prefill)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        super().__init__()
+        self.answer = generate_answer(4)
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(65536)
+            if request.startswith(b"GET /metrics"):
+                conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+                return
+            head, _, body = request.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            while len(body) < length:
+                body += conn.recv(65536)
+            time.sleep(self.delay)
+            conn.sendall(self.answer)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def slow() -> Iterator[SlowServer]:
+    srv = SlowServer(0.4)
+    yield srv
+    srv.close()
+
+
+def run(srv: Server, schedule: list[float], cap: int | None = None, **kw: Any) -> dict[str, Any]:
+    n = len(schedule)
+    return runner.run(
+        "127.0.0.1",
+        srv.port,
+        "generate",
+        [{"text": "x"}] * n,
+        [4] * n,
+        0,
+        30.0,
+        stall_s=10.0,
+        open_loop={"schedule": schedule, "rate": 10.0, "arrivals": "constant", "max_concurrency": cap},
+        **kw,
+    )
+
+
+def test_requests_go_out_on_schedule_however_slow_the_answers(slow: SlowServer) -> None:
+    schedule = [i * 0.05 for i in range(10)]  # 20 req/s, each answered 0.4 s later: up to 9 in flight
+    s = run(slow, schedule)
+    assert s["errors"] == 0 and s["concurrency"] == 0
+    reqs = s["per_request"]
+    assert [r["scheduled_s"] for r in reqs] == schedule
+    # Sent within a few ms of schedule (a loaded CI box), not 0.4 s apart as a closed loop would send them.
+    assert max(r["send_lag_s"] for r in reqs) < 0.05
+    assert all(r["queued_s"] == 0 for r in reqs)
+    assert all(0.38 < r["e2e_s"] < 0.6 for r in reqs)  # from the scheduled time: the server's 0.4 s and no more
+    ol = s["open_loop"]
+    assert ol["requests"] == ol["sent"] == ol["completed"] == 10 and ol["held"] == 0
+    assert ol["scheduled_rate"] == pytest.approx(20.0) and ol["achieved_rate"] == pytest.approx(20.0, rel=0.1)
+    assert ol["peak_in_flight"] >= 7 and ol["limited"] is None and ol["limit_reason"] is None
+    assert s["window_s"] == pytest.approx(0.45)  # the last request's due time
+
+
+def test_a_capped_request_waits_in_the_client_and_its_latency_counts_from_its_schedule(slow: SlowServer) -> None:
+    schedule = [0.0, 0.01, 0.02, 0.03]  # all due at once; one at a time: each waits for the one before
+    s = run(slow, schedule, cap=1)
+    reqs = s["per_request"]
+    assert s["errors"] == 0
+    for i, r in enumerate(reqs):
+        # the i-th starts when the (i-1)-th ends, about 0.4 s x i after the start
+        assert r["send_lag_s"] == pytest.approx(0.4 * i - schedule[i], abs=0.1)
+        assert r["queued_s"] == pytest.approx(r["send_lag_s"], abs=0.02)
+        # vLLM issue 54101: the wait in the client is part of the latency
+        assert r["e2e_s"] >= r["queued_s"] + 0.38
+        assert r["ttft_s"] >= r["queued_s"] + 0.38
+    ol = s["open_loop"]
+    assert ol["held"] == 3 and ol["peak_in_flight"] == 1 and ol["max_concurrency"] == 1
+    assert ol["limited"] == "client" and "--max-concurrency 1 cap held 3 of 4 requests" in ol["limit_reason"]
+
+
+def test_an_abort_stops_a_dispatcher_asleep_until_the_next_request(slow: SlowServer) -> None:
+    calls = threading.Event()
+
+    def watchdog() -> str | None:
+        calls.set()
+        return "a worker exited"
+
+    t0 = time.perf_counter()
+    s = run(slow, [0.0, 30.0], watchdog=watchdog, watchdog_every_s=0.2)
+    assert time.perf_counter() - t0 < 5 and calls.is_set()
+    assert s["aborted"] == "a worker exited" and not s["valid"]
+    assert s["per_request"][1]["error"] == "aborted: a worker exited (not sent)"
+    assert s["per_request"][1]["send_lag_s"] is None
+
+
+def test_a_schedule_out_of_order_is_refused(slow: SlowServer) -> None:
+    with pytest.raises(ValueError, match="in order"):
+        run(slow, [0.1, 0.0])
+
+
+def test_fitted_rate_and_who_limited() -> None:
+    assert fitted_rate([0.0, 0.5, 1.0, 1.5]) == pytest.approx(2.0)
+    assert fitted_rate([3.0, 0.0, 1.0, 2.0]) == pytest.approx(1.0)  # sorted first
+    # one slow last completion (2 s late) barely moves it; gaps / span would say 20 / 21 = 0.952
+    late = fitted_rate([float(i) for i in range(20)] + [21.0])
+    assert late is not None and 0.98 < late < 1.0
+    assert fitted_rate([1.0]) is None and fitted_rate([1.0, 1.0]) is None
+    assert limit_of(0.97, 1.0, 0.0) is None
+    assert limit_of(0.9, 1.0, 0.0) == "server"  # sent on time, answered late
+    assert limit_of(0.9, 0.9, 0.0) == "client"  # the client fell behind its schedule
+    assert limit_of(0.9, 1.0, 0.2) == "client"  # the cap held requests back
+    assert limit_of(None, None, 0.0) is None

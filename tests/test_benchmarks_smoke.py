@@ -41,6 +41,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "nightly_study.py": ("| threshold | confirmation re-run | false alarms", "| threshold | confirmation re-run |"),
     "paired_study.py": ("| scenario | blocks | true ratio | CI | coverage |", "| paired |", "| unpaired |"),
     "repro_study.py": ("| restart noise | blocks | same: reproduced |",),
+    "crossover_study.py": ("true crossover 6", "| truth | restart noise | blocks | crosses | covers x* |"),
     "reference_clients.py": ("openai-sdk (completions)", "sglang.bench_serving --backend sglang"),
 }
 

@@ -338,3 +338,18 @@ def test_what_ships_to_the_host_imports_only_what_ships_with_it(tmp_path: Path) 
         "orchestrator.agent.teardown -> orchestrator.results.store",
         "orchestrator.agent.teardown -> yaml (third-party)",
     ]
+
+
+def test_each_package_face_names_its_modules() -> None:
+    """A package's `__init__` has a docstring and an `__all__`; where `__all__` lists modules (every package but
+    cli, engines and hosts, whose faces are the functions callers use), it lists every one of them."""
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        assert ast.get_docstring(tree), f"{init} has no docstring"
+        found = [n for n in tree.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "__all__"]
+        assert found, f"{init} has no __all__"
+        if init.parent.name in ("cli", "engines", "hosts"):
+            continue
+        listed = set(ast.literal_eval(found[0].value))
+        modules = {p.stem for p in init.parent.glob("*.py") if p.stem not in ("__init__", "__main__")}
+        assert listed == modules, f"{init}: __all__ misses {sorted(modules - listed)}, names {sorted(listed - modules)}"

@@ -415,6 +415,7 @@ def crossover_lines(result: ABResult) -> list[str]:
     """Each arm against the first over the levels measured (two or more): the load where it stops paying (or
     starts), with its 95 % CI, or that it does not cross in the range measured."""
     rates = bool(result.levels) and isinstance(result.levels[0], Rate)
+    unit = " req/s" if rates else ""
 
     def load(value: float, about: str = "") -> str:
         return f"{about}{value:.3g} req/s" if rates else f"concurrency {about}{value:.3g}"
@@ -425,12 +426,12 @@ def crossover_lines(result: ABResult) -> list[str]:
         on = "" if result.metric == DEFAULT_METRIC else f" on {result.metric}"
         head = f"crossover: {arm.label} vs {result.arms[0].label}{on}: "
         if x.status == "crosses" and x.at is not None:
-            lo = f"below {load(x.levels[0])}" if x.lo is None else load(x.lo)
-            hi = f"beyond {load(x.levels[-1])}" if x.hi is None else load(x.hi)
+            lo = f"below {x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
+            hi = f"beyond {x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
             better, worse = ("faster", "slower") if x.pays_below else ("slower", "faster")
             where = "below" if x.pays_below else "above"
             line = (
-                f"pays {where} {load(x.at, '~')} (95% CI {lo} to {hi}, over {x.blocks} blocks); "
+                f"pays {where} {load(x.at, '~')} (95% CI {lo} to {hi}{unit}, over {x.blocks} blocks); "
                 f"{better} below it, {worse} above it"
             )
             if x.crosses_again:

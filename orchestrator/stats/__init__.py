@@ -1,6 +1,6 @@
 """Statistics as pure functions (no I/O, no clocks): `estimates` (ratios and their CIs, verdicts, spreads, the
 speculative break-even), `sequential` (`--blocks auto`'s group-sequential boundaries), `reproduction` (does a
-result agree with a claim or an earlier run).
+result agree with a claim or an earlier run), `crossover` (the load where an arm stops paying, with its CI).
 """
 
-__all__ = ["estimates", "reproduction", "sequential"]
+__all__ = ["crossover", "estimates", "reproduction", "sequential"]

@@ -24,6 +24,7 @@ from orchestrator.report.lines import (
     metric_line,
     metric_rows,
     rate_lines,
+    slo_capacity_lines,
     slo_heading,
     slo_line,
     slo_rows,
@@ -446,6 +447,10 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     if crossings := crossover_lines(result):
         body.append('<section id="crossover"><h2>Where speculation stops paying</h2><ul class="crossovers">')
         body += [f"<li>{_e(line)}</li>" for line in crossings]
+        body.append("</ul></section>")
+    if capacity := slo_capacity_lines(result):
+        body.append(f'<section id="slo-capacity"><h2>Highest load within the SLO</h2><p>{_e(capacity[0])}</p><ul>')
+        body += [f"<li>{_e(line.strip())}</li>" for line in capacity[1:]]
         body.append("</ul></section>")
     body.append('<section id="summary"><h2>Summary</h2>')
     for lv in result.levels or [1]:

@@ -202,6 +202,10 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "comparisons_by_concurrency": [c.to_dict() for level in levels for c in result.comparisons_at(level)],
         # where each arm's ratio to the first crosses 1 over the levels (two or more), with its 95 % CI
         "crossovers": [{"arm": arm.profile, "arm_label": arm.label, **x.to_dict()} for arm, x in result.crossovers()],
+        # under --slo with a percentile objective: each arm's highest load within it (status "crosses": "at", "ci")
+        "max_within_slo": [
+            {"arm": arm.profile, "arm_label": arm.label, **x.to_dict()} for arm, x in result.max_within_slo()
+        ],
         "warnings": result.warnings(),
         "notes": list(result.notes),
         "energy_comparisons_by_concurrency": [

@@ -486,3 +486,31 @@ def rate_lines(result: ABResult, level: Level) -> list[str]:
             line += f" -> SHORT OF ITS RATE ({rl.limited}-limited)"
         out.append(line)
     return out
+
+
+def slo_capacity_lines(result: ABResult) -> list[str]:
+    """Each arm's highest load within the SLO's percentile objectives over the levels measured, with its 95 % CI
+    over blocks (the crossover's method on limit / pNN), or that the SLO held (or failed) at every level."""
+    found = result.max_within_slo()
+    if not found or result.slo is None:
+        return []
+    rates = bool(result.levels) and isinstance(result.levels[0], Rate)
+    unit, word = (" req/s", "") if rates else ("", "concurrency ")
+    objectives = ", ".join(o.describe() for o in result.slo.objectives if o.percentile is not None)
+    out = [f"highest load within the SLO ({objectives}), from each launch's percentiles at each level:"]
+    for arm, x in found:
+        span = f"{word}{x.levels[0]:g} to {x.levels[-1]:g}{unit}"
+        if x.status == "crosses" and x.at is not None and x.pays_below:
+            lo = f"below {x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
+            hi = f"beyond {x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
+            line = f"{word}~{x.at:.3g}{unit} (95% CI {lo} to {hi}{unit}, over {x.blocks} blocks)"
+        elif x.status == "crosses" and x.at is not None:
+            line = f"over the SLO below {word}~{x.at:.3g}{unit}, within it above (an unusual shape: check the runs)"
+        elif x.status == "pays throughout":
+            line = f"within the SLO at every level measured ({span}): the highest is beyond the range"
+        elif x.status == "never pays":
+            line = f"over the SLO at every level measured ({span})"
+        else:
+            line = f"not decided within the range measured ({span}): more blocks or levels would say"
+        out.append(f"  {arm.label}: {line}")
+    return out

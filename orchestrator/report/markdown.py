@@ -20,6 +20,7 @@ from orchestrator.report.lines import (
     node_mismatch_lines,
     order_text,
     rate_lines,
+    slo_capacity_lines,
     slo_heading,
     slo_line,
     slo_rows,
@@ -73,6 +74,10 @@ def ab_markdown(result: ABResult) -> str:
             lines += ["", f"### {energy[0][0].upper()}{energy[0][1:]}", ""] + [f"- {line}" for line in energy[1:]]
     if crossings := crossover_lines(result):
         lines += ["", "## Where speculation stops paying", ""] + [f"- {line}" for line in crossings]
+    if capacity := slo_capacity_lines(result):
+        lines += ["", "## Highest load within the SLO", "", capacity[0]] + [
+            f"- {line.strip()}" for line in capacity[1:]
+        ]
     spec = result.speculation()
     if spec:
         lines += ["", "## Speculative decoding", ""]

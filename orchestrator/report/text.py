@@ -21,6 +21,7 @@ from orchestrator.report.lines import (
     number,
     order_text,
     rate_lines,
+    slo_capacity_lines,
     slo_heading,
     slo_line,
     slo_rows,
@@ -102,6 +103,7 @@ def ab_text(result: ABResult) -> str:
         lines.append("")
     for line in crossover_lines(result):
         lines.append(f"  {line}")
+    lines += [f"  {line}" for line in slo_capacity_lines(result)]
     for spec_arm, be in result.speculation():
         lines.append(
             f"  why {spec_arm.label} runs at this speed (speculative decoding vs {base.label}, "

@@ -623,6 +623,30 @@ class ABResult:
                 out.append((arm, crossover([float(v) for v in self.levels], ratios)))
         return out
 
+    def max_within_slo(self) -> list[tuple[ArmResult, Crossover]]:
+        """Each arm's highest load within every percentile objective of the SLO, over the levels measured (two or
+        more): where a launch's margin — limit / its pNN, the tightest objective — crosses 1 (stats/crossover: the
+        same interpolation and interval over blocks as the crossover). Empty without such an objective."""
+        objectives = [o for o in (self.slo.objectives if self.slo is not None else ()) if o.percentile is not None]
+        if not objectives or len(self.levels) < 2:
+            return []
+        out = []
+        for arm in self.arms:
+            by_block = {la.block: la for la in arm.launches}
+            ratios: list[list[float | None]] = []
+            for level in self.levels:
+                row: list[float | None] = []
+                for block in sorted(by_block):
+                    values = [
+                        by_block[block].value_at(level, f"{o.quantity}_p{o.percentile}", self.slo) for o in objectives
+                    ]
+                    margins = [o.limit_s / v for o, v in zip(objectives, values, strict=True) if v]
+                    row.append(min(margins) if len(margins) == len(objectives) else None)
+                ratios.append(row)
+            with contextlib.suppress(ValueError):  # fewer than two blocks with every level: nothing to say
+                out.append((arm, crossover([float(v) for v in self.levels], ratios)))
+        return out
+
     @property
     def comparisons(self) -> list[Comparison]:
         """Each arm against the first, at the first concurrency level (the headline)."""

@@ -52,3 +52,40 @@ def test_no_crossing_in_the_range_is_said_and_one_block_says_nothing() -> None:
     (line,) = crossover_lines(_result({1: 1.4, 4: 1.3, 16: 1.2}))
     assert "does not cross in the range measured (concurrency 1 to concurrency 16): faster throughout" in line
     assert crossover_lines(_result({1: 1.4, 4: 1.3, 16: 1.2}, blocks=1)) == []  # one block: no interval to give
+
+
+def _slo_result(p99_at: dict[int, float], blocks: int = 4) -> ABResult:
+    """One arm whose p99 TTFT grows with the load (seconds at each level), with a little noise per launch."""
+    from orchestrator.config.slo import parse_slo
+
+    rng = random.Random(5)
+    launches = []
+    for b in range(blocks):
+        runs = tuple(
+            RunResult(
+                i, False, 256, 3.2, 80.0, 20, 0.02, concurrency=c, aggregate_tok_s=80.0 * c,
+                metrics={"ttft": {"p50": p / 3, "p90": p / 2, "p99": p * math.exp(rng.gauss(0, 0.02))}},
+            )
+            for c, p in p99_at.items()
+            for i in range(2)
+        )  # fmt: skip
+        launches.append(LaunchResult("base", f"L{b}", runs, 1.0, {"ok": True}, {}, None, b, 0, 0))
+    design = Design.make(1, blocks, "fixed", 1)
+    return ABResult(
+        "exp", True, "local", ("base",), tuple(launches), {}, design=design, slo=parse_slo("ttft_p99=500ms")
+    )
+
+
+def test_the_highest_load_within_the_slo_is_where_the_percentile_meets_its_limit() -> None:
+    from orchestrator.report.lines import slo_capacity_lines
+
+    result = _slo_result({1: 0.1, 4: 0.3, 16: 1.2})  # 500 ms is met at 4, missed at 16
+    ((arm, x),) = result.max_within_slo()
+    assert arm.label == "base"
+    assert x.status == "crosses" and x.pays_below and x.at is not None and 4 < x.at < 16
+    head, line = slo_capacity_lines(result)
+    assert head.startswith("highest load within the SLO (TTFT p99 <= 500 ms)")
+    assert line.startswith("  base: concurrency ~") and "over 4 blocks" in line
+    assert ab_json(result)["max_within_slo"][0]["status"] == "crosses"
+    within = _slo_result({1: 0.1, 4: 0.2, 16: 0.3})
+    assert "within the SLO at every level measured" in slo_capacity_lines(within)[1]

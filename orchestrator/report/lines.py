@@ -345,7 +345,7 @@ def energy_arm_line(arm: ArmResult, level: Level) -> str | None:
 
 def energy_comparison_line(c: EnergyComparison) -> str:
     """An arm's joules per output token against the baseline's, with its CI over blocks and the verdict."""
-    head = f"{c.arm_label} vs {c.vs_label} @ {c.concurrency}: "
+    head = f"{c.arm_label} vs {c.vs_label} @ {level_name(c.concurrency)}: "
     est = c.estimate
     if est is None:
         return head + "no block in which both measured energy"
@@ -368,7 +368,7 @@ def energy_lines(result: ABResult, level: Level) -> list[str]:
     arms = [line for arm in result.arms if (line := energy_arm_line(arm, level))]
     if not arms:
         return []
-    head = f"energy per output token at concurrency {level} (J/token: joules over each run's steady window, summed "
+    head = f"energy per output token at {level_phrase(level)} (J/token: joules over each run's steady window, summed "
     head += "over the server's GPUs, / output tokens in it; launch value = median of its runs):"
     return [head, *arms, *(energy_comparison_line(c) for c in result.energy_comparisons_at(level))]
 

@@ -1055,7 +1055,9 @@ class EnergyComparison:
             "arm_label": self.arm_label,
             "vs_label": self.vs_label,
             "arm_index": self.arm_index,
-            "concurrency": self.concurrency,
+            # An open-loop level has no concurrency: "rate" says which level it is, as in the comparisons.
+            "concurrency": None if isinstance(self.concurrency, Rate) else self.concurrency,
+            **({"rate": float(self.concurrency)} if isinstance(self.concurrency, Rate) else {}),
             "ratio": est.ratio if est else None,
             "blocks": est.blocks if est else 0,
             "ci95": [est.lo, est.hi] if est and est.blocks >= 2 else None,

@@ -198,12 +198,6 @@ def test_open_loop_rate_lines_and_crossover_in_req_s_in_chromium(open_loop: Repo
     _energy(open_loop, [2, 6])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="report/lines.energy_lines and energy_comparison_line format an open-loop level with {level} (a Rate): "
-    "'energy per output token at concurrency Rate(2.0)', '... @ Rate(2.0): ...' in place of '2 req/s'",
-)
 def test_open_loop_energy_names_its_levels_as_rates(open_loop: Report) -> None:
     energy = open_loop.page.text["energy"]
     assert "Rate(" not in energy and "concurrency" not in energy, energy

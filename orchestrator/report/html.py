@@ -168,6 +168,38 @@ def _ratio_figure(result: ABResult) -> str:
     )
 
 
+def _load_figure(result: ABResult) -> str:
+    """The ratios over the levels with the crossover marked (two or more levels, an A/B)."""
+    crossings = {arm.label: x for arm, x in result.crossovers()}
+    series = []
+    for i, arm in enumerate(result.arms[1:], start=1):
+        points = []
+        for level in result.levels:
+            c = next((c for c in result.comparisons_at(level) if c.arm_index == i), None)
+            est = c.estimate if c is not None else None
+            ci = est is not None and est.blocks >= 2
+            points.append((float(level), c.ratio if c else None, est.lo if ci and est else None,
+                           est.hi if ci and est else None))  # fmt: skip
+        x = crossings.get(arm.label)
+        crossing = (x.at, x.lo, x.hi) if x is not None and x.status == "crosses" and x.at is not None else None
+        series.append(plots.LoadSeries(arm.label, i, points, crossing))
+    rates = isinstance(result.levels[0], Rate)
+    svg = plots.ratio_over_load(
+        "fig-load",
+        series,
+        "offered rate (req/s)" if rates else "concurrency (streams)",
+        f"ratio of {result.metric} (arm / baseline)",
+    )
+    return _figure(
+        "fig-load",
+        svg,
+        "Each arm's ratio to the baseline at every level measured, with its 95% CI over blocks; the dashed line is "
+        "where the ratio crosses 1 (the crossover) and the shaded band its 95% CI (stats/crossover: docs/"
+        "statistics.md); the solid line only joins the measured points, while the crossover interpolates each "
+        "block between levels. SIMULATED where the banner says so.",
+    )
+
+
 def _representative(arm: ArmResult, level: Level) -> tuple[LaunchResult, RunResult] | None:
     """The timed run closest to the arm's median: one typical run, not the best one."""
     runs = _runs(arm, level)
@@ -447,7 +479,9 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     if crossings := crossover_lines(result):
         body.append('<section id="crossover"><h2>Where speculation stops paying</h2><ul class="crossovers">')
         body += [f"<li>{_e(line)}</li>" for line in crossings]
-        body.append("</ul></section>")
+        body.append("</ul>")
+        body.append(_load_figure(result))
+        body.append("</section>")
     if capacity := slo_capacity_lines(result):
         body.append(f'<section id="slo-capacity"><h2>Highest load within the SLO</h2><p>{_e(capacity[0])}</p><ul>')
         body += [f"<li>{_e(line.strip())}</li>" for line in capacity[1:]]

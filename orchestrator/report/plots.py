@@ -174,6 +174,50 @@ def ratio_intervals(fig_id: str, rows: Sequence[RatioBar], min_effect: float) ->
 
 
 @dataclass(frozen=True)
+class LoadSeries:
+    """One arm against the baseline over the levels: per level its ratio and 95 % CI (None: not drawn), and where
+    its ratio crosses 1 (the crossover's estimate and CI ends; None where there is none, or it is open)."""
+
+    label: str
+    index: int
+    points: Sequence[tuple[float, float | None, float | None, float | None]]  # level, ratio, lo, hi
+    crossing: tuple[float, float | None, float | None] | None
+
+
+def ratio_over_load(fig_id: str, series: Sequence[LoadSeries], xlabel: str, ylabel: str) -> str:
+    """Each arm's ratio to the baseline at every level (95 % CIs over blocks) on a log load axis, with the load where
+    it crosses 1 marked and its CI shaded: where speculation stops paying, drawn."""
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        levels = sorted({p[0] for s in series for p in s.points})
+        for s in series:
+            color = arm_color(s.index)
+            xs = [p[0] for p in s.points if p[1] is not None]
+            ys = [p[1] for p in s.points if p[1] is not None]
+            ax.plot(xs, ys, marker="o", color=color, label=s.label)
+            for x, y, lo, hi in s.points:
+                if y is not None and lo is not None and hi is not None:
+                    ax.errorbar([x], [y], yerr=[[y - lo], [hi - y]], fmt="none", color=color, capsize=3)
+            if s.crossing is not None:
+                at, lo, hi = s.crossing
+                ax.axvspan(lo if lo is not None else levels[0], hi if hi is not None else levels[-1], color=color,
+                           alpha=0.12)  # fmt: skip
+                ax.axvline(at, color=color, linestyle="--", linewidth=1)
+                ax.annotate(f"crosses 1 at ~{at:.3g}", (at, 1.0), xytext=(4, 6), textcoords="offset points",
+                            fontsize=8, color=color)  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xticks(levels, [f"{v:g}" for v in levels])
+        ax.minorticks_off()
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8, loc="best")
+
+    return _render(fig_id, (8.0, 3.6), draw)
+
+
+@dataclass(frozen=True)
 class Timeline:
     """One run of one arm: per request its token-arrival profile (seconds from its start at 0 %, 10 %, ..., 100 %
     of its tokens), its end-to-end seconds and its tokens; sequential when the requests ran one after another."""

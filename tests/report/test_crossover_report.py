@@ -44,6 +44,10 @@ def test_an_arm_that_wins_alone_and_loses_under_load_crosses_between() -> None:
     (line,) = crossover_lines(result)
     assert line.startswith("crossover: spec vs base: pays below concurrency ~") and "over 4 blocks" in line
     assert line in ab_text(result) and line in ab_markdown(result)
+    from orchestrator.report.html import ab_html
+
+    page = ab_html(result)
+    assert '<section id="crossover">' in page and '<figure id="fig-load">' in page and "crosses 1 at ~" in page
     (doc,) = ab_json(result)["crossovers"]
     assert doc["status"] == "crosses" and doc["arm_label"] == "spec" and doc["ci"][0] < doc["at"] < doc["ci"][1]
 

@@ -117,6 +117,7 @@ def _report(tmp: Path, monkeypatch: pytest.MonkeyPatch, *args: str) -> Report:
 def _crossover(report: Report, unit: str) -> str:
     """The one crossover line: both arms named, the load in `unit`, worded as the JSON's status says."""
     (line,) = report.page.items["crossover"]
+    assert "where the ratio crosses 1" in report.page.text["fig-load-cap"]  # the ratios over the levels, drawn
     (x,) = report.doc["crossovers"]
     assert line.startswith("crossover: sim-eagle3-fast vs baseline: "), line
     assert any(w in line for w in CROSSOVER_WORDS), line

@@ -595,12 +595,22 @@ class ABResult:
             )
         return out
 
+    @cached_property
+    def _crossings(self) -> dict[str, list[tuple[ArmResult, Crossover]]]:
+        """Crossovers and SLO capacities, once computed (by kind and metric): every format of a report asks."""
+        return {}
+
     def crossovers(self, metric: str | None = None) -> list[tuple[ArmResult, Crossover]]:
         """Each arm against the first across the levels (two or more measured): where its ratio on `metric` crosses
         1, oriented so that above 1 is better (stats/crossover). Arms without two complete blocks are left out."""
+        key = f"crossover:{metric or self.metric}"
+        if key not in self._crossings:
+            self._crossings[key] = self._crossovers(metric or self.metric)
+        return list(self._crossings[key])
+
+    def _crossovers(self, metric: str) -> list[tuple[ArmResult, Crossover]]:
         if len(self.levels) < 2 or len(self.arms) < 2:
             return []
-        metric = metric or self.metric
         flip = not METRICS[metric].higher_is_better
         base, out = self.arms[0], []
         for arm in self.arms[1:]:
@@ -627,6 +637,11 @@ class ABResult:
         """Each arm's highest load within every percentile objective of the SLO, over the levels measured (two or
         more): where a launch's margin — limit / its pNN, the tightest objective — crosses 1 (stats/crossover: the
         same interpolation and interval over blocks as the crossover). Empty without such an objective."""
+        if "slo" not in self._crossings:
+            self._crossings["slo"] = self._max_within_slo()
+        return list(self._crossings["slo"])
+
+    def _max_within_slo(self) -> list[tuple[ArmResult, Crossover]]:
         objectives = [o for o in (self.slo.objectives if self.slo is not None else ()) if o.percentile is not None]
         if not objectives or len(self.levels) < 2:
             return []

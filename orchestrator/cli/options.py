@@ -56,6 +56,18 @@ def parse_rates(ctx: click.Context, param: click.Parameter, value: str | None) -
     return rates
 
 
+def parse_sweep(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """--sweep auto[:N] → N rate levels."""
+    if value is None:
+        return None
+    from orchestrator.config import sweep
+
+    try:
+        return sweep.parse(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 def parse_arrivals(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from orchestrator.config import arrivals
 
@@ -487,6 +499,22 @@ def open_loop_options() -> list[Callable[..., Any]]:
             metavar="N",
             help="With --rate: at most N requests in flight; the rest wait in the client, and their latency still "
             "counts from their scheduled time.",
+        ),
+        click.option(
+            "--sweep",
+            default=None,
+            callback=parse_sweep,
+            metavar="auto[:N]",
+            help="Open loop at rates found for you (instead of --rate): a probe launch per arm measures its "
+            "synchronous rate (concurrency 1) and its saturated rate (--max-concurrency or 32 streams), then N rates "
+            "[default: 5] from the lowest to the highest run as --rate levels, each stopping when the server is "
+            "over-saturated. The probe is stored as an experiment of its own (docs/load.md#sweeps).",
+        ),
+        click.option(
+            "--stop-oversaturated",
+            is_flag=True,
+            help="With --rate: a run stops sending once the server falls behind for good (the backlog grows with "
+            "time); the requests sent are measured, the rest left out (always on with --sweep auto).",
         ),
     ]
 

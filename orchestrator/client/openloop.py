@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import itertools
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +19,43 @@ from orchestrator.client.watchdog import watch
 # The event loop's timers wake up to a millisecond late (epoll's timeout is in whole milliseconds, rounded up): the
 # last stretch before a request is due is waited out by yielding to the loop instead, which keeps reading streams.
 SPIN_S = 0.0015
+
+# Over-saturation (docs/load.md#over-saturation): checked every CHECK_S once the run is MIN_S old and at least
+# LATENCIES typical request latencies long; the second half of the time so far must have had MIN_DUE requests due,
+# of which the server finished DEFICIT fewer (and at least MIN_DEFICIT fewer), at TIMES checks in a row. The typical
+# latency is that of the first EARLY requests to finish.
+CHECK_S = 0.5
+MIN_S = 3.0
+LATENCIES = 2.5
+MIN_DUE = 20
+DEFICIT = 0.2
+MIN_DEFICIT = 8
+TIMES = 2
+EARLY = 5
+
+
+def oversaturation(history: list[tuple[float, int, int]], latency_s: float | None) -> str | None:
+    """Why an open-loop run is over-saturated, from its (seconds, requests due, requests finished) checks so far,
+    or None: over the second half of the time so far the server finished clearly fewer requests than fell due, so the
+    backlog grows with time (a queue without a steady state) instead of settling where rate x latency puts it (Little's
+    law). `latency_s`: a typical finished request's end-to-end latency (None: none finished yet, no judgement)."""
+    if not history or latency_s is None:
+        return None
+    t, due, done = history[-1]
+    if t < max(MIN_S, LATENCIES * latency_s):
+        return None
+    # the last check at or before half the time so far
+    k = bisect.bisect_right([h[0] for h in history], t / 2) - 1
+    if k < 0:
+        return None
+    t_half, due_half, done_half = history[k]
+    arrived, finished = due - due_half, done - done_half
+    if arrived < MIN_DUE or arrived - finished < max(MIN_DEFICIT, DEFICIT * arrived):
+        return None
+    return (
+        f"over-saturated: from {t_half:.1f}s to {t:.1f}s {arrived} requests fell due and the server finished "
+        f"{finished}; the backlog grew from {due_half - done_half} to {due - done}"
+    )
 
 
 async def until(deadline: float) -> None:
@@ -42,8 +81,14 @@ class Sender:
         records: list[Record],
         limits: tuple[float, float, float],
         cap: int | None,
+        stop_oversaturated: bool = False,
     ) -> None:
         self.host, self.port, self.path, self.bodies, self.records = host, port, path, bodies, records
+        self.stop_oversaturated = stop_oversaturated
+        self.saturated: str | None = None  # why sending stopped early (over-saturation), if it did
+        self.saturated_at = 0.0
+        self.finished = 0
+        self.early: list[float] = []  # end-to-end latencies of the first EARLY requests to finish
         self.timeout, self.stall_s, self.first_token_s = limits  # fetch's: a request's timeout and stall bounds
         self.cap = cap
         self.loop = asyncio.get_running_loop()
@@ -90,7 +135,10 @@ class Sender:
                 rec.failed = time.perf_counter() - self.t0
         finally:
             self.in_flight -= 1
-            if self.held and self.aborted is None:
+            self.finished += 1
+            if len(self.early) < EARLY and rec.e2e is not None and rec.error is None:
+                self.early.append(rec.e2e)
+            if self.held and self.aborted is None and self.saturated is None:
                 j, due = self.held.popleft()
                 self.records[j].queued = time.perf_counter() - self.t0 - due
                 self.start(j)
@@ -103,10 +151,45 @@ class Sender:
             else:
                 self.start(i)
 
+    def latency(self) -> float | None:
+        """The median end-to-end latency of the first EARLY requests to finish (None before the first): the
+        latency before any backlog, since later ones grow with the backlog itself."""
+        return statistics.median(self.early) if self.early else None
+
+    async def watch_saturation(self) -> None:
+        """Stop sending once the run is over-saturated (oversaturation, at TIMES checks in a row): requests in
+        flight finish and count; those not yet sent are left out of the run."""
+        starts = [r.start for r in self.records]
+        history: list[tuple[float, int, int]] = []
+        streak = 0
+        while self.aborted is None:
+            await asyncio.sleep(CHECK_S)
+            t = time.perf_counter() - self.t0
+            history.append((t, bisect.bisect_right(starts, t), self.finished))
+            why = oversaturation(history, self.latency())
+            streak = streak + 1 if why else 0
+            if why and streak >= TIMES:
+                self.saturated, self.saturated_at = why, t
+                self.held.clear()
+                if self.dispatcher is not None:
+                    self.dispatcher.cancel()
+                return
+
     async def run(self) -> None:
         """Send every request on time and wait for all of them (or for an abort)."""
         self.t0 = time.perf_counter()
         self.dispatcher = self.loop.create_task(self.dispatch())
+        watcher = self.loop.create_task(self.watch_saturation()) if self.stop_oversaturated else None
+        try:
+            await self.wait()
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+
+    async def wait(self) -> None:
+        """Until the dispatcher has sent (or stopped sending) and every request sent has finished."""
+        assert self.dispatcher is not None
         # asyncio.wait, not await: the dispatcher cancelled by an abort must not look like Ctrl-C cancelling the run.
         await asyncio.wait({self.dispatcher})
         if not self.dispatcher.cancelled() and (error := self.dispatcher.exception()) is not None:
@@ -129,13 +212,18 @@ async def run_schedule(
     first_token_s: float = 180.0,
     watchdog: Callable[[], str | None] | None = None,
     watchdog_every_s: float = 1.0,
-) -> tuple[list[Record], float, dict[str, Any], str | None, int]:
+    stop_oversaturated: bool = False,
+) -> tuple[list[Record], float, dict[str, Any], str | None, int, dict[str, Any] | None]:
     """Open loop: request i is sent schedule[i] seconds after the start (Sender): a slow answer delays no later
     send, and a request a --max-concurrency cap holds back still has its latency counted from when it was due (vLLM
     issue 54101: time queued in the client must count).
 
+    With `stop_oversaturated`, sending stops once the server is over-saturated (oversaturation): the requests in
+    flight finish and are measured, the rest are left out, and the window ends where sending stopped.
+
     Returns the records, the window (the last request's due time: tokens received within it measure throughput
-    while requests were arriving), the metric deltas, why the run was aborted, and the most requests in flight.
+    while requests were arriving), the metric deltas, why the run was aborted, the most requests in flight, and
+    where and why an over-saturated run stopped sending (None if it did not).
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     if len(schedule) != len(bodies) or any(b < a for a, b in itertools.pairwise(schedule)):
@@ -143,7 +231,14 @@ async def run_schedule(
     before = await scrape_metrics(host, port)
     records = [Record(index=i, start=at, max_tokens=max_tokens[i]) for i, at in enumerate(schedule)]
     sender = Sender(
-        host, port, ENDPOINTS[endpoint], bodies, records, (timeout, stall_s, first_token_s), max_concurrency
+        host,
+        port,
+        ENDPOINTS[endpoint],
+        bodies,
+        records,
+        (timeout, stall_s, first_token_s),
+        max_concurrency,
+        stop_oversaturated,
     )
     live_begin()
     watcher = (
@@ -166,4 +261,9 @@ async def run_schedule(
     after = await scrape_metrics(host, port) if before is not None and sender.aborted is None else None
     deltas = counter_deltas(before, after) if before is not None and after is not None else {}
     window = schedule[-1] if schedule and sender.aborted is None else time.perf_counter() - sender.t0
-    return records, window, deltas, sender.aborted, sender.peak
+    stopped = None
+    if sender.saturated is not None and sender.aborted is None:
+        sent = [r for r in records if r.sent is not None]
+        stopped = {"at_s": sender.saturated_at, "sent": len(sent), "of": len(records), "reason": sender.saturated}
+        records, window = sent, sender.saturated_at
+    return records, window, deltas, sender.aborted, sender.peak, stopped

@@ -148,7 +148,7 @@ def run(
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     if open_loop is not None:
         cap = open_loop.get("max_concurrency")
-        records, window, deltas, aborted, peak = _run_interruptibly(
+        records, window, deltas, aborted, peak, stopped = _run_interruptibly(
             lambda: run_schedule(
                 host,
                 port,
@@ -162,11 +162,11 @@ def run(
                 first_token_s=first_token_s,
                 watchdog=watchdog,
                 watchdog_every_s=watchdog_every_s,
+                stop_oversaturated=bool(open_loop.get("stop_oversaturated")),
             )
         )
-        return summarize_run(
-            records, window, 0, deltas, min_duration_s, aborted, open_loop={**open_loop, "peak_in_flight": peak}
-        )
+        info = {**open_loop, "peak_in_flight": peak, **({"stopped": stopped} if stopped else {})}
+        return summarize_run(records, window, 0, deltas, min_duration_s, aborted, open_loop=info)
     records, window, deltas, aborted = _run_interruptibly(
         lambda: run_requests(
             host,

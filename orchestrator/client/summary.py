@@ -118,6 +118,12 @@ def limit_reason(ol: dict[str, Any]) -> str | None:
             f"{head}: limited by the client: it sent {ol.get('sent_rate') or 0:.2f} req/s, behind its schedule "
             f"({lag_said})"
         )
+    stopped = ol.get("stopped")
+    if stopped:
+        return (
+            f"limited by the server, {stopped.get('reason')}: sending stopped at {stopped.get('at_s', 0):.1f}s after "
+            f"{stopped.get('sent')} of {stopped.get('of')} requests (those sent finished and are measured)"
+        )
     return (
         f"{head}: limited by the server: requests went out on time ({lag_said}) but piled up, up to "
         f"{ol.get('peak_in_flight')} in flight at once"
@@ -156,6 +162,11 @@ def open_loop_summary(records: list[Record], info: dict[str, Any]) -> dict[str, 
         "peak_in_flight": info.get("peak_in_flight"),
         "limited": limit_of(achieved_ratio, sent_ratio, len(held) / n if n else 0.0),
     }
+    stopped = info.get("stopped")
+    if stopped:
+        # Sending stopped because the server could not keep up: its limit whatever the rates of the part sent say.
+        out["stopped"] = stopped
+        out["limited"] = "server"
     out["limit_reason"] = limit_reason(out)
     return out
 

@@ -1,7 +1,8 @@
 """What an experiment is asked to do, as frozen objects built before anything runs: server profiles, prompt sets and
 the workload, the A/B design, the typed `RunOptions` a command is called with, its plan and the limits it meets, and
 what its verdicts are on (`slo`: the metric and the service-level objectives goodput counts against), and the
-open-loop arrival schedule (`arrivals`: seeded, the same for every arm and launch).
+open-loop arrival schedule (`arrivals`: seeded, the same for every arm and launch), and what `--sweep auto` asks
+for (`sweep`: the probe's workload and the rate levels').
 """
 
-__all__ = ["arrivals", "design", "limits", "options", "plan", "profile", "prompts", "slo", "workload"]
+__all__ = ["arrivals", "design", "limits", "options", "plan", "profile", "prompts", "slo", "sweep", "workload"]

@@ -73,6 +73,8 @@ class RunOptions:
     duration: float | None = None
     requests_per_level: int | None = None
     max_concurrency: int | None = None
+    sweep: int | None = None  # --sweep auto[:N]: N rate levels found by a probe (experiment/sweep)
+    stop_oversaturated: bool = False  # --stop-oversaturated (always on for --sweep auto's levels)
     # the design and its judgement
     blocks: int | str | None = "auto"  # auto, N, or None (orch reproduce: the bundle's own / a claim's default)
     max_blocks: int | None = DEFAULT_MAX_BLOCKS  # None where the command has no --blocks auto
@@ -129,12 +131,25 @@ class RunOptions:
 
     def check_open_loop(self) -> None:
         """--rate (open loop) excludes the closed-loop options, and the open-loop options need it (docs/load.md)."""
-        if not self.rate:
+        if self.sweep is not None:
+            for name, flag in (
+                ("rate", "--rate"),
+                ("concurrency", "--concurrency"),
+                ("requests_per_stream", "--requests-per-stream"),
+            ):
+                if self.gave(name):
+                    raise OptionError(
+                        f"--sweep auto finds its own rate levels (a probe, then rates between); {flag} excludes it: "
+                        "give one of them"
+                    )
+        elif not self.rate:
             given = [flag for name, flag in OPEN_LOOP_OPTIONS.items() if name != "rate" and self.gave(name)]
+            given += ["--stop-oversaturated"] if self.stop_oversaturated else []
             if given:
                 raise OptionError(
                     f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to open-loop levels only: give "
-                    "--rate R[,R...] (requests per second), or leave them out for closed loop (--concurrency)"
+                    "--rate R[,R...] (requests per second) or --sweep auto, or leave them out for closed loop "
+                    "(--concurrency)"
                 )
             return
         for name, flag in (("concurrency", "--concurrency"), ("requests_per_stream", "--requests-per-stream")):

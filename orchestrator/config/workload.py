@@ -42,6 +42,8 @@ class BenchConfig:
     duration_s: float | None = None
     requests_per_level: int | None = None
     max_concurrency: int | None = None
+    # A run stops sending once the server is over-saturated (client/openloop.oversaturation): --sweep auto's levels.
+    stop_oversaturated: bool = False
 
     def __post_init__(self) -> None:
         # Read back from JSON (a stored config, a bundle) the levels are a list; as a tuple the config stays hashable.
@@ -64,6 +66,8 @@ class BenchConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = {**self.__dict__, "concurrency": list(self.concurrency), "rate": list(self.rate)}
+        if not self.stop_oversaturated:
+            del d["stop_oversaturated"]  # digests and stored configs stay what they were before it existed
         return d if self.open_loop else {k: v for k, v in d.items() if k not in OPEN_LOOP_FIELDS}
 
 

@@ -239,5 +239,6 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             notes=tuple(notes),
             slo=config.slo,
             metric=config.metric,
+            sweep=(provenance or {}).get("sweep"),
         )
     )

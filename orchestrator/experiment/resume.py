@@ -48,6 +48,8 @@ FIXED_OPTIONS = {
     "duration": "--duration",
     "requests_per_level": "--requests",
     "max_concurrency": "--max-concurrency",
+    "sweep": "--sweep",
+    "stop_oversaturated": "--stop-oversaturated",
 }
 
 # How long to wait for a hung server is not part of what is measured: a resume may change it (option → BenchConfig).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -15,9 +16,10 @@ from orchestrator.config import profile as profiles_mod
 from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.config.plan import Plan
+from orchestrator.config.sweep import Sweep
 from orchestrator.config.workload import DEFAULT_DURATION_S, BenchConfig, request_items
 from orchestrator.errors import OrchError
-from orchestrator.experiment import ab, failon, resume
+from orchestrator.experiment import ab, failon, resume, sweep
 from orchestrator.experiment import host as experiment_host
 from orchestrator.hosts import resolve_host
 from orchestrator.hosts.base import Host, HostConfig, default_namespace
@@ -118,15 +120,21 @@ def start(
     engines.check_use(profiles, bench.endpoint, simulate=options.sim)
     # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built.
     auto = options.sequential_plan()
+    spec = sweep_of(options)
     try:
-        work = limits.checked_plan(
-            bench,
-            profiles,
-            blocks=auto.max_blocks if auto else blocks_of(options),
-            sim=options.sim,
-            least_blocks=auto.min_blocks if auto else None,
-            show=rep.line,
-        )
+        if spec is not None:
+            # The sweep's own plan waits for its rates; its probe is planned (and refused) now.
+            rep.line(f"sweep: {spec.levels} rate levels, found by a probe launch per arm first")
+            work = limits.checked_plan(spec.probe_bench(bench), profiles, blocks=1, sim=options.sim, show=rep.line)
+        else:
+            work = limits.checked_plan(
+                bench,
+                profiles,
+                blocks=auto.max_blocks if auto else blocks_of(options),
+                sim=options.sim,
+                least_blocks=auto.min_blocks if auto else None,
+                show=rep.line,
+            )
     except limits.PlanError as e:
         raise OptionError(str(e)) from None
     for line in (work.too_short(), time_limit_warning(work, options.host_spec, options.inventory)):
@@ -150,7 +158,18 @@ def open_loop_fields(options: RunOptions) -> dict[str, Any]:
         "duration_s": duration,
         "requests_per_level": options.requests_per_level,
         "max_concurrency": options.max_concurrency,
+        "stop_oversaturated": options.stop_oversaturated,
     }
+
+
+def sweep_of(options: RunOptions) -> Sweep | None:
+    """--sweep auto[:N] and the open-loop options its rate levels run with (None without --sweep)."""
+    if options.sweep is None:
+        return None
+    duration = options.duration
+    if duration is None and options.requests_per_level is None:
+        duration = DEFAULT_DURATION_S
+    return Sweep(options.sweep, options.arrivals, duration, options.requests_per_level, options.max_concurrency)
 
 
 def blocks_of(options: RunOptions) -> int:
@@ -318,7 +337,21 @@ def execute(
             event(SIM_BANNER)
         event(f"results database: {store.path}")
         with host_for(options, options.host_spec, rep, nodes=experiment_host.nodes_needed(profiles)) as host:
-            where = {"host_spec": options.host_spec, "workdir": options.workdir, "namespace": config.namespace}
+            where: dict[str, Any] = {
+                "host_spec": options.host_spec,
+                "workdir": options.workdir,
+                "namespace": config.namespace,
+            }
+            spec = sweep_of(options) if resume_id is None else None
+            if spec is not None:
+                found = sweep.probe(host, profiles, config, spec, store, events=rep, on_run=on_run, provenance=where)
+                config = dataclasses.replace(config, bench=spec.swept_bench(config.bench, found.rates))
+                blocks = config.auto.max_blocks if config.auto else config.blocks
+                try:
+                    limits.checked_plan(config.bench, profiles, blocks=blocks, sim=options.sim, show=rep.line)
+                except limits.PlanError as e:
+                    raise OptionError(f"the rates the probe found cannot be swept: {e}") from None
+                where["sweep"] = found.to_dict()
             return ab.run_ab(
                 host, profiles, config, store, events=rep, on_run=on_run, resume=resume_id, provenance=where
             )

@@ -299,6 +299,7 @@ def run_benchmark(
                 "rate": rate,
                 "arrivals": config.arrivals,
                 "max_concurrency": config.max_concurrency,
+                **({"stop_oversaturated": True} if config.stop_oversaturated else {}),
             }
         )
         at = f"concurrency {concurrency}" if rate is None else f"{rate:g} req/s"

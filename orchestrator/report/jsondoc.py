@@ -208,6 +208,8 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         ],
         "warnings": result.warnings(),
         "notes": list(result.notes),
+        # --sweep auto: the probe experiment, each arm's synchronous and saturated rates, the rates swept
+        "sweep": result.sweep,
         "energy_comparisons_by_concurrency": [
             c.to_dict() for level in levels for c in result.energy_comparisons_at(level)
         ],

@@ -447,6 +447,23 @@ def crossover_lines(result: ABResult) -> list[str]:
     return out
 
 
+def sweep_lines(result: ABResult) -> list[str]:
+    """Where --sweep auto's rate levels came from: the probe experiment and each arm's rates it measured."""
+    sweep = result.sweep
+    if not sweep:
+        return []
+    sync, sat = sweep.get("synchronous") or {}, sweep.get("saturated") or {}
+    arms = "; ".join(
+        f"{label} {sync.get(label, 0):g} req/s at concurrency 1, {sat.get(label, 0):g} at {sweep.get('concurrency')}"
+        for label in sync
+    )
+    rates = ", ".join(f"{float(r):g}" for r in sweep.get("rates") or [])
+    return [
+        f"levels from --sweep auto: rates {rates} req/s, from probe experiment {sweep.get('probe')} ({arms})",
+        "  each rate level stops sending once the server is over-saturated (the backlog grows with time)",
+    ]
+
+
 def level_heading(level: Level) -> str:
     """What a level's table shows, as its heading says it."""
     if isinstance(level, Rate):
@@ -482,7 +499,9 @@ def rate_lines(result: ABResult, level: Level) -> list[str]:
             + (f"; {rl.held} requests held by the cap" if rl.held else "")
             + (f"; peak {rl.peak_in_flight} in flight" if rl.peak_in_flight is not None else "")
         )
-        if rl.limited is not None:
+        if rl.stopped:
+            line += f" -> OVER-SATURATED: {rl.stopped} of {rl.runs} runs stopped sending early"
+        elif rl.limited is not None:
             line += f" -> SHORT OF ITS RATE ({rl.limited}-limited)"
         out.append(line)
     return out

@@ -24,6 +24,7 @@ from orchestrator.report.lines import (
     slo_heading,
     slo_line,
     slo_rows,
+    sweep_lines,
     whatif_line,
 )
 from orchestrator.results.model import ABResult
@@ -54,6 +55,8 @@ def ab_markdown(result: ABResult) -> str:
         + f"; minimum effect of interest ±{result.min_effect * 100:.1f}%."
     )
     lines += [f"> NOTE: {n}" for n in result.notes]
+    if sweep := sweep_lines(result):
+        lines += ["", sweep[0] + "; " + sweep[1].strip() + "."]
     lines += [part for line in (metric_line(result), slo_line(result)) if line for part in ("", line + ".")]
     for level in result.levels or [1]:
         rows = level_rows(result, level)

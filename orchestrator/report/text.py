@@ -25,6 +25,7 @@ from orchestrator.report.lines import (
     slo_heading,
     slo_line,
     slo_rows,
+    sweep_lines,
     title,
     whatif_line,
 )
@@ -77,6 +78,7 @@ def ab_text(result: ABResult) -> str:
     for note in result.notes:
         lines.append(f"  NOTE: {note}")
     lines += _design_lines(result)
+    lines += [f"  {line}" for line in sweep_lines(result)]
     lines += [f"  {line}" for line in (metric_line(result), slo_line(result)) if line]
     base = result.arms[0]
     for level in result.levels or [1]:

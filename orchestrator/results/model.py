@@ -143,6 +143,7 @@ class RateLevel:
     e2e_p99_s: float | None
     limited: str | None
     reason: str | None
+    stopped: int = 0  # runs that stopped sending early, over-saturated (docs/load.md#over-saturation)
 
     @classmethod
     def of(cls, rate: float, runs: Sequence[RunResult]) -> RateLevel:
@@ -174,6 +175,15 @@ class RateLevel:
         def pct(name: str, q: str) -> float | None:
             return _median([(r.metrics.get(name) or {}).get(q) for r in runs])
 
+        stops = [p["stopped"] for p in parts if p.get("stopped")]
+        reason = limit_reason(summary)
+        if stops:
+            limited = "server"
+            reason = (
+                f"limited by the server: {len(stops)} of {len(runs)} runs stopped sending early, over-saturated "
+                f"(first: {stops[0].get('reason')}, after {stops[0].get('sent')} of {stops[0].get('of')} requests)"
+            )
+
         return cls(
             rate=rate,
             runs=len(runs),
@@ -190,7 +200,8 @@ class RateLevel:
             e2e_p50_s=pct("e2e", "p50"),
             e2e_p99_s=pct("e2e", "p99"),
             limited=limited,
-            reason=limit_reason(summary),
+            reason=reason,
+            stopped=len(stops),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -508,6 +519,7 @@ class ABResult:
     cut_short: tuple[CutShort, ...] = ()  # launches that started but did not complete (not in the statistics)
     slo: SLO | None = None  # --slo: what goodput counts against
     metric: str = DEFAULT_METRIC  # --metric: what the comparisons' ratios and verdicts are on
+    sweep: dict[str, Any] | None = None  # --sweep auto: the probe's finding (experiment/sweep.Probe.to_dict)
 
     @cached_property
     def arms(self) -> tuple[ArmResult, ...]:

@@ -225,7 +225,10 @@ def open_loop_line(run: RunResult, config: BenchConfig) -> str:
     )
     if ol.get("held"):
         line += f", {ol['held']} held by --max-concurrency {ol.get('max_concurrency')}"
-    if ol.get("limited"):
+    stopped = ol.get("stopped")
+    if stopped:
+        line += f"; STOPPED SENDING after {stopped.get('sent')} of {stopped.get('of')} requests: over-saturated"
+    elif ol.get("limited"):
         line += f"; SHORT OF ITS RATE ({ol['limited']}-limited)"
     return line
 

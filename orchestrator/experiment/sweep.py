@@ -1,0 +1,131 @@
+"""`--sweep auto` run: a probe launch per arm finds its synchronous and saturated request rates; the rates between."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.config import arrivals
+from orchestrator.config.design import ABConfig
+from orchestrator.config.profile import Profile
+from orchestrator.config.slo import DEFAULT_METRIC
+from orchestrator.config.sweep import METHOD, PROBE_RUNS, Sweep
+from orchestrator.config.workload import BenchConfig
+from orchestrator.errors import BenchError
+from orchestrator.experiment import ab
+from orchestrator.hosts.base import Host
+from orchestrator.results.model import ABResult
+from orchestrator.results.run import RunResult
+from orchestrator.results.store import Store
+from orchestrator.ui.events import Events
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The probe's finding: each arm's synchronous and saturated request rate, and the rates they give."""
+
+    experiment: str
+    concurrency: int
+    synchronous: dict[str, float]  # arm label → requests/s, one stream
+    saturated: dict[str, float]  # arm label → requests/s at `concurrency` streams
+    rates: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "probe": self.experiment,
+            "concurrency": self.concurrency,
+            "synchronous": self.synchronous,
+            "saturated": self.saturated,
+            "rates": list(self.rates),
+            "method": METHOD.format(c=self.concurrency, runs=PROBE_RUNS),
+        }
+
+
+def rounded(value: float) -> float:
+    """3 significant figures: a rate people can read and type again."""
+    return float(f"{value:.3g}")
+
+
+def rates_between(lo: float, hi: float, n: int) -> tuple[float, ...]:
+    """n rates spread evenly from lo to hi (both included), rounded, distinct, within arrivals' limits."""
+    lo, hi = max(lo, 1e-3), min(max(hi, lo), arrivals.MAX_RATE)
+    if n < 2 or hi <= lo * 1.001:
+        return (rounded(lo),)
+    values = [rounded(lo + (hi - lo) * i / (n - 1)) for i in range(n)]
+    return tuple(sorted({v for v in values if 0 < v <= arrivals.MAX_RATE}))
+
+
+def _median(values: Sequence[float]) -> float | None:
+    present = [v for v in values if v > 0 and math.isfinite(v)]
+    return statistics.median(present) if present else None
+
+
+def synchronous_rate(runs: Sequence[RunResult]) -> float | None:
+    """Requests per second of one stream: each request waits for the one before (TTFT and all)."""
+    return _median([r.requests / r.seconds for r in runs if r.valid and r.seconds > 0])
+
+
+def saturated_rate(runs: Sequence[RunResult], tokens_per_request: int) -> float | None:
+    """Requests per second the server completes with every stream busy: its steady aggregate output tok/s over the
+    tokens each request asks for."""
+    return _median([r.aggregate_tok_s / tokens_per_request for r in runs if r.valid])
+
+
+def finding(result: ABResult, sweep: Sweep, bench: BenchConfig) -> Probe:
+    """The rates from a probe experiment; BenchError when an arm measured neither rate."""
+    sync: dict[str, float] = {}
+    sat: dict[str, float] = {}
+    for arm in result.arms:
+        s = synchronous_rate(arm.timed_at(1))
+        t = saturated_rate(arm.timed_at(sweep.concurrency), bench.max_tokens) if sweep.concurrency > 1 else s
+        if s is None or t is None:
+            raise BenchError(
+                f"the sweep's probe ({result.experiment_id}) measured no valid run of {arm.label} at "
+                f"{'concurrency 1' if s is None else f'concurrency {sweep.concurrency}'}: no rates to sweep "
+                f"(`orch show {result.experiment_id}` lists each run's reason)"
+            )
+        sync[arm.label], sat[arm.label] = rounded(s), rounded(max(s, t))
+    rates = rates_between(min(sync.values()), max(sat.values()), sweep.levels)
+    return Probe(result.experiment_id, sweep.concurrency, sync, sat, rates)
+
+
+def probe(
+    host: Host,
+    profiles: Sequence[Profile],
+    config: ABConfig,
+    sweep: Sweep,
+    store: Store,
+    *,
+    events: Events,
+    on_run: Callable[[str, RunResult], None],
+    provenance: dict[str, Any] | None = None,
+) -> Probe:
+    """Run the probe (a stored experiment of its own: one block, tok/s, no --blocks auto) and return its finding."""
+    bench = sweep.probe_bench(config.bench)
+    probe_config = dataclasses.replace(
+        config, bench=bench, blocks=1, auto=None, slo=None, metric=DEFAULT_METRIC, target_tps=None
+    )
+    events.line(
+        f"sweep: probing each arm at concurrency 1 and {sweep.concurrency} ({PROBE_RUNS} runs each) for the rates "
+        f"to sweep"
+    )
+    result = ab.run_ab(
+        host,
+        profiles,
+        probe_config,
+        store,
+        events=events,
+        on_run=on_run,
+        provenance={**(provenance or {}), "sweep_probe": True},
+    )
+    found = finding(result, sweep, config.bench)
+    said = ", ".join(
+        f"{label} {found.synchronous[label]:g} req/s synchronous, {found.saturated[label]:g} saturated"
+        for label in found.synchronous
+    )
+    events.line(f"sweep: {said}; rates {', '.join(f'{r:g}' for r in found.rates)} req/s")
+    return found

@@ -1,0 +1,182 @@
+"""`--sweep auto`: the spec and the rates (pure), the refusals (exit 2), and a short simulated sweep end to end: a
+probe experiment stored on its own, rates spread from the slowest synchronous to the fastest saturated rate, per-level
+verdicts, the crossover, and the sweep recorded in every report format and in a bundle."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.cli import main
+from orchestrator.config import arrivals
+from orchestrator.config.options import RunOptions
+from orchestrator.config.sweep import DEFAULT_LEVELS, THROUGHPUT_CONCURRENCY, Sweep, parse
+from orchestrator.config.workload import BenchConfig
+from orchestrator.experiment import run as experiment
+from orchestrator.experiment.sweep import rates_between, rounded, saturated_rate, synchronous_rate
+from orchestrator.results import bundleformat
+from orchestrator.results.run import RunResult
+from orchestrator.ui.progress import PlainReporter
+from tests.conftest import FAST_SIM, free_port
+
+Capsys = pytest.CaptureFixture[str]
+
+
+def test_the_spec_parses_auto_and_auto_n_and_says_what_is_valid() -> None:
+    assert parse("auto") == DEFAULT_LEVELS and parse("AUTO:3") == 3 and parse(f"auto:{arrivals.MAX_LEVELS}") > 3
+    for bad in ("auto:1", "auto:x", f"auto:{arrivals.MAX_LEVELS + 1}", "sweep", "auto:"):
+        with pytest.raises(ValueError, match="auto"):
+            parse(bad)
+
+
+def test_rates_run_evenly_from_the_lowest_to_the_highest_rounded_and_distinct() -> None:
+    assert rates_between(1.27, 24.5, 4) == (1.27, 9.01, 16.8, 24.5)
+    assert rates_between(2.0, 2.0, 5) == (2.0,)  # nothing between: one level
+    assert rates_between(0.1, 0.1004, 3) == (0.1,)
+    assert all(r <= arrivals.MAX_RATE for r in rates_between(1, 1e6, 3))
+    assert rounded(123456.0) == 123000.0 and rounded(0.012345) == 0.0123
+
+
+def test_the_probe_measures_closed_loop_and_the_levels_run_open_loop_with_the_stop() -> None:
+    bench = BenchConfig(runs=5, warmup=3, max_tokens=64, seed=7)
+    spec = Sweep(levels=3, arrivals="gamma:2", duration_s=5.0, max_concurrency=8)
+    probe = spec.probe_bench(bench)
+    assert probe.concurrency == (1, 8) and probe.runs == 2 and probe.warmup == 2 and not probe.open_loop
+    assert probe.seed == 7 and probe.max_tokens == 64  # the sweep's own requests
+    assert Sweep().concurrency == THROUGHPUT_CONCURRENCY and Sweep(max_concurrency=1).probe_bench(
+        bench
+    ).concurrency == (1,)
+    swept = spec.swept_bench(bench, (1.0, 2.0))
+    assert swept.rate == (1.0, 2.0) and swept.arrivals == "gamma:2" and swept.duration_s == 5.0
+    assert swept.stop_oversaturated and swept.max_concurrency == 8 and swept.runs == 5
+    assert swept.to_dict()["stop_oversaturated"] is True
+    assert "stop_oversaturated" not in BenchConfig(rate=(1.0,), duration_s=1.0).to_dict()  # digests unchanged
+
+
+def _run(requests: int, seconds: float, aggregate: float, valid: bool = True) -> RunResult:
+    return RunResult(0, False, requests * 64, seconds, 0.0, 10, 0.1, requests=requests, aggregate_tok_s=aggregate,
+                     valid=valid)  # fmt: skip
+
+
+def test_synchronous_and_saturated_rates_from_runs() -> None:
+    assert synchronous_rate([_run(2, 1.0, 0), _run(2, 2.0, 0), _run(2, 0.1, 0, valid=False)]) == pytest.approx(1.5)
+    assert saturated_rate([_run(64, 3.0, 640.0), _run(64, 3.0, 1280.0)], 64) == pytest.approx(15.0)
+    assert synchronous_rate([]) is None and saturated_rate([_run(1, 1, 0)], 64) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--sweep", "auto", "--rate", "1,2"], "--rate excludes it"),
+        (["--sweep", "auto", "--concurrency", "4"], "--concurrency excludes it"),
+        (["--sweep", "auto", "--duration", "5", "--requests", "9"], "--duration and --requests exclude each other"),
+        (["--sweep", "auto:1"], "N in auto:N must be a whole number from 2"),
+        (["--sweep", "everything"], "expected auto or auto:N"),
+    ],
+)
+def test_bad_sweep_options_exit_2_before_anything_starts(
+    args: list[str], message: str, capsys: Capsys, tmp_path: Path
+) -> None:
+    assert main(["ab", "baseline", "sim-eagle3-fast", "--sim", "--db", str(tmp_path / "r.db"), *args]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert message in err and "experiment" not in err
+
+
+# ---------------------------------------------------------------- one short simulated sweep, shared
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Any, Path]]:
+    """base vs spec: baseline and sim-eagle3-fast, fast to load,, --sweep auto:3, 2 blocks: (db, the result, root)."""
+    root = tmp_path_factory.mktemp("sweep")
+    paths = []
+    for file, name, extra in (
+        ("base", "baseline", {}),
+        ("spec", "sim-eagle3-fast", {"verify_base_ms": 14.0, "accept_alpha": 0.7}),
+    ):
+        path = root / f"{file}.yaml"
+        sim = {**FAST_SIM, "load_s": 0.1, **extra}
+        path.write_text(yaml.safe_dump({"extends": name, "sim": sim, "port": free_port()}))
+        paths.append(str(path))
+    db = root / "r.db"
+    options = RunOptions(
+        profiles=tuple(paths),
+        sim=True,
+        blocks=2,
+        runs=1,
+        warmup=0,
+        max_tokens=16,
+        min_run_s=0,
+        grace=2,
+        gpu_wait=0,
+        sweep=3,
+        max_concurrency=8,
+        duration=1.0,
+        db=str(db),
+        workdir=str(root / "work"),
+        given=frozenset({"sweep", "duration", "max_concurrency"}),
+    )
+    out = io.StringIO()
+    outcome = experiment.run(options, reporter=PlainReporter(out), warn=lambda line: None)
+    (root / "progress.txt").write_text(out.getvalue())
+    yield db, outcome.result, root
+
+
+def test_the_probe_is_its_own_experiment_and_the_rates_come_from_it(swept: tuple[Path, Any, Path]) -> None:
+    db, result, root = swept
+    sweep = result.sweep
+    assert sweep is not None and sweep["concurrency"] == 8 and len(sweep["rates"]) == 3
+    sync, sat = sweep["synchronous"], sweep["saturated"]
+    assert set(sync) == set(sat) == {"base", "spec"}
+    assert sweep["rates"][0] == min(sync.values()) and sweep["rates"][-1] == max(sat.values())
+    assert [float(level) for level in result.levels] == sweep["rates"]
+    progress = root / "progress.txt"
+    said = " ".join(progress.read_text().split())
+    assert "sweep: probing each arm at concurrency 1 and 8" in said and f"experiment {sweep['probe']}" in said
+    from orchestrator.results.store import Store
+
+    store = Store(str(db))
+    try:
+        probe = store.find_experiment(sweep["probe"])
+        assert probe["status"] == "complete" and json.loads(probe["config_json"])["sweep_probe"] is True
+        assert json.loads(probe["config_json"])["bench"]["concurrency"] == [1, 8]
+    finally:
+        store.close()
+
+
+def test_every_level_has_its_verdict_and_the_crossover_is_stated(swept: tuple[Path, Any, Path], capsys: Capsys) -> None:
+    db, result, _ = swept
+    assert all(len(result.comparisons_at(level)) == 1 for level in result.levels)
+    assert all(c.verdict for level in result.levels for c in result.comparisons_at(level))
+    capsys.readouterr()
+    assert main(["show", result.experiment_id, "--db", str(db)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    rates = ", ".join(f"{r:g}" for r in result.sweep["rates"])
+    assert f"levels from --sweep auto: rates {rates} req/s, from probe experiment {result.sweep['probe']}" in text
+    assert "crossover: spec vs base" in text
+    assert main(["show", result.experiment_id, "--db", str(db), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["sweep"]["rates"] == result.sweep["rates"] and doc["crossovers"]
+    assert main(["export", result.experiment_id, "--db", str(db), "--format", "md"]) == 0
+    assert "levels from --sweep auto: rates" in capsys.readouterr().out
+
+
+def test_a_bundle_of_the_sweep_carries_its_rates_the_stop_and_the_probe(
+    swept: tuple[Path, Any, Path], capsys: Capsys, tmp_path: Path
+) -> None:
+    db, result, _ = swept
+    out = tmp_path / "sweep.orch.json"
+    assert main(["export", result.experiment_id, "--db", str(db), "--format", "bundle", "-o", str(out)]) == 0
+    config = bundleformat.read_bundle(out)["content"]["config"]
+    # A reproduction runs these rates again as they are (the bench it plans from), with no probe of its own.
+    assert config["bench"]["rate"] == result.sweep["rates"] and config["bench"]["stop_oversaturated"] is True
+    assert config["sweep"]["probe"] == result.sweep["probe"]
+    capsys.readouterr()
+    assert main(["show", str(out)]) == 0
+    assert "levels from --sweep auto: rates" in capsys.readouterr().out

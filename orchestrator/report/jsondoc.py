@@ -206,6 +206,8 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "max_within_slo": [
             {"arm": arm.profile, "arm_label": arm.label, **x.to_dict()} for arm, x in result.max_within_slo()
         ],
+        # the A/B on it: each arm's highest load within the SLO against the first arm's, with its CI and verdict
+        "max_within_slo_comparisons": [c.to_dict() for c in result.capacity_comparisons()],
         "warnings": result.warnings(),
         "notes": list(result.notes),
         # --sweep auto: the probe experiment, each arm's synchronous and saturated rates, the rates swept

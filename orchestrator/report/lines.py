@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from orchestrator.client.summary import lag_text
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
-from orchestrator.results.model import ABResult, ArmResult, Comparison, EnergyComparison
+from orchestrator.results.model import ABResult, ArmResult, CapacityComparison, Comparison, EnergyComparison
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats.estimates import BreakEven
 
@@ -532,4 +532,26 @@ def slo_capacity_lines(result: ABResult) -> list[str]:
         else:
             line = f"not decided within the range measured ({span}): more blocks or levels would say"
         out.append(f"  {arm.label}: {line}")
+    for c in result.capacity_comparisons():
+        out.append(f"  {capacity_comparison_line(c)}")
     return out
+
+
+def capacity_comparison_line(c: CapacityComparison) -> str:
+    """The A/B on the highest load within the SLO: the ratio of the arms' capacities, its CI and verdict."""
+    head = f"{c.arm} vs {c.base}, highest load within the SLO: "
+    censored = (
+        f"; {c.censored} block(s) left out: a capacity outside the levels measured (past the last, or over the SLO "
+        "at the first)"
+        if c.censored
+        else ""
+    )
+    if c.ratio is None or c.lo is None or c.hi is None:
+        return (
+            head + f"not compared: {c.blocks} block(s) where both capacities lie within the levels measured, two "
+            "needed (more blocks, or levels spanning both capacities)" + censored
+        )
+    verdict = {"higher": "HIGHER", "lower": "LOWER", "no difference": "NO DIFFERENCE"}.get(
+        c.verdict or "", "inconclusive (the CI includes 1)"
+    )
+    return f"{head}{c.ratio:.3f}x, 95% CI [{c.lo:.3f}, {c.hi:.3f}] over {c.blocks} blocks -> {verdict}{censored}"

@@ -16,7 +16,7 @@ from orchestrator import engines
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS, SLO, Objective
 from orchestrator.results.goodput import Attainment, block_values, pooled, run_value
 from orchestrator.results.run import Level, Rate, level_name
-from orchestrator.stats.crossover import Crossover, crossover
+from orchestrator.stats.crossover import Crossover, crossover, first_crossing, ratio_interval
 from orchestrator.stats.estimates import (
     DEFAULT_MIN_EFFECT,
     ArmSpread,
@@ -504,6 +504,49 @@ def _paired(
 
 
 @dataclass(frozen=True)
+class CapacityComparison:
+    """An arm's highest load within the SLO against the baseline's: the geometric mean of the per-block ratios with
+    its 95 % CI (None with fewer than two blocks where both crossed in the range), and a verdict on it."""
+
+    arm: str
+    base: str
+    ratio: float | None
+    lo: float | None
+    hi: float | None
+    blocks: int  # blocks where both arms' capacities lay within the levels measured
+    censored: int  # blocks where one of them did not (past the last level, or over the SLO at the first)
+    verdict: str | None  # higher | lower | no difference | inconclusive; None: not enough blocks
+
+    @classmethod
+    def of(cls, arm: str, base: str, logs: Sequence[float], censored: int, min_effect: float) -> CapacityComparison:
+        if len(logs) < 2:
+            return cls(arm, base, None, None, None, len(logs), censored, None)
+        ratio, lo, hi = ratio_interval(logs)
+        if lo > 1:
+            verdict = "higher"
+        elif hi < 1:
+            verdict = "lower"
+        elif lo >= 1 - min_effect and hi <= 1 + min_effect:
+            verdict = "no difference"
+        else:
+            verdict = "inconclusive"
+        return cls(arm, base, ratio, lo, hi, len(logs), censored, verdict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "arm": self.arm,
+            "base": self.base,
+            "ratio": self.ratio,
+            "ci95": None if self.lo is None else [self.lo, self.hi],
+            "blocks": self.blocks,
+            "censored_blocks": self.censored,
+            "verdict": self.verdict,
+            "method": "per block: where each launch's margin to the SLO (limit / pNN) falls through 1, linear in "
+            "log(level) and log(margin); geometric mean of the per-block ratios, Student-t CI over those blocks",
+        }
+
+
+@dataclass(frozen=True)
 class ABResult:
     experiment_id: str
     simulated: bool
@@ -659,19 +702,54 @@ class ABResult:
             return []
         out = []
         for arm in self.arms:
-            by_block = {la.block: la for la in arm.launches}
-            ratios: list[list[float | None]] = []
-            for level in self.levels:
-                row: list[float | None] = []
-                for block in sorted(by_block):
-                    values = [
-                        by_block[block].value_at(level, f"{o.quantity}_p{o.percentile}", self.slo) for o in objectives
-                    ]
-                    margins = [o.limit_s / v for o, v in zip(objectives, values, strict=True) if v]
-                    row.append(min(margins) if len(margins) == len(objectives) else None)
-                ratios.append(row)
+            margins = self.slo_margins(arm)
+            ratios = [[margins[block][i] for block in sorted(margins)] for i in range(len(self.levels))]
             with contextlib.suppress(ValueError):  # fewer than two blocks with every level: nothing to say
                 out.append((arm, crossover([float(v) for v in self.levels], ratios)))
+        return out
+
+    def slo_margins(self, arm: ArmResult) -> dict[int, list[float | None]]:
+        """Per block of `arm`: at each level, its launch's margin to the SLO's percentile objectives (limit / pNN of
+        the tightest one; above 1 within them), or None where the launch has no such value. {} without such an
+        objective."""
+        objectives = [o for o in (self.slo.objectives if self.slo is not None else ()) if o.percentile is not None]
+        if not objectives:
+            return {}
+        out: dict[int, list[float | None]] = {}
+        for launch in arm.launches:
+            row: list[float | None] = []
+            for level in self.levels:
+                values = [launch.value_at(level, f"{o.quantity}_p{o.percentile}", self.slo) for o in objectives]
+                margins = [o.limit_s / v for o, v in zip(objectives, values, strict=True) if v]
+                row.append(min(margins) if len(margins) == len(objectives) else None)
+            out[launch.block] = row
+        return out
+
+    def capacity_comparisons(self) -> list[CapacityComparison]:
+        """Each arm's highest load within the SLO against the first arm's: per block, where each launch's margin
+        curve falls through 1 (stats/crossover.first_crossing), the ratio of the two, and its geometric mean with a
+        Student-t CI over the blocks where both crossed within the range measured (the others are counted as
+        censored: past the last level, or over the SLO already at the first)."""
+        if len(self.levels) < 2 or len(self.arms) < 2:
+            return []
+        levels = [float(v) for v in self.levels]
+        base = self.arms[0]
+        base_margins = self.slo_margins(base)
+        if not base_margins:
+            return []
+        out = []
+        for arm in self.arms[1:]:
+            margins = self.slo_margins(arm)
+            logs, censored = [], 0
+            for block in sorted(set(base_margins) & set(margins)):
+                (bs, bx), (xs, xx) = first_crossing(levels, base_margins[block]), first_crossing(levels, margins[block])
+                if "missing" in (bs, xs):
+                    continue
+                if bx is None or xx is None:
+                    censored += 1
+                    continue
+                logs.append(math.log(xx / bx))
+            out.append(CapacityComparison.of(arm.label, base.label, logs, censored, self.min_effect))
         return out
 
     @property

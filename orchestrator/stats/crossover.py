@@ -172,3 +172,30 @@ def _span(grid: list[float], accept: list[bool], j: int) -> tuple[float | None, 
     while b < len(grid) - 1 and accept[b + 1]:
         b += 1
     return (None if a == 0 else math.exp(grid[a]), None if b == len(grid) - 1 else math.exp(grid[b]))
+
+
+def first_crossing(levels: Sequence[float], values: Sequence[float | None]) -> tuple[str, float | None]:
+    """Where one block's margin curve (above 1: within the objective) first falls to 1 going up the levels,
+    interpolated linearly in log(level) and log(margin): ("crosses", level), or ("above", None) when it stays above 1
+    over the whole range (right-censored: the capacity is past the last level), ("below", None) when it is at or
+    below 1 at the first level (left-censored), ("missing", None) when a level has no value."""
+    if any(v is None or v <= 0 for v in values):
+        return "missing", None
+    m = [math.log(float(v)) for v in values if v is not None]
+    if m[0] <= 0:
+        return "below", None
+    for i in range(1, len(m)):
+        if m[i] <= 0:
+            u0, u1 = math.log(levels[i - 1]), math.log(levels[i])
+            return "crosses", math.exp(u0 + (u1 - u0) * m[i - 1] / (m[i - 1] - m[i]))
+    return "above", None
+
+
+def ratio_interval(log_ratios: Sequence[float]) -> tuple[float, float, float]:
+    """The geometric mean of per-block ratios (given as logs) and its 95 % Student-t interval over the blocks (two
+    or more)."""
+    if len(log_ratios) < 2:
+        raise ValueError("an interval needs two or more blocks")
+    mean = statistics.fmean(log_ratios)
+    half = t_975(len(log_ratios) - 1) * statistics.stdev(log_ratios) / math.sqrt(len(log_ratios))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
+
 from orchestrator.report.jsondoc import ab_json
 from orchestrator.report.lines import crossover_lines
 from orchestrator.report.markdown import ab_markdown
@@ -93,3 +95,70 @@ def test_the_highest_load_within_the_slo_is_where_the_percentile_meets_its_limit
     assert ab_json(result)["max_within_slo"][0]["status"] == "crosses"
     within = _slo_result({1: 0.1, 4: 0.2, 16: 0.3})
     assert "within the SLO at every level measured" in slo_capacity_lines(within)[1]
+
+
+def _two_arm_slo_result(base_p99: dict[int, float], arm_p99: dict[int, float], blocks: int = 4) -> ABResult:
+    """base and spec, each with its p99 TTFT at each level (a little noise per launch)."""
+    from orchestrator.config.slo import parse_slo
+
+    rng = random.Random(9)
+    launches = []
+    for b in range(blocks):
+        for arm, p99_at in enumerate((base_p99, arm_p99)):
+            runs = tuple(
+                RunResult(
+                    i, False, 256, 3.2, 80.0, 20, 0.02, concurrency=c, aggregate_tok_s=80.0 * c,
+                    metrics={"ttft": {"p50": p / 3, "p99": p * math.exp(rng.gauss(0, 0.03))}},
+                )
+                for c, p in p99_at.items()
+                for i in range(2)
+            )  # fmt: skip
+            name = ("base", "spec")[arm]
+            launches.append(LaunchResult(name, f"L{b}{arm}", runs, 1.0, {"ok": True}, {}, None, b, arm, arm))
+    return ABResult(
+        "exp", True, "local", ("base", "spec"), tuple(launches), {}, design=Design.make(2, blocks, "fixed", 1),
+        slo=parse_slo("ttft_p99=500ms"),
+    )  # fmt: skip
+
+
+def test_the_ab_on_the_highest_load_within_the_slo_gives_a_ratio_with_its_ci_and_verdict() -> None:
+    from orchestrator.report.lines import slo_capacity_lines
+    from orchestrator.stats.crossover import first_crossing
+
+    # base meets 500 ms up to ~8 (0.25 s at 4, 1.0 s at 16); spec misses it from ~3 on (0.4 s at 1... 1.6 s at 4)
+    result = _two_arm_slo_result({1: 0.1, 4: 0.25, 16: 1.0}, {1: 0.3, 4: 0.9, 16: 3.0})
+    (c,) = result.capacity_comparisons()
+    assert c.arm == "spec" and c.base == "base" and c.blocks == 4 and c.censored == 0
+    assert c.verdict == "lower" and c.ratio is not None and c.lo is not None and c.hi is not None
+    assert c.lo < c.ratio < c.hi < 1
+    # the ratio is that of the two interpolated crossings (noise aside)
+    base_at = first_crossing([1, 4, 16], [5.0, 2.0, 0.5])[1]
+    spec_at = first_crossing([1, 4, 16], [5 / 3, 5 / 9, 5 / 30])[1]
+    assert base_at is not None and spec_at is not None and c.ratio == pytest.approx(spec_at / base_at, rel=0.1)
+    line = slo_capacity_lines(result)[-1]
+    assert line.startswith("  spec vs base, highest load within the SLO: ") and "-> LOWER" in line
+    assert line.strip() in ab_text(result) and line.strip() in ab_markdown(result)
+    (doc,) = ab_json(result)["max_within_slo_comparisons"]
+    assert doc["verdict"] == "lower" and doc["ci95"][0] < doc["ratio"] < doc["ci95"][1] and doc["censored_blocks"] == 0
+
+
+def test_capacities_outside_the_range_are_censored_and_not_compared() -> None:
+    from orchestrator.report.lines import slo_capacity_lines
+
+    # spec is within the SLO at every level: its capacity is past the last level, so no ratio can be formed
+    result = _two_arm_slo_result({1: 0.1, 4: 0.25, 16: 1.0}, {1: 0.1, 4: 0.2, 16: 0.3})
+    (c,) = result.capacity_comparisons()
+    assert c.ratio is None and c.verdict is None and c.blocks == 0 and c.censored == 4
+    line = slo_capacity_lines(result)[-1]
+    assert "not compared: 0 block(s)" in line and "4 block(s) left out" in line
+
+
+def test_first_crossing_says_which_side_a_curve_stays_on() -> None:
+    from orchestrator.stats.crossover import first_crossing, ratio_interval
+
+    assert first_crossing([1, 10], [2.0, 0.5]) == ("crosses", pytest.approx(math.sqrt(10)))
+    assert first_crossing([1, 10], [2.0, 1.5]) == ("above", None)
+    assert first_crossing([1, 10], [0.9, 0.5]) == ("below", None)
+    assert first_crossing([1, 10], [2.0, None]) == ("missing", None)
+    mean, lo, hi = ratio_interval([math.log(0.5), math.log(0.5)])
+    assert mean == pytest.approx(0.5) and lo == pytest.approx(0.5) and hi == pytest.approx(0.5)

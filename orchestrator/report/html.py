@@ -28,6 +28,7 @@ from orchestrator.report.lines import (
     slo_heading,
     slo_line,
     slo_rows,
+    sweep_lines,
 )
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
@@ -441,6 +442,12 @@ def _energy_section(result: ABResult) -> str:
     return "".join(parts)
 
 
+def _sweep_note(result: ABResult) -> list[str]:
+    """Where --sweep auto's rates came from, under the verdicts."""
+    said = "; ".join(line.strip() for line in sweep_lines(result))
+    return [f'<p class="note" id="sweep">{_e(said)}</p>'] if said else []
+
+
 def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     """The whole report as one HTML document; `requests` adds the store's per-request rows to a stored result."""
     plots.require_matplotlib()
@@ -475,6 +482,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     else:
         body.append('<p class="note">One arm: nothing to compare.</p>')
     body += [f'<p class="note">NOTE: {_e(n)}</p>' for n in result.notes]
+    body += _sweep_note(result)
     body.append("</section>")
     if crossings := crossover_lines(result):
         body.append('<section id="crossover"><h2>Where speculation stops paying</h2><ul class="crossovers">')

@@ -481,9 +481,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         )
     else:
         body.append('<p class="note">One arm: nothing to compare.</p>')
-    body += [f'<p class="note">NOTE: {_e(n)}</p>' for n in result.notes]
-    body += _sweep_note(result)
-    body.append("</section>")
+    body += [f'<p class="note">NOTE: {_e(n)}</p>' for n in result.notes] + _sweep_note(result) + ["</section>"]
     if crossings := crossover_lines(result):
         body.append('<section id="crossover"><h2>Where speculation stops paying</h2><ul class="crossovers">')
         body += [f"<li>{_e(line)}</li>" for line in crossings]

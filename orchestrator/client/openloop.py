@@ -164,6 +164,8 @@ class Sender:
         streak = 0
         while self.aborted is None:
             await asyncio.sleep(CHECK_S)
+            if self.dispatcher is None or self.dispatcher.done():
+                return  # everything was sent: nothing left to stop
             t = time.perf_counter() - self.t0
             history.append((t, bisect.bisect_right(starts, t), self.finished))
             why = oversaturation(history, self.latency())
@@ -262,8 +264,8 @@ async def run_schedule(
     deltas = counter_deltas(before, after) if before is not None and after is not None else {}
     window = schedule[-1] if schedule and sender.aborted is None else time.perf_counter() - sender.t0
     stopped = None
-    if sender.saturated is not None and sender.aborted is None:
-        sent = [r for r in records if r.sent is not None]
+    sent = [r for r in records if r.sent is not None]
+    if sender.saturated is not None and sender.aborted is None and len(sent) < len(records):
         stopped = {"at_s": sender.saturated_at, "sent": len(sent), "of": len(records), "reason": sender.saturated}
         records, window = sent, sender.saturated_at
     return records, window, deltas, sender.aborted, sender.peak, stopped

@@ -123,7 +123,7 @@ def probe(
         provenance={**(provenance or {}), "sweep_probe": True},
     )
     found = finding(result, sweep, config.bench)
-    said = ", ".join(
+    said = "; ".join(
         f"{label} {found.synchronous[label]:g} req/s synchronous, {found.saturated[label]:g} saturated"
         for label in found.synchronous
     )

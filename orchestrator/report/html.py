@@ -250,7 +250,11 @@ def _crossing_marks(result: ABResult, place: Callable[[int, float], float | None
             if at_p is None:
                 continue
             at, lo, hi = at_p, None if lo is None else place(i, lo), None if hi is None else place(i, hi)
-        out.append(plots.Mark(at, lo, hi, f"{arm.label} crossover ~{_load_name(rates, x.at)}", i))
+        on = "" if result.metric == "tok_s" else f" on {result.metric}"
+        text = f"{arm.label} crossover{on} ~{_load_name(rates, x.at)}"
+        out.append(
+            plots.Mark(at, lo, hi, text + (f" (drawn at the {at:.3g} req/s it achieved there)" if place else ""), i)
+        )
     return out
 
 
@@ -259,8 +263,8 @@ def _crossing_words(result: ABResult) -> str:
     parts = []
     for arm, x in result.crossovers():
         if x.status == "crosses" and x.at is not None:
-            lo = "open" if x.lo is None else f"{x.lo:.3g}"
-            hi = "open" if x.hi is None else f"{x.hi:.3g}"
+            lo = f"below {x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
+            hi = f"beyond {x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
             parts.append(f"{arm.label} crosses the baseline at ~{_load_name(rates, x.at)} (95% CI {lo} to {hi})")
     return "; ".join(parts)
 
@@ -329,8 +333,9 @@ def _latency_rate_figure(result: ABResult, arms: Sequence[curves.ArmCurve]) -> s
         + "Latency percentiles against the request rate each arm achieved (requests completed per second: "
         + ("the client's fitted completion rate; " if rates else "completed requests / run time at each concurrency; ")
         + "each point one level, solid p99, dashed p50), each point the geometric mean over launches of the launch "
-        "values (each the median of its runs) with its 95% CI over launches on both axes (Student's t on the logs); "
-        + ("latency counts from each request's scheduled send time. " if rates else "")
+        "values (each the median of its runs) with its 95% CI over launches on both axes (Student's t on the logs; "
+        "a bar reaching past the axis is cut at its edge, the numbers below have its ends)"
+        + ("; latency counts from each request's scheduled send time. " if rates else ". ")
         + (f"Red dotted: the SLO's limits ({result.slo.describe()}). " if objectives and result.slo else "")
         + (
             f"Dashed vertical: the crossover ({crossing}), at the rate the arm achieved there, with its CI. "
@@ -459,7 +464,8 @@ def _pareto_figure(result: ABResult, arms: Sequence[curves.ArmCurve]) -> str:
             continue
         sx, sy = arms[i].at_level("aggregate_tok_s", x.at), arms[i].at_level("tok_s", x.at)
         if sx is not None and sy is not None:
-            stars.append((sx, sy, f"{who.label} crossover ~{_load_name(rates, x.at)}", i))
+            on = "" if result.metric == "tok_s" else f" on {result.metric}"
+            stars.append((sx, sy, f"{who.label} crossover{on} ~{_load_name(rates, x.at)}", i))
     svg = plots.pareto_chart(
         "fig-pareto", lines, [(p.aggregate, p.per_user) for p in front], stars, simulated=result.simulated
     )

@@ -488,6 +488,11 @@ def load_panels(
             if panel.log_y:
                 ax.set_yscale("log")
                 _plain_log_axis(ax.yaxis)
+                # The points and limits set the range, not the CIs: two launches' t interval (t = 12.7) can span
+                # decades and would flatten every curve; a bar past the edge is cut there (the table has its ends).
+                ys = [p.y for c in panel.curves for p in c.points if p.y > 0] + [v for v, _ in panel.limits]
+                if ys:
+                    ax.set_ylim(min(ys) / 1.5, max(ys) * 1.5)
             _draw_marks(ax, marks, label=n == 0)
             ax.set_xlabel(xlabel)
             ax.set_ylabel(panel.ylabel)

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__
+from orchestrator.config.slo import METRICS
 from orchestrator.report import plots
 from orchestrator.report.lines import (
     SIM_BANNER,
@@ -265,7 +266,10 @@ def _crossing_words(result: ABResult) -> str:
         if x.status == "crosses" and x.at is not None:
             lo = f"below {x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
             hi = f"beyond {x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
-            parts.append(f"{arm.label} crosses the baseline at ~{_load_name(rates, x.at)} (95% CI {lo} to {hi})")
+            on = METRICS[result.metric].label
+            parts.append(
+                f"{arm.label} crosses the baseline on {on} at ~{_load_name(rates, x.at)} (95% CI {lo} to {hi})"
+            )
     return "; ".join(parts)
 
 

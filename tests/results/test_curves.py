@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
 from orchestrator.config.slo import parse_slo
 from orchestrator.results import curves
+from orchestrator.results.load import stored_launches
 from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import Rate, RunResult
+from orchestrator.results.store import Store
 from orchestrator.stats.estimates import interpolate_log, launch_mean, pareto_front, t_975
 
 
@@ -91,3 +94,23 @@ def test_closed_loop_achieved_rate_is_completed_requests_over_the_run() -> None:
     run = RunResult(0, False, 256, 4.0, 60.0, 10, 0.02, concurrency=8, requests=10, errors=2)
     assert curves.achieved_rate(run) == 2.0
     assert curves.achieved_rate(RunResult(0, False, 0, 0.0, 0.0, 0, None, concurrency=8)) is None
+
+
+def test_a_stored_open_loop_launch_gives_each_rate_its_own_requests(tmp_path: Path) -> None:
+    """Every open-loop level's run 0 has concurrency 0 and index 0: read back, each gets its own level's rows (by
+    rate), so goodput of a stored open-loop experiment is counted (it was None: no rows matched)."""
+    store = Store(tmp_path / "r.db")
+    store.create_experiment("e1", kind="ab", simulated=True, host="local", arms=["a"], config={}, orch_version="t")
+    store.add_launch(
+        "l1", experiment_id="e1", arm_index=0, profile="a", profile_dict={}, argv=["x"], env={}, pid=1, started_at=0.0
+    )
+    base = {"warmup": False, "tokens": 64, "seconds": 2.0, "tok_s": 60.0, "prompt_tokens": 10, "ttft_s": 0.02}
+    base |= {"spec_accept_length": None, "spec_verify_ct": None, "valid": True, "invalid_reason": None}
+    for rate, n in ((2.0, 3), (8.0, 5)):
+        rows = [{"index": j, "tokens": 16, "ttft_s": 0.02, "e2e_s": 0.5, "error": None} for j in range(n)]
+        store.add_run("l1", {**base, "index": 0, "concurrency": 0, "rate": rate, "per_request": rows})
+    store.update_launch("l1", status="complete")
+    (launch,), _ = stored_launches(store, "e1", requests=True)
+    store.close()
+    assert [(r.rate, len(r.per_request)) for r in launch.runs] == [(2.0, 3), (8.0, 5)]
+    assert launch.value_at(Rate(8.0), "goodput", parse_slo("ttft_p99=100ms")) == 2.5  # 5 good requests in 2 s

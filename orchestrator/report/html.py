@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__
-from orchestrator.config.slo import METRICS
+from orchestrator.config.slo import DEFAULT_METRIC, METRICS, SLO
 from orchestrator.report import plots
 from orchestrator.report.lines import (
     SIM_BANNER,
@@ -251,7 +251,7 @@ def _crossing_marks(result: ABResult, place: Callable[[int, float], float | None
             if at_p is None:
                 continue
             at, lo, hi = at_p, None if lo is None else place(i, lo), None if hi is None else place(i, hi)
-        on = "" if result.metric == "tok_s" else f" on {result.metric}"
+        on = "" if result.metric == DEFAULT_METRIC else f" on {result.metric}"
         text = f"{arm.label} crossover{on} ~{_load_name(rates, x.at)}"
         out.append(
             plots.Mark(at, lo, hi, text + (f" (drawn at the {at:.3g} req/s it achieved there)" if place else ""), i)
@@ -286,13 +286,9 @@ def _latency_rate_figure(result: ABResult, arms: Sequence[curves.ArmCurve]) -> s
     """Latency percentiles against the achieved request rate, one panel per quantity (TTFT, TPOT, E2E)."""
     rates = curves.is_rate(result.levels)
     objectives = [o for o in (result.slo.objectives if result.slo else ()) if o.percentile is not None]
-    panels, rows = (
-        [],
-        [
-            ["arm", "level", "achieved req/s"]
-            + [f"{n.split('_')[0].upper()} {n.split('_')[1]} ms" for n in curves.LATENCIES]
-        ],
-    )
+    header = [f"{n.split('_')[0].upper()} {n.split('_')[1]} ms" for n in curves.LATENCIES]
+    rows: list[list[object]] = [["arm", "level", "achieved req/s", *header]]
+    panels = []
     for quantity, words in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E")):
         lines = []
         for arm in arms:
@@ -362,10 +358,9 @@ def _scheduled(result: ABResult) -> list[tuple[float, float]]:
     return out
 
 
-def _goodput_rate_figure(result: ABResult, arms: Sequence[curves.ArmCurve]) -> str:
+def _goodput_rate_figure(result: ABResult, arms: Sequence[curves.ArmCurve], slo: SLO) -> str:
     """Goodput (requests within every SLO limit per second) against the load offered, with the crossover and each
     arm's highest load within the SLO marked."""
-    assert result.slo is not None
     rates = curves.is_rate(result.levels)
     lines, rows = [], [["arm", "level", "goodput req/s", "good tok/s"]]
     for arm in arms:
@@ -415,7 +410,7 @@ def _goodput_rate_figure(result: ABResult, arms: Sequence[curves.ArmCurve]) -> s
     crossing = _crossing_words(result)
     caption = (
         _sim_prefix(result)
-        + f"Goodput under the SLO {result.slo.text} ({result.slo.describe()}): requests that completed within every "
+        + f"Goodput under the SLO {slo.text} ({slo.describe()}): requests that completed within every "
         "limit per second of the run, against the "
         + (
             "rate offered (grey: the rate the seeded schedule held at each level, what goodput would be with every "
@@ -468,7 +463,7 @@ def _pareto_figure(result: ABResult, arms: Sequence[curves.ArmCurve]) -> str:
             continue
         sx, sy = arms[i].at_level("aggregate_tok_s", x.at), arms[i].at_level("tok_s", x.at)
         if sx is not None and sy is not None:
-            on = "" if result.metric == "tok_s" else f" on {result.metric}"
+            on = "" if result.metric == DEFAULT_METRIC else f" on {result.metric}"
             stars.append((sx, sy, f"{who.label} crossover{on} ~{_load_name(rates, x.at)}", i))
     svg = plots.pareto_chart(
         "fig-pareto", lines, [(p.aggregate, p.per_user) for p in front], stars, simulated=result.simulated
@@ -502,7 +497,7 @@ def _load_plots(result: ABResult) -> str:
     parts = ['<section id="load-plots"><h2>Over the load: latency, goodput and the Pareto front</h2>']
     parts.append(_latency_rate_figure(result, arms))
     if result.slo is not None:
-        parts.append(_goodput_rate_figure(result, arms))
+        parts.append(_goodput_rate_figure(result, arms, result.slo))
     parts.append(_pareto_figure(result, arms))
     parts.append("</section>")
     return "".join(parts)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime
 import html
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__
+from orchestrator.config.slo import DEFAULT_METRIC, METRICS, SLO
 from orchestrator.report import plots
 from orchestrator.report.lines import (
     SIM_BANNER,
@@ -30,8 +31,10 @@ from orchestrator.report.lines import (
     slo_rows,
     sweep_lines,
 )
+from orchestrator.results import curves
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
+from orchestrator.stats.estimates import LaunchMean
 
 if TYPE_CHECKING:
     from orchestrator.results.run import RunResult
@@ -199,6 +202,306 @@ def _load_figure(result: ABResult) -> str:
         "statistics.md); the solid line only joins the measured points, while the crossover interpolates each "
         "block between levels. SIMULATED where the banner says so.",
     )
+
+
+def _ci_text(m: LaunchMean | None, scale: float = 1.0, digits: int = 1) -> str:
+    """A mean with its CI for the numbers' tables: "23.1 [21.0, 25.3]" (no interval from one launch)."""
+    if m is None:
+        return "-"
+    ci = f" [{m.lo * scale:.{digits}f}, {m.hi * scale:.{digits}f}]" if m.lo is not None and m.hi is not None else ""
+    return f"{m.value * scale:.{digits}f}{ci}"
+
+
+def _point(x: LaunchMean, y: LaunchMean, y_scale: float = 1.0, tag: str = "") -> plots.Point:
+    return plots.Point(
+        x.value,
+        y.value * y_scale,
+        (x.lo, x.hi) if x.lo is not None and x.hi is not None else None,
+        (y.lo * y_scale, y.hi * y_scale) if y.lo is not None and y.hi is not None else None,
+        tag,
+    )
+
+
+def _numbers(table_id: str, rows: Sequence[Sequence[object]]) -> str:
+    """The numbers a figure draws, as a table under it (collapsed): what a screen reader or a copy-paste gets."""
+    return (
+        f'<details id="{table_id}-numbers"><summary>The numbers plotted</summary>{_table(rows, table_id, 2)}</details>'
+    )
+
+
+def _load_name(rates: bool, value: float) -> str:
+    return f"{value:.3g} req/s" if rates else f"concurrency {value:.3g}"
+
+
+def _sim_prefix(result: ABResult) -> str:
+    return "SIMULATED (orch's simulator, not a measured server): " if result.simulated else ""
+
+
+def _crossing_marks(result: ABResult, place: Callable[[int, float], float | None] | None = None) -> list[plots.Mark]:
+    """Each arm's crossover (the verdict metric's ratio crossing 1) as a mark; `place` maps a load to where it lies on
+    another axis for arm i (None: not drawn there)."""
+    rates = curves.is_rate(result.levels)
+    out = []
+    for arm, x in result.crossovers():
+        if x.status != "crosses" or x.at is None:
+            continue
+        i = result.arms.index(arm)
+        at, lo, hi = x.at, x.lo, x.hi
+        if place is not None:
+            at_p = place(i, at)
+            if at_p is None:
+                continue
+            at, lo, hi = at_p, None if lo is None else place(i, lo), None if hi is None else place(i, hi)
+        on = "" if result.metric == DEFAULT_METRIC else f" on {result.metric}"
+        text = f"{arm.label} crossover{on} ~{_load_name(rates, x.at)}"
+        out.append(
+            plots.Mark(at, lo, hi, text + (f" (drawn at the {at:.3g} req/s it achieved there)" if place else ""), i)
+        )
+    return out
+
+
+def _crossing_words(result: ABResult) -> str:
+    rates = curves.is_rate(result.levels)
+    parts = []
+    for arm, x in result.crossovers():
+        if x.status == "crosses" and x.at is not None:
+            lo = f"below {x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
+            hi = f"beyond {x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
+            on = METRICS[result.metric].label
+            parts.append(
+                f"{arm.label} crosses the baseline on {on} at ~{_load_name(rates, x.at)} (95% CI {lo} to {hi})"
+            )
+    return "; ".join(parts)
+
+
+def _ttft_span(arm: curves.ArmCurve) -> str:
+    """An arm's TTFT p99 at its lowest and highest level, with the rates it achieved there, for a caption."""
+    ends = [arm.points[0], arm.points[-1]]
+    return f"{arm.label}: TTFT p99 " + " to ".join(
+        f"{_ci_text(p.get('ttft_p99'), 1000.0, 0)} ms at {_ci_text(p.get(curves.ACHIEVED), digits=2)} req/s"
+        for p in ends
+    )
+
+
+def _latency_rate_figure(result: ABResult, arms: Sequence[curves.ArmCurve]) -> str:
+    """Latency percentiles against the achieved request rate, one panel per quantity (TTFT, TPOT, E2E)."""
+    rates = curves.is_rate(result.levels)
+    objectives = [o for o in (result.slo.objectives if result.slo else ()) if o.percentile is not None]
+    header = [f"{n.split('_')[0].upper()} {n.split('_')[1]} ms" for n in curves.LATENCIES]
+    rows: list[list[object]] = [["arm", "level", "achieved req/s", *header]]
+    panels = []
+    for quantity, words in (("ttft", "TTFT"), ("tpot", "TPOT"), ("e2e", "E2E")):
+        lines = []
+        for arm in arms:
+            for p, dashed in ((99, False), (50, True)):
+                pts = [
+                    _point(x, y, 1000.0)
+                    for pt in arm.points
+                    if (x := pt.get(curves.ACHIEVED)) is not None and (y := pt.get(f"{quantity}_p{p}")) is not None
+                ]
+                if pts:
+                    lines.append(plots.Curve(f"{arm.label} p{p}", arm.index, pts, dashed))
+        if lines:
+            limits = [(o.limit_s * 1000, f"SLO {o.describe()}") for o in objectives if o.quantity == quantity]
+            panels.append(plots.Panel(f"{words} (ms, log scale)", lines, limits, log_y=True))
+    for arm in arms:
+        for pt in arm.points:
+            rows.append(
+                [
+                    arm.label,
+                    level_name(pt.level),
+                    _ci_text(pt.get(curves.ACHIEVED), digits=2),
+                    *[_ci_text(pt.get(n), 1000.0) for n in curves.LATENCIES],
+                ]
+            )
+    if not panels:
+        return '<p class="note" id="fig-latency-rate-missing">Latency against rate: no latency percentiles stored.</p>'
+
+    def place(i: int, load: float) -> float | None:
+        return arms[i].at_level(curves.ACHIEVED, load)
+
+    svg = plots.load_panels(
+        "fig-latency-rate",
+        panels,
+        "achieved request rate (req/s, completed)",
+        _crossing_marks(result, place),
+        simulated=result.simulated,
+    )
+    summary = "; ".join(_ttft_span(arm) for arm in arms if arm.series("ttft_p99"))
+    crossing = _crossing_words(result)
+    caption = (
+        _sim_prefix(result)
+        + "Latency percentiles against the request rate each arm achieved (requests completed per second: "
+        + ("the client's fitted completion rate; " if rates else "completed requests / run time at each concurrency; ")
+        + "each point one level, solid p99, dashed p50), each point the geometric mean over launches of the launch "
+        "values (each the median of its runs) with its 95% CI over launches on both axes (Student's t on the logs; "
+        "a bar reaching past the axis is cut at its edge, the numbers below have its ends)"
+        + ("; latency counts from each request's scheduled send time. " if rates else ". ")
+        + (f"Red dotted: the SLO's limits ({result.slo.describe()}). " if objectives and result.slo else "")
+        + (
+            f"Dashed vertical: the crossover ({crossing}), at the rate the arm achieved there, with its CI. "
+            if crossing
+            else ""
+        )
+        + f"{summary}."
+    )
+    return _figure("fig-latency-rate", svg, caption) + _numbers("table-latency-rate", rows)
+
+
+def _scheduled(result: ABResult) -> list[tuple[float, float]]:
+    """The rate each open-loop level's schedule actually held (the same for every arm: one seeded schedule), by the
+    level: what goodput would be if every request were good."""
+    out = []
+    for level in sorted(result.levels, key=float):
+        rl = next((r for arm in result.arms if (r := arm.rate_level(level)) and r.scheduled_rate), None)
+        if rl is not None and rl.scheduled_rate is not None:
+            out.append((float(level), rl.scheduled_rate))
+    return out
+
+
+def _goodput_rate_figure(result: ABResult, arms: Sequence[curves.ArmCurve], slo: SLO) -> str:
+    """Goodput (requests within every SLO limit per second) against the load offered, with the crossover and each
+    arm's highest load within the SLO marked."""
+    rates = curves.is_rate(result.levels)
+    lines, rows = [], [["arm", "level", "goodput req/s", "good tok/s"]]
+    for arm in arms:
+        pts = []
+        for pt in arm.points:
+            g = pt.get("goodput")
+            rows.append([arm.label, level_name(pt.level), _ci_text(g, digits=2), _ci_text(pt.get("goodput_tok_s"))])
+            if g is not None:
+                pts.append(
+                    plots.Point(
+                        float(pt.level), g.value, None, (g.lo, g.hi) if g.lo is not None and g.hi is not None else None
+                    )
+                )
+        if pts:
+            lines.append(plots.Curve(arm.label, arm.index, pts))
+    if not lines:
+        return (
+            '<p class="note" id="fig-goodput-rate-missing">Goodput against rate: the runs have no per-request rows to '
+            "count good requests from.</p>"
+        )
+    marks = _crossing_marks(result)
+    capacity = []
+    for who, x in result.max_within_slo():
+        if x.status == "crosses" and x.at is not None and x.pays_below:
+            i = result.arms.index(who)
+            marks.append(
+                plots.Mark(x.at, x.lo, x.hi, f"{who.label} within SLO up to ~{_load_name(rates, x.at)}", i, dotted=True)
+            )
+            capacity.append(f"{who.label} up to ~{_load_name(rates, x.at)}")
+    levels = sorted(float(lv) for lv in result.levels)
+    svg = plots.load_panels(
+        "fig-goodput-rate",
+        [plots.Panel("goodput (req/s within every SLO limit)", lines)],
+        "offered rate (req/s)" if rates else "concurrency (streams)",
+        marks,
+        log_x=True,
+        ticks=levels,
+        ceiling=("rate scheduled (every request good)", _scheduled(result)) if rates else None,
+        simulated=result.simulated,
+    )
+    peaks = "; ".join(
+        f"{arm.label}: highest {g.value:.2f} req/s at {level_phrase(lv)}"
+        for arm in arms
+        if (s := arm.series("goodput"))
+        for lv, g in [max(s, key=lambda pair: pair[1].value)]
+    )
+    crossing = _crossing_words(result)
+    caption = (
+        _sim_prefix(result)
+        + f"Goodput under the SLO {slo.text} ({slo.describe()}): requests that completed within every "
+        "limit per second of the run, against the "
+        + (
+            "rate offered (grey: the rate the seeded schedule held at each level, what goodput would be with every "
+            "request good)"
+            if rates
+            else "concurrency"
+        )
+        + "; each point the mean over launches of the launch values (each the median of its runs) with its 95% CI "
+        "over launches (Student's t). "
+        + (f"Dashed: the crossover ({crossing}) with its CI band. " if crossing else "")
+        + (
+            f"Dotted: each arm's highest load within the SLO's percentiles ({'; '.join(capacity)}). "
+            if capacity
+            else ""
+        )
+        + f"{peaks}."
+    )
+    return _figure("fig-goodput-rate", svg, caption) + _numbers("table-goodput-rate", rows)
+
+
+def _pareto_figure(result: ABResult, arms: Sequence[curves.ArmCurve]) -> str:
+    """tok/s per user against aggregate tok/s: the trade-off a deployment picks from, with the Pareto front."""
+    rates = curves.is_rate(result.levels)
+    front = curves.front(arms)
+    on_front = {(p.index, float(p.level)) for p in front}
+    lines, rows = [], [["arm", "level", "aggregate tok/s", "tok/s per user", "on the front"]]
+    for arm in arms:
+        pts = []
+        for pt in arm.points:
+            agg, user = pt.get("aggregate_tok_s"), pt.get("tok_s")
+            rows.append(
+                [
+                    arm.label,
+                    level_name(pt.level),
+                    _ci_text(agg),
+                    _ci_text(user),
+                    "yes" if (arm.index, float(pt.level)) in on_front else "-",
+                ]
+            )
+            if agg is not None and user is not None:
+                pts.append(_point(agg, user, tag=f"{float(pt.level):g}"))
+        if pts:
+            lines.append(plots.Curve(arm.label, arm.index, pts))
+    if not lines:
+        return '<p class="note" id="fig-pareto-missing">Pareto front: no tok/s stored.</p>'
+    stars = []
+    for who, x in result.crossovers():
+        i = result.arms.index(who)
+        if x.status != "crosses" or x.at is None:
+            continue
+        sx, sy = arms[i].at_level("aggregate_tok_s", x.at), arms[i].at_level("tok_s", x.at)
+        if sx is not None and sy is not None:
+            on = "" if result.metric == DEFAULT_METRIC else f" on {result.metric}"
+            stars.append((sx, sy, f"{who.label} crossover{on} ~{_load_name(rates, x.at)}", i))
+    svg = plots.pareto_chart(
+        "fig-pareto", lines, [(p.aggregate, p.per_user) for p in front], stars, simulated=result.simulated
+    )
+    listed = ", ".join(
+        f"{p.label} @ {level_name(p.level)} ({p.aggregate:.0f} aggregate, {p.per_user:.1f} per user)" for p in front
+    )
+    caption = (
+        _sim_prefix(result)
+        + "Each arm's tok/s per user (each request's output tokens / its end-to-end time, averaged) against the "
+        "aggregate output tok/s of all requests, one point per level (labelled with its "
+        + ("rate in req/s" if rates else "concurrency")
+        + "), each the geometric mean over launches with its 95% CI over launches on both axes. Up and to the right is "
+        "better: a point on the Pareto front (ringed, joined in grey) is beaten on both by no other arm or level, so "
+        "a deployment that wants a given speed per user gets the most aggregate throughput from the front. "
+        + (f"A star marks the crossover on the arm's curve ({_crossing_words(result)}). " if stars else "")
+        + f"The front, from the highest aggregate: {listed}."
+    )
+    return _figure("fig-pareto", svg, caption) + _numbers("table-pareto", rows)
+
+
+def _load_plots(result: ABResult) -> str:
+    """The figures over the levels (two or more, of either kind): latency against achieved rate, goodput against
+    the load offered (under --slo), and the Pareto front of tok/s per user against aggregate tok/s."""
+    if len(result.levels) < 2:
+        return ""
+    names = [curves.ACHIEVED, *curves.LATENCIES, *curves.THROUGHPUT]
+    if result.slo is not None:
+        names += ["goodput", "goodput_tok_s"]
+    arms = curves.curves(result, names)
+    parts = ['<section id="load-plots"><h2>Over the load: latency, goodput and the Pareto front</h2>']
+    parts.append(_latency_rate_figure(result, arms))
+    if result.slo is not None:
+        parts.append(_goodput_rate_figure(result, arms, result.slo))
+    parts.append(_pareto_figure(result, arms))
+    parts.append("</section>")
+    return "".join(parts)
 
 
 def _representative(arm: ArmResult, level: Level) -> tuple[LaunchResult, RunResult] | None:
@@ -492,7 +795,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         body.append(f'<section id="slo-capacity"><h2>Highest load within the SLO</h2><p>{_e(capacity[0])}</p><ul>')
         body += [f"<li>{_e(line.strip())}</li>" for line in capacity[1:]]
         body.append("</ul></section>")
-    body.append('<section id="summary"><h2>Summary</h2>')
+    body += [_load_plots(result), '<section id="summary"><h2>Summary</h2>']
     for lv in result.levels or [1]:
         body.append(f"<h3>{_e(level_heading(lv))}</h3>")
         body.append(_table(level_rows(result, lv), f"table-summary-{level_id(lv)}"))

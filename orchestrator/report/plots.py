@@ -342,3 +342,233 @@ def breakeven_chart(fig_id: str, be: BreakEven, label: str, base_label: str, ind
         ax.legend(fontsize=8, loc="upper left")
 
     return _render(fig_id, (8.0, 3.8), draw)
+
+
+# ---------------------------------------------------------------- over the load: latency, goodput, the Pareto front
+
+SIM_MARK = "SIMULATED (orch's simulator, not a measured server)"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One arm at one level: x and y, each with its 95 % CI ends (None: no interval, one launch); `tag` names the
+    level beside the point where a plot labels its points."""
+
+    x: float
+    y: float
+    x_ci: tuple[float, float] | None = None
+    y_ci: tuple[float, float] | None = None
+    tag: str = ""
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One arm's points over the levels (increasing load); `dashed` draws it as a secondary line (a p50 beside a
+    p99) with hollow markers."""
+
+    label: str
+    index: int
+    points: Sequence[Point]
+    dashed: bool = False
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A load marked on the x axis with its 95 % CI band (an end None: open, the band runs to the axis' edge): a
+    crossover (dashed) or an arm's highest load within the SLO (dotted)."""
+
+    at: float
+    lo: float | None
+    hi: float | None
+    text: str
+    index: int
+    dotted: bool = False
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One axes of a load figure: its curves, its y label, and horizontal limits (an SLO's) with their words."""
+
+    ylabel: str
+    curves: Sequence[Curve]
+    limits: Sequence[tuple[float, str]] = ()
+    log_y: bool = False
+
+
+def _plain_log_axis(axis: Any) -> None:
+    """Log ticks at 1, 2, 5 per decade written as plain numbers (mathtext is off: no 10^x)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _draw_curve(ax: Any, curve: Curve, *, label: bool = True) -> None:
+    color = arm_color(curve.index)
+    pts = list(curve.points)
+    style = {"linestyle": "--", "markerfacecolor": "white", "alpha": 0.85} if curve.dashed else {"linestyle": "-"}
+    ax.plot(
+        [p.x for p in pts],
+        [p.y for p in pts],
+        marker="o",
+        markersize=5,
+        color=color,
+        label=curve.label if label else None,
+        **style,
+    )
+    for p in pts:
+        xerr = [[p.x - p.x_ci[0]], [p.x_ci[1] - p.x]] if p.x_ci else None
+        yerr = [[p.y - p.y_ci[0]], [p.y_ci[1] - p.y]] if p.y_ci else None
+        if xerr or yerr:
+            ax.errorbar([p.x], [p.y], xerr=xerr, yerr=yerr, fmt="none", color=color, capsize=3, linewidth=1)
+
+
+def _draw_marks(ax: Any, marks: Sequence[Mark], *, label: bool) -> None:
+    """Each mark a vertical line with its CI band; named in the legend when `label`."""
+    left, right = ax.get_xlim()
+    for m in marks:
+        color = arm_color(m.index)
+        ax.axvspan(m.lo if m.lo is not None else left, m.hi if m.hi is not None else right, color=color, alpha=0.1)
+        ax.axvline(
+            m.at, color=color, linestyle=":" if m.dotted else "--", linewidth=1.3, label=m.text if label else None
+        )
+    ax.set_xlim(left, right)
+
+
+def load_panels(
+    fig_id: str,
+    panels: Sequence[Panel],
+    xlabel: str,
+    marks: Sequence[Mark] = (),
+    *,
+    log_x: bool = False,
+    ticks: Sequence[float] = (),
+    ceiling: tuple[str, Sequence[tuple[float, float]]] | None = None,
+    simulated: bool = False,
+) -> str:
+    """One or more panels side by side over a shared load axis: each arm's curves with their CIs on both axes, an
+    SLO's limits as red dotted lines (named on the line), the marks (crossover, highest load within the SLO) with their
+    CI bands, and `ceiling` (its words, its points) as a grey line (the rate scheduled: goodput's most); one legend
+    under the panels."""
+
+    def draw(fig: Figure) -> None:
+        axes = fig.subplots(1, len(panels), squeeze=False)[0]
+        for n, (ax, panel) in enumerate(zip(axes, panels, strict=True)):
+            for curve in panel.curves:
+                _draw_curve(ax, curve, label=n == 0)
+            if ceiling is not None and ceiling[1]:
+                words, pts = ceiling
+                ax.plot(
+                    [x for x, _ in pts],
+                    [y for _, y in pts],
+                    color="#8c959f",
+                    linewidth=1,
+                    marker="_",
+                    label=words if n == 0 else None,
+                )
+            for value, words in panel.limits:
+                ax.axhline(value, color="#cf222e", linestyle=":", linewidth=1.2)
+                ax.annotate(
+                    words,
+                    (1.0, value),
+                    xycoords=("axes fraction", "data"),
+                    xytext=(-2, 2),
+                    textcoords="offset points",
+                    ha="right",
+                    va="bottom",
+                    fontsize=7,
+                    color="#cf222e",
+                )
+            if log_x:
+                ax.set_xscale("log")
+                if ticks:
+                    ax.set_xticks(list(ticks), [f"{v:g}" for v in ticks])
+                ax.minorticks_off()
+            if panel.log_y:
+                ax.set_yscale("log")
+                _plain_log_axis(ax.yaxis)
+                # The points and limits set the range, not the CIs: two launches' t interval (t = 12.7) can span
+                # decades and would flatten every curve; a bar past the edge is cut there (the table has its ends).
+                ys = [p.y for c in panel.curves for p in c.points if p.y > 0] + [v for v, _ in panel.limits]
+                if ys:
+                    ax.set_ylim(min(ys) / 1.5, max(ys) * 1.5)
+            _draw_marks(ax, marks, label=n == 0)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(panel.ylabel)
+        handles, labels = axes[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), fontsize=7.5, frameon=False)
+        if simulated:
+            fig.suptitle(SIM_MARK, x=0.995, ha="right", fontsize=8, color="#9a6700", fontweight="bold")
+
+    width = 8.0 if len(panels) == 1 else 10.5
+    return _render(fig_id, (width, 4.4), draw)
+
+
+def pareto_chart(
+    fig_id: str,
+    curves: Sequence[Curve],
+    front: Sequence[tuple[float, float]],
+    stars: Sequence[tuple[float, float, str, int]] = (),
+    *,
+    simulated: bool = False,
+) -> str:
+    """tok/s per user against aggregate tok/s: each arm's levels joined in load order, each point named by its level
+    with its CIs, the Pareto front (no point beats it on both) ringed and joined in grey, and `stars` (x, y, words,
+    arm index): where a crossover lies on an arm's curve."""
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        ordered = sorted(front)
+        if ordered:
+            ax.plot(
+                [x for x, _ in ordered],
+                [y for _, y in ordered],
+                color="#57606a",
+                linewidth=6,
+                alpha=0.22,
+                solid_capstyle="round",
+                zorder=1,
+                label="Pareto front",
+            )
+            ax.scatter(
+                [x for x, _ in ordered],
+                [y for _, y in ordered],
+                s=150,
+                facecolors="none",
+                edgecolors="black",
+                linewidths=1.2,
+                zorder=4,
+            )
+        for curve in curves:
+            _draw_curve(ax, curve)
+            for p in curve.points:
+                ax.annotate(
+                    p.tag,
+                    (p.x, p.y),
+                    xytext=(5, 4),
+                    textcoords="offset points",
+                    fontsize=7,
+                    color=arm_color(curve.index),
+                )
+        for x, y, words, index in stars:
+            ax.plot(
+                [x],
+                [y],
+                marker="*",
+                markersize=14,
+                color=arm_color(index),
+                markeredgecolor="black",
+                zorder=5,
+                linestyle="none",
+                label=words,
+            )
+        ax.set_xlabel("aggregate output tok/s (all requests together)")
+        ax.set_ylabel("tok/s per user (each request's output tok/s)")
+        ax.set_ylim(0, None)
+        ax.set_xlim(0, None)
+        ax.legend(fontsize=7.5, loc="lower left")
+        if simulated:
+            fig.suptitle(SIM_MARK, x=0.995, ha="right", fontsize=8, color="#9a6700", fontweight="bold")
+
+    return _render(fig_id, (8.0, 4.2), draw)

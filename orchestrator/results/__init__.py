@@ -1,7 +1,8 @@
 """Results as data: `run` (one benchmark run), `model` (launches → arms → the A/B result), `store` and `schema` (the
 versioned SQLite file, written as each run ends), `load` (a stored experiment read back as the model), `bundle` and
 `bundleformat` (one self-contained file per experiment), `compare` (two experiments, or a claim, side by side),
-`goodput` (a run's value of any metric a comparison may be on, goodput under an SLO from its per-request rows).
+`goodput` (a run's value of any metric a comparison may be on, goodput under an SLO from its per-request rows),
+`curves` (each arm's numbers over the levels with CIs over launches, and the Pareto front: what the load plots draw).
 """
 
-__all__ = ["bundle", "bundleformat", "compare", "goodput", "load", "model", "run", "schema", "store"]
+__all__ = ["bundle", "bundleformat", "compare", "curves", "goodput", "load", "model", "run", "schema", "store"]

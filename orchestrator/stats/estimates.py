@@ -440,3 +440,69 @@ def schedule(arms: int, blocks: int, order: str, seed: int) -> list[list[int]]:
             seq.reverse()
         out.append(seq)
     return out
+
+
+# ---------------------------------------------------------------- one arm's value at one level, over its launches
+
+LAUNCH_MEAN_METHODS = {
+    "geometric": "geometric mean of launch values; Student's t on their logs",
+    "arithmetic": "mean of launch values; Student's t, floored at 0",
+}
+
+
+@dataclass(frozen=True)
+class LaunchMean:
+    """One arm's value at one level over its launches (each launch one value, the median of its runs): the mean with
+    a 95 % Student's t interval over launches (restart to restart is the noise that matters); no interval from one
+    launch. Geometric for positive quantities (latencies, rates, tok/s: their spread is relative), arithmetic where
+    a launch may be 0 (goodput at a saturated level)."""
+
+    value: float
+    lo: float | None
+    hi: float | None
+    launches: int
+    method: str  # a key of LAUNCH_MEAN_METHODS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "ci95": [self.lo, self.hi] if self.lo is not None and self.hi is not None else None,
+            "ci_method": LAUNCH_MEAN_METHODS[self.method],
+            "launches": self.launches,
+        }
+
+
+def launch_mean(values: Sequence[float], *, geometric: bool = True) -> LaunchMean:
+    """LaunchMean of the launch values; geometric only when every value is positive (else arithmetic)."""
+    if not values:
+        raise ValueError("no launch values")
+    n = len(values)
+    if n == 1:
+        return LaunchMean(values[0], None, None, 1, "geometric" if geometric and values[0] > 0 else "arithmetic")
+    if geometric and all(v > 0 for v in values):
+        logs = [math.log(v) for v in values]
+        mean = statistics.fmean(logs)
+        half = t_975(n - 1) * statistics.stdev(logs) / math.sqrt(n)
+        return LaunchMean(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, "geometric")
+    mean = statistics.fmean(values)
+    half = t_975(n - 1) * statistics.stdev(values) / math.sqrt(n)
+    return LaunchMean(mean, max(mean - half, 0.0), mean + half, n, "arithmetic")
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """The indices of the points no other point beats on both coordinates (higher is better on both; a point
+    equal to another on both stays): the non-dominated set, in the order given."""
+    return [
+        i for i, (x, y) in enumerate(points) if not any(ox >= x and oy >= y and (ox > x or oy > y) for ox, oy in points)
+    ]
+
+
+def interpolate_log(xs: Sequence[float], ys: Sequence[float], at: float) -> float | None:
+    """ys at `at`, linear in log(x) between the two measured xs around it (xs increasing, > 0); None outside them."""
+    for k, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if x == at:
+            return y
+        if k and xs[k - 1] < at < x and xs[k - 1] > 0:
+            w = (math.log(at) - math.log(xs[k - 1])) / (math.log(x) - math.log(xs[k - 1]))
+            return ys[k - 1] + w * (y - ys[k - 1])
+    return None

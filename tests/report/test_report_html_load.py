@@ -162,6 +162,12 @@ def test_closed_loop_crossover_goodput_and_energy_in_chromium(tmp_path: Path, mo
             (at,) = [lv for lv in arm["by_concurrency"] if lv["concurrency"] == level]
             assert row[1] == number(at["goodput"]["median_req_s"], 2), (row, at["goodput"])
     assert page.rows["table-goodput-c1"][1][-1] == "1.000"
+    # the load figures over concurrency levels: latency against the requests completed per second, goodput and the
+    # Pareto front against the concurrency (tests/report/test_report_html_loadplots.py checks them in depth)
+    for fig in ("fig-latency-rate", "fig-goodput-rate", "fig-pareto"):
+        assert page.text[f"{fig}-cap"].startswith("SIMULATED"), fig
+    assert "completed requests / run time at each concurrency" in page.text["fig-latency-rate-cap"]
+    assert "concurrency (streams)" in page.text["fig-goodput-rate"]
 
     _energy(report, [1, 8])
     for level in (1, 8):

@@ -209,3 +209,29 @@ def test_open_loop_energy_names_its_levels_as_rates(open_loop: Report) -> None:
     energy = open_loop.page.text["energy"]
     assert "Rate(" not in energy and "concurrency" not in energy, energy
     assert "energy per output token at 2 req/s" in energy and "sim-eagle3-fast vs baseline @ 6 req/s: " in energy
+
+
+def test_a_sweep_and_the_ab_on_the_highest_load_within_the_slo_in_chromium(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --sweep auto:3: the probe picks the rates; the levels, the crossover and the SLO capacities follow from them
+    slo = "ttft_p99=150ms,e2e_p99=1500ms"
+    report = _report(tmp_path, monkeypatch, "--sweep", "auto:3", "--duration", "2", "--runs", "1", "--slo", slo)
+    doc, page = report.doc, report.page
+    sweep = doc["sweep"]
+    rates = ", ".join(f"{r:g}" for r in sweep["rates"])
+    said = page.text["sweep"]
+    assert said.startswith(f"levels from --sweep auto: rates {rates} req/s, from probe experiment {sweep['probe']}")
+    assert "stops sending once the server is over-saturated" in said
+    for arm in doc["arms"]:
+        assert [lv["rate"] for lv in arm["by_concurrency"]] == sweep["rates"]
+        assert f"{arm['label']} {sweep['synchronous'][arm['label']]:g} req/s at concurrency 1" in said
+    _crossover(report, "req/s")
+    shown = page.items.get("slo-capacity", [])
+    assert len(shown) == len(doc["max_within_slo"]) + len(doc["max_within_slo_comparisons"]), shown
+    (c,) = doc["max_within_slo_comparisons"]
+    (line,) = [t for t in shown if t.startswith("sim-eagle3-fast vs baseline, highest load within the SLO: ")]
+    if c["ratio"] is None:
+        assert f"not compared: {c['blocks']} block(s)" in line, (c, line)
+    else:
+        assert f"{c['ratio']:.3f}x, 95% CI [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]" in line, (c, line)

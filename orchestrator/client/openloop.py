@@ -6,6 +6,7 @@ import asyncio
 import bisect
 import collections
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -22,15 +23,17 @@ SPIN_S = 0.0015
 
 # Over-saturation (docs/load.md#over-saturation): checked every CHECK_S once the run is MIN_S old and at least
 # LATENCIES typical request latencies long; the second half of the time so far must have had MIN_DUE requests due,
-# of which the server finished DEFICIT fewer (and at least MIN_DEFICIT fewer), at TIMES checks in a row. The typical
-# latency is that of the first EARLY requests to finish.
+# of which the server finished DEFICIT fewer (and at least MIN_DEFICIT and SIGMAS x sqrt(due) fewer: more than the
+# arrivals' own Poisson noise), at TIMES checks in a row. The typical latency is that of the first EARLY requests to
+# finish.
 CHECK_S = 0.5
 MIN_S = 3.0
 LATENCIES = 2.5
 MIN_DUE = 20
 DEFICIT = 0.2
 MIN_DEFICIT = 8
-TIMES = 2
+SIGMAS = 3.0
+TIMES = 3
 EARLY = 5
 
 
@@ -50,7 +53,7 @@ def oversaturation(history: list[tuple[float, int, int]], latency_s: float | Non
         return None
     t_half, due_half, done_half = history[k]
     arrived, finished = due - due_half, done - done_half
-    if arrived < MIN_DUE or arrived - finished < max(MIN_DEFICIT, DEFICIT * arrived):
+    if arrived < MIN_DUE or arrived - finished < max(MIN_DEFICIT, DEFICIT * arrived, SIGMAS * math.sqrt(arrived)):
         return None
     return (
         f"over-saturated: from {t_half:.1f}s to {t:.1f}s {arrived} requests fell due and the server finished "

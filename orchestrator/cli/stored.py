@@ -58,7 +58,12 @@ def list_cmd(db: str | None, limit: int, as_json: bool) -> None:
                 str(r["blocks"]),
                 " ".join(
                     word
-                    for word, on in (("SIMULATED", r["simulated"]), ("ATTACHED", r["attached"]), _night_tag(r))
+                    for word, on in (
+                        ("SIMULATED", r["simulated"]),
+                        ("ATTACHED", r["attached"]),
+                        _night_tag(r),
+                        ("SWEEP PROBE", r["sweep_probe"]),
+                    )
                     if on
                 ),
             ]
@@ -85,6 +90,8 @@ def _list_row(r: dict[str, Any]) -> dict[str, Any]:
         "simulated": bool(r["simulated"]),
         "attached": _attached(r["config_json"]),
         "night": _night(r["config_json"]),
+        # the probe of an `orch ab --sweep auto` (its rates were swept by the experiment that names it)
+        "sweep_probe": bool(json.loads(r["config_json"]).get("sweep_probe")),
     }
 
 

@@ -148,6 +148,13 @@ def test_the_probe_is_its_own_experiment_and_the_rates_come_from_it(swept: tuple
         assert json.loads(probe["config_json"])["bench"]["concurrency"] == [1, 8]
     finally:
         store.close()
+    import contextlib
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["list", "--db", str(db)]) == 0
+    (line,) = [line for line in out.getvalue().splitlines() if line.startswith(sweep["probe"])]
+    assert line.endswith("SIMULATED SWEEP PROBE")
 
 
 def test_every_level_has_its_verdict_and_the_crossover_is_stated(swept: tuple[Path, Any, Path], capsys: Capsys) -> None:

@@ -12,7 +12,7 @@ from orchestrator.errors import InputError
 from orchestrator.launch.fingerprint import Difference, diff
 from orchestrator.results.compare import claim_verdict
 from orchestrator.results.model import ABResult, ArmResult, Comparison, LaunchResult
-from orchestrator.results.run import Rate, level_name, level_phrase
+from orchestrator.results.run import Rate, level_phrase
 from orchestrator.stats.crossover import Crossover
 from orchestrator.stats.reproduction import DEFAULT_TOLERANCE, NOT_REPRODUCED, REPRODUCED
 
@@ -301,7 +301,7 @@ def bound_checks(result: ABResult, mode: str) -> list[Check]:
 
 
 def _load(x: float, rate: bool) -> str:
-    return level_name(Rate(x)) if rate else f"concurrency {x:.3g}"
+    return f"{x:.3g} req/s" if rate else f"concurrency {x:.3g}"
 
 
 def bound_check(

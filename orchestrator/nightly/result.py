@@ -235,12 +235,18 @@ def judge(
     """Tonight's value of a series against the nights before it (each with the environment it ran in). A crossover
     or max_rate_slo series is judged on the nights that crossed in the range measured (censored_verdict)."""
     points = [(n, v) for n in past if n.status == "complete" and (v := n.value(value.series)) is not None]
-    censored = [v for _, v in points if v.censored is not None]
-    if value.censored is not None or censored:
-        # Only crossings that pay on the same side are one series of numbers; a censored night is no number.
-        points = [(n, v) for n, v in points if v.censored is None and v.higher_is_better == value.higher_is_better]
     envs = [history.series_environment(night_envs(n), value.env_arms) for n, _ in points]
     ids = history.environment_ids([*envs, history.series_environment(night_envs(tonight), value.env_arms)])
+    censored = [v for _, v in points if v.censored is not None]
+    if value.censored is not None or censored:
+        # Only crossings that pay on the same side are one series of numbers; a censored night is no number. Its
+        # environment still counts: a step a censored night already said is not said again.
+        kept = [
+            i for i, (_, v) in enumerate(points) if v.censored is None and v.higher_is_better == value.higher_is_better
+        ]
+        if points and ids[len(points) - 1] == ids[-1]:
+            kept = [i for i in kept if ids[i] == ids[-1]]
+        points, ids = [points[i] for i in kept], [ids[i] for i in kept] + [ids[-1]]
     values = [v.value for _, v in points] + [value.value]
     nights = [changepoint.Night(x, env) for x, env in zip(values, ids, strict=True)]
     a = changepoint.assess(

@@ -234,7 +234,7 @@ def _fail_on(v: Any) -> tuple[str, ...]:
     try:
         return failon.parse_modes(items)
     except InputError as e:
-        raise FieldError(str(e).replace("--fail-on mode", "mode")) from None
+        raise FieldError(str(e).replace("--fail-on mode", "mode").replace("--fail-on ", "")) from None
 
 
 def _slo(v: Any) -> SLO:

@@ -60,15 +60,15 @@ def _num(v: float | None, digits: int = 4) -> str:
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float | None, float | None, float | None]:
-    """The mean of launch values with its 95 % Student's t interval over launches (one launch: no interval). An
-    arithmetic mean, since a launch may have no request within the SLO (a goodput of 0)."""
+    """The mean of launch values with its 95 % Student's t interval over launches (one launch: no interval), the
+    interval cut at 0 below. An arithmetic mean, since a launch may have no request within the SLO (a goodput of 0)."""
     if not values:
         return None, None, None
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, None, None
     half = t_975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, mean - half, mean + half
+    return mean, max(0.0, mean - half), mean + half
 
 
 def arm_measured(result: ABResult, arm: ArmResult, level: Level) -> list[str]:

@@ -61,17 +61,22 @@ def stored_launches(store: Store, exp_id: str, *, requests: bool = False) -> tup
     return out, discarded
 
 
-def request_rows(store: Store, launch_id: str) -> dict[tuple[bool, int, int], list[dict[str, Any]]]:
-    """A launch's per-request rows by run (warmup, concurrency, index), each with `index` as a live run has it."""
-    out: dict[tuple[bool, int, int], list[dict[str, Any]]] = {}
+RunKey = tuple[bool, int, float, int]
+
+
+def request_rows(store: Store, launch_id: str) -> dict[RunKey, list[dict[str, Any]]]:
+    """A launch's per-request rows by run (warmup, concurrency, rate, index), each with `index` as a live run has
+    it. The rate tells an open-loop launch's runs apart: each of its levels has concurrency 0 and indices from 0."""
+    out: dict[RunKey, list[dict[str, Any]]] = {}
     for r in store.requests(launch_id):
-        key = (bool(r["run_warmup"]), int(r["run_concurrency"]), int(r["run_idx"]))
+        key = (bool(r["run_warmup"]), int(r["run_concurrency"]), float(r.get("run_rate") or 0.0), int(r["run_idx"]))
         out.setdefault(key, []).append({**r, "index": r["idx"]})
     return out
 
 
-def run_key(row: dict[str, Any]) -> tuple[bool, int, int]:
-    return bool(row["warmup"]), int(row.get("concurrency") or 1), int(row["idx"])
+def run_key(row: dict[str, Any]) -> RunKey:
+    concurrency = int(row["concurrency"]) if row.get("concurrency") is not None else 1
+    return bool(row["warmup"]), concurrency, float(row.get("rate") or 0.0), int(row["idx"])
 
 
 def with_rows(run: RunResult, rows: list[dict[str, Any]]) -> RunResult:

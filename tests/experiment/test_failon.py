@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import sqlite3
@@ -569,3 +571,11 @@ def test_ab_fail_on_a_crossover_bound_on_open_loop_levels(
     assert "slow's crossover vs fast lies below the range measured (2 req/s to 4 req/s" in checks[0]["reason"]
     assert "within the SLO at every level" in checks[2]["reason"]
     assert ops.op_find(NAMESPACE) == []
+    # The stored experiment, exported: every run's requests found again by its rate (each open-loop level has
+    # concurrency 0 and run indices from 0), so each row has its goodput, and the arm's with a CI.
+    assert main(["export", "last", "--format", "csv", "--db", str(tmp_path / "r.db")]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 12 and {r["rate"] for r in rows} == {"2", "4"}
+    for row in rows:
+        assert float(row["goodput_req_s"]) > 0 and float(row["arm_goodput_req_s_lo"]) <= float(row["arm_goodput_req_s"])
+        assert row["j_per_token"] == ""  # no nvidia-smi here

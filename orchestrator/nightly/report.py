@@ -131,7 +131,10 @@ def comparison_text(c: dict[str, Any]) -> str:
     interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
     ratio = c.get("ratio")
     shown = f"{ratio:.3f}x" if isinstance(ratio, (int, float)) else "n/a"
-    level = f" @{c['concurrency']}" if c.get("concurrency", 1) != 1 else ""
+    # An open-loop level is its rate (its concurrency is null): "@2 req/s".
+    level = (
+        f" @{c['rate']:g} req/s" if c.get("rate") else f" @{c['concurrency']}" if c.get("concurrency", 1) != 1 else ""
+    )
     return f"{c.get('arm_label') or c['arm']} vs {c.get('vs_label') or c['vs']}{level}: {shown}{interval} " + (
         c.get("verdict") or "no verdict"
     )
@@ -185,7 +188,12 @@ def item_line(r: ItemReport) -> str:
                 lead = f"{c['mode']}, " if len(r.fail_on_hit) > 1 else ""
             parts.append(f"{lead}tonight's A/B: {c['reason']}")
     else:
-        headline = [c for c in r.comparisons if c.get("concurrency") == r.comparisons[0].get("concurrency")]
+        first = r.comparisons[0] if r.comparisons else {}
+        headline = [
+            c
+            for c in r.comparisons
+            if (c.get("concurrency"), c.get("rate")) == (first.get("concurrency"), first.get("rate"))
+        ]
         parts += [comparison_text(c) for c in headline[:3]]
     if not decisive and r.series:
         # The headline value first, unless tonight's A/B verdict is what failed: then that comes first.

@@ -14,7 +14,7 @@ import pytest
 from orchestrator.config.slo import parse_slo
 from orchestrator.nightly import history, result
 from orchestrator.nightly import suite as suite_mod
-from orchestrator.nightly.report import fmt_series_value, series_text
+from orchestrator.nightly.report import comparison_text, fmt_series_value, series_text
 from orchestrator.nightly.suite import Metric, SuiteError
 from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import Rate, RunResult
@@ -278,3 +278,8 @@ def test_a_night_of_open_loop_levels_on_the_simulator(write_profile: WriteProfil
     for arm in ("base", "spec"):
         assert series[f"{arm}:max_rate_slo"]["censored"] == "above" and series[f"{arm}:max_rate_slo"]["value"] == 4
     assert item["fail_on"]["checks"][0]["mode"] == "max-rate-slo-below=1"
+
+
+def test_tonight_s_comparisons_name_an_open_loop_level_by_its_rate() -> None:
+    c = {"arm": "e", "vs": "b", "concurrency": None, "rate": 2.0, "ratio": 1.1, "ci95": [1.0, 1.2], "verdict": "faster"}
+    assert comparison_text(c) == "e vs b @2 req/s: 1.100x [1.000, 1.200] faster"

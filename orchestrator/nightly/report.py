@@ -118,6 +118,10 @@ def series_text(s: SeriesVerdict) -> str:
     head = f"{series_label(v)} {fmt_series_value(v)}{ci}"
     if s.status == "environment":
         return f"{s.note or 'see orch history'}; {series_label(v)} {pct(a.change)} ({head})"
+    if v.censored is not None:
+        # No number to compare: what the night says instead, and against what, when that decided something.
+        against = f" (the level before: {fmt_value(a.baseline, v.metric)})" if a.baseline and s.status != "ok" else ""
+        return f"{head}: {s.note or 'does not cross in the range measured'}{against}"
     if s.status == "building":
         return f"{head} ({building(a)})"
     if a.baseline is None:
@@ -172,7 +176,12 @@ def item_line(r: ItemReport) -> str:
     if r.status in ("failed", "timeout", "skipped") or (r.status == "interrupted" and not r.series):
         return f"- {label} {where}: {first_line(r.error)}"
     envs = [s for s in r.series if s.status == "environment"]
-    decisive = [s for s in r.series if s.status in ("regression", "improvement") or (s.note and s not in envs)]
+    # A night that does not cross in the range, as the nights before, says nothing new: `orch history` has it.
+    decisive = [
+        s
+        for s in r.series
+        if s.status in ("regression", "improvement") or (s.note and s not in envs and s.value.censored is None)
+    ]
     parts = ([env_text(envs)] if envs else []) + [series_text(s) for s in decisive]
     decisive += envs
     failed_relative = bool(r.fail_on_hit)

@@ -14,7 +14,8 @@ import pytest
 from orchestrator.config.slo import parse_slo
 from orchestrator.nightly import history, result
 from orchestrator.nightly import suite as suite_mod
-from orchestrator.nightly.report import comparison_text, fmt_series_value, series_text
+from orchestrator.nightly.report import comparison_text, fmt_series_value, item_line, series_text
+from orchestrator.nightly.result import ItemReport
 from orchestrator.nightly.suite import Metric, SuiteError
 from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import Rate, RunResult
@@ -283,3 +284,19 @@ def test_a_night_of_open_loop_levels_on_the_simulator(write_profile: WriteProfil
 def test_tonight_s_comparisons_name_an_open_loop_level_by_its_rate() -> None:
     c = {"arm": "e", "vs": "b", "concurrency": None, "rate": 2.0, "ratio": 1.1, "ci95": [1.0, 1.2], "verdict": "faster"}
     assert comparison_text(c) == "e vs b @2 req/s: 1.100x [1.000, 1.200] faster"
+
+
+def test_a_censored_night_is_said_on_the_item_s_line_only_when_it_decides_something() -> None:
+    down = _judge(STEADY, _value(1.0, "below"))
+    assert series_text(down) == (
+        "eagle3/baseline crossover load <1: does not cross down to 1: worse at every level measured: -83.3 % or worse "
+        "(the level before: 6)"
+    )
+    same = _judge([_value(8.0, "above")] * 6, _value(8.0, "above"))
+    assert (
+        series_text(same) == "eagle3/baseline crossover load >8: does not cross up to 8: better at every level measured"
+    )
+    item = ItemReport("load", "local", "ab", True, "ok", series=(same,))
+    assert item_line(item).startswith("- ok `load` (local, SIMULATED): eagle3/baseline crossover load >8")
+    paged = ItemReport("load", "local", "ab", True, "regression", series=(same, down))
+    assert "**REGRESSION** `load` (local, SIMULATED): eagle3/baseline crossover load <1:" in item_line(paged)

@@ -300,3 +300,12 @@ def test_a_censored_night_is_said_on_the_item_s_line_only_when_it_decides_someth
     assert item_line(item).startswith("- ok `load` (local, SIMULATED): eagle3/baseline crossover load >8")
     paged = ItemReport("load", "local", "ab", True, "regression", series=(same, down))
     assert "**REGRESSION** `load` (local, SIMULATED): eagle3/baseline crossover load <1:" in item_line(paged)
+
+
+def test_a_censored_slo_capacity_says_so_in_the_slo_s_words() -> None:
+    v = dataclasses.replace(
+        _value(12.0, "above"), series="baseline:max_rate_slo", arm="baseline", metric="max_rate_slo"
+    )
+    assert result.censored_text(v) == "within the SLO at every level measured, up to 12"
+    below = dataclasses.replace(v, value=1.0, censored="below")
+    assert result.censored_text(below) == "outside the SLO at every level measured, down to 1"

@@ -119,11 +119,15 @@ FAIL_ON_HELP = {
     "ab": "Set the exit code from the verdict: 3 if MODE fails, 4 if that is undecided (inconclusive, or one block: "
     "no CI), else 0. Modes: slower (an arm slower than the first on --metric, at any concurrency level), different "
     "(slower or faster), env (workers without their profile's env, or launches of one arm whose fingerprints differ "
-    "in engine, GPUs, env or profile). Repeatable or comma-separated (slower,env); allowed with --resume.",
+    "in engine, GPUs, env or profile), crossover-below=R (an arm's crossover with the first arm lies below load R: "
+    "its 95% CI wholly below R fails, straddling R is undecided; needs two or more levels), max-rate-slo-below=R (an "
+    "arm's highest load within --slo lies below R, likewise). R is in the levels' unit: req/s for --rate, streams "
+    "for --concurrency. Repeatable or comma-separated (slower,env); allowed with --resume.",
     "bench": "Set the exit code from the result: 3 if MODE fails, 4 if that cannot be told, else 0. Modes: slower "
     "(single-stream tok/s below the profile's expect.tok_s beyond 3%; refused before launching without it), "
     "different (beyond 3% either way), env (workers without their profile's env, or launches whose fingerprints "
-    "differ in engine, GPUs, env or profile). Repeatable or comma-separated (slower,env).",
+    "differ in engine, GPUs, env or profile), max-rate-slo-below=R (the highest load within --slo lies below R, "
+    "over two or more levels). Repeatable or comma-separated (slower,env).",
 }
 
 

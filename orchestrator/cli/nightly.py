@@ -168,7 +168,8 @@ def _output(
 @click.option(
     "--metric",
     default=None,
-    help="Only this metric as the suite names it: tok_s (all its levels) or agg_tok_s@32 [default: all].",
+    help="Only this metric as the suite names it: tok_s (all its levels), agg_tok_s@32, goodput@0.5 (an open-loop "
+    "level by its rate) or crossover [default: all].",
 )
 @click.option("--arm", default=None, help="Only this arm's series (or a ratio such as eagle3-3step/baseline).")
 @click.option(

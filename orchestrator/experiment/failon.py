@@ -12,10 +12,16 @@ from orchestrator.errors import InputError
 from orchestrator.launch.fingerprint import Difference, diff
 from orchestrator.results.compare import claim_verdict
 from orchestrator.results.model import ABResult, ArmResult, Comparison, LaunchResult
-from orchestrator.results.run import level_phrase
+from orchestrator.results.run import Rate, level_phrase
+from orchestrator.stats.crossover import Crossover
 from orchestrator.stats.reproduction import DEFAULT_TOLERANCE, NOT_REPRODUCED, REPRODUCED
 
 MODES = ("slower", "different", "env")
+# Bounds on what is taken across the levels (docs/load.md#verdicts-on-the-crossover-and-the-highest-load-within-an-slo):
+# `crossover-below=R` fails when an arm's crossover lies below R, `max-rate-slo-below=R` when an arm's highest load
+# within the SLO does; R in the levels' unit (req/s, or a concurrency).
+BOUNDS = {"crossover-below": "crossover", "max-rate-slo-below": "max_rate_slo"}
+GRAMMAR = (*MODES, *(f"{b}=R" for b in BOUNDS))
 OK, FAIL, INCONCLUSIVE = "ok", "fail", "inconclusive"
 # The project-wide contract: 3 a verdict the user asked to fail on, 4 undecided (1, 2 and 130 are the CLI's).
 EXIT_CODES = {OK: 0, FAIL: 3, INCONCLUSIVE: 4}
@@ -85,18 +91,67 @@ class FailOn:
 
 
 def parse_modes(values: Iterable[str]) -> tuple[str, ...]:
-    """`--fail-on slower --fail-on env` and `--fail-on slower,env` alike; each mode once, in the order given."""
+    """`--fail-on slower --fail-on env` and `--fail-on slower,env` alike; each mode once, in the order given. A bound
+    is written `crossover-below=R` (R a number above 0) and kept as `crossover-below=6` (R as %g)."""
     out: list[str] = []
     for value in values:
         for item in str(value).split(","):
             mode = item.strip().lower()
             if not mode:
                 continue
-            if mode not in MODES:
-                raise InputError(f"unknown --fail-on mode {item.strip()!r}; valid: {', '.join(MODES)}")
+            name, eq, bound = mode.partition("=")
+            name = name.strip()
+            if name in BOUNDS:
+                mode = f"{name}={_bound(bound.strip() if eq else '', item.strip(), name):g}"
+            elif mode not in MODES:
+                raise InputError(f"unknown --fail-on mode {item.strip()!r}; valid: {', '.join(GRAMMAR)}")
             if mode not in out:
                 out.append(mode)
     return tuple(out)
+
+
+def _bound(text: str, given: str, name: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):  # NaN fails too
+        raise InputError(
+            f"--fail-on {given!r}: {name}=R needs R, a load above 0 in the levels' unit (requests per second for "
+            f"--rate levels, streams for --concurrency), e.g. {name}=4"
+        )
+    return value
+
+
+def across_levels_metric(mode: str) -> str | None:
+    """`crossover` for `crossover-below=R`, `max_rate_slo` for `max-rate-slo-below=R`, else None."""
+    return BOUNDS.get(mode.partition("=")[0])
+
+
+def levels_refusal(modes: Sequence[str], *, levels: int, arms: int, percentile_slo: bool) -> str | None:
+    """Why a bound mode cannot be judged by this experiment, said before anything launches; None if it can. Both
+    need two or more levels; a crossover needs a second arm, the highest load within an SLO an --slo with a
+    percentile objective."""
+    for mode in modes:
+        metric = across_levels_metric(mode)
+        if metric is None:
+            continue
+        if levels < 2:
+            return (
+                f"--fail-on {mode}: needs two or more levels to interpolate between (--rate R1,R2,... or "
+                "--concurrency N1,N2,...); this experiment runs one"
+            )
+        if metric == "crossover" and arms < 2:
+            return (
+                f"--fail-on {mode}: a crossover is where an arm's ratio to the first arm crosses 1; it needs two or "
+                "more profiles (orch ab)"
+            )
+        if metric == "max_rate_slo" and not percentile_slo:
+            return (
+                f"--fail-on {mode}: the highest load within an SLO needs --slo with a percentile objective (e.g. "
+                "--slo ttft_p99=500ms,e2e_p99=10s)"
+            )
+    return None
 
 
 def single_profile_refusal(
@@ -145,6 +200,8 @@ def fail_on_verdict(
     for mode in wanted:
         if mode == "env":
             checks += env_checks(result)
+        elif across_levels_metric(mode):
+            checks += bound_checks(result, mode)
         elif len(result.arms) > 1:
             levels = result.levels or [1]
             for level in levels:
@@ -216,6 +273,75 @@ def expect_check(result: ABResult, mode: str, expect: Expect | None, tolerance: 
         status = FAIL if mode == "different" else OK
         return Check(mode, status, f"{arm} is faster than its expect: {measured} {against} ({change})")
     return Check(mode, INCONCLUSIVE, f"{arm} against its expect is inconclusive: {measured} {against}; {v.tps.reason}")
+
+
+# ---------------------------------------------------------------- bounds on the crossover and the SLO capacity
+
+
+def bound_checks(result: ABResult, mode: str) -> list[Check]:
+    """`crossover-below=R`: each arm's crossover against the first arm; `max-rate-slo-below=R`: each arm's highest
+    load within the SLO (both from stats/crossover, with their CI over blocks)."""
+    name, _, text = mode.partition("=")
+    bound = float(text)
+    rate = any(isinstance(level, Rate) for level in result.levels)
+    if BOUNDS[name] == "crossover":
+        found = [(f"{arm.label}'s crossover vs {result.arms[0].label}", c) for arm, c in result.crossovers()]
+        words = ("it pays at every level", "it pays at no level")
+        missing = "no crossover to judge: it needs two or more levels and two or more blocks with every level"
+    else:
+        found = [(f"{arm.label}'s highest load within the SLO", c) for arm, c in result.max_within_slo()]
+        words = ("within the SLO at every level", "outside the SLO at every level")
+        missing = (
+            "no highest load within the SLO to judge: it needs --slo with a percentile objective, two or more levels "
+            "and two or more blocks with every level"
+        )
+    if not found:
+        return [Check(mode, INCONCLUSIVE, missing)]
+    return [bound_check(mode, who, c, bound, rate, words) for who, c in found]
+
+
+def _load(x: float, rate: bool) -> str:
+    return f"{x:.3g} req/s" if rate else f"concurrency {x:.3g}"
+
+
+def bound_check(
+    mode: str, who: str, c: Crossover, bound: float, rate: bool, words: tuple[str, str] = ("better", "worse")
+) -> Check:
+    """One crossover (or SLO capacity) against `bound`: fail when its 95 % CI lies below, ok when at or above,
+    inconclusive when it straddles the bound or the levels measured cannot say (a censored answer beyond the range
+    on the bound's side). The answer is oriented so that "pays" is the good side: an SLO capacity "pays" within it."""
+    lo_level, hi_level = c.levels[0], c.levels[-1]
+    shown = _load(bound, rate)
+    span = f"{_load(lo_level, rate)} to {_load(hi_level, rate)}"
+    if c.status == "pays throughout":
+        what = f"{who} lies beyond the range measured ({span}: {words[0]})"
+        if hi_level >= bound:
+            return Check(mode, OK, f"{what}, so at or above {shown}")
+        return Check(mode, INCONCLUSIVE, f"{what}; the range ends below {shown}: add a level at or above it")
+    if c.status == "never pays":
+        what = f"{who} lies below the range measured ({span}: {words[1]})"
+        if lo_level <= bound:
+            return Check(mode, FAIL, f"{what}, so below {shown}")
+        return Check(mode, INCONCLUSIVE, f"{what}; the range starts above {shown}: add a level at or below it")
+    lo = _load(c.lo, rate) if c.lo is not None else f"below {_load(lo_level, rate)}"
+    hi = _load(c.hi, rate) if c.hi is not None else f"beyond {_load(hi_level, rate)}"
+    ci = f"95% CI {lo} to {hi}, over {c.blocks} blocks"
+    if c.status == "undecided":
+        return Check(mode, INCONCLUSIVE, f"{who} is undecided: no crossing seen, but one may lie between {lo} and {hi}")
+    assert c.at is not None
+    at = _load(c.at, rate)
+    if not c.pays_below:
+        # Worse below the crossing, better above it: it does not pay at the low end of the range at all.
+        what = f"{who}: worse below ~{at}, better above it ({ci})"
+        if lo_level <= bound:
+            return Check(mode, FAIL, f"{what}: it does not pay at {_load(lo_level, rate)}, below {shown}")
+        return Check(mode, INCONCLUSIVE, f"{what}; the range starts above {shown}")
+    what = f"{who} is ~{at} ({ci})"
+    if c.hi is not None and c.hi < bound:
+        return Check(mode, FAIL, f"{what}: below {shown}")
+    if c.lo is not None and c.lo >= bound:
+        return Check(mode, OK, f"{what}: at or above {shown}")
+    return Check(mode, INCONCLUSIVE, f"{what}: the CI straddles {shown}; more blocks narrow it")
 
 
 # ---------------------------------------------------------------- env

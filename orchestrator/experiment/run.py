@@ -96,6 +96,12 @@ def start(
 ) -> model.ABResult:
     options.check_open_loop()
     names = options.profiles
+    # --fail-on crossover-below=R / max-rate-slo-below=R that this experiment could never judge: refused before launch.
+    slo_pct = options.slo is not None and any(o.percentile is not None for o in options.slo.objectives)
+    levels = len(options.rate or options.concurrency)
+    refusal = failon.levels_refusal(options.fail_on, levels=levels, arms=len(names), percentile_slo=slo_pct)
+    if refusal:
+        raise OptionError(refusal)
     profiles = [profiles_mod.load(n) for n in names]
     profiles_mod.check_distinct_names(profiles)
     profiles = attach.apply_options(profiles, options.attach, names)

@@ -12,10 +12,12 @@ from typing import Any
 
 from orchestrator.errors import StoreError
 from orchestrator.launch import fingerprint
-from orchestrator.nightly.suite import METRICS, Item, Metric
+from orchestrator.nightly.suite import ACROSS_LEVELS, METRICS, Item, Metric
 from orchestrator.results.goodput import comparable
 from orchestrator.results.model import ABResult, ArmResult
+from orchestrator.results.run import Level
 from orchestrator.results.store import Store, owner_gone, this_process
+from orchestrator.stats.crossover import Crossover
 from orchestrator.stats.reproduction import arm_estimate
 
 
@@ -35,6 +37,11 @@ class SeriesValue:
     env: str  # digest of the environment the value was measured in
     env_arms: tuple[str, ...]  # whose environments make up `env`
     min_history: int = 5  # the suite's: nights an environment needs before a regression can be called
+    # crossover and max_rate_slo only: how a night that does not cross in the range measured is censored, None
+    # when it crosses. "above": better at every level (value = the highest level, a lower bound), "below": worse at
+    # every level (value = the lowest level, an upper bound), "undecided": no crossing seen but one not excluded
+    # (value = the middle of where it may lie; never judged). result.judge says how each is judged.
+    censored: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -56,7 +63,7 @@ def env_key(envs: dict[str, dict[str, Any]], arms: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _run_values(arm: ArmResult, metric: Metric, level: int) -> list[list[float]]:
+def _run_values(arm: ArmResult, metric: Metric, level: Level) -> list[list[float]]:
     """Per launch, the valid timed runs' values of the metric (runs without one left out). Goodput counts half a
     request more in every run (results/goodput.CONTINUITY): a night in which no request met the SLO is a value on
     the log scale (and a regression), not a gap in the series."""
@@ -96,6 +103,9 @@ def measure(item: Item, result: ABResult, min_history: int = 5) -> tuple[list[Se
     out: list[SeriesValue] = []
     first_level = item.levels[0]
     for metric in item.metrics:
+        if metric.name in ACROSS_LEVELS:
+            out += across_levels(metric, result, envs, min_history)
+            continue
         level = metric.concurrency if metric.concurrency is not None else first_level
         higher = METRICS[metric.name][1]
         for arm in result.arms:
@@ -130,6 +140,44 @@ def measure(item: Item, result: ABResult, min_history: int = 5) -> tuple[list[Se
                 )
             )  # fmt: skip
     return out, envs
+
+
+def across_levels(
+    metric: Metric, result: ABResult, envs: dict[str, dict[str, Any]], min_history: int
+) -> list[SeriesValue]:
+    """crossover: each arm's crossing against the baseline (`eagle3/baseline:crossover`, on the experiment's
+    metric, tok/s unless set); max_rate_slo: each arm's highest load within the item's slo
+    (`baseline:max_rate_slo`). A night without two complete blocks at every level has no value."""
+    found: list[tuple[str, tuple[str, ...], Crossover]]
+    if metric.name == "crossover":
+        base = result.arms[0].label if result.arms else ""
+        found = [(f"{arm.label}/{base}", (arm.label, base), c) for arm, c in result.crossovers()]
+    else:
+        found = [(arm.label, (arm.label,), c) for arm, c in result.max_within_slo()]
+    out = []
+    for label, arms, c in found:
+        value, lo, hi, censored, higher = censored_value(c)
+        out.append(
+            SeriesValue(
+                series_name(label, metric.key), label, metric.key, value, lo, hi, c.blocks, metric.threshold, higher,
+                env_key(envs, list(arms)), arms, min_history, censored,
+            )
+        )  # fmt: skip
+    return out
+
+
+def censored_value(c: Crossover) -> tuple[float, float | None, float | None, str | None, bool]:
+    """(value, lo, hi, censored, higher_is_better) of a crossing as a series stores it. A crossing the arm pays
+    below is better higher (it pays up to a higher load); one it pays above (worse at low load), lower."""
+    first, last = c.levels[0], c.levels[-1]
+    if c.status == "crosses" and c.at is not None:
+        return c.at, c.lo, c.hi, None, bool(c.pays_below)
+    if c.status == "pays throughout":
+        return last, last, None, "above", True
+    if c.status == "never pays":
+        return first, None, first, "below", True
+    lo, hi = c.lo if c.lo is not None else first, c.hi if c.hi is not None else last
+    return math.sqrt(lo * hi), c.lo, c.hi, "undecided", True
 
 
 # ---------------------------------------------------------------- nights in the store

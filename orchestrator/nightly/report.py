@@ -18,6 +18,7 @@ from orchestrator.nightly.result import (
     pct,
     series_env_ids,
 )
+from orchestrator.nightly.suite import ACROSS_LEVELS
 from orchestrator.report.lines import SIM_BANNER
 
 LABELS = {
@@ -46,21 +47,42 @@ def metric_label(metric: str) -> str:
         "ttft_p99": "TTFT p99",
         "accept_length": "accept length",
         "goodput": "goodput req/s",
+        "crossover": "crossover load",
+        "max_rate_slo": "highest load within the SLO",
     }.get(name, name)
     return label + (f" @{at}" if at else "")
 
 
 def series_label(v: history.SeriesValue) -> str:
-    ratio = "/" in v.arm
+    ratio = is_ratio(v)
     return f"{v.arm} {metric_label(v.metric)}" + (" ratio" if ratio else "")
+
+
+def is_ratio(v: history.SeriesValue) -> bool:
+    """A ratio of two arms (shown as 0.912x); a crossover names two arms too, but is a load."""
+    return "/" in v.arm and v.metric.partition("@")[0] not in ACROSS_LEVELS
+
+
+def fmt_series_value(v: history.SeriesValue) -> str:
+    """The value as a summary shows it: a censored crossing as the side of the range it lies beyond (`>12`, `<1`,
+    `undecided`), never as the bound it is stored with."""
+    if v.censored == "above":
+        return f">{v.value:.3g}"
+    if v.censored == "below":
+        return f"<{v.value:.3g}"
+    if v.censored is not None:
+        return "undecided"
+    return fmt_value(v.value, v.metric, is_ratio(v))
 
 
 def fmt_value(v: float | None, metric: str, ratio: bool = False) -> str:
     if v is None:
         return "—"
+    name = metric.partition("@")[0]
+    if name in ACROSS_LEVELS:
+        return f"{v:.3g}"
     if ratio:
         return f"{v:.3f}x"
-    name = metric.partition("@")[0]
     if name == "ttft_p99":
         return f"{v * 1000:.0f} ms"
     if name in ("accept_length", "goodput"):
@@ -69,6 +91,10 @@ def fmt_value(v: float | None, metric: str, ratio: bool = False) -> str:
 
 
 def fmt_ci(lo: float | None, hi: float | None, metric: str, ratio: bool = False) -> str:
+    if metric.partition("@")[0] in ACROSS_LEVELS and (lo is not None or hi is not None):
+        # A crossing's CI may reach the end of the range measured: open on that side.
+        ends = [fmt_value(x, metric) if x is not None else "open" for x in (lo, hi)]
+        return f" [{ends[0]}, {ends[1]}]"
     if lo is None or hi is None:
         return ""
     return f" [{fmt_value(lo, metric, ratio)}, {fmt_value(hi, metric, ratio)}]"
@@ -87,10 +113,15 @@ def building(a: changepoint.Assessment) -> str:
 def series_text(s: SeriesVerdict) -> str:
     """`baseline tok/s 77.2 [76.9, 77.5]: -6.0 % vs 82.1 (threshold 3 %)` and what decided it."""
     v, a = s.value, s.assessment
-    ratio = "/" in v.arm
-    head = f"{series_label(v)} {fmt_value(v.value, v.metric, ratio)}{fmt_ci(v.lo, v.hi, v.metric, ratio)}"
+    ratio = is_ratio(v)
+    ci = fmt_ci(v.lo, v.hi, v.metric, ratio) if v.censored is None else ""
+    head = f"{series_label(v)} {fmt_series_value(v)}{ci}"
     if s.status == "environment":
         return f"{s.note or 'see orch history'}; {series_label(v)} {pct(a.change)} ({head})"
+    if v.censored is not None:
+        # No number to compare: what the night says instead, and against what, when that decided something.
+        against = f" (the level before: {fmt_value(a.baseline, v.metric)})" if a.baseline and s.status != "ok" else ""
+        return f"{head}: {s.note or 'does not cross in the range measured'}{against}"
     if s.status == "building":
         return f"{head} ({building(a)})"
     if a.baseline is None:
@@ -104,7 +135,10 @@ def comparison_text(c: dict[str, Any]) -> str:
     interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
     ratio = c.get("ratio")
     shown = f"{ratio:.3f}x" if isinstance(ratio, (int, float)) else "n/a"
-    level = f" @{c['concurrency']}" if c.get("concurrency", 1) != 1 else ""
+    # An open-loop level is its rate (its concurrency is null): "@2 req/s".
+    level = (
+        f" @{c['rate']:g} req/s" if c.get("rate") else f" @{c['concurrency']}" if c.get("concurrency", 1) != 1 else ""
+    )
     return f"{c.get('arm_label') or c['arm']} vs {c.get('vs_label') or c['vs']}{level}: {shown}{interval} " + (
         c.get("verdict") or "no verdict"
     )
@@ -122,8 +156,8 @@ def env_text(series: Sequence[SeriesVerdict]) -> str:
     moved = []
     for s in series:
         v, a = s.value, s.assessment
-        ratio = "/" in v.arm
-        value = f"{fmt_value(v.value, v.metric, ratio)}{fmt_ci(v.lo, v.hi, v.metric, ratio)}"
+        ratio = is_ratio(v)
+        value = f"{fmt_series_value(v)}{fmt_ci(v.lo, v.hi, v.metric, ratio) if v.censored is None else ''}"
         before = f" vs {fmt_value(a.baseline, v.metric, ratio)} before" if a.baseline is not None else ""
         moved.append(f"{series_label(v)} {value}: {pct(a.change)}{before}")
     return f"{head}; " + ", ".join(moved)
@@ -142,7 +176,12 @@ def item_line(r: ItemReport) -> str:
     if r.status in ("failed", "timeout", "skipped") or (r.status == "interrupted" and not r.series):
         return f"- {label} {where}: {first_line(r.error)}"
     envs = [s for s in r.series if s.status == "environment"]
-    decisive = [s for s in r.series if s.status in ("regression", "improvement") or (s.note and s not in envs)]
+    # A night that does not cross in the range, as the nights before, says nothing new: `orch history` has it.
+    decisive = [
+        s
+        for s in r.series
+        if s.status in ("regression", "improvement") or (s.note and s not in envs and s.value.censored is None)
+    ]
     parts = ([env_text(envs)] if envs else []) + [series_text(s) for s in decisive]
     decisive += envs
     failed_relative = bool(r.fail_on_hit)
@@ -158,7 +197,12 @@ def item_line(r: ItemReport) -> str:
                 lead = f"{c['mode']}, " if len(r.fail_on_hit) > 1 else ""
             parts.append(f"{lead}tonight's A/B: {c['reason']}")
     else:
-        headline = [c for c in r.comparisons if c.get("concurrency") == r.comparisons[0].get("concurrency")]
+        first = r.comparisons[0] if r.comparisons else {}
+        headline = [
+            c
+            for c in r.comparisons
+            if (c.get("concurrency"), c.get("rate")) == (first.get("concurrency"), first.get("rate"))
+        ]
         parts += [comparison_text(c) for c in headline[:3]]
     if not decisive and r.series:
         # The headline value first, unless tonight's A/B verdict is what failed: then that comes first.
@@ -261,7 +305,7 @@ def history_text(item: str, host: str, shown: Sequence[SeriesHistory]) -> str:
         latest = s.latest
         if latest is None:
             continue
-        ratio = "/" in latest.arm
+        ratio = is_ratio(latest)
         direction = "higher is better" if latest.higher_is_better else "lower is better"
         lines.append(f"{item} on {host} — {series_label(latest)} (threshold {latest.threshold * 100:g} %, {direction})")
         # Indices into the nights that have a value: where hindsight puts change points and outliers.
@@ -276,7 +320,7 @@ def history_text(item: str, host: str, shown: Sequence[SeriesHistory]) -> str:
                 lines.append(f"  {stamp:<16}  {'—':>10}  {'':<22}  {'':>9}  {row.night.status}: {why}")
                 continue
             v, verdict = row.value, row.verdict
-            ci = fmt_ci(v.lo, v.hi, v.metric, ratio).strip()
+            ci = fmt_ci(v.lo, v.hi, v.metric, ratio).strip() if v.censored is None else ""
             status = LABELS.get(verdict.status, verdict.status).strip("*")
             if verdict.status == "building":
                 status = f"{building(verdict.assessment)}"
@@ -294,7 +338,7 @@ def history_text(item: str, host: str, shown: Sequence[SeriesHistory]) -> str:
                 marks.append("· outlier night (did not persist)")
             change = pct(verdict.assessment.change) if verdict.assessment.change is not None else ""
             lines.append(
-                f"  {stamp:<16}  {fmt_value(v.value, v.metric, ratio):>10}  {ci:<22}  {change:>9}  {status}"
+                f"  {stamp:<16}  {fmt_series_value(v):>10}  {ci:<22}  {change:>9}  {status}"
                 + ("  " + "; ".join(marks) if marks else "")
             )
         lines.append("")
@@ -331,7 +375,10 @@ def history_json(
                         "error": r.night.error,
                         "experiments": list(r.night.experiments),
                         "value": r.value.value if r.value else None,
-                        "ci95": [r.value.lo, r.value.hi] if r.value and r.value.lo is not None else None,
+                        "ci95": [r.value.lo, r.value.hi]
+                        if r.value and (r.value.lo is not None or r.value.hi is not None)
+                        else None,
+                        "censored": r.value.censored if r.value else None,
                         "status": r.verdict.status if r.verdict else None,
                         "change": r.verdict.assessment.change if r.verdict else None,
                         "note": (r.verdict.note or None) if r.verdict else None,

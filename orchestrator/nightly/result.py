@@ -232,10 +232,21 @@ def describe_changes(changes: Sequence[tuple[str, str]], arms: Sequence[str]) ->
 def judge(
     value: history.SeriesValue, past: Sequence[history.ItemNight], tonight: history.ItemNight, min_history: int
 ) -> SeriesVerdict:
-    """Tonight's value of a series against the nights before it (each with the environment it ran in)."""
+    """Tonight's value of a series against the nights before it (each with the environment it ran in). A crossover
+    or max_rate_slo series is judged on the nights that crossed in the range measured (censored_verdict)."""
     points = [(n, v) for n in past if n.status == "complete" and (v := n.value(value.series)) is not None]
     envs = [history.series_environment(night_envs(n), value.env_arms) for n, _ in points]
     ids = history.environment_ids([*envs, history.series_environment(night_envs(tonight), value.env_arms)])
+    censored = [v for _, v in points if v.censored is not None]
+    if value.censored is not None or censored:
+        # Only crossings that pay on the same side are one series of numbers; a censored night is no number. Its
+        # environment still counts: a step a censored night already said is not said again.
+        kept = [
+            i for i, (_, v) in enumerate(points) if v.censored is None and v.higher_is_better == value.higher_is_better
+        ]
+        if points and ids[len(points) - 1] == ids[-1]:
+            kept = [i for i in kept if ids[i] == ids[-1]]
+        points, ids = [points[i] for i in kept], [ids[i] for i in kept] + [ids[-1]]
     values = [v.value for _, v in points] + [value.value]
     nights = [changepoint.Night(x, env) for x, env in zip(values, ids, strict=True)]
     a = changepoint.assess(
@@ -244,7 +255,44 @@ def judge(
     if a.status == "environment" and points:
         changes = env_changes(points[-1][0], tonight, value.env_arms)
         return SeriesVerdict(value, a, a.status, describe_changes(changes, value.env_arms), tuple(changes))
+    if value.censored is not None:
+        return censored_verdict(value, a)
+    if censored and past and (last := past[-1].value(value.series)) is not None and last.censored is not None:
+        return SeriesVerdict(
+            value, a, a.status, f"crosses in the range again (the night before: {censored_text(last)})"
+        )
     return SeriesVerdict(value, a, a.status)
+
+
+def censored_text(v: history.SeriesValue) -> str:
+    """What a night that does not cross in the range measured says instead of a number."""
+    slo = v.metric.partition("@")[0] == "max_rate_slo"
+    lo = f"{v.lo:g}" if v.lo is not None else "the lowest level"
+    hi = f"{v.hi:g}" if v.hi is not None else "the highest level"
+    if slo:
+        if v.censored == "above":
+            return f"within the SLO at every level measured, up to {v.value:g}"
+        if v.censored == "below":
+            return f"outside the SLO at every level measured, down to {v.value:g}"
+        return f"undecided: within the SLO throughout is not excluded, nor leaving it between {lo} and {hi}"
+    if v.censored == "above":
+        return f"does not cross up to {v.value:g}: better at every level measured"
+    if v.censored == "below":
+        return f"does not cross down to {v.value:g}: worse at every level measured"
+    return f"undecided: no crossing seen, but one may lie between {lo} and {hi}"
+
+
+def censored_verdict(value: history.SeriesValue, a: changepoint.Assessment) -> SeriesVerdict:
+    """A night that does not cross in the range measured. Its value is the range's end on its side, a bound the
+    truth lies beyond, and it is assessed against the nights that crossed: worse at every level ("below") can be a
+    regression, since the true change is at least the bound's; better at every level ("above") at most an
+    improvement. Undecided is never judged. Nothing else is said as a change: a censored night's status is ok."""
+    note = censored_text(value)
+    if value.censored == "below" and a.status == "regression":
+        return SeriesVerdict(value, a, "regression", f"{note}: {pct(a.change)} or worse")
+    if value.censored == "above" and a.status == "improvement":
+        return SeriesVerdict(value, a, "improvement", note)
+    return SeriesVerdict(value, a, "ok", note + ("; not judged" if value.censored == "undecided" else ""))
 
 
 def rerun_note(first: SeriesVerdict, rerun: SeriesVerdict | None) -> tuple[str, str]:

@@ -12,14 +12,16 @@ from typing import Any
 
 from orchestrator import engines, yamlfile
 from orchestrator.client.request import ENDPOINTS
+from orchestrator.config import arrivals as arrivals_mod
 from orchestrator.config import limits
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.profile import Profile
 from orchestrator.config.prompts import BUNDLED_SETS
 from orchestrator.config.slo import EXAMPLE as SLO_EXAMPLE
 from orchestrator.config.slo import SLO, parse_slo
-from orchestrator.config.workload import CLIENT_PLACES, BenchConfig, request_items
+from orchestrator.config.workload import CLIENT_PLACES, DEFAULT_DURATION_S, BenchConfig, request_items
 from orchestrator.errors import InputError, OrchError
+from orchestrator.experiment import failon
 from orchestrator.fields import (
     FieldError,
     boolean,
@@ -30,6 +32,7 @@ from orchestrator.fields import (
     nonempty_str,
     show,
 )
+from orchestrator.results.run import Level, Rate, level_name
 from orchestrator.stats import estimates
 
 
@@ -44,8 +47,14 @@ METRICS: dict[str, tuple[str, bool]] = {
     "ttft_p99": ("time to first token, p99 (s)", False),
     "accept_length": ("speculative accept length", True),
     "goodput": ("requests within every limit of the item's slo: per second", True),
+    # Across the levels (no @): where an arm's ratio to the baseline crosses 1, and each arm's highest load within
+    # the item's slo (stats/crossover). A night that does not cross in the range measured is censored, not a number
+    # (history.measure, result.judge).
+    "crossover": ("the load where an arm's tok/s ratio to the baseline crosses 1 (req/s or concurrency)", True),
+    "max_rate_slo": ("each arm's highest load within every percentile objective of the item's slo", True),
 }
-FAIL_ON = ("slower", "different", "env")
+# The metrics taken over every level of the workload rather than at one (no `@`).
+ACROSS_LEVELS = ("crossover", "max_rate_slo")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_THRESHOLD = 0.03
 DEFAULT_DEADLINE_S = 6 * 3600.0
@@ -55,10 +64,10 @@ DEFAULT_TIMEOUT_S = 3600.0
 
 @dataclass(frozen=True)
 class Metric:
-    """One tracked metric of an item: name, at which concurrency level, and the change worth waking someone for."""
+    """One tracked metric of an item: name, at which level, and the change worth waking someone for."""
 
     name: str
-    concurrency: int | None  # None: the item's first level
+    concurrency: float | None  # the level: a concurrency, or a rate of an open-loop workload; None: the first
     threshold: float
 
     @property
@@ -67,8 +76,8 @@ class Metric:
 
     @property
     def key(self) -> str:
-        """As written in the suite file: `tok_s` or `agg_tok_s@32`."""
-        return self.name + (f"@{self.concurrency}" if self.concurrency is not None else "")
+        """As written in the suite file: `tok_s`, `agg_tok_s@32` or (open loop) `goodput@0.5`."""
+        return self.name + (f"@{self.concurrency:g}" if self.concurrency is not None else "")
 
 
 @dataclass(frozen=True)
@@ -99,8 +108,9 @@ class Item:
         return "ab" if len(self.profiles) > 1 else "bench"
 
     @property
-    def levels(self) -> tuple[int, ...]:
-        return self.bench.concurrency
+    def levels(self) -> tuple[Level, ...]:
+        """The workload's levels as its results key them: concurrencies, or (open loop) Rates."""
+        return tuple(Rate(r) for r in self.bench.rate) if self.bench.open_loop else self.bench.concurrency
 
 
 @dataclass(frozen=True)
@@ -187,11 +197,44 @@ def _levels(v: Any) -> tuple[int, ...]:
     return levels
 
 
+def _rates(v: Any) -> tuple[float, ...]:
+    """`rate: [1, 2, 4]` (or one number): open-loop levels in requests per second, as --rate takes them."""
+    items = v if isinstance(v, list) else [v]
+    expected = (
+        f"expected up to {arrivals_mod.MAX_LEVELS} distinct request rates per second, each above 0 and at most "
+        f"{arrivals_mod.MAX_RATE:g} (e.g. [1, 2, 4, 8])"
+    )
+    rates = []
+    for x in items:
+        if isinstance(x, bool) or not isinstance(x, int | float) or not 0 < x <= arrivals_mod.MAX_RATE:
+            raise FieldError(f"{expected}, got {show(v)}")  # NaN fails the range too
+        rates.append(float(x))
+    if not rates or len(rates) > arrivals_mod.MAX_LEVELS or len(set(rates)) != len(rates):
+        raise FieldError(f"{expected}, got {show(v)}")
+    return tuple(rates)
+
+
+def _arrivals(v: Any) -> str:
+    if not isinstance(v, str):
+        raise FieldError(f"expected poisson, constant or gamma:CV (as --arrivals takes it), got {show(v)}")
+    try:
+        arrivals_mod.parse(v)
+    except ValueError as e:
+        raise FieldError(str(e)) from None
+    return v.strip().lower()
+
+
 def _fail_on(v: Any) -> tuple[str, ...]:
+    """As `orch ab --fail-on` takes them (experiment/failon.parse_modes), from a list or a comma list."""
     items = v if isinstance(v, list) else [p.strip() for p in str(v).split(",")] if isinstance(v, str) else None
     if not items:
-        raise FieldError(f"expected one or more of {', '.join(FAIL_ON)}, got {show(v)}")
-    return tuple(choice(FAIL_ON)(x) for x in items)
+        raise FieldError(f"expected one or more of {', '.join(failon.GRAMMAR)}, got {show(v)}")
+    if not all(isinstance(x, str) for x in items):
+        raise FieldError(f"expected one or more of {', '.join(failon.GRAMMAR)}, got {show(v)}")
+    try:
+        return failon.parse_modes(items)
+    except InputError as e:
+        raise FieldError(str(e).replace("--fail-on mode", "mode").replace("--fail-on ", "")) from None
 
 
 def _slo(v: Any) -> SLO:
@@ -207,15 +250,25 @@ def _slo(v: Any) -> SLO:
 def _metric(spec: Any, threshold: float) -> Metric:
     if not isinstance(spec, str):
         raise FieldError(f"expected a metric name such as tok_s or agg_tok_s@32, got {show(spec)}")
-    name, _, at = spec.partition("@")
+    name, sep, at = spec.partition("@")
     if name not in METRICS:
         valid = ", ".join(f"{k} ({v[0]})" for k, v in METRICS.items())
         raise FieldError(f"unknown metric {show(name)}{did_you_mean(name, METRICS)}; valid: {valid}")
-    level = None
+    if sep and name in ACROSS_LEVELS:
+        raise FieldError(f"{show(spec)}: {name} is taken across every level of the workload; write {name} alone")
+    level: float | None = None
     if at:
-        if not at.isdigit() or not 1 <= int(at) <= 4096:
-            raise FieldError(f"{show(spec)}: after '@' comes a concurrency level from 1 to 4096")
-        level = int(at)
+        try:
+            level = float(at)
+        except ValueError:
+            level = None
+        if level is None or not 0 < level <= arrivals_mod.MAX_RATE:
+            raise FieldError(
+                f"{show(spec)}: after '@' comes one of the workload's levels: a concurrency (agg_tok_s@32) or, with "
+                "rate levels, a rate in requests per second (goodput@0.5)"
+            )
+        if level == int(level):
+            level = int(level)
     return Metric(name, level, threshold)
 
 
@@ -235,6 +288,12 @@ WORKLOAD_FIELDS: dict[str, Callable[[Any], Any]] = {
     "min_run_s": seconds(0.0, 86400.0),
     "stall_timeout": seconds(0.5, 86400.0),
     "first_token_timeout": seconds(0.5, 86400.0),
+    # Open loop, as orch ab's --rate, --arrivals, --duration, --requests, --max-concurrency (docs/load.md).
+    "rate": _rates,
+    "arrivals": _arrivals,
+    "duration": seconds(*limits.DURATION_S),
+    "requests": int_range(*limits.OPEN_LOOP_INTS["requests_per_level"]),
+    "max_concurrency": int_range(*limits.OPEN_LOOP_INTS["max_concurrency"]),
 }
 ITEM_FIELDS: dict[str, Callable[[Any], Any]] = {
     "name": nonempty_str,
@@ -333,6 +392,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
     workload = _checked(
         _mapping(fields.get("workload", {}), f"{label}: workload"), WORKLOAD_FIELDS, f"{label}: workload"
     )
+    _check_loop(workload, f"{label}: workload")
     prompts = workload.get("prompts", "builtin")
     if prompts not in ("builtin", "random", *BUNDLED_SETS) and not Path(prompts).is_absolute():
         prompts = str(base / prompts)
@@ -350,6 +410,13 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         min_run_s=workload.get("min_run_s", 1.0),
         stall_timeout_s=workload.get("stall_timeout", 60.0),
         first_token_timeout_s=workload.get("first_token_timeout", 180.0),
+        rate=workload.get("rate", ()),
+        arrivals=workload.get("arrivals", "poisson"),
+        duration_s=(
+            workload.get("duration", DEFAULT_DURATION_S) if "rate" in workload and "requests" not in workload else None
+        ),
+        requests_per_level=workload.get("requests"),
+        max_concurrency=workload.get("max_concurrency"),
     )
     blocks = fields.get("blocks", 3 if len(profiles) > 1 else 1)
     try:
@@ -359,15 +426,18 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         raise SuiteError(f"{label}: {e}") from None
     _check_plan(bench, profiles, blocks, fields.get("sim", False), label)
     threshold = fields.get("threshold", DEFAULT_THRESHOLD)
-    metrics = _metrics(fields.get("metrics", ["tok_s"]), threshold, bench.concurrency, label)
+    levels = tuple(Rate(r) for r in bench.rate) if bench.open_loop else bench.concurrency
+    metrics = _metrics(fields.get("metrics", ["tok_s"]), threshold, levels, label)
     if "accept_length" in {m.name for m in metrics} and not any(p.speculative for p in profiles):
         raise SuiteError(f"{label}: metrics: accept_length needs a profile with speculative decoding")
     if "goodput" in {m.name for m in metrics} and "slo" not in fields:
         raise SuiteError(f"{label}: metrics: goodput counts requests within an SLO: add slo: (e.g. slo: {SLO_EXAMPLE})")
     fail_on = fields.get("fail_on", ())
-    if fail_on and len(profiles) < 2 and any(p.expect is None for p in profiles) and set(fail_on) - {"env"}:
+    _check_across_levels(metrics, fail_on, profiles, levels, fields.get("slo"), label)
+    compared = [m for m in fail_on if m in ("slower", "different")]
+    if compared and len(profiles) < 2 and any(p.expect is None for p in profiles):
         raise SuiteError(
-            f"{label}: fail_on: {', '.join(fail_on)} needs something to compare with: an A/B (ab:) or an expect: "
+            f"{label}: fail_on: {', '.join(compared)} needs something to compare with: an A/B (ab:) or an expect: "
             f"block in profile {profiles[0].name}"
         )
     return Item(
@@ -392,6 +462,64 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
     )
 
 
+OPEN_LOOP_ONLY = ("arrivals", "duration", "requests", "max_concurrency")
+
+
+def _check_loop(workload: Mapping[str, Any], where: str) -> None:
+    """Rate levels (open loop) exclude concurrency levels (closed loop), as --rate excludes --concurrency."""
+    if "rate" in workload:
+        closed = [k for k in ("concurrency", "requests_per_stream") if k in workload]
+        if closed:
+            raise SuiteError(
+                f"{where}: {closed[0]}: not with rate: (open loop: requests sent at scheduled times); give rate: "
+                "[R, ...] or concurrency: [N, ...], not both"
+            )
+        if "duration" in workload and "requests" in workload:
+            raise SuiteError(
+                f"{where}: duration, requests: a run at each rate lasts a time or a number of requests; give one"
+            )
+        return
+    given = [k for k in OPEN_LOOP_ONLY if k in workload]
+    if given:
+        raise SuiteError(
+            f"{where}: {given[0]}: applies to rate levels (open loop) only; add rate: [R, ...] (requests per second) "
+            "or leave it out"
+        )
+
+
+def _check_across_levels(
+    metrics: tuple[Metric, ...],
+    fail_on: tuple[str, ...],
+    profiles: tuple[Profile, ...],
+    levels: tuple[Level, ...],
+    slo: SLO | None,
+    label: str,
+) -> None:
+    """crossover and max_rate_slo (metrics, or fail_on's crossover-below / max-rate-slo-below) need what they are
+    taken from: two or more levels, an A/B for a crossover, an slo with a percentile objective for the other."""
+    asked = [(f"metrics: {m.name}", m.name) for m in metrics if m.name in ACROSS_LEVELS] + [
+        (f"fail_on: {mode}", failon.across_levels_metric(mode)) for mode in fail_on if failon.across_levels_metric(mode)
+    ]
+    for where, name in asked:
+        if len(levels) < 2:
+            shown = ", ".join(level_name(v) for v in levels)
+            raise SuiteError(
+                f"{label}: {where}: needs two or more levels to interpolate between, and the workload runs {shown} "
+                "only; give workload.rate: [R1, R2, ...] (open loop) or workload.concurrency: [N1, N2, ...]"
+            )
+        if name == "crossover" and len(profiles) < 2:
+            raise SuiteError(
+                f"{label}: {where}: a crossover is where an arm's ratio to the baseline crosses 1; it needs an A/B "
+                "(ab: [BASELINE, OTHER])"
+            )
+        if name == "max_rate_slo" and (slo is None or not any(o.percentile is not None for o in slo.objectives)):
+            got = f"slo: {slo.text}" if slo is not None else "no slo:"
+            raise SuiteError(
+                f"{label}: {where}: the highest load within an SLO needs an slo: with a percentile objective (e.g. "
+                f"slo: {SLO_EXAMPLE}); the item has {got}"
+            )
+
+
 def _common_endpoint(profiles: tuple[Profile, ...], label: str) -> str:
     try:
         return engines.common_endpoint([p.engine for p in profiles])
@@ -414,7 +542,7 @@ def _check_plan(bench: BenchConfig, profiles: tuple[Profile, ...], blocks: int, 
         raise SuiteError(f"{label}: workload: {e}") from None
 
 
-def _metrics(raw: Any, threshold: float, levels: tuple[int, ...], label: str) -> tuple[Metric, ...]:
+def _metrics(raw: Any, threshold: float, levels: tuple[Level, ...], label: str) -> tuple[Metric, ...]:
     """A list of names (each with the item's threshold) or a mapping name -> its own threshold."""
     where = f"{label}: metrics"
     if isinstance(raw, str):
@@ -439,9 +567,12 @@ def _metrics(raw: Any, threshold: float, levels: tuple[int, ...], label: str) ->
         except FieldError as e:
             raise SuiteError(f"{where}: {e}") from None
         if metric.concurrency is not None and metric.concurrency not in levels:
+            field_name = "workload.rate" if levels and isinstance(levels[0], Rate) else "workload.concurrency"
+            shown = ", ".join(level_name(v) for v in levels)
+            kind = "" if field_name == "workload.rate" else "concurrency "
             raise SuiteError(
-                f"{where}: {metric.key}: the workload runs concurrency {', '.join(map(str, levels))} only; "
-                f"add {metric.concurrency} to workload.concurrency or measure at one of those"
+                f"{where}: {metric.key}: the workload runs {kind}{shown} only; "
+                f"add {metric.concurrency:g} to {field_name} or measure at one of those"
             )
         if metric.key in {m.key for m in out}:
             raise SuiteError(f"{where}: {metric.key} listed twice")

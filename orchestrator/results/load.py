@@ -61,25 +61,22 @@ def stored_launches(store: Store, exp_id: str, *, requests: bool = False) -> tup
     return out, discarded
 
 
-def request_rows(store: Store, launch_id: str) -> dict[tuple[bool, int, float, int], list[dict[str, Any]]]:
-    """A launch's per-request rows by run (warmup, concurrency, rate, index), each with `index` as a live run has it.
-    The rate tells an open-loop launch's levels apart: their runs all have concurrency 0 and count from index 0."""
-    out: dict[tuple[bool, int, float, int], list[dict[str, Any]]] = {}
+RunKey = tuple[bool, int, float, int]
+
+
+def request_rows(store: Store, launch_id: str) -> dict[RunKey, list[dict[str, Any]]]:
+    """A launch's per-request rows by run (warmup, concurrency, rate, index), each with `index` as a live run has
+    it. The rate tells an open-loop launch's runs apart: each of its levels has concurrency 0 and indices from 0."""
+    out: dict[RunKey, list[dict[str, Any]]] = {}
     for r in store.requests(launch_id):
         key = (bool(r["run_warmup"]), int(r["run_concurrency"]), float(r.get("run_rate") or 0.0), int(r["run_idx"]))
         out.setdefault(key, []).append({**r, "index": r["idx"]})
     return out
 
 
-def run_key(row: dict[str, Any]) -> tuple[bool, int, float, int]:
-    # Concurrency absent (rows stored before levels): 1; an open-loop run's is 0, as its requests' run_concurrency.
-    concurrency = row.get("concurrency")
-    return (
-        bool(row["warmup"]),
-        int(1 if concurrency is None else concurrency),
-        float(row.get("rate") or 0.0),
-        int(row["idx"]),
-    )
+def run_key(row: dict[str, Any]) -> RunKey:
+    concurrency = int(row["concurrency"]) if row.get("concurrency") is not None else 1
+    return bool(row["warmup"]), concurrency, float(row.get("rate") or 0.0), int(row["idx"])
 
 
 def with_rows(run: RunResult, rows: list[dict[str, Any]]) -> RunResult:
@@ -147,6 +144,5 @@ def load_result(
         cut_short=tuple(cut),
         slo=slo,
         metric=metric,
-        sweep=config.get("sweep") if isinstance(config.get("sweep"), dict) else None,
     )
     return with_auto_notes(result)

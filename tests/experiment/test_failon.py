@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 import sqlite3
@@ -15,9 +17,18 @@ from orchestrator.agent import ops
 from orchestrator.cli import main
 from orchestrator.config.profile import Expect
 from orchestrator.errors import InputError
-from orchestrator.experiment.failon import MODES, fail_on_verdict, parse_modes, single_profile_refusal
+from orchestrator.experiment.failon import (
+    MODES,
+    across_levels_metric,
+    bound_check,
+    fail_on_verdict,
+    levels_refusal,
+    parse_modes,
+    single_profile_refusal,
+)
 from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import RunResult
+from orchestrator.stats.crossover import Crossover
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
 
 # Deterministic per-block launch factors (restart noise of ~0.3 %), the same for every arm of a block.
@@ -449,3 +460,122 @@ def test_bench_fail_on_env_catches_a_worker_without_the_profile_env(
     assert main(["bench", "dropped", *SHORT, "--fail-on", "env", "--db", str(tmp_path / "r.db")]) == 3
     out = capsys.readouterr().out
     assert "fail-on env: dropped (block 1): the workers' environment is not the profile's: NCCL_PROTO 'LL'" in out
+
+
+# ---------------------------------------------------------------- bounds on the crossover and the SLO capacity
+
+
+def test_bound_modes_parse_with_their_load_and_refuse_a_missing_or_bad_one() -> None:
+    assert parse_modes(["slower,crossover-below=6.0", "Max-Rate-SLO-Below = 2.5", "crossover-below=6"]) == (
+        "slower", "crossover-below=6", "max-rate-slo-below=2.5",
+    )  # fmt: skip
+    assert across_levels_metric("crossover-below=6") == "crossover" and across_levels_metric("slower") is None
+    for bad in ("crossover-below", "crossover-below=0", "crossover-below=fast", "max-rate-slo-below=inf"):
+        with pytest.raises(InputError, match=r"=R needs R, a load above 0 in the levels' unit"):
+            parse_modes([bad])
+    with pytest.raises(InputError, match="valid: slower, different, env, crossover-below=R, max-rate-slo-below=R"):
+        parse_modes(["crossover-above=4"])
+
+
+def _cross(status: str, at: float | None = None, lo: float | None = None, hi: float | None = None,
+           pays_below: bool | None = True) -> Crossover:  # fmt: skip
+    return Crossover(status, at, lo, hi, pays_below if status == "crosses" else None, (1.0, 2.0, 4.0, 8.0), 3)
+
+
+@pytest.mark.parametrize(
+    ("crossing", "bound", "status", "said"),
+    [
+        (_cross("crosses", 3.0, 2.5, 3.5), 4, "fail", "is ~3 req/s (95% CI 2.5 req/s to 3.5 req/s, over 3 blocks): "
+         "below 4 req/s"),
+        (_cross("crosses", 3.0, 2.5, 3.5), 2, "ok", "at or above 2 req/s"),
+        (_cross("crosses", 3.0, 2.5, 3.5), 3, "inconclusive", "the CI straddles 3 req/s; more blocks narrow it"),
+        (_cross("crosses", 1.5, None, 1.9), 2, "fail", "95% CI below 1 req/s to 1.9 req/s"),  # open below, wholly below
+        (_cross("crosses", 7.0, 6.0, None), 4, "ok", "95% CI 6 req/s to beyond 8 req/s"),  # open above, wholly above
+        (_cross("crosses", 7.0, None, None), 4, "inconclusive", "straddles"),
+        (_cross("pays throughout"), 8, "ok", "lies beyond the range measured (1 req/s to 8 req/s: it pays"),
+        (_cross("pays throughout"), 16, "inconclusive", "the range ends below 16 req/s: add a level at or above it"),
+        (_cross("never pays"), 1, "fail", "lies below the range measured (1 req/s to 8 req/s: it pays at no level)"),
+        (_cross("never pays"), 0.5, "inconclusive", "the range starts above 0.5 req/s: add a level at or below it"),
+        (_cross("undecided", None, 2.0, None), 4, "inconclusive", "undecided: no crossing seen, but one may lie"),
+        (_cross("crosses", 3.0, 2.5, 3.5, pays_below=False), 4, "fail", "worse below ~3 req/s, better above it"),
+    ],
+)  # fmt: skip
+def test_a_bound_fails_below_passes_above_and_is_inconclusive_when_the_ci_straddles_it(
+    crossing: Crossover, bound: float, status: str, said: str
+) -> None:
+    check = bound_check(f"crossover-below={bound:g}", "eagle3's crossover vs baseline", crossing, bound, True,
+                        ("it pays at every level", "it pays at no level"))  # fmt: skip
+    assert check.status == status and said in check.text, check.text
+    assert check.exit_code == {"ok": 0, "fail": 3, "inconclusive": 4}[status]
+
+
+def test_bounds_judge_a_result_s_crossover_and_each_arm_s_slo_capacity() -> None:
+    from tests.nightly.test_nightly_load import CROSSES, P99, load_result
+
+    r = load_result(CROSSES, P99)  # eagle3 pays below ~3.06 req/s; p99 within 300 ms up to ~2.9 (eagle3), ~5.8
+    decision = fail_on_verdict(r, ["crossover-below=2,crossover-below=6", "max-rate-slo-below=4"])
+    assert [(c.mode, c.status) for c in decision.checks] == [
+        ("crossover-below=2", "ok"), ("crossover-below=6", "fail"),
+        ("max-rate-slo-below=4", "ok"), ("max-rate-slo-below=4", "fail"),
+    ]  # fmt: skip
+    assert decision.exit_code == 3
+    assert decision.checks[3].text.startswith("eagle3's highest load within the SLO is ~2.92 req/s (95% CI 2.78")
+    # Without the SLO (or the levels) there is nothing to judge: undecided, never ok.
+    one_level = result(SLOWER)
+    (check,) = fail_on_verdict(one_level, ["crossover-below=4"]).checks
+    assert check.status == "inconclusive" and "no crossover to judge" in check.text
+
+
+def test_bounds_this_experiment_could_never_judge_are_refused_before_launch() -> None:
+    assert levels_refusal(["slower"], levels=1, arms=2, percentile_slo=False) is None
+    assert levels_refusal(["crossover-below=4"], levels=3, arms=2, percentile_slo=False) is None
+    one = levels_refusal(["crossover-below=4"], levels=1, arms=2, percentile_slo=True)
+    assert one is not None and "--fail-on crossover-below=4: needs two or more levels" in one
+    single = levels_refusal(["crossover-below=4"], levels=3, arms=1, percentile_slo=True)
+    assert single is not None and "needs two or more profiles (orch ab)" in single
+    no_slo = levels_refusal(["max-rate-slo-below=4"], levels=3, arms=1, percentile_slo=False)
+    assert no_slo is not None and "needs --slo with a percentile objective" in no_slo
+
+
+def test_ab_fail_on_a_bound_without_levels_exits_2_before_anything_launches(
+    sim_pair: Callable[..., None], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sim_pair()
+    db = tmp_path / "r.db"
+    assert main(["ab", "fast", "slow", *SHORT, "--fail-on", "crossover-below=4", "--db", str(db)]) == 2
+    assert "--fail-on crossover-below=4: needs two or more levels" in capsys.readouterr().err
+    args = ["ab", "fast", "slow", *SHORT, "--rate", "2,4", "--requests", "2", "--db", str(db)]
+    assert main([*args, "--fail-on", "max-rate-slo-below=1"]) == 2
+    assert "needs --slo with a percentile objective" in capsys.readouterr().err
+    assert main([*args, "--fail-on", "crossover-below=x"]) == 2
+    assert "crossover-below=R needs R" in capsys.readouterr().err
+    assert not db.exists() or sqlite3.connect(db).execute("SELECT COUNT(*) FROM experiments").fetchone()[0] == 0
+
+
+def test_ab_fail_on_a_crossover_bound_on_open_loop_levels(
+    sim_pair: Callable[..., None], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sim_pair()
+    args = ["ab", "fast", "slow", *SHORT, "--rate", "2,4", "--requests", "3", "--blocks", "3", "--json"]
+    # slow is half as fast at both rates: it pays at no level, so its crossover lies below 2 req/s, below 3 (exit 3);
+    # whether it pays at 1 req/s, below the range, the levels cannot say (that check alone would be exit 4).
+    code = main([*args, "--slo", "ttft_p99=30s", "--fail-on", "crossover-below=3,crossover-below=1,"
+                 "max-rate-slo-below=4", "--db", str(tmp_path / "r.db")])  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    checks = doc["fail_on"]["checks"]
+    assert code == 3 and doc["fail_on"]["exit_code"] == 3, checks
+    assert [(c["mode"], c["status"]) for c in checks] == [
+        ("crossover-below=3", "fail"), ("crossover-below=1", "inconclusive"),
+        ("max-rate-slo-below=4", "ok"), ("max-rate-slo-below=4", "ok"),
+    ]  # fmt: skip
+    assert "slow's crossover vs fast lies below the range measured (2 req/s to 4 req/s" in checks[0]["reason"]
+    assert "within the SLO at every level" in checks[2]["reason"]
+    assert ops.op_find(NAMESPACE) == []
+    # The stored experiment, exported: every run's requests found again by its rate (each open-loop level has
+    # concurrency 0 and run indices from 0), so each row has its goodput, and the arm's with a CI.
+    assert main(["export", "last", "--format", "csv", "--db", str(tmp_path / "r.db")]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 12 and {r["rate"] for r in rows} == {"2", "4"}
+    for row in rows:
+        assert float(row["goodput_req_s"]) > 0 and float(row["arm_goodput_req_s_lo"]) <= float(row["arm_goodput_req_s"])
+        assert row["j_per_token"] == ""  # no nvidia-smi here

@@ -98,7 +98,7 @@ def start(
     names = options.profiles
     # --fail-on crossover-below=R / max-rate-slo-below=R that this experiment could never judge: refused before launch.
     slo_pct = options.slo is not None and any(o.percentile is not None for o in options.slo.objectives)
-    levels = len(options.rate or options.concurrency)
+    levels = options.sweep if options.sweep is not None else len(options.rate or options.concurrency)
     refusal = failon.levels_refusal(options.fail_on, levels=levels, arms=len(names), percentile_slo=slo_pct)
     if refusal:
         raise OptionError(refusal)

@@ -63,8 +63,8 @@ class Case:
         return self.slots * 1000 / ((self.output_tokens - 1) * self.decode_ms)
 
 
-CLIENT_BOUND = Case("client-bound", 1.0, 8, 1024, (25, 50, 100, 200, 400, 800, 1600))
-SERVER_BOUND = Case("server-bound", 10.0, 11, 20, (100, 150, 250, 400))
+CLIENT_BOUND = Case("client-bound", 1.0, 8, 1024, (25, 50, 100, 200, 400, 800, 1200, 1600))
+SERVER_BOUND = Case("server-bound", 10.0, 11, 20, (100, 150, 300, 400))
 
 
 def _ms(values: list[float], q: float) -> float:

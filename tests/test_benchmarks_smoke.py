@@ -102,7 +102,10 @@ def test_smoke(script: str, tmp_path: Path, sim_profiles: Callable[..., dict[str
         expected += ["before ("]  # the pre-issue-14 client (or HEAD, in a clone without that commit)
     if script == "capacity.py":
         if reference_installed():
-            expected += ["| sglang.bench_serving --request-rate |", "send lag p99, bench_serving ÷ orch"]
+            expected += [
+                "| sglang.bench_serving --request-rate |",
+                "achieved ÷ scheduled, orch open-loop client ÷ bench_serving",
+            ]
         else:
             expected += ["reference client skipped: "]
     if script == "lifecycle_overhead.py" and Path("/usr/sbin/sshd").exists():

@@ -88,6 +88,7 @@ bench: install $(REF)/.installed
 	$(BIN)/python benchmarks/startup.py
 	$(BIN)/python benchmarks/lifecycle_overhead.py
 	$(BIN)/python benchmarks/arrival_fidelity.py
+	$(BIN)/python benchmarks/capacity.py
 	$(REF)/bin/python benchmarks/client_fidelity.py
 
 clean:

@@ -495,6 +495,103 @@ def run_bench_serving(
     }
 
 
+# For an open-loop run the wrapper also notes each gap bench_serving draws for its Poisson schedule: get_request calls
+# np.random.exponential once after yielding each request, then sleeps that long. The draw is returned unchanged; the
+# schedule it meant to keep is its start plus the running sum of the gaps, so its send lag can be measured as orch's.
+_ARGV_LINE = "sys.argv = [mod, *sys.argv[4:]]\n"
+_NOTE_DRAWS = """\
+import numpy
+_exponential = numpy.random.exponential
+def noted_exponential(*args, **kwargs):
+    x = _exponential(*args, **kwargs)
+    marks.append(["gap", float(x), time.perf_counter(), time.process_time()])
+    return x
+numpy.random.exponential = noted_exponential
+"""
+_RATE_WRAPPER = _WRAPPER.replace(_ARGV_LINE, _NOTE_DRAWS + _ARGV_LINE, 1)
+
+
+def run_bench_serving_rate(
+    base_url: str,
+    *,
+    request_rate: float,
+    num_requests: int,
+    output_len: int,
+    input_len: int,
+    backend: str = "sglang",
+    seed: int = 1,
+    python: Path = REF_PYTHON,
+    tokenizer_dir: Path | None = None,
+    timeout_s: float = 900.0,
+) -> dict[str, Any]:
+    """bench_serving open loop: `--request-rate R` (its Poisson arrivals), no --max-concurrency, fixed-length
+    random-ids prompts, in a subprocess from the reference venv, unmodified (the wrapper only notes).
+
+    Returns its own headline figures (request_throughput = completed / its duration, output_throughput) and, on one
+    perf_counter clock: `scheduled` (when each timed request was due: the first gap's draw, when its generator
+    started sleeping, plus the running sum of the gaps), `sent` (when each request reached aiohttp, in send order:
+    bench_serving's own start `st` is read just before), `done` (when each response was done with), per-request
+    `ttfts`, `itls`, `output_lens` (its output, from `st`), `errors`, and `cpu_s` (the child's CPU from the first
+    timed send to the last response: the streaming alone).
+    """
+    if _ARGV_LINE not in _WRAPPER:  # the gaps would go unnoted and the send lag could not be measured
+        raise RuntimeError("the bench_serving wrapper no longer sets sys.argv as run_bench_serving_rate expects")
+    tok = ensure_tokenizer(tokenizer_dir or DEFAULT_TOKENIZER_DIR, python)
+    module = _bench_serving_module(python)
+    with tempfile.TemporaryDirectory(prefix="orch-bench-serving-") as tmp:
+        out_file, cpu_file, marks_file = Path(tmp) / "result.jsonl", Path(tmp) / "cpu_s", Path(tmp) / "marks.json"
+        cmd = [
+            str(python), "-c", _RATE_WRAPPER, module, str(cpu_file), str(marks_file),
+            "--backend", backend,
+            "--base-url", base_url.rstrip("/"),
+            "--tokenizer", str(tok),
+            "--dataset-name", "random-ids",
+            "--random-input-len", str(input_len),
+            "--random-output-len", str(output_len),
+            "--random-range-ratio", "1",
+            "--num-prompts", str(num_requests),
+            "--request-rate", f"{request_rate:g}",
+            "--output-file", str(out_file),
+            "--output-details",
+            "--disable-tqdm",
+            "--seed", str(seed),
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, cwd=tmp, env=_offline_env(), capture_output=True, text=True, timeout=timeout_s)
+        log = (proc.stdout or "") + (proc.stderr or "")
+        if proc.returncode != 0 or not out_file.is_file():
+            raise RuntimeError(f"bench_serving failed (exit {proc.returncode}):\n{log[-4000:]}")
+        res: dict[str, Any] = json.loads(out_file.read_text().strip().splitlines()[-1])
+        marks = json.loads(marks_file.read_text()) if marks_file.is_file() else []
+    path = "/generate" if backend == "sglang" else "/v1/completions"
+    sends = [m for m in marks if m[0] == "send" and m[1].endswith(path)]
+    gaps = [m for m in marks if m[0] == "gap"]
+    if len(sends) < num_requests or len(gaps) < num_requests - 1:
+        raise RuntimeError(f"noted {len(sends)} sends and {len(gaps)} gaps, expected {num_requests} of each")
+    sends = sends[-num_requests:]  # the warmup request came first
+    dones = [m for m in marks if m[0] == "done" and m[1].endswith(path) and m[2] >= sends[0][2]]
+    origin = min(gaps[0][2], sends[0][2])
+    scheduled = [origin]
+    for gap in gaps[: num_requests - 1]:
+        scheduled.append(scheduled[-1] + gap[1])
+    last = max(dones, key=lambda m: m[2]) if dones else None
+    return {
+        "client": f"sglang.bench_serving --backend {backend} --request-rate {request_rate:g}",
+        "module": module,
+        "completed": res.get("completed"),
+        "errors": [e for e in res.get("errors") or [] if e],
+        "duration_s": res.get("duration"),
+        "request_throughput": res.get("request_throughput"),
+        "output_throughput": res.get("output_throughput"),
+        "scheduled": scheduled,
+        "sent": [m[2] for m in sends],
+        "done": [m[2] for m in dones],
+        "ttfts": res.get("ttfts") or [],
+        "itls": res.get("itls") or [],
+        "output_lens": res.get("output_lens") or [],
+        "cpu_s": last[3] - sends[0][3] if last else math.nan,
+    }
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # 3. the simulator and the side-by-side demo
 

@@ -36,6 +36,14 @@ EXPECTED: dict[str, tuple[str, ...]] = {
         "timer alone (nothing sent)",
         "load average before / after",
     ),
+    "capacity.py": (
+        "## client-bound: simulator",
+        "## server-bound: simulator",
+        "| rate (req/s) | requests | client | runs | achieved / scheduled (req/s) |",
+        "| orch open-loop client |",
+        "- capacity of orch open-loop client",
+        "above the server's ceiling",
+    ),
     "aa_real.py": ("real A/A experiments", "| # | ratio | 95% CI | MDE | verdict |", "verdicts:"),
     "aa_study.py": ("--blocks auto", "| restart noise | true effect |", "| blocks | A/A faster or slower"),
     "nightly_study.py": ("| threshold | confirmation re-run | false alarms", "| threshold | confirmation re-run |"),
@@ -93,6 +101,14 @@ def test_smoke(script: str, tmp_path: Path, sim_profiles: Callable[..., dict[str
         else:  # orch's side still runs; the reference side says why it did not
             expected += ["reference clients skipped: openai is not importable here and .venv-ref is not installed"]
         expected += ["before ("]  # the pre-issue-14 client (or HEAD, in a clone without that commit)
+    if script == "capacity.py":
+        if reference_installed():
+            expected += [
+                "| sglang.bench_serving --request-rate |",
+                "achieved ÷ scheduled, orch open-loop client ÷ bench_serving",
+            ]
+        else:
+            expected += ["reference client skipped: "]
     if script == "lifecycle_overhead.py" and Path("/usr/sbin/sshd").exists():
         expected += ["| orch ssh |"]
     missing = [text for text in expected if text not in done.stdout]

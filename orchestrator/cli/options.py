@@ -472,8 +472,9 @@ def open_loop_options() -> list[Callable[..., Any]]:
             show_default=True,
             callback=parse_arrivals,
             metavar="poisson|gamma:CV|constant",
-            help="With --rate: the gaps between requests. gamma:CV has that coefficient of variation (gamma:1 is "
-            "Poisson, above 1 burstier, below steadier; vLLM's --burstiness is 1/CV^2); constant: exactly 1/R apart.",
+            help="With --rate or --sweep: the gaps between requests. gamma:CV has that coefficient of variation "
+            "(gamma:1 is Poisson, above 1 burstier, below steadier; vLLM's --burstiness is 1/CV^2); constant: exactly "
+            "1/R apart.",
         ),
         click.option(
             "--duration",
@@ -481,8 +482,8 @@ def open_loop_options() -> list[Callable[..., Any]]:
             default=None,
             type=FiniteFloat(0.001, 86400),
             metavar="S",
-            help=f"With --rate: seconds of arrivals per run at each rate [default: {DEFAULT_DURATION_S:g} unless "
-            "--requests is given].",
+            help="With --rate or --sweep: seconds of arrivals per run at each rate [default: "
+            f"{DEFAULT_DURATION_S:g} unless --requests is given].",
         ),
         click.option(
             "--requests",
@@ -490,15 +491,15 @@ def open_loop_options() -> list[Callable[..., Any]]:
             default=None,
             type=click.IntRange(1, 100_000),
             metavar="N",
-            help="With --rate: requests per run at each rate (instead of --duration).",
+            help="With --rate or --sweep: requests per run at each rate (instead of --duration).",
         ),
         click.option(
             "--max-concurrency",
             default=None,
             type=click.IntRange(1, 100_000),
             metavar="N",
-            help="With --rate: at most N requests in flight; the rest wait in the client, and their latency still "
-            "counts from their scheduled time.",
+            help="With --rate or --sweep: at most N requests in flight; the rest wait in the client, and their "
+            "latency still counts from their scheduled time.",
         ),
         click.option(
             "--sweep",
@@ -506,9 +507,9 @@ def open_loop_options() -> list[Callable[..., Any]]:
             callback=parse_sweep,
             metavar="auto[:N]",
             help="Open loop at rates found for you (instead of --rate): a probe launch per arm measures its "
-            "synchronous rate (concurrency 1) and its saturated rate (--max-concurrency or 32 streams), then N rates "
-            "[default: 5] from the lowest to the highest run as --rate levels, each stopping when the server is "
-            "over-saturated. The probe is stored as an experiment of its own (docs/load.md#sweeps).",
+            "synchronous rate (concurrency 1) and its saturated rate (32 streams, or --max-concurrency if lower), "
+            "then N rates [default: 5] from the lowest to the highest run as --rate levels, each stopping when the "
+            "server is over-saturated. The probe is stored as an experiment of its own (docs/load.md#sweeps).",
         ),
         click.option(
             "--stop-oversaturated",

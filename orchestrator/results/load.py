@@ -144,5 +144,6 @@ def load_result(
         cut_short=tuple(cut),
         slo=slo,
         metric=metric,
+        sweep=config.get("sweep") if isinstance(config.get("sweep"), dict) else None,
     )
     return with_auto_notes(result)

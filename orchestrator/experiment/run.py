@@ -350,8 +350,12 @@ def execute(
             }
             spec = sweep_of(options) if resume_id is None else None
             if spec is not None:
-                found = sweep.probe(host, profiles, config, spec, store, events=rep, on_run=on_run, provenance=where)
+                _, on_probe_run = progress(rep, spec.probe_bench(bench))  # its runs are counted as the probe's
+                found = sweep.probe(
+                    host, profiles, config, spec, store, events=rep, on_run=on_probe_run, provenance=where
+                )
                 config = dataclasses.replace(config, bench=spec.swept_bench(config.bench, found.rates))
+                _, on_run = progress(rep, config.bench)
                 blocks = config.auto.max_blocks if config.auto else config.blocks
                 try:
                     limits.checked_plan(config.bench, profiles, blocks=blocks, sim=options.sim, show=rep.line)

@@ -139,6 +139,8 @@ def test_the_probe_is_its_own_experiment_and_the_rates_come_from_it(swept: tuple
     progress = root / "progress.txt"
     said = " ".join(progress.read_text().split())
     assert "sweep: probing each arm at concurrency 1 and 8" in said and f"experiment {sweep['probe']}" in said
+    # the probe's runs counted as its own (2 per level), the sweep's as the experiment's (--runs 1)
+    assert "Run 2/2 @ 8 streams" in said and f"Run 1/1 @ {sweep['rates'][0]:g} req/s" in said
     from orchestrator.results.store import Store
 
     store = Store(str(db))

@@ -67,6 +67,8 @@ class Sweep:
             requests_per_level=None,
             max_concurrency=None,
             stop_oversaturated=False,
+            # Its runs give rates to choose levels by, not results: a short one (a few short requests) still does.
+            min_run_s=0.0,
         )
 
     def swept_bench(self, bench: BenchConfig, rates: Sequence[float]) -> BenchConfig:

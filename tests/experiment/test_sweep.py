@@ -49,6 +49,7 @@ def test_the_probe_measures_closed_loop_and_the_levels_run_open_loop_with_the_st
     probe = spec.probe_bench(bench)
     assert probe.concurrency == (1, 8) and probe.runs == 2 and probe.warmup == 2 and not probe.open_loop
     assert probe.seed == 7 and probe.max_tokens == 64  # the sweep's own requests
+    assert probe.min_run_s == 0 and spec.swept_bench(bench, (1.0,)).min_run_s == bench.min_run_s
     assert Sweep().concurrency == THROUGHPUT_CONCURRENCY and Sweep(max_concurrency=1).probe_bench(
         bench
     ).concurrency == (1,)

@@ -612,7 +612,7 @@ class ABResult:
         for index, arm in enumerate(self.arms[1:], start=1):
             names: dict[str, Any] = {"arm_label": arm.label, "vs_label": base.label, "arm_index": index}
             names |= {"metric": metric, "note": self.comparison_note(base, arm, level, metric)}
-            paired, shared = _paired(base, arm, level, tuple(dict.fromkeys((metric, "aggregate_tok_s"))), self.slo)
+            paired, shared = _paired(base, arm, level, (metric,), self.slo)
             b_runs, a_runs = paired[metric]
             if not b_runs:
                 out.append(Comparison(arm.profile, base.profile, None, level, min_effect=self.min_effect, **names))
@@ -628,10 +628,11 @@ class ABResult:
                 )
                 est = dataclasses.replace(est, method=f"{plan.describe()}; look at {n} blocks: {est.method}")
                 sequential = {**plan.to_dict(), "look_blocks": n, "nominal_alpha": plan.nominal_alpha(n), "t": crit}
-            b_agg, a_agg = paired["aggregate_tok_s"]
-            agg = math.exp(
-                statistics.fmean(math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True))
-            )
+            # Paired apart from the verdict's metric: a short open-loop run can receive no token while requests are
+            # still arriving (aggregate 0), and that must not drop its block from the verdict.
+            b_agg, a_agg = _paired(base, arm, level, ("aggregate_tok_s",), self.slo)[0]["aggregate_tok_s"]
+            logs = [math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True)]
+            agg = math.exp(statistics.fmean(logs)) if logs else None
             out.append(
                 Comparison(
                     arm=arm.profile,

@@ -43,7 +43,7 @@ def real(test: Test) -> Test:
     return pytest.mark.llamacpp(_needs_llama(test))
 
 
-def _children_gone(before: set[int]) -> None:
+def children_gone(before: set[int]) -> None:
     """No llama-server this test started is left (only processes that are new since `before` are looked at)."""
     left = [
         p.pid
@@ -164,7 +164,7 @@ def test_a_real_ab_on_this_cpu_through_the_cli(cpu_profiles: tuple[Path, Path], 
     fp = Store(db).launches(doc["experiment_id"])[0]["fingerprint_json"]
     software = json.loads(fp)["software"]
     assert software["engine"] == "llamacpp" and software["engine_version"] == "11434.0.0"
-    _children_gone(before)
+    children_gone(before)
 
 
 @real

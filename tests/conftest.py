@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -150,6 +151,23 @@ def run_orch(*args: str, cwd: Path, merge_stderr: bool = False) -> subprocess.Po
         stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
+
+
+def finish(proc: subprocess.Popen[str], timeout: float) -> tuple[str, str]:
+    """proc's (stdout, stderr) once it exits; past `timeout`, it is stopped as a user would (Ctrl-C, then SIGTERM)
+    so that orch tears down what it launched — a server left behind would fail every later test of this worker —
+    and the test fails saying so."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        return out, err or ""
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            out, err = proc.communicate(timeout=60)
+        pytest.fail(f"orch ran past {timeout:g}s and was stopped (exit {proc.returncode}):\n{out[-3000:]}{err or ''}")
 
 
 def wait_for_line(proc: subprocess.Popen[str], needle: str, seen: list[str] | None = None) -> None:

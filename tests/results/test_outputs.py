@@ -104,6 +104,10 @@ def test_every_format_reports_the_check_and_the_accept_length_distribution() -> 
     assert control["kind"] == "control" and control["share_identical"] == 1.0
     (acc,) = doc["accept_length_per_request"]
     assert acc["arm"] == "spec" and acc["per_request_mean"] == 2.0 and acc["token_weighted"] == pytest.approx(2.5)
+    from orchestrator.report.html import ab_html
+
+    page = ab_html(result)
+    assert '<section id="lossless-check">' in page and '<figure id="fig-accept">' in page
     # Without kept outputs the check says nothing anywhere.
     plain = ABResult("exp", True, "local", ("base",), (), {})
     assert ab_json(plain)["outputs_check"] is None and "lossless" not in ab_text(plain)

@@ -138,6 +138,7 @@ class Record:
     # sends them (SGLang's /generate); None when the output is not kept.
     output: list[str] | None = None
     output_ids: list[int] | None = None
+    temperature: Any = None  # ... and the temperature its body asked for (greedy at 0)
 
     @property
     def ttft(self) -> float | None:
@@ -200,9 +201,15 @@ def kept_output(rec: Record) -> dict[str, Any] | None:
     request failed (a cut output says nothing about the decoding)."""
     if rec.output is None or rec.error is not None:
         return None
-    out: dict[str, Any] = {"index": rec.index, "text": "".join(rec.output)}
+    out: dict[str, Any] = {"index": rec.index, "text": "".join(rec.output), "temperature": rec.temperature}
     if rec.output_ids is not None:
         out["ids"] = rec.output_ids
     else:
         out["pieces"] = rec.output
     return out
+
+
+def body_temperature(body: dict[str, Any]) -> Any:
+    """The temperature a request body asks for (SGLang's /generate: in sampling_params); None when it sets none."""
+    params = body.get("sampling_params")
+    return params.get("temperature") if isinstance(params, dict) else body.get("temperature")

@@ -14,6 +14,7 @@ from orchestrator.client.request import (
     MAX_EVENT_BYTES,
     MAX_PROMPT_TOKENS,
     Record,
+    body_temperature,
     chunk_text,
     completion_tokens,
     count_openai_chunk,
@@ -143,7 +144,7 @@ async def fetch(
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s)
     if KEEP_OUTPUT in body:
         body = {k: v for k, v in body.items() if k != KEEP_OUTPUT}  # the client's own key: never sent
-        rec.output = []
+        rec.output, rec.temperature = [], body_temperature(body)
     text_chunks: list[int] = []
     streams: list[asyncio.BaseTransport] = []
     inner = asyncio.get_running_loop().create_task(_stream(host, port, path, body, rec, t0, streams, text_chunks))

@@ -8,7 +8,7 @@ from orchestrator.results.model import ABResult
 from orchestrator.results.outputs import AcceptDistribution, OutputsCheck, accept_distributions, outputs_check
 from orchestrator.results.run import Level, level_name
 
-OUTPUTS_HEADING = "lossless check (--check-outputs; greedy: temperature 0 sent to every arm)"
+OUTPUTS_HEADING = "lossless check (--check-outputs"
 
 
 def check_line(c: OutputsCheck) -> str:
@@ -35,7 +35,10 @@ def outputs_lines(result: ABResult) -> list[str]:
     checks = outputs_check(result)
     if not checks:
         return []
-    out = [OUTPUTS_HEADING + ":"]
+    sent = sorted({t for c in checks for t in c.temperatures}, key=str)
+    greedy = all(c.greedy for c in checks)
+    said = ", ".join(map(str, sent)) or "unknown"
+    out = [f"{OUTPUTS_HEADING}; temperature {said} sent to every arm{': greedy' if greedy else ''}):"]
     for c in checks:
         out.append(check_line(c))
         out.append(f"  {c.reading()}")

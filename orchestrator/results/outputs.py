@@ -61,6 +61,13 @@ class OutputsCheck:
     compared: int
     identical: int
     divergences: tuple[Divergence, ...]  # every diverging request, in run order; the first is the first divergence
+    temperatures: tuple[Any, ...] = ()  # what the compared requests' bodies asked for (0: greedy)
+
+    @property
+    def greedy(self) -> bool:
+        """No compared request asked for sampling (None: a body that set no temperature, which engines read as
+        their default, not as greedy)."""
+        return all(t == 0 and t is not None for t in self.temperatures)
 
     @property
     def share(self) -> float | None:
@@ -119,6 +126,8 @@ class OutputsCheck:
             "pattern": self.pattern,
             "reading": self.reading(),
             "first_divergence": self.first.to_dict() if self.first else None,
+            # the temperatures the compared requests were sent with, as the client sent them (greedy: [0.0])
+            "temperatures": list(self.temperatures),
         }
 
 
@@ -183,11 +192,13 @@ def _pairs(base: LaunchResult, arm: LaunchResult) -> Iterator[tuple[RunResult, R
 def compare_launches(pairs: Sequence[tuple[LaunchResult, LaunchResult]], arm: str, vs: str, kind: str) -> OutputsCheck:
     compared = identical = 0
     found: list[Divergence] = []
+    temperatures: set[Any] = set()
     for base, other in pairs:
         for b_run, a_run in _pairs(base, other):
             b_out, a_out = kept(b_run), kept(a_run)
             for index in sorted(set(b_out) & set(a_out)):
                 compared += 1
+                temperatures |= {b_out[index].get("temperature"), a_out[index].get("temperature")}
                 where = diverge(b_out[index], a_out[index])
                 if where is None:
                     identical += 1
@@ -196,7 +207,8 @@ def compare_launches(pairs: Sequence[tuple[LaunchResult, LaunchResult]], arm: st
                 found.append(
                     Divergence(other.block, b_run.level, b_run.index, index, position, unit, length, b_text, a_text)
                 )
-    return OutputsCheck(arm, vs, kind, compared, identical, tuple(found))
+    shown = tuple(sorted(temperatures, key=str))
+    return OutputsCheck(arm, vs, kind, compared, identical, tuple(found), shown)
 
 
 def outputs_check(result: ABResult) -> list[OutputsCheck]:

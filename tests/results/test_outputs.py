@@ -35,7 +35,9 @@ def test_the_body_asks_for_greedy_output_and_the_client_keeps_it_only_when_told(
     rec = Record(index=3, start=0.0, max_tokens=8, output=[])
     for piece in ("Hel", "lo", " world"):
         count_openai_chunk({"choices": [{"text": piece}]}, rec, [])
-    assert kept_output(rec) == {"index": 3, "text": "Hello world", "pieces": ["Hel", "lo", " world"]}
+    rec.temperature = 0.0
+    kept = {"index": 3, "text": "Hello world", "pieces": ["Hel", "lo", " world"], "temperature": 0.0}
+    assert kept_output(rec) == kept
     rec.error = "stalled"
     assert kept_output(rec) is None  # a cut output says nothing about the decoding
     assert kept_output(Record(index=0, start=0.0, max_tokens=8)) is None
@@ -55,7 +57,10 @@ def test_a_divergence_is_found_by_token_or_by_stream_chunk() -> None:
 
 
 def _run(index: int, texts: list[str], accepts: list[tuple[float, int]] | None = None) -> RunResult:
-    outputs = [{"index": i, "text": t.replace("|", ""), "pieces": t.split("|")} for i, t in enumerate(texts)]
+    outputs = [
+        {"index": i, "text": t.replace("|", ""), "pieces": t.split("|"), "temperature": 0.0}
+        for i, t in enumerate(texts)
+    ]
     metrics: dict[str, Any] = {"outputs": outputs}
     if accepts:
         metrics["accept_lengths"] = [list(a) for a in accepts]
@@ -97,9 +102,11 @@ def test_every_format_reports_the_check_and_the_accept_length_distribution() -> 
     text, md, doc = ab_text(result), ab_markdown(result), ab_json(result)
     line = "spec vs base: 2/4 prompts identical (50.0%); 2 diverged, median at 33% of the output; first: block 1"
     assert line in text and line in md and "## Lossless check" in md
+    assert "lossless check (--check-outputs; temperature 0.0 sent to every arm: greedy):" in text
     assert "spec: mean of per-request 2.00 vs token-weighted 2.50 (4 requests" in text
     check, control = doc["outputs_check"]
     assert check["share_identical"] == 0.5 and check["first_divergence"]["request"] == 1
+    assert check["temperatures"] == [0.0]
     assert check["first_divergence"]["position"] == 1 and check["first_divergence"]["block"] == 1
     assert control["kind"] == "control" and control["share_identical"] == 1.0
     (acc,) = doc["accept_length_per_request"]

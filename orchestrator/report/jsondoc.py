@@ -211,6 +211,9 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "max_within_slo_comparisons": [c.to_dict() for c in result.capacity_comparisons()],
         "warnings": result.warnings(),
         "notes": list(result.notes),
+        # --check-outputs: each arm's outputs against the baseline's (and the baseline's across blocks); accept
+        # length per request: the mean of per-request values beside the token-weighted one (report/outputs)
+        **outputs_json(result),
         # --sweep auto: the probe experiment, each arm's synchronous and saturated rates, the rates swept
         "sweep": result.sweep,
         "energy_comparisons_by_concurrency": [
@@ -218,9 +221,6 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         ],
         # what the energy figures are (nvidia-smi's power field and its averaging window), or why there are none
         "energy_note": energy_note(result),
-        # --check-outputs: each arm's outputs against the baseline's (and the baseline's across blocks); accept
-        # length per request: the mean of per-request values beside the token-weighted one (report/outputs)
-        **outputs_json(result),
     }
 
 

@@ -60,7 +60,8 @@ def accept_lines(result: ABResult, level: Level | None = None) -> list[str]:
         return []
     at = level if level is not None else found[0].level
     return [
-        f"accept length per request @ {level_name(at)} (token-weighted favours long completions, vLLM issue 42690):"
+        f"accept length per request @ {level_name(at)} (token-weighted: all tokens / all target passes, which weighs "
+        "each request by its passes, so long and poorly accepted completions count more; vLLM issue 42690):"
     ] + [accept_line(d) for d in found]
 
 

@@ -85,20 +85,22 @@ class OutputsCheck:
 
     @property
     def pattern(self) -> str | None:
-        """How the divergences look: none | early and often | late or rare (None: nothing compared)."""
+        """How the divergences look: none | rare | often, late | early and often (None: nothing compared)."""
         if not self.compared:
             return None
         if not self.divergences:
             return "none"
-        often = len(self.divergences) / self.compared >= OFTEN_SHARE
-        early = (self.median_position or 0.0) < EARLY_SHARE
-        return "early and often" if often and early else "late or rare"
+        if len(self.divergences) / self.compared < OFTEN_SHARE:
+            return "rare"
+        return "early and often" if (self.median_position or 0.0) < EARLY_SHARE else "often, late"
 
     def reading(self) -> str:
         """What the divergences may mean, in one sentence."""
         pattern = self.pattern
         if pattern is None:
             return "no request was compared (no kept outputs on both sides)"
+        if not self.greedy:
+            return f"not greedy (temperature {', '.join(map(str, self.temperatures))} sent): sampling may differ"
         if pattern == "none":
             return "identical on every prompt compared"
         if self.kind == "control":
@@ -108,9 +110,14 @@ class OutputsCheck:
                 "most prompts diverge early: more likely a broken drafter or verifier than numerics (a correct "
                 "verifier keeps greedy tokens until a near-tie flips)"
             )
+        if pattern == "often, late":
+            return (
+                "most prompts diverge, though late: more than near-ties usually explain; hold it against the "
+                "baseline-vs-baseline control (as often there: numerics)"
+            )
         return (
-            "few prompts diverge, or late: consistent with numerics (a different batch shape flips a near-tie, and "
-            "the rest of the output follows); compare with the baseline-vs-baseline control"
+            "few prompts diverge: consistent with numerics (a different batch shape flips a near-tie, and the rest "
+            "of the output follows); compare with the baseline-vs-baseline control"
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -84,12 +84,15 @@ def test_identical_arms_pass_and_a_late_rare_divergence_reads_as_numerics() -> N
     assert control.kind == "control" and control.compared == 4 and control.share == 1.0
     late = [*texts[:3], "a|b|c|d|e|f|g|X|3"]
     check = outputs_check(_result(texts, late))[0]
-    assert check.identical == 6 and check.pattern == "late or rare" and "numerics" in check.reading()
+    assert check.identical == 6 and check.pattern == "rare" and "numerics" in check.reading()
     first = check.first
     assert first is not None and (first.block, first.request, first.position, first.unit) == (0, 3, 7, "chunk")
     early = ["a|X|c", "Y|b", "a|Z", "a|b|c|d|e|f|g|h|3"]
     check = outputs_check(_result(texts, early))[0]
     assert check.pattern == "early and often" and "broken drafter" in check.reading()
+    often = [t[:-1] + "X" for t in texts]
+    check = outputs_check(_result(texts, often))[0]
+    assert check.pattern == "often, late" and "control" in check.reading()
 
 
 def test_every_format_reports_the_check_and_the_accept_length_distribution() -> None:

@@ -13,6 +13,7 @@ from orchestrator.cli.complete import profile_names
 from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import (
     bench_options,
+    check_outputs_option,
     fixed_bench_options,
     judgement_options,
     run_options,
@@ -164,6 +165,7 @@ def fail_on_option(command: str) -> Callable[[Callable[..., Any]], Callable[...,
 @judgement_options(default_metric=True)
 @fail_on_option("ab")
 @verbosity_options
+@check_outputs_option
 def ab_cmd(**_: Any) -> None:
     """Compare PROFILES (the first is the baseline), each launch from fresh, verified state.
 

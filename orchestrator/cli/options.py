@@ -595,3 +595,15 @@ def read_files(db: str | None, *inputs: str) -> tuple[str, ...]:
 
     store = str(Path(db) if db else default_path())
     return (store, *(store + suffix for suffix in ("-wal", "-shm", "-journal")), *inputs)
+
+
+def check_outputs_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """orch ab --check-outputs (results/outputs): the lossless check of speculative arms against the baseline."""
+    return click.option(
+        "--check-outputs",
+        "check_outputs",
+        is_flag=True,
+        help="Keep each timed request's generated output (greedy: temperature 0 is sent) and compare every arm's with "
+        "the baseline's, prompt by prompt: the share identical and the first divergence (docs/data.md#the-lossless-"
+        "check). Costs the client a little CPU per chunk.",
+    )(fn)

@@ -23,6 +23,8 @@ def token_limit(max_tokens: int) -> int:
 MAX_EVENT_BYTES = 64 * 1024 * 1024
 # Prompt token counts above this are not believed (no model has such a context).
 MAX_PROMPT_TOKENS = 1 << 31
+# A body key for the client alone, never sent: keep this request's generated output (orch ab --check-outputs).
+KEEP_OUTPUT = "orch_keep_output"
 
 
 def whole_count(value: Any, what: str, limit: int) -> int:
@@ -55,8 +57,16 @@ def completion_tokens(value: Any, rec: Record) -> int:
     return whole_count(value, "completion_tokens", token_limit(rec.max_tokens))
 
 
-def build_body(endpoint: str, item: dict[str, Any], max_tokens: int, model: str) -> dict[str, Any]:
-    """The JSON body of one streamed request with ignore_eos, so every request yields exactly max_tokens."""
+def build_body(
+    endpoint: str, item: dict[str, Any], max_tokens: int, model: str, *, keep_output: bool = False
+) -> dict[str, Any]:
+    """The JSON body of one streamed request with ignore_eos, so every request yields exactly max_tokens; greedy
+    (temperature 0) on every endpoint. keep_output: the client keeps what the request generated (KEEP_OUTPUT)."""
+    body = _body(endpoint, item, max_tokens, model)
+    return {**body, KEEP_OUTPUT: True} if keep_output else body
+
+
+def _body(endpoint: str, item: dict[str, Any], max_tokens: int, model: str) -> dict[str, Any]:
     if endpoint == "generate":
         body: dict[str, Any] = {
             "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0},
@@ -124,6 +134,11 @@ class Record:
     # it (opened its connection), `queued` how long of that it waited for a --max-concurrency slot.
     sent: float | None = None
     queued: float = 0.0
+    # --check-outputs: the generated text as it streamed (one piece per chunk), and the token ids where the server
+    # sends them (SGLang's /generate); None when the output is not kept.
+    output: list[str] | None = None
+    output_ids: list[int] | None = None
+    temperature: Any = None  # ... and the temperature its body asked for (greedy at 0)
 
     @property
     def ttft(self) -> float | None:
@@ -154,8 +169,9 @@ def count_openai_chunk(event: Any, rec: Record, text_chunks: list[int]) -> int:
         c = choices[0]
         if not isinstance(c, dict):
             raise BadAnswer(f"server sent a choice of type {type(c).__name__}, not an object")
-        delta = c.get("delta") or {}
-        content = c.get("text") or (delta.get("content") if isinstance(delta, dict) else None) or ""
+        content = chunk_text(c)
+    if rec.output is not None and content:
+        rec.output.append(str(content))
     if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
         if usage.get("prompt_tokens") is not None:
             rec.prompt_tokens = whole_count(usage["prompt_tokens"], "prompt_tokens", MAX_PROMPT_TOKENS)
@@ -172,3 +188,28 @@ def count_openai_chunk(event: Any, rec: Record, text_chunks: list[int]) -> int:
             raise BadAnswer(f"server sent more than {rec.tokens} chunks for max_tokens {rec.max_tokens}")
         return 1
     return 0
+
+
+def chunk_text(choice: dict[str, Any]) -> Any:
+    """The text an OpenAI choice adds: `text` (completions) or `delta.content` (chat); "" when none."""
+    delta = choice.get("delta") or {}
+    return choice.get("text") or (delta.get("content") if isinstance(delta, dict) else None) or ""
+
+
+def kept_output(rec: Record) -> dict[str, Any] | None:
+    """What a request generated, as stored ({"index", "text", "pieces" or "ids"}); None when it was not kept or the
+    request failed (a cut output says nothing about the decoding)."""
+    if rec.output is None or rec.error is not None:
+        return None
+    out: dict[str, Any] = {"index": rec.index, "text": "".join(rec.output), "temperature": rec.temperature}
+    if rec.output_ids is not None:
+        out["ids"] = rec.output_ids
+    else:
+        out["pieces"] = rec.output
+    return out
+
+
+def body_temperature(body: dict[str, Any]) -> Any:
+    """The temperature a request body asks for (SGLang's /generate: in sampling_params); None when it sets none."""
+    params = body.get("sampling_params")
+    return params.get("temperature") if isinstance(params, dict) else body.get("temperature")

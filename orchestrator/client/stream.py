@@ -10,9 +10,12 @@ import time
 from typing import Any, cast
 
 from orchestrator.client.request import (
+    KEEP_OUTPUT,
     MAX_EVENT_BYTES,
     MAX_PROMPT_TOKENS,
     Record,
+    body_temperature,
+    chunk_text,
     completion_tokens,
     count_openai_chunk,
     token_limit,
@@ -139,6 +142,9 @@ async def fetch(
     request's guard while it runs, so the run can abort it.
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s)
+    if KEEP_OUTPUT in body:
+        body = {k: v for k, v in body.items() if k != KEEP_OUTPUT}  # the client's own key: never sent
+        rec.output, rec.temperature = [], body_temperature(body)
     text_chunks: list[int] = []
     streams: list[asyncio.BaseTransport] = []
     inner = asyncio.get_running_loop().create_task(_stream(host, port, path, body, rec, t0, streams, text_chunks))
@@ -331,6 +337,8 @@ class _Exchange(asyncio.BufferedProtocol):
                 raise BadAnswer(f"server reported an error: {str(event['error'].get('message'))[:300]}")
             # The final event (or an unusual one): its meta_info from the whole event.
             self.final_meta = _meta_info(event)
+            if rec.output is not None:
+                self._keep_generated(event)
             value = self.final_meta.get("completion_tokens", rec.tokens)
         self._count(completion_tokens(value, rec) - rec.tokens)
 
@@ -352,9 +360,20 @@ class _Exchange(asyncio.BufferedProtocol):
                 ):
                     rec.prompt_tokens = prompt
                     rec.token_source = "usage (per chunk)"
+                    if rec.output is not None and (text := chunk_text(choices[0])):
+                        rec.output.append(str(text))
                     self._count(total - rec.tokens)
                     return
         self._count(count_openai_chunk(event, rec, self.text_chunks))
+
+    def _keep_generated(self, event: dict[str, Any]) -> None:
+        """The whole output of a /generate request from its final event (text and output_ids so far, as SGLang and
+        the simulator send them): kept for --check-outputs."""
+        rec = self.rec
+        text, ids = event.get("text"), event.get("output_ids")
+        rec.output = [text] if isinstance(text, str) else []
+        if isinstance(ids, list) and len(ids) <= self.limit and all(type(i) is int for i in ids):
+            rec.output_ids = ids
 
     def _is_done(self, buf: bytes | bytearray, start: int, end: int) -> bool:
         if end - start <= 16 and buf[start:end].strip() == b"[DONE]":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from orchestrator.client.request import Record
+from orchestrator.client.request import Record, kept_output
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -300,4 +300,11 @@ def summarize_run(
     }
     if open_loop is not None:
         summary["open_loop"] = open_loop_summary(records, open_loop)
+    accepts = [[r.accept_length, r.tokens] for r in ok if r.accept_length is not None and r.tokens > 0]
+    if accepts:
+        # (accept length, tokens) per request: the distribution reads without the per-request rows (results/outputs)
+        summary["accept_lengths"] = accepts
+    kept = [out for r in records if (out := kept_output(r)) is not None]
+    if kept:
+        summary["outputs"] = kept  # --check-outputs: each request's output, by its index in the run
     return summary

@@ -89,6 +89,7 @@ class RunOptions:
     as_json: bool = False
     quiet: bool = False
     verbose: bool = False
+    check_outputs: bool = False  # orch ab --check-outputs: compare each prompt's output across the arms
     given: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod

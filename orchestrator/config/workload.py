@@ -44,6 +44,8 @@ class BenchConfig:
     max_concurrency: int | None = None
     # A run stops sending once the server is over-saturated (client/openloop.oversaturation): --sweep auto's levels.
     stop_oversaturated: bool = False
+    # orch ab --check-outputs: the client keeps each request's generated output (results/outputs compares the arms).
+    check_outputs: bool = False
 
     def __post_init__(self) -> None:
         # Read back from JSON (a stored config, a bundle) the levels are a list; as a tuple the config stays hashable.
@@ -68,6 +70,8 @@ class BenchConfig:
         d = {**self.__dict__, "concurrency": list(self.concurrency), "rate": list(self.rate)}
         if not self.stop_oversaturated:
             del d["stop_oversaturated"]  # digests and stored configs stay what they were before it existed
+        if not self.check_outputs:
+            del d["check_outputs"]
         return d if self.open_loop else {k: v for k, v in d.items() if k not in OPEN_LOOP_FIELDS}
 
 

@@ -50,6 +50,8 @@ FIXED_OPTIONS = {
     "max_concurrency": "--max-concurrency",
     "sweep": "--sweep",
     "stop_oversaturated": "--stop-oversaturated",
+    # Kept outputs in some launches and not in others would leave the lossless check with holes.
+    "check_outputs": "--check-outputs",
 }
 
 # How long to wait for a hung server is not part of what is measured: a resume may change it (option → BenchConfig).

@@ -122,6 +122,7 @@ def start(
         stall_timeout_s=options.stall_timeout,
         first_token_timeout_s=options.first_token_timeout,
         **open_loop_fields(options),
+        check_outputs=options.check_outputs,
     )
     engines.check_use(profiles, bench.endpoint, simulate=options.sim)
     # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built.

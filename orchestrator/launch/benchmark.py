@@ -289,7 +289,10 @@ def run_benchmark(
         nonlocal position, recoveries
         chunk = items[position : position + n]
         position += n
-        bodies = [client.build_body(config.endpoint, it, max_tokens, model) for it in chunk]
+        bodies = [
+            client.build_body(config.endpoint, it, max_tokens, model, keep_output=config.check_outputs and not warm)
+            for it in chunk
+        ]
         # Open loop: when each request is due, from the request sequence itself (its digest covers the schedule).
         open_loop = (
             None

@@ -31,8 +31,10 @@ from orchestrator.report.lines import (
     slo_rows,
     sweep_lines,
 )
+from orchestrator.report.outputs import accept_lines, outputs_lines
 from orchestrator.results import curves
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
+from orchestrator.results.outputs import accept_distributions
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats.estimates import LaunchMean
 
@@ -823,6 +825,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     body += _latency_figures(result, level, reqs)
     body.append("</section>")
     body.append(f'<section id="speculation">{_speculation(result)}</section>')
+    body.append(_accept_section(result) + _outputs_section(result))
     body.append('<section id="launches"><h2>Launches</h2>' + _launch_table(result) + "</section>")
     body.append('<section id="host-section"><h2>Host fingerprint</h2>' + _host_section(result) + "</section>")
     warnings = result.warnings()
@@ -850,3 +853,35 @@ def judged_on(result: ABResult) -> list[tuple[str, str]]:
 def render(result: ABResult, requests: Requests) -> str:
     """`orch export --format html` and `orch report --html`."""
     return ab_html(result, requests)
+
+
+def _accept_section(result: ABResult) -> str:
+    """Accept length per request as a histogram (report/outputs says the same in words); "" when none reported."""
+    found = accept_distributions(result)
+    if not found:
+        return ""
+    index = {arm.label: i for i, arm in enumerate(result.arms)}
+    arms = [(d.arm, index[d.arm], d.values, d.per_request_mean, d.token_weighted) for d in found]
+    lines = accept_lines(result)
+    return (
+        '<section id="accept-per-request"><h2>Accept length per request</h2>'
+        + f"<p>{_e(lines[0])}</p><ul>"
+        + "".join(f"<li>{_e(line)}</li>" for line in lines[1:])
+        + "</ul>"
+        + _figure(
+            "fig-accept",
+            plots.accept_histogram("fig-accept", arms),
+            "Accept length of each request (timed runs, first level); solid line: the mean of per-request values, "
+            "dashed: the token-weighted mean, which long completions pull toward their own value.",
+        )
+        + "</section>"
+    )
+
+
+def _outputs_section(result: ABResult) -> str:
+    """The lossless check (--check-outputs) in words; "" without kept outputs."""
+    lines = outputs_lines(result)
+    if not lines:
+        return ""
+    items = "".join(f"<li>{_e(line.strip())}</li>" for line in lines[1:])
+    return f'<section id="lossless-check"><h2>Lossless check</h2><p>{_e(lines[0])}</p><ul>{items}</ul></section>'

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.report.lines import energy_note
+from orchestrator.report.outputs import outputs_json
 from orchestrator.results.goodput import run_attainment
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.run import Level, Rate
@@ -210,6 +211,9 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "max_within_slo_comparisons": [c.to_dict() for c in result.capacity_comparisons()],
         "warnings": result.warnings(),
         "notes": list(result.notes),
+        # --check-outputs: each arm's outputs against the baseline's (and the baseline's across blocks); accept
+        # length per request: the mean of per-request values beside the token-weighted one (report/outputs)
+        **outputs_json(result),
         # --sweep auto: the probe experiment, each arm's synchronous and saturated rates, the rates swept
         "sweep": result.sweep,
         "energy_comparisons_by_concurrency": [

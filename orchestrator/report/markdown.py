@@ -27,6 +27,7 @@ from orchestrator.report.lines import (
     sweep_lines,
     whatif_line,
 )
+from orchestrator.report.outputs import accept_lines, outputs_lines
 from orchestrator.results.model import ABResult
 
 
@@ -89,6 +90,11 @@ def ab_markdown(result: ABResult) -> str:
             lines += [f"- {line}" for line in breakeven_lines(be)]
         if recommendation := whatif_line(result):
             lines.append(f"- {recommendation}")
+    if is_ab(result) and (accept := accept_lines(result)):
+        lines += ["", "## Accept length per request", "", accept[0]] + [f"- {line}" for line in accept[1:]]
+    if checked := outputs_lines(result):
+        lines += ["", "## Lossless check", "", checked[0]]
+        lines += [f"- {line}" if not line.startswith("  ") else f"  - {line.strip()}" for line in checked[1:]]
     if note := energy_note(result):
         lines += ["", f"_{note}_"]
     warnings = result.warnings()

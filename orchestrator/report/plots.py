@@ -572,3 +572,24 @@ def pareto_chart(
             fig.suptitle(SIM_MARK, x=0.995, ha="right", fontsize=8, color="#9a6700", fontweight="bold")
 
     return _render(fig_id, (8.0, 4.2), draw)
+
+
+def accept_histogram(fig_id: str, arms: Sequence[tuple[str, int, Sequence[float], float, float]]) -> str:
+    """Accept length per request, one histogram per arm on shared bins, with the mean of per-request values (solid)
+    and the token-weighted mean (dashed) marked: where they part, long completions carry the average."""
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        values = [v for _, _, vs, _, _ in arms for v in vs]
+        low, high = min(values), max(values)
+        bins = [low + (high - low) * k / 20 for k in range(21)] if high > low else [low - 0.5, low + 0.5]
+        for label, index, vs, mean, weighted in arms:
+            color = arm_color(index)
+            ax.hist(list(vs), bins=bins, alpha=0.45, color=color, label=f"{label} (n={len(vs)})")
+            ax.axvline(mean, color=color, linestyle="-", linewidth=1.2)
+            ax.axvline(weighted, color=color, linestyle="--", linewidth=1.2)
+        ax.set_xlabel("accept length (tokens per target pass), per request")
+        ax.set_ylabel("requests")
+        ax.legend(loc="upper right", fontsize=8)
+
+    return _render(fig_id, (8.0, 3.0), draw)

@@ -29,6 +29,7 @@ from orchestrator.report.lines import (
     title,
     whatif_line,
 )
+from orchestrator.report.outputs import accept_lines, outputs_lines
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import level_name, level_phrase
 
@@ -114,6 +115,9 @@ def ab_text(result: ABResult) -> str:
         lines += breakeven_lines(be, indent="    ")
     if recommendation := whatif_line(result):
         lines.append(f"  {recommendation}")
+    if is_ab(result):
+        lines += [f"  {line}" if i == 0 else f"    {line}" for i, line in enumerate(accept_lines(result))]
+    lines += [f"  {line}" if i == 0 else f"    {line}" for i, line in enumerate(outputs_lines(result))]
     for arm in result.arms:
         for launch in arm.launches:
             for r in launch.invalid_runs:

@@ -98,6 +98,8 @@ class RunResult:
                     "spec",
                     "energy",
                     "open_loop",
+                    "outputs",
+                    "accept_lengths",
                 )
                 if k in s
             },

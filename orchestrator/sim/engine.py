@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import random
 import time
@@ -51,6 +52,13 @@ def count_chat_tokens(messages: Sequence[Any]) -> int:
     return total
 
 
+def greedy_token(key: bytes, position: int, shift: int = 0) -> int:
+    """The token a greedy (temperature 0) request of this prompt generates at this position: a function of the
+    prompt alone, as greedy decoding of one model is; `shift` moves it to another word (a diverging arm)."""
+    digest = hashlib.blake2b(key + position.to_bytes(4, "little"), digest_size=8).digest()
+    return TOKEN_BASE + (int.from_bytes(digest, "little") + shift) % len(WORDS)
+
+
 def token_piece(token_id: int) -> str:
     if token_id == EOS_TOKEN_ID:
         return ""
@@ -80,6 +88,7 @@ class Req:
         "decode_iters",
         "done",
         "finish_reason",
+        "greedy",
         "ids_str",
         "ignore_eos",
         "kind",
@@ -106,8 +115,10 @@ class Req:
         kind: str = "user",
         sink: Sink | None = None,
         rid: str | None = None,
+        greedy: bytes | None = None,
     ) -> None:
         self.rid = rid or uuid.uuid4().hex
+        self.greedy = greedy  # a temperature-0 request's prompt key: its tokens follow from it (greedy_token)
         self.prompt_tokens = prompt_tokens
         self.max_new_tokens = max_new_tokens
         self.min_new_tokens = min_new_tokens
@@ -151,8 +162,11 @@ class SimEngine:
         cuda_graph_max_bs: int,
         die_after_tokens: int | None = None,
         on_crash: Callable[[int], None] | None = None,
+        diverge_after: int | None = None,
     ) -> None:
         self.model = model
+        # The diverge_after knob: under speculation, greedy outputs leave the baseline's from this token on.
+        self.diverge_after = diverge_after if model.spec is not None else None
         self.rng = rng
         self.max_running = max_running
         self.stream_interval = stream_interval
@@ -231,7 +245,10 @@ class SimEngine:
             if not req.ignore_eos and count >= req.min_new_tokens and eos_prob > 0 and rng.random() < eos_prob:
                 tid = EOS_TOKEN_ID
             else:
-                tid = TOKEN_BASE + rng.randrange(len(WORDS))
+                tid = TOKEN_BASE + rng.randrange(len(WORDS))  # drawn either way: the seeded stream stays the same
+                if req.greedy is not None:
+                    broken = self.diverge_after is not None and count >= self.diverge_after
+                    tid = greedy_token(req.greedy, count, 1 if broken else 0)
             req.output_ids.append(tid)
             req.ids_str = f"{req.ids_str},{tid}" if req.ids_str else str(tid)
             if req.kind != "health":

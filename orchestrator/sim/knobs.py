@@ -111,6 +111,15 @@ _KNOB_LIST: tuple[Knob, ...] = (
         "file's content is not: a change no fingerprint can see (a degraded GPU, a busy neighbour)",
     ),
     Knob(
+        "diverge_after",
+        int,
+        None,
+        "under speculation, every greedy (temperature 0) request's tokens from this position on differ from the "
+        "baseline's (a broken drafter, for orch ab --check-outputs); unset: speculation is lossless",
+        0.0,
+        float(2**31),
+    ),
+    Knob(
         "escape_linger_s",
         float,
         600.0,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +24,14 @@ class Body:
     rid: str | None = None
     include_usage: bool = False
     continuous_usage: bool = False
+    greedy: bytes | None = None  # temperature 0: the prompt's key, from which its output follows (greedy_key)
+
+
+def greedy_key(temperature: Any, prompt: Any) -> bytes | None:
+    """A digest of the prompt when the request decodes greedily (temperature 0), else None (sampled tokens)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature != 0:
+        return None
+    return hashlib.blake2b(json.dumps(prompt, sort_keys=True, default=str).encode(), digest_size=16).digest()
 
 
 def generate_body(body: Any, context_length: int) -> Body:
@@ -54,6 +64,7 @@ def generate_body(body: Any, context_length: int) -> Body:
         stop=stops(sp.get("stop")),
         stream=bool(body.get("stream", False)),
         rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
+        greedy=greedy_key(sp.get("temperature"), text if text is not None else input_ids),
     )
 
 
@@ -63,8 +74,9 @@ def openai_body(body: Any, context_length: int, *, chat: bool) -> Body:
         raise HttpError(400, "request body must be a JSON object")
     if int(body.get("n") or 1) != 1:
         raise HttpError(400, "the simulator supports n=1 only")
+    material: Any
     if chat:
-        messages = body.get("messages")
+        messages = material = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise HttpError(400, "messages must be a non-empty list")
         prompt = count_chat_tokens(messages)
@@ -75,6 +87,7 @@ def openai_body(body: Any, context_length: int, *, chat: bool) -> Body:
         p = body.get("prompt")
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             p = single(p, "prompt")
+        material = p
         if isinstance(p, str):
             prompt = count_text_tokens(p)
         elif isinstance(p, list) and all(isinstance(t, int) for t in p):
@@ -96,6 +109,7 @@ def openai_body(body: Any, context_length: int, *, chat: bool) -> Body:
         stream=stream,
         include_usage=include_usage,
         continuous_usage=continuous,
+        greedy=greedy_key(body.get("temperature"), material),
     )
 
 

@@ -169,6 +169,7 @@ class SimServer:
             cuda_graph_max_bs=self.cfg.cuda_graph_max_bs,
             die_after_tokens=die_after,
             on_crash=self._crash,
+            diverge_after=_int_knob(self.knobs.get("diverge_after")),
         )
         engine_task = asyncio.ensure_future(self.engine.run())
         warmup_task = asyncio.ensure_future(self._warmup())
@@ -539,7 +540,14 @@ class SimServer:
     async def _answer(self, b: Body, sink: Sink, writer: asyncio.StreamWriter, keep: bool) -> bool:
         """Generate for one checked request, its answer written by sink as tokens come."""
         r = Req(
-            b.prompt, b.max_new, min_new_tokens=b.min_new, ignore_eos=b.ignore_eos, stop=b.stop, sink=sink, rid=b.rid
+            b.prompt,
+            b.max_new,
+            min_new_tokens=b.min_new,
+            ignore_eos=b.ignore_eos,
+            stop=b.stop,
+            sink=sink,
+            rid=b.rid,
+            greedy=b.greedy,
         )
         if b.stream:
             writer.write(stream_head(keep))
@@ -576,3 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # As SGLang's launch_server logs it: every resolved setting, secrets (--api-key) included, in clear.
     settings = "server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in cfg.resolved.items()) + ")"
     return launch(cfg, knobs, SimServer, settings, rewrite)
+
+
+def _int_knob(value: float | int | str | None) -> int | None:
+    return int(value) if isinstance(value, int | float) else None

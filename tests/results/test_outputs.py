@@ -1,0 +1,191 @@
+"""The lossless check (orch ab --check-outputs) and accept length per request, from the client to every report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.client.request import KEEP_OUTPUT, Record, build_body, count_openai_chunk, kept_output
+from orchestrator.report.jsondoc import ab_json
+from orchestrator.report.markdown import ab_markdown
+from orchestrator.report.text import ab_text
+from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.outputs import accept_distribution, diverge, outputs_check
+from orchestrator.results.run import RunResult
+from orchestrator.sim.engine import greedy_token
+from orchestrator.sim.requests import generate_body, openai_body
+from tests.conftest import FAST_SIM, WriteProfile, free_port
+from tests.engines.test_llamacpp import children_gone, cpu_profiles, real  # noqa: F401 (fixture)
+
+Capsys = pytest.CaptureFixture[str]
+
+
+def test_the_body_asks_for_greedy_output_and_the_client_keeps_it_only_when_told() -> None:
+    item = {"text": "say something"}
+    for endpoint in ("generate", "completions", "chat"):
+        body = build_body(endpoint, item, 8, "m")
+        assert KEEP_OUTPUT not in body
+        temperature = body["sampling_params"]["temperature"] if endpoint == "generate" else body["temperature"]
+        assert temperature == 0.0
+        assert build_body(endpoint, item, 8, "m", keep_output=True)[KEEP_OUTPUT] is True
+    rec = Record(index=3, start=0.0, max_tokens=8, output=[])
+    for piece in ("Hel", "lo", " world"):
+        count_openai_chunk({"choices": [{"text": piece}]}, rec, [])
+    rec.temperature = 0.0
+    kept = {"index": 3, "text": "Hello world", "pieces": ["Hel", "lo", " world"], "temperature": 0.0}
+    assert kept_output(rec) == kept
+    rec.error = "stalled"
+    assert kept_output(rec) is None  # a cut output says nothing about the decoding
+    assert kept_output(Record(index=0, start=0.0, max_tokens=8)) is None
+
+
+def test_a_divergence_is_found_by_token_or_by_stream_chunk() -> None:
+    same = {"text": " a b c", "ids": [1, 2, 3]}
+    assert diverge(same, dict(same)) is None
+    position, unit, length, base, arm = diverge(same, {"text": " a b d", "ids": [1, 2, 4]}) or ()
+    assert (position, unit, length) == (2, "token", 3) and base.endswith("c") and arm.endswith("d")
+    pieces = {"text": "one two three", "pieces": ["one", " two", " three"]}
+    where = diverge(pieces, {"text": "one two four", "pieces": ["one", " two", " four"]})
+    assert where is not None and where[:3] == (2, "chunk", 3)
+    # Text only (no ids): the first differing character decides, excerpts are escaped onto one line.
+    where = diverge({"text": 'x\n"y', "pieces": ["x", '\n"y']}, {"text": "x\nz", "pieces": ["x", "\nz"]})
+    assert where is not None and where[0] == 1 and where[3] == 'x\\n\\"y' and where[4] == "x\\nz"
+
+
+def _run(index: int, texts: list[str], accepts: list[tuple[float, int]] | None = None) -> RunResult:
+    outputs = [
+        {"index": i, "text": t.replace("|", ""), "pieces": t.split("|"), "temperature": 0.0}
+        for i, t in enumerate(texts)
+    ]
+    metrics: dict[str, Any] = {"outputs": outputs}
+    if accepts:
+        metrics["accept_lengths"] = [list(a) for a in accepts]
+    return RunResult(index, False, 64, 1.0, 64.0, 10, 0.01, concurrency=1, metrics=metrics)
+
+
+def _result(base: list[str], spec: list[str], *, blocks: int = 2, accepts: Any = None) -> ABResult:
+    launches = []
+    for b in range(blocks):
+        launches.append(LaunchResult("base", f"b{b}", (_run(0, base),), 1.0, {"ok": True}, {}, None, b, 0, 0))
+        spec_runs = (_run(0, spec, accepts),)
+        launches.append(LaunchResult("spec", f"s{b}", spec_runs, 1.0, {"ok": True}, {}, 3, b, 1, 1))
+    design = Design.make(2, blocks, "fixed", 1)
+    return ABResult("exp", True, "local", ("base", "spec"), tuple(launches), {}, design=design)
+
+
+def test_identical_arms_pass_and_a_late_rare_divergence_reads_as_numerics() -> None:
+    texts = [f"a|b|c|d|e|f|g|h|{i}" for i in range(4)]
+    check, control = outputs_check(_result(texts, texts))
+    assert (check.compared, check.identical, check.share, check.pattern) == (8, 8, 1.0, "none")
+    assert control.kind == "control" and control.compared == 4 and control.share == 1.0
+    late = [*texts[:3], "a|b|c|d|e|f|g|X|3"]
+    check = outputs_check(_result(texts, late))[0]
+    assert check.identical == 6 and check.pattern == "rare" and "numerics" in check.reading()
+    first = check.first
+    assert first is not None and (first.block, first.request, first.position, first.unit) == (0, 3, 7, "chunk")
+    early = ["a|X|c", "Y|b", "a|Z", "a|b|c|d|e|f|g|h|3"]
+    check = outputs_check(_result(texts, early))[0]
+    assert check.pattern == "early and often" and "broken drafter" in check.reading()
+    often = [t[:-1] + "X" for t in texts]
+    check = outputs_check(_result(texts, often))[0]
+    assert check.pattern == "often, late" and "control" in check.reading()
+
+
+def test_every_format_reports_the_check_and_the_accept_length_distribution() -> None:
+    texts = ["a|b|c", "d|e|f"]
+    # One long request accepting 3 per pass and one short accepting 1: tokens weigh the long one in.
+    result = _result(texts, ["a|b|c", "d|X|f"], accepts=[(3.0, 90), (1.0, 10)])
+    dist = accept_distribution(result.arms[1])
+    assert dist is not None and dist.per_request_mean == 2.0 and dist.token_weighted == pytest.approx(2.5)
+    assert accept_distribution(result.arms[0]) is None
+    text, md, doc = ab_text(result), ab_markdown(result), ab_json(result)
+    line = "spec vs base: 2/4 prompts identical (50.0%); 2 diverged, median at 33% of the output; first: block 1"
+    assert line in text and line in md and "## Lossless check" in md
+    assert "lossless check (--check-outputs; temperature 0.0 sent to every arm: greedy):" in text
+    assert "spec: mean of per-request 2.00 vs token-weighted 2.50 (4 requests" in text
+    check, control = doc["outputs_check"]
+    assert check["share_identical"] == 0.5 and check["first_divergence"]["request"] == 1
+    assert check["temperatures"] == [0.0]
+    assert check["first_divergence"]["position"] == 1 and check["first_divergence"]["block"] == 1
+    assert control["kind"] == "control" and control["share_identical"] == 1.0
+    (acc,) = doc["accept_length_per_request"]
+    assert acc["arm"] == "spec" and acc["per_request_mean"] == 2.0 and acc["token_weighted"] == pytest.approx(2.5)
+    from orchestrator.report.html import ab_html
+
+    page = ab_html(result)
+    assert '<section id="lossless-check">' in page and '<figure id="fig-accept">' in page
+    # Without kept outputs the check says nothing anywhere.
+    plain = ABResult("exp", True, "local", ("base",), (), {})
+    assert ab_json(plain)["outputs_check"] is None and "lossless" not in ab_text(plain)
+
+
+def test_the_simulators_greedy_output_follows_the_prompt_alone() -> None:
+    body = {"prompt": "p", "max_tokens": 4, "temperature": 0.0}
+    key = openai_body(body, 4096, chat=False).greedy
+    assert key is not None and key == openai_body(dict(body), 4096, chat=False).greedy
+    assert openai_body({**body, "prompt": "q"}, 4096, chat=False).greedy != key
+    assert openai_body({**body, "temperature": 0.7}, 4096, chat=False).greedy is None
+    assert openai_body({"prompt": "p", "max_tokens": 4}, 4096, chat=False).greedy is None  # default: sampled
+    assert generate_body({"text": "p", "sampling_params": {"temperature": 0}}, 4096).greedy is not None
+    assert greedy_token(key, 5) == greedy_token(key, 5) != greedy_token(key, 5, 1)
+
+
+def _sim_pair(write_profile: WriteProfile, diverge_after: int | None) -> tuple[str, str]:
+    common: dict[str, Any] = {"engine": "sglang", "model_path": "/models/m", "tp_size": 2, "ready_timeout_s": 30}
+    base = write_profile("base", **common, port=free_port(), sim=dict(FAST_SIM))
+    knobs = {**FAST_SIM, **({"diverge_after": diverge_after} if diverge_after is not None else {})}
+    spec = {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+    other = write_profile("spec", **common, port=free_port(), sim=knobs, speculative=spec)
+    return str(base), str(other)
+
+
+@pytest.mark.slow
+def test_on_the_simulator_a_lossless_drafter_passes_and_a_broken_one_is_found(
+    write_profile: WriteProfile, tmp_path: Path, capsys: Capsys
+) -> None:
+    short = ["--sim", "--runs", "2", "--warmup", "0", "--max-tokens", "24", "--min-run-s", "0", "--check-outputs"]
+    db = str(tmp_path / "r.db")
+    # Lossless (the default): every prompt identical on /generate (token ids), and the baseline-vs-baseline control.
+    code = main(["ab", *_sim_pair(write_profile, None), *short, "--blocks", "2", "--concurrency", "2", "--db", db])
+    assert code == 0
+    capsys.readouterr()
+    assert main(["show", "last", "--db", db, "--json"]) == 0  # read back from the store
+    check, control = json.loads(capsys.readouterr().out)["outputs_check"]
+    assert (check["compared"], check["identical"], check["pattern"]) == (8, 8, "none")
+    assert control["kind"] == "control" and control["compared"] == 4 and control["share_identical"] == 1.0
+    # A broken drafter (diverge_after 5) on /v1/completions (text, by stream chunk): every prompt, at chunk 5.
+    pair = _sim_pair(write_profile, 5)
+    args = ["ab", *pair, *short, "--blocks", "1", "--endpoint", "completions", "--json", "--db", db]
+    assert main(args) == 0
+    (check,) = json.loads(capsys.readouterr().out)["outputs_check"]
+    assert check["compared"] == 2 and check["identical"] == 0 and check["pattern"] == "early and often"
+    first = check["first_divergence"]
+    assert (first["position"], first["unit"], first["length"], first["request"]) == (5, "chunk", 24, 0)
+    assert main(["show", "last", "--db", db]) == 0
+    text = capsys.readouterr().out
+    assert "spec vs base: 0/2 prompts identical (0.0%)" in text and "more likely a broken drafter" in text
+
+
+@real
+@pytest.mark.slow
+def test_a_real_llama_cpp_ab_checks_its_outputs(
+    cpu_profiles: tuple[Path, Path],  # noqa: F811 (the fixture imported above)
+    tmp_path: Path,
+    capsys: Capsys,
+) -> None:
+    import psutil
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    base, pld = cpu_profiles
+    args = ["ab", str(base), str(pld), "--check-outputs", "--blocks", "1", "--runs", "1", "--warmup", "0"]
+    args += ["--max-tokens", "16", "--min-run-s", "0", "--json", "--db", str(tmp_path / "r.db")]
+    assert main(args) == 0
+    (check,) = json.loads(capsys.readouterr().out)["outputs_check"]
+    # Whether they match is what the check measures (numerics may differ): here only that it compared the prompt.
+    assert check["compared"] == 1 and check["identical"] + check["diverged"] == 1
+    assert check["first_divergence"] is None or check["first_divergence"]["unit"] == "chunk"
+    children_gone(before)

@@ -570,13 +570,13 @@ def category_rows(bc: ByCategory) -> list[list[str]]:
     """One row per category: requests, each arm's tok/s (and accept length), each comparison's ratio, CI and verdict."""
     labels = list(dict.fromkeys(a.arm_label for a in bc.arms))
     vs = list(dict.fromkeys(c.arm_label for c in bc.comparisons))
-    header = ["category", "requests", *(f"{label} tok/s" for label in labels)]
+    header = ["category", "requests/arm", *(f"{label} tok/s" for label in labels)]
     for label in vs:
         header += [f"{label} ratio", "95% CI", "verdict"]
     rows = [header]
     for category in bc.categories:
         arms = [bc.arm(label, category) for label in labels]
-        cells = [category, str(sum(a.requests for a in arms if a is not None))]
+        cells = [category, str(arms[0].requests if arms and arms[0] is not None else 0)]
         for a in arms:
             value = number(a.tok_s if a else None)
             cells.append(value + (f" (al {a.accept_length:.2f})" if a and a.accept_length is not None else ""))

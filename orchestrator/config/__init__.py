@@ -6,4 +6,16 @@ for (`sweep`: the probe's workload and the rate levels'), and `datasets` (ShareG
 as HumanEval, with their origin, licence and sha256).
 """
 
-__all__ = ["arrivals", "datasets", "design", "limits", "options", "plan", "profile", "prompts", "slo", "sweep", "workload"]
+__all__ = [
+    "arrivals",
+    "datasets",
+    "design",
+    "limits",
+    "options",
+    "plan",
+    "profile",
+    "prompts",
+    "slo",
+    "sweep",
+    "workload",
+]

@@ -5,4 +5,16 @@ versioned SQLite file, written as each run ends), `load` (a stored experiment re
 `curves` (each arm's numbers over the levels with CIs over launches, and the Pareto front: what the load plots draw), `categories` (each arm's tok/s and each comparison's paired ratio per prompt category).
 """
 
-__all__ = ["bundle", "bundleformat", "categories", "compare", "curves", "goodput", "load", "model", "run", "schema", "store"]
+__all__ = [
+    "bundle",
+    "bundleformat",
+    "categories",
+    "compare",
+    "curves",
+    "goodput",
+    "load",
+    "model",
+    "run",
+    "schema",
+    "store",
+]

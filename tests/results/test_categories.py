@@ -18,7 +18,10 @@ def _sharegpt(path: Path) -> str:
         {
             "id": f"{c}-{i}",
             "category": c,
-            "conversations": [{"from": "human", "value": f"{c} task {i}: please answer"}, {"from": "gpt", "value": "ok"}],
+            "conversations": [
+                {"from": "human", "value": f"{c} task {i}: please answer"},
+                {"from": "gpt", "value": "ok"},
+            ],
         }
         for c in CATEGORIES
         for i in range(3)
@@ -28,7 +31,9 @@ def _sharegpt(path: Path) -> str:
 
 
 def test_run_categories_follow_the_request_sequence(tmp_path: Path) -> None:
-    bench = BenchConfig(runs=2, warmup=1, concurrency=(1, 2), requests_per_stream=2, prompts=_sharegpt(tmp_path / "d.json"))
+    bench = BenchConfig(
+        runs=2, warmup=1, concurrency=(1, 2), requests_per_stream=2, prompts=_sharegpt(tmp_path / "d.json")
+    )
     items = request_items(bench)
     found = run_categories(bench)
     assert set(found) == {(1, 0.0, 0), (1, 0.0, 1), (2, 0.0, 0), (2, 0.0, 1)}

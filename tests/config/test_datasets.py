@@ -58,7 +58,7 @@ def test_sharegpt_first_human_turn_streamed_across_pieces(tmp_path: Path, monkey
 def test_sharegpt_errors_name_the_line(tmp_path: Path, text: str, where: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(text)
-    with pytest.raises(PromptFileError, match="bad.json") as e:
+    with pytest.raises(PromptFileError, match=r"bad\.json") as e:
         datasets.request_sequence(str(path), 2, seed=0)
     assert where in str(e.value)
 
@@ -88,7 +88,7 @@ def test_csv_prompt_and_category_columns(tmp_path: Path) -> None:
 def test_csv_errors_name_the_line(tmp_path: Path, text: str, where: str) -> None:
     path = tmp_path / "bad.csv"
     path.write_bytes(text.encode("latin-1"))
-    with pytest.raises(PromptFileError, match="bad.csv") as e:
+    with pytest.raises(PromptFileError, match=r"bad\.csv") as e:
         datasets.request_sequence(str(path), 1, seed=0)
     assert where in str(e.value)
 

@@ -2,8 +2,8 @@
 versioned SQLite file, written as each run ends), `load` (a stored experiment read back as the model), `bundle` and
 `bundleformat` (one self-contained file per experiment), `compare` (two experiments, or a claim, side by side),
 `goodput` (a run's value of any metric a comparison may be on, goodput under an SLO from its per-request rows),
-`curves` (each arm's numbers over the levels with CIs over launches, and the Pareto front: what the load plots draw), `categories` (each arm's tok/s and each comparison's paired ratio per prompt
-category).
+`curves` (each arm's numbers over the levels with CIs over launches, and the Pareto front: what the load plots draw),
+`categories` (each arm's tok/s and each comparison's paired ratio per prompt category).
 """
 
 __all__ = [

@@ -152,7 +152,8 @@ def _sharegpt(path: str) -> Iterator[PromptItem | None]:
 
 
 def _csv(path: str) -> Iterator[PromptItem | None]:
-    """Each row's `prompt` column (and `category`, when the header has one); the first row is the header."""
+    """Each row's `prompt` column (and `category`, `output_len` when the header has them); the first row is the
+    header."""
 
     def text_lines() -> Iterator[str]:
         for n, _, raw in prompts.file_lines(path):
@@ -170,9 +171,10 @@ def _csv(path: str) -> Iterator[PromptItem | None]:
         if "prompt" not in columns:
             raise PromptFileError(
                 f"{path}:1: no 'prompt' column in the header (columns: {', '.join(header) or 'none'}); "
-                "a CSV dataset needs 'prompt' and may have 'category'"
+                "a CSV dataset needs 'prompt' and may have 'category' and 'output_len'"
             )
-        p, c = columns.index("prompt"), columns.index("category") if "category" in columns else None
+        p = columns.index("prompt")
+        c, o = (columns.index(k) if k in columns else None for k in ("category", "output_len"))
         while True:
             start = reader.line_num + 1
             row = next(reader, None)
@@ -184,7 +186,10 @@ def _csv(path: str) -> Iterator[PromptItem | None]:
             if len(row) <= p or not row[p].strip():
                 raise PromptFileError(f"{path}:{start}: the 'prompt' column is empty")
             category = row[c].strip() if c is not None and len(row) > c and row[c].strip() else "file"
-            yield PromptItem(category=category, text=row[p])
+            raw = row[o].strip() if o is not None and len(row) > o else ""
+            if raw and not (raw.isdigit() and int(raw) >= 1):
+                raise PromptFileError(f"{path}:{start}: 'output_len' must be a whole number of tokens, 1 or more")
+            yield PromptItem(category=category, text=row[p], output_len=int(raw) if raw else None)
     except csv.Error as e:
         raise PromptFileError(f"{path}:{reader.line_num}: not valid CSV ({e})") from None
 

@@ -99,6 +99,7 @@ class PromptItem:
     text: str | None = None
     input_ids: tuple[int, ...] | None = None
     messages: tuple[dict[str, Any], ...] | None = None
+    output_len: int | None = None  # the dataset's output length for this prompt (capped by --max-tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -106,6 +107,8 @@ class PromptItem:
             "text": self.text,
             "input_ids": list(self.input_ids) if self.input_ids is not None else None,
             "messages": list(self.messages) if self.messages is not None else None,
+            # Only when set: the digests of every workload without it stay what they were.
+            **({"output_len": self.output_len} if self.output_len is not None else {}),
         }
 
 
@@ -168,8 +171,13 @@ def _parse(path: str, n: int, line: bytes) -> PromptItem | None:
     if not isinstance(obj, dict):
         raise PromptFileError(f'{path}:{n}: expected an object with "prompt" or "messages"')
     category = str(obj.get("category", "file"))
+    output_len = obj.get("output_len")
+    if output_len is not None and (type(output_len) is not int or output_len < 1):
+        raise PromptFileError(
+            f'{path}:{n}: "output_len" must be a whole number of tokens, 1 or more (got {output_len!r})'
+        )
     if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
-        return PromptItem(category=category, text=obj["prompt"])
+        return PromptItem(category=category, text=obj["prompt"], output_len=output_len)
     if (
         isinstance(obj.get("messages"), list)
         and all(
@@ -178,7 +186,7 @@ def _parse(path: str, n: int, line: bytes) -> PromptItem | None:
         )
         and obj["messages"]
     ):
-        return PromptItem(category=category, messages=tuple(obj["messages"]))
+        return PromptItem(category=category, messages=tuple(obj["messages"]), output_len=output_len)
     raise PromptFileError(f'{path}:{n}: needs "prompt" (non-empty text) or "messages" (a list of {{role, content}})')
 
 

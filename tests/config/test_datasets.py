@@ -120,3 +120,20 @@ def test_provenance_of_a_file_and_of_orch_prompts(tmp_path: Path) -> None:
     assert info is not None and info["format"] == "csv" and len(info["sha256"]) == 64
     assert datasets.provenance("builtin") is None and datasets.provenance("random") is None
     assert not datasets.categorised("builtin") and datasets.categorised(str(path))
+
+
+def test_output_len_is_read_and_only_then_digested(tmp_path: Path) -> None:
+    jsonl, csv_file = tmp_path / "d.jsonl", tmp_path / "d.csv"
+    jsonl.write_text('{"prompt": "a", "output_len": 7}\n{"prompt": "b"}\n')
+    csv_file.write_text("prompt,output_len\na,5\nb,\n")
+    for path, expect in ((jsonl, {7, None}), (csv_file, {5, None})):
+        items = request_items(BenchConfig(runs=2, warmup=0, prompts=str(path)))
+        assert {it.get("output_len") for it in items} == expect
+        assert all("output_len" in it for it in items if it.get("output_len") is not None)
+        assert any("output_len" not in it for it in items)  # absent, not null: old digests stay the same
+    jsonl.write_text('{"prompt": "a", "output_len": 0}\n')
+    with pytest.raises(PromptFileError, match=r'd\.jsonl:1: "output_len" must be a whole number'):
+        request_items(BenchConfig(runs=1, warmup=0, prompts=str(jsonl)))
+    csv_file.write_text("prompt,output_len\na,many\n")
+    with pytest.raises(PromptFileError, match=r"d\.csv:2: 'output_len' must be a whole number"):
+        request_items(BenchConfig(runs=1, warmup=0, prompts=str(csv_file)))

@@ -70,3 +70,18 @@ def test_ab_on_a_sharegpt_file_reports_by_category(
     md = capsys.readouterr().out  # type: ignore[attr-defined]
     assert "### By category at 3" in md and "| code |" in md
     print(text)
+
+
+def test_a_prompts_output_len_caps_its_request(
+    sim_profiles: Callable[..., dict[str, Path]], tmp_path: Path, capsys: object
+) -> None:
+    profiles = sim_profiles()
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "short one", "output_len": 5}\n{"prompt": "long one", "output_len": 500}\n')
+    db = str(tmp_path / "r.db")
+    args = ["--sim", "--dataset", str(data), "--runs", "1", "--concurrency", "2", "--max-tokens", "24", *FAST]
+    assert main(["bench", str(profiles["baseline"]), *args, "--db", db]) == 0
+    capsys.readouterr()  # type: ignore[attr-defined]
+    assert main(["export", "last", "--format", "jsonl", "--db", db]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]  # type: ignore[attr-defined]
+    assert sorted(r["tokens"] for r in rows if not r.get("warmup")) == [5, 24]  # its own length, --max-tokens caps it

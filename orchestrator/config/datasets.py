@@ -280,3 +280,14 @@ def categorised(source: str) -> bool:
     """Whether results are broken down by category: for datasets and prompt files, not for orch's own sets (a few
     prompts per category, written to mix tasks, not to be judged one by one)."""
     return source not in ("builtin", "random", *prompts.BUNDLED_SETS)
+
+
+def load_file(path: str) -> list[PromptItem]:
+    """Every prompt of a dataset file in file order (a bundle carries them; as JSONL they send the same requests)."""
+    what = kind(path)
+    if what not in ("sharegpt", "csv"):
+        return prompts.load_jsonl(path)
+    items = [item for item in (_sharegpt if what == "sharegpt" else _csv)(path) if item is not None]
+    if not items:
+        raise PromptFileError(f"{path}: no prompts in the file")
+    return items

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,27 @@ def test_output_len_is_read_and_only_then_digested(tmp_path: Path) -> None:
     csv_file.write_text("prompt,output_len\na,many\n")
     with pytest.raises(PromptFileError, match=r"d\.csv:2: 'output_len' must be a whole number"):
         request_items(BenchConfig(runs=1, warmup=0, prompts=str(csv_file)))
+
+
+def test_a_csv_dataset_travels_in_its_bundle_and_humaneval_by_name(
+    sim_profiles: Callable[..., dict[str, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profiles = sim_profiles()
+    data = tmp_path / "d.csv"
+    data.write_text("prompt,category,output_len\nfirst,chat,4\nsecond,code,\n")
+    fast = ("--runs", "1", "--max-tokens", "8", "--warmup", "0", "--min-run-s", "0", "--gpu-wait", "0")
+    for source in (str(data), "humaneval"):
+        db, bundle = tmp_path / f"{len(source)}.db", tmp_path / f"{len(source)}.orch.json"
+        assert main(["bench", str(profiles["baseline"]), "--sim", "--dataset", source, *fast, "--db", str(db)]) == 0
+        assert main(["export", "last", "--format", "bundle", "-o", str(bundle), "--db", str(db)]) == 0
+        content = json.loads(bundle.read_text())["content"]
+        if source == "humaneval":
+            assert content["prompts"]["generated"] is True
+            assert content["config"]["dataset"]["sha256"] == datasets.SHIPPED["humaneval"]["sha256"]
+        else:
+            assert content["prompts"]["items"] == [
+                {"category": "chat", "prompt": "first", "output_len": 4},
+                {"category": "code", "prompt": "second"},
+            ]
+            assert content["config"]["dataset"]["format"] == "csv"
+    capsys.readouterr()

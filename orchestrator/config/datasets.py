@@ -70,14 +70,13 @@ def _chunks(path: str) -> Iterator[bytes]:
 
 def _json_elements(path: str) -> Iterator[tuple[int, Any]]:
     """(line, element) of each element of the JSON array a file holds, decoded piece by piece: the file is never
-    held whole, only the elements not yet handed on."""
+    held whole, only what is not yet handed on."""
     decoder, utf8 = json.JSONDecoder(), codecs.getincrementaldecoder("utf-8")()
     pieces = _chunks(path)
-    buf, pos, line, eof = "", 0, 1, False  # line: the line number of buf[0]
+    buf, pos, line, eof = "", 0, 1, False  # line: the line number at buf[pos], kept as pos moves (never recounted)
 
     def more() -> None:
-        nonlocal buf, pos, line, eof
-        line += buf.count("\n", 0, pos)
+        nonlocal buf, pos, eof
         buf, pos = buf[pos:], 0
         want = max(CHUNK_BYTES, len(buf))  # an element longer than a piece: read as much again, not a piece per try
         got: list[bytes] = []
@@ -89,43 +88,45 @@ def _json_elements(path: str) -> Iterator[tuple[int, Any]]:
         except UnicodeDecodeError as e:
             raise PromptFileError(f"{path}:{line + buf.count(chr(10))}: not UTF-8 text (byte {e.start})") from None
 
-    def at() -> int:
-        return line + buf.count("\n", 0, pos)
+    def move(to: int) -> None:
+        nonlocal pos, line
+        line += buf.count("\n", pos, to)
+        pos = to
 
     def skip_space() -> str:
         """The next character that is not white space ('' at the end of the file)."""
-        nonlocal pos
         while True:
-            while pos < len(buf) and buf[pos] in " \t\r\n":
-                pos += 1
+            end = pos
+            while end < len(buf) and buf[end] in " \t\r\n":
+                end += 1
+            move(end)
             if pos < len(buf) or eof:
                 return buf[pos] if pos < len(buf) else ""
             more()
 
     if skip_space() != "[":
-        raise PromptFileError(f"{path}:{at()}: expected a JSON array of conversations (ShareGPT format)")
-    pos += 1
+        raise PromptFileError(f"{path}:{line}: expected a JSON array of conversations (ShareGPT format)")
+    move(pos + 1)
     if skip_space() == "]":
         return
     while True:
-        start = at()
         try:
             obj, end = decoder.raw_decode(buf, pos)
         except json.JSONDecodeError as e:
             if not eof:
                 more()
                 continue
-            raise PromptFileError(f"{path}:{line + buf.count(chr(10), 0, e.pos)}: not valid JSON ({e.msg})") from None
+            raise PromptFileError(f"{path}:{line + buf.count(chr(10), pos, e.pos)}: not valid JSON ({e.msg})") from None
         except RecursionError:
-            raise PromptFileError(f"{path}:{start}: JSON nested too deeply") from None
-        yield start, obj
-        pos = end
+            raise PromptFileError(f"{path}:{line}: JSON nested too deeply") from None
+        yield line, obj
+        move(end)
         sep = skip_space()
         if sep == "]":
             return
         if sep != ",":
-            raise PromptFileError(f"{path}:{at()}: expected ',' or ']' after an element of the array")
-        pos += 1
+            raise PromptFileError(f"{path}:{line}: expected ',' or ']' after an element of the array")
+        move(pos + 1)
         skip_space()
 
 

@@ -69,7 +69,10 @@ def test_ab_on_a_sharegpt_file_reports_by_category(
     assert main(["export", "last", "--format", "md", "--db", db]) == 0
     md = capsys.readouterr().out  # type: ignore[attr-defined]
     assert "### By category at 3" in md and "| code |" in md
-    print(text)
+    html = tmp_path / "r.html"
+    assert main(["export", "last", "--format", "html", "-o", str(html), "--db", db]) == 0
+    page = html.read_text()
+    assert '<section id="by-category">' in page and "eagle3 ratio" in page
 
 
 def test_a_prompts_output_len_caps_its_request(

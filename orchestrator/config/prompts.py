@@ -99,6 +99,7 @@ class PromptItem:
     text: str | None = None
     input_ids: tuple[int, ...] | None = None
     messages: tuple[dict[str, Any], ...] | None = None
+    output_len: int | None = None  # the dataset's output length for this prompt (capped by --max-tokens)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -106,6 +107,8 @@ class PromptItem:
             "text": self.text,
             "input_ids": list(self.input_ids) if self.input_ids is not None else None,
             "messages": list(self.messages) if self.messages is not None else None,
+            # Only when set: the digests of every workload without it stay what they were.
+            **({"output_len": self.output_len} if self.output_len is not None else {}),
         }
 
 
@@ -127,7 +130,7 @@ def random_items(n: int, input_len: int, seed: int, vocab: int = 32000) -> list[
 MAX_FILE_BYTES = 256 * 1024 * 1024
 
 
-def _item_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
+def file_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
     """(line number, byte offset, line) of every line of a prompt file, read as a stream of at most MAX_FILE_BYTES."""
     try:
         f = files.open_regular(path)
@@ -168,8 +171,13 @@ def _parse(path: str, n: int, line: bytes) -> PromptItem | None:
     if not isinstance(obj, dict):
         raise PromptFileError(f'{path}:{n}: expected an object with "prompt" or "messages"')
     category = str(obj.get("category", "file"))
+    output_len = obj.get("output_len")
+    if output_len is not None and (type(output_len) is not int or output_len < 1):
+        raise PromptFileError(
+            f'{path}:{n}: "output_len" must be a whole number of tokens, 1 or more (got {output_len!r})'
+        )
     if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
-        return PromptItem(category=category, text=obj["prompt"])
+        return PromptItem(category=category, text=obj["prompt"], output_len=output_len)
     if (
         isinstance(obj.get("messages"), list)
         and all(
@@ -178,13 +186,13 @@ def _parse(path: str, n: int, line: bytes) -> PromptItem | None:
         )
         and obj["messages"]
     ):
-        return PromptItem(category=category, messages=tuple(obj["messages"]))
+        return PromptItem(category=category, messages=tuple(obj["messages"]), output_len=output_len)
     raise PromptFileError(f'{path}:{n}: needs "prompt" (non-empty text) or "messages" (a list of {{role, content}})')
 
 
 def load_jsonl(path: str) -> list[PromptItem]:
     """A user prompt file: one JSON object per line with "prompt" (text) or "messages" (chat), "category" optional."""
-    items = [item for n, _, line in _item_lines(path) if (item := _parse(path, n, line)) is not None]
+    items = [item for n, _, line in file_lines(path) if (item := _parse(path, n, line)) is not None]
     if not items:
         raise PromptFileError(f"{path}: no prompts in the file")
     return items
@@ -193,10 +201,10 @@ def load_jsonl(path: str) -> list[PromptItem]:
 def _sample_jsonl(path: str, n: int, seed: int) -> list[PromptItem]:
     """The first n prompts of request_sequence's order over a file, holding only each prompt's offset and the n
     chosen ones in memory: every line is checked in a first pass, the chosen ones are read again in a second."""
-    offsets = [(k, off) for k, off, line in _item_lines(path) if _parse(path, k, line) is not None]
+    offsets = [(k, off) for k, off, line in file_lines(path) if _parse(path, k, line) is not None]
     if not offsets:
         raise PromptFileError(f"{path}: no prompts in the file")
-    chosen = _order(len(offsets), n, seed)
+    chosen = sample_order(len(offsets), n, seed)
     wanted = {i: offsets[i] for i in sorted(set(chosen))}
     by_index: dict[int, PromptItem] = {}
     try:
@@ -213,7 +221,7 @@ def _sample_jsonl(path: str, n: int, seed: int) -> list[PromptItem]:
     return [by_index[i] for i in chosen]
 
 
-def _order(pool: int, n: int, seed: int) -> list[int]:
+def sample_order(pool: int, n: int, seed: int) -> list[int]:
     """Which of `pool` prompts the n requests send, in order: each pass visits every prompt once, in a seeded
     shuffle, so categories stay balanced. Shuffling indexes draws exactly as shuffling the prompts would."""
     rng = random.Random(f"prompts:{seed}")
@@ -255,4 +263,4 @@ def request_sequence(source: str, n: int, *, seed: int, input_len: int | None = 
     if source != "builtin":
         return _sample_jsonl(source_path(source), n, seed)
     pool = builtin_items()
-    return [pool[i] for i in _order(len(pool), n, seed)]
+    return [pool[i] for i in sample_order(len(pool), n, seed)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config import arrivals, prompts
+from orchestrator.config import arrivals, datasets
 
 CLIENT_PLACES = ("host", "local")
 # An open-loop level given neither --duration nor --requests lasts this long per run.
@@ -82,13 +82,13 @@ def request_items(config: BenchConfig) -> list[dict[str, Any]]:
         total = config.warmup + sum(config.runs * config.requests_per_run(c) for c in config.concurrency)
         return [
             it.to_dict()
-            for it in prompts.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
+            for it in datasets.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
         ]
     schedules = [config.schedule(rate, run) for rate in config.rate for run in range(config.runs)]
     total = config.warmup + sum(len(s) for s in schedules)
     items = [
         it.to_dict()
-        for it in prompts.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
+        for it in datasets.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
     ]
     position = config.warmup
     for times in schedules:
@@ -96,3 +96,23 @@ def request_items(config: BenchConfig) -> list[dict[str, Any]]:
             items[position] = {**items[position], "scheduled_s": at}
             position += 1
     return items
+
+
+# A timed run, as its requests' categories are looked up: (concurrency, rate or 0.0, run index), as RunResult says.
+RunSlot = tuple[int, float, int]
+
+
+def run_categories(config: BenchConfig) -> dict[RunSlot, tuple[str, ...]]:
+    """Each timed run's requests' categories in request order, from the request sequence as launch/benchmark sends
+    it (warmups first, then each level's runs in turn): a per-request row's `index` is its place in the run."""
+    items = request_items(config)
+    out: dict[RunSlot, tuple[str, ...]] = {}
+    position = config.warmup
+    if config.open_loop:
+        sizes = [((0, rate, i), len(config.schedule(rate, i))) for rate in config.rate for i in range(config.runs)]
+    else:
+        sizes = [((c, 0.0, i), config.requests_per_run(c)) for c in config.concurrency for i in range(config.runs)]
+    for slot, n in sizes:
+        out[slot] = tuple(str(it.get("category", "")) for it in items[position : position + n])
+        position += n
+    return out

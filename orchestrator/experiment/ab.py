@@ -11,10 +11,11 @@ from typing import Any
 
 from orchestrator import __version__, engines
 from orchestrator.common.redaction import scrub
-from orchestrator.config import limits
+from orchestrator.config import datasets, limits
 from orchestrator.config.design import ABConfig, new_experiment_id
 from orchestrator.config.profile import Profile
 from orchestrator.config.slo import DEFAULT_METRIC
+from orchestrator.config.workload import run_categories
 from orchestrator.errors import BenchError, OrchError
 from orchestrator.experiment.arm import ArmContext, LaunchSlot, StrictEnvError, run_launch
 from orchestrator.experiment.host import check_nodes, facts_changed, host_facts, nodes_needed
@@ -55,6 +56,8 @@ def experiment_config(
     return {
         "bench": config.bench.to_dict(),
         "requests_sha256": requests_digest(config.bench),
+        # A dataset's origin, licence and sha256 (builtin and random prompts are generated: nothing to record).
+        **({"dataset": d} if (d := datasets.provenance(config.bench.prompts)) is not None else {}),
         "host_facts": facts,
         "strict_env": config.strict_env,
         "ports": sorted({p.port for p in profiles}),
@@ -240,5 +243,6 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             slo=config.slo,
             metric=config.metric,
             sweep=(provenance or {}).get("sweep"),
+            categories=run_categories(config.bench) if datasets.categorised(config.bench.prompts) else None,
         )
     )

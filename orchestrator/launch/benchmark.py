@@ -289,9 +289,12 @@ def run_benchmark(
         nonlocal position, recoveries
         chunk = items[position : position + n]
         position += n
+        # A dataset's own output length (`output_len`) in timed runs, capped by --max-tokens; warmups stay short.
+        lengths = [max_tokens if warm else min(max_tokens, int(it.get("output_len") or max_tokens)) for it in chunk]
+        keep = config.check_outputs and not warm
         bodies = [
-            client.build_body(config.endpoint, it, max_tokens, model, keep_output=config.check_outputs and not warm)
-            for it in chunk
+            client.build_body(config.endpoint, it, k, model, keep_output=keep)
+            for it, k in zip(chunk, lengths, strict=True)
         ]
         # Open loop: when each request is due, from the request sequence itself (its digest covers the schedule).
         open_loop = (
@@ -320,7 +323,7 @@ def run_benchmark(
                 concurrency=concurrency,
                 **({"rate": rate} if rate is not None else {}),
             )
-            summary = runner(bodies, [max_tokens] * n, concurrency, probe, open_loop)
+            summary = runner(bodies, lengths, concurrency, probe, open_loop)
             if summary.get("aborted"):
                 # The watchdog saw the launch break (a process exited): nothing to check or repeat.
                 stopped = RunResult.from_summary(index, warm, summary)

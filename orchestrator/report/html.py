@@ -15,6 +15,9 @@ from orchestrator.report.lines import (
     SIM_BANNER,
     attached_banner,
     breakeven_lines,
+    category_heading,
+    category_lines,
+    category_rows,
     comparison_line,
     crossover_lines,
     energy_lines,
@@ -33,6 +36,7 @@ from orchestrator.report.lines import (
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
 from orchestrator.results import curves
+from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.outputs import accept_distributions
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
@@ -747,6 +751,20 @@ def _energy_section(result: ABResult) -> str:
     return "".join(parts)
 
 
+def _category_section(result: ABResult) -> str:
+    """Each level's results by prompt category (report/lines.category_rows); nothing without categories."""
+    parts = []
+    for lv in result.levels or [1]:
+        bc = by_category(result, lv)
+        if bc is None:
+            continue
+        parts.append(f"<h3>{_e(level_heading(lv))}</h3>")
+        parts.append(_table(category_rows(bc), f"table-category-{level_id(lv)}"))
+        parts.append(f'<p class="note">{_e(category_heading(bc))}.</p>')
+        parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in category_lines(bc)) + "</ul>")
+    return '<section id="by-category"><h2>By category</h2>' + "".join(parts) + "</section>" if parts else ""
+
+
 def _sweep_note(result: ABResult) -> list[str]:
     """Where --sweep auto's rates came from, under the verdicts."""
     said = "; ".join(line.strip() for line in sweep_lines(result))
@@ -816,6 +834,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         "across launches; vs: mean per-block ratio.</p></section>"
     )
     body.append(_energy_section(result))
+    body.append(_category_section(result))
     body.append('<section id="plots"><h2>Throughput</h2>')
     body += [_tok_s_figure(result, lv) for lv in result.levels or [1]]
     if len(result.arms) > 1:

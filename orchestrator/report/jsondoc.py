@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.report.lines import energy_note
 from orchestrator.report.outputs import outputs_json
+from orchestrator.results.categories import by_category
 from orchestrator.results.goodput import run_attainment
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.run import Level, Rate
@@ -221,6 +222,8 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         ],
         # what the energy figures are (nvidia-smi's power field and its averaging window), or why there are none
         "energy_note": energy_note(result),
+        # per prompt category (a dataset with two or more), per level: each arm's tok/s, each comparison's ratio
+        "by_category": [bc.to_dict() for level in levels if (bc := by_category(result, level)) is not None],
     }
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from orchestrator.client.summary import lag_text
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
+from orchestrator.results.categories import ByCategory
 from orchestrator.results.model import ABResult, ArmResult, CapacityComparison, Comparison, EnergyComparison
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats.estimates import BreakEven
@@ -555,3 +556,43 @@ def capacity_comparison_line(c: CapacityComparison) -> str:
         c.verdict or "", "inconclusive (the CI includes 1)"
     )
     return f"{head}{c.ratio:.3f}x, 95% CI [{c.lo:.3f}, {c.hi:.3f}] over {c.blocks} blocks -> {verdict}{censored}"
+
+
+def category_heading(bc: ByCategory) -> str:
+    """What the by-category table holds (one level: the one it is about)."""
+    return (
+        f"by category @ {level_name(bc.level)}: tok/s per stream from each category's requests (median of launch "
+        "medians; accept length: mean per request); ratio vs the first arm paired block by block, 95% CI over blocks"
+    )
+
+
+def category_rows(bc: ByCategory) -> list[list[str]]:
+    """One row per category: requests, each arm's tok/s (and accept length), each comparison's ratio, CI and verdict."""
+    labels = list(dict.fromkeys(a.arm_label for a in bc.arms))
+    vs = list(dict.fromkeys(c.arm_label for c in bc.comparisons))
+    header = ["category", "requests/arm", *(f"{label} tok/s" for label in labels)]
+    for label in vs:
+        header += [f"{label} ratio", "95% CI", "verdict"]
+    rows = [header]
+    for category in bc.categories:
+        arms = [bc.arm(label, category) for label in labels]
+        cells = [category, str(arms[0].requests if arms and arms[0] is not None else 0)]
+        for a in arms:
+            value = number(a.tok_s if a else None)
+            cells.append(value + (f" (al {a.accept_length:.2f})" if a and a.accept_length is not None else ""))
+        for label in vs:
+            c = next(c for c in bc.comparisons if c.arm_label == label and c.category == category)
+            est = c.estimate
+            ci = f"[{est.lo:.3f}, {est.hi:.3f}]" if est is not None and est.blocks >= 2 else "-"
+            cells += [
+                f"{c.ratio:.3f}x" if c.ratio is not None else "-",
+                ci,
+                (c.verdict or "-") + ("" if c.paired or c.verdict is None else " (unpaired)"),
+            ]
+        rows.append(cells)
+    return rows
+
+
+def category_lines(bc: ByCategory) -> list[str]:
+    """Where each arm pays and where it does not, one sentence per comparison."""
+    return bc.sentences()

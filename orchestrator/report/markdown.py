@@ -6,6 +6,9 @@ from orchestrator.report.lines import (
     SIM_BANNER,
     attached_banner,
     breakeven_lines,
+    category_heading,
+    category_lines,
+    category_rows,
     ci_method_line,
     comparison_line,
     crossover_lines,
@@ -28,7 +31,9 @@ from orchestrator.report.lines import (
     whatif_line,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
+from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
+from orchestrator.results.run import level_name
 
 
 def md_table(rows: list[list[str]]) -> list[str]:
@@ -74,6 +79,10 @@ def ab_markdown(result: ABResult) -> str:
         lines += [f"- {comparison_line(c)}" for c in result.comparisons_at(level)]
         if method := ci_method_line(result.comparisons_at(level)):
             lines.append(f"- {method}")
+        if (bc := by_category(result, level)) is not None:
+            lines += ["", f"### By category at {level_name(bc.level)}", "", category_heading(bc) + ".", ""]
+            lines += md_table(category_rows(bc))
+            lines += ["", *(f"- {line}" for line in category_lines(bc))]
         if energy := energy_lines(result, level):
             lines += ["", f"### {energy[0][0].upper()}{energy[0][1:]}", ""] + [f"- {line}" for line in energy[1:]]
     if crossings := crossover_lines(result):

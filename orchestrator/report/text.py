@@ -6,6 +6,9 @@ from orchestrator.report.lines import (
     SIM_BANNER,
     attached_banner,
     breakeven_lines,
+    category_heading,
+    category_lines,
+    category_rows,
     ci_method_line,
     comparison_line,
     crossover_lines,
@@ -30,6 +33,7 @@ from orchestrator.report.lines import (
     whatif_line,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
+from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import level_name, level_phrase
 
@@ -103,6 +107,10 @@ def ab_text(result: ABResult) -> str:
             lines.append(f"    {method}")
         energy = energy_lines(result, level)
         lines += [f"  {line}" if i == 0 else f"    {line}" for i, line in enumerate(energy)]
+        if (bc := by_category(result, level)) is not None:
+            lines.append(f"  {category_heading(bc)}")
+            lines += text_table(category_rows(bc))
+            lines += [f"  {line}" for line in category_lines(bc)]
         lines.append("")
     for line in crossover_lines(result):
         lines.append(f"  {line}")

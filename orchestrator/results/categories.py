@@ -1,0 +1,246 @@
+"""Results by prompt category: each arm's tok/s and accept length per category, and each comparison's paired ratio
+per category with its CI and verdict, from the runs' per-request rows."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.config import datasets
+from orchestrator.config.workload import request_items, run_categories
+from orchestrator.errors import InputError
+from orchestrator.results.bundleformat import bench_config
+from orchestrator.results.model import same_requests
+from orchestrator.results.run import Level, Rate
+from orchestrator.stats.estimates import RatioEstimate, ratio_ci, verdict
+
+if TYPE_CHECKING:
+    from orchestrator.results.model import ABResult, ArmResult
+    from orchestrator.results.run import RunResult
+
+# (concurrency, rate or 0.0, run index) → the categories of the run's requests in order (config/workload.RunSlot).
+Categories = Mapping[tuple[int, float, int], Sequence[str]]
+
+
+def run_category_values(run: RunResult, categories: Categories) -> dict[str, tuple[float, float | None, int]]:
+    """One run's (tok/s per stream, mean accept length or None, completed requests) per category: each completed
+    request's tokens over its end-to-end time, averaged over the category's requests, as the run's own tok/s is
+    over all of them."""
+    names = categories.get((run.concurrency, float(run.rate or 0.0), run.index))
+    if not names:
+        return {}
+    speeds: dict[str, list[float]] = {}
+    accepts: dict[str, list[float]] = {}
+    for row in run.per_request:
+        index, e2e, tokens = row.get("index"), row.get("e2e_s"), int(row.get("tokens") or 0)
+        if row.get("error") or not isinstance(index, int) or not 0 <= index < len(names) or not e2e or tokens <= 0:
+            continue
+        speeds.setdefault(names[index], []).append(tokens / float(e2e))
+        if row.get("accept_length") is not None:
+            accepts.setdefault(names[index], []).append(float(row["accept_length"]))
+    return {
+        c: (statistics.fmean(v), statistics.fmean(accepts[c]) if c in accepts else None, len(v))
+        for c, v in speeds.items()
+    }
+
+
+@dataclass(frozen=True)
+class CategoryArm:
+    """One arm in one category: the median over its launches of each launch's median run value (as the headline
+    tok/s), the mean per-request accept length, and how many requests it rests on."""
+
+    arm_label: str
+    category: str
+    tok_s: float | None
+    accept_length: float | None
+    requests: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "arm_label": self.arm_label,
+            "category": self.category,
+            "tok_s": self.tok_s,
+            "accept_length": self.accept_length,
+            "requests": self.requests,
+        }
+
+
+@dataclass(frozen=True)
+class CategoryComparison:
+    """An arm against the first in one category: paired block by block (both launches of a block sent the same
+    prompts in the same runs), the ratio of launch medians with its CI over blocks, and its verdict."""
+
+    arm_label: str
+    vs_label: str
+    category: str
+    estimate: RatioEstimate | None
+    verdict: str | None
+    paired: bool
+
+    @property
+    def ratio(self) -> float | None:
+        return self.estimate.ratio if self.estimate is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        est = self.estimate
+        return {
+            "arm_label": self.arm_label,
+            "vs_label": self.vs_label,
+            "category": self.category,
+            "ratio": self.ratio,
+            "blocks": est.blocks if est else 0,
+            # As Comparison.to_dict: one block's interval holds only run-to-run noise, so it is not published.
+            "ci95": [est.lo, est.hi] if est and est.blocks >= 2 else None,
+            "ci_method": est.method if est else None,
+            "verdict": self.verdict,
+            "paired": self.paired,
+        }
+
+
+@dataclass(frozen=True)
+class ByCategory:
+    """A level's results by category (categories in alphabetical order)."""
+
+    level: Level
+    categories: tuple[str, ...]
+    arms: tuple[CategoryArm, ...]
+    comparisons: tuple[CategoryComparison, ...]
+
+    def arm(self, label: str, category: str) -> CategoryArm | None:
+        return next((a for a in self.arms if a.arm_label == label and a.category == category), None)
+
+    def sentences(self) -> list[str]:
+        """Per comparison, where the arm pays and where it does not, in words."""
+        out = []
+        for vs in dict.fromkeys(c.arm_label for c in self.comparisons):
+            mine = [c for c in self.comparisons if c.arm_label == vs]
+            said = {
+                word: [c.category for c in mine if c.verdict == word]
+                for word in ("faster", "slower", "no difference", "inconclusive")
+            }
+            parts = []
+            if said["faster"]:
+                parts.append(f"pays on {_and(said['faster'])}")
+            if said["slower"] or said["no difference"]:
+                parts.append(
+                    "not on "
+                    + _and(
+                        [f"{c} (slower)" for c in said["slower"]]
+                        + [f"{c} (no difference)" for c in said["no difference"]]
+                    )
+                )
+            if said["inconclusive"]:
+                parts.append(f"undecided on {_and(said['inconclusive'])}")
+            if parts:
+                out.append(f"{vs} vs {mine[0].vs_label}: " + "; ".join(parts))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "concurrency": None if isinstance(self.level, Rate) else self.level,
+            **({"rate": float(self.level)} if isinstance(self.level, Rate) else {}),
+            "categories": list(self.categories),
+            "arms": [a.to_dict() for a in self.arms],
+            "comparisons": [c.to_dict() for c in self.comparisons],
+            "summary": self.sentences(),
+        }
+
+
+def _and(words: Sequence[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _launch_values(runs: Sequence[RunResult], categories: Categories, category: str) -> list[float]:
+    """A launch's run values in one category, in run order (runs without a request of it left out)."""
+    out = []
+    for run in sorted(runs, key=lambda r: r.index):
+        found = run_category_values(run, categories).get(category)
+        if found is not None:
+            out.append(found[0])
+    return out
+
+
+def _arm_summary(arm: ArmResult, level: Level, categories: Categories, category: str) -> CategoryArm:
+    medians, accepts, requests = [], [], 0
+    for launch in arm.launches:
+        values = []
+        for run in launch.timed_at(level):
+            found = run_category_values(run, categories).get(category)
+            if found is not None:
+                values.append(found[0])
+                requests += found[2]
+                if found[1] is not None:
+                    accepts.append(found[1])
+        if values:
+            medians.append(statistics.median(values))
+    return CategoryArm(
+        arm.label,
+        category,
+        statistics.median(medians) if medians else None,
+        statistics.fmean(accepts) if accepts else None,
+        requests,
+    )
+
+
+def _compare(result: ABResult, base: ArmResult, arm: ArmResult, level: Level, category: str) -> CategoryComparison:
+    categories = result.categories or {}
+    base_by_block = {launch.block: launch for launch in base.launches}
+    arm_by_block = {launch.block: launch for launch in arm.launches}
+    b_runs, a_runs, paired = [], [], True
+    for block in sorted(set(base_by_block) & set(arm_by_block)):
+        b_launch, a_launch = base_by_block[block], arm_by_block[block]
+        # Only runs valid in both launches: run i of both sent the same prompts, so each pair meets the same prompts.
+        both = {r.index for r in b_launch.timed_at(level)} & {r.index for r in a_launch.timed_at(level)}
+        b = _launch_values([r for r in b_launch.timed_at(level) if r.index in both], categories, category)
+        a = _launch_values([r for r in a_launch.timed_at(level) if r.index in both], categories, category)
+        if b and a and all(v > 0 for v in (*b, *a)):
+            b_runs.append(b)
+            a_runs.append(a)
+            paired = paired and same_requests(b_launch, a_launch, level)
+    if not b_runs:
+        return CategoryComparison(arm.label, base.label, category, None, None, paired=False)
+    est = ratio_ci(b_runs, a_runs, seed=result.design.seed, paired=paired)
+    return CategoryComparison(
+        arm.label, base.label, category, est, verdict(est, result.min_effect, higher_is_better=True), paired
+    )
+
+
+def by_category(result: ABResult, level: Level | None = None) -> ByCategory | None:
+    """The level's results by category (default: the first level); None unless the workload has two or more
+    categories and the runs carry their per-request rows (a stored experiment: read with them)."""
+    categories = result.categories
+    if not categories:
+        return None
+    names = tuple(sorted({c for slot in categories.values() for c in slot}))
+    if len(names) < 2 or not result.levels:
+        return None
+    level = level if level is not None else result.levels[0]
+    if not any(run.per_request for arm in result.arms for run in arm.timed_at(level)):
+        return None
+    arms = tuple(_arm_summary(arm, level, categories, c) for c in names for arm in result.arms)
+    base = result.arms[0]
+    comparisons = tuple(_compare(result, base, arm, level, c) for c in names for arm in result.arms[1:])
+    return ByCategory(level, names, arms, comparisons)
+
+
+def stored_categories(config: Mapping[str, Any]) -> Categories | None:
+    """A stored experiment's run categories, from its stored workload; None for orch's own prompt sets, or when the
+    dataset can no longer be read as it was (gone, or changed: its digest no longer matches)."""
+    try:
+        bench = bench_config(config)
+        if not datasets.categorised(bench.prompts):
+            return None
+        found = run_categories(bench)
+    except (InputError, OSError, KeyError, TypeError, ValueError):
+        return None
+    recorded = config.get("requests_sha256")
+    if (
+        recorded is not None
+        and hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest() != recorded
+    ):
+        return None
+    return found

@@ -1,0 +1,90 @@
+"""Per-category results: each arm's tok/s and each comparison's paired ratio by prompt category, on the simulator."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator.cli import main
+from orchestrator.config.workload import BenchConfig, request_items, run_categories
+from tests.faults.support import FAST
+
+CATEGORIES = ("code", "summarisation", "translation")
+
+
+def _sharegpt(path: Path) -> str:
+    convs = [
+        {
+            "id": f"{c}-{i}",
+            "category": c,
+            "conversations": [
+                {"from": "human", "value": f"{c} task {i}: please answer"},
+                {"from": "gpt", "value": "ok"},
+            ],
+        }
+        for c in CATEGORIES
+        for i in range(3)
+    ]
+    path.write_text(json.dumps(convs, indent=2))
+    return str(path)
+
+
+def test_run_categories_follow_the_request_sequence(tmp_path: Path) -> None:
+    bench = BenchConfig(
+        runs=2, warmup=1, concurrency=(1, 2), requests_per_stream=2, prompts=_sharegpt(tmp_path / "d.json")
+    )
+    items = request_items(bench)
+    found = run_categories(bench)
+    assert set(found) == {(1, 0.0, 0), (1, 0.0, 1), (2, 0.0, 0), (2, 0.0, 1)}
+    # warmup first (1 request), then concurrency 1's runs (2 each), then concurrency 2's (4 each)
+    assert list(found[(1, 0.0, 0)]) == [it["category"] for it in items[1:3]]
+    assert list(found[(2, 0.0, 1)]) == [it["category"] for it in items[9:13]]
+
+
+def test_ab_on_a_sharegpt_file_reports_by_category(
+    sim_profiles: Callable[..., dict[str, Path]], tmp_path: Path, capsys: object
+) -> None:
+    profiles = sim_profiles()
+    data = _sharegpt(tmp_path / "data.json")
+    db = str(tmp_path / "r.db")
+    common = ["--sim", "--dataset", data, "--blocks", "2", "--runs", "2", "--concurrency", "3", "--max-tokens", "24"]
+    rc = main(["ab", str(profiles["baseline"]), str(profiles["eagle3"]), *common, *FAST, "--db", db, "--json"])
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert rc == 0, out
+    doc = json.loads(out)
+    (bc,) = doc["by_category"]
+    assert bc["categories"] == sorted(CATEGORIES)
+    assert {a["category"] for a in bc["arms"]} == set(CATEGORIES)
+    assert all(a["tok_s"] and a["tok_s"] > 0 and a["requests"] > 0 for a in bc["arms"])
+    assert len(bc["comparisons"]) == 3
+    for c in bc["comparisons"]:
+        assert c["blocks"] == 2 and c["paired"] is True and c["ci95"] is not None
+        assert c["verdict"] in ("faster", "slower", "no difference", "inconclusive")
+    assert bc["summary"] and bc["summary"][0].startswith("eagle3 vs baseline: ")
+    # The stored experiment reads back the same breakdown (its per-request rows, its workload's categories).
+    assert main(["show", "last", "--db", db]) == 0
+    text = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert "by category @ 3" in text and "translation" in text and "eagle3 ratio" in text
+    assert main(["export", "last", "--format", "md", "--db", db]) == 0
+    md = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert "### By category at 3" in md and "| code |" in md
+    html = tmp_path / "r.html"
+    assert main(["export", "last", "--format", "html", "-o", str(html), "--db", db]) == 0
+    page = html.read_text()
+    assert '<section id="by-category">' in page and "eagle3 ratio" in page
+
+
+def test_a_prompts_output_len_caps_its_request(
+    sim_profiles: Callable[..., dict[str, Path]], tmp_path: Path, capsys: object
+) -> None:
+    profiles = sim_profiles()
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "short one", "output_len": 5}\n{"prompt": "long one", "output_len": 500}\n')
+    db = str(tmp_path / "r.db")
+    args = ["--sim", "--dataset", str(data), "--runs", "1", "--concurrency", "2", "--max-tokens", "24", *FAST]
+    assert main(["bench", str(profiles["baseline"]), *args, "--db", db]) == 0
+    capsys.readouterr()  # type: ignore[attr-defined]
+    assert main(["export", "last", "--format", "jsonl", "--db", db]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]  # type: ignore[attr-defined]
+    assert sorted(r["tokens"] for r in rows if not r.get("warmup")) == [5, 24]  # its own length, --max-tokens caps it

@@ -833,9 +833,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         '<p class="note">median: of launch values (each the median of its runs); min/max over runs; CV within and '
         "across launches; vs: mean per-block ratio.</p></section>"
     )
-    body.append(_energy_section(result))
-    body.append(_category_section(result))
-    body.append('<section id="plots"><h2>Throughput</h2>')
+    body += [_energy_section(result), _category_section(result), '<section id="plots"><h2>Throughput</h2>']
     body += [_tok_s_figure(result, lv) for lv in result.levels or [1]]
     if len(result.arms) > 1:
         body.append(_ratio_figure(result))

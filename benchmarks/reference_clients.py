@@ -404,6 +404,34 @@ def _bench_serving_arrivals(
     return out, cpu, wall
 
 
+def _bench_serving_args(
+    backend: str,
+    base_url: str,
+    tok: Path,
+    input_len: int,
+    output_len: int,
+    num_requests: int,
+    out_file: Path,
+    *,
+    seed: int,
+) -> list[str]:
+    """bench_serving's flags both runs share: fixed-length random-ids prompts, its detailed JSONL output, no bar."""
+    return [
+        "--backend", backend,
+        "--base-url", base_url.rstrip("/"),
+        "--tokenizer", str(tok),
+        "--dataset-name", "random-ids",
+        "--random-input-len", str(input_len),
+        "--random-output-len", str(output_len),
+        "--random-range-ratio", "1",
+        "--num-prompts", str(num_requests),
+        "--output-file", str(out_file),
+        "--output-details",
+        "--disable-tqdm",
+        "--seed", str(seed),
+    ]  # fmt: skip
+
+
 def run_bench_serving(
     base_url: str,
     *,
@@ -429,19 +457,8 @@ def run_bench_serving(
         out_file, cpu_file, marks_file = Path(tmp) / "result.jsonl", Path(tmp) / "cpu_s", Path(tmp) / "marks.json"
         cmd = [
             str(python), "-c", _WRAPPER, module, str(cpu_file), str(marks_file),
-            "--backend", backend,
-            "--base-url", base_url.rstrip("/"),
-            "--tokenizer", str(tok),
-            "--dataset-name", "random-ids",
-            "--random-input-len", str(input_len),
-            "--random-output-len", str(output_len),
-            "--random-range-ratio", "1",
-            "--num-prompts", str(num_requests),
+            *_bench_serving_args(backend, base_url, tok, input_len, output_len, num_requests, out_file, seed=1),
             "--max-concurrency", str(concurrency),
-            "--output-file", str(out_file),
-            "--output-details",
-            "--disable-tqdm",
-            "--seed", "1",
         ]  # fmt: skip
         before, t0 = _child_cpu_s(), time.perf_counter()
         proc = subprocess.run(cmd, cwd=tmp, env=_offline_env(), capture_output=True, text=True, timeout=timeout_s)
@@ -542,19 +559,8 @@ def run_bench_serving_rate(
         out_file, cpu_file, marks_file = Path(tmp) / "result.jsonl", Path(tmp) / "cpu_s", Path(tmp) / "marks.json"
         cmd = [
             str(python), "-c", _RATE_WRAPPER, module, str(cpu_file), str(marks_file),
-            "--backend", backend,
-            "--base-url", base_url.rstrip("/"),
-            "--tokenizer", str(tok),
-            "--dataset-name", "random-ids",
-            "--random-input-len", str(input_len),
-            "--random-output-len", str(output_len),
-            "--random-range-ratio", "1",
-            "--num-prompts", str(num_requests),
+            *_bench_serving_args(backend, base_url, tok, input_len, output_len, num_requests, out_file, seed=seed),
             "--request-rate", f"{request_rate:g}",
-            "--output-file", str(out_file),
-            "--output-details",
-            "--disable-tqdm",
-            "--seed", str(seed),
         ]  # fmt: skip
         proc = subprocess.run(cmd, cwd=tmp, env=_offline_env(), capture_output=True, text=True, timeout=timeout_s)
         log = (proc.stdout or "") + (proc.stderr or "")

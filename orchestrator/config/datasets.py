@@ -7,12 +7,10 @@ import csv
 import gzip
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator import files
 from orchestrator.config import prompts
 from orchestrator.config.prompts import MAX_FILE_BYTES, PromptItem
 from orchestrator.errors import PromptFileError
@@ -55,19 +53,13 @@ def kind(source: str) -> str:
 
 def _chunks(path: str) -> Iterator[bytes]:
     """A file's bytes in pieces, refused past MAX_FILE_BYTES (before reading, or once it grew while read)."""
-    try:
-        f = files.open_regular(path)
-    except files.NotRegularFile as e:
-        raise PromptFileError(f"{path}: {e}; a dataset is a file on disk") from None
-    except OSError as e:
-        raise PromptFileError(f"{path}: cannot read the dataset: {e.strerror or e}") from e
-    too_big = PromptFileError(
-        f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; send a sample of the dataset (the benchmark sends only "
-        "as many prompts as its runs need)"
+    f, too_big = prompts.open_capped(
+        path,
+        "dataset",
+        "a dataset is a file on disk",
+        "send a sample of the dataset (the benchmark sends only as many prompts as its runs need)",
     )
     with f:
-        if os.fstat(f.fileno()).st_size > MAX_FILE_BYTES:
-            raise too_big
         total = 0
         while chunk := f.read(CHUNK_BYTES):
             total += len(chunk)

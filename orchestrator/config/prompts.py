@@ -8,7 +8,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from orchestrator import files
 from orchestrator.errors import BenchError, PromptFileError
@@ -130,21 +130,32 @@ def random_items(n: int, input_len: int, seed: int, vocab: int = 32000) -> list[
 MAX_FILE_BYTES = 256 * 1024 * 1024
 
 
-def file_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
-    """(line number, byte offset, line) of every line of a prompt file, read as a stream of at most MAX_FILE_BYTES."""
+def open_capped(path: str, noun: str, kind: str, too_big_hint: str) -> tuple[BinaryIO, PromptFileError]:
+    """A prompt file or dataset (`noun`) opened for reading: a regular file (a FIFO or device refused before it is
+    read) no larger than MAX_FILE_BYTES; returns it with the error to raise should it grow past that while read."""
     try:
         f = files.open_regular(path)
     except files.NotRegularFile as e:
-        raise PromptFileError(f"{path}: {e}; a prompt file is a JSONL file on disk") from None
+        raise PromptFileError(f"{path}: {e}; {kind}") from None
     except OSError as e:
-        raise PromptFileError(f"{path}: cannot read the prompt file: {e.strerror or e}") from e
-    too_big = PromptFileError(
-        f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; is this really a prompt file? "
-        "(send a sample of the prompts: the benchmark sends only as many as its runs need)"
+        raise PromptFileError(f"{path}: cannot read the {noun}: {e.strerror or e}") from e
+    too_big = PromptFileError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; {too_big_hint}")
+    if os.fstat(f.fileno()).st_size > MAX_FILE_BYTES:
+        f.close()
+        raise too_big  # before reading a byte
+    return f, too_big
+
+
+def file_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
+    """(line number, byte offset, line) of every line of a prompt file, read as a stream of at most MAX_FILE_BYTES."""
+    f, too_big = open_capped(
+        path,
+        "prompt file",
+        "a prompt file is a JSONL file on disk",
+        "is this really a prompt file? (send a sample of the prompts: the benchmark sends only as many as its runs "
+        "need)",
     )
     with f:
-        if os.fstat(f.fileno()).st_size > MAX_FILE_BYTES:
-            raise too_big  # before reading a byte
         offset, n = 0, 0
         while line := f.readline(MAX_FILE_BYTES + 1 - offset):
             n += 1

@@ -58,7 +58,7 @@ OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Workload", ("--runs", "--warmup", "--max-tokens", "--seed", "--concurrency", "--requests-per-stream",
                   "--endpoint", "--prompts", "--input-len", "--client", "--min-run-s", "--stall-timeout",
                   "--first-token-timeout")),
-    ("Open loop", ("--rate", "--arrivals", "--duration", "--requests", "--max-concurrency")),
+    ("Open loop", ("--rate", "--arrivals", "--duration", "--requests", "--max-concurrency", "--trace", "--speed")),
     ("Design and verdict", ("--resume", "--blocks", "--max-blocks", "--order", "--order-seed", "--min-effect",
                             "--metric", "--slo", "--target-tps", "--fail-on", "--claim", "--claim-ratio", "--vs",
                             "--tolerance")),

@@ -520,6 +520,23 @@ def open_loop_options() -> list[Callable[..., Any]]:
             is_flag=True,
             help="With --rate: a run stops sending once the server falls behind for good (the backlog grows with "
             "time); the requests sent are measured, the rest left out (always on with --sweep auto).",
+        ),        click.option(
+            "--trace",
+            default=None,
+            metavar="FILE.jsonl",
+            help="Replay a Mooncake-format trace as one open-loop level (instead of --rate): a JSON object per line "
+            "with timestamp (ms from the start), input_length, output_length and hash_ids (each a block of 512 prompt "
+            "tokens shared by the requests naming it). Every timed run sends each request at timestamp/--speed with "
+            "token-id prompts that share their hash_ids' blocks, asking for output_length tokens (capped by "
+            "--max-tokens); --requests N replays the first N. The level is named by its mean rate; the trace's sha256 "
+            "is recorded (docs/data.md#trace-replay).",
+        ),
+        click.option(
+            "--speed",
+            default=1.0,
+            type=float,
+            metavar="X",
+            help="With --trace: replay X times as fast (2: every gap halved) [default: 1].",
         ),
     ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,8 @@ class RunOptions:
     max_concurrency: int | None = None
     sweep: int | None = None  # --sweep auto[:N]: N rate levels found by a probe (experiment/sweep)
     stop_oversaturated: bool = False  # --stop-oversaturated (always on for --sweep auto's levels)
+    trace: str | None = None  # --trace FILE: one open-loop level replaying a Mooncake JSONL trace (config/traces)
+    speed: float = 1.0  # --speed X: the trace replayed X times as fast
     # the design and its judgement
     blocks: int | str | None = "auto"  # auto, N, or None (orch reproduce: the bundle's own / a claim's default)
     max_blocks: int | None = DEFAULT_MAX_BLOCKS  # None where the command has no --blocks auto
@@ -132,6 +135,9 @@ class RunOptions:
 
     def check_open_loop(self) -> None:
         """--rate (open loop) excludes the closed-loop options, and the open-loop options need it (docs/load.md)."""
+        self.check_trace()
+        if self.trace is not None:
+            return
         if self.sweep is not None:
             for name, flag in (
                 ("rate", "--rate"),
@@ -164,6 +170,30 @@ class RunOptions:
                 "--duration and --requests exclude each other: an open-loop run at each rate lasts a time or a "
                 "number of requests; give one of them"
             )
+
+    def check_trace(self) -> None:
+        """--trace is its own schedule, prompts and output lengths: the options that would give them exclude it."""
+        if self.trace is None:
+            if self.gave("speed"):
+                raise OptionError("--speed applies to --trace only (the replay's time scale)")
+            return
+        for name, flag in (
+            ("rate", "--rate"),
+            ("sweep", "--sweep"),
+            ("arrivals", "--arrivals"),
+            ("duration", "--duration"),
+            ("concurrency", "--concurrency"),
+            ("requests_per_stream", "--requests-per-stream"),
+            ("prompt_source", "--prompts"),
+            ("input_len", "--input-len"),
+        ):
+            if self.gave(name):
+                raise OptionError(
+                    f"--trace gives the schedule, prompts and output lengths itself; {flag} excludes it "
+                    "(--requests N replays the first N requests, --speed X scales time)"
+                )
+        if not (math.isfinite(self.speed) and 0 < self.speed <= 1000):
+            raise OptionError(f"--speed {self.speed:g}: expected a time scale above 0 and at most 1000")
 
     def sequential_plan(self) -> SequentialPlan | None:
         """--blocks auto's plan, or None for a fixed number of blocks (where --max-blocks has no meaning)."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config import arrivals, datasets
+from orchestrator.config import arrivals, datasets, traces
+from orchestrator.errors import PromptFileError
 
 CLIENT_PLACES = ("host", "local")
 # An open-loop level given neither --duration nor --requests lasts this long per run.
@@ -46,6 +48,12 @@ class BenchConfig:
     stop_oversaturated: bool = False
     # orch ab --check-outputs: the client keeps each request's generated output (results/outputs compares the arms).
     check_outputs: bool = False
+    # Trace replay (config/traces, docs/data.md#trace-replay): the one level's schedule, prompts and output lengths
+    # come from this Mooncake JSONL file (its first requests_per_level requests), replayed `speed` times as fast; its
+    # sha256 is kept so that a reproduction replays the same trace. `rate` is the replay's mean rate, its name.
+    trace: str | None = None
+    speed: float = 1.0
+    trace_sha256: str | None = None
 
     def __post_init__(self) -> None:
         # Read back from JSON (a stored config, a bundle) the levels are a list; as a tuple the config stays hashable.
@@ -62,6 +70,8 @@ class BenchConfig:
     def schedule(self, rate: float, run: int) -> list[float]:
         """When each request of timed run `run` at `rate` is due (seconds from the run's start): the same for every
         arm and launch (config/arrivals.schedule)."""
+        if self.trace is not None:
+            return traces.schedule(_trace(self.trace, self.requests_per_level, self.trace_sha256), self.speed)
         return arrivals.schedule(
             rate, self.arrivals, seed=self.seed, run=run, duration_s=self.duration_s, requests=self.requests_per_level
         )
@@ -72,6 +82,9 @@ class BenchConfig:
             del d["stop_oversaturated"]  # digests and stored configs stay what they were before it existed
         if not self.check_outputs:
             del d["check_outputs"]
+        if self.trace is None:
+            for name in ("trace", "speed", "trace_sha256"):
+                del d[name]
         return d if self.open_loop else {k: v for k, v in d.items() if k not in OPEN_LOOP_FIELDS}
 
 
@@ -86,10 +99,15 @@ def request_items(config: BenchConfig) -> list[dict[str, Any]]:
         ]
     schedules = [config.schedule(rate, run) for rate in config.rate for run in range(config.runs)]
     total = config.warmup + sum(len(s) for s in schedules)
-    items = [
-        it.to_dict()
-        for it in datasets.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
-    ]
+    if config.trace is not None:
+        # Warmups send the trace's first prompts; every timed run replays the trace from its start.
+        replay = [it.to_dict() for it in traces.items(_trace(config.trace, config.requests_per_level, config.trace_sha256))]
+        items = [replay[i % len(replay)] for i in range(config.warmup)] + replay * len(schedules)
+    else:
+        items = [
+            it.to_dict()
+            for it in datasets.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
+        ]
     position = config.warmup
     for times in schedules:
         for at in times:
@@ -116,3 +134,24 @@ def run_categories(config: BenchConfig) -> dict[RunSlot, tuple[str, ...]]:
         out[slot] = tuple(str(it.get("category", "")) for it in items[position : position + n])
         position += n
     return out
+
+
+@functools.lru_cache(maxsize=4)
+def _trace(path: str, requests: int | None, sha256: str | None) -> list[traces.TraceRequest]:
+    """A trace's requests replayed in a run, read once per process (every run and digest asks for them); with the
+    sha256 an experiment recorded, only from that same file (a resume or reproduction replays what was replayed)."""
+    if sha256 is None:
+        return traces.head(traces.load(path), requests)
+    try:
+        found = datasets.file_sha256(path)
+    except PromptFileError as e:
+        raise PromptFileError(
+            f"{e}; the experiment replayed the trace with sha256 {sha256[:16]}…: put that same file there to resume or "
+            "reproduce it"
+        ) from None
+    if found != sha256:
+        raise PromptFileError(
+            f"{path}: sha256 {found[:16]}… differs from the experiment's trace ({sha256[:16]}…); a replay needs the "
+            "same trace file (trace_sha256 in the experiment's config)"
+        )
+    return traces.head(traces.load(path), requests)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from orchestrator import engines
-from orchestrator.config import design, limits
+from orchestrator.config import datasets, design, limits, traces
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
@@ -80,7 +80,7 @@ def bench_expect(options: RunOptions) -> profiles_mod.Expect | None:
     if not options.fail_on:
         return None
     prof = profiles_mod.load(options.profiles[0])
-    if options.rate and any(mode in ("slower", "different") for mode in options.fail_on):
+    if (options.rate or options.trace) and any(mode in ("slower", "different") for mode in options.fail_on):
         raise OptionError(
             "--fail-on slower/different judges single-stream tok/s against the profile's expect.tok_s, which an "
             "open-loop level (--rate) does not measure; use --concurrency 1, or --fail-on env alone"
@@ -153,7 +153,19 @@ def start(
 
 def open_loop_fields(options: RunOptions) -> dict[str, Any]:
     """The workload's open-loop fields from --rate and its options ({} for closed loop); a level given neither
-    --duration nor --requests lasts DEFAULT_DURATION_S, recorded as if given."""
+    --duration nor --requests lasts DEFAULT_DURATION_S, recorded as if given. --trace: one level, named by the
+    replay's mean rate, of the trace's first --requests requests (all of them by default)."""
+    if options.trace is not None:
+        replay = traces.head(traces.load(options.trace), options.requests_per_level)
+        return {
+            "rate": (traces.mean_rate(replay, options.speed),),
+            "requests_per_level": len(replay),
+            "max_concurrency": options.max_concurrency,
+            "stop_oversaturated": options.stop_oversaturated,
+            "trace": str(Path(options.trace).resolve()),
+            "speed": options.speed,
+            "trace_sha256": datasets.file_sha256(options.trace),
+        }
     if not options.rate:
         return {}
     duration = options.duration

@@ -1,0 +1,82 @@
+"""`orch ab --trace`: a short simulated replay end to end (each request sent at timestamp/speed with its output
+length and prompt length, prompts sharing hash ids sharing a prefix, the trace recorded in the config), and the
+options and files refused with a clear line (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.config.design import bench_config_from
+from orchestrator.config.workload import request_items
+from tests.conftest import free_port
+
+Capsys = pytest.CaptureFixture[str]
+AB = ["ab", "baseline", "sim-eagle3-fast", "--sim"]
+# (timestamp ms, input_length, output_length, hash_ids): 1.4 s of trace, 0.35 s at --speed 4
+ROWS = [(0, 1000, 12, [1, 2]), (200, 700, 6, [1, 3]), (600, 600, 4, [4]), (1400, 1024, 8, [1, 2])]
+
+
+def write_trace(path: Path) -> Path:
+    keys = ("timestamp", "input_length", "output_length", "hash_ids")
+    path.write_text("".join(json.dumps(dict(zip(keys, row, strict=True))) + "\n" for row in ROWS))
+    return path
+
+
+def test_a_trace_replays_its_schedule_lengths_and_shared_prefixes(capsys: Capsys, tmp_path: Path) -> None:
+    trace, db = write_trace(tmp_path / "t.jsonl"), tmp_path / "r.db"
+    args = ["--trace", str(trace), "--speed", "4", "--blocks", "2", "--runs", "1", "--warmup", "0"]
+    code = main([*AB, *args, "--min-run-s", "0", "--port", str(free_port()), "--db", str(db), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code in (0, 3), doc  # a verdict either way: the replay is what is checked
+    assert [c["rate"] for c in doc["comparisons_by_concurrency"]] == [11.43]  # 4 requests over 0.35 s
+
+    conn = sqlite3.connect(db)
+    rows = conn.execute(
+        "SELECT launch_id, idx, scheduled_s, tokens, prompt_tokens FROM requests WHERE run_warmup = 0"
+    ).fetchall()
+    assert len(rows) == 2 * 2 * len(ROWS)  # 2 arms x 2 blocks, one run each
+    for _, idx, due, tokens, prompt_tokens in rows:
+        at, input_length, output_length, _ = ROWS[idx]
+        assert due == pytest.approx(at / 1000 / 4)
+        assert tokens == output_length and prompt_tokens == input_length
+
+    config = json.loads(conn.execute("SELECT config_json FROM experiments").fetchone()[0])
+    bench = config["bench"]
+    assert bench["trace"] == str(trace.resolve()) and bench["speed"] == 4.0 and len(bench["trace_sha256"]) == 64
+    assert bench["rate"] == [11.43] and bench["requests_per_level"] == len(ROWS)
+    items = request_items(bench_config_from(bench))
+    ids = [it["input_ids"] for it in items]
+    assert ids[0][:512] == ids[1][:512] == ids[3][:512] and ids[0][:1000] == ids[3][:1000]  # hash ids 1 (and 2)
+    assert ids[0][512:700] != ids[1][512:700] and ids[2][:512] != ids[0][:512]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rate", "2"], "--rate excludes it"),
+        (["--concurrency", "4"], "--concurrency excludes it"),
+        (["--prompts", "random"], "--prompts excludes it"),
+        (["--duration", "5"], "--duration excludes it"),
+        (["--speed", "0"], "--speed 0: expected a time scale above 0"),
+    ],
+)
+def test_options_that_clash_with_a_trace_exit_2(
+    args: list[str], message: str, capsys: Capsys, tmp_path: Path
+) -> None:
+    trace = write_trace(tmp_path / "t.jsonl")
+    assert main([*AB, "--trace", str(trace), *args, "--db", str(tmp_path / "r.db")]) == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_speed_without_a_trace_and_a_bad_trace_exit_2(capsys: Capsys, tmp_path: Path) -> None:
+    assert main([*AB, "--speed", "2", "--db", str(tmp_path / "r.db")]) == 2
+    assert "--speed applies to --trace only" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 5, "output_length": 0, "hash_ids": []}\n')
+    assert main([*AB, "--trace", str(bad), "--db", str(tmp_path / "r.db")]) == 2
+    assert "bad.jsonl:1: field 'output_length' is 0" in capsys.readouterr().err

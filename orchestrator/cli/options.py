@@ -520,7 +520,8 @@ def open_loop_options() -> list[Callable[..., Any]]:
             is_flag=True,
             help="With --rate: a run stops sending once the server falls behind for good (the backlog grows with "
             "time); the requests sent are measured, the rest left out (always on with --sweep auto).",
-        ),        click.option(
+        ),
+        click.option(
             "--trace",
             default=None,
             metavar="FILE.jsonl",

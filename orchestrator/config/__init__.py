@@ -3,7 +3,8 @@ the workload, the A/B design, the typed `RunOptions` a command is called with, i
 what its verdicts are on (`slo`: the metric and the service-level objectives goodput counts against), and the
 open-loop arrival schedule (`arrivals`: seeded, the same for every arm and launch), and what `--sweep auto` asks
 for (`sweep`: the probe's workload and the rate levels'), and `datasets` (ShareGPT JSON, CSV and shipped datasets such
-as HumanEval, with their origin, licence and sha256).
+as HumanEval, with their origin, licence and sha256), and `traces` (a Mooncake JSONL trace replayed as one open-loop
+level: its schedule, prompts sharing hash-id blocks, output lengths).
 """
 
 __all__ = [
@@ -17,5 +18,6 @@ __all__ = [
     "prompts",
     "slo",
     "sweep",
+    "traces",
     "workload",
 ]

@@ -128,7 +128,5 @@ def items(trace: list[TraceRequest]) -> list[PromptItem]:
         if len(ids) < req.input_length:
             rng = random.Random(f"trace-fill:{n}")
             ids += [rng.randrange(LOW_ID, VOCAB) for _ in range(req.input_length - len(ids))]
-        out.append(
-            PromptItem(category="trace", input_ids=tuple(ids[: req.input_length]), output_len=req.output_length)
-        )
+        out.append(PromptItem(category="trace", input_ids=tuple(ids[: req.input_length]), output_len=req.output_length))
     return out

@@ -101,7 +101,9 @@ def request_items(config: BenchConfig) -> list[dict[str, Any]]:
     total = config.warmup + sum(len(s) for s in schedules)
     if config.trace is not None:
         # Warmups send the trace's first prompts; every timed run replays the trace from its start.
-        replay = [it.to_dict() for it in traces.items(_trace(config.trace, config.requests_per_level, config.trace_sha256))]
+        replay = [
+            it.to_dict() for it in traces.items(_trace(config.trace, config.requests_per_level, config.trace_sha256))
+        ]
         items = [replay[i % len(replay)] for i in range(config.warmup)] + replay * len(schedules)
     else:
         items = [

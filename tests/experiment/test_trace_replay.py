@@ -65,9 +65,7 @@ def test_a_trace_replays_its_schedule_lengths_and_shared_prefixes(capsys: Capsys
         (["--speed", "0"], "--speed 0: expected a time scale above 0"),
     ],
 )
-def test_options_that_clash_with_a_trace_exit_2(
-    args: list[str], message: str, capsys: Capsys, tmp_path: Path
-) -> None:
+def test_options_that_clash_with_a_trace_exit_2(args: list[str], message: str, capsys: Capsys, tmp_path: Path) -> None:
     trace = write_trace(tmp_path / "t.jsonl")
     assert main([*AB, "--trace", str(trace), *args, "--db", str(tmp_path / "r.db")]) == 2
     assert message in " ".join(capsys.readouterr().err.split())

@@ -271,6 +271,11 @@ def plan_claim(target: str, claim: Claim, options: RunOptions) -> ClaimPlan:
             "a profile's claim is judged on its tok/s at a concurrency level (closed loop); --rate does not apply "
             "to it: drop --rate (or compare at rates with `orch ab`)"
         )
+    if options.trace is not None:
+        raise OptionError(
+            "a profile's claim is judged on its tok/s at a concurrency level (closed loop); --trace does not apply "
+            "to it: drop --trace (or replay the trace with `orch ab`)"
+        )
     claimed_tps = claim.tok_s if claim.tok_s is not None else (expect.tok_s if expect else None)
     claimed_ratio = claim.ratio if claim.ratio is not None else (expect.ratio if expect else None)
     if claimed_tps is None and claimed_ratio is None:

@@ -50,6 +50,9 @@ FIXED_OPTIONS = {
     "max_concurrency": "--max-concurrency",
     "sweep": "--sweep",
     "stop_oversaturated": "--stop-oversaturated",
+    # trace replay: the trace (recorded by path and sha256) is the schedule, prompts and output lengths
+    "trace": "--trace",
+    "speed": "--speed",
     # Kept outputs in some launches and not in others would leave the lossless check with holes.
     "check_outputs": "--check-outputs",
 }

@@ -78,3 +78,14 @@ def test_speed_without_a_trace_and_a_bad_trace_exit_2(capsys: Capsys, tmp_path: 
     bad.write_text('{"timestamp": 0, "input_length": 5, "output_length": 0, "hash_ids": []}\n')
     assert main([*AB, "--trace", str(bad), "--db", str(tmp_path / "r.db")]) == 2
     assert "bad.jsonl:1: field 'output_length' is 0" in capsys.readouterr().err
+
+
+def test_resume_and_a_claim_refuse_a_trace(capsys: Capsys, tmp_path: Path) -> None:
+    from orchestrator.config.options import RunOptions
+    from orchestrator.experiment import resume
+
+    trace = write_trace(tmp_path / "t.jsonl")
+    given = RunOptions(trace=str(trace), speed=2.0, given=frozenset({"trace", "speed"}))
+    assert resume.fixed_given(given, simulated=True) == ["--trace", "--speed"]  # what --resume and a bundle refuse
+    assert main(["reproduce", "baseline", "--claim", "80", "--sim", "--trace", str(trace)]) == 2
+    assert "--trace does not apply" in capsys.readouterr().err

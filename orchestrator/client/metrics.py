@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from typing import Any
 
 from orchestrator.client.request import MAX_EVENT_BYTES
 
@@ -89,3 +90,31 @@ def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[st
     """Every counter's change across a run: the engine adapter decides which ones describe speculative decoding (orch
     side). Only counters in both scrapes: one that appears mid-run has no known starting value."""
     return {k: after[k] - before[k] for k in after if (k.endswith("_total") or "_total[" in k) and k in before}
+
+
+# The engines' prefix-cache counters (cached prompt tokens, prompt tokens), both read as deltas across the run.
+# vLLM counts tokens looked up in / found in its prefix cache; SGLang counts cached and all prompt tokens (its
+# cached_tokens_total carries a cache_source label, summed here like every label).
+CACHE_COUNTERS = (
+    ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
+    ("sglang:cached_tokens_total", "sglang:prompt_tokens_total"),
+)
+
+
+def prefix_cache(cached: list[int | None], prompt: list[int], deltas: dict[str, float]) -> dict[str, Any] | None:
+    """A run's prefix-cache use: cached prompt tokens / prompt tokens, from the responses when every request said
+    how many of its prompt tokens came from the cache, else from the /metrics counters; None when neither did.
+    `cached` and `prompt`: per successful request."""
+    if cached and all(c is not None for c in cached):
+        hit, total, source = sum(c or 0 for c in cached), sum(prompt), "responses"
+    else:
+        pair = next(((h, q) for h, q in CACHE_COUNTERS if h in deltas and q in deltas), None)
+        if pair is None:
+            return None
+        hit, total, source = round(deltas[pair[0]]), round(deltas[pair[1]]), f"metrics ({pair[0]} / {pair[1]})"
+    return {
+        "cached_tokens": hit,
+        "prompt_tokens": total,
+        "hit_rate": hit / total if total > 0 else None,
+        "source": source,
+    }

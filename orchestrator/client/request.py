@@ -139,6 +139,9 @@ class Record:
     output: list[str] | None = None
     output_ids: list[int] | None = None
     temperature: Any = None  # ... and the temperature its body asked for (greedy at 0)
+    # Prompt tokens the server reused from its prefix cache (llama.cpp's timings.cache_n, SGLang's
+    # meta_info.cached_tokens, OpenAI usage.prompt_tokens_details.cached_tokens); None when it did not say.
+    cached_tokens: int | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -157,6 +160,8 @@ def count_openai_chunk(event: Any, rec: Record, text_chunks: list[int]) -> int:
     timings = event.get("timings")
     if isinstance(timings, dict):
         rec.timings = True
+        if timings.get("cache_n") is not None:
+            rec.cached_tokens = whole_count(timings["cache_n"], "timings.cache_n", MAX_PROMPT_TOKENS)
     if isinstance(timings, dict) and timings.get("draft_n") is not None:
         # llama-server reports its drafting per request (only when drafting ran): counts for this request alone.
         rec.drafted = whole_count(timings["draft_n"], "timings.draft_n", 1 << 31)
@@ -175,6 +180,9 @@ def count_openai_chunk(event: Any, rec: Record, text_chunks: list[int]) -> int:
     if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
         if usage.get("prompt_tokens") is not None:
             rec.prompt_tokens = whole_count(usage["prompt_tokens"], "prompt_tokens", MAX_PROMPT_TOKENS)
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            rec.cached_tokens = whole_count(details["cached_tokens"], "cached_tokens", MAX_PROMPT_TOKENS)
         total = completion_tokens(usage["completion_tokens"], rec)
         if choices:
             rec.token_source = "usage (per chunk)"

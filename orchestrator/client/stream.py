@@ -396,6 +396,8 @@ class _Exchange(asyncio.BufferedProtocol):
         meta = self.final_meta
         if meta is not None:
             rec.prompt_tokens = whole_count(meta.get("prompt_tokens", 0), "prompt_tokens", MAX_PROMPT_TOKENS)
+            if meta.get("cached_tokens") is not None:
+                rec.cached_tokens = whole_count(meta["cached_tokens"], "cached_tokens", MAX_PROMPT_TOKENS)
             if meta.get("spec_verify_ct"):
                 rec.verify_ct = whole_count(meta["spec_verify_ct"], "spec_verify_ct", max(rec.tokens, 1))
                 accept = meta.get("spec_accept_length")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from orchestrator.client.metrics import prefix_cache
 from orchestrator.client.request import Record, kept_output
 
 
@@ -267,8 +268,13 @@ def summarize_run(
         # its own speculative counters from them when the responses carried no per-request statistics.
         # Per draft position even when 0: positions a run never reached still count (their drafts were rejected).
         "counter_deltas": {
-            k: v for k, v in deltas.items() if (v or "_per_pos_" in k) and ("spec" in k or "token" in k)
+            k: v
+            for k, v in deltas.items()
+            if (v or "_per_pos_" in k) and ("spec" in k or "token" in k or "prefix_cache" in k)
         },
+        # How much of the prompts the server took from its prefix cache (client.metrics.prefix_cache): a cache
+        # warmed by earlier runs makes prefill cheaper, and arms with different hit rates are not like for like.
+        "prefix_cache": prefix_cache([r.cached_tokens for r in ok], [r.prompt_tokens for r in ok], deltas),
         "valid": not reasons,
         "invalid_reason": "; ".join(reasons) or None,
         "aborted": aborted or None,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.report.lines import energy_note
 from orchestrator.report.outputs import outputs_json
+from orchestrator.results.cache import arm_cache_at
 from orchestrator.results.categories import by_category
 from orchestrator.results.goodput import run_attainment
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
@@ -43,6 +44,8 @@ def _run_json(run: RunResult, launch: LaunchResult | None = None, slo: SLO | Non
         **{k: run.metrics.get(k) for k in ("ttft", "itl", "tpot", "e2e", "chunks", "multi_token_chunks")},
         # drafted / accepted tokens and their ratio, where the engine reports them (None where it does not)
         "spec": run.metrics.get("spec"),
+        # cached prompt tokens / prompt tokens of this run (results/cache; None where the server did not say)
+        "prefix_cache": run.metrics.get("prefix_cache"),
         # under --slo: the run's good requests, goodput (req/s and tok/s) and attainment; null without per-request rows
         **({"goodput": got.to_dict() if got is not None else None} if slo is not None else {}),
         # joules over the steady window from nvidia-smi's power samples ({"error": why} when not measured; None for a
@@ -70,6 +73,7 @@ def _level_json(arm: ArmResult, level: Level, metric: str = DEFAULT_METRIC) -> d
         "spread": spread.to_dict() if spread else None,
         "launch_values": [launch.value_at(level) for launch in arm.launches],
         "accept_length": arm.accept_length_at(level),
+        "prefix_cache": arm_cache_at(arm, level),
         **({"goodput": _goodput_json(arm, level)} if arm.slo is not None else {}),
         **({"metric": _metric_json(arm, level, metric)} if metric != DEFAULT_METRIC else {}),
         "energy": _energy_json(arm, level),
@@ -133,6 +137,7 @@ def _arm_json(arm: ArmResult, metric: str = DEFAULT_METRIC) -> dict[str, Any]:
         "summary": s.to_dict() if s else None,
         "spread": spread.to_dict() if spread else None,
         "accept_length": arm.accept_length,
+        "prefix_cache": arm_cache_at(arm),
         "energy": _energy_json(arm, arm.levels[0]) if arm.levels else None,
         "by_concurrency": [_level_json(arm, level, metric) for level in arm.levels],
         "ready_s": first.ready_s if first and not first.attached else None,

@@ -31,6 +31,7 @@ from orchestrator.report.lines import (
     whatif_line,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
+from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import level_name
@@ -106,6 +107,8 @@ def ab_markdown(result: ABResult) -> str:
         lines += [f"- {line}" if not line.startswith("  ") else f"  - {line.strip()}" for line in checked[1:]]
     if note := energy_note(result):
         lines += ["", f"_{note}_"]
+    if cached := cache_lines(result):
+        lines += ["", "## Prefix cache", ""] + [f"- {line}" for line in cached]
     warnings = result.warnings()
     if warnings:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]

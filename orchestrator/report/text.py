@@ -33,6 +33,7 @@ from orchestrator.report.lines import (
     whatif_line,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
+from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import level_name, level_phrase
@@ -138,6 +139,7 @@ def ab_text(result: ABResult) -> str:
             lines.append(f"  {arm.label}: accept length from {', '.join(sorted(sources))}")
     if said := energy_note(result):
         lines.append(f"  {said}")
+    lines += [f"  {line}" for line in cache_lines(result)]
     for warning in result.warnings():
         lines.append(f"  WARNING: {warning}")
     return "\n".join(lines).rstrip()

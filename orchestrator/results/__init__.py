@@ -4,12 +4,14 @@ versioned SQLite file, written as each run ends), `load` (a stored experiment re
 `goodput` (a run's value of any metric a comparison may be on, goodput under an SLO from its per-request rows),
 `curves` (each arm's numbers over the levels with CIs over launches, and the Pareto front: what the load plots draw),
 `outputs` (the lossless check: each arm's generated outputs against the baseline's, prompt by prompt; accept length
-per request as a distribution); `categories` (each arm's tok/s and each comparison's paired ratio per prompt category).
+per request as a distribution); `categories` (each arm's tok/s and each comparison's paired ratio per prompt category);
+`cache` (prefix-cache attestation: each arm's cached share of prompt tokens, and the warning when arms differ).
 """
 
 __all__ = [
     "bundle",
     "bundleformat",
+    "cache",
     "categories",
     "compare",
     "curves",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import engines
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS, SLO, Objective
+from orchestrator.results.cache import cache_warnings
 from orchestrator.results.goodput import Attainment, block_values, pooled, run_value
 from orchestrator.results.run import Level, Rate, level_name
 from orchestrator.stats.crossover import Crossover, crossover, first_crossing, ratio_interval
@@ -923,6 +924,7 @@ class ABResult:
         out += self.host_noise_warnings()
         out += self.rate_warnings()
         out += gpu_drift_warnings(self.launches, [arm.label for arm in self.arms])
+        out += cache_warnings(self)
         bad_env = [arm.label for arm in self.arms if not arm.env_ok]
         if bad_env:
             out.append(f"environment mismatches in {', '.join(bad_env)} (see the env check lines)")

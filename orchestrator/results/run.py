@@ -100,6 +100,7 @@ class RunResult:
                     "open_loop",
                     "outputs",
                     "accept_lengths",
+                    "prefix_cache",
                 )
                 if k in s
             },

@@ -89,6 +89,11 @@ def metrics_text(e: SimEngine | None, model_name: str) -> str:
             len(e.waiting),
         ]
         rows = [(n, k, h, float(v)) for (n, k, h, _), v in zip(rows, values, strict=False)]
+    # The prefix cache's counter and gauge (SGLang's names), after the original rows.
+    rows.append(
+        ("cached_tokens_total", "counter", "Number of cached prompt tokens.", e.cached_tokens_total if e else 0)
+    )
+    rows.append(("cache_hit_rate", "gauge", "The prefix cache hit rate.", e.cache_hit_rate() if e else 0.0))
     out = ["# orch-sim: SIMULATED metrics (not measured on a GPU)"]
     for name, kind, help_text, value in rows:
         out.append(f"# HELP sglang:{name} {help_text}")
@@ -105,7 +110,7 @@ def generate_payload(req: Req, engine: SimEngine | None, final: bool) -> bytes:
         "prompt_tokens": req.prompt_tokens,
         "weight_version": "default",
         "completion_tokens": req.completion_tokens,
-        "cached_tokens": 0,
+        "cached_tokens": req.cached_tokens,
     }
     if final:
         meta["e2e_latency"] = req.e2e_latency

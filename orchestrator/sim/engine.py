@@ -8,7 +8,7 @@ import math
 import random
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -83,6 +83,7 @@ class Req:
 
     __slots__ = (
         "accepted_drafts",
+        "cached_tokens",
         "created_mono",
         "created_wall",
         "decode_iters",
@@ -95,6 +96,7 @@ class Req:
         "max_new_tokens",
         "min_new_tokens",
         "output_ids",
+        "prompt_key",
         "prompt_tokens",
         "rid",
         "sent_text",
@@ -116,8 +118,11 @@ class Req:
         sink: Sink | None = None,
         rid: str | None = None,
         greedy: bytes | None = None,
+        prompt_key: bytes | None = None,
     ) -> None:
         self.rid = rid or uuid.uuid4().hex
+        self.prompt_key = prompt_key  # the simulated prefix cache's key (None: never cached)
+        self.cached_tokens = 0  # prompt tokens the prefix cache supplied (set at prefill)
         self.greedy = greedy  # a temperature-0 request's prompt key: its tokens follow from it (greedy_token)
         self.prompt_tokens = prompt_tokens
         self.max_new_tokens = max_new_tokens
@@ -163,6 +168,7 @@ class SimEngine:
         die_after_tokens: int | None = None,
         on_crash: Callable[[int], None] | None = None,
         diverge_after: int | None = None,
+        prefix_cache_entries: int = 0,
     ) -> None:
         self.model = model
         # The diverge_after knob: under speculation, greedy outputs leave the baseline's from this token on.
@@ -186,6 +192,10 @@ class SimEngine:
         self.gen_tokens_total = 0
         self.prompt_tokens_total = 0
         self.verify_calls_total = 0
+        # The simulated prefix cache: whole prompts by digest, least recently used first (0 entries: off).
+        self.prefix_cache: OrderedDict[bytes, int] = OrderedDict()
+        self.prefix_cache_entries = prefix_cache_entries
+        self.cached_tokens_total = 0
         # vLLM's spec_decode counters: one draft per request per verify, its tokens, and the accepted ones by
         # position, as the rejection sampler counts them (before a max_tokens or EOS cut).
         self.spec_drafts_total = 0
@@ -333,17 +343,35 @@ class SimEngine:
             if self.crash_pending and self.on_crash is not None:
                 self.on_crash(self.user_tokens)
 
+    def _cache_lookup(self, req: Req) -> int:
+        """Prompt tokens the prefix cache holds for this request (all but the last, which must be computed to give
+        the first token, as in SGLang), and the prompt stored for the next one; 0 when off or not seen."""
+        if self.prefix_cache_entries <= 0 or req.prompt_key is None or req.kind != "user":
+            return 0
+        held = self.prefix_cache.pop(req.prompt_key, None)
+        self.prefix_cache[req.prompt_key] = req.prompt_tokens
+        while len(self.prefix_cache) > self.prefix_cache_entries:
+            self.prefix_cache.popitem(last=False)
+        return max(0, min(held, req.prompt_tokens) - 1) if held is not None else 0
+
+    def cache_hit_rate(self) -> float:
+        """Lifetime cached / prompt tokens (SGLang's cache_hit_rate gauge)."""
+        return self.cached_tokens_total / self.prompt_tokens_total if self.prompt_tokens_total else 0.0
+
     async def _prefill_step(self, start: float) -> float:
         new: list[Req] = []
         while self.waiting and len(self.running) + len(new) < self.max_running:
             new.append(self.waiting.popleft())
         self.prefilling = new
-        tokens = sum(r.prompt_tokens for r in new)
+        for r in new:
+            r.cached_tokens = self._cache_lookup(r)
+        tokens = sum(r.prompt_tokens - r.cached_tokens for r in new)
+        cached = sum(r.cached_tokens for r in new)
         dt = self.model.prefill_iteration_ms(tokens, self.rng) / 1000.0
         if logs.enabled("info") and any(r.kind != "health" for r in new):
             usage = self._kv_tokens() / MAX_TOTAL_TOKENS
             logs.log(
-                f"Prefill batch. #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: 0, token usage: "
+                f"Prefill batch. #new-seq: {len(new)}, #new-token: {tokens}, #cached-token: {cached}, token usage: "
                 f"{usage:.2f}, #running-req: {len(self.running)}, #queue-req: {len(self.waiting)}",
                 prefix=" TP0",
             )
@@ -354,6 +382,7 @@ class SimEngine:
                 continue
             if r.kind != "health":
                 self.prompt_tokens_total += r.prompt_tokens
+                self.cached_tokens_total += r.cached_tokens
             if r.max_new_tokens <= 0:
                 r.finish_reason = {"type": "length", "length": 0}
             else:

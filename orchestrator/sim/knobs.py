@@ -120,6 +120,15 @@ _KNOB_LIST: tuple[Knob, ...] = (
         float(2**31),
     ),
     Knob(
+        "prefix_cache_entries",
+        int,
+        0,
+        "prompts kept in a simulated prefix cache (least recently used evicted; 0: off): a repeated prompt prefills "
+        "only its last token and counts the rest as cached_tokens (meta_info, sglang:cached_tokens_total)",
+        0.0,
+        1e6,
+    ),
+    Knob(
         "escape_linger_s",
         float,
         600.0,

@@ -25,6 +25,12 @@ class Body:
     include_usage: bool = False
     continuous_usage: bool = False
     greedy: bytes | None = None  # temperature 0: the prompt's key, from which its output follows (greedy_key)
+    prompt_key: bytes | None = None  # the prompt's digest at any temperature: the simulated prefix cache's key
+
+
+def prompt_key(prompt: Any) -> bytes:
+    """A digest of the prompt (text, token ids or chat messages): equal prompts hit the simulated prefix cache."""
+    return hashlib.blake2b(json.dumps(prompt, sort_keys=True, default=str).encode(), digest_size=16).digest()
 
 
 def greedy_key(temperature: Any, prompt: Any) -> bytes | None:
@@ -65,6 +71,7 @@ def generate_body(body: Any, context_length: int) -> Body:
         stream=bool(body.get("stream", False)),
         rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
         greedy=greedy_key(sp.get("temperature"), text if text is not None else input_ids),
+        prompt_key=prompt_key(text if text is not None else input_ids),
     )
 
 
@@ -110,6 +117,7 @@ def openai_body(body: Any, context_length: int, *, chat: bool) -> Body:
         include_usage=include_usage,
         continuous_usage=continuous,
         greedy=greedy_key(body.get("temperature"), material),
+        prompt_key=prompt_key(material),
     )
 
 

@@ -170,6 +170,7 @@ class SimServer:
             die_after_tokens=die_after,
             on_crash=self._crash,
             diverge_after=_int_knob(self.knobs.get("diverge_after")),
+            prefix_cache_entries=_int_knob(self.knobs.get("prefix_cache_entries")) or 0,
         )
         engine_task = asyncio.ensure_future(self.engine.run())
         warmup_task = asyncio.ensure_future(self._warmup())
@@ -548,6 +549,7 @@ class SimServer:
             sink=sink,
             rid=b.rid,
             greedy=b.greedy,
+            prompt_key=b.prompt_key,
         )
         if b.stream:
             writer.write(stream_head(keep))

@@ -1,0 +1,118 @@
+"""Prefix-cache attestation: cached prompt tokens from responses or /metrics counters, per run and per arm, in every
+format, and the warning when arms' hit rates differ by more than results.cache.CACHE_GAP_POINTS."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from orchestrator.client.metrics import prefix_cache
+from orchestrator.client.request import BadAnswer, Record, count_openai_chunk
+from orchestrator.client.summary import summarize_run
+from orchestrator.report import jsondoc, markdown, text
+from orchestrator.results.cache import arm_prefix_cache, cache_warnings
+from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.run import RunResult
+
+
+def test_llamacpp_timings_cache_n_and_openai_cached_tokens_are_read() -> None:
+    rec = Record(0, 0.0, 8)
+    count_openai_chunk({"choices": [], "timings": {"cache_n": 12, "prompt_n": 3}}, rec, [])
+    assert rec.cached_tokens == 12
+    rec = Record(0, 0.0, 8)
+    usage = {"completion_tokens": 4, "prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 32}}
+    count_openai_chunk({"choices": [], "usage": usage}, rec, [])
+    assert (rec.cached_tokens, rec.prompt_tokens) == (32, 40)
+    with pytest.raises(BadAnswer, match=r"timings\.cache_n=-1"):
+        count_openai_chunk({"choices": [], "timings": {"cache_n": -1}}, Record(0, 0.0, 8), [])
+
+
+def test_a_runs_hit_rate_comes_from_responses_else_from_the_counters() -> None:
+    assert prefix_cache([30, 0], [40, 40], {}) == {
+        "cached_tokens": 30,
+        "prompt_tokens": 80,
+        "hit_rate": 0.375,
+        "source": "responses",
+    }
+    vllm = {"vllm:prefix_cache_hits_total": 48.0, "vllm:prefix_cache_queries_total": 64.0}
+    got = prefix_cache([None, None], [40, 40], vllm)
+    assert got is not None and got["hit_rate"] == 0.75 and got["source"].startswith("metrics (vllm:prefix_cache_hits")
+    sgl = {"sglang:cached_tokens_total": 10.0, "sglang:prompt_tokens_total": 40.0}
+    assert (prefix_cache([None], [40], sgl) or {})["hit_rate"] == 0.25
+    assert prefix_cache([None], [40], {}) is None  # an engine that says nothing: no attestation, not 0 %
+
+
+def test_the_run_summary_keeps_the_cache_counters_and_the_rate() -> None:
+    recs = []
+    for i, cached in enumerate((0, 39)):
+        r = Record(i, 0.0, 2, first=0.1, end=0.2, tokens=2, prompt_tokens=40, cached_tokens=cached)
+        r.arrivals = [(0.1, 1), (0.2, 1)]
+        recs.append(r)
+    deltas = {"vllm:prefix_cache_hits_total": 39.0, "vllm:prefix_cache_queries_total": 80.0, "other_total": 1.0}
+    s = summarize_run(recs, 0.2, 1, deltas, 0.0)
+    assert s["prefix_cache"]["hit_rate"] == pytest.approx(39 / 80) and s["prefix_cache"]["source"] == "responses"
+    assert "vllm:prefix_cache_hits_total" in s["counter_deltas"] and "other_total" not in s["counter_deltas"]
+    assert RunResult.from_summary(0, False, s).metrics["prefix_cache"] == s["prefix_cache"]
+
+
+def _run(k: int, cache: dict[str, Any] | None) -> RunResult:
+    return RunResult(
+        index=k,
+        warmup=False,
+        tokens=2048,
+        seconds=25.0,
+        tok_s=82.0 + k,
+        prompt_tokens=30,
+        ttft_s=0.02,
+        aggregate_tok_s=82.0,
+        metrics={"prefix_cache": cache} if cache is not None else {},
+    )
+
+
+def _result(rates: dict[str, float | None]) -> ABResult:
+    names = tuple(rates)
+    launches = []
+    for b in range(3):
+        for i, name in enumerate(names):
+            rate = rates[name]
+            cache = None if rate is None else {"cached_tokens": round(100 * rate), "prompt_tokens": 100}
+            runs = tuple(_run(k, cache and {**cache, "hit_rate": rate, "source": "responses"}) for k in range(3))
+            launches.append(
+                LaunchResult(name, f"L-{b}-{i}", runs, 4.0, {"ok": True}, {}, block=b, position=i, arm_index=i)
+            )
+    return ABResult("E", True, "local", names, tuple(launches), {}, design=Design.make(len(names), 3, "fixed", 0))
+
+
+def test_an_arms_rate_pools_its_runs() -> None:
+    runs = [_run(0, {"cached_tokens": 10, "prompt_tokens": 100, "hit_rate": 0.1, "source": "responses"})]
+    runs.append(_run(1, {"cached_tokens": 90, "prompt_tokens": 300, "hit_rate": 0.3, "source": "responses"}))
+    got = arm_prefix_cache([*runs, _run(2, None)])
+    assert got is not None and got["hit_rate"] == 0.25 and got["runs"] == 2 and got["run_hit_rates"] == [0.1, 0.3]
+    assert arm_prefix_cache([_run(0, None)]) is None
+
+
+def test_arms_with_different_hit_rates_are_warned_about_in_every_format() -> None:
+    result = _result({"baseline": 0.0, "pld": 0.5})
+    (warning,) = cache_warnings(result)
+    assert warning == (
+        "a verdict compared arms with different prefix-cache hit rates (baseline 0.0 % vs pld 50.0 %; more than 5 "
+        "points apart): the cache, not speculation, may explain part of the difference"
+    )
+    said = text.ab_text(result)
+    assert "  pld: prefix cache 50.0 % of prompt tokens (450 of 900, 9 runs; from responses)" in said
+    assert f"WARNING: {warning}" in said
+    md = markdown.ab_markdown(result)
+    assert "## Prefix cache" in md and "- baseline: prefix cache 0.0 % of prompt tokens" in md
+    doc = jsondoc.ab_json(result)
+    assert doc["arms"][1]["prefix_cache"]["hit_rate"] == 0.5
+    assert doc["arms"][1]["by_concurrency"][0]["prefix_cache"]["cached_tokens"] == 450
+    assert doc["arms"][1]["runs"][0]["prefix_cache"]["hit_rate"] == 0.5
+
+
+def test_close_rates_or_silent_servers_give_no_warning_and_no_lines() -> None:
+    assert cache_warnings(_result({"baseline": 0.40, "pld": 0.44})) == []
+    silent = _result({"baseline": None, "pld": None})
+    assert cache_warnings(silent) == [] and "prefix cache" not in text.ab_text(silent)
+    half = _result({"baseline": None, "pld": 0.5})
+    assert "  baseline: prefix cache not reported by the server" in text.ab_text(half)

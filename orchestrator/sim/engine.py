@@ -99,6 +99,7 @@ class Req:
         "prompt_key",
         "prompt_tokens",
         "rid",
+        "rng",
         "sent_text",
         "sink",
         "stop",
@@ -121,6 +122,7 @@ class Req:
         prompt_key: bytes | None = None,
     ) -> None:
         self.rid = rid or uuid.uuid4().hex
+        self.rng: random.Random | None = None  # a user request's own stream of draws (set on submission)
         self.prompt_key = prompt_key  # the simulated prefix cache's key (None: never cached)
         self.cached_tokens = 0  # prompt tokens the prefix cache supplied (set at prefill)
         self.greedy = greedy  # a temperature-0 request's prompt key: its tokens follow from it (greedy_token)
@@ -174,6 +176,12 @@ class SimEngine:
         # The diverge_after knob: under speculation, greedy outputs leave the baseline's from this token on.
         self.diverge_after = diverge_after if model.spec is not None else None
         self.rng = rng
+        # Each user request draws its tokens, EOS and accept lengths from a stream of its own, seeded from the
+        # launch's seed and its place among user requests: the shared stream also feeds timing noise and health
+        # checks (as many as the client's polls happened to be), so a seeded launch would not repeat its accept
+        # lengths otherwise.
+        self.request_seed = rng.getrandbits(64)
+        self.user_submitted = 0
         self.max_running = max_running
         self.stream_interval = stream_interval
         self.decode_log_interval = decode_log_interval
@@ -222,6 +230,9 @@ class SimEngine:
         return bool(self.running or self.waiting or self.prefilling)
 
     def submit(self, req: Req) -> None:
+        if req.kind == "user":
+            req.rng = random.Random(f"{self.request_seed}:{self.user_submitted}")
+            self.user_submitted += 1
         self.waiting.append(req)
         self.wake.set()
 
@@ -246,7 +257,7 @@ class SimEngine:
 
     def _append(self, req: Req, n: int, decode: bool) -> None:
         """Append up to n tokens, stopping at EOS, a stop string, max_new_tokens or the crash fault."""
-        rng = self.rng
+        rng = req.rng or self.rng
         eos_prob = self.model.eos_prob
         for _ in range(n):
             if req.finish_reason is not None or self.crash_pending:
@@ -399,7 +410,7 @@ class SimEngine:
         for r in batch:
             if r.done.done() or self.crash_pending:
                 continue
-            n = self.model.tokens_this_iteration(self.rng)
+            n = self.model.tokens_this_iteration(r.rng or self.rng)
             r.decode_iters += 1
             if spec:
                 r.verify_ct += 1

@@ -747,3 +747,26 @@ def test_calibration_eagle3_3step_60_tok_s(tmp_path: Path) -> None:
     assert cycle_ms == pytest.approx(33.0 * speed, rel=0.02)
     assert rate == pytest.approx(1000 * accept / (33.0 * speed), rel=0.03)
     assert rate == pytest.approx(60.6, rel=0.05)
+
+
+def _accept_lengths(s: Sim, health_checks: int) -> list[float]:
+    """Each of three requests' accept length, after `health_checks` health checks went through the scheduler."""
+    with httpx.Client(timeout=60) as c:
+        for _ in range(health_checks):
+            assert c.get(s.url("/health_generate")).status_code == 200
+        body = {"text": "benchmark prompt", "sampling_params": {"max_new_tokens": 48, "ignore_eos": True}}
+        return [_sse(c, s.url("/generate"), {**body, "stream": True})[0][-1]["meta_info"]["spec_accept_length"]
+                for _ in range(3)]  # fmt: skip
+
+
+def test_a_seeded_launch_repeats_its_accept_lengths_whatever_else_the_scheduler_ran(tmp_path: Path) -> None:
+    """The nightly's history nights rest on it: with ORCH_SIM_SEED set, every launch draws the same accept lengths
+    for its user requests, however many health checks (one per client poll) went through the scheduler first."""
+    runs = []
+    for seed, checks in (("5", 0), ("5", 3), ("6", 0)):
+        with sim(tmp_path, "--skip-server-warmup", *EAGLE3_3STEP, knobs={"seed": seed}) as s:
+            _wait_healthy(s)
+            runs.append(_accept_lengths(s, checks))
+    assert runs[0] == runs[1], runs
+    assert len(set(runs[0])) > 1, runs  # each request its own draws, not one repeated
+    assert runs[2] != runs[0], runs

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from orchestrator.client.summary import lag_text
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
-from orchestrator.results.categories import ByCategory
+from orchestrator.results.categories import ByCategory, only_category
 from orchestrator.results.model import ABResult, ArmResult, CapacityComparison, Comparison, EnergyComparison
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats.estimates import BreakEven
@@ -591,6 +591,12 @@ def category_rows(bc: ByCategory) -> list[list[str]]:
             ]
         rows.append(cells)
     return rows
+
+
+def one_category_line(result: ABResult) -> str | None:
+    """Said where a categorised workload has a single category (HumanEval), in place of a one-row breakdown."""
+    name = only_category(result)
+    return None if name is None else f"by category: every prompt is {name}; the comparison above is its verdict"
 
 
 def category_lines(bc: ByCategory) -> list[str]:

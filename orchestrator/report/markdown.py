@@ -21,6 +21,7 @@ from orchestrator.report.lines import (
     metric_line,
     metric_rows,
     node_mismatch_lines,
+    one_category_line,
     order_text,
     rate_lines,
     slo_capacity_lines,
@@ -84,6 +85,8 @@ def ab_markdown(result: ABResult) -> str:
             lines += ["", f"### By category at {level_name(bc.level)}", "", category_heading(bc) + ".", ""]
             lines += md_table(category_rows(bc))
             lines += ["", *(f"- {line}" for line in category_lines(bc))]
+        elif one := one_category_line(result):
+            lines.append(f"- {one}")
         if energy := energy_lines(result, level):
             lines += ["", f"### {energy[0][0].upper()}{energy[0][1:]}", ""] + [f"- {line}" for line in energy[1:]]
     if crossings := crossover_lines(result):

@@ -22,6 +22,7 @@ from orchestrator.report.lines import (
     metric_rows,
     node_mismatch_lines,
     number,
+    one_category_line,
     order_text,
     rate_lines,
     slo_capacity_lines,
@@ -112,6 +113,8 @@ def ab_text(result: ABResult) -> str:
             lines.append(f"  {category_heading(bc)}")
             lines += text_table(category_rows(bc))
             lines += [f"  {line}" for line in category_lines(bc)]
+        elif one := one_category_line(result):
+            lines.append(f"  {one}")
         lines.append("")
     for line in crossover_lines(result):
         lines.append(f"  {line}")

@@ -227,6 +227,13 @@ def by_category(result: ABResult, level: Level | None = None) -> ByCategory | No
     return ByCategory(level, names, arms, comparisons)
 
 
+def only_category(result: ABResult) -> str | None:
+    """The one category every request of the workload is in (HumanEval: code), or None when there are none or
+    several: with one, the comparisons themselves are that category's verdict and no breakdown is drawn."""
+    names = {c for slot in (result.categories or {}).values() for c in slot}
+    return next(iter(names)) if len(names) == 1 else None
+
+
 def stored_categories(config: Mapping[str, Any]) -> Categories | None:
     """A stored experiment's run categories, from its stored workload; None for orch's own prompt sets, or when the
     dataset can no longer be read as it was (gone, or changed: its digest no longer matches)."""

@@ -88,3 +88,19 @@ def test_a_prompts_output_len_caps_its_request(
     assert main(["export", "last", "--format", "jsonl", "--db", db]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]  # type: ignore[attr-defined]
     assert sorted(r["tokens"] for r in rows if not r.get("warmup")) == [5, 24]  # its own length, --max-tokens caps it
+
+
+def test_a_one_category_dataset_says_the_comparison_is_its_verdict(
+    sim_profiles: Callable[..., dict[str, Path]], tmp_path: Path, capsys: object
+) -> None:
+    """HumanEval is all code: no one-row breakdown, a sentence saying the verdict above is the category's."""
+    profiles = sim_profiles()
+    db = str(tmp_path / "r.db")
+    common = ["--sim", "--dataset", "humaneval", "--blocks", "1", "--runs", "1", "--max-tokens", "8"]
+    rc = main(["ab", str(profiles["baseline"]), str(profiles["eagle3"]), *common, *FAST, "--db", db])
+    out = capsys.readouterr().out  # type: ignore[attr-defined]
+    assert rc == 0, out
+    assert "by category: every prompt is code; the comparison above is its verdict" in out, out
+    assert "by category @" not in out
+    assert main(["export", "last", "--format", "md", "--db", db]) == 0
+    assert "- by category: every prompt is code" in capsys.readouterr().out  # type: ignore[attr-defined]

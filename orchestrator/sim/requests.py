@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,39 @@ class Body:
     continuous_usage: bool = False
     greedy: bytes | None = None  # temperature 0: the prompt's key, from which its output follows (greedy_key)
     prompt_key: bytes | None = None  # the prompt's digest at any temperature: the simulated prefix cache's key
+    # The prompt's shorter prefixes (longest first) that the prefix cache may hold, with their tokens: at message
+    # boundaries for chat, at line boundaries for text.
+    prefix_keys: tuple[tuple[bytes, int], ...] = ()
+    # Chat only: the key and tokens of the conversation with the generated reply appended, which the cache keeps
+    # once the request finishes (as a radix cache keeps generated tokens): a next turn that sends the reply back
+    # finds it.
+    reply_key: Callable[[str], tuple[bytes, int]] | None = None
+
+
+# At most this many line boundaries of a text prompt are looked up as prefixes (the last ones).
+MAX_TEXT_PREFIXES = 256
+
+
+def text_prefixes(text: str) -> tuple[tuple[bytes, int], ...]:
+    """A text prompt's prefixes up to each line break (longest first), keyed as whole prompts are."""
+    cuts: list[int] = []
+    at = len(text)
+    while len(cuts) < MAX_TEXT_PREFIXES and (at := text.rfind("\n", 0, at)) > 0:
+        cuts.append(at)
+    return tuple((prompt_key(text[:c]), count_text_tokens(text[:c])) for c in cuts)
+
+
+def chat_prefixes(messages: list[Any]) -> tuple[tuple[bytes, int], ...]:
+    """A chat's shorter prefixes at message boundaries (longest first), keyed as whole chats are."""
+    return tuple((prompt_key(messages[:j]), count_chat_tokens(messages[:j])) for j in range(len(messages) - 1, 0, -1))
+
+
+def chat_reply_key(messages: list[Any]) -> Callable[[str], tuple[bytes, int]]:
+    def key(reply: str) -> tuple[bytes, int]:
+        whole = [*messages, {"role": "assistant", "content": reply}]
+        return prompt_key(whole), count_chat_tokens(whole)
+
+    return key
 
 
 def prompt_key(prompt: Any) -> bytes:
@@ -72,6 +106,7 @@ def generate_body(body: Any, context_length: int) -> Body:
         rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
         greedy=greedy_key(sp.get("temperature"), text if text is not None else input_ids),
         prompt_key=prompt_key(text if text is not None else input_ids),
+        prefix_keys=text_prefixes(text) if isinstance(text, str) else (),
     )
 
 
@@ -118,6 +153,8 @@ def openai_body(body: Any, context_length: int, *, chat: bool) -> Body:
         continuous_usage=continuous,
         greedy=greedy_key(body.get("temperature"), material),
         prompt_key=prompt_key(material),
+        prefix_keys=chat_prefixes(material) if chat else text_prefixes(material) if isinstance(material, str) else (),
+        reply_key=chat_reply_key(material) if chat else None,
     )
 
 

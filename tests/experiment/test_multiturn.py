@@ -59,3 +59,27 @@ def test_each_turn_sends_the_servers_replies_back(
             # the conversation grows, and the reply of the turn before is found in the cache
             assert after["prompt_tokens"] > before["prompt_tokens"]
             assert after["cached_tokens"] > before["prompt_tokens"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--rate", "2"], "--turns runs multi-turn sessions on closed-loop streams"),
+        (["--trace", "t.jsonl"], "--trace (open loop) excludes it"),
+        (["--prompts", "builtin"], "--prompts builtin has none: give a ShareGPT .json file"),
+        (["--turns", "4"], "no conversation with 4 user turns (the longest has 3)"),
+    ],
+)
+def test_what_cannot_run_as_sessions_is_refused(
+    sim_profiles: Callable[..., dict[str, Path]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    said: str,
+) -> None:
+    profiles = sim_profiles()
+    data = conversations(tmp_path / "conv.json")
+    args = ["ab", str(profiles["baseline"]), str(profiles["eagle3"]), "--sim", "--dataset", data, "--turns", "3"]
+    rc = main([*args, *extra, "--blocks", "1", "--runs", "1", "--db", str(tmp_path / "r.db")])
+    assert rc == 2
+    assert said in capsys.readouterr().err

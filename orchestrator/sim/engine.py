@@ -122,7 +122,7 @@ class Req:
         rid: str | None = None,
         greedy: bytes | None = None,
         prompt_key: bytes | None = None,
-        prefix_keys: tuple[tuple[bytes, int], ...] = (),
+        prefix_keys: Callable[[], tuple[tuple[bytes, int], ...]] | None = None,
         reply_key: Callable[[str], tuple[bytes, int]] | None = None,
     ) -> None:
         self.rid = rid or uuid.uuid4().hex
@@ -369,7 +369,9 @@ class SimEngine:
             return 0
         held = self.prefix_cache.get(req.prompt_key)
         # Else the longest prefix held (a multi-turn session's earlier turn with its reply, a shared system prompt).
-        prefix = next((tokens for key, tokens in req.prefix_keys if key in self.prefix_cache), None)
+        prefix = None
+        if held is None and req.prefix_keys is not None:
+            prefix = next((tokens for key, tokens in req.prefix_keys() if key in self.prefix_cache), None)
         self._cache_keep(req.prompt_key, req.prompt_tokens)
         if held is not None:
             return max(0, min(held, req.prompt_tokens) - 1)

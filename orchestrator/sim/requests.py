@@ -29,7 +29,8 @@ class Body:
     prompt_key: bytes | None = None  # the prompt's digest at any temperature: the simulated prefix cache's key
     # The prompt's shorter prefixes (longest first) that the prefix cache may hold, with their tokens: at message
     # boundaries for chat, at line boundaries for text.
-    prefix_keys: tuple[tuple[bytes, int], ...] = ()
+    # (Computed only when the cache is on and the whole prompt missed: hashing every prefix costs.)
+    prefix_keys: Callable[[], tuple[tuple[bytes, int], ...]] | None = None
     # Chat only: the key and tokens of the conversation with the generated reply appended, which the cache keeps
     # once the request finishes (as a radix cache keeps generated tokens): a next turn that sends the reply back
     # finds it.
@@ -52,6 +53,13 @@ def text_prefixes(text: str) -> tuple[tuple[bytes, int], ...]:
 def chat_prefixes(messages: list[Any]) -> tuple[tuple[bytes, int], ...]:
     """A chat's shorter prefixes at message boundaries (longest first), keyed as whole chats are."""
     return tuple((prompt_key(messages[:j]), count_chat_tokens(messages[:j])) for j in range(len(messages) - 1, 0, -1))
+
+
+def prefixes(material: Any, *, chat: bool) -> Callable[[], tuple[tuple[bytes, int], ...]] | None:
+    """How a prompt's prefixes are found, when the prefix cache asks: at message or line boundaries."""
+    if chat:
+        return lambda: chat_prefixes(material)
+    return (lambda: text_prefixes(material)) if isinstance(material, str) else None
 
 
 def chat_reply_key(messages: list[Any]) -> Callable[[str], tuple[bytes, int]]:
@@ -106,7 +114,7 @@ def generate_body(body: Any, context_length: int) -> Body:
         rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
         greedy=greedy_key(sp.get("temperature"), text if text is not None else input_ids),
         prompt_key=prompt_key(text if text is not None else input_ids),
-        prefix_keys=text_prefixes(text) if isinstance(text, str) else (),
+        prefix_keys=(lambda: text_prefixes(text)) if isinstance(text, str) else None,
     )
 
 
@@ -153,7 +161,7 @@ def openai_body(body: Any, context_length: int, *, chat: bool) -> Body:
         continuous_usage=continuous,
         greedy=greedy_key(body.get("temperature"), material),
         prompt_key=prompt_key(material),
-        prefix_keys=chat_prefixes(material) if chat else text_prefixes(material) if isinstance(material, str) else (),
+        prefix_keys=prefixes(material, chat=chat),
         reply_key=chat_reply_key(material) if chat else None,
     )
 

@@ -65,6 +65,10 @@ def token_piece(token_id: int) -> str:
     return " " + WORDS[(token_id - TOKEN_BASE) % len(WORDS)]
 
 
+# Given which keys the prefix cache holds, the tokens of the longest shorter prefix of a prompt it holds (None: none).
+PrefixHit = Callable[[Callable[[bytes], bool]], "int | None"]
+
+
 class Sink:
     """Where a request's output goes; the scheduler calls it directly so no task wake-up per token is needed."""
 
@@ -96,7 +100,7 @@ class Req:
         "max_new_tokens",
         "min_new_tokens",
         "output_ids",
-        "prefix_keys",
+        "prefix_hit",
         "prompt_key",
         "prompt_tokens",
         "reply_key",
@@ -122,13 +126,13 @@ class Req:
         rid: str | None = None,
         greedy: bytes | None = None,
         prompt_key: bytes | None = None,
-        prefix_keys: Callable[[], tuple[tuple[bytes, int], ...]] | None = None,
+        prefix_hit: PrefixHit | None = None,
         reply_key: Callable[[str], tuple[bytes, int]] | None = None,
     ) -> None:
         self.rid = rid or uuid.uuid4().hex
         self.rng: random.Random | None = None  # a user request's own stream of draws (set on submission)
         self.prompt_key = prompt_key  # the simulated prefix cache's key (None: never cached)
-        self.prefix_keys = prefix_keys  # ... and its shorter prefixes', longest first, with their tokens
+        self.prefix_hit = prefix_hit  # ... and the longest shorter prefix held (sim/requests.PrefixHit)
         self.reply_key = reply_key  # the key and tokens of the prompt with its reply (kept when it finishes)
         self.cached_tokens = 0  # prompt tokens the prefix cache supplied (set at prefill)
         self.greedy = greedy  # a temperature-0 request's prompt key: its tokens follow from it (greedy_token)
@@ -370,8 +374,8 @@ class SimEngine:
         held = self.prefix_cache.get(req.prompt_key)
         # Else the longest prefix held (a multi-turn session's earlier turn with its reply, a shared system prompt).
         prefix = None
-        if held is None and req.prefix_keys is not None:
-            prefix = next((tokens for key, tokens in req.prefix_keys() if key in self.prefix_cache), None)
+        if held is None and req.prefix_hit is not None:
+            prefix = req.prefix_hit(self.prefix_cache.__contains__)
         self._cache_keep(req.prompt_key, req.prompt_tokens)
         if held is not None:
             return max(0, min(held, req.prompt_tokens) - 1)

@@ -550,7 +550,7 @@ class SimServer:
             rid=b.rid,
             greedy=b.greedy,
             prompt_key=b.prompt_key,
-            prefix_keys=b.prefix_keys,
+            prefix_hit=b.prefix_hit,
             reply_key=b.reply_key,
         )
         if b.stream:

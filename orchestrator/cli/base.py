@@ -56,7 +56,7 @@ OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Server", ("--sim", "--attach", "--allow-mixed", "--port", "--ready-timeout", "--grace", "--strict-env",
                 "--force", "--gpu-wait")),
     ("Workload", ("--runs", "--warmup", "--max-tokens", "--seed", "--concurrency", "--requests-per-stream",
-                  "--endpoint", "--prompts", "--input-len", "--client", "--min-run-s", "--stall-timeout",
+                  "--endpoint", "--prompts", "--input-len", "--turns", "--client", "--min-run-s", "--stall-timeout",
                   "--first-token-timeout")),
     ("Open loop", ("--rate", "--arrivals", "--duration", "--requests", "--max-concurrency", "--trace", "--speed")),
     ("Design and verdict", ("--resume", "--blocks", "--max-blocks", "--order", "--order-seed", "--min-effect",

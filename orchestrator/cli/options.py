@@ -259,6 +259,18 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             "down by category (docs/data.md).",
         ),
         click.option(
+            "--turns",
+            type=click.IntRange(2, 100),
+            default=None,
+            metavar="N",
+            help="Multi-turn sessions: each conversation of the dataset (ShareGPT .json, JSONL with messages, or "
+            "mt-bench) with at least N user turns is a session of its first N; turn k sends the whole conversation so "
+            "far, the assistant messages being the server's own replies to earlier turns (not the dataset's). A "
+            "stream runs one session's turns in order, then the next session: a run at concurrency c runs c x "
+            "--requests-per-stream sessions (c x that x N requests). Closed loop only; reports add TTFT and prefix "
+            "cache by turn (docs/data.md#multi-turn-sessions).",
+        ),
+        click.option(
             "--input-len",
             type=click.IntRange(1, 1_000_000),
             default=None,

@@ -25,6 +25,9 @@ MAX_EVENT_BYTES = 64 * 1024 * 1024
 MAX_PROMPT_TOKENS = 1 << 31
 # A body key for the client alone, never sent: keep this request's generated output (orch ab --check-outputs).
 KEEP_OUTPUT = "orch_keep_output"
+# A body key for the client alone, never sent: the request is turn `turn` of a multi-turn session, with this turn's
+# new `messages`; the client sends it with the conversation so far (session_body), the replies being the server's.
+SESSION_TURN = "orch_turn"
 
 
 def whole_count(value: Any, what: str, limit: int) -> int:
@@ -63,7 +66,31 @@ def build_body(
     """The JSON body of one streamed request with ignore_eos, so every request yields exactly max_tokens; greedy
     (temperature 0) on every endpoint. keep_output: the client keeps what the request generated (KEEP_OUTPUT)."""
     body = _body(endpoint, item, max_tokens, model)
+    if isinstance(item.get("turn_index"), int):  # config/sessions.TURN_KEY: a multi-turn session's turn, from 0
+        body[SESSION_TURN] = {"turn": item["turn_index"], "messages": list(item.get("messages") or [])}
     return {**body, KEEP_OUTPUT: True} if keep_output else body
+
+
+def session_turn(body: dict[str, Any]) -> int | None:
+    """The turn a body is in its session (0: the first), or None outside multi-turn sessions."""
+    marker = body.get(SESSION_TURN)
+    return int(marker["turn"]) if isinstance(marker, dict) else None
+
+
+def session_body(body: dict[str, Any], history: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A session turn's body as sent, and the conversation it carries: the conversation so far (`history`: earlier
+    turns' messages and the server's replies) then this turn's new messages, as chat messages or, on the text
+    endpoints, flattened as a prompt built from messages is."""
+    marker = body[SESSION_TURN]
+    conversation = [*history, *marker["messages"]]
+    out = {k: v for k, v in body.items() if k != SESSION_TURN}
+    if "messages" in out:
+        out["messages"] = conversation
+    elif "prompt" in out:
+        out["prompt"] = _flatten(conversation)
+    else:
+        out["text"] = _flatten(conversation)
+    return out, conversation
 
 
 def _body(endpoint: str, item: dict[str, Any], max_tokens: int, model: str) -> dict[str, Any]:
@@ -142,6 +169,7 @@ class Record:
     # Prompt tokens the server reused from its prefix cache (llama.cpp's timings.cache_n, SGLang's
     # meta_info.cached_tokens, OpenAI usage.prompt_tokens_details.cached_tokens); None when it did not say.
     cached_tokens: int | None = None
+    turn: int | None = None  # its turn in a multi-turn session (0: the first); None outside sessions
 
     @property
     def ttft(self) -> float | None:

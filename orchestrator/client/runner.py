@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from orchestrator.client.metrics import counter_deltas, scrape_metrics
 from orchestrator.client.openloop import run_schedule
-from orchestrator.client.request import ENDPOINTS, Record, build_body
+from orchestrator.client.request import ENDPOINTS, KEEP_OUTPUT, Record, build_body, session_body, session_turn
 from orchestrator.client.stream import Guard, check_bounds, fetch, live, live_begin, live_end
 from orchestrator.client.summary import summarize_run
 from orchestrator.client.watchdog import watch
@@ -46,8 +46,8 @@ async def run_requests(
     watchdog: Callable[[], str | None] | None = None,
     watchdog_every_s: float = 1.0,
 ) -> tuple[list[Record], float, dict[str, Any], str | None]:
-    """c workers take requests in order until none is left. Returns records, the busy window, metric deltas and
-    why the run was aborted (None unless the watchdog said so).
+    """c workers take requests (or multi-turn sessions, session_units) in order until none is left. Returns records,
+    the busy window, metric deltas and why the run was aborted (None unless the watchdog said so).
 
     The busy window ends when the first worker finds no request left: until then all c streams were busy, so
     tokens received inside it measure throughput at concurrency c, without the drain at the end. `watchdog` is
@@ -60,7 +60,9 @@ async def run_requests(
     live_begin()
     t0 = time.perf_counter()
     records = [Record(index=i, start=0.0, max_tokens=max_tokens[i]) for i in range(len(bodies))]
-    next_index = 0
+    units = session_units(bodies)
+    next_unit = 0
+    sent = [False] * len(bodies)
     window_end: float | None = None
     aborted: str | None = None
     guards: set[Guard] = set()
@@ -72,30 +74,23 @@ async def run_requests(
             g.stop(f"aborted: {reason}")
 
     async def worker() -> None:
-        nonlocal next_index, window_end
+        nonlocal next_unit, window_end
         while True:
-            if next_index >= len(bodies) or aborted is not None:
+            if next_unit >= len(units) or aborted is not None:
                 if window_end is None:
                     window_end = time.perf_counter() - t0
                 return
-            i = next_index
-            next_index += 1
-            rec = records[i]
-            rec.start = time.perf_counter() - t0
-            await fetch(
-                host,
-                port,
-                path,
-                bodies[i],
-                rec,
-                t0,
-                timeout,
-                stall_s=stall_s,
-                first_token_s=first_token_s,
-                guards=guards,
-            )
-            if rec.error is not None:
-                rec.failed = time.perf_counter() - t0
+            first, end = units[next_unit]
+            next_unit += 1
+            await send_unit(records, bodies, sent, first, end, send, lambda: aborted is not None)
+
+    async def send(body: dict[str, Any], rec: Record) -> None:
+        rec.start = time.perf_counter() - t0
+        await fetch(
+            host, port, path, body, rec, t0, timeout, stall_s=stall_s, first_token_s=first_token_s, guards=guards
+        )
+        if rec.error is not None:
+            rec.failed = time.perf_counter() - t0
 
     watcher = (
         asyncio.get_running_loop().create_task(watch(watchdog, watchdog_every_s, abort))
@@ -103,15 +98,16 @@ async def run_requests(
         else None
     )
     try:
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(bodies)))))
+        await asyncio.gather(*(worker() for _ in range(min(concurrency, len(units)))))
     finally:
         live_end()
         if watcher is not None:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
     if aborted is not None:
-        for rec in records[next_index:]:
-            rec.error = f"aborted: {aborted} (not sent)"
+        for rec in records:
+            if not sent[rec.index]:
+                rec.error = f"aborted: {aborted} (not sent)"
     # After an abort the server may be the reason: do not wait on its /metrics.
     after = await scrape_metrics(host, port) if before is not None and aborted is None else None
     deltas: dict[str, Any] = {}
@@ -147,6 +143,8 @@ def run(
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     if open_loop is not None:
+        if any(session_turn(b) is not None for b in bodies):
+            raise ValueError("multi-turn sessions run on closed-loop streams, not on an open-loop schedule")
         cap = open_loop.get("max_concurrency")
         records, window, deltas, aborted, peak, stopped = _run_interruptibly(
             lambda: run_schedule(
@@ -183,6 +181,57 @@ def run(
         )
     )
     return summarize_run(records, window, concurrency, deltas, min_duration_s, aborted)
+
+
+async def send_unit(
+    records: list[Record],
+    bodies: list[dict[str, Any]],
+    sent: list[bool],
+    first: int,
+    end: int,
+    send: Callable[[dict[str, Any], Record], Coroutine[Any, Any, None]],
+    stopped: Callable[[], bool],
+) -> None:
+    """Requests [first, end) one after another on one stream: a lone request, or a session's turns in order, each
+    carrying the conversation so far with the server's own replies. A failed turn leaves the session's later turns
+    unsent (failed too: the conversation they continue does not exist)."""
+    history: list[dict[str, Any]] = []
+    for i in range(first, end):
+        if stopped():
+            return
+        rec, body = records[i], bodies[i]
+        sent[i] = True
+        rec.turn = session_turn(body)
+        conversation: list[dict[str, Any]] = []
+        keep = True
+        if rec.turn is not None:
+            body, conversation = session_body(body, history)
+            keep = KEEP_OUTPUT in body
+            rec.output = []  # the reply is fed back into the next turn
+        await send(body, rec)
+        if rec.error is not None:
+            for later in records[i + 1 : end]:
+                sent[later.index] = True
+                later.turn = session_turn(bodies[later.index])
+                later.error = f"not sent: turn {(rec.turn or 0) + 1} of its session failed ({rec.error})"
+            return
+        if rec.turn is not None:
+            history = [*conversation, {"role": "assistant", "content": "".join(rec.output or [])}]
+            if not keep:
+                rec.output = None
+
+
+def session_units(bodies: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """The [start, end) index ranges a stream takes at once: each multi-turn session's turns (from a turn 0 to the
+    next), and every other request alone."""
+    units: list[tuple[int, int]] = []
+    for i, body in enumerate(bodies):
+        turn = session_turn(body)
+        if units and turn is not None and turn > 0:
+            units[-1] = (units[-1][0], i + 1)
+        else:
+            units.append((i, i + 1))
+    return units
 
 
 T = TypeVar("T")

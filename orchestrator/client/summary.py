@@ -172,6 +172,30 @@ def open_loop_summary(records: list[Record], info: dict[str, Any]) -> dict[str, 
     return out
 
 
+def turn_summary(ok: list[Record]) -> list[dict[str, Any]]:
+    """Per turn of the multi-turn sessions (1: the first), over its successful requests: TTFT, tok/s per stream,
+    prompt tokens and those the server took from its prefix cache (where it said): a later turn resends the
+    conversation so far, which is where the cache shows."""
+    out = []
+    for turn in sorted({r.turn for r in ok if r.turn is not None}):
+        rs = [r for r in ok if r.turn == turn]
+        ttft = [r.ttft for r in rs if r.ttft is not None]
+        rates = [r.tokens / r.e2e for r in rs if r.e2e]
+        cached = [r.cached_tokens for r in rs if r.cached_tokens is not None]
+        prompt = sum(r.prompt_tokens for r in rs)
+        out.append(
+            {
+                "turn": turn + 1,
+                "requests": len(rs),
+                "ttft_s": percentile(ttft, 50),
+                "tok_s": sum(rates) / len(rates) if rates else None,
+                "prompt_tokens": prompt,
+                "cached_tokens": sum(cached) if len(cached) == len(rs) else None,
+            }
+        )
+    return out
+
+
 def summarize_run(
     records: list[Record],
     window: float,
@@ -198,7 +222,7 @@ def summarize_run(
     # Steady state: from the moment the first c streams all have their first token (ramp-up over) to the moment
     # the first stream runs out of work (drain begins). Tokens received inside it measure throughput at exactly
     # concurrency c. A run too short to have such an interval falls back to [0, window].
-    first_wave = [r.first for r in records[:concurrency]]
+    first_wave = [r.first for r in records if not r.turn][:concurrency]  # a session's first turn starts its stream
     start = max((t for t in first_wave if t is not None), default=0.0)
     if any(t is None for t in first_wave) or start >= window:
         start = 0.0
@@ -291,6 +315,8 @@ def summarize_run(
                 "accepted": r.accepted,
                 "error": r.error,
                 "arrivals_s": arrival_profile(r),
+                # a multi-turn session's turn (1: the first) and the prompt tokens the server had cached
+                **({"turn": r.turn + 1, "cached_tokens": r.cached_tokens} if r.turn is not None else {}),
                 **(
                     {
                         "scheduled_s": r.start,
@@ -306,6 +332,8 @@ def summarize_run(
     }
     if open_loop is not None:
         summary["open_loop"] = open_loop_summary(records, open_loop)
+    if any(r.turn is not None for r in records):
+        summary["turns"] = turn_summary(ok)
     accepts = [[r.accept_length, r.tokens] for r in ok if r.accept_length is not None and r.tokens > 0]
     if accepts:
         # (accept length, tokens) per request: the distribution reads without the per-request rows (results/outputs)

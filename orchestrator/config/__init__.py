@@ -4,7 +4,8 @@ what its verdicts are on (`slo`: the metric and the service-level objectives goo
 open-loop arrival schedule (`arrivals`: seeded, the same for every arm and launch), and what `--sweep auto` asks
 for (`sweep`: the probe's workload and the rate levels'), and `datasets` (ShareGPT JSON, CSV and shipped datasets such
 as HumanEval, with their origin, licence and sha256), and `traces` (a Mooncake JSONL trace replayed as one open-loop
-level: its schedule, prompts sharing hash-id blocks, output lengths).
+level: its schedule, prompts sharing hash-id blocks, output lengths), and `sessions` (a dataset's conversations as
+multi-turn sessions under --turns: the user's turns, the replies left to the server).
 """
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "plan",
     "profile",
     "prompts",
+    "sessions",
     "slo",
     "sweep",
     "traces",

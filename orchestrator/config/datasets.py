@@ -68,7 +68,7 @@ def _chunks(path: str) -> Iterator[bytes]:
             yield chunk
 
 
-def _json_elements(path: str) -> Iterator[tuple[int, Any]]:
+def json_elements(path: str) -> Iterator[tuple[int, Any]]:
     """(line, element) of each element of the JSON array a file holds, decoded piece by piece: the file is never
     held whole, only what is not yet handed on."""
     decoder, utf8 = json.JSONDecoder(), codecs.getincrementaldecoder("utf-8")()
@@ -148,7 +148,7 @@ def _sharegpt_item(path: str, n: int, obj: Any) -> PromptItem | None:
 
 
 def _sharegpt(path: str) -> Iterator[PromptItem | None]:
-    for n, obj in _json_elements(path):
+    for n, obj in json_elements(path):
         yield _sharegpt_item(path, n, obj)
 
 
@@ -195,8 +195,8 @@ def _csv(path: str) -> Iterator[PromptItem | None]:
         raise PromptFileError(f"{path}:{reader.line_num}: not valid CSV ({e})") from None
 
 
-def _shipped(name: str) -> list[PromptItem]:
-    """A dataset shipped with orch, checked against its recorded sha256."""
+def shipped_rows(name: str) -> list[dict[str, Any]]:
+    """A dataset shipped with orch as its JSON rows, checked against its recorded sha256."""
     info = SHIPPED[name]
     path = DATASET_DIR / info["file"]
     try:
@@ -207,7 +207,11 @@ def _shipped(name: str) -> list[PromptItem]:
         ) from e
     if hashlib.sha256(data).hexdigest() != info["sha256"]:
         raise PromptFileError(f"--prompts {name}: {path} is not the file orch shipped (sha256 differs); reinstall orch")
-    rows = [json.loads(x) for x in (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines() if x]
+    return [json.loads(x) for x in (gzip.decompress(data) if path.suffix == ".gz" else data).decode().splitlines() if x]
+
+
+def _shipped(name: str) -> list[PromptItem]:
+    info, rows = SHIPPED[name], shipped_rows(name)
     # HumanEval's "prompt" (a function to complete), or MT-Bench's first turn with its category.
     return [
         PromptItem(category=info["category"] or r["category"], text=r["prompt"] if "prompt" in r else r["turns"][0])

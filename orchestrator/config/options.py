@@ -93,6 +93,7 @@ class RunOptions:
     quiet: bool = False
     verbose: bool = False
     check_outputs: bool = False  # orch ab --check-outputs: compare each prompt's output across the arms
+    turns: int | None = None  # --turns N: multi-turn sessions of N turns (config/sessions)
     given: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod
@@ -135,6 +136,12 @@ class RunOptions:
 
     def check_open_loop(self) -> None:
         """--rate (open loop) excludes the closed-loop options, and the open-loop options need it (docs/load.md)."""
+        if self.turns is not None and (self.rate or self.sweep is not None or self.trace is not None):
+            flag = "--trace" if self.trace is not None else "--sweep" if self.sweep is not None else "--rate"
+            raise OptionError(
+                f"--turns runs multi-turn sessions on closed-loop streams (each turn waits for the reply it feeds "
+                f"back); {flag} (open loop) excludes it: leave one out, and use --concurrency with --turns"
+            )
         self.check_trace()
         if self.trace is not None:
             return

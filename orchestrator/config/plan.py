@@ -143,20 +143,22 @@ def plan(
     if config.open_loop:
         return open_loop_plan(config, arms, blocks=blocks, calibrated=calibrated, claimed=claimed)
     timed = sum(config.requests_per_run(c) for c in config.concurrency) * config.runs
-    requests = config.warmup + timed
-    tokens = config.warmup * config.warmup_max_tokens + timed * config.max_tokens
+    warm = config.warmup * config.requests_per_warmup  # a multi-turn warmup is one session of --turns requests
+    requests = warm + timed
+    tokens = warm * config.warmup_max_tokens + timed * config.max_tokens
     prompt_ids = requests * (config.input_len or 128) if config.prompts == "random" else 0
     seconds = 0.0
     shortest = float("inf")
     stream_tokens = 0
     for speed, setup_s in arms:
-        seconds += setup_s + config.warmup * config.warmup_max_tokens / speed(1)
-        stream_tokens += config.warmup * config.warmup_max_tokens
+        seconds += setup_s + warm * config.warmup_max_tokens / speed(1)
+        stream_tokens += warm * config.warmup_max_tokens
         for c in config.concurrency:
             # The c streams run side by side; each sends requests_per_stream requests one after another.
-            run_s = config.requests_per_stream * config.max_tokens / speed(c)
+            per_stream = config.requests_per_run(c) // c  # sessions of --turns requests, one turn after another
+            run_s = per_stream * config.max_tokens / speed(c)
             seconds += config.runs * run_s
-            stream_tokens += config.runs * config.requests_per_stream * config.max_tokens
+            stream_tokens += config.runs * per_stream * config.max_tokens
             shortest = min(shortest, run_s)
     return Plan(
         launches=len(arms) * blocks,

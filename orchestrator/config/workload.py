@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config import arrivals, datasets, traces
+from orchestrator.config import arrivals, datasets, sessions, traces
 from orchestrator.errors import PromptFileError
 
 CLIENT_PLACES = ("host", "local")
@@ -54,6 +54,11 @@ class BenchConfig:
     trace: str | None = None
     speed: float = 1.0
     trace_sha256: str | None = None
+    # Multi-turn sessions (config/sessions, docs/data.md#multi-turn-sessions): each of the dataset's conversations
+    # with at least `turns` user turns is a session of its first `turns` turns, each turn sent with the conversation
+    # so far and the server's own replies; a stream runs a session's turns in order, `requests_per_stream` sessions
+    # per stream. None: one request per prompt, as before.
+    turns: int | None = None
 
     def __post_init__(self) -> None:
         # Read back from JSON (a stored config, a bundle) the levels are a list; as a tuple the config stays hashable.
@@ -65,7 +70,12 @@ class BenchConfig:
         return bool(self.rate)
 
     def requests_per_run(self, concurrency: int) -> int:
-        return concurrency * self.requests_per_stream
+        return concurrency * self.requests_per_stream * (self.turns or 1)
+
+    @property
+    def requests_per_warmup(self) -> int:
+        """A warmup run sends one request, or one session of `turns` requests."""
+        return self.turns or 1
 
     def schedule(self, rate: float, run: int) -> list[float]:
         """When each request of timed run `run` at `rate` is due (seconds from the run's start): the same for every
@@ -85,6 +95,8 @@ class BenchConfig:
         if self.trace is None:
             for name in ("trace", "speed", "trace_sha256"):
                 del d[name]
+        if self.turns is None:
+            del d["turns"]
         return d if self.open_loop else {k: v for k, v in d.items() if k not in OPEN_LOOP_FIELDS}
 
 
@@ -92,7 +104,13 @@ def request_items(config: BenchConfig) -> list[dict[str, Any]]:
     """Every input the benchmark will send, in order: identical for every arm (a pure function of the config). An
     open-loop run's items carry `scheduled_s`, when each is due, so the digests of the sequence cover the schedule."""
     if not config.open_loop:
-        total = config.warmup + sum(config.runs * config.requests_per_run(c) for c in config.concurrency)
+        total = config.warmup * config.requests_per_warmup + sum(
+            config.runs * config.requests_per_run(c) for c in config.concurrency
+        )
+        if config.turns is not None:
+            if config.input_len is not None:
+                raise PromptFileError("--input-len applies to --prompts random only, not to --turns sessions")
+            return sessions.sequence(config.prompts, total // config.turns, config.turns, seed=config.seed)
         return [
             it.to_dict()
             for it in datasets.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
@@ -127,7 +145,7 @@ def run_categories(config: BenchConfig) -> dict[RunSlot, tuple[str, ...]]:
     it (warmups first, then each level's runs in turn): a per-request row's `index` is its place in the run."""
     items = request_items(config)
     out: dict[RunSlot, tuple[str, ...]] = {}
-    position = config.warmup
+    position = config.warmup * config.requests_per_warmup
     if config.open_loop:
         sizes = [((0, rate, i), len(config.schedule(rate, i))) for rate in config.rate for i in range(config.runs)]
     else:

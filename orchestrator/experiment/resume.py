@@ -30,6 +30,7 @@ FIXED_OPTIONS = {
     "endpoint": "--endpoint",
     "prompt_source": "--prompts",
     "input_len": "--input-len",
+    "turns": "--turns",
     "client_place": "--client",
     "min_run_s": "--min-run-s",
     "blocks": "--blocks",

@@ -123,6 +123,7 @@ def start(
         first_token_timeout_s=options.first_token_timeout,
         **open_loop_fields(options),
         check_outputs=options.check_outputs,
+        turns=options.turns,
     )
     engines.check_use(profiles, bench.endpoint, simulate=options.sim)
     # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built.

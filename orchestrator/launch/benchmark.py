@@ -376,7 +376,7 @@ def run_benchmark(
             on_run(run)
 
     for i in range(config.warmup):
-        one(i, True, 1, 1, config.warmup_max_tokens)
+        one(i, True, 1, config.requests_per_warmup, config.warmup_max_tokens)
     if config.open_loop:
         for rate in config.rate:
             for i in range(config.runs):

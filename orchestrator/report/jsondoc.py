@@ -13,6 +13,7 @@ from orchestrator.results.categories import by_category
 from orchestrator.results.goodput import run_attainment
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.run import Level, Rate
+from orchestrator.results.turns import arm_turns_at
 
 if TYPE_CHECKING:
     from orchestrator.config.slo import SLO
@@ -46,6 +47,8 @@ def _run_json(run: RunResult, launch: LaunchResult | None = None, slo: SLO | Non
         "spec": run.metrics.get("spec"),
         # cached prompt tokens / prompt tokens of this run (results/cache; None where the server did not say)
         "prefix_cache": run.metrics.get("prefix_cache"),
+        # multi-turn sessions only: the run's numbers by turn (client.summary.turn_summary)
+        **({"turns": run.metrics["turns"]} if "turns" in run.metrics else {}),
         # under --slo: the run's good requests, goodput (req/s and tok/s) and attainment; null without per-request rows
         **({"goodput": got.to_dict() if got is not None else None} if slo is not None else {}),
         # joules over the steady window from nvidia-smi's power samples ({"error": why} when not measured; None for a
@@ -74,6 +77,7 @@ def _level_json(arm: ArmResult, level: Level, metric: str = DEFAULT_METRIC) -> d
         "launch_values": [launch.value_at(level) for launch in arm.launches],
         "accept_length": arm.accept_length_at(level),
         "prefix_cache": arm_cache_at(arm, level),
+        **({"turns": turns} if (turns := arm_turns_at(arm, level)) else {}),
         **({"goodput": _goodput_json(arm, level)} if arm.slo is not None else {}),
         **({"metric": _metric_json(arm, level, metric)} if metric != DEFAULT_METRIC else {}),
         "energy": _energy_json(arm, level),
@@ -138,6 +142,8 @@ def _arm_json(arm: ArmResult, metric: str = DEFAULT_METRIC) -> dict[str, Any]:
         "spread": spread.to_dict() if spread else None,
         "accept_length": arm.accept_length,
         "prefix_cache": arm_cache_at(arm),
+        # multi-turn sessions only: TTFT, tok/s and prefix cache by turn at the headline level (results/turns)
+        **({"turns": turns} if (turns := arm_turns_at(arm)) else {}),
         "energy": _energy_json(arm, arm.levels[0]) if arm.levels else None,
         "by_concurrency": [_level_json(arm, level, metric) for level in arm.levels],
         "ready_s": first.ready_s if first and not first.attached else None,

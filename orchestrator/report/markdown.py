@@ -36,6 +36,7 @@ from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import level_name
+from orchestrator.results.turns import turn_lines
 
 
 def md_table(rows: list[list[str]]) -> list[str]:
@@ -112,6 +113,8 @@ def ab_markdown(result: ABResult) -> str:
         lines += ["", f"_{note}_"]
     if cached := cache_lines(result):
         lines += ["", "## Prefix cache", ""] + [f"- {line}" for line in cached]
+    if by_turn := turn_lines(result):
+        lines += ["", "## By turn", ""] + [f"- {line}" for line in by_turn]
     warnings = result.warnings()
     if warnings:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]

@@ -38,6 +38,7 @@ from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import level_name, level_phrase
+from orchestrator.results.turns import turn_lines
 
 
 def text_table(rows: list[list[str]]) -> list[str]:
@@ -143,6 +144,7 @@ def ab_text(result: ABResult) -> str:
     if said := energy_note(result):
         lines.append(f"  {said}")
     lines += [f"  {line}" for line in cache_lines(result)]
+    lines += [f"  {line}" for line in turn_lines(result)]
     for warning in result.warnings():
         lines.append(f"  WARNING: {warning}")
     return "\n".join(lines).rstrip()

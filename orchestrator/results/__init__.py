@@ -5,7 +5,8 @@ versioned SQLite file, written as each run ends), `load` (a stored experiment re
 `curves` (each arm's numbers over the levels with CIs over launches, and the Pareto front: what the load plots draw),
 `outputs` (the lossless check: each arm's generated outputs against the baseline's, prompt by prompt; accept length
 per request as a distribution); `categories` (each arm's tok/s and each comparison's paired ratio per prompt category);
-`cache` (prefix-cache attestation: each arm's cached share of prompt tokens, and the warning when arms differ).
+`cache` (prefix-cache attestation: each arm's cached share of prompt tokens, and the warning when arms differ);
+`turns` (multi-turn sessions' TTFT, tok/s and prefix-cache share by turn).
 """
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "run",
     "schema",
     "store",
+    "turns",
 ]

@@ -101,6 +101,7 @@ class RunResult:
                     "outputs",
                     "accept_lengths",
                     "prefix_cache",
+                    "turns",
                 )
                 if k in s
             },

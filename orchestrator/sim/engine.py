@@ -65,6 +65,10 @@ def token_piece(token_id: int) -> str:
     return " " + WORDS[(token_id - TOKEN_BASE) % len(WORDS)]
 
 
+# Given which keys the prefix cache holds, the tokens of the longest shorter prefix of a prompt it holds (None: none).
+PrefixHit = Callable[[Callable[[bytes], bool]], "int | None"]
+
+
 class Sink:
     """Where a request's output goes; the scheduler calls it directly so no task wake-up per token is needed."""
 
@@ -96,8 +100,10 @@ class Req:
         "max_new_tokens",
         "min_new_tokens",
         "output_ids",
+        "prefix_hit",
         "prompt_key",
         "prompt_tokens",
+        "reply_key",
         "rid",
         "rng",
         "sent_text",
@@ -120,10 +126,14 @@ class Req:
         rid: str | None = None,
         greedy: bytes | None = None,
         prompt_key: bytes | None = None,
+        prefix_hit: PrefixHit | None = None,
+        reply_key: Callable[[str], tuple[bytes, int]] | None = None,
     ) -> None:
         self.rid = rid or uuid.uuid4().hex
         self.rng: random.Random | None = None  # a user request's own stream of draws (set on submission)
         self.prompt_key = prompt_key  # the simulated prefix cache's key (None: never cached)
+        self.prefix_hit = prefix_hit  # ... and the longest shorter prefix held (sim/requests.PrefixHit)
+        self.reply_key = reply_key  # the key and tokens of the prompt with its reply (kept when it finishes)
         self.cached_tokens = 0  # prompt tokens the prefix cache supplied (set at prefill)
         self.greedy = greedy  # a temperature-0 request's prompt key: its tokens follow from it (greedy_token)
         self.prompt_tokens = prompt_tokens
@@ -250,6 +260,8 @@ class SimEngine:
         if req.done.done():
             return
         req.finish_reason = reason
+        if self.prefix_cache_entries > 0 and req.reply_key is not None and req.kind == "user":
+            self._cache_keep(*req.reply_key(req.text))  # the reply's tokens stay cached, as in a radix cache
         try:
             req.sink.finish(req)
         finally:
@@ -359,11 +371,21 @@ class SimEngine:
         the first token, as in SGLang), and the prompt stored for the next one; 0 when off or not seen."""
         if self.prefix_cache_entries <= 0 or req.prompt_key is None or req.kind != "user":
             return 0
-        held = self.prefix_cache.pop(req.prompt_key, None)
-        self.prefix_cache[req.prompt_key] = req.prompt_tokens
+        held = self.prefix_cache.get(req.prompt_key)
+        # Else the longest prefix held (a multi-turn session's earlier turn with its reply, a shared system prompt).
+        prefix = None
+        if held is None and req.prefix_hit is not None:
+            prefix = req.prefix_hit(self.prefix_cache.__contains__)
+        self._cache_keep(req.prompt_key, req.prompt_tokens)
+        if held is not None:
+            return max(0, min(held, req.prompt_tokens) - 1)
+        return min(prefix, req.prompt_tokens - 1) if prefix is not None else 0
+
+    def _cache_keep(self, key: bytes, tokens: int) -> None:
+        self.prefix_cache.pop(key, None)
+        self.prefix_cache[key] = tokens
         while len(self.prefix_cache) > self.prefix_cache_entries:
             self.prefix_cache.popitem(last=False)
-        return max(0, min(held, req.prompt_tokens) - 1) if held is not None else 0
 
     def cache_hit_rate(self) -> float:
         """Lifetime cached / prompt tokens (SGLang's cache_hit_rate gauge)."""

@@ -124,7 +124,9 @@ _KNOB_LIST: tuple[Knob, ...] = (
         int,
         0,
         "prompts kept in a simulated prefix cache (least recently used evicted; 0: off): a repeated prompt prefills "
-        "only its last token and counts the rest as cached_tokens (meta_info, sglang:cached_tokens_total)",
+        "only its last token and counts the rest as cached_tokens (meta_info, sglang:cached_tokens_total); else the "
+        "longest prefix held at a message (chat) or line (text) boundary is cached, and a chat's reply is kept "
+        "with its conversation once generated (a next turn that sends it back finds it)",
         0.0,
         1e6,
     ),

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.sim.engine import count_chat_tokens, count_text_tokens
+from orchestrator.sim.engine import PrefixHit, count_chat_tokens, count_text_tokens
 from orchestrator.sim.httpio import HttpError
 
 
@@ -26,6 +27,55 @@ class Body:
     continuous_usage: bool = False
     greedy: bytes | None = None  # temperature 0: the prompt's key, from which its output follows (greedy_key)
     prompt_key: bytes | None = None  # the prompt's digest at any temperature: the simulated prefix cache's key
+    # Given which keys the prefix cache holds, the tokens of the longest shorter prefix of the prompt it holds, cut
+    # at a message (chat) or line (text) boundary; None when it holds none. Called only when the cache is on and the
+    # whole prompt missed: hashing prefixes costs.
+    prefix_hit: PrefixHit | None = None
+    # Chat only: the key and tokens of the conversation with the generated reply appended, which the cache keeps
+    # once the request finishes (as a radix cache keeps generated tokens): a next turn that sends the reply back
+    # finds it.
+    reply_key: Callable[[str], tuple[bytes, int]] | None = None
+
+
+# At most this many line boundaries of a text prompt are looked up as prefixes (the last ones).
+MAX_TEXT_PREFIXES = 256
+
+
+def text_prefix_hit(text: str) -> PrefixHit:
+    def hit(held: Callable[[bytes], bool]) -> int | None:
+        at, tries = len(text), 0
+        while tries < MAX_TEXT_PREFIXES and (at := text.rfind("\n", 0, at)) > 0:
+            tries += 1
+            if held(prompt_key(text[:at])):
+                return count_text_tokens(text[:at])
+        return None
+
+    return hit
+
+
+def chat_prefix_hit(messages: list[Any]) -> PrefixHit:
+    def hit(held: Callable[[bytes], bool]) -> int | None:
+        for j in range(len(messages) - 1, 0, -1):
+            if held(prompt_key(messages[:j])):
+                return count_chat_tokens(messages[:j])
+        return None
+
+    return hit
+
+
+def prefix_hit(material: Any, *, chat: bool) -> PrefixHit | None:
+    """How a prompt's prefixes are looked up in the cache: at message boundaries (chat) or line breaks (text)."""
+    if chat:
+        return chat_prefix_hit(material) if isinstance(material, list) else None
+    return text_prefix_hit(material) if isinstance(material, str) else None
+
+
+def chat_reply_key(messages: list[Any]) -> Callable[[str], tuple[bytes, int]]:
+    def key(reply: str) -> tuple[bytes, int]:
+        whole = [*messages, {"role": "assistant", "content": reply}]
+        return prompt_key(whole), count_chat_tokens(whole)
+
+    return key
 
 
 def prompt_key(prompt: Any) -> bytes:
@@ -72,6 +122,7 @@ def generate_body(body: Any, context_length: int) -> Body:
         rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
         greedy=greedy_key(sp.get("temperature"), text if text is not None else input_ids),
         prompt_key=prompt_key(text if text is not None else input_ids),
+        prefix_hit=text_prefix_hit(text) if isinstance(text, str) else None,
     )
 
 
@@ -118,6 +169,8 @@ def openai_body(body: Any, context_length: int, *, chat: bool) -> Body:
         continuous_usage=continuous,
         greedy=greedy_key(body.get("temperature"), material),
         prompt_key=prompt_key(material),
+        prefix_hit=prefix_hit(material, chat=chat),
+        reply_key=chat_reply_key(material) if chat else None,
     )
 
 

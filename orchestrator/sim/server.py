@@ -550,6 +550,8 @@ class SimServer:
             rid=b.rid,
             greedy=b.greedy,
             prompt_key=b.prompt_key,
+            prefix_hit=b.prefix_hit,
+            reply_key=b.reply_key,
         )
         if b.stream:
             writer.write(stream_head(keep))

@@ -138,8 +138,14 @@ class OpenAISink(_HttpSink):
             "prompt_tokens": req.prompt_tokens,
             "completion_tokens": req.completion_tokens,
             "total_tokens": req.prompt_tokens + req.completion_tokens,
-            "prompt_tokens_details": None,
+            # With the prefix cache on, its count (as SGLang's --enable-cache-report and vLLM's
+            # --enable-prompt-tokens-details send it); None otherwise, as before.
+            "prompt_tokens_details": {"cached_tokens": req.cached_tokens} if self._caching() else None,
         }
+
+    def _caching(self) -> bool:
+        engine = self.server.engine
+        return engine is not None and engine.prefix_cache_entries > 0
 
     def finish(self, req: Req) -> None:
         reason, matched = _openai_finish(req.finish_reason)

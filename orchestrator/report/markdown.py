@@ -35,7 +35,7 @@ from orchestrator.report.outputs import accept_lines, outputs_lines
 from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
-from orchestrator.results.run import level_name
+from orchestrator.results.run import Level, level_name
 from orchestrator.results.turns import turn_lines
 
 
@@ -47,6 +47,18 @@ def md_table(rows: list[list[str]]) -> list[str]:
     ]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows[1:]]
     return out
+
+
+def _category_md(result: ABResult, level: Level) -> list[str]:
+    """The level's breakdown by category, or the sentence saying the workload has a single one."""
+    if (bc := by_category(result, level)) is not None:
+        return [
+            *("", f"### By category at {level_name(bc.level)}", "", category_heading(bc) + ".", ""),
+            *md_table(category_rows(bc)),
+            "",
+            *(f"- {line}" for line in category_lines(bc)),
+        ]
+    return [f"- {one}"] if (one := one_category_line(result)) else []
 
 
 def ab_markdown(result: ABResult) -> str:
@@ -82,12 +94,7 @@ def ab_markdown(result: ABResult) -> str:
         lines += [f"- {comparison_line(c)}" for c in result.comparisons_at(level)]
         if method := ci_method_line(result.comparisons_at(level)):
             lines.append(f"- {method}")
-        if (bc := by_category(result, level)) is not None:
-            lines += ["", f"### By category at {level_name(bc.level)}", "", category_heading(bc) + ".", ""]
-            lines += md_table(category_rows(bc))
-            lines += ["", *(f"- {line}" for line in category_lines(bc))]
-        elif one := one_category_line(result):
-            lines.append(f"- {one}")
+        lines += _category_md(result, level)
         if energy := energy_lines(result, level):
             lines += ["", f"### {energy[0][0].upper()}{energy[0][1:]}", ""] + [f"- {line}" for line in energy[1:]]
     if crossings := crossover_lines(result):

@@ -40,6 +40,7 @@ from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.outputs import accept_distributions
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
+from orchestrator.results.turns import arm_turns_at
 from orchestrator.stats.estimates import LaunchMean
 
 if TYPE_CHECKING:
@@ -765,6 +766,33 @@ def _category_section(result: ABResult) -> str:
     return '<section id="by-category"><h2>By category</h2>' + "".join(parts) + "</section>" if parts else ""
 
 
+def _turn_section(result: ABResult) -> str:
+    """A multi-turn workload's numbers by turn per arm (results/turns); nothing without sessions."""
+    rows = [["arm", "turn", "requests", "TTFT p50 ms", "tok/s per stream", "prefix cache"]]
+    for arm in result.arms:
+        for t in arm_turns_at(arm) or []:
+            hit = t["cache_hit_rate"]
+            rows.append(
+                [
+                    arm.label,
+                    str(t["turn"]),
+                    str(t["requests"]),
+                    "-" if t["ttft_s"] is None else f"{1000 * t['ttft_s']:.0f}",
+                    "-" if t["tok_s"] is None else f"{t['tok_s']:.1f}",
+                    "-" if hit is None else f"{100 * hit:.0f} %",
+                ]
+            )
+    if len(rows) == 1:
+        return ""
+    note = (
+        "Medians over the timed runs at the headline level; turn k sends the conversation so far with this "
+        "session's own replies, so its prompt grows and the prefix cache holds the turns before it."
+    )
+    return (
+        f'<section id="by-turn"><h2>By turn</h2>{_table(rows, "table-by-turn")}<p class="note">{_e(note)}</p></section>'
+    )
+
+
 def _sweep_note(result: ABResult) -> list[str]:
     """Where --sweep auto's rates came from, under the verdicts."""
     said = "; ".join(line.strip() for line in sweep_lines(result))
@@ -833,7 +861,8 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         '<p class="note">median: of launch values (each the median of its runs); min/max over runs; CV within and '
         "across launches; vs: mean per-block ratio.</p></section>"
     )
-    body += [_energy_section(result), _category_section(result), '<section id="plots"><h2>Throughput</h2>']
+    body += [_energy_section(result), _category_section(result), _turn_section(result)]
+    body.append('<section id="plots"><h2>Throughput</h2>')
     body += [_tok_s_figure(result, lv) for lv in result.levels or [1]]
     if len(result.arms) > 1:
         body.append(_ratio_figure(result))

@@ -59,6 +59,12 @@ def test_each_turn_sends_the_servers_replies_back(
             # the conversation grows, and the reply of the turn before is found in the cache
             assert after["prompt_tokens"] > before["prompt_tokens"]
             assert after["cached_tokens"] > before["prompt_tokens"]
+    # The HTML report has the same numbers by turn, one row per arm and turn.
+    page = tmp_path / "r.html"
+    assert main(["export", "last", "--format", "html", "-o", str(page), "--db", str(tmp_path / "r.db")]) == 0
+    html = page.read_text()
+    assert '<table id="table-by-turn">' in html, html
+    assert '<td>eagle3</td><td class="n">3</td><td class="n">2</td>' in html, html
 
 
 @pytest.mark.parametrize(

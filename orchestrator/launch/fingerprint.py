@@ -42,9 +42,9 @@ LEGACY_WORKLOAD_KEY = "workload_digest"
 
 def workload_digest(bench: BenchConfig) -> str:
     """Every setting of the workload and every request it sends, not where they were read from (the prompt file's
-    path): equal digests, equal work."""
+    or the trace's path; a trace's sha256 stays): equal digests, equal work."""
     requests = hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest()
-    config = {k: v for k, v in bench.to_dict().items() if k != "prompts"}
+    config = {k: v for k, v in bench.to_dict().items() if k not in ("prompts", "trace")}
     data = {"config": config, "requests_sha256": requests}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -33,6 +33,8 @@ from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store
 from orchestrator.ui.events import QUIET, Events, Lines
 
+# Ranks a change of data above every fingerprint difference (the engine version's is 100).
+DATASET_WEIGHT = 1000
 CLAIM_BLOCKS = 3  # a verdict needs the launch-to-launch spread: one launch per arm cannot give one
 
 
@@ -66,8 +68,12 @@ def check_plan(bundle: dict[str, Any], profiles: list[Profile], blocks: int | No
 def likely_causes(recorded: ABResult, new: ABResult, arm_map: Mapping[str, str] | None = None) -> list[str]:
     """What differs between the two experiments' fingerprints, most likely to move the numbers first. Each arm's
     first fingerprinted launch on each side is compared (a multi-node one with every node's facts; arms paired by
-    name, or by arm_map: new's name -> recorded's); a difference seen in several arms is said once."""
+    name, or by arm_map: new's name -> recorded's); a difference seen in several arms is said once. Other data (a
+    dataset or trace of another sha256) comes first: it changes what is measured, not only how fast."""
     ranked: dict[str, int] = {}
+    data = datasource.change(recorded.dataset, new.dataset)
+    if data is not None:
+        ranked[data] = DATASET_WEIGHT
     names = arm_map or {}
     for arm in recorded.arms:
         other = next((b for b in new.arms if names.get(b.label, b.label) == arm.label), None)
@@ -264,7 +270,7 @@ def _write_out(path: Path, text: str | None) -> Path:
         raise InputError("the bundle carries no copy of its data to write out; give one (--prompts or --trace)")
     path.parent.mkdir(parents=True, exist_ok=True)
     files.write_output(path, text, "the bundle's data")
-    return path
+    return path.resolve()
 
 
 def reproduce_bundle(

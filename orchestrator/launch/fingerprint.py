@@ -262,6 +262,9 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("attached", "profile", 61, "attached"),
     ("profile", "profile", 60, "profile"),
     ("argv", "profile", 59, "server argv"),
+    # What the requests were drawn from (a nightly environment's field, nightly/history.DATASET_FIELD): it explains
+    # the workload digest's change beside it, so it is said first.
+    ("dataset", "workload", 51, "dataset"),
     (WORKLOAD_KEY, "workload", 50, "workload"),
     (LEGACY_WORKLOAD_KEY, "workload", 50, "workload"),
     ("orch.version", "orch", 45, "orch version"),

@@ -18,6 +18,8 @@ from orchestrator.experiment import reproduce
 from orchestrator.results import bundle as bundle_mod
 from orchestrator.results import datasource
 from orchestrator.results.model import ABResult
+from tests.conftest import FAST_SIM, WriteProfile, free_port
+from tests.faults.support import assert_nothing_left, run
 
 TRACE_ROWS = [(0, 100, 12, [1, 2]), (200, 70, 6, [1, 3]), (600, 60, 4, [4])]
 
@@ -195,3 +197,57 @@ def test_a_copy_pointed_at_where_none_is_needed_is_refused(tmp_path: Path) -> No
         reproduce.bundle_data(builtin, trace=str(trace))
     with pytest.raises(InputError, match="which needs no copy: drop --prompts"):
         reproduce.bundle_data(make_bundle(trace_bench(trace)), prompts="humaneval")
+
+
+SHORT = ("--runs", "1", "--warmup", "0", "--max-tokens", "16", "--min-run-s", "0", "--grace", "2", "--gpu-wait", "0")
+
+
+@pytest.mark.slow
+def test_bundles_of_a_shipped_dataset_a_file_and_a_trace_reproduce_here(
+    write_profile: WriteProfile, tmp_path: Path
+) -> None:
+    """On the simulator, end to end: `orch bench` on each source, `orch export --format bundle`, the sender's data
+    gone, `orch reproduce FILE` re-sends the same requests (a verdict, exit 0/3/4, never a refusal); another dataset
+    pointed at is refused naming both (exit 2), and `orch compare` of two bundles on other data says so."""
+    write_profile("base", engine="sglang", model_path="/models/m", tp_size=1, port=free_port(), ready_timeout_s=30,
+                  sim=FAST_SIM)  # fmt: skip
+    src = sources(tmp_path)
+    trace = write_trace(tmp_path / "t.jsonl")
+    cases = {
+        "humaneval": ["--dataset", "humaneval"],
+        "csv": ["--dataset", src["csv"]],
+        "trace": ["--trace", str(trace)],
+    }
+    bundles = {}
+    for name, args in cases.items():
+        db = tmp_path / f"{name}.db"
+        out = run("bench", "base", "--sim", *args, *SHORT, "--db", str(db), cwd=tmp_path)
+        assert out.rc == 0, out.text
+        bundles[name] = tmp_path / f"{name}.orch.json"
+        assert (
+            run("export", "last", "--format", "bundle", "-o", str(bundles[name]), "--db", str(db), cwd=tmp_path).rc == 0
+        )
+    Path(src["csv"]).unlink()
+    trace.rename(tmp_path / "moved.jsonl")
+    for name, bundle in bundles.items():
+        again = run("reproduce", str(bundle), "--json", "--gpu-wait", "0", "--db", str(tmp_path / "r.db"), cwd=tmp_path)
+        assert again.rc in (0, 3, 4), (name, again.text)
+        doc = json.loads(again.out)
+        assert doc["reproduction"]["dataset_change"] is None, (name, doc["reproduction"])
+        assert not any(c.startswith("workload") for c in doc["reproduction"]["causes"]), doc["reproduction"]["causes"]
+
+    refused = run("reproduce", str(bundles["humaneval"]), "--dataset", "mt-bench", cwd=tmp_path)
+    assert refused.rc == 2, refused.text
+    assert "--prompts mt-bench holds mt-bench (sha256 119565adbab82227…), not the data the bundle's experiment sent: " \
+           "humaneval (sha256 b796127e635a67f9…)" in refused.err, refused.err  # fmt: skip
+    wrong = run("reproduce", str(bundles["trace"]), "--trace", src["jsonl"], cwd=tmp_path)
+    assert wrong.rc == 2 and "refusing to reproduce on other data" in wrong.err, wrong.text
+
+    cmp = run("compare", str(bundles["humaneval"]), str(bundles["csv"]), cwd=tmp_path)
+    assert cmp.rc in (0, 3, 4), cmp.text
+    change = cmp.out.splitlines()[3]
+    assert change.startswith("  environment step: B sent other data than A (dataset: humaneval (sha256 b796127e"), (
+        change
+    )
+    assert "-> d.csv (sha256 " in change
+    assert_nothing_left()

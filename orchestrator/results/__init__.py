@@ -5,7 +5,8 @@ versioned SQLite file, written as each run ends), `load` (a stored experiment re
 `curves` (each arm's numbers over the levels with CIs over launches, and the Pareto front: what the load plots draw),
 `outputs` (the lossless check: each arm's generated outputs against the baseline's, prompt by prompt; accept length
 per request as a distribution); `categories` (each arm's tok/s and each comparison's paired ratio per prompt category);
-`cache` (prefix-cache attestation: each arm's cached share of prompt tokens, and the warning when arms differ).
+`cache` (prefix-cache attestation: each arm's cached share of prompt tokens, and the warning when arms differ);
+`datasource` (what an experiment's requests were drawn from, by name and sha256: a change of it is an environment step).
 """
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "categories",
     "compare",
     "curves",
+    "datasource",
     "goodput",
     "load",
     "model",

@@ -152,7 +152,8 @@ def bundle_data(
         return BundleData(want)
     if bundle_mod.prompt_file_text(bundle) is not None:
         return BundleData(want)
-    path = shipped.get("path") or bench.prompts
+    recorded_at = config.get("dataset") if isinstance(config.get("dataset"), dict) else {}
+    path = recorded_at.get("path") or shipped.get("path") or bench.prompts  # the resolved path, where recorded
     if _still_there(path, want):
         return BundleData(want, prompts=path)
     raise InputError(
@@ -299,7 +300,8 @@ def reproduce_bundle(
     if isinstance(sent, dict):
         # The same data as the recorded experiment's (its sha256, or its requests' digest, was checked): recorded as
         # that dataset, with the file it was sent from here, so that comparing the two sees no dataset change.
-        provenance["dataset"] = {**sent, "sent_from": config.bench.prompts}
+        source = config.bench.prompts
+        provenance["dataset"] = {**sent, "sent_from": str(Path(source).resolve()) if Path(source).is_file() else source}
     new = run_ab(host, profiles, config, store, events=events, on_run=on_run, provenance=provenance)
     try:
         return new, compare_results(recorded, new, tolerance)

@@ -300,8 +300,8 @@ def reproduce_bundle(
     if isinstance(sent, dict):
         # The same data as the recorded experiment's (its sha256, or its requests' digest, was checked): recorded as
         # that dataset, with the file it was sent from here, so that comparing the two sees no dataset change.
-        source = config.bench.prompts
-        provenance["dataset"] = {**sent, "sent_from": str(Path(source).resolve()) if Path(source).is_file() else source}
+        here = config.bench.prompts
+        provenance["dataset"] = {**sent, "sent_from": str(Path(here).resolve()) if Path(here).is_file() else here}
     new = run_ab(host, profiles, config, store, events=events, on_run=on_run, provenance=provenance)
     try:
         return new, compare_results(recorded, new, tolerance)

@@ -35,6 +35,26 @@ def blocks_by_target(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+# What --prompts/--dataset and --trace mean to `orch reproduce`: for a PROFILE's claim what they mean to `orch ab`; for
+# a BUNDLE, a copy of the data it ran on (experiment/reproduce.bundle_data), refused unless it is that data.
+DATA_HELP = {
+    "prompt_source": "For a BUNDLE: a copy of the dataset its experiment sent, where the bundle does not carry it "
+    "(too big, or only its sha256); checked against the recorded sha256 and refused (exit 2), naming both, if it "
+    "holds other data. For a PROFILE's claim, as in orch ab: ",
+    "trace": "For a BUNDLE: a copy of the trace its experiment replayed, where the bundle does not carry it; checked "
+    "against the recorded sha256 and refused (exit 2), naming both, if it is another trace; not for a PROFILE's "
+    "claim. In orch ab: ",
+}
+
+
+def data_by_target(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--prompts/--dataset and --trace say what they mean for a BUNDLE before what they mean for `orch ab`."""
+    for param in cast(Any, fn).__click_params__:
+        if param.name in DATA_HELP:
+            param.help = DATA_HELP[param.name] + (param.help or "")
+    return fn
+
+
 @click.command("reproduce", cls=RunCommand)
 @click.argument("target", metavar="BUNDLE|PROFILE")
 @click.option("--claim", "claim_tps", type=FiniteFloat(min=0, max=1e7, min_open=True), default=None,
@@ -46,6 +66,7 @@ def blocks_by_target(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--tolerance", default="3%", show_default=True, callback=parse_tolerance,
               help="How far a value may be from the recorded one and still count as reproduced.")  # fmt: skip
 @blocks_by_target
+@data_by_target
 @fixed_bench_options
 def reproduce_cmd(
     target: str, claim_tps: float | None, claim_ratio: float | None, vs_name: str | None, tolerance: float, **_: Any
@@ -56,7 +77,9 @@ def reproduce_cmd(
 
     BUNDLE (`orch export ID --format bundle`): the same design, workload, order and seed again, in the bundle's own
     number of blocks unless --blocks says otherwise; every arm's tok/s and every ratio is judged against the recorded
-    one.
+    one. Its data comes from the bundle (a file's prompts, a trace's lines), from orch (builtin, random, a shipped
+    dataset of the same sha256), or from a copy given with --prompts/--dataset PATH or --trace PATH; other data is
+    refused (exit 2), never reproduced on.
 
     PROFILE (a name or a file): its claim comes from --claim/--claim-ratio or its expect: block; it runs with its
     baseline beside it (3 blocks unless --blocks says otherwise).

@@ -25,6 +25,7 @@ from orchestrator.hosts.base import Host
 from orchestrator.hosts.group import GroupHost
 from orchestrator.launch import attach, ports, single
 from orchestrator.launch import group as multinode
+from orchestrator.results import datasource
 from orchestrator.results.goodput import needs_rows
 from orchestrator.results.load import port_note, stored_launches
 from orchestrator.results.model import (
@@ -244,5 +245,6 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             metric=config.metric,
             sweep=(provenance or {}).get("sweep"),
             categories=run_categories(config.bench) if datasets.categorised(config.bench.prompts) else None,
+            dataset=datasource.recorded(json.loads(store.find_experiment(exp_id)["config_json"])),
         )
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import files, yamlfile
-from orchestrator.config import limits
+from orchestrator.config import datasets, limits
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
@@ -25,12 +25,16 @@ from orchestrator.hosts.base import Host
 from orchestrator.launch import fingerprint, ports
 from orchestrator.report.lines import SIM_BANNER
 from orchestrator.results import bundle as bundle_mod
+from orchestrator.results import datasource
 from orchestrator.results.compare import ClaimVerdict, ExperimentComparison, claim_verdict, compare
+from orchestrator.results.datasource import DataSource
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store
 from orchestrator.ui.events import QUIET, Events, Lines
 
+# Ranks a change of data above every fingerprint difference (the engine version's is 100).
+DATASET_WEIGHT = 1000
 CLAIM_BLOCKS = 3  # a verdict needs the launch-to-launch spread: one launch per arm cannot give one
 
 
@@ -64,8 +68,12 @@ def check_plan(bundle: dict[str, Any], profiles: list[Profile], blocks: int | No
 def likely_causes(recorded: ABResult, new: ABResult, arm_map: Mapping[str, str] | None = None) -> list[str]:
     """What differs between the two experiments' fingerprints, most likely to move the numbers first. Each arm's
     first fingerprinted launch on each side is compared (a multi-node one with every node's facts; arms paired by
-    name, or by arm_map: new's name -> recorded's); a difference seen in several arms is said once."""
+    name, or by arm_map: new's name -> recorded's); a difference seen in several arms is said once. Other data (a
+    dataset or trace of another sha256) comes first: it changes what is measured, not only how fast."""
     ranked: dict[str, int] = {}
+    data = datasource.change(recorded.dataset, new.dataset)
+    if data is not None:
+        ranked[data] = DATASET_WEIGHT
     names = arm_map or {}
     for arm in recorded.arms:
         other = next((b for b in new.arms if names.get(b.label, b.label) == arm.label), None)
@@ -89,25 +97,158 @@ def compare_results(
     return dataclasses.replace(judged, causes=tuple(likely_causes(recorded, new, arm_map)))
 
 
-def rerun_config(
-    bundle: dict[str, Any], recorded: ABResult, base: ABConfig, workdir: Path, blocks: int | None
-) -> ABConfig:
-    """The bundle's experiment as an ABConfig: its workload (the same requests: a bundled prompt file is written out
-    again and its digest checked), its order and seed, its blocks unless `blocks` overrides them."""
+@dataclass(frozen=True)
+class BundleData:
+    """Where a re-run's data comes from, decided and checked before anything starts: the data the bundle's experiment
+    sent (`recorded`), and a file to send it from — a copy the receiver pointed at, or the recorded file where it
+    still is, each checked against the recorded sha256 — or None: the bundle's own items or trace lines (written out
+    again), or prompts orch generates or ships."""
+
+    recorded: DataSource | None
+    prompts: str | None = None
+    trace: str | None = None
+
+
+def bundle_data(
+    bundle: Mapping[str, Any], prompts: str | None = None, trace: str | None = None, source: str = "BUNDLE"
+) -> BundleData:
+    """The data to re-run a bundle on. `prompts` (--prompts/--dataset PATH) and `trace` (--trace PATH) point at a copy
+    of the bundle's own data, for data it does not carry (too big, or only its digest); a copy whose sha256 is not the
+    recorded one is refused, naming both (InputError: never a reproduction on other data)."""
     config = bundle["content"]["config"]
     bench = bundle_mod.bench_config(config)
-    text = bundle_mod.prompt_file_text(bundle)
-    if bench.prompts not in ("builtin", "random"):
-        if text is None:
-            note = bundle["content"]["prompts"].get("note") or "it was not bundled"
-            raise InputError(f"the bundle's prompt file {bench.prompts!r} cannot be re-sent: {note}")
-        path = workdir / f"prompts-{recorded.experiment_id}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        files.write_output(path, text, "the bundle's prompt file")
-        bench = dataclasses.replace(bench, prompts=str(path))
+    want = datasource.recorded(config) or DataSource("generated", bench.prompts)
+    shipped = bundle["content"]["prompts"]
+    if trace is not None and bench.trace is None:
+        raise InputError(
+            f"{source}: --trace points at a copy of the trace a bundle's experiment replayed; this one replayed none "
+            f"(it sent {want.label()}): drop --trace"
+        )
+    if prompts is not None and (bench.trace is not None or want.kind == "generated"):
+        raise InputError(
+            f"{source}: --prompts points at a copy of the dataset a bundle's experiment sent; this one sent "
+            f"{want.label()}, which needs no copy: drop --prompts"
+        )
+    if bench.trace is not None:
+        if trace is not None:
+            check_copy(want, datasource_of(trace, "trace"), f"--trace {trace}", source)
+            return BundleData(want, trace=trace)
+        if bundle_mod.trace_file_text(bundle) is not None:
+            return BundleData(want)
+        if _still_there(bench.trace, want):
+            return BundleData(want, trace=bench.trace)
+        note = (shipped.get("trace") or {}).get("note") or "it was not bundled"
+        raise InputError(
+            f"{source}: the bundle's experiment replayed {want.label()}, which the bundle does not carry ({note}) "
+            f"and which is not at {bench.trace}; give a copy with --trace PATH (checked against its sha256)"
+        )
+    if want.kind == "generated":
+        return BundleData(want)
+    if prompts is not None:
+        check_copy(want, datasource_of(prompts, "dataset"), f"--prompts {prompts}", source)
+        return BundleData(want, prompts=prompts)
+    if shipped.get("generated"):
+        check_shipped(want, bench.prompts, source)
+        return BundleData(want)
+    if bundle_mod.prompt_file_text(bundle) is not None:
+        return BundleData(want)
+    recorded_at = config.get("dataset") if isinstance(config.get("dataset"), dict) else {}
+    path = recorded_at.get("path") or shipped.get("path") or bench.prompts  # the resolved path, where recorded
+    if _still_there(path, want):
+        return BundleData(want, prompts=path)
+    raise InputError(
+        f"{source}: the bundle's experiment sent {want.label()}, which the bundle does not carry "
+        f"({shipped.get('note') or 'it was not bundled'}); give a copy with --prompts PATH (or --dataset PATH; checked "
+        "against its sha256)"
+    )
+
+
+def datasource_of(path: str, kind: str) -> DataSource:
+    """What a file (or, for a dataset, a --prompts name) the receiver points at holds, by name and sha256."""
+    if kind == "trace":
+        return DataSource("trace", Path(path).name, datasets.file_sha256(path), path)
+    found = datasets.provenance(path)
+    if found is None:
+        return DataSource("generated", path)
+    return DataSource("dataset", found["name"], found["sha256"], found.get("origin") or found.get("path"))
+
+
+def _named(data: DataSource) -> str:
+    return data.label() + (f" from {data.origin}" if data.origin else "")
+
+
+def check_copy(want: DataSource, got: DataSource, given: str, source: str) -> None:
+    """A copy the receiver points at (`given`: the option and its value) must be the recorded data, by sha256 (data
+    recorded without a sha256 is judged by the requests it gives: rerun_config)."""
+    if want.sha256 is None and got.kind == want.kind:
+        return
+    if not want.same(got) or got.sha256 is None:
+        raise InputError(
+            f"{source}: {given} holds {got.label()}, not the data the bundle's experiment sent: {_named(want)}; "
+            f"refusing to reproduce on other data (give a copy whose sha256 is {want.sha256})"
+        )
+
+
+def check_shipped(want: DataSource, name: str, source: str) -> None:
+    """A dataset the sender's orch shipped must be the one this orch ships under that name, by sha256."""
+    if name not in datasets.SHIPPED:
+        raise InputError(
+            f"{source}: the bundle's experiment sent {_named(want)}, a dataset the sender's orch shipped and this orch "
+            f"does not (it ships {', '.join(datasets.SHIPPED)}); reproduce it with an orch that ships {name!r}"
+        )
+    mine = datasource_of(name, "dataset")
+    if want.sha256 is not None and not want.same(mine):
+        raise InputError(
+            f"{source}: the bundle's experiment sent {_named(want)}; this orch ships {mine.label()} under that name: "
+            "other data under the same name; refusing to reproduce on other data (reproduce it with the orch "
+            "version the sender used)"
+        )
+
+
+def _still_there(path: str, want: DataSource) -> bool:
+    """The recorded file, still at its recorded path and still the recorded data (by sha256)."""
+    if want.sha256 is None:
+        return False
+    try:
+        return datasets.file_sha256(path) == want.sha256
+    except InputError:
+        return False
+
+
+def rerun_config(
+    bundle: dict[str, Any],
+    recorded: ABResult,
+    base: ABConfig,
+    workdir: Path,
+    blocks: int | None,
+    data: BundleData | None = None,
+) -> ABConfig:
+    """The bundle's experiment as an ABConfig: its workload (the same requests: a bundled prompt file or trace is
+    written out again, or the file `data` names is read; the requests' digest checked), its order and seed, its
+    blocks unless `blocks` overrides them."""
+    config = bundle["content"]["config"]
+    bench = bundle_mod.bench_config(config)
+    data = data if data is not None else bundle_data(bundle)
+    if bench.trace is not None:
+        trace = data.trace
+        if trace is None:
+            trace = str(
+                _write_out(workdir / f"trace-{recorded.experiment_id}.jsonl", bundle_mod.trace_file_text(bundle))
+            )
+        bench = dataclasses.replace(bench, trace=trace)  # trace_sha256 stays: the replay checks the file against it
+    elif data.prompts is not None:
+        bench = dataclasses.replace(bench, prompts=data.prompts)
+    elif (text := bundle_mod.prompt_file_text(bundle)) is not None and bench.prompts not in ("builtin", "random"):
+        bench = dataclasses.replace(
+            bench, prompts=str(_write_out(workdir / f"prompts-{recorded.experiment_id}.jsonl", text))
+        )
     recorded_digest = config.get("requests_sha256")
     if recorded_digest is not None and bundle_mod.requests_sha256(bench) != recorded_digest:
-        raise InputError("the requests this orch would send differ from the recorded ones (another orch version?)")
+        raise InputError(
+            f"the requests this orch would send from {data.recorded.label() if data.recorded else bench.prompts} "
+            "differ from the recorded ones (another orch version, or other data?); refusing to reproduce on other "
+            "requests"
+        )
     request_items(bench)
     return dataclasses.replace(
         base,
@@ -125,6 +266,14 @@ def rerun_config(
     )
 
 
+def _write_out(path: Path, text: str | None) -> Path:
+    if text is None:  # bundle_data found it in the bundle; a caller that skipped it gets a clear failure
+        raise InputError("the bundle carries no copy of its data to write out; give one (--prompts or --trace)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.write_output(path, text, "the bundle's data")
+    return path.resolve()
+
+
 def reproduce_bundle(
     host: Host,
     bundle: dict[str, Any],
@@ -137,13 +286,22 @@ def reproduce_bundle(
     source: str = "BUNDLE",
     events: Events = QUIET,
     on_run: Callable[[str, RunResult], None] = lambda _p, _r: None,
+    data: BundleData | None = None,
 ) -> tuple[ABResult, ExperimentComparison]:
-    """Run the bundle's design again here, from fresh state, and judge the new result against the recorded one."""
+    """Run the bundle's design again here, from fresh state, and judge the new result against the recorded one.
+    `data`: where its data comes from (bundle_data; by default the bundle's own, or the recorded file)."""
     recorded = bundle_mod.result_from_bundle(bundle)
     profiles = bundle_mod.profiles_from_bundle(bundle)
     check_plan(bundle, profiles, blocks, source)
-    config = rerun_config(bundle, recorded, base, workdir, blocks)
-    provenance = {"reproduces": recorded.experiment_id, "reproduces_digest": bundle.get("digest")}
+    data = data if data is not None else bundle_data(bundle, source=source)
+    config = rerun_config(bundle, recorded, base, workdir, blocks, data)
+    provenance: dict[str, Any] = {"reproduces": recorded.experiment_id, "reproduces_digest": bundle.get("digest")}
+    sent = bundle["content"]["config"].get("dataset")
+    if isinstance(sent, dict):
+        # The same data as the recorded experiment's (its sha256, or its requests' digest, was checked): recorded as
+        # that dataset, with the file it was sent from here, so that comparing the two sees no dataset change.
+        here = config.bench.prompts
+        provenance["dataset"] = {**sent, "sent_from": str(Path(here).resolve()) if Path(here).is_file() else here}
     new = run_ab(host, profiles, config, store, events=events, on_run=on_run, provenance=provenance)
     try:
         return new, compare_results(recorded, new, tolerance)
@@ -174,6 +332,7 @@ class BundlePlan:
     profiles: list[Profile]
     blocks: int | None
     options: RunOptions
+    data: BundleData | None = None  # where its data comes from, checked (bundle_data)
 
     @property
     def simulated(self) -> bool:
@@ -209,12 +368,19 @@ def plan_bundle(path: str, options: RunOptions) -> BundlePlan:
     """The bundle at `path`, re-run with its own settings (only --blocks may change how many blocks)."""
     bundle = bundle_mod.read_bundle(path)
     simulated = bool(bundle["content"]["experiment"]["simulated"])
-    passed = resume.fixed_given(options, simulated, but=("blocks",))
+    passed = resume.fixed_given(options, simulated, but=("blocks", "prompt_source", "trace"))
     if passed:
         raise OptionError(
             f"a bundle is re-run with its own settings; drop {', '.join(passed)} "
-            "(--blocks may change the number of blocks)"
+            "(--blocks may change the number of blocks; --prompts/--dataset and --trace point at a copy of its data)"
         )
+    # Before anything starts: the data it ran on, and any copy pointed at, checked against the recorded sha256.
+    data = bundle_data(
+        bundle,
+        prompts=options.prompt_source if options.gave("prompt_source") else None,
+        trace=options.trace,
+        source=path,
+    )
     # Before any header line: a multi-node bundle on a --host with too few nodes is refused from the inventory alone,
     # and a plan over the limits from its numbers alone.
     profiles = bundle_mod.profiles_from_bundle(bundle)
@@ -227,7 +393,7 @@ def plan_bundle(path: str, options: RunOptions) -> BundlePlan:
     except InputError as e:
         measured = bundle["content"]["experiment"].get("host")
         raise InputError(f"{e} (the bundle was measured on {measured!r})" if measured else str(e)) from None
-    return BundlePlan(path, bundle, profiles, blocks, options)
+    return BundlePlan(path, bundle, profiles, blocks, options, data)
 
 
 def run_bundle(plan: BundlePlan, tolerance: float) -> tuple[ABResult, ExperimentComparison]:
@@ -256,6 +422,7 @@ def run_bundle(plan: BundlePlan, tolerance: float) -> tuple[ABResult, Experiment
                 source=plan.path,
                 events=Lines(event),  # the lines only: no live view while reproducing, its phases reach no one
                 on_run=on_run,
+                data=plan.data,
             )
     finally:
         store.close()

@@ -42,9 +42,9 @@ LEGACY_WORKLOAD_KEY = "workload_digest"
 
 def workload_digest(bench: BenchConfig) -> str:
     """Every setting of the workload and every request it sends, not where they were read from (the prompt file's
-    path): equal digests, equal work."""
+    or the trace's path; a trace's sha256 stays): equal digests, equal work."""
     requests = hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest()
-    config = {k: v for k, v in bench.to_dict().items() if k != "prompts"}
+    config = {k: v for k, v in bench.to_dict().items() if k not in ("prompts", "trace")}
     data = {"config": config, "requests_sha256": requests}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -262,6 +262,9 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("attached", "profile", 61, "attached"),
     ("profile", "profile", 60, "profile"),
     ("argv", "profile", 59, "server argv"),
+    # What the requests were drawn from (a nightly environment's field, nightly/history.DATASET_FIELD): it explains
+    # the workload digest's change beside it, so it is said first.
+    ("dataset", "workload", 51, "dataset"),
     (WORKLOAD_KEY, "workload", 50, "workload"),
     (LEGACY_WORKLOAD_KEY, "workload", 50, "workload"),
     ("orch.version", "orch", 45, "orch version"),

@@ -87,12 +87,21 @@ def _run_values(arm: ArmResult, metric: Metric, level: Level) -> list[list[float
     return out
 
 
+# The environment's field for the data the item sent (results/datasource): a dataset file edited between nights is
+# an environment step, named with its old and new sha256, not a regression. Nights stored before it lack the field,
+# which is no change (environment_ids).
+DATASET_FIELD = "dataset"
+
+
 def arm_environments(result: ABResult) -> dict[str, dict[str, Any]]:
-    """Each arm's environment, from its first launch with a fingerprint (and, multi-node, every node's facts)."""
+    """Each arm's environment, from its first launch with a fingerprint (and, multi-node, every node's facts), with
+    the data the experiment sent, by name and sha256."""
     out: dict[str, dict[str, Any]] = {}
     for arm in result.arms:
         fp = next((launch.fingerprint for launch in arm.launches if launch.fingerprint), None)
         out[arm.label] = fingerprint.environment(fingerprint.with_nodes(fp, result.host_facts))
+        if result.dataset is not None:
+            out[arm.label][DATASET_FIELD] = result.dataset.label()
     return out
 
 

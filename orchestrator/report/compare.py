@@ -82,6 +82,13 @@ def _side(s: Side) -> str:
     return f"{s.experiment_id} (host {s.host}, {s.blocks} block(s))"
 
 
+def _data_step(change: str, head: str = "environment step") -> str:
+    return (
+        f"{head}: B sent other data than A ({change}); like an engine change, it may explain a difference: the two "
+        "are not like for like"
+    )
+
+
 def headline(c: ExperimentComparison | ClaimVerdict) -> str:
     """The one line at the top: the status and why."""
     return f"{c.status.upper()}: {c.reason}"
@@ -122,6 +129,7 @@ def compare_text(c: ExperimentComparison) -> str:
         headline(c),
         f"  A (recorded): {_side(c.a)}",
         f"  B (new):      {_side(c.b)}",
+        *([f"  {_data_step(c.dataset_change)}"] if c.dataset_change else []),
         f"  {level_phrase(c.concurrency)}; tolerance ±{c.tolerance * 100:.1f}%; tok/s = geometric mean of launch "
         "medians, 95% CI across launches",
     ]
@@ -154,7 +162,13 @@ def _arm_side_json(s: ArmSide | None) -> dict[str, Any] | None:
 
 
 def _side_json(s: Side) -> dict[str, Any]:
-    return {"experiment_id": s.experiment_id, "host": s.host, "simulated": s.simulated, "blocks": s.blocks}
+    return {
+        "experiment_id": s.experiment_id,
+        "host": s.host,
+        "simulated": s.simulated,
+        "blocks": s.blocks,
+        "dataset": s.dataset.to_dict() if s.dataset is not None else None,
+    }
 
 
 def compare_json(c: ExperimentComparison) -> dict[str, Any]:
@@ -193,6 +207,7 @@ def compare_json(c: ExperimentComparison) -> dict[str, Any]:
         "only_in_b": c.only_in_b,
         "arm_map": dict(c.arm_map),
         "causes": list(c.causes),
+        "dataset_change": c.dataset_change,
     }
 
 
@@ -204,6 +219,7 @@ def compare_markdown(c: ExperimentComparison) -> str:
         f"A (recorded): {_side(c.a)}; B (new): {_side(c.b)}. {level_phrase(c.concurrency).capitalize()}; tolerance "
         f"±{c.tolerance * 100:.1f}%.",
         "",
+        *([f"**{_data_step(c.dataset_change, 'Environment step')}**", ""] if c.dataset_change else []),
     ]
     lines += md_table(_arm_rows(c))
     if c.ratios:

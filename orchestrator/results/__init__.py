@@ -6,7 +6,8 @@ versioned SQLite file, written as each run ends), `load` (a stored experiment re
 `outputs` (the lossless check: each arm's generated outputs against the baseline's, prompt by prompt; accept length
 per request as a distribution); `categories` (each arm's tok/s and each comparison's paired ratio per prompt category);
 `cache` (prefix-cache attestation: each arm's cached share of prompt tokens, and the warning when arms differ);
-`turns` (multi-turn sessions' TTFT, tok/s and prefix-cache share by turn).
+`turns` (multi-turn sessions' TTFT, tok/s and prefix-cache share by turn); `datasource` (what an experiment's requests
+were drawn from, by name and sha256: a change of it is an environment step).
 """
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "categories",
     "compare",
     "curves",
+    "datasource",
     "goodput",
     "load",
     "model",

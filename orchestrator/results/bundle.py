@@ -62,6 +62,8 @@ __all__ = [
     "requests_sha256",
     "result_from_bundle",
     "secret_variable",
+    "trace_file_text",
+    "trace_set",
     "withhold",
     "write_bundle",
 ]
@@ -176,9 +178,11 @@ def prompt_set(config: dict[str, Any]) -> dict[str, Any]:
     """Built-in and random prompts are generated from the config; a prompt file travels with the bundle itself
     (if it is small enough and still the file the experiment sent), else as its digest and where it was."""
     recorded = config.get("requests_sha256")
-    source = str((config.get("bench") or {}).get("prompts", "builtin"))
+    bench = config.get("bench") or {}
+    source = str(bench.get("prompts", "builtin"))
     if source in ("builtin", "random", *datasets.SHIPPED):  # a shipped dataset is checked by its sha256 at use
-        return {"source": source, "generated": True, "requests_sha256": recorded}
+        generated = {"source": source, "generated": True, "requests_sha256": recorded}
+        return generated | ({"trace": trace_set(bench)} if bench.get("trace") else {})
     # A bundled set (--prompts lookup-friendly) travels as its items too: the receiver's orch may ship other ones.
     source = prompts.source_path(source)
     out: dict[str, Any] = {"source": "file", "path": source, "requests_sha256": recorded, "items": None}
@@ -203,6 +207,38 @@ def prompt_set(config: dict[str, Any]) -> dict[str, Any]:
         for it in items
     ]
     return out
+
+
+def trace_set(bench: Mapping[str, Any]) -> dict[str, Any]:
+    """A replayed trace: its lines verbatim (so that, written out again, it has the sha256 the experiment recorded)
+    if it is small enough and still the file the experiment replayed, else its name, path and sha256 only."""
+    path = str(bench["trace"])
+    recorded = bench.get("trace_sha256")
+    out: dict[str, Any] = {"name": Path(path).name, "path": path, "sha256": recorded, "lines": None}
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_PROMPT_BYTES:
+            out["note"] = f"the trace is {size} bytes, over the {MAX_PROMPT_BYTES}-byte limit for bundling"
+            return out
+        with files.open_regular(path) as f:
+            data = f.read(MAX_PROMPT_BYTES + 1)
+        if len(data) > MAX_PROMPT_BYTES:
+            out["note"] = f"the trace grew past the {MAX_PROMPT_BYTES}-byte limit for bundling"
+            return out
+        if hashlib.sha256(data).hexdigest() != recorded:
+            out["note"] = "the trace changed since the experiment ran; only its sha256 is bundled"
+            return out
+        out["lines"] = data.decode("utf-8").splitlines(keepends=True)
+    except (OSError, files.NotRegularFile, UnicodeDecodeError) as e:
+        out["note"] = f"the trace could not be read at export ({e}); only its sha256 is bundled"
+    return out
+
+
+def trace_file_text(bundle: Mapping[str, Any]) -> str | None:
+    """The bundled trace's file as it was replayed (its sha256 is the recorded one), or None when not bundled."""
+    trace = bundle["content"]["prompts"].get("trace")
+    lines = trace.get("lines") if isinstance(trace, dict) else None
+    return None if lines is None else "".join(lines)
 
 
 def prompt_file_text(bundle: Mapping[str, Any]) -> str | None:

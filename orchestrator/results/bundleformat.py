@@ -322,10 +322,7 @@ def _check_content(content: Any, where: str) -> None:
         _check_design(c["design"], len(arms), f"{where}: content.design")
     if len(c["profiles"]) != len(arms) or not all(isinstance(p, dict) for p in c["profiles"]):
         raise BundleError(f"{where}: content.profiles: expected one resolved profile (an object) per arm ({len(arms)})")
-    _check(c["prompts"], {"source": "str", "requests_sha256": "str?"}, f"{where}: content.prompts")
-    items = c["prompts"].get("items")
-    if items is not None and not (isinstance(items, list) and all(isinstance(i, dict) for i in items)):
-        raise BundleError(f"{where}: content.prompts.items: expected a list of prompt objects")
+    _check_prompts(c["prompts"], f"{where}: content.prompts")
     ids = []
     for i, launch in enumerate(c["launches"]):
         at = f"{where}: content.launches[{i}]"
@@ -345,6 +342,19 @@ def _check_content(content: Any, where: str) -> None:
         ]
         _unique(keys, at, "run")
     _unique(ids, f"{where}: content.launches", "launch id")
+
+
+def _check_prompts(prompts: Any, at: str) -> None:
+    """The prompt set: generated, or a file's items; and a replayed trace's lines, where it was bundled."""
+    _check(prompts, {"source": "str", "requests_sha256": "str?"}, at)
+    items = prompts.get("items")
+    if items is not None and not (isinstance(items, list) and all(isinstance(i, dict) for i in items)):
+        raise BundleError(f"{at}.items: expected a list of prompt objects")
+    trace = prompts.get("trace")
+    if trace is not None:
+        _check(trace, {"name": "str", "sha256": "str?", "lines": "list?"}, f"{at}.trace")
+        if trace.get("lines") is not None and not all(isinstance(line, str) for line in trace["lines"]):
+            raise BundleError(f"{at}.trace.lines: expected a list of the trace's lines (text)")
 
 
 def _check_run(run: Any, at: str) -> None:

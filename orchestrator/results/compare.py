@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import InputError
+from orchestrator.results import datasource
+from orchestrator.results.datasource import DataSource
 from orchestrator.results.model import ABResult, ArmResult
 from orchestrator.stats.estimates import RatioEstimate
 from orchestrator.stats.reproduction import (
@@ -73,6 +75,7 @@ class Side:
     host: str
     simulated: bool
     blocks: int
+    dataset: DataSource | None = None  # what its requests were drawn from
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ class ExperimentComparison:
     status: str
     reason: str  # one sentence: why this status
     arm_map: tuple[tuple[str, str], ...] = ()  # (B's name, A's name) pairs given with --map
+    # `dataset: A -> B` when the two sent other data (results/datasource.change): an environment step, said as a
+    # fingerprint difference is, first among the causes.
+    dataset_change: str | None = None
 
     @property
     def map_hint(self) -> str | None:
@@ -250,8 +256,8 @@ def compare(
     missing = [r.label for r in rows if r.a is None or r.b is None]
     status, reason = overall(items, missing, tolerance)
     return ExperimentComparison(
-        a=Side(a.experiment_id, a.host, a.simulated, a.blocks),
-        b=Side(b.experiment_id, b.host, b.simulated, b.blocks),
+        a=Side(a.experiment_id, a.host, a.simulated, a.blocks, a.dataset),
+        b=Side(b.experiment_id, b.host, b.simulated, b.blocks, b.dataset),
         concurrency=level,
         tolerance=tolerance,
         arms=tuple(rows),
@@ -260,6 +266,7 @@ def compare(
         status=status,
         reason=reason,
         arm_map=tuple(arm_map.items()),
+        dataset_change=datasource.change(a.dataset, b.dataset),
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.slo import SLO, check_metric, stored_judgement
+from orchestrator.results import datasource
 from orchestrator.results.categories import stored_categories
 from orchestrator.results.goodput import needs_rows
 from orchestrator.results.model import ABResult, CutShort, Design, LaunchResult, spec_steps, with_auto_notes
@@ -148,5 +149,6 @@ def load_result(
         metric=metric,
         sweep=config.get("sweep") if isinstance(config.get("sweep"), dict) else None,
         categories=categories,
+        dataset=datasource.recorded(config),
     )
     return with_auto_notes(result)

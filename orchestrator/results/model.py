@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import engines
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS, SLO, Objective
 from orchestrator.results.cache import cache_warnings
+from orchestrator.results.datasource import DataSource
 from orchestrator.results.goodput import Attainment, block_values, pooled, run_value
 from orchestrator.results.run import Level, Rate, level_name
 from orchestrator.stats.crossover import Crossover, crossover, first_crossing, ratio_interval
@@ -567,6 +568,9 @@ class ABResult:
     # Each timed run's request categories (config/workload.run_categories) when the workload is a dataset: what
     # results/categories breaks the results down by; None for orch's own prompt sets.
     categories: Mapping[tuple[int, float, int], Sequence[str]] | None = None
+    # What the requests were drawn from, by name and sha256 (results/datasource): `orch compare` and the nightly
+    # history treat a change of it as an environment step. None where it is not known.
+    dataset: DataSource | None = None
 
     @cached_property
     def arms(self) -> tuple[ArmResult, ...]:

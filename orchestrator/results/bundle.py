@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator import __version__, files
 from orchestrator.common.redaction import SECRET_FLAG_RE
-from orchestrator.config import datasets, prompts
+from orchestrator.config import datasets, prompts, sessions
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.slo import SLO
 from orchestrator.config.workload import BenchConfig, request_items
@@ -195,6 +195,9 @@ def prompt_set(config: dict[str, Any]) -> dict[str, Any]:
         if recorded is not None and requests_sha256(bench_config(config)) != recorded:
             out["note"] = "the file changed since the experiment ran; only its digest is bundled"
             return out
+        if bench.get("turns"):
+            out["items"] = session_items(source)
+            return out
     except (OSError, InputError, KeyError, TypeError, ValueError) as e:
         out["note"] = f"the file could not be read at export ({e}); only its digest is bundled"
         return out
@@ -206,6 +209,20 @@ def prompt_set(config: dict[str, Any]) -> dict[str, Any]:
         }
         for it in items
     ]
+    return out
+
+
+def session_items(source: str) -> list[dict[str, Any]]:
+    """A multi-turn experiment's file as JSONL `messages` lines, every user turn of each conversation in file order
+    (its system messages first): read back as sessions they are the same sessions in the same order, where a
+    prompt item would keep only each conversation's first turn."""
+    out = []
+    for s in sessions.reader(source)(source):
+        if s is None:
+            continue
+        messages = [*s.context, *({"role": "user", "content": t} for t in s.turns)]
+        item: dict[str, Any] = {"category": s.category, "messages": messages}
+        out.append(item | ({"output_len": s.output_len} if s.output_len is not None else {}))
     return out
 
 

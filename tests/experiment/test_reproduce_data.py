@@ -101,6 +101,34 @@ def test_every_prompt_source_travels_and_sends_the_same_requests(kind: str, tmp_
     assert want is not None and want.kind == ("generated" if kind in ("builtin", "random") else "dataset")
 
 
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_a_multi_turn_file_travels_with_every_turn(suffix: str, tmp_path: Path) -> None:
+    """--turns sends every user turn of each conversation: the bundle carries them all, not the first turn only."""
+    convs = [(f"c{i}", [f"turn {k} of {i}" for k in range(1 + i % 3)]) for i in range(6)]
+    path = tmp_path / f"conv{suffix}"
+    if suffix == ".json":
+        rows = [
+            {"category": c, "conversations": [x for t in turns for x in ({"from": "human", "value": t},
+                                                                         {"from": "gpt", "value": "ok"})]}
+            for c, turns in convs
+        ]  # fmt: skip
+        path.write_text(json.dumps(rows))
+    else:
+        lines = [
+            {"category": c, "output_len": 5, "messages": [{"role": "system", "content": "be brief"}]
+             + [{"role": "user", "content": t} for t in turns]}
+            for c, turns in convs
+        ]  # fmt: skip
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    bench = BenchConfig(runs=2, warmup=1, concurrency=(2,), prompts=str(path), turns=2)
+    bundle = make_bundle(bench)
+    assert bundle["content"]["prompts"]["items"] is not None
+    path.unlink()
+    again = rerun(bundle, tmp_path)
+    assert again.turns == 2
+    assert bundle_mod.requests_sha256(again) == bundle["content"]["config"]["requests_sha256"]
+
+
 def test_a_trace_travels_verbatim_and_is_written_out_with_its_sha256(tmp_path: Path) -> None:
     trace = write_trace(tmp_path / "t.jsonl")
     bench = trace_bench(trace)

@@ -93,6 +93,8 @@ class RunOptions:
     quiet: bool = False
     verbose: bool = False
     check_outputs: bool = False  # orch ab --check-outputs: compare each prompt's output across the arms
+    flush_cache: bool = False  # --flush-cache: an empty prefix cache before every timed run (BenchConfig.flush_cache)
+    cache_measured: bool = False  # orch ab --cache-measured: a cache gap between arms does not hold back verdicts
     given: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod

@@ -148,5 +148,6 @@ def load_result(
         metric=metric,
         sweep=config.get("sweep") if isinstance(config.get("sweep"), dict) else None,
         categories=categories,
+        cache_measured=bool(config.get("cache_measured")),
     )
     return with_auto_notes(result)

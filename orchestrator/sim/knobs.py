@@ -124,7 +124,10 @@ _KNOB_LIST: tuple[Knob, ...] = (
         int,
         0,
         "prompts kept in a simulated prefix cache (least recently used evicted; 0: off): a repeated prompt prefills "
-        "only its last token and counts the rest as cached_tokens (meta_info, sglang:cached_tokens_total)",
+        "only its last token, a prompt sharing leading 64-character blocks with a cached one skips that share, and "
+        "both count as cached_tokens (meta_info, sglang:cached_tokens_total; vLLM mode: vllm:prefix_cache_hits_total "
+        "of vllm:prefix_cache_queries_total); emptied by POST /flush_cache (vLLM mode: /reset_prefix_cache with "
+        "VLLM_SERVER_DEV_MODE=1)",
         0.0,
         1e6,
     ),

@@ -26,11 +26,34 @@ class Body:
     continuous_usage: bool = False
     greedy: bytes | None = None  # temperature 0: the prompt's key, from which its output follows (greedy_key)
     prompt_key: bytes | None = None  # the prompt's digest at any temperature: the simulated prefix cache's key
+    prefix_blocks: tuple[bytes, ...] = ()  # its prefixes block by block (prefix_blocks): shared prefixes hit too
 
 
 def prompt_key(prompt: Any) -> bytes:
     """A digest of the prompt (text, token ids or chat messages): equal prompts hit the simulated prefix cache."""
     return hashlib.blake2b(json.dumps(prompt, sort_keys=True, default=str).encode(), digest_size=16).digest()
+
+
+# A block of the simulated prefix cache: this many characters of text (about 16 tokens of the stand-in tokenizer) or
+# token ids, as vLLM and SGLang cache fixed-size pages of a prompt's KV.
+TEXT_BLOCK_CHARS = 64
+ID_BLOCK = 16
+
+
+def prefix_blocks(prompt: Any) -> tuple[bytes, ...]:
+    """One chained digest per whole block of the prompt (text, token ids, or a chat's messages as JSON): two prompts
+    that share their first k blocks share their first k digests, so the cache finds a shared system prompt."""
+    material: Any = prompt if isinstance(prompt, str | list) else json.dumps(prompt, sort_keys=True, default=str)
+    if isinstance(material, list) and not all(isinstance(t, int) for t in material):
+        material = json.dumps(material, sort_keys=True, default=str)  # chat messages
+    size = TEXT_BLOCK_CHARS if isinstance(material, str) else ID_BLOCK
+    out: list[bytes] = []
+    digest = hashlib.blake2b(digest_size=16)
+    for start in range(0, len(material) - size + 1, size):
+        piece = material[start : start + size]
+        digest.update(piece.encode() if isinstance(piece, str) else json.dumps(piece).encode())
+        out.append(digest.copy().digest())
+    return tuple(out)
 
 
 def greedy_key(temperature: Any, prompt: Any) -> bytes | None:
@@ -72,6 +95,7 @@ def generate_body(body: Any, context_length: int) -> Body:
         rid=body.get("rid") if isinstance(body.get("rid"), str) else None,
         greedy=greedy_key(sp.get("temperature"), text if text is not None else input_ids),
         prompt_key=prompt_key(text if text is not None else input_ids),
+        prefix_blocks=prefix_blocks(text if text is not None else input_ids),
     )
 
 
@@ -118,6 +142,7 @@ def openai_body(body: Any, context_length: int, *, chat: bool) -> Body:
         continuous_usage=continuous,
         greedy=greedy_key(body.get("temperature"), material),
         prompt_key=prompt_key(material),
+        prefix_blocks=prefix_blocks(material),
     )
 
 

@@ -345,7 +345,11 @@ def run_benchmark(
         flush = flushing if config.flush_cache and not warm else None
         if flush is not None and flush.body:
             bodies = [{**b, **flush.body} for b in bodies]
-        flush_request = flush.request.to_dict() if flush is not None and flush.request is not None else None
+        flush_request = (
+            {"method": flush.request.method, "path": flush.request.path}
+            if flush is not None and flush.request is not None
+            else None
+        )
         # Open loop: when each request is due, from the request sequence itself (its digest covers the schedule).
         open_loop = (
             None

@@ -106,7 +106,10 @@ def test_a_cache_gap_holds_back_the_verdict_in_every_format() -> None:
     )
     said = text.ab_text(result)
     assert "  pld: prefix cache 50.0 % of prompt tokens (450 of 900, 9 runs; from responses)" in said
-    assert "-> inconclusive: prefix-cache hit rates differ (baseline 0 %, pld 50 %); the CI alone says no difference" in said
+    assert (
+        "-> inconclusive: prefix-cache hit rates differ (baseline 0 %, pld 50 %); the CI alone says no difference"
+        in said
+    )
     assert f"WARNING: {warning}" in said
     md = markdown.ab_markdown(result)
     assert "## Prefix cache" in md and "- baseline: prefix cache 0.0 % of prompt tokens" in md

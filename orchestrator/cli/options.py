@@ -255,8 +255,10 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             "code edits, repetition), lookup-hostile (counting: n-gram matches propose wrong continuations), "
             "humaneval (164 code prompts) and mt-bench (80 questions in 8 categories), shipped with orch, or a "
             "file: JSONL (prompt or messages; optional category, output_len), ShareGPT .json (first human turn) "
-            "or .csv (prompt column; optional category, output_len). --dataset is the same option; results break "
-            "down by category (docs/data.md).",
+            "or .csv (prompt column; optional category, output_len). shared-prefix:GROUPSxPER_GROUP[:SYSTEM_LEN:"
+            "QUESTION_LEN] generates GROUPS system prompts of random token ids, each followed by PER_GROUP questions "
+            "(SGLang's generated-shared-prefix; lengths default to 2048 and 128 tokens; each group a category), "
+            "from --seed. --dataset is the same option; results break down by category (docs/data.md).",
         ),
         click.option(
             "--input-len",

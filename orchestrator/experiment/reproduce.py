@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import files, yamlfile
-from orchestrator.config import limits
+from orchestrator.config import limits, prompts
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
@@ -97,7 +97,7 @@ def rerun_config(
     config = bundle["content"]["config"]
     bench = bundle_mod.bench_config(config)
     text = bundle_mod.prompt_file_text(bundle)
-    if bench.prompts not in ("builtin", "random"):
+    if not prompts.generated(bench.prompts):
         if text is None:
             note = bundle["content"]["prompts"].get("note") or "it was not bundled"
             raise InputError(f"the bundle's prompt file {bench.prompts!r} cannot be re-sent: {note}")

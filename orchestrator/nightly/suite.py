@@ -16,7 +16,7 @@ from orchestrator.config import arrivals as arrivals_mod
 from orchestrator.config import limits
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.profile import Profile
-from orchestrator.config.prompts import BUNDLED_SETS
+from orchestrator.config.prompts import BUNDLED_SETS, generated
 from orchestrator.config.slo import EXAMPLE as SLO_EXAMPLE
 from orchestrator.config.slo import SLO, parse_slo
 from orchestrator.config.workload import CLIENT_PLACES, DEFAULT_DURATION_S, BenchConfig, request_items
@@ -394,7 +394,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
     )
     _check_loop(workload, f"{label}: workload")
     prompts = workload.get("prompts", "builtin")
-    if prompts not in ("builtin", "random", *BUNDLED_SETS) and not Path(prompts).is_absolute():
+    if not generated(prompts) and prompts not in BUNDLED_SETS and not Path(prompts).is_absolute():
         prompts = str(base / prompts)
     bench = BenchConfig(
         runs=workload.get("runs", 5),

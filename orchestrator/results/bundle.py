@@ -177,7 +177,8 @@ def prompt_set(config: dict[str, Any]) -> dict[str, Any]:
     (if it is small enough and still the file the experiment sent), else as its digest and where it was."""
     recorded = config.get("requests_sha256")
     source = str((config.get("bench") or {}).get("prompts", "builtin"))
-    if source in ("builtin", "random", *datasets.SHIPPED):  # a shipped dataset is checked by its sha256 at use
+    # Generated (builtin, random, shared-prefix:...) from the config; a shipped dataset is checked by its sha256 at use.
+    if prompts.generated(source) or source in datasets.SHIPPED:
         return {"source": source, "generated": True, "requests_sha256": recorded}
     # A bundled set (--prompts lookup-friendly) travels as its items too: the receiver's orch may ship other ones.
     source = prompts.source_path(source)

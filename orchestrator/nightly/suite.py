@@ -294,6 +294,8 @@ WORKLOAD_FIELDS: dict[str, Callable[[Any], Any]] = {
     "duration": seconds(*limits.DURATION_S),
     "requests": int_range(*limits.OPEN_LOOP_INTS["requests_per_level"]),
     "max_concurrency": int_range(*limits.OPEN_LOOP_INTS["max_concurrency"]),
+    # As orch ab --flush-cache: the prefix cache emptied before every timed run (part of the workload).
+    "flush_cache": boolean,
 }
 ITEM_FIELDS: dict[str, Callable[[Any], Any]] = {
     "name": nonempty_str,
@@ -417,11 +419,12 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         ),
         requests_per_level=workload.get("requests"),
         max_concurrency=workload.get("max_concurrency"),
+        flush_cache=workload.get("flush_cache", False),
     )
     blocks = fields.get("blocks", 3 if len(profiles) > 1 else 1)
     try:
         # What an arm's engine cannot do (an endpoint, --sim) is refused tonight, not at 3 a.m.
-        engines.check_use(profiles, bench.endpoint, simulate=fields.get("sim", False))
+        engines.check_use(profiles, bench.endpoint, simulate=fields.get("sim", False), flush_cache=bench.flush_cache)
     except InputError as e:
         raise SuiteError(f"{label}: {e}") from None
     _check_plan(bench, profiles, blocks, fields.get("sim", False), label)

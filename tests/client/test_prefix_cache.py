@@ -114,7 +114,9 @@ def test_a_cache_gap_holds_back_the_verdict_in_every_format() -> None:
     md = markdown.ab_markdown(result)
     assert "## Prefix cache" in md and "- baseline: prefix cache 0.0 % of prompt tokens" in md
     assert "inconclusive: prefix-cache hit rates differ (baseline 0 %, pld 50 %)" in md
-    assert "inconclusive: prefix-cache hit rates differ (baseline 0 %, pld 50 %)" in html.ab_html(result)
+    page = html.ab_html(result)
+    assert "inconclusive: prefix-cache hit rates differ (baseline 0 %, pld 50 %)" in page
+    assert '<section id="prefix-cache"><h2>Prefix cache</h2><ul><li>baseline: prefix cache 0.0 %' in page
     doc = jsondoc.ab_json(result)
     assert doc["arms"][1]["prefix_cache"]["hit_rate"] == 0.5
     assert doc["arms"][1]["by_concurrency"][0]["prefix_cache"]["cached_tokens"] == 450

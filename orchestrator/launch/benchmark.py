@@ -342,14 +342,7 @@ def run_benchmark(
             client.build_body(config.endpoint, it, k, model, keep_output=keep)
             for it, k in zip(chunk, lengths, strict=True)
         ]
-        flush = flushing if config.flush_cache and not warm else None
-        if flush is not None and flush.body:
-            bodies = [{**b, **flush.body} for b in bodies]
-        flush_request = (
-            {"method": flush.request.method, "path": flush.request.path}
-            if flush is not None and flush.request is not None
-            else None
-        )
+        bodies, flush_request = with_flush(bodies, None if warm else flushing)
         # Open loop: when each request is due, from the request sequence itself (its digest covers the schedule).
         open_loop = (
             None
@@ -433,6 +426,8 @@ def run_benchmark(
 
     for i in range(config.warmup):
         one(i, True, 1, 1, config.warmup_max_tokens)
+    if flushing is not None and flushing.means:
+        events.line(f"  --flush-cache: {flushing.means}")
     if config.open_loop:
         for rate in config.rate:
             for i in range(config.runs):
@@ -442,6 +437,18 @@ def run_benchmark(
         for i in range(config.runs):
             one(i, False, c, config.requests_per_run(c), config.max_tokens)
     return results
+
+
+def with_flush(
+    bodies: list[dict[str, Any]], flush: CacheFlush | None
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """A timed run's bodies and the request to send before it, under --flush-cache (`flush`; None: unchanged)."""
+    if flush is None:
+        return bodies, None
+    if flush.body:
+        bodies = [{**b, **flush.body} for b in bodies]
+    request = {"method": flush.request.method, "path": flush.request.path} if flush.request is not None else None
+    return bodies, request
 
 
 def flush_refusal(failed: Mapping[str, Any], flush: CacheFlush | None, where: str) -> str:

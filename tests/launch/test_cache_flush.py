@@ -175,3 +175,29 @@ def test_on_the_simulator_a_flush_empties_the_cache_every_run_left_warm(
     assert all(rate > 0.9 for rate in rates[False]) and rates[True] == [0.0, 0.0]
     stored = Store(str(tmp_path / "r.db")).find_experiment("last")
     assert json.loads(stored["config_json"])["bench"]["flush_cache"] is True  # recorded with the workload
+
+
+@pytest.mark.slow
+def test_on_the_simulator_a_cache_gap_holds_back_the_verdict_unless_measured(
+    write_profile: WriteProfile, tmp_path: Path, capsys: Capsys
+) -> None:
+    base, _ = _cache_profiles(write_profile)
+    spec = {"algorithm": "EAGLE3", "draft_model_path": "/d", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+    common: dict[str, Any] = {"engine": "sglang", "model_path": "/models/m", "tp_size": 2, "ready_timeout_s": 30}
+    cold = write_profile("cold", **common, port=free_port(), sim=dict(FAST_SIM), speculative=spec)
+    one = tmp_path / "one.jsonl"
+    one.write_text(json.dumps({"prompt": "Summarise the history of the printing press in Europe in a few lines."}))
+    db = str(tmp_path / "r.db")
+    args = ["ab", base, str(cold), "--sim", "--dataset", str(one), "--blocks", "2", "--runs", "1", "--warmup", "1"]
+    args += ["--max-tokens", "16", "--min-run-s", "0", "--json", "--db", db]
+    assert main([*args, "--fail-on", "slower"]) == 4
+    (held,) = json.loads(capsys.readouterr().out)["comparisons"]
+    assert held["verdict"] == "inconclusive" and held["held_back"] and held["cache_gap"]["arm_hit_rate"] == 0.0
+    assert main([*args, "--cache-measured"]) == 0
+    (kept,) = json.loads(capsys.readouterr().out)["comparisons"]
+    assert not kept["held_back"] and kept["cache_gap"]["measured"] and kept["ci_verdict"] is None
+    # Recorded with the experiment: read back, it judges the same way; a resume may not change it.
+    assert main(["show", "last", "--json", "--db", db]) == 0
+    assert json.loads(capsys.readouterr().out)["comparisons"][0]["cache_gap"]["measured"] is True
+    assert main(["ab", "--resume", "last", "--flush-cache", "--db", db]) == 2
+    assert "drop --flush-cache" in capsys.readouterr().err

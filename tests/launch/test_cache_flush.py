@@ -168,7 +168,8 @@ def test_on_the_simulator_a_flush_empties_the_cache_every_run_left_warm(
     args += ["--warmup", "1", "--max-tokens", "16", "--min-run-s", "0", "--json", "--db", str(tmp_path / "r.db")]
     rates = {}
     for flush in (False, True):
-        assert main([*args, *(["--flush-cache"] if flush else [])]) == 0
+        # The flush goes in the call that carries the run: the agent's bench_run, or here with --client local.
+        assert main([*args, *(["--flush-cache", "--client", "local"] if flush else [])]) == 0
         doc = json.loads(capsys.readouterr().out)
         rates[flush] = [arm["prefix_cache"]["hit_rate"] for arm in doc["arms"]]
     # The one prompt, sent by the warmup and every run: from the cache each time, unless each run starts empty.

@@ -361,7 +361,6 @@ def op_bench_run(
     max_tokens: list[int],
     concurrency: int,
     timeout_s: float = 600.0,
-    min_duration_s: float = 0.0,
     address: str = "127.0.0.1",
     gpu_probe: str | None = None,
     stall_s: float = 60.0,
@@ -370,6 +369,7 @@ def op_bench_run(
     *,
     power_smi: str | None = None,
     open_loop: dict[str, Any] | None = None,
+    flush: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One benchmark run against address:port, measured here next to the server (open_loop: its requests sent at
     their scheduled times, client.runner.run).
@@ -379,11 +379,20 @@ def op_bench_run(
     With power_smi (the nvidia-smi to run), one looping nvidia-smi samples the GPUs' power every 100 ms for the
     run's duration, in this same call; the run's energy over its steady window is result["energy"] (its "error"
     says why there is none: a missing or failing nvidia-smi never fails the run).
+    With flush ({"method", "path"}: --flush-cache), that request empties the server's prefix cache first, in this
+    same call; if it fails the run is not sent and the answer is {"cache_flush_failed": what the server said}.
     """
     import threading
 
     from orchestrator.agent.power import RunEnergy
     from orchestrator.client import runner
+    from orchestrator.client.cacheflush import flush_cache
+
+    if flush is not None:
+        # Before the power sampler and the GPU probe start: emptying the cache is no part of the run.
+        failed = flush_cache(address, port, flush)
+        if failed is not None:
+            return {"cache_flush_failed": failed}
 
     reading: list[dict[str, Any]] = []
     probe = None
@@ -409,7 +418,7 @@ def op_bench_run(
             max_tokens,
             concurrency,
             timeout_s,
-            min_duration_s,
+            0.0,  # orch judges a run's length itself (--min-run-s)
             stall_s=stall_s,
             first_token_s=first_token_s,
             # Every recorded process of the launch, checked here next to it: a dead worker stops the run at once.

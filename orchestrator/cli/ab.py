@@ -13,8 +13,10 @@ from orchestrator.cli.complete import profile_names
 from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import (
     bench_options,
+    cache_measured_option,
     check_outputs_option,
     fixed_bench_options,
+    flush_cache_option,
     judgement_options,
     run_options,
     verbosity_options,
@@ -166,6 +168,8 @@ def fail_on_option(command: str) -> Callable[[Callable[..., Any]], Callable[...,
 @fail_on_option("ab")
 @verbosity_options
 @check_outputs_option
+@flush_cache_option
+@cache_measured_option
 def ab_cmd(**_: Any) -> None:
     """Compare PROFILES (the first is the baseline), each launch from fresh, verified state.
 
@@ -198,6 +202,7 @@ def ab_cmd(**_: Any) -> None:
 @judgement_options(default_metric=True)
 @fail_on_option("bench")
 @verbosity_options
+@flush_cache_option
 def bench_cmd(**_: Any) -> None:
     """Benchmark one profile from a fresh, verified launch (--blocks N: N launches, with the spread across them).
 

@@ -57,11 +57,11 @@ OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
                 "--force", "--gpu-wait")),
     ("Workload", ("--runs", "--warmup", "--max-tokens", "--seed", "--concurrency", "--requests-per-stream",
                   "--endpoint", "--prompts", "--input-len", "--turns", "--client", "--min-run-s", "--stall-timeout",
-                  "--first-token-timeout")),
+                  "--first-token-timeout", "--flush-cache")),
     ("Open loop", ("--rate", "--arrivals", "--duration", "--requests", "--max-concurrency", "--trace", "--speed")),
     ("Design and verdict", ("--resume", "--blocks", "--max-blocks", "--order", "--order-seed", "--min-effect",
                             "--metric", "--slo", "--target-tps", "--fail-on", "--claim", "--claim-ratio", "--vs",
-                            "--tolerance")),
+                            "--tolerance", "--cache-measured")),
     ("Host", ("--host", "--workdir", "--wait", "--inventory", "--accept-new-host-key", "--allow-node-mismatch")),
     ("Output", ("--db", "--json", "-q", "-v")),
 )  # fmt: skip

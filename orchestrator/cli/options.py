@@ -255,8 +255,10 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             "code edits, repetition), lookup-hostile (counting: n-gram matches propose wrong continuations), "
             "humaneval (164 code prompts) and mt-bench (80 questions in 8 categories), shipped with orch, or a "
             "file: JSONL (prompt or messages; optional category, output_len), ShareGPT .json (first human turn) "
-            "or .csv (prompt column; optional category, output_len). --dataset is the same option; results break "
-            "down by category (docs/data.md).",
+            "or .csv (prompt column; optional category, output_len). shared-prefix:GROUPSxPER_GROUP[:SYSTEM_LEN:"
+            "QUESTION_LEN] generates GROUPS system prompts of random token ids, each followed by PER_GROUP questions "
+            "(SGLang's generated-shared-prefix; lengths default to 2048 and 128 tokens; each group a category), "
+            "from --seed. --dataset is the same option; results break down by category (docs/data.md).",
         ),
         click.option(
             "--turns",
@@ -640,4 +642,29 @@ def check_outputs_option(fn: Callable[..., Any]) -> Callable[..., Any]:
         help="Keep each timed request's generated output (greedy: temperature 0 is sent) and compare every arm's with "
         "the baseline's, prompt by prompt: the share identical and the first divergence (docs/data.md#the-lossless-"
         "check). Costs the client a little CPU per chunk.",
+    )(fn)
+
+
+def flush_cache_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """orch ab/bench --flush-cache (engines/base.CacheFlush): every timed run starts from an empty prefix cache."""
+    return click.option(
+        "--flush-cache",
+        "flush_cache",
+        is_flag=True,
+        help="Empty the server's prefix cache before every timed run (after the warmups), so no run finds prompts an "
+        "earlier run left: SGLang POST /flush_cache, vLLM POST /reset_prefix_cache (needs VLLM_SERVER_DEV_MODE=1 in "
+        "the server's env; a 404 stops the experiment), llama.cpp cache_prompt: false in every timed request. "
+        "Recorded with the workload (docs/data.md#prefix-cache-attestation).",
+    )(fn)
+
+
+def cache_measured_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """orch ab --cache-measured (results/cache): a prefix-cache gap between arms is part of what is compared."""
+    return click.option(
+        "--cache-measured",
+        "cache_measured",
+        is_flag=True,
+        help="The prefix cache is part of what is measured: arms whose cache hit rates differ by more than 5 "
+        "points still get their verdicts (shown with the gap) instead of 'inconclusive: prefix-cache hit rates "
+        "differ'. Recorded with the experiment.",
     )(fn)

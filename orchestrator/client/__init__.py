@@ -3,4 +3,4 @@ client can run beside the server (no laptop network in the numbers). `runner.run
 concurrency streams, or open loop at scheduled times: `openloop`) and returns `summary.summarize_run`'s dict.
 """
 
-__all__ = ["metrics", "openloop", "request", "runner", "stream", "streamparse", "summary", "watchdog"]
+__all__ = ["cacheflush", "metrics", "openloop", "request", "runner", "stream", "streamparse", "summary", "watchdog"]

@@ -35,6 +35,7 @@ class ABConfig:
     port: int | None = None  # every launched arm serves here, not on its profile's port (--port, an item's port:)
     slo: SLO | None = None  # --slo: the objectives goodput counts against
     metric: str = DEFAULT_METRIC  # --metric: what the verdicts (and --blocks auto's looks) are on
+    cache_measured: bool = False  # --cache-measured: a prefix-cache gap between arms does not hold back a verdict
 
 
 def new_experiment_id() -> str:

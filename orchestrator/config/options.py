@@ -94,6 +94,8 @@ class RunOptions:
     verbose: bool = False
     check_outputs: bool = False  # orch ab --check-outputs: compare each prompt's output across the arms
     turns: int | None = None  # --turns N: multi-turn sessions of N turns (config/sessions)
+    flush_cache: bool = False  # --flush-cache: an empty prefix cache before every timed run (BenchConfig.flush_cache)
+    cache_measured: bool = False  # orch ab --cache-measured: a cache gap between arms does not hold back verdicts
     given: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod

@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.config import arrivals
+from orchestrator.config import arrivals, prompts
 from orchestrator.config.workload import BenchConfig
 
 # Limits on one launch's workload. Beyond them a benchmark is a typo (or days of GPU time), and merely building
@@ -146,7 +146,7 @@ def plan(
     warm = config.warmup * config.requests_per_warmup  # a multi-turn warmup is one session of --turns requests
     requests = warm + timed
     tokens = warm * config.warmup_max_tokens + timed * config.max_tokens
-    prompt_ids = requests * (config.input_len or 128) if config.prompts == "random" else 0
+    prompt_ids = requests * prompt_ids_each(config)
     seconds = 0.0
     shortest = float("inf")
     stream_tokens = 0
@@ -196,9 +196,7 @@ def open_loop_plan(
         runs_per_launch=config.warmup + config.runs * len(config.rate),
         requests_per_launch=config.warmup + timed,
         output_tokens_per_launch=config.warmup * config.warmup_max_tokens + timed * config.max_tokens,
-        prompt_token_ids_per_launch=(config.warmup + timed) * (config.input_len or 128)
-        if config.prompts == "random"
-        else 0,
+        prompt_token_ids_per_launch=(config.warmup + timed) * prompt_ids_each(config),
         seconds=seconds * blocks,
         calibrated=calibrated,
         shortest_run_s=min(spans) if arms and config.runs else None,
@@ -262,3 +260,11 @@ def _duration(seconds: float) -> str:
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} days"
+
+
+def prompt_ids_each(config: BenchConfig) -> int:
+    """Token ids each request's prompt holds in memory when orch generates them (random, shared-prefix), else 0."""
+    if config.prompts == "random":
+        return config.input_len or 128
+    shared = prompts.SharedPrefix.parse(config.prompts)
+    return shared.prompt_len if shared is not None else 0

@@ -59,6 +59,9 @@ class BenchConfig:
     # so far and the server's own replies; a stream runs a session's turns in order, `requests_per_stream` sessions
     # per stream. None: one request per prompt, as before.
     turns: int | None = None
+    # --flush-cache: the prefix cache emptied before every timed run (engines/base.CacheFlush, per engine), so no run
+    # finds prompts an earlier one left; it changes what the requests measure, so it is part of the workload.
+    flush_cache: bool = False
 
     def __post_init__(self) -> None:
         # Read back from JSON (a stored config, a bundle) the levels are a list; as a tuple the config stays hashable.
@@ -92,6 +95,8 @@ class BenchConfig:
             del d["stop_oversaturated"]  # digests and stored configs stay what they were before it existed
         if not self.check_outputs:
             del d["check_outputs"]
+        if not self.flush_cache:
+            del d["flush_cache"]
         if self.trace is None:
             for name in ("trace", "speed", "trace_sha256"):
                 del d[name]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.engines.base import Engine, Probe, ServerProfile
+from orchestrator.engines.base import CacheFlush, Engine, Probe, ServerProfile
 from orchestrator.engines.llamacpp import LlamaCpp
 from orchestrator.engines.sglang import SGLang
 from orchestrator.engines.vllm import VLLM
@@ -43,10 +43,15 @@ def common_endpoint(engine_names: Sequence[str]) -> str:
     raise InputError(f"these engines share no benchmark endpoint ({kinds})")
 
 
-def check_use(profiles: Sequence[ServerProfile], endpoint: str, *, simulate: bool) -> None:
-    """Refuse, before anything is launched, what a profile's engine cannot do: serve the endpoint, be simulated."""
+def check_use(profiles: Sequence[ServerProfile], endpoint: str, *, simulate: bool, flush_cache: bool = False) -> None:
+    """Refuse, before anything is launched, what a profile's engine cannot do: serve the endpoint, be simulated,
+    keep a run from its predecessors' prefix cache (--flush-cache)."""
     for p in profiles:
         engine = get(p.engine)
+        if flush_cache and engine.cache_flush is None:
+            raise InputError(
+                f"{p.source}: engine {engine.name} has no way for orch to empty its prefix cache; drop --flush-cache"
+            )
         if endpoint not in engine.endpoints:
             raise InputError(
                 f"{p.source}: engine {engine.name} does not serve the {endpoint!r} endpoint; use --endpoint "
@@ -63,4 +68,4 @@ register(SGLang())
 register(VLLM())
 register(LlamaCpp())
 
-__all__ = ["Engine", "Probe", "check_use", "common_endpoint", "get", "names", "register"]
+__all__ = ["CacheFlush", "Engine", "Probe", "check_use", "common_endpoint", "get", "names", "register"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -96,6 +96,21 @@ class SpecCounters:
     per_position: tuple[float, ...] | None = None  # accepted tokens at draft position 1, 2, … (where reported)
 
 
+@dataclass(frozen=True)
+class CacheFlush:
+    """How `--flush-cache` keeps one timed run from finding prompts an earlier run left in the prefix cache.
+
+    `request`: sent just before each timed run (in the call that carries the run), a 2xx meaning the cache is empty;
+    `enable`: what makes the server serve it, said when it answers 404 (never a silent no-op). `body`: fields put in
+    every timed request instead, for an engine whose cache cannot be emptied from outside (no request reuses it)."""
+
+    request: Probe | None = None
+    enable: str | None = None
+    body: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # What the flush does, in the words a report or an error uses.
+    means: str = ""
+
+
 class Engine(ABC):
     """One engine adapter. Nothing outside the adapter branches on an engine's name: the run loop, the benchmark
     and the reports ask the adapter."""
@@ -124,6 +139,8 @@ class Engine(ABC):
     endpoints: tuple[str, ...] = ("completions", "chat")
     # Whether orch ships a simulator of this engine (`--sim`).
     simulated: bool = False
+    # How --flush-cache empties its prefix cache before each timed run (None: it cannot, and --flush-cache is refused).
+    cache_flush: CacheFlush | None = None
 
     def ready_probe(self, profile: ServerProfile) -> Probe:
         """What says a server orch launched is ready. Default: its health endpoint answers 200; engines that can

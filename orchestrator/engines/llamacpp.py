@@ -6,7 +6,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from orchestrator.engines.base import Engine, Probe, ServerProfile, SpecCounters, SpecSettings, spec_decode_counters
+from orchestrator.engines.base import (
+    CacheFlush,
+    Engine,
+    Probe,
+    ServerProfile,
+    SpecCounters,
+    SpecSettings,
+    spec_decode_counters,
+)
 from orchestrator.errors import InputError
 
 # model_path "package:NAME": a pip package carrying a GGUF model, whose assemble() returns the file's path (and checks
@@ -83,6 +91,13 @@ class LlamaCpp(Engine):
     )
     endpoints = ("completions", "chat")
     simulated = False
+    # A slot's cache cannot be emptied from outside without --slot-save-path (POST /slots/ID?action=erase answers
+    # 501 without it), so every timed request says not to reuse it: `cache_prompt` (default true) is read by
+    # /completion and the OpenAI routes alike. Stricter than a flush: requests within a run share nothing either.
+    cache_flush = CacheFlush(
+        body=MappingProxyType({"cache_prompt": False}),
+        means="cache_prompt: false in every timed request (no request reuses a cached prompt, within a run too)",
+    )
 
     def ready_probe(self, profile: ServerProfile) -> Probe:
         # llama-server's own completion endpoint, one token; /health (503 "Loading model" while loading, unlogged)

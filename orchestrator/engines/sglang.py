@@ -8,6 +8,7 @@ from types import MappingProxyType
 from orchestrator.engines.base import (
     OPTIONAL_FIELDS,
     OPTIONAL_SPEC_FIELDS,
+    CacheFlush,
     Engine,
     Probe,
     ServerProfile,
@@ -72,6 +73,8 @@ class SGLang(Engine):
     )
     endpoints = ("generate", "completions", "chat")
     simulated = True
+    # GET or POST, always mounted; 400 "Cache not flushed" while any request runs or waits (http_server.py).
+    cache_flush = CacheFlush(Probe("POST", "/flush_cache"), means="POST /flush_cache before each timed run")
 
     def ready_probe(self, profile: ServerProfile) -> Probe:
         # The port refuses connections until the workers are loaded; from then on a generation is served (SGLang's

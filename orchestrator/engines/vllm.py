@@ -11,7 +11,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from orchestrator.engines.base import Engine, Probe, ServerProfile, SpecCounters, SpecSettings, spec_decode_counters
+from orchestrator.engines.base import (
+    CacheFlush,
+    Engine,
+    Probe,
+    ServerProfile,
+    SpecCounters,
+    SpecSettings,
+    spec_decode_counters,
+)
 
 # speculative.algorithm is vLLM's `method`, spelt as vLLM spells it (lowercase).
 NEEDS_DRAFT_MODEL = ("eagle", "eagle3", "draft_model")
@@ -61,6 +69,14 @@ class VLLM(Engine):
     )
     endpoints = ("completions", "chat")
     simulated = True
+    # A dev route: mounted only with VLLM_SERVER_DEV_MODE=1 in the server's environment, else 404
+    # (entrypoints/serve: register_vllm_dev_api_routers).
+    cache_flush = CacheFlush(
+        Probe("POST", "/reset_prefix_cache"),
+        enable="vLLM serves POST /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1 in its environment: add "
+        '`VLLM_SERVER_DEV_MODE: "1"` to the profile\'s env (for an attached server, start it so)',
+        means="POST /reset_prefix_cache before each timed run",
+    )
 
     def ready_probe(self, profile: ServerProfile) -> Probe:
         # The model as served: --served-model-name, else the --model value as given (vLLM's default).

@@ -71,6 +71,8 @@ def experiment_config(
         **({"allow_node_mismatch": True} if config.allow_node_mismatch else {}),  # a resume allows it too
         **({"slo": config.slo.to_dict()} if config.slo is not None else {}),  # a resume and a bundle judge on them
         **({"metric": config.metric} if config.metric != DEFAULT_METRIC else {}),
+        # --cache-measured decides verdicts (results/cache): a resume, `orch show` and a bundle judge with it too.
+        **({"cache_measured": True} if config.cache_measured else {}),
         **(provenance or {}),
     }
 
@@ -100,7 +102,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
     limits.checked_plan(
         config.bench, profiles, blocks=config.auto.max_blocks if config.auto else config.blocks, sim=config.simulate
     )
-    engines.check_use(profiles, config.bench.endpoint, simulate=config.simulate)
+    engines.check_use(profiles, config.bench.endpoint, simulate=config.simulate, flush_cache=config.bench.flush_cache)
     attach.check_arms(profiles, allow_mixed=config.allow_mixed, strict_env=config.strict_env, simulate=config.simulate)
     # Secret values are stored as digests keyed per store; errors and printed log tails are scrubbed of them.
     key = store.redaction_key
@@ -199,7 +201,9 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
                 events.phase("look")
                 now = ABResult(exp_id, config.simulate, host.name, tuple(names), tuple(launches), facts)
                 # The looks decide on what the verdicts are on (--metric, --slo).
-                now = dataclasses.replace(now, slo=config.slo, metric=config.metric)
+                now = dataclasses.replace(
+                    now, slo=config.slo, metric=config.metric, cache_measured=config.cache_measured
+                )
                 stop, line = auto_look(dataclasses.replace(now, design=design, min_effect=config.min_effect))
                 events.line(line)
                 if stop:
@@ -244,6 +248,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             slo=config.slo,
             metric=config.metric,
             sweep=(provenance or {}).get("sweep"),
+            cache_measured=config.cache_measured,
             categories=run_categories(config.bench) if datasets.categorised(config.bench.prompts) else None,
             dataset=datasource.recorded(json.loads(store.find_experiment(exp_id)["config_json"])),
         )

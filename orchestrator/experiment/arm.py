@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from orchestrator import engines
 from orchestrator.common.redaction import scrub
 from orchestrator.config.design import ABConfig
 from orchestrator.config.profile import Profile
@@ -109,6 +110,7 @@ def run_launch(slot: LaunchSlot, profile: Profile, ctx: ArmContext) -> LaunchRes
                 on_run=record,
                 recover=lambda err: srv.recover(host, profile, events, err),
                 events=events,
+                cache_flush=engines.get(profile.engine).cache_flush,
             )
             # Read during the first timed run: clocks and temperatures that drift between launches make them unequal.
             gpus = next((r.gpus for r in runs if r.gpus and r.gpus.get("available")), None)

@@ -208,7 +208,32 @@ def fail_on_verdict(
                 checks += [comparison_check(c, mode, len(levels) > 1) for c in result.comparisons_at(level)]
         else:
             checks.append(expect_check(result, mode, expect, tol))
+        if mode not in ("slower", "different") or len(result.arms) < 2:
+            # Whatever the mode judges, a verdict held back by a prefix-cache gap leaves the experiment undecided.
+            checks += cache_checks(result, mode)
     return FailOn(wanted, tuple(checks))
+
+
+def cache_gap_reason(c: Comparison, who: str, base: str, at: str, numbers: str) -> str:
+    gap = c.cache_gap
+    assert gap is not None
+    said = f"; the CI alone says {c.ci_verdict}" if c.ci_verdict else ""
+    return f"{who} vs {base}{at} is inconclusive: {gap.reason} ({numbers}{said}); {gap.advice}"
+
+
+def cache_checks(result: ABResult, mode: str) -> list[Check]:
+    """One inconclusive check per comparison whose verdict a prefix-cache gap holds back (results/cache)."""
+    levels = result.levels or [1]
+    out = []
+    for level in levels:
+        for c in result.comparisons_at(level):
+            if c.held_back:
+                at = f" at {level_phrase(c.concurrency)}" if len(levels) > 1 else ""
+                ratio = f"ratio {c.ratio:.3f}" if c.ratio is not None else "no ratio"
+                out.append(
+                    Check(mode, INCONCLUSIVE, cache_gap_reason(c, c.arm_label or c.arm, c.vs_label or c.vs, at, ratio))
+                )
+    return out
 
 
 def _ci(lo: float | None, hi: float | None, digits: int) -> str:
@@ -233,6 +258,8 @@ def comparison_check(c: Comparison, mode: str, name_level: bool) -> Check:
             "interval (use --blocks 3 or more)",
         )
     numbers = ("" if c.metric == DEFAULT_METRIC else f"{c.metric} ") + f"ratio {c.ratio:.3f}{_ci(est.lo, est.hi, 3)}"
+    if c.held_back and c.cache_gap is not None:
+        return Check(mode, INCONCLUSIVE, cache_gap_reason(c, who, base, at, numbers))
     if c.verdict == "slower":
         return Check(mode, FAIL, f"{who} is slower than {base}{at} ({numbers})")
     if c.verdict == "faster":

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import files, yamlfile
-from orchestrator.config import datasets, limits
+from orchestrator.config import datasets, limits, prompts
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
@@ -238,7 +238,7 @@ def rerun_config(
         bench = dataclasses.replace(bench, trace=trace)  # trace_sha256 stays: the replay checks the file against it
     elif data.prompts is not None:
         bench = dataclasses.replace(bench, prompts=data.prompts)
-    elif (text := bundle_mod.prompt_file_text(bundle)) is not None and bench.prompts not in ("builtin", "random"):
+    elif (text := bundle_mod.prompt_file_text(bundle)) is not None and not prompts.generated(bench.prompts):
         bench = dataclasses.replace(
             bench, prompts=str(_write_out(workdir / f"prompts-{recorded.experiment_id}.jsonl", text))
         )

@@ -56,6 +56,10 @@ FIXED_OPTIONS = {
     "speed": "--speed",
     # Kept outputs in some launches and not in others would leave the lossless check with holes.
     "check_outputs": "--check-outputs",
+    # An emptied cache before every run changes what the requests measure; whether a cache gap holds back verdicts
+    # is the experiment's own judgement.
+    "flush_cache": "--flush-cache",
+    "cache_measured": "--cache-measured",
 }
 
 # How long to wait for a hung server is not part of what is measured: a resume may change it (option → BenchConfig).
@@ -136,6 +140,7 @@ def resumed_options(exp: dict[str, Any], stored: dict[str, Any], options: RunOpt
         sim=bool(exp["simulated"]),
         strict_env=bool(stored.get("strict_env")),
         allow_mixed=bool(stored.get("allow_mixed")),
+        cache_measured=bool(stored.get("cache_measured")),
         workdir=stored.get("workdir") or options.workdir,
         min_effect=(
             float(stored["min_effect"])

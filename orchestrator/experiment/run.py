@@ -124,8 +124,9 @@ def start(
         **open_loop_fields(options),
         check_outputs=options.check_outputs,
         turns=options.turns,
+        flush_cache=options.flush_cache,
     )
-    engines.check_use(profiles, bench.endpoint, simulate=options.sim)
+    engines.check_use(profiles, bench.endpoint, simulate=options.sim, flush_cache=bench.flush_cache)
     # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built.
     auto = options.sequential_plan()
     spec = sweep_of(options)
@@ -300,6 +301,7 @@ def ab_config(options: RunOptions, bench: BenchConfig) -> ABConfig:
         port=options.port,
         slo=options.slo,
         metric=options.metric,
+        cache_measured=options.cache_measured,
     )
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from orchestrator.config.workload import BenchConfig, request_items
-from orchestrator.engines import Engine
+from orchestrator.engines import CacheFlush, Engine
 from orchestrator.errors import BenchError
 from orchestrator.results.run import RunResult
 from orchestrator.ui.events import QUIET, Events
@@ -34,11 +34,24 @@ NO_ENERGY_REMOTE_LOCAL_CLIENT = (
 )
 
 
-# A runner sends one run's requests (bodies, their max tokens, the concurrency) and returns client.summarize_run's dict.
-# With probe_gpus=True it also reads the GPUs' state during the run (summary["gpus"]; None if the run was too short).
-# The last argument, for an open-loop run, is client.runner.run's `open_loop` (the schedule, rate, arrivals, cap;
-# concurrency is then 0); None for closed loop.
-Runner = Callable[[list[dict[str, Any]], list[int], int, bool, "dict[str, Any] | None"], dict[str, Any]]
+class Runner(Protocol):
+    """Sends one run's requests (bodies, their max tokens, the concurrency) and returns client.summarize_run's dict.
+    With probe_gpus=True it also reads the GPUs' state during the run (summary["gpus"]; None if the run was too
+    short). `open_loop`, for an open-loop run, is client.runner.run's (the schedule, rate, arrivals, cap; concurrency
+    is then 0); None for closed loop. `flush` ({"method", "path"}: --flush-cache) is sent to the server first, in the
+    same call; when it fails, nothing is sent and the answer is {"cache_flush_failed": ...}."""
+
+    def __call__(
+        self,
+        bodies: list[dict[str, Any]],
+        max_tokens: list[int],
+        concurrency: int,
+        probe_gpus: bool,
+        open_loop: dict[str, Any] | None = None,
+        /,
+        *,
+        flush: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]: ...
 
 
 def host_runner(
@@ -59,6 +72,8 @@ def host_runner(
         concurrency: int,
         probe_gpus: bool,
         open_loop: dict[str, Any] | None = None,
+        *,
+        flush: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         if open_loop is None:
             wait = config.request_timeout_s * -(-len(bodies) // concurrency)
@@ -69,6 +84,8 @@ def host_runner(
         extra: dict[str, Any] = {"open_loop": open_loop} if open_loop is not None else {}
         if power:
             extra["power_smi"] = host.config.nvidia_smi
+        if flush is not None:
+            extra["flush"] = dict(flush)
         result: dict[str, Any] = host.call(
             "bench_run",
             call_timeout=60 + wait + (POWER_CALL_EXTRA_S if power else 0.0),
@@ -79,7 +96,6 @@ def host_runner(
             max_tokens=max_tokens,
             concurrency=concurrency,
             timeout_s=config.request_timeout_s,
-            min_duration_s=0.0,
             gpu_probe=host.config.nvidia_smi if probe_gpus else None,
             stall_s=config.stall_timeout_s,
             first_token_s=config.first_token_timeout_s,
@@ -113,9 +129,17 @@ def local_runner(
         concurrency: int,
         probe_gpus: bool,
         open_loop: dict[str, Any] | None = None,
+        *,
+        flush: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         from orchestrator.client import runner as client
+        from orchestrator.client.cacheflush import flush_cache
 
+        if flush is not None:
+            # Before the power sampler and the GPU probe start, as on the host: emptying the cache is no part of it.
+            failed = flush_cache(address, port, flush)
+            if failed is not None:
+                return {"cache_flush_failed": failed}
         sampler = None
         if power and gpu_host is not None and gpu_host.config.is_local:
             from orchestrator.agent.power import RunEnergy
@@ -187,8 +211,10 @@ def _without_energy(runner: Runner, why: str) -> Runner:
         concurrency: int,
         probe_gpus: bool,
         open_loop: dict[str, Any] | None = None,
+        *,
+        flush: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        result = runner(bodies, max_tokens, concurrency, probe_gpus, open_loop)
+        result = runner(bodies, max_tokens, concurrency, probe_gpus, open_loop, flush=flush)
         return {**result, "energy": {"source": "nvidia-smi", "error": why}}
 
     return run
@@ -204,8 +230,10 @@ def with_engine_counters(runner: Runner, engine: Engine) -> Runner:
         concurrency: int,
         probe_gpus: bool,
         open_loop: dict[str, Any] | None = None,
+        *,
+        flush: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        summary = runner(bodies, max_tokens, concurrency, probe_gpus, open_loop)
+        summary = runner(bodies, max_tokens, concurrency, probe_gpus, open_loop, flush=flush)
         if summary.get("spec_accept_length") is None:
             counted = engine.spec_from_counters(summary.get("counter_deltas") or {})
             if counted is not None:
@@ -254,9 +282,19 @@ def runner_for(
     counted = with_engine_counters(inner, engine)
     if probe_gpus:
         return counted
-    return lambda bodies, max_tokens, concurrency, _probe, open_loop: counted(
-        bodies, max_tokens, concurrency, False, open_loop
-    )
+
+    def unprobed(
+        bodies: list[dict[str, Any]],
+        max_tokens: list[int],
+        concurrency: int,
+        probe_gpus: bool,
+        open_loop: dict[str, Any] | None = None,
+        *,
+        flush: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        return counted(bodies, max_tokens, concurrency, False, open_loop, flush=flush)
+
+    return unprobed
 
 
 def run_benchmark(
@@ -267,6 +305,7 @@ def run_benchmark(
     on_run: Callable[[RunResult], None] | None = None,
     recover: Callable[[str], bool] | None = None,
     events: Events = QUIET,
+    cache_flush: CacheFlush | None = None,
 ) -> list[RunResult]:
     """Warmups, then timed runs at each concurrency level, or at each rate (open loop: each run sends its requests
     at the times its schedule gives); `on_run` sees each run the moment it finishes, `events` each one's start (a
@@ -276,10 +315,17 @@ def run_benchmark(
     run is repeated from the start (never stitched together), at most MAX_RECOVERIES times per benchmark, after
     which it is recorded as invalid. If the server is gone or unhealthy, BenchError (recorded as an invalid run
     first, so it is stored).
+
+    With config.flush_cache every timed run (never a warmup) starts from an empty prefix cache, the engine's way
+    (`cache_flush`: a request sent first in the run's own call, or fields in every timed request); a flush that
+    fails is a BenchError naming what the server said (and, for a 404, what enables the route).
     """
     from orchestrator.client import runner as client
 
     items = request_items(config)
+    flushing = cache_flush if config.flush_cache else None
+    if config.flush_cache and cache_flush is None:
+        raise BenchError("--flush-cache: this server's engine has no way for orch to empty its prefix cache")
     position = 0
     results: list[RunResult] = []
     recoveries = 0
@@ -296,6 +342,7 @@ def run_benchmark(
             client.build_body(config.endpoint, it, k, model, keep_output=keep)
             for it, k in zip(chunk, lengths, strict=True)
         ]
+        bodies, flush_request = with_flush(bodies, None if warm else flushing)
         # Open loop: when each request is due, from the request sequence itself (its digest covers the schedule).
         open_loop = (
             None
@@ -323,7 +370,9 @@ def run_benchmark(
                 concurrency=concurrency,
                 **({"rate": rate} if rate is not None else {}),
             )
-            summary = runner(bodies, lengths, concurrency, probe, open_loop)
+            summary = runner(bodies, lengths, concurrency, probe, open_loop, flush=flush_request)
+            if summary.get("cache_flush_failed"):
+                raise BenchError(flush_refusal(summary["cache_flush_failed"], flushing, f"run {index + 1} at {at}"))
             if summary.get("aborted"):
                 # The watchdog saw the launch break (a process exited): nothing to check or repeat.
                 stopped = RunResult.from_summary(index, warm, summary)
@@ -377,6 +426,8 @@ def run_benchmark(
 
     for i in range(config.warmup):
         one(i, True, 1, config.requests_per_warmup, config.warmup_max_tokens)
+    if flushing is not None and flushing.means:
+        events.line(f"  --flush-cache: {flushing.means}")
     if config.open_loop:
         for rate in config.rate:
             for i in range(config.runs):
@@ -386,3 +437,29 @@ def run_benchmark(
         for i in range(config.runs):
             one(i, False, c, config.requests_per_run(c), config.max_tokens)
     return results
+
+
+def with_flush(
+    bodies: list[dict[str, Any]], flush: CacheFlush | None
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """A timed run's bodies and the request to send before it, under --flush-cache (`flush`; None: unchanged)."""
+    if flush is None:
+        return bodies, None
+    if flush.body:
+        bodies = [{**b, **flush.body} for b in bodies]
+    request = {"method": flush.request.method, "path": flush.request.path} if flush.request is not None else None
+    return bodies, request
+
+
+def flush_refusal(failed: Mapping[str, Any], flush: CacheFlush | None, where: str) -> str:
+    """Why --flush-cache stopped the benchmark: the request, the server's answer, and for a 404 what enables it."""
+    status = failed.get("status")
+    said = f"answered {status}" if status is not None else "got no answer"
+    body = str(failed.get("body") or "").strip()
+    text = f"--flush-cache: {failed.get('method')} {failed.get('path')} {said} before {where}"
+    text += f" ({body})" if body else ""
+    if status == 404 and flush is not None and flush.enable:
+        text += f"; {flush.enable}"
+    return (
+        text + "; the run was not sent (the prefix cache could not be emptied, so it would not measure what was asked)"
+    )

@@ -16,7 +16,7 @@ from orchestrator.config import arrivals as arrivals_mod
 from orchestrator.config import limits
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.profile import Profile
-from orchestrator.config.prompts import BUNDLED_SETS
+from orchestrator.config.prompts import BUNDLED_SETS, generated
 from orchestrator.config.slo import EXAMPLE as SLO_EXAMPLE
 from orchestrator.config.slo import SLO, parse_slo
 from orchestrator.config.workload import CLIENT_PLACES, DEFAULT_DURATION_S, BenchConfig, request_items
@@ -294,6 +294,8 @@ WORKLOAD_FIELDS: dict[str, Callable[[Any], Any]] = {
     "duration": seconds(*limits.DURATION_S),
     "requests": int_range(*limits.OPEN_LOOP_INTS["requests_per_level"]),
     "max_concurrency": int_range(*limits.OPEN_LOOP_INTS["max_concurrency"]),
+    # As orch ab --flush-cache: the prefix cache emptied before every timed run (part of the workload).
+    "flush_cache": boolean,
 }
 ITEM_FIELDS: dict[str, Callable[[Any], Any]] = {
     "name": nonempty_str,
@@ -394,7 +396,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
     )
     _check_loop(workload, f"{label}: workload")
     prompts = workload.get("prompts", "builtin")
-    if prompts not in ("builtin", "random", *BUNDLED_SETS) and not Path(prompts).is_absolute():
+    if not generated(prompts) and prompts not in BUNDLED_SETS and not Path(prompts).is_absolute():
         prompts = str(base / prompts)
     bench = BenchConfig(
         runs=workload.get("runs", 5),
@@ -417,11 +419,12 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         ),
         requests_per_level=workload.get("requests"),
         max_concurrency=workload.get("max_concurrency"),
+        flush_cache=workload.get("flush_cache", False),
     )
     blocks = fields.get("blocks", 3 if len(profiles) > 1 else 1)
     try:
         # What an arm's engine cannot do (an endpoint, --sim) is refused tonight, not at 3 a.m.
-        engines.check_use(profiles, bench.endpoint, simulate=fields.get("sim", False))
+        engines.check_use(profiles, bench.endpoint, simulate=fields.get("sim", False), flush_cache=bench.flush_cache)
     except InputError as e:
         raise SuiteError(f"{label}: {e}") from None
     _check_plan(bench, profiles, blocks, fields.get("sim", False), label)

@@ -36,6 +36,7 @@ from orchestrator.report.lines import (
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
 from orchestrator.results import curves
+from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.outputs import accept_distributions
@@ -799,6 +800,15 @@ def _sweep_note(result: ABResult) -> list[str]:
     return [f'<p class="note" id="sweep">{_e(said)}</p>'] if said else []
 
 
+def _cache_section(result: ABResult) -> str:
+    """Each arm's prefix-cache hit rate (results/cache), as text and Markdown print it; nothing when none reported."""
+    said = cache_lines(result)
+    if not said:
+        return ""
+    items = "".join(f"<li>{_e(line)}</li>" for line in said)
+    return f'<section id="prefix-cache"><h2>Prefix cache</h2><ul>{items}</ul></section>'
+
+
 def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     """The whole report as one HTML document; `requests` adds the store's per-request rows to a stored result."""
     plots.require_matplotlib()
@@ -861,7 +871,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         '<p class="note">median: of launch values (each the median of its runs); min/max over runs; CV within and '
         "across launches; vs: mean per-block ratio.</p></section>"
     )
-    body += [_energy_section(result), _category_section(result), _turn_section(result)]
+    body += [_energy_section(result), _category_section(result), _turn_section(result), _cache_section(result)]
     body.append('<section id="plots"><h2>Throughput</h2>')
     body += [_tok_s_figure(result, lv) for lv in result.levels or [1]]
     if len(result.arms) > 1:

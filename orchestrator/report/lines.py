@@ -165,6 +165,15 @@ def comparison_line(c: Comparison) -> str:
     better = c.ratio >= 1 if c.higher_is_better else c.ratio <= 1
     word = "faster" if better else "slower"
     note = f"; NOTE: {c.note}" if c.note else ""
+    gap = c.cache_gap
+    if gap is not None and gap.measured:
+        note += f"; {gap.reason}, measured as part of the comparison (--cache-measured)"
+    if c.held_back and gap is not None:
+        said = c.ci_verdict.upper() if c.ci_verdict in ("faster", "slower") else (c.ci_verdict or "nothing")
+        line = head + f"{c.ratio:.3f}x"
+        if est.blocks >= 2:
+            line += f", 95% CI [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks"
+        return line + f" -> inconclusive: {gap.reason}; the CI alone says {said}; {gap.advice}" + note
     if est.blocks < 2:
         return (
             head + f"{c.ratio:.3f}x ({pct:.1f}% {word} in one block) -> inconclusive: one launch per arm cannot "

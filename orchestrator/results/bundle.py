@@ -180,7 +180,8 @@ def prompt_set(config: dict[str, Any]) -> dict[str, Any]:
     recorded = config.get("requests_sha256")
     bench = config.get("bench") or {}
     source = str(bench.get("prompts", "builtin"))
-    if source in ("builtin", "random", *datasets.SHIPPED):  # a shipped dataset is checked by its sha256 at use
+    # Generated (builtin, random, shared-prefix:...) from the config; a shipped dataset is checked by its sha256 at use.
+    if prompts.generated(source) or source in datasets.SHIPPED:
         generated = {"source": source, "generated": True, "requests_sha256": recorded}
         return generated | ({"trace": trace_set(bench)} if bench.get("trace") else {})
     # A bundled set (--prompts lookup-friendly) travels as its items too: the receiver's orch may ship other ones.

@@ -1,8 +1,9 @@
-"""Prefix-cache attestation: each arm's prefix-cache hit rate from its runs, and the warning when arms differ."""
+"""Prefix-cache attestation: each arm's prefix-cache hit rate from its runs, and the gap that holds back a verdict."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.results.run import Level, RunResult, level_name
@@ -10,10 +11,65 @@ from orchestrator.results.run import Level, RunResult, level_name
 if TYPE_CHECKING:
     from orchestrator.results.model import ABResult, ArmResult
 
-# Arms whose hit rates differ by more than this many percentage points (absolute) are flagged. A fixed margin, not a
-# statistical test: the rate is pooled over runs and a few points move with a handful of repeated prompts, while
-# vLLM issue 52884 saw +86 % throughput from a cache left warm; a gap of 5 points is already a different workload.
+# A comparison whose two arms' hit rates differ by more than this many percentage points (absolute) has no verdict
+# unless the cache is part of what is measured (--cache-measured). A fixed margin, not a statistical test: the rate is
+# pooled over runs and a few points move with a handful of repeated prompts, while vLLM issue 52884 saw +86 %
+# throughput from a cache left warm; a gap of 5 points is already a different workload.
 CACHE_GAP_POINTS = 5.0
+
+
+@dataclass(frozen=True)
+class CacheGap:
+    """Two compared arms' prefix-cache hit rates at one level, more than CACHE_GAP_POINTS apart. Unless `measured`
+    (--cache-measured: the cache is part of what is compared), the comparison's verdict is held back: inconclusive,
+    whatever its CI says, since the cache, not the arm's setting, may make the difference."""
+
+    vs_label: str
+    arm_label: str
+    vs_rate: float
+    arm_rate: float
+    measured: bool = False
+
+    @property
+    def points(self) -> float:
+        return 100 * abs(self.arm_rate - self.vs_rate)
+
+    @property
+    def rates(self) -> str:
+        return f"{self.vs_label} {100 * self.vs_rate:.0f} %, {self.arm_label} {100 * self.arm_rate:.0f} %"
+
+    @property
+    def reason(self) -> str:
+        return f"prefix-cache hit rates differ ({self.rates})"
+
+    @property
+    def advice(self) -> str:
+        """What would give the comparison a verdict (more blocks would not: the gap is the workload's, not noise)."""
+        return (
+            "more blocks would not close it: run with --flush-cache (every timed run from an empty cache), or give "
+            "--cache-measured if the cache is part of what is compared"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "vs_hit_rate": self.vs_rate,
+            "arm_hit_rate": self.arm_rate,
+            "points": self.points,
+            "threshold_points": CACHE_GAP_POINTS,
+            "measured": self.measured,
+        }
+
+
+def cache_gap(base: ArmResult, arm: ArmResult, level: Level, *, measured: bool = False) -> CacheGap | None:
+    """The gap between two arms' hit rates at a level when it exceeds CACHE_GAP_POINTS; None when it does not, or
+    when either server did not say (an unknown rate holds nothing back: "not reported" is shown per arm)."""
+    got = [arm_cache_at(a, level) for a in (base, arm)]
+    rates = [pc.get("hit_rate") if pc else None for pc in got]
+    if rates[0] is None or rates[1] is None:
+        return None
+    if 100 * abs(float(rates[1]) - float(rates[0])) <= CACHE_GAP_POINTS:
+        return None
+    return CacheGap(base.label, arm.label, float(rates[0]), float(rates[1]), measured)
 
 
 def arm_prefix_cache(runs: Sequence[RunResult]) -> dict[str, Any] | None:
@@ -57,19 +113,23 @@ def cache_lines(result: ABResult, level: Level | None = None) -> list[str]:
 
 
 def cache_warnings(result: ABResult) -> list[str]:
-    """Per level: the arms' hit rates when the highest and lowest differ by more than CACHE_GAP_POINTS."""
+    """Per comparison with a cache gap: a verdict held back (the rule), or one kept because --cache-measured."""
     out: list[str] = []
     for level in result.levels:
-        rates = [(arm.label, pc["hit_rate"]) for arm in result.arms if (pc := arm_cache_at(arm, level))]
-        rates = [(label, rate) for label, rate in rates if rate is not None]
-        if len(rates) < 2:
-            continue
-        low, high = min(rates, key=lambda x: x[1]), max(rates, key=lambda x: x[1])
-        if 100 * (high[1] - low[1]) > CACHE_GAP_POINTS:
-            shown = " vs ".join(f"{label} {100 * rate:.1f} %" for label, rate in rates)
+        for c in result.comparisons_at(level):
+            gap = c.cache_gap
+            if gap is None:
+                continue
             at = f" @ {level_name(level)}" if len(result.levels) > 1 else ""
-            out.append(
-                f"a verdict compared arms with different prefix-cache hit rates{at} ({shown}; more than "
-                f"{CACHE_GAP_POINTS:.0f} points apart): the cache, not speculation, may explain part of the difference"
-            )
+            if gap.measured:
+                out.append(
+                    f"{gap.arm_label} vs {gap.vs_label}{at}: {gap.reason}, more than {CACHE_GAP_POINTS:.0f} points "
+                    "apart; the verdict stands because the cache is part of what is measured (--cache-measured)"
+                )
+            else:
+                out.append(
+                    f"{gap.arm_label} vs {gap.vs_label}{at}: verdict held back (inconclusive): {gap.reason}, more than "
+                    f"{CACHE_GAP_POINTS:.0f} points apart, so the cache, not the arm's setting, may make the "
+                    f"difference; {gap.advice}"
+                )
     return out

@@ -7,15 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-GENERATED = ("builtin", "random")
+from orchestrator.config import prompts
+
 # How much of a sha256 names a dataset in a message: enough to tell two apart, short enough to read.
 SHOWN_HEX = 16
 
 
 @dataclass(frozen=True)
 class DataSource:
-    """One experiment's data: `generated` (builtin, random: a pure function of the workload's settings, named by
-    itself), a `dataset` (shipped with orch or a file) or a `trace`, each named and identified by its sha256."""
+    """One experiment's data: `generated` (builtin, random, shared-prefix: a pure function of the workload's
+    settings, named by itself), a `dataset` (shipped with orch or a file) or a `trace`, each named and identified
+    by its sha256."""
 
     kind: str  # generated | dataset | trace
     name: str
@@ -53,7 +55,7 @@ def recorded(config: Mapping[str, Any]) -> DataSource | None:
         sha = bench.get("trace_sha256")
         return DataSource("trace", Path(trace).name, sha if isinstance(sha, str) else None, trace)
     source = str(bench.get("prompts") or "builtin")
-    if source in GENERATED:
+    if prompts.generated(source):
         return DataSource("generated", source)
     found = config.get("dataset")
     if isinstance(found, Mapping) and isinstance(found.get("name"), str):

@@ -150,5 +150,6 @@ def load_result(
         sweep=config.get("sweep") if isinstance(config.get("sweep"), dict) else None,
         categories=categories,
         dataset=datasource.recorded(config),
+        cache_measured=bool(config.get("cache_measured")),
     )
     return with_auto_notes(result)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import engines
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS, SLO, Objective
-from orchestrator.results.cache import cache_warnings
+from orchestrator.results.cache import CacheGap, cache_gap, cache_warnings
 from orchestrator.results.datasource import DataSource
 from orchestrator.results.goodput import Attainment, block_values, pooled, run_value
 from orchestrator.results.run import Level, Rate, level_name
@@ -400,6 +400,15 @@ class Comparison:
     sequential: dict[str, Any] | None = None  # --blocks auto: the look this interval belongs to
     metric: str = DEFAULT_METRIC  # what the ratio and the verdict are on (config/slo.METRICS)
     note: str | None = None  # what a reader must know about this comparison's numbers
+    # The arms' prefix-cache hit rates, when more than results/cache.CACHE_GAP_POINTS apart; unless measured
+    # (--cache-measured) the verdict is then "inconclusive" and ci_verdict keeps what the CI alone said.
+    cache_gap: CacheGap | None = None
+    ci_verdict: str | None = None
+
+    @property
+    def held_back(self) -> bool:
+        """Whether a prefix-cache gap between the arms holds back the verdict the CI gave (results/cache)."""
+        return self.cache_gap is not None and not self.cache_gap.measured
 
     @property
     def higher_is_better(self) -> bool:
@@ -410,6 +419,8 @@ class Comparison:
     def advice(self) -> str | None:
         """For an inconclusive comparison, what would decide it, phrased for the question it asks."""
         est = self.estimate
+        if self.held_back and self.cache_gap is not None:
+            return self.cache_gap.advice
         if self.verdict != "inconclusive" or est is None or est.blocks < 2 or self.ratio is None:
             return None
         pct, me = abs(self.ratio - 1) * 100, self.min_effect * 100
@@ -451,6 +462,13 @@ class Comparison:
             "metric": self.metric,
             "higher_is_better": self.higher_is_better,
             **({"note": self.note} if self.note else {}),
+            # Only where the arms' prefix-cache hit rates differ (results/cache): the gap, whether it held the verdict
+            # back ("verdict" is then inconclusive) and what the CI alone said.
+            **(
+                {"cache_gap": self.cache_gap.to_dict(), "held_back": self.held_back, "ci_verdict": self.ci_verdict}
+                if self.cache_gap is not None
+                else {}
+            ),
         }
 
 
@@ -571,6 +589,8 @@ class ABResult:
     # What the requests were drawn from, by name and sha256 (results/datasource): `orch compare` and the nightly
     # history treat a change of it as an environment step. None where it is not known.
     dataset: DataSource | None = None
+    # --cache-measured: arms whose prefix-cache hit rates differ keep their verdicts (results/cache.cache_gap).
+    cache_measured: bool = False
 
     @cached_property
     def arms(self) -> tuple[ArmResult, ...]:
@@ -657,6 +677,16 @@ class ABResult:
                     **names,
                 )
             )
+            gap = cache_gap(base, arm, level, measured=self.cache_measured)
+            if gap is not None:
+                # One rule (results/cache): arms the cache treated differently get no verdict, unless it is measured.
+                kept = out[-1].verdict
+                out[-1] = dataclasses.replace(
+                    out[-1],
+                    cache_gap=gap,
+                    verdict=kept if gap.measured else "inconclusive",
+                    ci_verdict=None if gap.measured else kept,
+                )
         return out
 
     @cached_property
@@ -957,6 +987,8 @@ def why_undecided(c: Comparison) -> str:
     """One undecided comparison: its numbers, what keeps it open, and what would decide it."""
     head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level_name(c.concurrency)}"
     est = c.estimate
+    if c.held_back and c.cache_gap is not None:
+        return f"{head}: {c.cache_gap.reason}; {c.cache_gap.advice}"
     if est is None or c.ratio is None:
         return f"{head}: no block in which both have valid runs"
     if est.blocks < 2:
@@ -981,8 +1013,15 @@ def auto_look(result: ABResult) -> tuple[bool, str]:
     empty = [arm.label for i, arm in enumerate(result.arms) if not has_valid_run(result.launches, i)]
     if empty:
         return True, f"look after block {blocks}: no valid run in {', '.join(empty)}; stopping"
-    open_ = result.undecided()
+    # A verdict held back by a prefix-cache gap (results/cache) is not noise: more blocks would not decide it.
+    open_ = [c for c in result.undecided() if not (c.held_back and c.ci_verdict not in (None, "inconclusive"))]
     if not open_:
+        held = sum(1 for c in result.undecided() if c.held_back)
+        if held:
+            return True, (
+                f"look after block {blocks}: every comparison is decided by its CI, {held} held back by a "
+                "prefix-cache gap that more blocks would not close; stopping (--blocks auto)"
+            )
         return True, f"look after block {blocks}: every comparison is decided; stopping (--blocks auto)"
     if blocks >= plan.max_blocks:
         return True, f"look after block {blocks}: {len(open_)} comparison(s) undecided at the maximum; stopping"

@@ -100,6 +100,7 @@ class Req:
         "max_new_tokens",
         "min_new_tokens",
         "output_ids",
+        "prefix_blocks",
         "prefix_hit",
         "prompt_key",
         "prompt_tokens",
@@ -128,12 +129,14 @@ class Req:
         prompt_key: bytes | None = None,
         prefix_hit: PrefixHit | None = None,
         reply_key: Callable[[str], tuple[bytes, int]] | None = None,
+        prefix_blocks: tuple[bytes, ...] = (),
     ) -> None:
         self.rid = rid or uuid.uuid4().hex
         self.rng: random.Random | None = None  # a user request's own stream of draws (set on submission)
         self.prompt_key = prompt_key  # the simulated prefix cache's key (None: never cached)
         self.prefix_hit = prefix_hit  # ... and the longest shorter prefix held (sim/requests.PrefixHit)
         self.reply_key = reply_key  # the key and tokens of the prompt with its reply (kept when it finishes)
+        self.prefix_blocks = prefix_blocks  # its prefixes block by block (sim/requests.prefix_blocks)
         self.cached_tokens = 0  # prompt tokens the prefix cache supplied (set at prefill)
         self.greedy = greedy  # a temperature-0 request's prompt key: its tokens follow from it (greedy_token)
         self.prompt_tokens = prompt_tokens
@@ -211,7 +214,10 @@ class SimEngine:
         self.prompt_tokens_total = 0
         self.verify_calls_total = 0
         # The simulated prefix cache: whole prompts by digest, least recently used first (0 entries: off).
-        self.prefix_cache: OrderedDict[bytes, int] = OrderedDict()
+        # prompt key -> (prompt tokens, its prefix blocks), least recently used first; and how many cached prompts
+        # hold each block (a block leaves with the last prompt that holds it).
+        self.prefix_cache: OrderedDict[bytes, tuple[int, tuple[bytes, ...]]] = OrderedDict()
+        self.cached_blocks: dict[bytes, int] = {}
         self.prefix_cache_entries = prefix_cache_entries
         self.cached_tokens_total = 0
         # vLLM's spec_decode counters: one draft per request per verify, its tokens, and the accepted ones by
@@ -367,25 +373,59 @@ class SimEngine:
                 self.on_crash(self.user_tokens)
 
     def _cache_lookup(self, req: Req) -> int:
-        """Prompt tokens the prefix cache holds for this request (all but the last, which must be computed to give
-        the first token, as in SGLang), and the prompt stored for the next one; 0 when off or not seen."""
+        """Prompt tokens the prefix cache holds for this request, and the prompt stored for the next one; 0 when off.
+        The same prompt again: all but its last token (which must be computed to give the first token, as in
+        SGLang); another prompt: its leading blocks any cached prompt shares, as that share of its tokens."""
         if self.prefix_cache_entries <= 0 or req.prompt_key is None or req.kind != "user":
             return 0
-        held = self.prefix_cache.get(req.prompt_key)
-        # Else the longest prefix held (a multi-turn session's earlier turn with its reply, a shared system prompt).
-        prefix = None
-        if held is None and req.prefix_hit is not None:
-            prefix = req.prefix_hit(self.prefix_cache.__contains__)
-        self._cache_keep(req.prompt_key, req.prompt_tokens)
-        if held is not None:
-            return max(0, min(held, req.prompt_tokens) - 1)
-        return min(prefix, req.prompt_tokens - 1) if prefix is not None else 0
+        found = self.prefix_cache.pop(req.prompt_key, None)
+        if found is not None:
+            self._uncache(found[1])
+            hit = min(found[0], req.prompt_tokens) - 1
+        else:
+            # Else the leading blocks a cached prompt shares (a shared system prompt), as that share of its tokens,
+            # or the longest prefix held whole at a message or line boundary (a multi-turn session's earlier turn
+            # with its reply), whichever is more.
+            shared = 0
+            for block in req.prefix_blocks:
+                if block not in self.cached_blocks:
+                    break
+                shared += 1
+            hit = req.prompt_tokens * shared // len(req.prefix_blocks) if req.prefix_blocks else 0
+            if req.prefix_hit is not None and (prefix := req.prefix_hit(self.prefix_cache.__contains__)) is not None:
+                hit = max(hit, prefix)
+            hit = min(hit, req.prompt_tokens - 1)
+        self._cache_keep(req.prompt_key, req.prompt_tokens, req.prefix_blocks)
+        return max(0, hit)
 
-    def _cache_keep(self, key: bytes, tokens: int) -> None:
-        self.prefix_cache.pop(key, None)
-        self.prefix_cache[key] = tokens
+    def _cache_keep(self, key: bytes, tokens: int, blocks: tuple[bytes, ...] = ()) -> None:
+        """Hold a prompt (most recently used last), its blocks counted, evicting the least recently used past the
+        knob's number of entries."""
+        old = self.prefix_cache.pop(key, None)
+        if old is not None:
+            self._uncache(old[1])
+        self.prefix_cache[key] = (tokens, blocks)
+        for block in blocks:
+            self.cached_blocks[block] = self.cached_blocks.get(block, 0) + 1
         while len(self.prefix_cache) > self.prefix_cache_entries:
-            self.prefix_cache.popitem(last=False)
+            self._uncache(self.prefix_cache.popitem(last=False)[1][1])
+
+    def _uncache(self, blocks: tuple[bytes, ...]) -> None:
+        for block in blocks:
+            left = self.cached_blocks.get(block, 0) - 1
+            if left > 0:
+                self.cached_blocks[block] = left
+            else:
+                self.cached_blocks.pop(block, None)
+
+    def flush_prefix_cache(self) -> bool:
+        """Empty the prefix cache (SGLang's /flush_cache, vLLM's /reset_prefix_cache); refused (False) while a
+        request runs or waits, as SGLang refuses it."""
+        if any(r.kind == "user" for r in (*self.running, *self.waiting, *self.prefilling)):
+            return False
+        self.prefix_cache.clear()
+        self.cached_blocks.clear()
+        return True
 
     def cache_hit_rate(self) -> float:
         """Lifetime cached / prompt tokens (SGLang's cache_hit_rate gauge)."""

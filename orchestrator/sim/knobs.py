@@ -124,9 +124,12 @@ _KNOB_LIST: tuple[Knob, ...] = (
         int,
         0,
         "prompts kept in a simulated prefix cache (least recently used evicted; 0: off): a repeated prompt prefills "
-        "only its last token and counts the rest as cached_tokens (meta_info, sglang:cached_tokens_total); else the "
-        "longest prefix held at a message (chat) or line (text) boundary is cached, and a chat's reply is kept "
-        "with its conversation once generated (a next turn that sends it back finds it)",
+        "only its last token, a prompt sharing leading 64-character blocks with a cached one skips that share, as "
+        "does the longest prefix held at a message (chat) or line (text) boundary (a chat's reply is kept with its "
+        "conversation once generated: a next turn that sends it back finds it); both count as cached_tokens "
+        "(meta_info, sglang:cached_tokens_total; vLLM mode: vllm:prefix_cache_hits_total of "
+        "vllm:prefix_cache_queries_total); emptied by POST /flush_cache (vLLM mode: /reset_prefix_cache with "
+        "VLLM_SERVER_DEV_MODE=1)",
         0.0,
         1e6,
     ),

@@ -35,6 +35,7 @@ class Body:
     # once the request finishes (as a radix cache keeps generated tokens): a next turn that sends the reply back
     # finds it.
     reply_key: Callable[[str], tuple[bytes, int]] | None = None
+    prefix_blocks: tuple[bytes, ...] = ()  # its prefixes block by block (prefix_blocks): shared prefixes hit too
 
 
 # At most this many line boundaries of a text prompt are looked up as prefixes (the last ones).
@@ -83,6 +84,28 @@ def prompt_key(prompt: Any) -> bytes:
     return hashlib.blake2b(json.dumps(prompt, sort_keys=True, default=str).encode(), digest_size=16).digest()
 
 
+# A block of the simulated prefix cache: this many characters of text (about 16 tokens of the stand-in tokenizer) or
+# token ids, as vLLM and SGLang cache fixed-size pages of a prompt's KV.
+TEXT_BLOCK_CHARS = 64
+ID_BLOCK = 16
+
+
+def prefix_blocks(prompt: Any) -> tuple[bytes, ...]:
+    """One chained digest per whole block of the prompt (text, token ids, or a chat's messages as JSON): two prompts
+    that share their first k blocks share their first k digests, so the cache finds a shared system prompt."""
+    material: Any = prompt if isinstance(prompt, str | list) else json.dumps(prompt, sort_keys=True, default=str)
+    if isinstance(material, list) and not all(isinstance(t, int) for t in material):
+        material = json.dumps(material, sort_keys=True, default=str)  # chat messages
+    size = TEXT_BLOCK_CHARS if isinstance(material, str) else ID_BLOCK
+    out: list[bytes] = []
+    digest = hashlib.blake2b(digest_size=16)
+    for start in range(0, len(material) - size + 1, size):
+        piece = material[start : start + size]
+        digest.update(piece.encode() if isinstance(piece, str) else json.dumps(piece).encode())
+        out.append(digest.copy().digest())
+    return tuple(out)
+
+
 def greedy_key(temperature: Any, prompt: Any) -> bytes | None:
     """A digest of the prompt when the request decodes greedily (temperature 0), else None (sampled tokens)."""
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature != 0:
@@ -123,6 +146,7 @@ def generate_body(body: Any, context_length: int) -> Body:
         greedy=greedy_key(sp.get("temperature"), text if text is not None else input_ids),
         prompt_key=prompt_key(text if text is not None else input_ids),
         prefix_hit=text_prefix_hit(text) if isinstance(text, str) else None,
+        prefix_blocks=prefix_blocks(text if text is not None else input_ids),
     )
 
 
@@ -171,6 +195,7 @@ def openai_body(body: Any, context_length: int, *, chat: bool) -> Body:
         prompt_key=prompt_key(material),
         prefix_hit=prefix_hit(material, chat=chat),
         reply_key=chat_reply_key(material) if chat else None,
+        prefix_blocks=prefix_blocks(material),
     )
 
 

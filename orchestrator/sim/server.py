@@ -484,8 +484,15 @@ class SimServer:
         return req.keep_alive
 
     async def _flush_cache(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        body = b"Cache flushed.\nPlease check backend logs for more details. (simulated: there is no cache)\n"
-        writer.write(response(200, body, "text/plain; charset=utf-8", req.keep_alive))
+        # SGLang's answer (http_server.py): 200, or 400 while any request runs or waits (nothing is flushed then).
+        done = self.engine is not None and self.engine.flush_prefix_cache()
+        if done:
+            logs.log("Cache flushed successfully!")
+        body = (
+            b"Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+            b"requests, the operation will not be performed.)\n"
+        )
+        writer.write(response(200 if done else 400, body, "text/plain; charset=utf-8", req.keep_alive))
         return req.keep_alive
 
     def metrics_text(self) -> str:
@@ -552,6 +559,7 @@ class SimServer:
             prompt_key=b.prompt_key,
             prefix_hit=b.prefix_hit,
             reply_key=b.reply_key,
+            prefix_blocks=b.prefix_blocks,
         )
         if b.stream:
             writer.write(stream_head(keep))

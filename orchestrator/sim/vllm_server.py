@@ -70,6 +70,12 @@ class VllmSimServer(SimServer):
             # Real vLLM serves /server_info only with VLLM_SERVER_DEV_MODE=1; orch's fingerprint reads the
             # simulator's knobs from it, so the simulator always serves it.
             "/server_info": (("GET",), self._server_info),
+            # A dev route, as in vLLM: mounted only with VLLM_SERVER_DEV_MODE=1 (404 otherwise, like any unknown path).
+            **(
+                {"/reset_prefix_cache": (("POST",), self._reset_prefix_cache)}
+                if os.environ.get("VLLM_SERVER_DEV_MODE", "0") == "1"
+                else {}
+            ),
         }
 
     async def run(self) -> int:
@@ -117,6 +123,14 @@ class VllmSimServer(SimServer):
         writer.write(response(200 if ok else 503, b"", None, req.keep_alive))
         return req.keep_alive
 
+    async def _reset_prefix_cache(
+        self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        # vLLM answers 200 with no body once reset; a reset refused while requests run is an error (500 here).
+        done = self.engine is not None and self.engine.flush_prefix_cache()
+        writer.write(response(200 if done else 500, b"", None, req.keep_alive))
+        return req.keep_alive
+
     async def _version(self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         body = {"version": self.knobs.get("version") or VLLM_VERSION, "orch_simulator": True}
         writer.write(json_response(200, body, req.keep_alive))
@@ -155,6 +169,15 @@ class VllmSimServer(SimServer):
             ("generation_tokens", "counter", "Number of generation tokens processed.", "",
              float(e.gen_tokens_total) if live and e else 0.0),
         ]  # fmt: skip
+        if e is not None and e.prefix_cache_entries > 0:
+            # vLLM's prefix-cache counters, in tokens (v1/metrics/loggers.py); exported while the simulated cache is
+            # on (off is like --no-enable-prefix-caching: nothing to attest).
+            rows += [
+                ("prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of queried tokens.",
+                 "", float(e.prompt_tokens_total) if live else 0.0),
+                ("prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens.", "",
+                 float(e.cached_tokens_total) if live else 0.0),
+            ]  # fmt: skip
         if self.cfg.spec is not None:
             rows += [
                 ("spec_decode_num_drafts", "counter", "Number of spec decoding drafts.", "",

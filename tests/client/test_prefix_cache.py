@@ -3,6 +3,7 @@ format, and the warning when arms' hit rates differ by more than results.cache.C
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -10,7 +11,8 @@ import pytest
 from orchestrator.client.metrics import prefix_cache
 from orchestrator.client.request import BadAnswer, Record, count_openai_chunk
 from orchestrator.client.summary import summarize_run
-from orchestrator.report import jsondoc, markdown, text
+from orchestrator.experiment import failon
+from orchestrator.report import html, jsondoc, markdown, text
 from orchestrator.results.cache import arm_prefix_cache, cache_warnings
 from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import RunResult
@@ -92,22 +94,62 @@ def test_an_arms_rate_pools_its_runs() -> None:
     assert arm_prefix_cache([_run(0, None)]) is None
 
 
-def test_arms_with_different_hit_rates_are_warned_about_in_every_format() -> None:
+def test_a_cache_gap_holds_back_the_verdict_in_every_format() -> None:
     result = _result({"baseline": 0.0, "pld": 0.5})
+    (c,) = result.comparisons_at(1)
+    assert c.held_back and c.verdict == "inconclusive" and c.ci_verdict == "no difference"
+    assert c.cache_gap is not None and c.cache_gap.reason == "prefix-cache hit rates differ (baseline 0 %, pld 50 %)"
     (warning,) = cache_warnings(result)
-    assert warning == (
-        "a verdict compared arms with different prefix-cache hit rates (baseline 0.0 % vs pld 50.0 %; more than 5 "
-        "points apart): the cache, not speculation, may explain part of the difference"
+    assert warning.startswith(
+        "pld vs baseline: verdict held back (inconclusive): prefix-cache hit rates differ (baseline 0 %, pld 50 %), "
+        "more than 5 points apart"
     )
     said = text.ab_text(result)
     assert "  pld: prefix cache 50.0 % of prompt tokens (450 of 900, 9 runs; from responses)" in said
+    assert (
+        "-> inconclusive: prefix-cache hit rates differ (baseline 0 %, pld 50 %); the CI alone says no difference"
+        in said
+    )
     assert f"WARNING: {warning}" in said
     md = markdown.ab_markdown(result)
     assert "## Prefix cache" in md and "- baseline: prefix cache 0.0 % of prompt tokens" in md
+    assert "inconclusive: prefix-cache hit rates differ (baseline 0 %, pld 50 %)" in md
+    page = html.ab_html(result)
+    assert "inconclusive: prefix-cache hit rates differ (baseline 0 %, pld 50 %)" in page
+    assert '<section id="prefix-cache"><h2>Prefix cache</h2><ul><li>baseline: prefix cache 0.0 %' in page
     doc = jsondoc.ab_json(result)
     assert doc["arms"][1]["prefix_cache"]["hit_rate"] == 0.5
     assert doc["arms"][1]["by_concurrency"][0]["prefix_cache"]["cached_tokens"] == 450
     assert doc["arms"][1]["runs"][0]["prefix_cache"]["hit_rate"] == 0.5
+    (cmp,) = doc["comparisons"]
+    assert cmp["verdict"] == "inconclusive" and cmp["held_back"] and cmp["ci_verdict"] == "no difference"
+    assert cmp["cache_gap"] == {
+        "vs_hit_rate": 0.0,
+        "arm_hit_rate": 0.5,
+        "points": 50.0,
+        "threshold_points": 5.0,
+        "measured": False,
+    }
+
+
+def test_a_held_back_verdict_exits_4_under_any_fail_on() -> None:
+    result = _result({"baseline": 0.0, "pld": 0.5})
+    for mode in ("slower", "different", "env"):
+        judged = failon.fail_on_verdict(result, [mode])
+        assert judged.exit_code == 4, mode
+        assert any("is inconclusive: prefix-cache hit rates differ" in r for r in judged.reasons), judged.reasons
+    assert failon.fail_on_verdict(_result({"baseline": 0.0, "pld": 0.02}), ["slower"]).exit_code == 0
+
+
+def test_cache_measured_keeps_the_verdict_and_says_the_gap() -> None:
+    result = dataclasses.replace(_result({"baseline": 0.0, "pld": 0.5}), cache_measured=True)
+    (c,) = result.comparisons_at(1)
+    assert not c.held_back and c.verdict == "no difference" and c.ci_verdict is None
+    (warning,) = cache_warnings(result)
+    assert "the verdict stands because the cache is part of what is measured (--cache-measured)" in warning
+    assert "measured as part of the comparison (--cache-measured)" in text.ab_text(result)
+    assert failon.fail_on_verdict(result, ["slower"]).exit_code == 0
+    assert jsondoc.ab_json(result)["comparisons"][0]["cache_gap"]["measured"] is True
 
 
 def test_close_rates_or_silent_servers_give_no_warning_and_no_lines() -> None:

@@ -331,3 +331,14 @@ def test_check_warns_that_allow_node_mismatch_does_nothing_on_one_node(
     del items[0]["allow_node_mismatch"]
     out = run("nightly", str(write_suite(suite_dir, {"items": items})), "--check", cwd=tmp_path)
     assert out.rc == 0 and "no effect" not in out.out, out.text
+
+
+def test_an_items_workload_may_flush_the_prefix_cache_and_generate_shared_prefixes(suite_dir: Path) -> None:
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    data["items"][0]["workload"] = {"flush_cache": True, "prompts": "shared-prefix:2x4:64:8"}
+    ab, bench = suite_mod.load(write_suite(suite_dir, data)).items
+    assert ab.bench.flush_cache and ab.bench.prompts == "shared-prefix:2x4:64:8"  # generated: not a path
+    assert not bench.bench.flush_cache
+    data["items"][0]["workload"] = {"flush_cache": "yes"}
+    with pytest.raises(SuiteError, match="flush_cache"):
+        suite_mod.load(write_suite(suite_dir, data))

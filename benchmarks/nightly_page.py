@@ -39,8 +39,11 @@ def items(n: int) -> list[tuple[Item, list[str]]]:
     out = []
     for k in range(n):
         ab = k < 2
-        metrics = (Metric("tok_s", None, 0.03), Metric("accept_length", None, 0.03)) if ab else (
-            Metric("tok_s", None, 0.02), Metric("agg_tok_s", 32, 0.03))  # fmt: skip
+        metrics = (
+            (Metric("tok_s", None, 0.03), Metric("accept_length", None, 0.03))
+            if ab
+            else (Metric("tok_s", None, 0.02), Metric("agg_tok_s", 32, 0.03))
+        )
         item = Item(f"item-{k}", (), "gpu-box", True, BenchConfig(), 3 if ab else 1, "random", metrics, 0.03, 3600.0)
         out.append((item, ["baseline", "eagle3"] if ab else ["baseline"]))
     return out
@@ -57,9 +60,17 @@ def fill(store: Store, nights: int, n_items: int, seed: int = 1) -> None:
         for k, (item, arms) in enumerate(items(n_items)):
             envs = {arm: {"engine version": version, "GPU model": "NVIDIA H200"} for arm in arms}
             if k == 3 and night == nights - 5:
-                history.record_item(store, night_id, item, status="failed", experiments=(f"e{night}-{k}",),
-                                    error="baseline: server process 1731 exited during startup after 0.5s",
-                                    series=(), envs={}, simulated=True)  # fmt: skip
+                history.record_item(
+                    store,
+                    night_id,
+                    item,
+                    status="failed",
+                    experiments=(f"e{night}-{k}",),
+                    error="baseline: server process 1731 exited during startup after 0.5s",
+                    series=(),
+                    envs={},
+                    simulated=True,
+                )
                 continue
             slow = 0.94 if k == 2 and night >= 2 * nights // 3 else 1.0
             series = []
@@ -67,22 +78,57 @@ def fill(store: Store, nights: int, n_items: int, seed: int = 1) -> None:
             for arm in arms:
                 v = base[arm] * slow * math.exp(rng.gauss(0, 0.01))
                 values[arm] = v
-                ci = (v * 0.99, v * 1.01)
                 env = history.env_key(envs, [arm])
                 for m in item.metrics:
                     if m.name == "accept_length" and arm == "baseline":
                         continue
                     x = {"tok_s": v, "agg_tok_s": v * 20, "accept_length": 2.1 * math.exp(rng.gauss(0, 0.01))}[m.name]
-                    series.append(history.SeriesValue(history.series_name(arm, m.key), arm, m.key, x,
-                                                      x * 0.99, x * 1.01, 3, m.threshold, True, env, (arm,), 5))  # fmt: skip
-                del ci
+                    series.append(
+                        history.SeriesValue(
+                            history.series_name(arm, m.key),
+                            arm,
+                            m.key,
+                            x,
+                            x * 0.99,
+                            x * 1.01,
+                            3,
+                            m.threshold,
+                            True,
+                            env,
+                            (arm,),
+                            5,
+                        )
+                    )
             if len(arms) == 2:
                 r = values["eagle3"] / values["baseline"]
                 env = history.env_key(envs, arms)
-                series.append(history.SeriesValue("eagle3/baseline:tok_s", "eagle3/baseline", "tok_s", r, r * 0.98,
-                                                  r * 1.02, 3, 0.03, True, env, tuple(arms), 5))  # fmt: skip
-            history.record_item(store, night_id, item, status="complete", experiments=(f"e{night}-{k}",), error=None,
-                                series=series, envs=envs, simulated=True)  # fmt: skip
+                series.append(
+                    history.SeriesValue(
+                        "eagle3/baseline:tok_s",
+                        "eagle3/baseline",
+                        "tok_s",
+                        r,
+                        r * 0.98,
+                        r * 1.02,
+                        3,
+                        0.03,
+                        True,
+                        env,
+                        tuple(arms),
+                        5,
+                    )
+                )
+            history.record_item(
+                store,
+                night_id,
+                item,
+                status="complete",
+                experiments=(f"e{night}-{k}",),
+                error=None,
+                series=series,
+                envs=envs,
+                simulated=True,
+            )
         history.finish_night(store, night_id, "complete", 0, {})
 
 

@@ -194,7 +194,7 @@ def _output(
 
 
 @click.command("history", cls=JsonCommand)
-@click.argument("item", required=False)
+@click.argument("item", required=False, metavar="ITEM")
 @click.option("--host", default=None, help="The host it ran on [default: the only one].")
 @click.option(
     "--metric",

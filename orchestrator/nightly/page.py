@@ -110,7 +110,7 @@ def _item(
     names = [s for s in dict.fromkeys(s.series for n in nights for s in n.series) if only is None or s in only]
     shown = [series_history(nights, s, min_history) for s in names]
     reruns = _reruns(store, nights)
-    series = tuple(_series(item, s, nights, reruns) for s in shown)
+    series = tuple(_series(item, host, s, nights, reruns) for s in shown)
     rows = tuple(_night_row(k, nights, shown) for k in range(len(nights)))
     last = rows[-1]
     state, label = last.state, last.label
@@ -167,6 +167,7 @@ def _night_row(k: int, nights: Sequence[history.ItemNight], shown: Sequence[Seri
 
 def _series(
     item: str,
+    host: str,
     s: SeriesHistory,
     nights: Sequence[history.ItemNight],
     reruns: Mapping[str, tuple[dict[str, history.SeriesValue], dict[str, history.SeriesValue]]],
@@ -225,7 +226,7 @@ def _series(
             f"{latest.threshold * 100:g} % threshold: expect false alarms (raise the threshold, or blocks and runs)"
         )
     return model.Series(
-        s.series, anchor("series", item, latest.env_arms[0] if latest.env_arms else "", s.series),
+        s.series, anchor("series", item, host, s.series),
         series_label(latest), metric_label(latest.metric) + (" ratio" if ratio else ""), latest.threshold,
         latest.higher_is_better, tuple(when(n.night_at) for n in nights), tuple(points), tuple(levels), band, changes,
         tuple(env_steps), gaps, tuple(outliers), noise, warning, any(n.simulated for n in nights), ratio,

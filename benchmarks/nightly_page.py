@@ -6,7 +6,8 @@ tok/s and aggregate tok/s @32), 1 % night-to-night noise, an engine upgrade on n
 box for one item from night 20, one failed night of another on night 25. Timed separately: building the page's
 model from the store (nightly/page.build: each series judged night by night, as `orch history` does) and rendering
 it (report/nightly_html.render: one matplotlib SVG per series), each the median of --reps runs in this process after
-one warm-up (matplotlib's first import is not counted). `--smoke`: 5 nights × 2 items, one run, in seconds
+one warm-up (matplotlib's first import is not counted); then the whole command, `orch history --suite NAME --html
+FILE`, in its own process (start-up and imports included). `--smoke`: 5 nights × 2 items, one run, in seconds
 (tests/test_benchmarks_smoke.py). Results are written up in docs/nightly.md.
 """
 
@@ -16,6 +17,7 @@ import argparse
 import math
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +31,7 @@ from orchestrator.nightly.suite import Item, Metric
 from orchestrator.report import nightly_html
 from orchestrator.results.store import Store
 
+REPO = Path(__file__).resolve().parent.parent
 SUITE = "synthetic-nightly"
 DAY = 86400.0
 START = 1795140000.0  # 2026-11-20 02:00 local-ish: only the spacing matters
@@ -165,6 +168,19 @@ def main() -> None:
         build_s, model = timed(build, args.reps)
         render_s, text = timed(lambda: nightly_html.render(model), args.reps)  # type: ignore[arg-type]
         store.close()
+        command = [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "history",
+            "--suite",
+            SUITE,
+            "--db",
+            str(Path(tmp) / "nightly.db"),
+            "--html",
+            str(Path(tmp) / "page.html"),
+        ]
+        whole_s, _ = timed(lambda: subprocess.run(command, check=True, capture_output=True, cwd=REPO), args.reps)
     assert isinstance(text, str)
     n_series = sum(len(i.series) for i in model.items)  # type: ignore[attr-defined]
     if args.out:
@@ -175,7 +191,8 @@ def main() -> None:
     print("|---|---|")
     print(f"| build the model (store → series, levels, steps) | {build_s:.2f} |")
     print(f"| render (one SVG per series) | {render_s:.2f} |")
-    print(f"| **whole page** | **{build_s + render_s:.2f}** |")
+    print(f"| **whole page** (in process) | **{build_s + render_s:.2f}** |")
+    print(f"| `orch history --suite {SUITE} --html page.html` (whole process) | {whole_s:.2f} |")
     print()
     print(f"page size: {len(text) / 1e6:.2f} MB, {text.count('<figure')} figures")
 

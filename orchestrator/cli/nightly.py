@@ -248,6 +248,7 @@ def history_cmd(
 ) -> None:
     """ITEM's trend, one line per night: value, 95% CI, change vs the level before, and what was decided then
     (regression, environment change, building history); change points and outlier nights marked in hindsight.
+
     With --suite NAME, every item of a suite; with --html FILE, the same as one HTML page with plots."""
     ctx = click.get_current_context()
     if item is None and suite_name is None:

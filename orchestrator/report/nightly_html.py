@@ -84,7 +84,7 @@ def _caption(s: Series) -> str:
         parts.append("Nights without a value: " + "; ".join(f"{s.nights[g.x]}: {g.label}" for g in s.gaps))
     if s.outliers:
         parts.append("Outlier nights (did not persist): " + ", ".join(s.nights[x] for x in s.outliers))
-    return ". ".join(parts) + "."
+    return ". ".join(p.rstrip(".") for p in parts) + "."
 
 
 def _series(s: Series) -> str:

@@ -100,8 +100,6 @@ def test_suite_history_page_in_chromium(nights: Path, tmp_path: Path) -> None:
     shot = tmp_path / "history.png"
     chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,1600", out.as_uri())
     assert png_size(shot) == (1200, 1600) and shot.stat().st_size > 30_000
-    if os.environ.get("ORCH_DOC_SAMPLES"):
-        shutil.copy(shot, DOCS_SHOT)  # docs/nightly.md's picture, regenerated on demand
 
 
 def test_one_item_and_nightly_html_out(nights: Path, tmp_path: Path) -> None:
@@ -113,6 +111,12 @@ def test_one_item_and_nightly_html_out(nights: Path, tmp_path: Path) -> None:
     assert list(page.tables["table-items"][1][:1]) == ["baseline-throughput"]
     assert [k for k in page.figures if k.startswith("series-")] == ["series-baseline-throughput-local-baseline_tok_s"]
     assert "report-" not in one.read_text()  # no --with-reports: ids are text
+    # docs/nightly.md's picture: the header table and a series with every mark (regenerated with ORCH_DOC_SAMPLES).
+    shot = tmp_path / "one.png"
+    chromium(tmp_path, f"--screenshot={shot}", "--window-size=1200,1250", one.as_uri())
+    assert png_size(shot) == (1200, 1250) and shot.stat().st_size > 30_000
+    if os.environ.get("ORCH_DOC_SAMPLES"):
+        shutil.copy(shot, DOCS_SHOT)
 
     # The suite's night writes the page after its summary; its date is the night's --now.
     out = tmp_path / "night.html"

@@ -271,20 +271,8 @@ def history_cmd(
         plots.require_matplotlib()  # before reading anything: a missing extra is said first
     store = open_existing(db)
     try:
-        if suite_name is not None:
-            pairs = page_mod.suite_items(store, suite_name, host)
-            if not pairs:
-                suites = page_mod.known_suites(store)
-                hint = (
-                    f"; suites with nights: {', '.join(suites)}" if suites else " (no nightly has run on this database)"
-                )
-                on = f" on host {host!r}" if host is not None else ""
-                raise InputError(f"no nightly history for suite {suite_name!r}{on} in {store.path}{hint}")
-        else:
-            assert item is not None
-            pairs = [(item, _item_host(store, item, host))]
-        loaded = [(i, h, history_mod.item_nights(store, i, h, suite=suite_name)) for i, h in pairs]
-        chosen = {i: _chosen(i, n, metric, arm) for i, _, n in loaded}
+        loaded, chosen = _select(store, item, suite_name, host, metric, arm)
+        pairs = [(i, h) for i, h, _ in loaded]
         if target is not None:
             series = [s for names in chosen.values() for s in names] if metric or arm else None
             page = page_mod.build(store, pairs, suite=suite_name, min_history=min_history, series=series)
@@ -306,7 +294,7 @@ def history_cmd(
         return
     docs, texts = [], []
     for i, h, nights in loaded:
-        names = chosen[i]
+        names = chosen[i, h]
         if not names:
             # Every night failed: what the user needs now is each night's reason.
             docs.append(report_nightly.history_json(i, h, [], nights))
@@ -320,6 +308,36 @@ def history_cmd(
         click.echo(json.dumps(doc, indent=2))
     else:
         click.echo("\n".join(t.rstrip("\n") for t in texts))
+
+
+Selected = list[tuple[str, str, list[history_mod.ItemNight]]]
+
+
+def _select(
+    store: Store, item: str | None, suite: str | None, host: str | None, metric: str | None, arm: str | None
+) -> tuple[Selected, dict[tuple[str, str], list[str]]]:
+    """The items (item, host, its nights) to show and each one's series; of a suite, those with the series asked for."""
+    if suite is not None:
+        pairs = page_mod.suite_items(store, suite, host)
+        if not pairs:
+            suites = page_mod.known_suites(store)
+            hint = f"; suites with nights: {', '.join(suites)}" if suites else " (no nightly has run on this database)"
+            on = f" on host {host!r}" if host is not None else ""
+            raise InputError(f"no nightly history for suite {suite!r}{on} in {store.path}{hint}")
+    else:
+        assert item is not None
+        pairs = [(item, _item_host(store, item, host))]
+    loaded = [(i, h, history_mod.item_nights(store, i, h, suite=suite)) for i, h in pairs]
+    chosen: dict[tuple[str, str], list[str]] = {}
+    refused: list[InputError] = []
+    for i, h, n in loaded:
+        try:
+            chosen[i, h] = _chosen(i, n, metric, arm)
+        except InputError as e:
+            refused.append(e)
+    if refused and (suite is None or not chosen):
+        raise refused[0]
+    return [(i, h, n) for i, h, n in loaded if (i, h) in chosen], chosen
 
 
 def _item_host(store: Store, item: str, host: str | None) -> str:

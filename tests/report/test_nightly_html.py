@@ -241,5 +241,10 @@ def test_history_html_cli(store: Store, tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["history", "--suite", "s", "--db", db]) == 0
     printed = capsys.readouterr().out
     assert "ab on box — base tok/s" in printed and "one on box — base tok/s" in printed
+    # Of a suite, the items that have the series asked for; none: refused, naming what there is.
+    assert main(["history", "--suite", "s", "--db", db, "--arm", "spec/base"]) == 0
+    assert "ab on box — spec/base tok/s ratio" in (printed := capsys.readouterr().out) and "one on box" not in printed
+    assert main(["history", "--suite", "s", "--db", db, "--arm", "nope"]) == 2
+    assert "has no series of arm 'nope'" in capsys.readouterr().err
     assert main(["history", "ab", "--db", db, "--html", "-", "--metric", "tok_s", "--arm", "spec/base"]) == 0
     assert parse(capsys.readouterr().out).figures.keys() == {"series-ab-box-spec_base_tok_s"}

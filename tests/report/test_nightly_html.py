@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from html.parser import HTMLParser
@@ -225,6 +226,8 @@ def test_the_page_says_each_element(store: Store, tmp_path: Path) -> None:
     assert any("FAILED" in x for x in dom.classes["gap"]) and any("0.5.10" in x for x in dom.classes["env-step"])
     nights = dom.tables["nights-item-one-box"]
     assert [r[1] for r in nights[1:4]] == ["TIMED OUT", "FAILED", "building history"]  # newest first
+    attached = dataclasses.replace(model, attached=("ATTACHED: ab on box: measured on running server(s) ...",))
+    assert "banner-attached" in parse(nightly_html.render(attached)).ids
 
 
 def test_history_html_cli(store: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

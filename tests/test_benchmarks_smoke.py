@@ -46,6 +46,12 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     ),
     "aa_real.py": ("real A/A experiments", "| # | ratio | 95% CI | MDE | verdict |", "verdicts:"),
     "aa_study.py": ("--blocks auto", "| restart noise | true effect |", "| blocks | A/A faster or slower"),
+    "nightly_page.py": (
+        "nightly history page: 5 nights × 2 items",
+        "| build the model",
+        "| **whole page** (in process) |",
+        "(whole process)",
+    ),
     "nightly_study.py": ("| threshold | confirmation re-run | false alarms", "| threshold | confirmation re-run |"),
     "paired_study.py": ("| scenario | blocks | true ratio | CI | coverage |", "| paired |", "| unpaired |"),
     "repro_study.py": ("| restart noise | blocks | same: reproduced |",),

@@ -6,6 +6,8 @@ import json
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,6 +17,7 @@ from orchestrator.cli.options import db_option, open_existing, read_files
 from orchestrator.errors import InputError, OrchError
 from orchestrator.nightly import history as history_mod
 from orchestrator.nightly import night
+from orchestrator.nightly import page as page_mod
 from orchestrator.nightly import report as report_nightly
 from orchestrator.nightly import suite as suite_mod
 from orchestrator.nightly.result import NightReport
@@ -82,6 +85,12 @@ def _write(target: files.Output | None, text: str, what: str) -> None:
 )
 @click.option("--markdown-out", type=click.Path(allow_dash=True), help="Also write the Markdown summary to this file.")
 @click.option("--json-out", type=click.Path(allow_dash=True), help="Also write the JSON document to this file.")
+@click.option(
+    "--html-out",
+    type=click.Path(allow_dash=True),
+    help="Also write the suite's history, tonight included, as one self-contained HTML page (plots inline, no "
+    "scripts, no network) to this file: orch history --suite NAME --html FILE.",
+)
 def nightly_cmd(
     suite_file: str,
     db: str | None,
@@ -91,6 +100,7 @@ def nightly_cmd(
     as_json: bool,
     markdown_out: str | None,
     json_out: str | None,
+    html_out: str | None = None,
 ) -> None:
     """Run every item of SUITE.yaml (A/B experiments and single-profile checks), store everything, and judge each
     item tonight (its A/B verdicts) and against its history (change points combined with the item's threshold;
@@ -106,6 +116,11 @@ def nightly_cmd(
     reading = read_files(db, suite_file)
     markdown_to = _target(markdown_out, "--markdown-out", reading)
     json_to = _target(json_out, "--json-out", reading)
+    html_to = _target(html_out, "--html-out", reading)
+    if html_to is not None:
+        from orchestrator.report import plots
+
+        plots.require_matplotlib()  # before the night: a page that cannot be drawn is said now, not at 3 am
     unknown = [name for name in only if name not in {i.name for i in suite.items}]
     if unknown:
         raise InputError(
@@ -143,11 +158,27 @@ def nightly_cmd(
         except (KeyboardInterrupt, night.NightBusyError):
             if runner.last is not None:
                 _output(runner.last, as_json, markdown_to, json_to)
+                _page(html_to, store, suite)
             raise
+        _output(report, as_json, markdown_to, json_to)
+        _page(html_to, store, suite)
     finally:
         store.close()
-    _output(report, as_json, markdown_to, json_to)
     raise SystemExit(report.exit_code)
+
+
+def _page(target: files.Output | None, store: Store, suite: suite_mod.Suite) -> None:
+    """The suite's history page, written after the night's summary: a page that fails is said, the night stands."""
+    if target is None:
+        return
+    try:
+        from orchestrator.report import nightly_html
+
+        pairs = [(item.name, item.host) for item in suite.items]
+        page = page_mod.build(store, pairs, suite=suite.name)
+        _write(target, nightly_html.render(page), "the history page")
+    except OrchError as e:
+        click.echo(f"orch: {e}" if progress.is_terminal(sys.stderr) else stamp(f"orch: {e}"), err=True)
 
 
 def _output(
@@ -163,7 +194,7 @@ def _output(
 
 
 @click.command("history", cls=JsonCommand)
-@click.argument("item")
+@click.argument("item", required=False, metavar="ITEM")
 @click.option("--host", default=None, help="The host it ran on [default: the only one].")
 @click.option(
     "--metric",
@@ -178,43 +209,157 @@ def _output(
     default=None,
     help="Nights an environment needs before a regression can be called [default: the suite's min_history].",
 )
+@click.option(
+    "--suite",
+    "suite_name",
+    default=None,
+    metavar="NAME",
+    help="Every item of this suite (on --host, if given) instead of one ITEM: the suite's name as its nights are "
+    "stored (its `suite:` field).",
+)
+@click.option(
+    "--html",
+    "html_path",
+    default=None,
+    type=click.Path(allow_dash=True),
+    help="Write the history as one self-contained HTML page (plots inline, no scripts, no network) to this file "
+    "instead of printing it: each series' nights with their CIs, levels, change points, environment steps and failed "
+    "nights, and a table of each item's state tonight.",
+)
+@click.option(
+    "--with-reports",
+    is_flag=True,
+    help="With --html: also write each experiment's A/B report (orch report ID --html) beside the page, as "
+    "report-ID.html, and link every experiment id to it.",
+)
 @json_option
 @db_option
 def history_cmd(
-    item: str,
+    item: str | None,
     host: str | None,
     metric: str | None,
     arm: str | None,
     min_history: int | None,
+    suite_name: str | None,
+    html_path: str | None,
+    with_reports: bool,
     as_json: bool,
     db: str | None,
 ) -> None:
     """ITEM's trend, one line per night: value, 95% CI, change vs the level before, and what was decided then
-    (regression, environment change, building history); change points and outlier nights marked in hindsight."""
+    (regression, environment change, building history); change points and outlier nights marked in hindsight.
+
+    With --suite NAME, every item of a suite; with --html FILE, the same as one HTML page with plots."""
+    ctx = click.get_current_context()
+    if item is None and suite_name is None:
+        raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "item"))
+    if item is not None and suite_name is not None:
+        raise click.UsageError("give ITEM or --suite NAME, not both")
+    if with_reports and html_path is None:
+        raise click.UsageError("--with-reports goes with --html FILE (the reports are written beside the page)")
+    if as_json and html_path is not None:
+        raise click.UsageError("--html writes the page; --json prints the history as JSON: give one of them")
+    target = None
+    if html_path is not None:
+        target = files.output_target(html_path, "--html", read_files(db))
+        if with_reports and target.kind != "file":
+            raise InputError(
+                f"--with-reports: the reports are written beside the page, and --html {html_path} is not a file"
+            )
+        from orchestrator.report import plots
+
+        plots.require_matplotlib()  # before reading anything: a missing extra is said first
     store = open_existing(db)
     try:
-        known = history_mod.known_items(store)
-        if item not in known:
-            hint = f"; items with history: {', '.join(known)}" if known else " (no nightly has run on this database)"
-            raise InputError(f"no nightly history for item {item!r} in {store.path}{hint}")
-        hosts = history_mod.item_hosts(store, item)
-        if host is None:
-            if len(hosts) > 1:
-                raise InputError(f"item {item!r} ran on several hosts ({', '.join(hosts)}); pick one with --host")
-            host = hosts[0]
-        elif host not in hosts:
-            raise InputError(f"item {item!r} never ran on host {host!r}; it ran on {', '.join(hosts)}")
-        nights = history_mod.item_nights(store, item, host)
+        loaded, chosen = _select(store, item, suite_name, host, metric, arm)
+        pairs = [(i, h) for i, h, _ in loaded]
+        if target is not None:
+            series = [s for names in chosen.values() for s in names] if metric or arm else None
+            page = page_mod.build(store, pairs, suite=suite_name, min_history=min_history, series=series)
+            reports = _reports(page, target, db, str(store.path)) if with_reports else {}
     finally:
         store.close()
+    if target is not None:
+        from orchestrator.report import nightly_html
+
+        text = nightly_html.render(page_mod.with_reports(page, reports))
+        files.write_output(target, text, "the history page")
+        if not target.to_stdout:
+            n_series = sum(len(i.series) for i in page.items)
+            more = f", {len(reports)} A/B report(s) beside it" if with_reports else ""
+            click.echo(
+                f"wrote {target.path} (nightly history page, {len(page.items)} item(s), {n_series} series{more})",
+                err=True,
+            )
+        return
+    docs, texts = [], []
+    for i, h, nights in loaded:
+        names = chosen[i, h]
+        if not names:
+            # Every night failed: what the user needs now is each night's reason.
+            docs.append(report_nightly.history_json(i, h, [], nights))
+            texts.append(report_nightly.nights_text(i, h, nights))
+            continue
+        shown = [report_nightly.series_history(nights, s, min_history) for s in names]
+        docs.append(report_nightly.history_json(i, h, shown, nights))
+        texts.append(report_nightly.history_text(i, h, shown))
+    if as_json:
+        doc = docs[0] if suite_name is None else {"suite": suite_name, "items": docs}
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        click.echo("\n".join(t.rstrip("\n") for t in texts))
+
+
+Selected = list[tuple[str, str, list[history_mod.ItemNight]]]
+
+
+def _select(
+    store: Store, item: str | None, suite: str | None, host: str | None, metric: str | None, arm: str | None
+) -> tuple[Selected, dict[tuple[str, str], list[str]]]:
+    """The items (item, host, its nights) to show and each one's series; of a suite, those with the series asked for."""
+    if suite is not None:
+        pairs = page_mod.suite_items(store, suite, host)
+        if not pairs:
+            suites = page_mod.known_suites(store)
+            hint = f"; suites with nights: {', '.join(suites)}" if suites else " (no nightly has run on this database)"
+            on = f" on host {host!r}" if host is not None else ""
+            raise InputError(f"no nightly history for suite {suite!r}{on} in {store.path}{hint}")
+    else:
+        assert item is not None
+        pairs = [(item, _item_host(store, item, host))]
+    loaded = [(i, h, history_mod.item_nights(store, i, h, suite=suite)) for i, h in pairs]
+    chosen: dict[tuple[str, str], list[str]] = {}
+    refused: list[InputError] = []
+    for i, h, n in loaded:
+        try:
+            chosen[i, h] = _chosen(i, n, metric, arm)
+        except InputError as e:
+            refused.append(e)
+    if refused and (suite is None or not chosen):
+        raise refused[0]
+    return [(i, h, n) for i, h, n in loaded if (i, h) in chosen], chosen
+
+
+def _item_host(store: Store, item: str, host: str | None) -> str:
+    known = history_mod.known_items(store)
+    if item not in known:
+        hint = f"; items with history: {', '.join(known)}" if known else " (no nightly has run on this database)"
+        raise InputError(f"no nightly history for item {item!r} in {store.path}{hint}")
+    hosts = history_mod.item_hosts(store, item)
+    if host is None:
+        if len(hosts) > 1:
+            raise InputError(f"item {item!r} ran on several hosts ({', '.join(hosts)}); pick one with --host")
+        return hosts[0]
+    if host not in hosts:
+        raise InputError(f"item {item!r} never ran on host {host!r}; it ran on {', '.join(hosts)}")
+    return host
+
+
+def _chosen(item: str, nights: list[history_mod.ItemNight], metric: str | None, arm: str | None) -> list[str]:
+    """The series of an item to show; [] when every night failed and nothing was asked for."""
     names = list(dict.fromkeys(s.series for n in nights for s in n.series))
     if not names and metric is None and arm is None:
-        # Every night failed: what the user needs now is each night's reason.
-        if as_json:
-            click.echo(json.dumps(report_nightly.history_json(item, host, [], nights), indent=2))
-        else:
-            click.echo(report_nightly.nights_text(item, host, nights).rstrip("\n"))
-        return
+        return []
     chosen = [
         s
         for s in names
@@ -227,11 +372,26 @@ def history_cmd(
             + (f" of arm {arm!r}" if arm else "")
             + f"; it has: {', '.join(names) or 'none (every night failed)'}"
         )
-    shown = [report_nightly.series_history(nights, s, min_history) for s in chosen]
-    if as_json:
-        click.echo(json.dumps(report_nightly.history_json(item, host, shown, nights), indent=2))
-    else:
-        click.echo(report_nightly.history_text(item, host, shown).rstrip("\n"))
+    return chosen
+
+
+def _reports(page: Any, target: files.Output, db: str | None, store_path: str) -> dict[str, str]:
+    """Each experiment's A/B report written beside the page (report-ID.html); an experiment without a launch to
+    report (a server that never started) keeps its id unlinked."""
+    from orchestrator.cli.stored import html_report
+
+    where = Path(target.path).resolve().parent
+    out = {}
+    for exp in page_mod.experiments(page):
+        name = f"report-{exp}.html"
+        try:
+            text, _ = html_report(exp, db)
+            files.write_output(files.output_target(where / name, "--with-reports", (store_path,)), text, "a report")
+        except OrchError as e:
+            click.echo(f"orch: no A/B report for {exp}: {e}", err=True)
+            continue
+        out[exp] = name
+    return out
 
 
 def _metric_matches(series: str, metric: str) -> bool:

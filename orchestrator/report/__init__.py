@@ -1,6 +1,7 @@
 """Results rendered, no measuring: one module per format behind `formats.FORMATS` (`text`, `jsondoc`, `csvrows`,
 `markdown`, `html` with its `plots`, `jsonl`), what every format says in `lines` (and in `outputs`: the lossless
-check and accept length per request), and comparisons or a claim's verdict in `compare`.
+check and accept length per request), comparisons or a claim's verdict in `compare`, and the nightly history page
+(`nightly_page` its model as plain data, `nightly_html` its rendering).
 """
 
 __all__ = [
@@ -12,6 +13,8 @@ __all__ = [
     "jsonl",
     "lines",
     "markdown",
+    "nightly_html",
+    "nightly_page",
     "outputs",
     "plots",
     "text",

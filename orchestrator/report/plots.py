@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -13,6 +14,8 @@ from orchestrator.stats.estimates import BreakEven
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+    from orchestrator.report import nightly_page
 
 INSTALL_HINT = (
     "the HTML report draws its plots with matplotlib, which is not installed: pip install 'orch-bench[report]' "
@@ -593,3 +596,158 @@ def accept_histogram(fig_id: str, arms: Sequence[tuple[str, int, Sequence[float]
         ax.legend(loc="upper right", fontsize=8)
 
     return _render(fig_id, (8.0, 3.0), draw)
+
+
+# ---------------------------------------------------------------- the nightly history page
+
+NIGHT_COLORS = {"regression": "#cf222e", "improvement": "#1a7f37", "env": "#8250df", "gap": "#cf222e"}
+
+
+def nightly_series(fig_id: str, s: nightly_page.Series) -> str:
+    """One series over its nights: each night's value with its CI, the detector's levels, the threshold band around
+    the current level, change points (direction and size), environment steps and failed nights, each labelled."""
+
+    def draw(fig: Figure) -> None:
+        ax = fig.subplots()
+        n = len(s.nights)
+        if s.band is not None:
+            first, last, lo, hi = s.band
+            ax.fill_between(
+                [first - 0.4, last + 0.4],
+                lo,
+                hi,
+                color="#8c959f",
+                alpha=0.22,
+                linewidth=0,
+                label=f"threshold ±{s.threshold * 100:g} % around the current level",
+            )
+        for k, level in enumerate(s.levels):
+            name = "level (median between steps)" if k == 0 else "_nolegend_"
+            ax.hlines(
+                level.value, level.first - 0.4, level.last + 0.4, color="black", linewidth=1.4, zorder=4, label=name
+            )
+        shown = [p.value for p in s.points] + [v for lv in s.levels for v in (lv.value,)]
+        if s.band is not None:
+            shown += [s.band[2], s.band[3]]
+        lo_y, hi_y = (min(shown), max(shown)) if shown else (0.0, 1.0)
+        span = max(hi_y - lo_y, abs(hi_y) * 0.02, 1e-9)
+        styles: dict[str, tuple[str, str, str | None]] = {
+            "night": ("o", "C0", "night"),
+            "first": ("o", "C0", None),
+            "rerun": ("D", "C1", "re-run"),
+        }
+        groups: dict[tuple[str, str], list[nightly_page.Point]] = {}
+        for p in s.points:
+            marker = {"above": "^", "below": "v"}.get(p.censored or "", styles.get(p.kind, styles["night"])[0])
+            groups.setdefault((p.kind if p.kind in styles else "night", marker), []).append(p)
+        labelled: set[str] = set()
+        for (kind, marker), points in groups.items():
+            # One artist per kind of point, not per night: a 30-night series draws in a fraction of the time.
+            _, color, label = styles[kind]
+            lows, highs = [], []
+            for p in points:
+                has_ci = p.censored is None and p.lo is not None and p.hi is not None
+                # A CI far beyond the values is cut at the plot's edge (the nights table has the numbers).
+                lows.append(max(p.value - max(p.lo, lo_y - span), 0) if has_ci and p.lo is not None else 0)
+                highs.append(max(min(p.hi, hi_y + span) - p.value, 0) if has_ci and p.hi is not None else 0)
+            ax.errorbar(
+                [p.x for p in points],
+                [p.value for p in points],
+                yerr=[lows, highs],
+                fmt=marker,
+                color=color,
+                markerfacecolor="white" if kind == "rerun" else color,
+                markersize=5,
+                capsize=2,
+                elinewidth=1,
+                zorder=5,
+                label=label if label and label not in labelled else None,
+            )
+            labelled.add(label or "")
+        for x in s.outliers:
+            hit = next((q for q in s.points if round(q.x) == x), None)
+            if hit is not None:
+                ax.scatter([x], [hit.value], s=110, facecolors="none", edgecolors="#9a6700", zorder=6)
+                ax.annotate(
+                    "outlier",
+                    (x, hit.value),
+                    xytext=(0, 8),
+                    textcoords="offset points",
+                    ha="center",
+                    fontsize=7,
+                    color="#9a6700",
+                )
+        for c in s.changes:
+            color = NIGHT_COLORS.get(c.kind, "#57606a")
+            ax.axvline(c.x - 0.5, color=color, linestyle=":", linewidth=1.2, zorder=2)
+            arrow = "▲" if c.change > 0 else "▼"
+            ax.annotate(
+                f"{arrow} {c.kind} {c.change * 100:+.1f} %",
+                (c.x - 0.45, 0.97),
+                xycoords=("data", "axes fraction"),
+                ha="left",
+                va="top",
+                fontsize=7.5,
+                color=color,
+                fontweight="bold",
+                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.8},
+            ).set_in_layout(False)
+        for e in s.env_steps:
+            ax.axvline(e.x - 0.5, color=NIGHT_COLORS["env"], linewidth=1.6, zorder=2)
+            ax.annotate(
+                _wrapped(e.label),
+                (e.x - 0.55, 0.03),
+                xycoords=("data", "axes fraction"),
+                ha="right",
+                va="bottom",
+                rotation=90,
+                fontsize=6.5,
+                color=NIGHT_COLORS["env"],
+                clip_on=True,
+            ).set_in_layout(False)
+        for g in s.gaps:
+            ax.axvspan(g.x - 0.45, g.x + 0.45, color="#ffebe9", zorder=1)
+            ax.annotate(
+                _wrapped(g.label),
+                (g.x, 0.03),
+                xycoords=("data", "axes fraction"),
+                ha="center",
+                va="bottom",
+                rotation=90,
+                fontsize=6.5,
+                color=NIGHT_COLORS["gap"],
+                clip_on=True,
+            ).set_in_layout(False)
+        ax.set_ylim(lo_y - span * 0.6, hi_y + span * 0.6)
+        ax.set_xlim(-0.6, max(n, 1) - 0.4)
+        step = max(1, math.ceil(n / 16))
+        ticks = list(range(0, n, step))
+        ax.set_xticks(ticks, [s.nights[k][5:10] for k in ticks], fontsize=7.5)
+        ax.set_xlabel("night")
+        direction = "higher is better" if s.higher_is_better else "lower is better"
+        ax.set_ylabel(f"{s.unit} ({direction})")
+        ax.grid(axis="x", visible=False)
+        handles, labels = ax.get_legend_handles_labels()
+        if labels:
+            ax.legend(
+                handles,
+                labels,
+                fontsize=7,
+                loc="lower left",
+                ncols=min(len(labels), 4),
+                frameon=False,
+                bbox_to_anchor=(0, 1.0),
+            )
+        if s.simulated:
+            fig.suptitle(SIM_MARK, x=0.995, ha="right", fontsize=8, color="#9a6700", fontweight="bold")
+
+    return _render(fig_id, (9.0, 3.4), draw)
+
+
+def _wrapped(text: str, width: int = 36, lines: int = 2) -> str:
+    """A label drawn along a night's rule: at most `lines` lines that fit the plot's height (the caption and the
+    list under the figure have it whole)."""
+    import textwrap
+
+    out = textwrap.wrap(text, width, max_lines=lines, placeholder=" …")
+    return "\n".join(out)

@@ -194,7 +194,7 @@ def _output(
 
 
 @click.command("history", cls=JsonCommand)
-@click.argument("item", required=False, metavar="ITEM")
+@click.argument("item", required=False, metavar="[ITEM]")
 @click.option("--host", default=None, help="The host it ran on [default: the only one].")
 @click.option(
     "--metric",
@@ -250,9 +250,10 @@ def history_cmd(
     (regression, environment change, building history); change points and outlier nights marked in hindsight.
 
     With --suite NAME, every item of a suite; with --html FILE, the same as one HTML page with plots."""
-    ctx = click.get_current_context()
     if item is None and suite_name is None:
-        raise click.MissingParameter(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "item"))
+        raise click.UsageError(
+            "Missing argument 'ITEM': give an item's name, or --suite NAME for every item of a suite"
+        )
     if item is not None and suite_name is not None:
         raise click.UsageError("give ITEM or --suite NAME, not both")
     if with_reports and html_path is None:

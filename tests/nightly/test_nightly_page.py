@@ -134,4 +134,7 @@ def test_one_item_and_nightly_html_out(nights: Path, tmp_path: Path) -> None:
     for args in (["baseline-throughput", "--with-reports"], ["baseline-throughput", "--suite", SUITE], []):
         done = run("history", *args, "--db", str(db), cwd=tmp_path)
         assert done.rc == 2, done.text
-    assert "Missing argument 'ITEM'" in run("history", "--db", str(db), cwd=tmp_path).err
+    assert (
+        "Missing argument 'ITEM': give an item's name, or --suite NAME"
+        in run("history", "--db", str(db), cwd=tmp_path).err
+    )

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from orchestrator.config.workload import BenchConfig, request_items
@@ -34,24 +36,24 @@ NO_ENERGY_REMOTE_LOCAL_CLIENT = (
 )
 
 
-class Runner(Protocol):
-    """Sends one run's requests (bodies, their max tokens, the concurrency) and returns client.summarize_run's dict.
-    With probe_gpus=True it also reads the GPUs' state during the run (summary["gpus"]; None if the run was too
-    short). `open_loop`, for an open-loop run, is client.runner.run's (the schedule, rate, arrivals, cap; concurrency
-    is then 0); None for closed loop. `flush` ({"method", "path"}: --flush-cache) is sent to the server first, in the
-    same call; when it fails, nothing is sent and the answer is {"cache_flush_failed": ...}."""
+@dataclass(frozen=True)
+class RunCall:
+    """One run asked of a runner: the request bodies, their max tokens, the concurrency (0 for open loop). With
+    `probe_gpus` the runner also reads the GPUs' state during the run (summary["gpus"]; None if the run was too
+    short). `open_loop`, for an open-loop run, is client.runner.run's (the schedule, rate, arrivals, cap); None for
+    closed loop. `flush` ({"method", "path"}: --flush-cache) is sent to the server first, in the same call; when it
+    fails, nothing is sent and the answer is {"cache_flush_failed": ...}."""
 
-    def __call__(
-        self,
-        bodies: list[dict[str, Any]],
-        max_tokens: list[int],
-        concurrency: int,
-        probe_gpus: bool,
-        open_loop: dict[str, Any] | None = None,
-        /,
-        *,
-        flush: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]: ...
+    bodies: list[dict[str, Any]]
+    max_tokens: list[int]
+    concurrency: int
+    probe_gpus: bool
+    open_loop: dict[str, Any] | None = None
+    flush: Mapping[str, Any] | None = None
+
+
+# Sends one run's requests and returns client.summarize_run's dict (the wrappers below add to it).
+Runner = Callable[[RunCall], dict[str, Any]]
 
 
 def host_runner(
@@ -66,37 +68,29 @@ def host_runner(
     `watch` (the launch's recorded processes) is checked there once a second: a run stops the moment one exits.
     With `power`, the agent samples the GPUs' power during every run, in the same call (summary["energy"])."""
 
-    def run(
-        bodies: list[dict[str, Any]],
-        max_tokens: list[int],
-        concurrency: int,
-        probe_gpus: bool,
-        open_loop: dict[str, Any] | None = None,
-        *,
-        flush: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        if open_loop is None:
-            wait = config.request_timeout_s * -(-len(bodies) // concurrency)
+    def run(call: RunCall) -> dict[str, Any]:
+        if call.open_loop is None:
+            wait = config.request_timeout_s * -(-len(call.bodies) // call.concurrency)
         else:
             # The schedule, then the requests a cap holds back, one round of request timeouts per cap's worth.
-            cap = open_loop.get("max_concurrency") or len(bodies)
-            wait = max(open_loop["schedule"], default=0.0) + config.request_timeout_s * -(-len(bodies) // cap)
-        extra: dict[str, Any] = {"open_loop": open_loop} if open_loop is not None else {}
+            cap = call.open_loop.get("max_concurrency") or len(call.bodies)
+            wait = max(call.open_loop["schedule"], default=0.0) + config.request_timeout_s * -(-len(call.bodies) // cap)
+        extra: dict[str, Any] = {"open_loop": call.open_loop} if call.open_loop is not None else {}
         if power:
             extra["power_smi"] = host.config.nvidia_smi
-        if flush is not None:
-            extra["flush"] = dict(flush)
+        if call.flush is not None:
+            extra["flush"] = dict(call.flush)
         result: dict[str, Any] = host.call(
             "bench_run",
             call_timeout=60 + wait + (POWER_CALL_EXTRA_S if power else 0.0),
             address=address,
             port=port,
             endpoint=config.endpoint,
-            bodies=bodies,
-            max_tokens=max_tokens,
-            concurrency=concurrency,
+            bodies=call.bodies,
+            max_tokens=call.max_tokens,
+            concurrency=call.concurrency,
             timeout_s=config.request_timeout_s,
-            gpu_probe=host.config.nvidia_smi if probe_gpus else None,
+            gpu_probe=host.config.nvidia_smi if call.probe_gpus else None,
             stall_s=config.stall_timeout_s,
             first_token_s=config.first_token_timeout_s,
             watch=watch,
@@ -123,21 +117,13 @@ def local_runner(
         raise BenchError(f"cannot benchmark {base_url!r}: expected http://HOST:PORT")
     address, port, gpu_host = parts.hostname, parts.port, host
 
-    def run(
-        bodies: list[dict[str, Any]],
-        max_tokens: list[int],
-        concurrency: int,
-        probe_gpus: bool,
-        open_loop: dict[str, Any] | None = None,
-        *,
-        flush: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    def run(call: RunCall) -> dict[str, Any]:
         from orchestrator.client import runner as client
         from orchestrator.client.cacheflush import flush_cache
 
-        if flush is not None:
+        if call.flush is not None:
             # Before the power sampler and the GPU probe start, as on the host: emptying the cache is no part of it.
-            failed = flush_cache(address, port, flush)
+            failed = flush_cache(address, port, call.flush)
             if failed is not None:
                 return {"cache_flush_failed": failed}
         sampler = None
@@ -152,7 +138,7 @@ def local_runner(
                 raise
         reading: list[dict[str, Any]] = []
         probe = None
-        if probe_gpus and gpu_host is not None:
+        if call.probe_gpus and gpu_host is not None:
             target = gpu_host
 
             def read() -> None:
@@ -177,14 +163,14 @@ def local_runner(
                 address,
                 port,
                 config.endpoint,
-                bodies,
-                max_tokens,
-                concurrency,
+                call.bodies,
+                call.max_tokens,
+                call.concurrency,
                 config.request_timeout_s,
                 stall_s=config.stall_timeout_s,
                 first_token_s=config.first_token_timeout_s,
                 watchdog=watchdog,
-                open_loop=open_loop,
+                open_loop=call.open_loop,
             )
         except BaseException:
             if sampler is not None:
@@ -205,16 +191,8 @@ def local_runner(
 
 
 def _without_energy(runner: Runner, why: str) -> Runner:
-    def run(
-        bodies: list[dict[str, Any]],
-        max_tokens: list[int],
-        concurrency: int,
-        probe_gpus: bool,
-        open_loop: dict[str, Any] | None = None,
-        *,
-        flush: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        result = runner(bodies, max_tokens, concurrency, probe_gpus, open_loop, flush=flush)
+    def run(call: RunCall) -> dict[str, Any]:
+        result = runner(call)
         return {**result, "energy": {"source": "nvidia-smi", "error": why}}
 
     return run
@@ -224,16 +202,8 @@ def with_engine_counters(runner: Runner, engine: Engine) -> Runner:
     """A runner whose runs take their speculative statistics from the engine's own /metrics counters when the
     responses carried none (vLLM reports them only there; SGLang there too without per-request meta_info)."""
 
-    def run(
-        bodies: list[dict[str, Any]],
-        max_tokens: list[int],
-        concurrency: int,
-        probe_gpus: bool,
-        open_loop: dict[str, Any] | None = None,
-        *,
-        flush: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        summary = runner(bodies, max_tokens, concurrency, probe_gpus, open_loop, flush=flush)
+    def run(call: RunCall) -> dict[str, Any]:
+        summary = runner(call)
         if summary.get("spec_accept_length") is None:
             counted = engine.spec_from_counters(summary.get("counter_deltas") or {})
             if counted is not None:
@@ -283,16 +253,8 @@ def runner_for(
     if probe_gpus:
         return counted
 
-    def unprobed(
-        bodies: list[dict[str, Any]],
-        max_tokens: list[int],
-        concurrency: int,
-        probe_gpus: bool,
-        open_loop: dict[str, Any] | None = None,
-        *,
-        flush: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
-        return counted(bodies, max_tokens, concurrency, False, open_loop, flush=flush)
+    def unprobed(call: RunCall) -> dict[str, Any]:
+        return counted(dataclasses.replace(call, probe_gpus=False))
 
     return unprobed
 
@@ -370,7 +332,7 @@ def run_benchmark(
                 concurrency=concurrency,
                 **({"rate": rate} if rate is not None else {}),
             )
-            summary = runner(bodies, lengths, concurrency, probe, open_loop, flush=flush_request)
+            summary = runner(RunCall(bodies, lengths, concurrency, probe, open_loop, flush_request))
             if summary.get("cache_flush_failed"):
                 raise BenchError(flush_refusal(summary["cache_flush_failed"], flushing, f"run {index + 1} at {at}"))
             if summary.get("aborted"):

@@ -25,7 +25,7 @@ from orchestrator.config.workload import BenchConfig, request_items
 from orchestrator.errors import BenchError
 from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.local import LocalHost
-from orchestrator.launch.benchmark import with_engine_counters
+from orchestrator.launch.benchmark import RunCall, with_engine_counters
 from orchestrator.results.store import Store
 from tests.conftest import NAMESPACE
 
@@ -104,8 +104,8 @@ def test_accept_length_comes_from_this_run_and_says_where_from() -> None:
     m = summarize_run(plain, window=0.2, concurrency=1, deltas=deltas, min_duration_s=0)
     # The client passes the deltas on; the engine adapter reads its own counters from them (orch side).
     assert m["spec_accept_length"] is None and m["counter_deltas"] == deltas
-    runner = with_engine_counters(lambda *_, **__: dict(m), engines.get("sglang"))
-    read = runner([], [], 1, False)
+    runner = with_engine_counters(lambda _call: dict(m), engines.get("sglang"))
+    read = runner(RunCall([], [], 1, False))
     assert read["spec_accept_length"] == pytest.approx(2.5) and read["accept_source"].startswith("metrics")
     none = summarize_run(plain, window=0.2, concurrency=1, deltas={}, min_duration_s=0)
     assert none["spec_accept_length"] is None and none["accept_source"] is None

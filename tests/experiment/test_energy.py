@@ -166,7 +166,7 @@ def test_where_no_call_carries_the_run_the_energy_says_why(tmp_path: Path, monke
 
         def energy(host: _Host, cfg: BenchConfig = config) -> Any:
             runner = benchmark.runner_for(host, "127.0.0.1", srv.port, url, cfg, get("sglang"))  # type: ignore[arg-type]
-            return runner([{"text": "x"}], [8], 1, False)["energy"]
+            return runner(benchmark.RunCall([{"text": "x"}], [8], 1, False))["energy"]
 
         assert energy(_Host(local=False)) == {"source": "nvidia-smi", "error": benchmark.NO_ENERGY_REMOTE_LOCAL_CLIENT}
         host_client = dataclasses.replace(config, client="host")

@@ -21,7 +21,7 @@ from orchestrator.client.summary import summarize_run
 from orchestrator.config.workload import BenchConfig
 from orchestrator.engines.base import Probe
 from orchestrator.errors import BenchError, InputError
-from orchestrator.launch.benchmark import run_benchmark
+from orchestrator.launch.benchmark import RunCall, run_benchmark
 from orchestrator.results.store import Store
 from tests.conftest import FAST_SIM, WriteProfile, free_port
 
@@ -43,16 +43,8 @@ class FakeRunner:
         self.calls: list[tuple[list[dict[str, Any]], Mapping[str, Any] | None]] = []
         self.fail = fail
 
-    def __call__(
-        self,
-        bodies: list[dict[str, Any]],
-        max_tokens: list[int],
-        concurrency: int,
-        probe_gpus: bool,
-        open_loop: dict[str, Any] | None = None,
-        *,
-        flush: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
+    def __call__(self, call: RunCall) -> dict[str, Any]:
+        bodies, flush = call.bodies, call.flush
         self.calls.append((bodies, flush))
         if flush is not None and self.fail is not None:
             return {"cache_flush_failed": self.fail}
@@ -61,7 +53,7 @@ class FakeRunner:
             r = Record(i, 0.0, 2, first=0.1, end=1.5, tokens=2, prompt_tokens=10, cached_tokens=0)
             r.arrivals = [(0.1, 1), (1.5, 1)]
             records.append(r)
-        return summarize_run(records, 1.5, concurrency, {}, 0.0)
+        return summarize_run(records, 1.5, call.concurrency, {}, 0.0)
 
 
 def test_timed_runs_are_flushed_and_warmups_are_not() -> None:

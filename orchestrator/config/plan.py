@@ -115,8 +115,9 @@ class Plan:
             )
         if self.prompt_token_ids_per_launch > MAX_PROMPT_TOKEN_IDS:
             return (
-                f"{self.prompt_token_ids_per_launch} random prompt tokens per launch is over the limit of "
-                f"{MAX_PROMPT_TOKEN_IDS}; lower --input-len or the number of requests"
+                f"{self.prompt_token_ids_per_launch} generated prompt token ids per launch is over the limit of "
+                f"{MAX_PROMPT_TOKEN_IDS}; lower --input-len (random) or the lengths in shared-prefix:GxP:S:Q, or the "
+                "number of requests"
             )
         return None
 

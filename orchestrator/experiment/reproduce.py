@@ -263,6 +263,7 @@ def rerun_config(
         metric=recorded.metric,
         strict_env=bool(config.get("strict_env")),
         allow_mixed=bool(config.get("allow_mixed")),
+        cache_measured=recorded.cache_measured,
     )
 
 

@@ -90,3 +90,11 @@ def test_on_the_simulator_the_shared_system_prompts_come_from_the_cache(
     assert arm["prefix_cache"]["run_hit_rates"] == [pytest.approx(6 * 512 / (8 * 544), abs=0.02)] * 2
     (level,) = doc["by_category"]
     assert level["categories"] == ["group-1", "group-2"]
+
+
+def test_too_many_generated_prompt_ids_names_the_shared_prefix_lengths() -> None:
+    big = "shared-prefix:4x8:8000:64"
+    bench = BenchConfig(runs=10, warmup=0, concurrency=(32,), requests_per_stream=8, prompts=big)
+    refusal = plan.plan(bench, [], blocks=1, calibrated=False).refusal()
+    assert refusal is not None and "generated prompt token ids per launch" in refusal, refusal
+    assert "shared-prefix:GxP:S:Q" in refusal, refusal

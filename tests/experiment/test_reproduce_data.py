@@ -3,6 +3,7 @@ the receiver points at checked by sha256, and other data refused naming both. Co
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -279,3 +280,12 @@ def test_bundles_of_a_shipped_dataset_a_file_and_a_trace_reproduce_here(
     )
     assert "-> d.csv (sha256 " in change
     assert_nothing_left()
+
+
+def test_a_reproduction_keeps_the_recorded_cache_measured(tmp_path: Path) -> None:
+    """An experiment run with --cache-measured kept its verdicts over a cache gap; its reproduction judges the same."""
+    bundle = make_bundle(BenchConfig(runs=1, warmup=0, concurrency=(1,)))
+    for measured in (False, True):
+        was = dataclasses.replace(recorded(), cache_measured=measured)
+        config = reproduce.rerun_config(bundle, was, ABConfig(), tmp_path / "receiver", None)
+        assert config.cache_measured is measured

@@ -48,10 +48,17 @@ def check_use(profiles: Sequence[ServerProfile], endpoint: str, *, simulate: boo
     keep a run from its predecessors' prefix cache (--flush-cache)."""
     for p in profiles:
         engine = get(p.engine)
-        if flush_cache and engine.cache_flush is None:
+        flush = engine.cache_flush if flush_cache else None
+        if flush_cache and flush is None:
             raise InputError(
                 f"{p.source}: engine {engine.name} has no way for orch to empty its prefix cache; drop --flush-cache"
             )
+        # Where the engine serves its flush only when started with a variable, a launched server without it is
+        # refused now (an attached one is the user's: its 404 says the same on the first timed run).
+        if flush is not None and flush.needs_env is not None and p.attach is None:
+            name, value = flush.needs_env
+            if dict(p.env).get(name) != value:
+                raise InputError(f"{p.source}: --flush-cache: its env does not set {name}={value}; {flush.enable}")
         if endpoint not in engine.endpoints:
             raise InputError(
                 f"{p.source}: engine {engine.name} does not serve the {endpoint!r} endpoint; use --endpoint "

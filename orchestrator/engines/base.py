@@ -54,6 +54,8 @@ class ServerProfile(Protocol):
     def server_args(self) -> tuple[str, ...]: ...
     @property
     def attach(self) -> str | None: ...
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]: ...
 
 
 # Top-level profile fields only some engines take; every engine takes the rest (model_path, host, port, env...).
@@ -109,6 +111,9 @@ class CacheFlush:
     body: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     # What the flush does, in the words a report or an error uses.
     means: str = ""
+    # A variable (name, value) a launched server needs in its env for `request` to be served: checked before any
+    # launch, so a profile without it is refused then rather than after a launch's load and warmups.
+    needs_env: tuple[str, str] | None = None
 
 
 class Engine(ABC):

@@ -76,6 +76,7 @@ class VLLM(Engine):
         enable="vLLM serves POST /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1 in its environment: add "
         '`VLLM_SERVER_DEV_MODE: "1"` to the profile\'s env (for an attached server, start it so)',
         means="POST /reset_prefix_cache before each timed run",
+        needs_env=("VLLM_SERVER_DEV_MODE", "1"),
     )
 
     def ready_probe(self, profile: ServerProfile) -> Probe:

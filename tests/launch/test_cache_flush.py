@@ -103,6 +103,27 @@ def test_an_engine_without_a_flush_is_refused_before_anything_starts() -> None:
         engines._REGISTRY.pop("nocache")
 
 
+def test_a_vllm_profile_without_dev_mode_is_refused_before_anything_starts() -> None:
+    """vLLM serves /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1: a launch without it would load, warm up
+    and then fail its first timed run, so the profile is refused first; an attached server is the user's to start."""
+
+    class Profile:
+        source, engine, attach = "v.yaml", "vllm", None
+        env: tuple[tuple[str, str], ...] = ()
+
+    bare = Profile()
+    with pytest.raises(InputError) as caught:
+        engines.check_use([bare], "completions", simulate=True, flush_cache=True)  # type: ignore[list-item]
+    assert str(caught.value).startswith("v.yaml: --flush-cache: its env does not set VLLM_SERVER_DEV_MODE=1; ")
+    engines.check_use([bare], "completions", simulate=True)  # type: ignore[list-item]
+    dev = Profile()
+    dev.env = (("VLLM_SERVER_DEV_MODE", "1"),)
+    engines.check_use([dev], "completions", simulate=True, flush_cache=True)  # type: ignore[list-item]
+    attached = Profile()
+    attached.attach = "http://127.0.0.1:8000"
+    engines.check_use([attached], "completions", simulate=True, flush_cache=True)  # type: ignore[list-item]
+
+
 @contextmanager
 def answering(statuses: list[int]) -> Iterator[tuple[int, list[str]]]:
     """A server answering each POST with the next status (the last one repeated); yields its port and the paths."""

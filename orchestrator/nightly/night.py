@@ -357,6 +357,7 @@ class NightRunner:
             min_effect=item.threshold,
             port=item.port,
             slo=item.slo,
+            cache_measured=item.cache_measured,
         )
         prefix = f"[{item.name}] "
         self._allocation = None

@@ -17,6 +17,7 @@ from orchestrator.config import limits
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.profile import Profile
 from orchestrator.config.prompts import BUNDLED_SETS, generated
+from orchestrator.config.sessions import MAX_TURNS
 from orchestrator.config.slo import EXAMPLE as SLO_EXAMPLE
 from orchestrator.config.slo import SLO, parse_slo
 from orchestrator.config.workload import CLIENT_PLACES, DEFAULT_DURATION_S, BenchConfig, request_items
@@ -102,6 +103,7 @@ class Item:
     gpu_wait_s: float = 120.0
     port: int | None = None  # every launched arm serves here, not on its profile's port (a shared box)
     slo: SLO | None = None  # what the goodput metric counts against (stored with each night's experiment)
+    cache_measured: bool = False  # as orch ab --cache-measured: a prefix-cache gap between arms keeps the verdict
 
     @property
     def kind(self) -> str:
@@ -296,6 +298,8 @@ WORKLOAD_FIELDS: dict[str, Callable[[Any], Any]] = {
     "max_concurrency": int_range(*limits.OPEN_LOOP_INTS["max_concurrency"]),
     # As orch ab --flush-cache: the prefix cache emptied before every timed run (part of the workload).
     "flush_cache": boolean,
+    # As orch ab --turns: a dataset's conversations as multi-turn sessions of this many turns (closed loop only).
+    "turns": int_range(2, MAX_TURNS),
 }
 ITEM_FIELDS: dict[str, Callable[[Any], Any]] = {
     "name": nonempty_str,
@@ -317,6 +321,7 @@ ITEM_FIELDS: dict[str, Callable[[Any], Any]] = {
     "port": int_range(1, 65535),
     "workload": lambda v: v,
     "slo": lambda v: _slo(v),
+    "cache_measured": boolean,
 }
 TOP_FIELDS: dict[str, Callable[[Any], Any]] = {
     "suite": nonempty_str,
@@ -420,6 +425,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         requests_per_level=workload.get("requests"),
         max_concurrency=workload.get("max_concurrency"),
         flush_cache=workload.get("flush_cache", False),
+        turns=workload.get("turns"),
     )
     blocks = fields.get("blocks", 3 if len(profiles) > 1 else 1)
     try:
@@ -462,6 +468,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
         gpu_wait_s=fields.get("gpu_wait", 120.0),
         port=fields.get("port"),
         slo=fields.get("slo"),
+        cache_measured=fields.get("cache_measured", False),
     )
 
 
@@ -469,7 +476,14 @@ OPEN_LOOP_ONLY = ("arrivals", "duration", "requests", "max_concurrency")
 
 
 def _check_loop(workload: Mapping[str, Any], where: str) -> None:
-    """Rate levels (open loop) exclude concurrency levels (closed loop), as --rate excludes --concurrency."""
+    """Rate levels (open loop) exclude concurrency levels (closed loop), as --rate excludes --concurrency; turns
+    (multi-turn sessions) need closed loop, as --turns does."""
+    if "turns" in workload and ("rate" in workload or "input_len" in workload):
+        other = "rate" if "rate" in workload else "input_len"
+        raise SuiteError(
+            f"{where}: turns: not with {other}: multi-turn sessions run on closed-loop streams, each turn waiting for "
+            "the reply it feeds back, from a dataset's conversations; leave one out"
+        )
     if "rate" in workload:
         closed = [k for k in ("concurrency", "requests_per_stream") if k in workload]
         if closed:

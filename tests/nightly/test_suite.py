@@ -342,3 +342,22 @@ def test_an_items_workload_may_flush_the_prefix_cache_and_generate_shared_prefix
     data["items"][0]["workload"] = {"flush_cache": "yes"}
     with pytest.raises(SuiteError, match="flush_cache"):
         suite_mod.load(write_suite(suite_dir, data))
+
+
+def test_an_item_may_run_multi_turn_sessions_and_measure_the_cache(suite_dir: Path) -> None:
+    """workload: turns: as --turns (the file beside the suite; closed loop only); cache_measured as --cache-measured."""
+    conv = [{"conversations": [{"from": "human", "value": f"q{k} of {i}"} for k in range(3)]} for i in range(4)]
+    (suite_dir / "conv.json").write_text(json.dumps(conv))
+    data = yaml.safe_load(yaml.safe_dump(GOOD))
+    data["items"][0]["workload"] = {"prompts": "conv.json", "turns": 3}
+    data["items"][0]["cache_measured"] = True
+    ab, bench = suite_mod.load(write_suite(suite_dir, data)).items
+    assert ab.bench.turns == 3 and ab.bench.prompts == str(suite_dir / "conv.json") and ab.cache_measured
+    assert bench.bench.turns is None and not bench.cache_measured
+    for extra, said in (({"rate": [2]}, "turns: not with rate"), ({"input_len": 8}, "turns: not with input_len")):
+        data["items"][0]["workload"] = {"prompts": "conv.json", "turns": 3, **extra}
+        with pytest.raises(SuiteError, match=said):
+            suite_mod.load(write_suite(suite_dir, data))
+    data["items"][0]["workload"] = {"prompts": "conv.json", "turns": 4}
+    with pytest.raises(SuiteError, match="no conversation with 4 user turns"):
+        suite_mod.load(write_suite(suite_dir, data))

@@ -59,13 +59,13 @@ demo: install
 # even on 2 cores: most of the suite waits on servers starting, streaming and stopping (its CPU time is a sixth of its
 # wall time), and every test is hermetic (own ports, homes, namespaces), so they run side by side.
 test: install lint llamacpp
-	$(BIN)/pytest -q -n 4
+	$(BIN)/pytest -q -n 4 --dist loadgroup
 
 # The inner loop: no lint, no llama.cpp build, and none of the tests that start sshd, Slurm, Chromium or llama-server
 # or take over ~20 s (the markers in pyproject.toml).
 FAST := not slow and not ssh and not slurm and not browser and not llamacpp
 test-fast: install
-	$(BIN)/pytest -q -n 4 -m "$(FAST)"
+	$(BIN)/pytest -q -n 4 --dist loadgroup -m "$(FAST)"
 
 # ruff's rules include complexity limits (pyproject.toml; docs/architecture.md#known-debt); mypy is strict.
 lint: install

@@ -4,7 +4,6 @@ orch prints for that suite (numbers aside), and its progress log on stderr carri
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +14,7 @@ import yaml
 
 from tests.conftest import FAST_SIM, free_port
 from tests.faults.support import assert_nothing_left, assert_plain, run
+from tests.nightly.conftest import DOC_NIGHTS, DocHistory
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "nightly.md"
 # The sample nights are this suite on the simulator with a small workload: the same plan, cheaper runs.
@@ -167,19 +167,11 @@ def doc_nights(where: Path, min_history: int, keep: Callable[[str, str], None] =
 
 
 @pytest.mark.slow
-def test_the_docs_sample_outputs_are_what_its_example_suite_prints(tmp_path: Path) -> None:
-    """Three nights of history instead of the suite's five keep it cheap. To regenerate the doc's samples, run it
-    with ORCH_DOC_SAMPLES=DIR: the suite's own min_history, each output written to DIR."""
-    outputs: dict[str, str] = {}
-    regenerate = os.environ.get("ORCH_DOC_SAMPLES")
-
-    def keep(name: str, text: str) -> None:
-        outputs.setdefault(name, text)
-        if regenerate:
-            Path(regenerate).mkdir(parents=True, exist_ok=True)
-            Path(regenerate, name).write_text(text)
-
-    doc_nights(tmp_path, doc_suite()["min_history"] if regenerate else 3, keep)
+@DOC_NIGHTS
+def test_the_docs_sample_outputs_are_what_its_example_suite_prints(doc_history: DocHistory) -> None:
+    """Every sample output docs/nightly.md shows is one the doc's suite printed on its nights (conftest.doc_history,
+    shared with the history page's test)."""
+    outputs = doc_history.outputs
     printed = {shape(x) for text in outputs.values() for x in text.splitlines()}
     samples = [
         x

@@ -12,11 +12,12 @@ import pytest
 
 from orchestrator.cli import main
 from tests.faults.support import run
-from tests.nightly.test_nightly_docs import doc_nights, night
+from tests.nightly.conftest import DOC_NIGHTS, DocHistory
+from tests.nightly.test_nightly_docs import night
 from tests.report.test_nightly_html import Page
 from tests.report.test_report_html import chromium, needs_chromium, png_size
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, needs_chromium]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, needs_chromium, DOC_NIGHTS]
 
 SUITE = "gpu-box-nightly"
 ITEMS = ("eagle3-vs-baseline", "baseline-throughput")
@@ -29,13 +30,11 @@ def dom(tmp_path: Path, page: Path) -> Page:
     return parsed
 
 
-@pytest.fixture(scope="module")
-def nights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The docs' nights (tests/nightly/test_nightly_docs.py), three nights of history: the directory with the suite,
-    its profiles and nightly.db."""
-    where = tmp_path_factory.mktemp("nights")
-    doc_nights(where, 3)
-    return where
+@pytest.fixture
+def nights(doc_history: DocHistory) -> Path:
+    """The docs' nights (tests/nightly/conftest.doc_history, built once for this and the docs' samples test), three
+    nights of history: the directory with the suite, its profiles and nightly.db."""
+    return doc_history.where
 
 
 def test_suite_history_page_in_chromium(nights: Path, tmp_path: Path) -> None:

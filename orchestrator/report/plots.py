@@ -603,6 +603,22 @@ def accept_histogram(fig_id: str, arms: Sequence[tuple[str, int, Sequence[float]
 NIGHT_COLORS = {"regression": "#cf222e", "improvement": "#1a7f37", "env": "#8250df", "gap": "#cf222e"}
 
 
+def _upright_label(ax: Any, x: float, label: str, ha: str, color: str) -> None:
+    """A label written upwards from the bottom of the axes at night x (an environment step's, a gap's reason), kept
+    out of the layout so a long one never squeezes the plot."""
+    ax.annotate(
+        _wrapped(label),
+        (x, 0.03),
+        xycoords=("data", "axes fraction"),
+        ha=ha,
+        va="bottom",
+        rotation=90,
+        fontsize=6.5,
+        color=color,
+        clip_on=True,
+    ).set_in_layout(False)
+
+
 def nightly_series(fig_id: str, s: nightly_page.Series) -> str:
     """One series over its nights: each night's value with its CI, the detector's levels, the threshold band around
     the current level, change points (direction and size), environment steps and failed nights, each labelled."""
@@ -694,30 +710,10 @@ def nightly_series(fig_id: str, s: nightly_page.Series) -> str:
             ).set_in_layout(False)
         for e in s.env_steps:
             ax.axvline(e.x - 0.5, color=NIGHT_COLORS["env"], linewidth=1.6, zorder=2)
-            ax.annotate(
-                _wrapped(e.label),
-                (e.x - 0.55, 0.03),
-                xycoords=("data", "axes fraction"),
-                ha="right",
-                va="bottom",
-                rotation=90,
-                fontsize=6.5,
-                color=NIGHT_COLORS["env"],
-                clip_on=True,
-            ).set_in_layout(False)
+            _upright_label(ax, e.x - 0.55, e.label, "right", NIGHT_COLORS["env"])
         for g in s.gaps:
             ax.axvspan(g.x - 0.45, g.x + 0.45, color="#ffebe9", zorder=1)
-            ax.annotate(
-                _wrapped(g.label),
-                (g.x, 0.03),
-                xycoords=("data", "axes fraction"),
-                ha="center",
-                va="bottom",
-                rotation=90,
-                fontsize=6.5,
-                color=NIGHT_COLORS["gap"],
-                clip_on=True,
-            ).set_in_layout(False)
+            _upright_label(ax, g.x, g.label, "center", NIGHT_COLORS["gap"])
         ax.set_ylim(lo_y - span * 0.6, hi_y + span * 0.6)
         ax.set_xlim(-0.6, max(n, 1) - 0.4)
         step = max(1, math.ceil(n / 16))

@@ -46,8 +46,9 @@ class CacheGap:
     def advice(self) -> str:
         """What would give the comparison a verdict (more blocks would not: the gap is the workload's, not noise)."""
         return (
-            "more blocks would not close it: run with --flush-cache (every timed run from an empty cache), or give "
-            "--cache-measured if the cache is part of what is compared"
+            "more blocks would not close it: run with --flush-cache (every timed run from an empty cache; if it was "
+            "on, the gap is reuse within a run or how the engines count cached tokens: a workload that repeats no "
+            "prompt within a run), or give --cache-measured if the cache is part of what is compared"
         )
 
     def to_dict(self) -> dict[str, Any]:

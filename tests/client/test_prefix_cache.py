@@ -132,12 +132,16 @@ def test_a_cache_gap_holds_back_the_verdict_in_every_format() -> None:
     }
 
 
-def test_a_held_back_verdict_exits_4_under_any_fail_on() -> None:
+def test_a_held_back_verdict_exits_4_under_any_fail_on_that_judges_speed() -> None:
     result = _result({"baseline": 0.0, "pld": 0.5})
-    for mode in ("slower", "different", "env"):
+    for mode in ("slower", "different"):
         judged = failon.fail_on_verdict(result, [mode])
         assert judged.exit_code == 4, mode
         assert any("is inconclusive: prefix-cache hit rates differ" in r for r in judged.reasons), judged.reasons
+    # --fail-on env judges the environment alone: a cache gap is no part of it.
+    env = failon.fail_on_verdict(result, ["env"])
+    assert not any("prefix-cache" in r for r in env.reasons), env.reasons
+    assert failon.fail_on_verdict(result, ["env", "slower"]).exit_code == 4
     assert failon.fail_on_verdict(_result({"baseline": 0.0, "pld": 0.02}), ["slower"]).exit_code == 0
 
 

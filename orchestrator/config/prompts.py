@@ -253,8 +253,9 @@ def file_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
             offset += len(line)
 
 
-def _parse(path: str, n: int, line: bytes) -> PromptItem | None:
-    """One line of a prompt file as a prompt (None for a blank line)."""
+def json_object(path: str, n: int, line: bytes, expected: str) -> dict[str, Any] | None:
+    """Line n of a JSON-lines file as an object (None for a blank line); a PromptFileError naming the file and line
+    otherwise, `expected` saying what the object should hold."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -268,13 +269,27 @@ def _parse(path: str, n: int, line: bytes) -> PromptItem | None:
     except RecursionError:
         raise PromptFileError(f"{path}:{n}: JSON nested too deeply") from None
     if not isinstance(obj, dict):
-        raise PromptFileError(f'{path}:{n}: expected an object with "prompt" or "messages"')
-    category = str(obj.get("category", "file"))
+        raise PromptFileError(f"{path}:{n}: expected an object with {expected}")
+    return obj
+
+
+def output_len_of(path: str, n: int, obj: dict[str, Any]) -> int | None:
+    """A line's `output_len`: a whole number of tokens, 1 or more, or absent."""
     output_len = obj.get("output_len")
     if output_len is not None and (type(output_len) is not int or output_len < 1):
         raise PromptFileError(
             f'{path}:{n}: "output_len" must be a whole number of tokens, 1 or more (got {output_len!r})'
         )
+    return output_len
+
+
+def _parse(path: str, n: int, line: bytes) -> PromptItem | None:
+    """One line of a prompt file as a prompt (None for a blank line)."""
+    obj = json_object(path, n, line, '"prompt" or "messages"')
+    if obj is None:
+        return None
+    category = str(obj.get("category", "file"))
+    output_len = output_len_of(path, n, obj)
     if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
         return PromptItem(category=category, text=obj["prompt"], output_len=output_len)
     if (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,24 +61,11 @@ def _sharegpt(path: str) -> Iterator[Session | None]:
 
 def _jsonl(path: str) -> Iterator[Session | None]:
     for n, _, line in prompts.file_lines(path):
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise PromptFileError(f"{path}:{n}: not UTF-8 text (byte {e.start}); expected JSON lines") from None
-        if not text.strip():
+        obj = prompts.json_object(path, n, line, '"messages" or "prompt"')
+        if obj is None:
             yield None
             continue
-        try:
-            obj = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as e:
-            raise PromptFileError(f"{path}:{n}: not valid JSON ({getattr(e, 'msg', 'nested too deeply')})") from None
-        if not isinstance(obj, dict):
-            raise PromptFileError(f'{path}:{n}: expected an object with "messages" or "prompt"')
-        output_len = obj.get("output_len")
-        if output_len is not None and (type(output_len) is not int or output_len < 1):
-            raise PromptFileError(
-                f'{path}:{n}: "output_len" must be a whole number of tokens, 1 or more (got {output_len!r})'
-            )
+        output_len = prompts.output_len_of(path, n, obj)
         category = str(obj.get("category", "file"))
         if isinstance(obj.get("prompt"), str):
             # A one-turn conversation: a session only under --turns 1, which is not a multi-turn workload.

@@ -556,6 +556,14 @@ def capacity_comparison_line(c: CapacityComparison) -> str:
         if c.censored
         else ""
     )
+    if c.bound is not None:
+        end, words = (c.hi, "below") if c.bound == "upper" else (c.lo, "above")
+        safe = "overstate" if c.bound == "upper" else "understate"
+        return (
+            f"{head}{words} {end:.3f}x (the {c.bound} end of its 95% CI over {c.blocks} blocks; in {c.censored} of "
+            "them a capacity lay outside the levels measured and is counted at the range's edge, which can only "
+            f"{safe} the ratio) -> {c.verdict.upper() if c.verdict else '?'}"
+        )
     if c.ratio is None or c.lo is None or c.hi is None:
         return (
             head + f"not compared: {c.blocks} block(s) where both capacities lie within the levels measured, two "

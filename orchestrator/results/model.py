@@ -18,7 +18,14 @@ from orchestrator.results.cache import CacheGap, cache_gap, cache_warnings
 from orchestrator.results.datasource import DataSource
 from orchestrator.results.goodput import Attainment, block_values, pooled, run_value
 from orchestrator.results.run import Level, Rate, level_name
-from orchestrator.stats.crossover import Crossover, crossover, first_crossing, ratio_interval
+from orchestrator.stats.crossover import (
+    Crossover,
+    bounded_ratio_end,
+    capacity_log_bounds,
+    crossover,
+    first_crossing,
+    ratio_interval,
+)
 from orchestrator.stats.estimates import (
     DEFAULT_MIN_EFFECT,
     ArmSpread,
@@ -533,9 +540,20 @@ class CapacityComparison:
     ratio: float | None
     lo: float | None
     hi: float | None
-    blocks: int  # blocks where both arms' capacities lay within the levels measured
+    blocks: int  # blocks where both arms' capacities lay within the levels measured (with a bound: every block)
     censored: int  # blocks where one of them did not (past the last level, or over the SLO at the first)
     verdict: str | None  # higher | lower | no difference | inconclusive; None: not enough blocks
+    # "upper"/"lower": censored blocks were counted at the range's edge, which bounds the ratio on one side only, so
+    # only that end of the CI is known (ratio None) and it alone decided the verdict
+    bound: str | None = None
+
+    @classmethod
+    def bounded(cls, arm: str, base: str, side: str, end: float, blocks: int, censored: int) -> CapacityComparison:
+        """A verdict from one end of the CI (stats/crossover.bounded_ratio_end) over `blocks` blocks, `censored` of
+        them counted at the range's edge."""
+        verdict = "lower" if side == "upper" else "higher"
+        lo, hi = (None, end) if side == "upper" else (end, None)
+        return cls(arm, base, None, lo, hi, blocks, censored, verdict, side)
 
     @classmethod
     def of(cls, arm: str, base: str, logs: Sequence[float], censored: int, min_effect: float) -> CapacityComparison:
@@ -557,12 +575,19 @@ class CapacityComparison:
             "arm": self.arm,
             "base": self.base,
             "ratio": self.ratio,
-            "ci95": None if self.lo is None else [self.lo, self.hi],
+            "ci95": None if self.lo is None and self.hi is None else [self.lo, self.hi],
             "blocks": self.blocks,
             "censored_blocks": self.censored,
             "verdict": self.verdict,
+            "bound": self.bound,
             "method": "per block: where each launch's margin to the SLO (limit / pNN) falls through 1, linear in "
-            "log(level) and log(margin); geometric mean of the per-block ratios, Student-t CI over those blocks",
+            "log(level) and log(margin); geometric mean of the per-block ratios, Student-t CI over those blocks"
+            + (
+                "; a capacity outside the levels measured is counted at the range's edge, which bounds its block's "
+                f"ratio on one side: ci95 has only its {self.bound} end, and the verdict is on it"
+                if self.bound
+                else ""
+            ),
         }
 
 
@@ -768,7 +793,9 @@ class ABResult:
         """Each arm's highest load within the SLO against the first arm's: per block, where each launch's margin
         curve falls through 1 (stats/crossover.first_crossing), the ratio of the two, and its geometric mean with a
         Student-t CI over the blocks where both crossed within the range measured (the others are counted as
-        censored: past the last level, or over the SLO already at the first)."""
+        censored: past the last level, or over the SLO already at the first). Where blocks are censored, each block's
+        ratio is also bounded with the censored capacity at the range's edge; when one end of the CI over all blocks
+        decides (below 1 or above 1), that end is the answer (`CapacityComparison.bound`)."""
         if len(self.levels) < 2 or len(self.arms) < 2:
             return []
         levels = [float(v) for v in self.levels]
@@ -780,15 +807,26 @@ class ABResult:
         for arm in self.arms[1:]:
             margins = self.slo_margins(arm)
             logs, censored = [], 0
+            lows, highs = [], []  # every block's log ratio as bounds (equal where both crossed within the range)
             for block in sorted(set(base_margins) & set(margins)):
-                (bs, bx), (xs, xx) = first_crossing(levels, base_margins[block]), first_crossing(levels, margins[block])
-                if "missing" in (bs, xs):
+                found = first_crossing(levels, base_margins[block]), first_crossing(levels, margins[block])
+                if "missing" in (found[0][0], found[1][0]):
                     continue
-                if bx is None or xx is None:
+                (b_lo, b_hi), (x_lo, x_hi) = (capacity_log_bounds(levels, f) for f in found)
+                lows.append(x_lo - b_hi)
+                highs.append(x_hi - b_lo)
+                if found[0][1] is None or found[1][1] is None:
                     censored += 1
                     continue
-                logs.append(math.log(xx / bx))
-            out.append(CapacityComparison.of(arm.label, base.label, logs, censored, self.min_effect))
+                logs.append(x_lo - b_lo)
+            decided = None
+            if censored:  # a bound over every block says more than the blocks that crossed alone, when it decides
+                upper, lower = bounded_ratio_end(highs, "upper"), bounded_ratio_end(lows, "lower")
+                if upper is not None and upper < 1:
+                    decided = CapacityComparison.bounded(arm.label, base.label, "upper", upper, len(highs), censored)
+                elif lower is not None and lower > 1:
+                    decided = CapacityComparison.bounded(arm.label, base.label, "lower", lower, len(lows), censored)
+            out.append(decided or CapacityComparison.of(arm.label, base.label, logs, censored, self.min_effect))
         return out
 
     @property

@@ -191,6 +191,31 @@ def first_crossing(levels: Sequence[float], values: Sequence[float | None]) -> t
     return "above", None
 
 
+def capacity_log_bounds(levels: Sequence[float], found: tuple[str, float | None]) -> tuple[float, float]:
+    """What first_crossing's answer says of a capacity, as bounds on its log: equal where it crossed, (log of the
+    last level, +inf) past the range, (-inf, log of the first level) over the objective already at the first."""
+    status, at = found
+    if status == "crosses" and at is not None:
+        return math.log(at), math.log(at)
+    if status == "above":
+        return math.log(levels[-1]), math.inf
+    if status == "below":
+        return -math.inf, math.log(levels[0])
+    raise ValueError(f"no bounds for a capacity that is {status}")
+
+
+def bounded_ratio_end(log_bounds: Sequence[float], side: str) -> float | None:
+    """One end of the 95 % interval of a geometric-mean ratio when some blocks' ratios are known only as bounds (a
+    capacity outside the levels measured, counted at the range's edge): `side` "upper" takes every block's upper
+    bound and gives the interval's upper end, "lower" the lower bounds and the lower end. Each true log ratio lies on
+    the safe side of its bound, so the end is conservative. None when a block has no such bound (infinite) or fewer
+    than two blocks."""
+    if len(log_bounds) < 2 or not all(math.isfinite(v) for v in log_bounds):
+        return None
+    _, lo, hi = ratio_interval(log_bounds)
+    return hi if side == "upper" else lo
+
+
 def ratio_interval(log_ratios: Sequence[float]) -> tuple[float, float, float]:
     """The geometric mean of per-block ratios (given as logs) and its 95 % Student-t interval over the blocks (two
     or more)."""

@@ -142,15 +142,63 @@ def test_the_ab_on_the_highest_load_within_the_slo_gives_a_ratio_with_its_ci_and
     assert doc["verdict"] == "lower" and doc["ci95"][0] < doc["ratio"] < doc["ci95"][1] and doc["censored_blocks"] == 0
 
 
-def test_capacities_outside_the_range_are_censored_and_not_compared() -> None:
+def test_a_capacity_past_the_range_bounds_the_ratio_from_below_and_decides_higher() -> None:
     from orchestrator.report.lines import slo_capacity_lines
 
-    # spec is within the SLO at every level: its capacity is past the last level, so no ratio can be formed
+    # spec is within the SLO at every level: its capacity is past the last level (16), base's is ~8, so each
+    # block's ratio is at least 16 / ~8: only the CI's lower end is known, and it is above 1
     result = _two_arm_slo_result({1: 0.1, 4: 0.25, 16: 1.0}, {1: 0.1, 4: 0.2, 16: 0.3})
     (c,) = result.capacity_comparisons()
-    assert c.ratio is None and c.verdict is None and c.blocks == 0 and c.censored == 4
+    assert c.ratio is None and c.bound == "lower" and c.verdict == "higher" and c.hi is None
+    assert c.blocks == 4 and c.censored == 4 and c.lo is not None and 1.5 < c.lo < 2.0
+    line = slo_capacity_lines(result)[-1]
+    assert f"above {c.lo:.3f}x (the lower end of its 95% CI over 4 blocks; in 4 of them" in line
+    assert "can only understate the ratio) -> HIGHER" in line
+    (doc,) = ab_json(result)["max_within_slo_comparisons"]
+    assert doc["ratio"] is None and doc["ci95"] == [c.lo, None] and doc["bound"] == "lower"
+
+
+def test_a_capacity_past_the_range_of_the_baseline_bounds_the_ratio_from_above_and_decides_lower() -> None:
+    # the mirror: base within the SLO everywhere (past 16), spec out of it from ~3: each ratio is at most ~3 / 16
+    result = _two_arm_slo_result({1: 0.1, 4: 0.2, 16: 0.3}, {1: 0.3, 4: 0.9, 16: 3.0})
+    (c,) = result.capacity_comparisons()
+    assert c.bound == "upper" and c.verdict == "lower" and c.lo is None and c.hi is not None and c.hi < 0.25
+
+
+def test_capacities_both_past_the_range_are_censored_and_not_compared() -> None:
+    from orchestrator.report.lines import slo_capacity_lines
+
+    # both within the SLO at every level: each ratio could be anything, so neither end is bounded
+    result = _two_arm_slo_result({1: 0.1, 4: 0.2, 16: 0.3}, {1: 0.1, 4: 0.2, 16: 0.35})
+    (c,) = result.capacity_comparisons()
+    assert c.ratio is None and c.verdict is None and c.bound is None and c.blocks == 0 and c.censored == 4
     line = slo_capacity_lines(result)[-1]
     assert "not compared: 0 block(s)" in line and "4 block(s) left out" in line
+
+
+def test_without_a_censored_block_the_ratio_is_the_plain_one() -> None:
+    # spec crosses at ~14, base at ~8, in every block: no bound, the ratio and its two-sided CI
+    result = _two_arm_slo_result({1: 0.1, 4: 0.25, 16: 1.0}, {1: 0.1, 4: 0.3, 16: 0.55})
+    (c,) = result.capacity_comparisons()
+    assert c.censored == 0 and c.bound is None and c.verdict == "higher" and c.ratio is not None
+
+
+def test_a_bound_is_given_only_where_every_block_has_one() -> None:
+    from orchestrator.stats.crossover import bounded_ratio_end, capacity_log_bounds
+
+    levels = [1.0, 4.0, 16.0]
+    assert capacity_log_bounds(levels, ("crosses", 8.0)) == (math.log(8), math.log(8))
+    assert capacity_log_bounds(levels, ("above", None)) == (math.log(16), math.inf)
+    assert capacity_log_bounds(levels, ("below", None)) == (-math.inf, 0.0)
+    with pytest.raises(ValueError):
+        capacity_log_bounds(levels, ("missing", None))
+    upper = bounded_ratio_end([math.log(0.3), math.log(0.35), math.log(0.32)], "upper")
+    assert upper is not None and 0.3 < upper < 0.5
+    lower = bounded_ratio_end([math.log(2.0), math.log(2.1)], "lower")
+    assert lower is not None and lower < 2.0
+    # one block whose ratio is unbounded on that side (both capacities past the range): no end can be given
+    assert bounded_ratio_end([math.log(0.3), math.inf, math.log(0.3)], "upper") is None
+    assert bounded_ratio_end([math.log(0.3)], "upper") is None
 
 
 def test_first_crossing_says_which_side_a_curve_stays_on() -> None:

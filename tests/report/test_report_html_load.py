@@ -231,7 +231,11 @@ def test_a_sweep_and_the_ab_on_the_highest_load_within_the_slo_in_chromium(
     assert len(shown) == len(doc["max_within_slo"]) + len(doc["max_within_slo_comparisons"]), shown
     (c,) = doc["max_within_slo_comparisons"]
     (line,) = [t for t in shown if t.startswith("sim-eagle3-fast vs baseline, highest load within the SLO: ")]
-    if c["ratio"] is None:
+    if c["bound"] is not None:
+        end = c["ci95"][1] if c["bound"] == "upper" else c["ci95"][0]
+        word = "below" if c["bound"] == "upper" else "above"
+        assert f"{word} {end:.3f}x (the {c['bound']} end of its 95% CI" in line, (c, line)
+    elif c["ratio"] is None:
         assert f"not compared: {c['blocks']} block(s)" in line, (c, line)
     else:
         assert f"{c['ratio']:.3f}x, 95% CI [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]" in line, (c, line)

@@ -193,7 +193,7 @@ class RunOptions:
             ("duration", "--duration"),
             ("concurrency", "--concurrency"),
             ("requests_per_stream", "--requests-per-stream"),
-            ("prompt_source", "--prompts"),
+            ("prompt_source", "--prompts/--dataset"),
             ("input_len", "--input-len"),
         ):
             if self.gave(name):

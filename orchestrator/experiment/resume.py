@@ -28,7 +28,7 @@ FIXED_OPTIONS = {
     "concurrency": "--concurrency",
     "requests_per_stream": "--requests-per-stream",
     "endpoint": "--endpoint",
-    "prompt_source": "--prompts",
+    "prompt_source": "--prompts/--dataset",
     "input_len": "--input-len",
     "turns": "--turns",
     "client_place": "--client",

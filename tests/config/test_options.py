@@ -52,7 +52,8 @@ def test_every_run_option_has_a_field(command: click.Command) -> None:
 
 
 def test_the_resume_policy_names_the_flags_click_knows() -> None:
-    flags = {p.name: p.opts[0] for p in ab_cmd.params}
+    # every name of the option (the user may have typed either of --prompts/--dataset)
+    flags = {p.name: "/".join(p.opts) for p in ab_cmd.params}
     assert {name: flags[name] for name in resume.FIXED_OPTIONS} == resume.FIXED_OPTIONS
 
 

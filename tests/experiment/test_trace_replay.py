@@ -60,7 +60,8 @@ def test_a_trace_replays_its_schedule_lengths_and_shared_prefixes(capsys: Capsys
     [
         (["--rate", "2"], "--rate excludes it"),
         (["--concurrency", "4"], "--concurrency excludes it"),
-        (["--prompts", "random"], "--prompts excludes it"),
+        (["--prompts", "random"], "--prompts/--dataset excludes it"),
+        (["--dataset", "humaneval"], "--prompts/--dataset excludes it"),
         (["--duration", "5"], "--duration excludes it"),
         (["--speed", "0"], "--speed 0: expected a time scale above 0"),
     ],

@@ -130,6 +130,11 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
+# How far a level's scheduled rate may stray from the offered one before the reports say so: a 30 s run at 1 req/s
+# (the default duration) strays by up to about 15 % from the default seed, a 10 s one by 25-45 %.
+SCHEDULE_STRAY = 0.2
+
+
 @dataclass(frozen=True)
 class RateLevel:
     """One arm at one open-loop level (docs/load.md): medians over its valid timed runs of the rates offered,
@@ -940,6 +945,26 @@ class ABResult:
                         "those of a "
                         + ("client that could not send on time" if rl.limited == "client" else "saturated server")
                     )
+        out += self.schedule_warnings()
+        return out
+
+    def schedule_warnings(self) -> list[str]:
+        """Levels whose seeded schedule's own rate strays from the rate offered by more than SCHEDULE_STRAY: a short
+        run's Poisson (or gamma) draw, the same for every arm, named by the offered rate everywhere."""
+        if not self.arms:
+            return []
+        out = []
+        for level in self.arms[0].levels:
+            rl = self.arms[0].rate_level(level)
+            if rl is None or not rl.scheduled_rate or abs(rl.scheduled_rate / rl.rate - 1) <= SCHEDULE_STRAY:
+                continue
+            per_run = rl.requests / rl.runs if rl.runs else 0
+            out.append(
+                f"@ {level_name(level)} the seeded schedule's own rate was {rl.scheduled_rate:.3g} req/s "
+                f"({rl.scheduled_rate / rl.rate - 1:+.0%}; about {per_run:.0f} requests per run), the same draw for "
+                "every arm: the level, the crossover and the SLO capacities are named by the rate offered; a longer "
+                "--duration (or more --requests) holds a run's draw closer to it"
+            )
         return out
 
     def warnings(self) -> list[str]:

@@ -153,6 +153,19 @@ def test_each_rate_is_a_level_with_its_comparison_and_json_fields(
     assert "baseline @ 16 req/s: achieved " in text and " scheduled (16 offered); TTFT p50 " in text
 
 
+def test_a_level_whose_schedule_strays_from_its_rate_is_said_once(
+    stored: tuple[Path, str, Path], capsys: Capsys
+) -> None:
+    db, exp_id, _ = stored
+    doc = _json(capsys, "show", exp_id, "--db", str(db))
+    # 0.8 s per run from the default seed: 6 requests due at 4 req/s (a draw at ~7.4 req/s), 17 at 16 (~19.6)
+    strays = {lv["rate"]: lv["open_loop"]["scheduled_rate"] / lv["rate"] - 1 for lv in doc["arms"][0]["by_concurrency"]}
+    said = [w for w in doc["warnings"] if "the seeded schedule's own rate" in w]
+    assert strays[4.0] > 0.2 and said[0].startswith("@ 4 req/s the seeded schedule's own rate was ")
+    assert [w.split(" req/s")[0] for w in said] == [f"@ {r:g}" for r, v in strays.items() if abs(v) > 0.2]
+    assert f"({strays[4.0]:+.0%}; about " in said[0] and "a longer --duration" in said[0]
+
+
 def test_every_request_records_when_it_was_due_and_how_late_it_went(
     stored: tuple[Path, str, Path], capsys: Capsys
 ) -> None:

@@ -35,7 +35,7 @@ from orchestrator.report.outputs import accept_lines, outputs_lines
 from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
-from orchestrator.results.run import Level, level_name
+from orchestrator.results.run import Level, level_name, level_phrase
 from orchestrator.results.turns import turn_lines
 
 
@@ -84,10 +84,10 @@ def ab_markdown(result: ABResult) -> str:
         lines += ["", f"## {level_heading(level)}", ""]
         lines += md_table(rows)
         if result.slo is not None:
-            lines += ["", f"### Goodput at concurrency {level}", "", slo_heading(result, level) + ".", ""]
+            lines += ["", f"### Goodput at {level_phrase(level)}", "", slo_heading(result, level) + ".", ""]
             lines += md_table(slo_rows(result, level))
         if heading := metric_heading(result, level):
-            lines += ["", f"### {result.metric} at concurrency {level}", "", heading + ".", ""]
+            lines += ["", f"### {result.metric} at {level_phrase(level)}", "", heading + ".", ""]
             lines += md_table(metric_rows(result, level))
         lines.append("")
         lines += [f"- {line}" for line in rate_lines(result, level)]

@@ -15,6 +15,7 @@ import yaml
 
 from orchestrator.cli import main
 from orchestrator.config.options import RunOptions
+from orchestrator.config.slo import parse_slo
 from orchestrator.experiment import run as experiment
 from orchestrator.results import bundleformat
 from orchestrator.ui.progress import PlainReporter
@@ -112,7 +113,9 @@ def stored(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str
         duration=0.8,
         db=str(db),
         workdir=str(work),
-        given=frozenset({"rate", "duration"}),
+        slo=parse_slo("e2e_p99=30s"),
+        metric="e2e_p99",
+        given=frozenset({"rate", "duration", "slo", "metric"}),
     )
     import io
 
@@ -151,6 +154,16 @@ def test_each_rate_is_a_level_with_its_comparison_and_json_fields(
     assert "tok/s per stream at 4 req/s (open loop" in text and "tok/s per stream at 16 req/s (open loop" in text
     assert "eagle3 vs baseline @ 4 req/s: " in text and "eagle3 vs baseline @ 16 req/s: " in text
     assert "baseline @ 16 req/s: achieved " in text and " scheduled (16 offered); TTFT p50 " in text
+
+
+def test_the_markdown_report_names_rate_levels_in_its_headings(stored: tuple[Path, str, Path], capsys: Capsys) -> None:
+    db, exp_id, _ = stored
+    capsys.readouterr()
+    assert main(["export", exp_id, "--format", "md", "--db", str(db)]) == 0
+    md = capsys.readouterr().out
+    for rate in ("4 req/s", "16 req/s"):
+        assert f"### Goodput at {rate}\n" in md and f"### e2e_p99 at {rate}\n" in md
+    assert "Rate(" not in md and "at concurrency" not in md
 
 
 def test_a_level_whose_schedule_strays_from_its_rate_is_said_once(

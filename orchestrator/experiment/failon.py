@@ -128,9 +128,12 @@ def across_levels_metric(mode: str) -> str | None:
     return BOUNDS.get(mode.partition("=")[0])
 
 
-def levels_refusal(modes: Sequence[str], *, levels: int, arms: int, percentile_slo: bool) -> str | None:
+def levels_refusal(
+    modes: Sequence[str], *, levels: int, arms: int, percentile_slo: bool, blocks: int | None = None
+) -> str | None:
     """Why a bound mode cannot be judged by this experiment, said before anything launches; None if it can. Both
-    need two or more levels; a crossover needs a second arm, the highest load within an SLO an --slo with a
+    need two or more levels and (their CI is over blocks) two or more blocks (`blocks`: a fixed number, None for
+    --blocks auto or unknown); a crossover needs a second arm, the highest load within an SLO an --slo with a
     percentile objective."""
     for mode in modes:
         metric = across_levels_metric(mode)
@@ -145,6 +148,11 @@ def levels_refusal(modes: Sequence[str], *, levels: int, arms: int, percentile_s
             return (
                 f"--fail-on {mode}: a crossover is where an arm's ratio to the first arm crosses 1; it needs two or "
                 "more profiles (orch ab)"
+            )
+        if blocks is not None and blocks < 2:
+            return (
+                f"--fail-on {mode}: its 95% CI is taken over blocks and needs two or more (--blocks 2 or more); this "
+                f"experiment runs {blocks}"
             )
         if metric == "max_rate_slo" and not percentile_slo:
             return (

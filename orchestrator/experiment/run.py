@@ -99,7 +99,10 @@ def start(
     # --fail-on crossover-below=R / max-rate-slo-below=R that this experiment could never judge: refused before launch.
     slo_pct = options.slo is not None and any(o.percentile is not None for o in options.slo.objectives)
     levels = options.sweep if options.sweep is not None else len(options.rate or options.concurrency)
-    refusal = failon.levels_refusal(options.fail_on, levels=levels, arms=len(names), percentile_slo=slo_pct)
+    blocks = options.blocks if isinstance(options.blocks, int) else None
+    refusal = failon.levels_refusal(
+        options.fail_on, levels=levels, arms=len(names), percentile_slo=slo_pct, blocks=blocks
+    )
     if refusal:
         raise OptionError(refusal)
     profiles = [profiles_mod.load(n) for n in names]

@@ -442,7 +442,7 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
     if "goodput" in {m.name for m in metrics} and "slo" not in fields:
         raise SuiteError(f"{label}: metrics: goodput counts requests within an SLO: add slo: (e.g. slo: {SLO_EXAMPLE})")
     fail_on = fields.get("fail_on", ())
-    _check_across_levels(metrics, fail_on, profiles, levels, fields.get("slo"), label)
+    _check_across_levels(metrics, fail_on, profiles, (levels, blocks), fields.get("slo"), label)
     compared = [m for m in fail_on if m in ("slower", "different")]
     if compared and len(profiles) < 2 and any(p.expect is None for p in profiles):
         raise SuiteError(
@@ -508,12 +508,14 @@ def _check_across_levels(
     metrics: tuple[Metric, ...],
     fail_on: tuple[str, ...],
     profiles: tuple[Profile, ...],
-    levels: tuple[Level, ...],
+    design: tuple[tuple[Level, ...], int],
     slo: SLO | None,
     label: str,
 ) -> None:
     """crossover and max_rate_slo (metrics, or fail_on's crossover-below / max-rate-slo-below) need what they are
-    taken from: two or more levels, an A/B for a crossover, an slo with a percentile objective for the other."""
+    taken from: two or more levels and two or more blocks (`design`; their CI is over blocks), an A/B for a
+    crossover, an slo with a percentile objective for the other."""
+    levels, blocks = design
     asked = [(f"metrics: {m.name}", m.name) for m in metrics if m.name in ACROSS_LEVELS] + [
         (f"fail_on: {mode}", failon.across_levels_metric(mode)) for mode in fail_on if failon.across_levels_metric(mode)
     ]
@@ -528,6 +530,11 @@ def _check_across_levels(
             raise SuiteError(
                 f"{label}: {where}: a crossover is where an arm's ratio to the baseline crosses 1; it needs an A/B "
                 "(ab: [BASELINE, OTHER])"
+            )
+        if blocks < 2:
+            raise SuiteError(
+                f"{label}: {where}: its 95% CI is taken over blocks and needs two or more; the item has blocks: "
+                f"{blocks}{' (the default for one profile)' if len(profiles) < 2 else ''}: give blocks: 2 or more"
             )
         if name == "max_rate_slo" and (slo is None or not any(o.percentile is not None for o in slo.objectives)):
             got = f"slo: {slo.text}" if slo is not None else "no slo:"

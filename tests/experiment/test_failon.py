@@ -535,6 +535,14 @@ def test_bounds_this_experiment_could_never_judge_are_refused_before_launch() ->
     assert single is not None and "needs two or more profiles (orch ab)" in single
     no_slo = levels_refusal(["max-rate-slo-below=4"], levels=3, arms=1, percentile_slo=False)
     assert no_slo is not None and "needs --slo with a percentile objective" in no_slo
+    # orch bench runs one block unless told: a CI over blocks could never be had
+    one_block = levels_refusal(["max-rate-slo-below=4"], levels=3, arms=1, percentile_slo=True, blocks=1)
+    assert one_block == (
+        "--fail-on max-rate-slo-below=4: its 95% CI is taken over blocks and needs two or more (--blocks 2 or more); "
+        "this experiment runs 1"
+    )
+    assert levels_refusal(["max-rate-slo-below=4"], levels=3, arms=1, percentile_slo=True, blocks=2) is None
+    assert levels_refusal(["slower"], levels=3, arms=2, percentile_slo=True, blocks=1) is None
 
 
 def test_ab_fail_on_a_bound_without_levels_exits_2_before_anything_launches(
@@ -549,6 +557,9 @@ def test_ab_fail_on_a_bound_without_levels_exits_2_before_anything_launches(
     assert "needs --slo with a percentile objective" in capsys.readouterr().err
     assert main([*args, "--fail-on", "crossover-below=x"]) == 2
     assert "crossover-below=R needs R" in capsys.readouterr().err
+    one = ["bench", "fast", *SHORT, "--rate", "2,4", "--requests", "2", "--slo", "e2e_p99=1s", "--db", str(db)]
+    assert main([*one, "--fail-on", "max-rate-slo-below=1"]) == 2
+    assert "its 95% CI is taken over blocks and needs two or more" in capsys.readouterr().err
     assert not db.exists() or sqlite3.connect(db).execute("SELECT COUNT(*) FROM experiments").fetchone()[0] == 0
 
 

@@ -91,6 +91,11 @@ def test_an_open_loop_item_with_the_metrics_across_levels(suite_dir: Path) -> No
         ({"fail_on": "crossover-below=2", "workload": {"concurrency": [4], "runs": 2}},
          "fail_on: crossover-below=2: needs two or more levels"),
         ({"fail_on": "max-rate-slo-below=2"}, "fail_on: max-rate-slo-below=2: the highest load within an SLO"),
+        ({"metrics": ["max_rate_slo"], "slo": "ttft_p99=1s", "ab": None, "bench": "plain"},
+         "metrics: max_rate_slo: its 95% CI is taken over blocks and needs two or more; the item has blocks: 1 (the "
+         "default for one profile): give blocks: 2 or more"),
+        ({"fail_on": "crossover-below=2", "blocks": 1},
+         "fail_on: crossover-below=2: its 95% CI is taken over blocks and needs two or more; the item has blocks: 1:"),
         ({"fail_on": "crossover-below=fast"}, "fail_on: 'crossover-below=fast': crossover-below=R needs R, a load"),
         ({"fail_on": "faster"}, "fail_on: unknown mode 'faster'; valid: slower, different, env, crossover-below=R"),
     ],

@@ -120,7 +120,7 @@ def parse_fail_on(ctx: click.Context, param: click.Parameter, value: tuple[str, 
 # profile's expect.tok_s.
 FAIL_ON_HELP = {
     "ab": "Set the exit code from the verdict: 3 if MODE fails, 4 if that is undecided (inconclusive, or one block: "
-    "no CI), else 0. Modes: slower (an arm slower than the first on --metric, at any concurrency level), different "
+    "no CI), else 0. Modes: slower (an arm slower than the first on --metric, at any level), different "
     "(slower or faster), env (workers without their profile's env, or launches of one arm whose fingerprints differ "
     "in engine, GPUs, env or profile), crossover-below=R (an arm's crossover with the first arm lies below load R: "
     "its 95% CI wholly below R fails, straddling R is undecided; needs two or more levels), max-rate-slo-below=R (an "

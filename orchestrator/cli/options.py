@@ -205,8 +205,8 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             default=5,
             show_default=True,
             type=click.IntRange(1, 10000),
-            help=f"Timed runs per concurrency level. A launch may send at most {MAX_REQUESTS_PER_LAUNCH:,} requests "
-            f"and {MAX_OUTPUT_TOKENS_PER_LAUNCH:,} output tokens; the plan is printed before anything starts.",
+            help=f"Timed runs per level (concurrency or rate). A launch may send at most {MAX_REQUESTS_PER_LAUNCH:,} "
+            f"requests and {MAX_OUTPUT_TOKENS_PER_LAUNCH:,} output tokens; the plan is printed before anything starts.",
         ),
         click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 1000), help="Warmup runs."),
         click.option(

@@ -109,10 +109,12 @@ def probe(
     probe_config = dataclasses.replace(
         config, bench=bench, blocks=1, auto=None, slo=None, metric=DEFAULT_METRIC, target_tps=None
     )
-    events.line(
-        f"sweep: probing each arm at concurrency 1 and {sweep.concurrency} ({PROBE_RUNS} runs each) for the rates "
-        f"to sweep"
+    at = (
+        f"concurrency 1 and {sweep.concurrency}"
+        if sweep.concurrency > 1
+        else "concurrency 1 (--max-concurrency 1: its rate is also the highest)"
     )
+    events.line(f"sweep: probing each arm at {at} ({PROBE_RUNS} runs each) for the rates to sweep")
     result = ab.run_ab(
         host,
         profiles,

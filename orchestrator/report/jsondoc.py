@@ -19,6 +19,13 @@ if TYPE_CHECKING:
     from orchestrator.config.slo import SLO
     from orchestrator.results.run import RunResult
 
+# The crossover's method applied to each launch's margin to the SLO, not to ratios between arms.
+SLO_CAPACITY_METHOD = (
+    "the crossover's method on each launch's margin to the SLO (limit / pNN of the tightest percentile objective): "
+    "per-block quadratic interpolation of log margins, in log(level) and in the level; Student-t test inversion over "
+    "blocks"
+)
+
 
 def _run_json(run: RunResult, launch: LaunchResult | None = None, slo: SLO | None = None) -> dict[str, Any]:
     got = run_attainment(run, slo) if slo is not None else None
@@ -217,7 +224,8 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "crossovers": [{"arm": arm.profile, "arm_label": arm.label, **x.to_dict()} for arm, x in result.crossovers()],
         # under --slo with a percentile objective: each arm's highest load within it (status "crosses": "at", "ci")
         "max_within_slo": [
-            {"arm": arm.profile, "arm_label": arm.label, **x.to_dict()} for arm, x in result.max_within_slo()
+            {"arm": arm.profile, "arm_label": arm.label, **x.to_dict(), "method": SLO_CAPACITY_METHOD}
+            for arm, x in result.max_within_slo()
         ],
         # the A/B on it: each arm's highest load within the SLO against the first arm's, with its CI and verdict
         "max_within_slo_comparisons": [c.to_dict() for c in result.capacity_comparisons()],

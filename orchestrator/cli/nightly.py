@@ -91,6 +91,12 @@ def _write(target: files.Output | None, text: str, what: str) -> None:
     help="Also write the suite's history, tonight included, as one self-contained HTML page (plots inline, no "
     "scripts, no network) to this file: orch history --suite NAME --html FILE.",
 )
+@click.option(
+    "--with-reports",
+    is_flag=True,
+    help="With --html-out: also write each experiment's A/B report (orch report ID --html) beside the page, as "
+    "report-ID.html, and link every experiment id to it.",
+)
 def nightly_cmd(
     suite_file: str,
     db: str | None,
@@ -101,6 +107,7 @@ def nightly_cmd(
     markdown_out: str | None,
     json_out: str | None,
     html_out: str | None = None,
+    with_reports: bool = False,
 ) -> None:
     """Run every item of SUITE.yaml (A/B experiments and single-profile checks), store everything, and judge each
     item tonight (its A/B verdicts) and against its history (change points combined with the item's threshold;
@@ -117,6 +124,12 @@ def nightly_cmd(
     markdown_to = _target(markdown_out, "--markdown-out", reading)
     json_to = _target(json_out, "--json-out", reading)
     html_to = _target(html_out, "--html-out", reading)
+    if with_reports and html_to is None:
+        raise click.UsageError("--with-reports goes with --html-out FILE (the reports are written beside the page)")
+    if with_reports and html_to is not None and html_to.kind != "file":
+        raise InputError(
+            f"--with-reports: the reports are written beside the page, and --html-out {html_out} is not a file"
+        )
     if html_to is not None:
         from orchestrator.report import plots
 
@@ -158,17 +171,20 @@ def nightly_cmd(
         except (KeyboardInterrupt, night.NightBusyError):
             if runner.last is not None:
                 _output(runner.last, as_json, markdown_to, json_to)
-                _page(html_to, store, suite)
+                _page(html_to, store, suite, with_reports, db)
             raise
         _output(report, as_json, markdown_to, json_to)
-        _page(html_to, store, suite)
+        _page(html_to, store, suite, with_reports, db)
     finally:
         store.close()
     raise SystemExit(report.exit_code)
 
 
-def _page(target: files.Output | None, store: Store, suite: suite_mod.Suite) -> None:
-    """The suite's history page, written after the night's summary: a page that fails is said, the night stands."""
+def _page(
+    target: files.Output | None, store: Store, suite: suite_mod.Suite, with_reports: bool, db: str | None
+) -> None:
+    """The suite's history page, written after the night's summary: a page that fails is said, the night stands.
+    With `with_reports`, each experiment's A/B report (from --db `db`) beside it."""
     if target is None:
         return
     try:
@@ -176,6 +192,8 @@ def _page(target: files.Output | None, store: Store, suite: suite_mod.Suite) -> 
 
         pairs = [(item.name, item.host) for item in suite.items]
         page = page_mod.build(store, pairs, suite=suite.name)
+        if with_reports:
+            page = page_mod.with_reports(page, _reports(page, target, db, str(store.path)))
         _write(target, nightly_html.render(page), "the history page")
     except OrchError as e:
         click.echo(f"orch: {e}" if progress.is_terminal(sys.stderr) else stamp(f"orch: {e}"), err=True)

@@ -118,16 +118,24 @@ def test_one_item_and_nightly_html_out(nights: Path, tmp_path: Path) -> None:
         shutil.copy(shot, DOCS_SHOT)
 
     # The suite's night writes the page after its summary; its date is the night's --now.
-    out = tmp_path / "night.html"
+    (tmp_path / "night").mkdir()
+    out = tmp_path / "night" / "night.html"
     rc, summary, err = night(
-        nights / "nightly.yaml", db, "2026-12-05", "--only", "baseline-throughput", "--html-out", str(out)
-    )
+        nights / "nightly.yaml", db, "2026-12-05", "--only", "baseline-throughput", "--html-out", str(out),
+        "--with-reports",
+    )  # fmt: skip
     assert rc == 1 and "**FAILED** `baseline-throughput`" in summary, summary + err
     text = out.read_text()
     assert "As of the night of 2026-12-05 02:00" in text
     page = dom(tmp_path, out)
     rows = {r[0]: r for r in page.tables["table-items"][1:]}
     assert rows["baseline-throughput"][2] == "FAILED" and rows["eagle3-vs-baseline"][2].startswith("not run tonight")
+    # --with-reports: the earlier nights' A/B reports beside the page, each linked
+    linked = {h for h in page.links if not h.startswith("#")}
+    written = {p.name for p in (tmp_path / "night").glob("report-*.html")}
+    assert linked and linked == written, (linked, written)
+    refused = run("nightly", str(nights / "nightly.yaml"), "--db", str(db), "--with-reports", cwd=tmp_path)
+    assert refused.rc == 2 and "--with-reports goes with --html-out FILE" in refused.err, refused.text
 
     # Refused before anything is read: --with-reports without --html, ITEM with --suite, no ITEM nor --suite.
     for args in (["baseline-throughput", "--with-reports"], ["baseline-throughput", "--suite", SUITE], []):

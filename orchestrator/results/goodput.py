@@ -54,7 +54,7 @@ def request_latencies(row: Mapping[str, Any]) -> dict[str, float | None]:
 @dataclass(frozen=True)
 class Attainment:
     """One run (or several pooled) under an SLO: how many requests were sent, completed and good (met every limit),
-    the good requests' output tokens, and the seconds they took (the run from its start to its last request's end)."""
+    the good requests' output tokens, and the seconds goodput is per (goodput_seconds)."""
 
     requests: int
     completed: int
@@ -119,7 +119,20 @@ def run_attainment(run: RunResult, slo: SLO) -> Attainment | None:
     """The run under the SLO; None when its per-request rows are not at hand (not stored, or not loaded)."""
     if not run.per_request:
         return None
-    return attainment(run.per_request, run.seconds, slo)
+    return attainment(run.per_request, goodput_seconds(run), slo)
+
+
+def goodput_seconds(run: RunResult) -> float:
+    """The seconds a run's goodput is per. Closed loop: from its start to its last request's end (vLLM's duration;
+    the load itself waits on the server). Open loop: its requests / the rate its schedule offered them at — the time
+    the schedule took to offer them — so goodput is the share within the SLO times that rate: every arm is sent the
+    same schedule, and one whose requests end later has not served fewer of them (dividing by the time to the last
+    end would call it slower at equal attainment)."""
+    scheduled = run.open_loop.get("scheduled_rate")
+    requests = run.open_loop.get("requests")
+    if isinstance(scheduled, (int, float)) and scheduled > 0 and isinstance(requests, int) and requests > 0:
+        return requests / float(scheduled)
+    return run.seconds
 
 
 def _quantity_samples(rows: Sequence[Mapping[str, Any]], quantity: str) -> list[float]:

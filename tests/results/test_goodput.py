@@ -20,6 +20,7 @@ from orchestrator.results.goodput import (
     CONTINUITY,
     attainment,
     block_values,
+    goodput_seconds,
     needs_rows,
     run_attainment,
     run_value,
@@ -71,6 +72,24 @@ def _run(i: int, rows: list[dict[str, Any]], *, seconds: float = 2.0, level: int
         per_request=tuple(rows),
         **kw,
     )
+
+
+def test_open_loop_goodput_is_per_the_time_its_schedule_took_not_until_the_last_end() -> None:
+    # two arms sent the same 8 requests on a schedule of 4 req/s; every request good in both; B's last one ended later
+    rows = [row(i, 0.05, 0.05 + 10 * 0.015) for i in range(8)]
+    sched = {"open_loop": {"requests": 8, "scheduled_rate": 4.0}}
+    a = _run(0, rows, seconds=2.2, rate=4.0, metrics=sched)
+    b = _run(0, rows, seconds=3.0, rate=4.0, metrics=sched)
+    assert goodput_seconds(a) == goodput_seconds(b) == pytest.approx(2.0)
+    got_a, got_b = run_attainment(a, SLO), run_attainment(b, SLO)
+    assert got_a is not None and got_b is not None
+    assert got_a.req_s == got_b.req_s == pytest.approx(4.0)  # every request good: the scheduled rate
+    # half of them over the TTFT limit: half the rate, whatever the tail
+    half = [row(i, t, t + 10 * 0.015) for i, t in enumerate([0.05, 0.5] * 4)]
+    got = run_attainment(_run(0, half, seconds=9.0, rate=4.0, metrics=sched), SLO)
+    assert got is not None and got.req_s == pytest.approx(2.0)
+    # closed loop: the run's own seconds, start to last end (as vLLM)
+    assert goodput_seconds(_run(0, rows, seconds=2.5)) == 2.5
 
 
 def test_latency_percentiles_match_the_client_s_and_fall_back_to_its_stored_ones() -> None:

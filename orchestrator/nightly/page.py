@@ -176,9 +176,10 @@ def _series(
     assert latest is not None  # a series is named by a night that measured it
     ratio = is_ratio(latest)
     valued = [k for k, r in enumerate(s.rows) if r.value is not None]
+    assessed = s.assessed  # the nights hindsight saw (censored ones left out): its steps and outliers index these
     overall = s.overall
-    steps = [st for st in (overall.steps if overall else ()) if st.index < len(valued)]
-    outliers = [valued[i] for i in (overall.outliers if overall else ()) if i < len(valued)]
+    steps = [st for st in (overall.steps if overall else ()) if st.index < len(assessed)]
+    outliers = [assessed[i] for i in (overall.outliers if overall else ()) if i < len(assessed)]
     points: list[model.Point] = []
     for k in valued:
         v = s.rows[k].value
@@ -189,20 +190,20 @@ def _series(
             points += [_point(k - RERUN_OFFSET, first, "first"), _point(k + RERUN_OFFSET, second, "rerun")]
         else:
             points.append(_point(k, v, "night"))
-    # Levels between steps, on the nights that have a value (the detector never sees a failed night).
-    cuts = [0, *(st.index for st in steps), len(valued)]
+    # Levels between steps, on the nights hindsight saw (never a failed or censored night).
+    cuts = [0, *(st.index for st in steps), len(assessed)]
     levels = []
     for a, b in itertools.pairwise(cuts):
-        kept = [s.rows[valued[i]].value for i in range(a, b) if valued[i] not in outliers]
-        xs = [v.value for v in kept if v is not None and v.censored is None]
+        kept = [s.rows[assessed[i]].value for i in range(a, b) if assessed[i] not in outliers]
+        xs = [v.value for v in kept if v is not None]
         if b > a and xs:
-            levels.append(model.Level(valued[a], valued[b - 1], statistics.median(xs)))
+            levels.append(model.Level(assessed[a], assessed[b - 1], statistics.median(xs)))
     band = None
     if levels:
         cur = levels[-1]
         band = (cur.first, cur.last, cur.value * (1 - latest.threshold), cur.value * (1 + latest.threshold))
     changes = tuple(
-        model.Change(valued[st.index], st.kind, st.before, st.after, st.change)
+        model.Change(assessed[st.index], st.kind, st.before, st.after, st.change)
         for st in steps
         if st.kind != "environment"
     )
@@ -210,10 +211,10 @@ def _series(
     for st in steps:
         if st.kind != "environment" or st.index == 0:
             continue
-        before, after = s.rows[valued[st.index - 1]], s.rows[valued[st.index]]
+        before, after = s.rows[assessed[st.index - 1]], s.rows[assessed[st.index]]
         found = env_changes(before.night, after.night, latest.env_arms)
         text = describe_changes(found, latest.env_arms) if found else (_env_note(after) or "environment changed")
-        env_steps.append(model.EnvStep(valued[st.index], text.replace(" -> ", " → ")))
+        env_steps.append(model.EnvStep(assessed[st.index], text.replace(" -> ", " → ")))
     gaps = tuple(
         model.Gap(k, _gap_label(r.night)) for k, r in enumerate(s.rows) if r.value is None and r.night is not None
     )

@@ -260,6 +260,12 @@ class SeriesHistory:
     overall: changepoint.Assessment | None  # over every night: change points and outliers in hindsight
 
     @property
+    def assessed(self) -> list[int]:
+        """Indices of the rows the hindsight assessment saw (nights with a measured value; censored ones left out):
+        `overall`'s steps and outliers index into this list."""
+        return [i for i, r in enumerate(self.rows) if r.value is not None and r.value.censored is None]
+
+    @property
     def latest(self) -> history.SeriesValue | None:
         return next((r.value for r in reversed(self.rows) if r.value is not None), None)
 
@@ -282,7 +288,9 @@ def series_history(nights: Sequence[history.ItemNight], series: str, min_history
         rows.append(HistoryRow(night, value, verdict, hit if isinstance(hit, str) else None))
         past.append(night)
     latest = next((r.value for r in reversed(rows) if r.value is not None), None)
-    valued = [(r.night, r.value) for r in rows if r.value is not None]
+    # The detector sees only measured values: a censored night (beyond the range, or undecided) is stored at a bound
+    # or a placeholder, which is not a level the series was at (as `judge` already treats it, night by night).
+    valued = [(r.night, r.value) for r in rows if r.value is not None and r.value.censored is None]
     points = [changepoint.Night(v.value, env) for (_, v), env in zip(valued, series_env_ids(valued), strict=True)]
     overall = (
         changepoint.assess(
@@ -308,8 +316,8 @@ def history_text(item: str, host: str, shown: Sequence[SeriesHistory]) -> str:
         ratio = is_ratio(latest)
         direction = "higher is better" if latest.higher_is_better else "lower is better"
         lines.append(f"{item} on {host} — {series_label(latest)} (threshold {latest.threshold * 100:g} %, {direction})")
-        # Indices into the nights that have a value: where hindsight puts change points and outliers.
-        valued = [i for i, r in enumerate(s.rows) if r.value is not None]
+        # Indices into the nights hindsight saw: where it puts change points and outliers.
+        valued = s.assessed
         steps = {valued[st.index]: st for st in (s.overall.steps if s.overall else ()) if st.index < len(valued)}
         outliers = {valued[i] for i in (s.overall.outliers if s.overall else ()) if i < len(valued)}
         lines.append(f"  {'night':<16}  {'value':>10}  {'95% CI':<22}  {'vs level':>9}  status")
@@ -359,7 +367,7 @@ def history_json(
     out = []
     for s in shown:
         latest = s.latest
-        valued = [i for i, r in enumerate(s.rows) if r.value is not None]
+        valued = s.assessed
         out.append(
             {
                 "series": s.series,

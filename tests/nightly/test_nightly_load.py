@@ -247,6 +247,24 @@ def test_a_censored_night_in_a_new_environment_is_an_environment_step() -> None:
     assert _judge([*STEADY, _value(1.0, "below", env="new")], _value(1.0, "below", env="new")).status == "ok"
 
 
+def test_hindsight_sees_only_the_nights_that_crossed() -> None:
+    from orchestrator.nightly.report import series_history
+
+    # Undecided nights are stored at a placeholder (a geometric mean of where a crossing may lie): 2.15, 2.04, 2.94
+    # and 1.14 are no levels the series was at, and must not make a change point in hindsight.
+    values = (2.15, 2.04, 2.94, 2.2, 2.1, 2.5, 2.3, 1.14, 1.1, 1.2, 1.15)
+    undecided = [_night(i, _value(v, "undecided")) for i, v in enumerate(values)]
+    quiet = series_history(undecided, "eagle3/baseline:crossover", None)
+    assert quiet.overall is None or not [st for st in quiet.overall.steps if st.kind != "environment"], quiet.overall
+    # The crossings around them still are: a step from ~6 to ~4 is found across undecided nights in between.
+    mixed = [_night(i, v) for i, v in enumerate([*STEADY, _value(1.2, "undecided"), *(_value(4.0) for _ in range(6))])]
+    found = series_history(mixed, "eagle3/baseline:crossover", None)
+    assert found.overall is not None and [st.kind for st in found.overall.steps] == ["regression"], found.overall
+    # ...placed on the first crossing night after the step, and the undecided night is never a point of it
+    assert [found.rows[found.assessed[st.index]].night.night_id for st in found.overall.steps] == ["n9"]
+    assert 8 not in found.assessed
+
+
 # ---------------------------------------------------------------- a real night on the simulator
 
 

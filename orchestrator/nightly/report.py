@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.experiment import failon
 from orchestrator.nightly import changepoint, history
 from orchestrator.nightly.result import (
     ItemReport,
@@ -207,6 +208,13 @@ def item_line(r: ItemReport) -> str:
     if not decisive and r.series:
         # The headline value first, unless tonight's A/B verdict is what failed: then that comes first.
         parts.insert(len(parts) if failed_relative else 0, series_text(r.series[0]))
+    # A bound on the crossover or the SLO capacity that tonight could not decide is said: silence reads as "held".
+    # (An undecided `slower` shows in the A/B's own words above.)
+    parts += [
+        f"fail_on {c['mode']} undecided: {c['reason']}"
+        for c in (r.fail_on or {}).get("checks") or []
+        if c.get("exit_code") == 4 and failon.across_levels_metric(str(c.get("mode", "")))
+    ]
     noisy = [s for s in r.series if s.too_noisy]
     if noisy:
         s = noisy[0]

@@ -325,6 +325,20 @@ def test_a_censored_night_is_said_on_the_item_s_line_only_when_it_decides_someth
     assert "**REGRESSION** `load` (local, SIMULATED): eagle3/baseline crossover load <1:" in item_line(paged)
 
 
+def test_an_undecided_bound_is_said_on_the_item_s_line() -> None:
+    same = _judge([_value(8.0, "above")] * 6, _value(8.0, "above"))
+    reason = "sim-eagle3-fast's crossover vs baseline is ~5.64 req/s (95% CI 1.3 req/s to 7.63 req/s, over 2 blocks)"
+    checks = [
+        {"mode": "crossover-below=3", "status": "inconclusive", "exit_code": 4, "reason": reason + ": straddles 3"},
+        {"mode": "slower", "status": "inconclusive", "exit_code": 4, "reason": "the A/B's own words"},
+        {"mode": "max-rate-slo-below=2", "status": "ok", "exit_code": 0, "reason": "held"},
+    ]
+    item = ItemReport("load", "local", "ab", True, "ok", series=(same,), fail_on={"checks": checks})
+    line = item_line(item)
+    assert line.endswith(f"; fail_on crossover-below=3 undecided: {reason}: straddles 3"), line
+    assert "fail_on slower" not in line and "max-rate-slo-below" not in line  # said elsewhere / held: silent
+
+
 def test_a_censored_slo_capacity_says_so_in_the_slo_s_words() -> None:
     v = dataclasses.replace(
         _value(12.0, "above"), series="baseline:max_rate_slo", arm="baseline", metric="max_rate_slo"

@@ -267,18 +267,18 @@ def judge(
 def censored_text(v: history.SeriesValue) -> str:
     """What a night that does not cross in the range measured says instead of a number."""
     slo = v.metric.partition("@")[0] == "max_rate_slo"
-    lo = f"{v.lo:g}" if v.lo is not None else "the lowest level"
-    hi = f"{v.hi:g}" if v.hi is not None else "the highest level"
+    lo = f"{v.lo:.3g}" if v.lo is not None else "the lowest level"
+    hi = f"{v.hi:.3g}" if v.hi is not None else "the highest level"
     if slo:
         if v.censored == "above":
-            return f"within the SLO at every level measured, up to {v.value:g}"
+            return f"within the SLO at every level measured, up to {v.value:.3g}"
         if v.censored == "below":
-            return f"outside the SLO at every level measured, down to {v.value:g}"
+            return f"outside the SLO at every level measured, down to {v.value:.3g}"
         return f"undecided: within the SLO throughout is not excluded, nor leaving it between {lo} and {hi}"
     if v.censored == "above":
-        return f"does not cross up to {v.value:g}: better at every level measured"
+        return f"does not cross up to {v.value:.3g}: better at every level measured"
     if v.censored == "below":
-        return f"does not cross down to {v.value:g}: worse at every level measured"
+        return f"does not cross down to {v.value:.3g}: worse at every level measured"
     return f"undecided: no crossing seen, but one may lie between {lo} and {hi}"
 
 

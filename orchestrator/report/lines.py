@@ -540,7 +540,12 @@ def slo_capacity_lines(result: ABResult) -> list[str]:
         elif x.status == "never pays":
             line = f"over the SLO at every level measured ({span})"
         else:
-            line = f"not decided within the range measured ({span}): more blocks or levels would say"
+            between = ""
+            if x.lo is not None or x.hi is not None:
+                lo = f"{x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
+                hi = f"{x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
+                between = f"; leaving it between {word}{lo} and {hi}{unit} cannot be excluded"
+            line = f"not decided within the range measured ({span}){between}: more blocks or levels would say"
         out.append(f"  {arm.label}: {line}")
     for c in result.capacity_comparisons():
         out.append(f"  {capacity_comparison_line(c)}")

@@ -97,6 +97,20 @@ def test_the_highest_load_within_the_slo_is_where_the_percentile_meets_its_limit
     assert "within the SLO at every level measured" in slo_capacity_lines(within)[1]
 
 
+def test_an_undecided_slo_capacity_names_where_leaving_it_cannot_be_excluded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.report.lines import slo_capacity_lines
+    from orchestrator.stats.crossover import Crossover
+
+    result = _slo_result({1: 0.1, 4: 0.2, 16: 0.3})
+    undecided = Crossover("undecided", None, 4.2, 6.2345, None, (1.0, 4.0, 16.0), 3)
+    monkeypatch.setattr(ABResult, "max_within_slo", lambda self: [(self.arms[0], undecided)])
+    line = slo_capacity_lines(result)[1]
+    assert line == (
+        "  base: not decided within the range measured (concurrency 1 to 16); leaving it between concurrency 4.2 and "
+        "6.23 cannot be excluded: more blocks or levels would say"
+    )
+
+
 def _two_arm_slo_result(base_p99: dict[int, float], arm_p99: dict[int, float], blocks: int = 4) -> ABResult:
     """base and spec, each with its p99 TTFT at each level (a little noise per launch)."""
     from orchestrator.config.slo import parse_slo

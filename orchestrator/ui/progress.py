@@ -193,7 +193,8 @@ def run_line(run: RunResult, config: BenchConfig) -> str:
             + (f", ITL p50 {itl['p50'] * 1000:.1f} ms" if itl.get("p50") is not None else "")
         )
     if run.spec_accept_length is not None:
-        line += f" accept len {run.spec_accept_length:.2f}"
+        # the seed's line (concurrency 1) as it always read; the longer lines are lists of clauses
+        line += ("" if not run.rate and run.concurrency == 1 else ",") + f" accept len {run.spec_accept_length:.2f}"
         spec = run.metrics.get("spec") or {}
         if spec.get("drafted"):
             line += f" ({spec['accepted']:.0f} of {spec['drafted']:.0f} drafted tokens accepted)"

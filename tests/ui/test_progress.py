@@ -212,3 +212,13 @@ def test_a_finished_run_is_no_longer_in_flight_on_a_remote_host() -> None:
     assert progress.live_run() == (500.0, 1.0)
     tracker.finished(_run(0, False, 512))
     assert progress.live_run() is None  # counted once, as finished
+
+
+def test_the_accept_length_is_a_clause_of_its_own_on_a_level_line_and_as_ever_on_the_seed_s() -> None:
+    from orchestrator.config.workload import BenchConfig
+
+    config = BenchConfig(runs=1)
+    seed = RunResult(0, False, 128, 2.0, 64.0, 30, 0.03, spec_accept_length=2.03)
+    assert progress.run_line(seed, config).endswith("= 64.0 tok/s (prompt: 30 toks) accept len 2.03")
+    level = RunResult(0, False, 512, 2.0, 60.0, 30, 0.03, spec_accept_length=1.98, concurrency=8, requests=8)
+    assert progress.run_line(level, config).endswith(" tok/s aggregate, accept len 1.98")

@@ -63,8 +63,9 @@ def seconds_text(value: float, *, space: bool = False) -> str:
 
 @dataclass(frozen=True)
 class SLO:
-    """The objectives of `--slo`, in the order given. A request is good when it completed and meets every limit;
-    goodput is good requests (or their output tokens) per second of the run, as vLLM's `--goodput` and AIPerf count."""
+    """The objectives of `--slo`, in one order (TTFT, TPOT, E2E). A request is good when it completed and meets every
+    limit; goodput is good requests (or their output tokens) per second (results/goodput.goodput_seconds), as vLLM's
+    `--goodput` and AIPerf count."""
 
     objectives: tuple[Objective, ...]
 
@@ -133,7 +134,9 @@ def checked(objectives: tuple[Objective, ...], where: str) -> SLO:
                 f"against one {o.quantity.upper()} limit: give one"
             )
         seen[o.quantity] = o.key
-    return SLO(objectives)
+    # One order whatever the order typed or stored (a bundle's JSON object may come back sorted): the reports' columns
+    # and the SLO's text read the same in an experiment and in its reproduction.
+    return SLO(tuple(sorted(objectives, key=lambda o: list(QUANTITIES).index(o.quantity))))
 
 
 def parse_slo(text: str, where: str = "--slo") -> SLO:
@@ -150,6 +153,8 @@ def parse_slo(text: str, where: str = "--slo") -> SLO:
             raise InputError(f"{at(where)}{piece!r}: expected OBJECTIVE=LIMIT such as ttft_p99=500ms")
         quantity, percentile = objective_key(key, where)
         m = _VALUE_RE.match(value.strip().lower())
+        if not m and value.strip().startswith("-"):
+            raise InputError(f"{at(where)}{piece!r}: the limit must be more than 0 and at most {MAX_LIMIT_S:g} s")
         if not m:
             hint = "a unit, e.g. 500ms or 0.5s" if re.fullmatch(r"[0-9.eE+-]+", value.strip()) else "e.g. 500ms or 0.5s"
             raise InputError(f"{at(where)}{piece!r}: the limit needs {hint}")

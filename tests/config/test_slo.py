@@ -51,7 +51,7 @@ def test_a_request_is_good_only_within_every_limit() -> None:
         ("ttft_p98=1s", "'ttft_p98': percentile p98 is not offered"),
         ("ttft_p50=200ms,ttft_p99=1s", "ttft is limited twice (ttft_p50 and ttft_p99)"),
         ("ttft_p99=0ms", "'ttft_p99=0ms': the limit must be more than 0"),
-        ("ttft_p99=-5ms", "'ttft_p99=-5ms': the limit needs"),
+        ("ttft_p99=-5ms", "'ttft_p99=-5ms': the limit must be more than 0"),
         ("ttft_p99=5 minutes", "'ttft_p99=5 minutes': the limit needs e.g. 500ms or 0.5s"),
         ("ttft_p99", "'ttft_p99': expected OBJECTIVE=LIMIT"),
         ("ttft_p99=1s,,e2e=2s", "has an empty piece between commas"),
@@ -114,3 +114,15 @@ def test_bench_fail_on_slower_judges_tok_s_only(capsys: pytest.CaptureFixture[st
     args = ["bench", "baseline", "--sim", "--metric", "ttft_p99", "--fail-on", "slower", "--db", f"{tmp_path}/r.db"]
     assert main(args) == 2
     assert "--metric ttft_p99 has no expected value to judge against" in capsys.readouterr().err
+
+
+def test_objectives_take_one_order_whatever_was_typed_or_stored() -> None:
+    typed = parse_slo("e2e_p99=2s,ttft_p99=300ms")
+    assert typed.text == "ttft_p99=300ms,e2e_p99=2000ms"
+    # a bundle's JSON object may come back with its keys sorted: the same SLO, the same columns
+    assert SLO.from_dict({"e2e_p99": 2.0, "ttft_p99": 0.3}) == typed == parse_slo("ttft_p99=300ms,e2e_p99=2s")
+
+
+def test_a_negative_limit_says_what_a_limit_may_be() -> None:
+    with pytest.raises(InputError, match=r"'ttft_p99=-1s': the limit must be more than 0 and at most"):
+        parse_slo("ttft_p99=-1s")

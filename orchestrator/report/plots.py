@@ -660,7 +660,9 @@ def censored_marks(s: nightly_page.Series) -> dict[str, str]:
 
 def nightly_series(fig_id: str, s: nightly_page.Series) -> str:
     """One series over its nights: each night's value with its CI, the detector's levels, the threshold band around
-    the current level, change points (direction and size), environment steps and failed nights, each labelled."""
+    the current level, change points (direction and size), environment steps and failed nights, each labelled; a
+    crossing's bound (▲/▼), undecided night (hollow, its interval as the bar) and CI open on one side (an arrow to
+    the edge) each marked as such."""
 
     def draw(fig: Figure) -> None:
         ax = fig.subplots()

@@ -62,11 +62,40 @@ def _header(page: Page) -> str:
 
 
 def _caption(s: Series) -> str:
-    parts = [
-        f"{s.title}, night by night: each point is a night's value with its 95% CI; the black lines are the levels "
-        "the change-point detector sees (the median of the nights between two steps); the grey band is the "
-        f"item's threshold (±{s.threshold * 100:g} %) around the current level"
-    ]
+    marks = plots.censored_marks(s)
+    measured = [p for p in s.points if p.censored not in marks]
+    head = f"{s.title}, night by night: each point is a night's value"
+    if any(p.lo is not None or p.hi is not None for p in measured):
+        head += " with its 95% CI"
+    if s.levels:
+        head += (
+            "; the black lines are the levels the change-point detector sees (the median of the nights between two "
+            "steps)"
+        )
+    if s.band is not None:
+        head += f"; the grey band is the item's threshold (±{s.threshold * 100:g} %) around the current level"
+    parts = [head]
+    if plots.open_ends(s):
+        parts.append(
+            "An arrow to the plot's edge is an interval open on that side: it reaches the end of the range measured"
+        )
+    censored = {p.censored for p in s.points if p.censored in marks}
+    if censored & {"above", "below"}:
+        sides = [w for c, w in (("above", "▲ at least this"), ("below", "▼ at most this")) if c in censored]
+        parts.append(
+            "A triangle is a night beyond the range measured: its value is the range's end, a bound, not a "
+            "measurement (" + ", ".join(sides) + ")"
+        )
+    if "undecided" in censored:
+        what = (
+            "neither staying within the SLO throughout nor leaving it in its bar is excluded"
+            if plots.is_load_slo(s)
+            else "no crossing seen, but one may lie in its bar"
+        )
+        parts.append(
+            f"A hollow circle is an undecided night, not judged: {what}; it is drawn at the middle of that interval "
+            "(a placeholder, not a measurement)"
+        )
     if any(p.kind == "rerun" for p in s.points):
         parts.append("A night re-measured to confirm a regression shows both measurements (the diamond is the re-run)")
     if s.changes:

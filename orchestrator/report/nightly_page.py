@@ -24,7 +24,9 @@ STATE_CLASSES = {
 @dataclass(frozen=True)
 class Point:
     """One measurement of a night: `x` the night's index (a confirmation's two measurements sit either side of
-    it), its value and 95 % CI; `censored` "above"/"below" for a bound (a crossing beyond the range measured)."""
+    it), its value and 95 % CI; `censored` "above"/"below" for a bound (a crossing beyond the range measured), or
+    "undecided" (the value a placeholder in the middle of lo and hi, where a crossing may lie), as history stores it.
+    A crossing's lo or hi is None where it reaches the end of the range measured."""
 
     x: float
     value: float

@@ -619,9 +619,50 @@ def _upright_label(ax: Any, x: float, label: str, ha: str, color: str) -> None:
     ).set_in_layout(False)
 
 
+def _metric(s: nightly_page.Series) -> str:
+    return s.series.rpartition(":")[2].partition("@")[0]
+
+
+def _is_load(s: nightly_page.Series) -> bool:
+    """A crossover or max_rate_slo series: a level found across the loads measured (nightly.history.across_levels)."""
+    return _metric(s) in ("crossover", "max_rate_slo")
+
+
+def is_load_slo(s: nightly_page.Series) -> bool:
+    return _metric(s) == "max_rate_slo"
+
+
+def open_ends(s: nightly_page.Series) -> list[tuple[nightly_page.Point, bool]]:
+    """The ends of a crossing's CI (or of the interval an undecided one may lie in) that reach past the range
+    measured (None in the point; elsewhere None means one launch, no CI): each point and whether it is the upper."""
+    marks = censored_marks(s)
+    out = []
+    for p in s.points:
+        censored = p.censored if p.censored in marks else None
+        if censored in ("above", "below") or not (_is_load(s) or p.lo is not None or p.hi is not None):
+            continue
+        out += [(p, False)] if p.lo is None else []
+        out += [(p, True)] if p.hi is None else []
+    return out
+
+
+def censored_marks(s: nightly_page.Series) -> dict[str, str]:
+    """The legend's words for the nights of a crossover or max_rate_slo series that did not cross in the range
+    measured (history.SeriesValue.censored): a bound, ▲ at least / ▼ at most its value, or undecided (drawn at the
+    middle of where it may lie, a placeholder, with that interval as its bar)."""
+    slo = is_load_slo(s)
+    return {
+        "above": "beyond the range measured: at least this",
+        "below": "beyond the range measured: at most this",
+        "undecided": f"undecided: {'it may leave the SLO' if slo else 'a crossing may lie'} in the bar (not judged)",
+    }
+
+
 def nightly_series(fig_id: str, s: nightly_page.Series) -> str:
     """One series over its nights: each night's value with its CI, the detector's levels, the threshold band around
-    the current level, change points (direction and size), environment steps and failed nights, each labelled."""
+    the current level, change points (direction and size), environment steps and failed nights, each labelled; a
+    crossing's bound (▲/▼), undecided night (hollow, its interval as the bar) and CI open on one side (an arrow to
+    the edge) each marked as such."""
 
     def draw(fig: Figure) -> None:
         ax = fig.subplots()
@@ -646,40 +687,63 @@ def nightly_series(fig_id: str, s: nightly_page.Series) -> str:
         if s.band is not None:
             shown += [s.band[2], s.band[3]]
         lo_y, hi_y = (min(shown), max(shown)) if shown else (0.0, 1.0)
+        if s.band is None and hi_y - lo_y < abs(hi_y) * 0.4:
+            # No night was measured in range (every one a bound, or undecided): around its values, not a sliver
+            # of a unit around one bound.
+            mid = (lo_y + hi_y) / 2
+            lo_y, hi_y = min(lo_y, mid - abs(mid) * 0.09), max(hi_y, mid + abs(mid) * 0.09)
         span = max(hi_y - lo_y, abs(hi_y) * 0.02, 1e-9)
         styles: dict[str, tuple[str, str, str | None]] = {
             "night": ("o", "C0", "night"),
             "first": ("o", "C0", None),
             "rerun": ("D", "C1", "re-run"),
         }
-        groups: dict[tuple[str, str], list[nightly_page.Point]] = {}
+        marks = censored_marks(s)
+        groups: dict[tuple[str, str | None], list[nightly_page.Point]] = {}
         for p in s.points:
-            marker = {"above": "^", "below": "v"}.get(p.censored or "", styles.get(p.kind, styles["night"])[0])
-            groups.setdefault((p.kind if p.kind in styles else "night", marker), []).append(p)
+            censored = p.censored if p.censored in marks else None
+            groups.setdefault((p.kind if p.kind in styles else "night", censored), []).append(p)
         labelled: set[str] = set()
-        for (kind, marker), points in groups.items():
+        for (kind, censored), points in groups.items():
             # One artist per kind of point, not per night: a 30-night series draws in a fraction of the time.
-            _, color, label = styles[kind]
+            marker, color, label = styles[kind]
+            if censored is not None:
+                marker, label = {"above": "^", "below": "v"}.get(censored, marker), marks[censored]
             lows, highs = [], []
             for p in points:
-                has_ci = p.censored is None and p.lo is not None and p.hi is not None
-                # A CI far beyond the values is cut at the plot's edge (the nights table has the numbers).
+                # A night's CI, or the interval an undecided crossing may lie in; a bound has none. A CI far beyond
+                # the values is cut at the plot's edge (the nights table has the numbers); an open end (past the
+                # range measured) is drawn as an arrow to the edge, below.
+                has_ci = censored in (None, "undecided")
                 lows.append(max(p.value - max(p.lo, lo_y - span), 0) if has_ci and p.lo is not None else 0)
                 highs.append(max(min(p.hi, hi_y + span) - p.value, 0) if has_ci and p.hi is not None else 0)
+            hollow = kind == "rerun" or censored == "undecided"
             ax.errorbar(
                 [p.x for p in points],
                 [p.value for p in points],
                 yerr=[lows, highs],
                 fmt=marker,
                 color=color,
-                markerfacecolor="white" if kind == "rerun" else color,
-                markersize=5,
+                markerfacecolor="white" if hollow else color,
+                markersize=6 if censored in ("above", "below") else 5,
                 capsize=2,
                 elinewidth=1,
                 zorder=5,
                 label=label if label and label not in labelled else None,
             )
             labelled.add(label or "")
+        for p, up in open_ends(s):
+            # A CI open on this side: from the value to the plot's edge, ending in an arrow.
+            color = styles.get(p.kind, styles["night"])[1]
+            ax.annotate(
+                "",
+                (p.x, 1.0 if up else 0.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(p.x, p.value),
+                textcoords="data",
+                arrowprops={"arrowstyle": "->", "color": color, "linewidth": 1, "shrinkA": 0, "shrinkB": 0},
+                zorder=4,
+            ).set_in_layout(False)
         for x in s.outliers:
             hit = next((q for q in s.points if round(q.x) == x), None)
             if hit is not None:
@@ -714,7 +778,9 @@ def nightly_series(fig_id: str, s: nightly_page.Series) -> str:
         for g in s.gaps:
             ax.axvspan(g.x - 0.45, g.x + 0.45, color="#ffebe9", zorder=1)
             _upright_label(ax, g.x, g.label, "center", NIGHT_COLORS["gap"])
-        ax.set_ylim(lo_y - span * 0.6, hi_y + span * 0.6)
+        bottom = lo_y - span * 0.6
+        # A load is never below 0: an interval open below reaches the axis at 0.
+        ax.set_ylim(max(bottom, 0.0) if _is_load(s) and lo_y >= 0 else bottom, hi_y + span * 0.6)
         ax.set_xlim(-0.6, max(n, 1) - 0.4)
         step = max(1, math.ceil(n / 16))
         ticks = list(range(0, n, step))
@@ -730,7 +796,7 @@ def nightly_series(fig_id: str, s: nightly_page.Series) -> str:
                 labels,
                 fontsize=7,
                 loc="lower left",
-                ncols=min(len(labels), 4),
+                ncols=_legend_columns(labels),
                 frameon=False,
                 bbox_to_anchor=(0, 1.0),
             )
@@ -738,6 +804,17 @@ def nightly_series(fig_id: str, s: nightly_page.Series) -> str:
             fig.suptitle(SIM_MARK, x=0.995, ha="right", fontsize=8, color="#9a6700", fontweight="bold")
 
     return _render(fig_id, (9.0, 3.4), draw)
+
+
+def _legend_columns(labels: Sequence[str], most: int = 4, width: int = 140) -> int:
+    """Columns for the legend above a nightly figure: up to `most`, fewer where its rows would be wider than the
+    figure (about `width` characters at its font size; a wider legend squeezes the plot)."""
+    for cols in range(min(len(labels), most), 1, -1):
+        rows = math.ceil(len(labels) / cols)
+        columns = [labels[k : k + rows] for k in range(0, len(labels), rows)]
+        if sum(max(len(x) for x in c) + 6 for c in columns) <= width:
+            return cols
+    return 1
 
 
 def _wrapped(text: str, width: int = 36, lines: int = 2) -> str:

@@ -200,7 +200,10 @@ def _load_figure(result: ABResult) -> str:
         "fig-load",
         series,
         "offered rate (req/s)" if rates else "concurrency (streams)",
-        f"ratio of {result.metric} (arm / baseline)",
+        f"ratio of {METRICS[result.metric].label} (arm / baseline)"
+        if result.metric in METRICS
+        else f"ratio of {result.metric} (arm / baseline)",
+        simulated=result.simulated,
     )
     return _figure(
         "fig-load",

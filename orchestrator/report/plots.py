@@ -187,7 +187,9 @@ class LoadSeries:
     crossing: tuple[float, float | None, float | None] | None
 
 
-def ratio_over_load(fig_id: str, series: Sequence[LoadSeries], xlabel: str, ylabel: str) -> str:
+def ratio_over_load(
+    fig_id: str, series: Sequence[LoadSeries], xlabel: str, ylabel: str, simulated: bool = False
+) -> str:
     """Each arm's ratio to the baseline at every level (95 % CIs over blocks) on a log load axis, with the load where
     it crosses 1 marked and its CI shaded: where speculation stops paying, drawn."""
 
@@ -216,6 +218,8 @@ def ratio_over_load(fig_id: str, series: Sequence[LoadSeries], xlabel: str, ylab
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=8, loc="best")
+        if simulated:
+            fig.suptitle(SIM_MARK, x=0.995, ha="right", fontsize=8, color="#9a6700", fontweight="bold")
 
     return _render(fig_id, (8.0, 3.6), draw)
 

@@ -50,6 +50,8 @@ def test_an_arm_that_wins_alone_and_loses_under_load_crosses_between() -> None:
 
     page = ab_html(result)
     assert '<section id="crossover">' in page and '<figure id="fig-load">' in page and "crosses 1 at ~" in page
+    figure = page[page.index('<figure id="fig-load">') :].split("</figure>")[0]
+    assert "ratio of tok/s per stream (arm / baseline)" in figure and "SIMULATED (orch" in figure
     (doc,) = ab_json(result)["crossovers"]
     assert doc["status"] == "crosses" and doc["arm_label"] == "spec" and doc["ci"][0] < doc["at"] < doc["ci"][1]
 

@@ -42,15 +42,20 @@ def parse_rates(ctx: click.Context, param: click.Parameter, value: str | None) -
         f"expected up to {arrivals.MAX_LEVELS} distinct comma-separated request rates per second above 0 and at most "
         f"{arrivals.MAX_RATE:g}, such as 1,2,4,8 or 0.5"
     )
+    pieces = [v.strip() for v in value.split(",")]
+    if any(not v for v in pieces) and len(pieces) > 1:
+        raise click.BadParameter(f"{value!r} has an empty piece between commas; {expected}")
     try:
-        rates = tuple(float(v) for v in value.split(",") if v.strip())
+        rates = tuple(float(v) for v in pieces if v)
     except ValueError:
         raise click.BadParameter(f"{value!r}: {expected}") from None
+    twice = sorted({f"{r:g}" for r in rates if rates.count(r) > 1})
+    if twice:
+        raise click.BadParameter(f"{value!r}: {', '.join(twice)} given twice; {expected}")
     if (
         not rates
         or len(rates) > arrivals.MAX_LEVELS
         or not all(math.isfinite(r) and 0 < r <= arrivals.MAX_RATE for r in rates)
-        or len(set(rates)) != len(rates)
     ):
         raise click.BadParameter(f"{value!r}: {expected}")
     return rates

@@ -149,8 +149,12 @@ def nightly_cmd(
             metrics = ", ".join(f"{m.key} ({m.threshold * 100:g} %)" for m in item.metrics)
             what = " vs ".join(p.name for p in item.profiles)
             sim = ", SIMULATED" if item.sim else ""
+            judged = (f"; slo {item.slo.text}" if item.slo is not None else "") + (
+                f"; fail_on {', '.join(item.fail_on)}" if item.fail_on else ""
+            )
             click.echo(
-                f"  {item.name}: {item.kind} {what} on {item.host}{sim}; {metrics}; timeout {item.timeout_s:.0f}s"
+                f"  {item.name}: {item.kind} {what} on {item.host}{sim}; {metrics}{judged}; timeout "
+                f"{item.timeout_s:.0f}s"
             )
         click.echo(f"  hosts: {night.describe_hosts(suite)}")
         for warning in night.check_warnings(suite):

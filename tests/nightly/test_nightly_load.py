@@ -108,6 +108,13 @@ def test_mistakes_name_the_item_the_field_and_what_is_valid(
     assert expected in str(e.value) and "suite.yaml: item 'load'" in str(e.value)
 
 
+def test_check_lists_each_item_s_slo_and_fail_on(suite_dir: Path) -> None:
+    data = _suite(metrics=["crossover"], slo="ttft_p99=300ms,e2e_p99=2s", fail_on="crossover-below=2")
+    out = run("nightly", str(write_suite(suite_dir, data)), "--check", cwd=suite_dir)
+    assert out.rc == 0, out.text
+    assert "; crossover (3 %); slo ttft_p99=300ms,e2e_p99=2000ms; fail_on crossover-below=2; timeout" in out.out
+
+
 def test_a_suite_mistake_exits_2_before_anything_runs(suite_dir: Path) -> None:
     path = write_suite(suite_dir, _suite(metrics=["max_rate_slo"]))
     out = run("nightly", str(path), "--check", cwd=suite_dir)

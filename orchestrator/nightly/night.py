@@ -119,9 +119,35 @@ def check_hosts(suite: Suite) -> None:
 
 
 def check_warnings(suite: Suite) -> list[str]:
-    """What --check warns about (valid, exit code unchanged): items whose timeout the night's deadline cuts, and
-    `fan_out: true` that cannot run items in parallel."""
-    return deadline_warnings(suite) + mismatch_warnings(suite) + fanout.warnings(suite, suite_inventory(suite))
+    """What --check warns about (valid, exit code unchanged): items whose timeout the night's deadline cuts, a load
+    metric at a throughput-sized threshold, and `fan_out: true` that cannot run items in parallel."""
+    return (
+        deadline_warnings(suite)
+        + mismatch_warnings(suite)
+        + load_threshold_warnings(suite)
+        + fanout.warnings(suite, suite_inventory(suite))
+    )
+
+
+# Below this, a crossover or SLO-capacity series pages on its own noise: their 95 % CIs are typically ±10-20 % of
+# the value (docs/load.md), where a throughput's is a few %.
+LOAD_THRESHOLD = 0.10
+
+
+def load_threshold_warnings(suite: Suite) -> list[str]:
+    """crossover / max_rate_slo metrics left at a throughput-sized threshold."""
+    tight = [
+        f"{i.name}: {m.key} at {m.threshold * 100:g} %"
+        for i in suite.items
+        for m in i.metrics
+        if m.name in ("crossover", "max_rate_slo") and m.threshold < LOAD_THRESHOLD
+    ]
+    if not tight:
+        return []
+    return [
+        f"{'; '.join(tight)}: a crossover's or SLO capacity's 95 % CI is typically ±10-20 % of it, so such a "
+        "threshold will call its noise a change; give it its own (metrics: {crossover: 20%, max_rate_slo: 20%})"
+    ]
 
 
 def deadline_warnings(suite: Suite) -> list[str]:

@@ -115,6 +115,15 @@ def test_check_lists_each_item_s_slo_and_fail_on(suite_dir: Path) -> None:
     assert "; crossover (3 %); slo ttft_p99=300ms,e2e_p99=2000ms; fail_on crossover-below=2; timeout" in out.out
 
 
+def test_check_warns_of_a_load_metric_at_a_throughput_sized_threshold(suite_dir: Path) -> None:
+    tight = _suite(metrics=["crossover"])  # the suite's default threshold, 3 %
+    out = run("nightly", str(write_suite(suite_dir, tight)), "--check", cwd=suite_dir)
+    assert out.rc == 0 and "WARNING: load: crossover at 3 %: a crossover's or SLO capacity's 95 % CI" in out.out
+    own = _suite(metrics={"crossover": "20%", "tok_s@1": "3%"})
+    out = run("nightly", str(write_suite(suite_dir, own, "own.yaml")), "--check", cwd=suite_dir)
+    assert out.rc == 0 and "WARNING" not in out.out, out.text
+
+
 def test_a_suite_mistake_exits_2_before_anything_runs(suite_dir: Path) -> None:
     path = write_suite(suite_dir, _suite(metrics=["max_rate_slo"]))
     out = run("nightly", str(path), "--check", cwd=suite_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -222,7 +223,7 @@ def _output(
     "--metric",
     default=None,
     help="Only this metric as the suite names it: tok_s (all its levels), agg_tok_s@32, goodput@0.5 (an open-loop "
-    "level by its rate) or crossover [default: all].",
+    "level by its rate) or crossover; or one series by its whole name (baseline:goodput@0.5) [default: all].",
 )
 @click.option("--arm", default=None, help="Only this arm's series (or a ratio such as eagle3-3step/baseline).")
 @click.option(
@@ -386,7 +387,7 @@ def _chosen(item: str, nights: list[history_mod.ItemNight], metric: str | None, 
     chosen = [
         s
         for s in names
-        if (metric is None or _metric_matches(s, metric)) and (arm is None or s.rsplit(":", 1)[0] == arm)
+        if (metric is None or metric_matches(s, metric)) and (arm is None or s.rsplit(":", 1)[0] == arm)
     ]
     if not chosen:
         raise InputError(
@@ -417,6 +418,16 @@ def _reports(page: Any, target: files.Output, db: str | None, store_path: str) -
     return out
 
 
-def _metric_matches(series: str, metric: str) -> bool:
+def metric_matches(series: str, metric: str) -> bool:
+    """`tok_s` (every level), `goodput@4` or `goodput@4.0` (one level), or a whole series name as the error lists
+    them (`baseline:goodput@4`)."""
+    if ":" in metric:
+        arm, _, metric = metric.rpartition(":")
+        if series.rsplit(":", 1)[0] != arm:
+            return False
     key = series.rsplit(":", 1)[1]
+    name, at, level = metric.partition("@")
+    if at:
+        with contextlib.suppress(ValueError):
+            metric = f"{name}@{float(level):g}"
     return key == metric or ("@" not in metric and key.partition("@")[0] == metric)

@@ -362,3 +362,17 @@ def test_a_censored_slo_capacity_says_so_in_the_slo_s_words() -> None:
     assert result.censored_text(v) == "within the SLO at every level measured, up to 12"
     below = dataclasses.replace(v, value=1.0, censored="below")
     assert result.censored_text(below) == "outside the SLO at every level measured, down to 1"
+
+
+def test_history_metric_takes_a_level_as_the_suite_wrote_it_and_a_whole_series_name() -> None:
+    from orchestrator.cli.nightly import metric_matches
+
+    assert metric_matches("baseline:goodput@4", "goodput@4") and metric_matches("baseline:goodput@4", "goodput@4.0")
+    assert metric_matches("baseline:goodput@0.5", "goodput@.5") and not metric_matches(
+        "baseline:goodput@4", "goodput@2"
+    )
+    assert metric_matches("baseline:goodput@4", "goodput") and metric_matches(
+        "baseline:goodput@4", "baseline:goodput@4"
+    )
+    assert not metric_matches("spec:goodput@4", "baseline:goodput@4")
+    assert metric_matches("spec/baseline:crossover", "spec/baseline:crossover")

@@ -33,7 +33,7 @@ from orchestrator.fields import (
     nonempty_str,
     show,
 )
-from orchestrator.results.run import Level, Rate, level_name
+from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats import estimates
 
 
@@ -521,7 +521,7 @@ def _check_across_levels(
     ]
     for where, name in asked:
         if len(levels) < 2:
-            shown = ", ".join(level_name(v) for v in levels)
+            shown = ", ".join(level_phrase(v) for v in levels)
             raise SuiteError(
                 f"{label}: {where}: needs two or more levels to interpolate between, and the workload runs {shown} "
                 "only; give workload.rate: [R1, R2, ...] (open loop) or workload.concurrency: [N1, N2, ...]"

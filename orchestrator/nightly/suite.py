@@ -236,7 +236,9 @@ def _fail_on(v: Any) -> tuple[str, ...]:
     try:
         return failon.parse_modes(items)
     except InputError as e:
-        raise FieldError(str(e).replace("--fail-on mode", "mode").replace("--fail-on ", "")) from None
+        said = str(e).replace("--fail-on mode", "mode").replace("--fail-on ", "")
+        said = said.replace("--rate levels", "workload.rate levels").replace("--concurrency", "workload.concurrency")
+        raise FieldError(said) from None
 
 
 def _slo(v: Any) -> SLO:

@@ -26,7 +26,7 @@ from orchestrator.launch import fingerprint, ports
 from orchestrator.report.lines import SIM_BANNER
 from orchestrator.results import bundle as bundle_mod
 from orchestrator.results import datasource
-from orchestrator.results.compare import ClaimVerdict, ExperimentComparison, claim_verdict, compare
+from orchestrator.results.compare import ClaimVerdict, ExperimentComparison, claim_verdict, compare_levels
 from orchestrator.results.datasource import DataSource
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import RunResult
@@ -93,7 +93,7 @@ def compare_results(
 ) -> ExperimentComparison:
     """`orch compare`: b judged against a (arm_map pairs arms of other names), with the fingerprint differences as
     likely causes."""
-    judged = compare(recorded, new, tolerance=tolerance, arm_map=arm_map)  # refuses a bad map before any diff
+    judged = compare_levels(recorded, new, tolerance=tolerance, arm_map=arm_map)  # refuses a bad map before any diff
     return dataclasses.replace(judged, causes=tuple(likely_causes(recorded, new, arm_map)))
 
 

@@ -94,8 +94,9 @@ def headline(c: ExperimentComparison | ClaimVerdict) -> str:
     return f"{c.status.upper()}: {c.reason}"
 
 
-def _details(c: ExperimentComparison) -> list[str]:
-    """The reason behind every value that did not reproduce."""
+def _details(c: ExperimentComparison, arms_too: bool = True) -> list[str]:
+    """The reason behind every value that did not reproduce (and, with `arms_too`, the arms found on one side
+    only: said once, under the first level)."""
     out = []
     for r in c.arms:
         if r.verdict is not None and r.verdict.status != "reproduced":
@@ -111,6 +112,8 @@ def _details(c: ExperimentComparison) -> list[str]:
             "every ratio reproduced on its own; the overall verdict also judges each arm's tok/s "
             "(--json: ratios[].verdict.status)"
         )
+    if not arms_too:
+        return out
     if c.only_in_a:
         out.append(f"only in A: {', '.join(c.only_in_a)}")
     if c.only_in_b:
@@ -124,22 +127,32 @@ def _causes_title(c: ExperimentComparison) -> str:
     return "likely causes, most likely first:" if c.status == NOT_REPRODUCED else "what differs (fingerprints):"
 
 
+def _where(c: ExperimentComparison) -> str:
+    """The level(s) judged, in words."""
+    if c.levels:
+        return f"{len(c.levels)} levels ({', '.join(level_phrase(x.concurrency) for x in c.levels)}), each judged"
+    return level_phrase(c.concurrency)
+
+
 def compare_text(c: ExperimentComparison) -> str:
     lines = [
         headline(c),
         f"  A (recorded): {_side(c.a)}",
         f"  B (new):      {_side(c.b)}",
         *([f"  {_data_step(c.dataset_change)}"] if c.dataset_change else []),
-        f"  {level_phrase(c.concurrency)}; tolerance ±{c.tolerance * 100:.1f}%; tok/s = geometric mean of launch "
+        f"  {_where(c)}; tolerance ±{c.tolerance * 100:.1f}%; tok/s = geometric mean of launch "
         "medians, 95% CI across launches",
     ]
     if c.a.simulated or c.b.simulated:
         lines.append(SIM_BANNER)
-    lines += text_table(_arm_rows(c))
-    if c.ratios:
-        lines.append("")
-        lines += text_table(_ratio_rows(c))
-    lines += ["  " + d for d in _details(c)]
+    for level in c.levels or (c,):
+        if c.levels:
+            lines += ["", f"  {level_phrase(level.concurrency)}: {headline(level)}"]
+        lines += text_table(_arm_rows(level))
+        if level.ratios:
+            lines.append("")
+            lines += text_table(_ratio_rows(level))
+        lines += ["  " + d for d in _details(level, level is (c.levels or (c,))[0])]
     if c.causes:
         lines.append("  " + _causes_title(c))
         lines += [f"    {i}. {cause}" for i, cause in enumerate(c.causes, 1)]
@@ -172,7 +185,15 @@ def _side_json(s: Side) -> dict[str, Any]:
 
 
 def compare_json(c: ExperimentComparison) -> dict[str, Any]:
-    """The `orch compare --json` document. Field names are a contract: add, never rename."""
+    """The `orch compare --json` document. Field names are a contract: add, never rename. With two or more levels,
+    the top-level fields are the headline level's (status and reason over every level) and `levels` has each."""
+    doc = _level_json(c)
+    if c.levels:
+        doc["levels"] = [{k: v for k, v in _level_json(x).items() if k not in ("a", "b")} for x in c.levels]
+    return doc
+
+
+def _level_json(c: ExperimentComparison) -> dict[str, Any]:
     return {
         "status": c.status,
         "reason": c.reason,
@@ -216,17 +237,22 @@ def compare_markdown(c: ExperimentComparison) -> str:
     if c.a.simulated or c.b.simulated:
         lines += [f"**{SIM_BANNER}**", ""]
     lines += [
-        f"A (recorded): {_side(c.a)}; B (new): {_side(c.b)}. {level_phrase(c.concurrency).capitalize()}; tolerance "
+        f"A (recorded): {_side(c.a)}; B (new): {_side(c.b)}. {_where(c)[:1].upper() + _where(c)[1:]}; tolerance "
         f"±{c.tolerance * 100:.1f}%.",
         "",
         *([f"**{_data_step(c.dataset_change, 'Environment step')}**", ""] if c.dataset_change else []),
     ]
-    lines += md_table(_arm_rows(c))
-    if c.ratios:
-        lines += ["", *md_table(_ratio_rows(c))]
-    details = _details(c)
-    if details:
-        lines += [""] + [f"- {d}" for d in details]
+    for level in c.levels or (c,):
+        if c.levels:
+            lines += [f"## {level_phrase(level.concurrency)}: {headline(level)}", ""]
+        lines += md_table(_arm_rows(level))
+        if level.ratios:
+            lines += ["", *md_table(_ratio_rows(level))]
+        details = _details(level, level is (c.levels or (c,))[0])
+        if details:
+            lines += [""] + [f"- {d}" for d in details]
+        if c.levels:
+            lines.append("")
     if c.causes:
         lines += ["", f"## {_causes_title(c).rstrip(':').capitalize()}", ""]
         lines += [f"{i}. {cause}" for i, cause in enumerate(c.causes, 1)]

@@ -5,6 +5,7 @@ by the caller and only carried here so that the renderers can put them under the
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from orchestrator.errors import InputError
 from orchestrator.results import datasource
 from orchestrator.results.datasource import DataSource
 from orchestrator.results.model import ABResult, ArmResult
+from orchestrator.results.run import level_phrase
 from orchestrator.stats.estimates import RatioEstimate
 from orchestrator.stats.reproduction import (
     DEFAULT_TOLERANCE,
@@ -95,6 +97,9 @@ class ExperimentComparison:
     # `dataset: A -> B` when the two sent other data (results/datasource.change): an environment step, said as a
     # fingerprint difference is, first among the causes.
     dataset_change: str | None = None
+    # With two or more levels both measured (compare_levels): each level judged on its own, the headline first;
+    # `status` and `reason` are then over all of them (the fields above are the headline level's).
+    levels: tuple[ExperimentComparison, ...] = ()
 
     @property
     def map_hint(self) -> str | None:
@@ -268,6 +273,35 @@ def compare(
         arm_map=tuple(arm_map.items()),
         dataset_change=datasource.change(a.dataset, b.dataset),
     )
+
+
+def compare_levels(
+    a: ABResult,
+    b: ABResult,
+    *,
+    tolerance: float = DEFAULT_TOLERANCE,
+    causes: Sequence[str] = (),
+    arm_map: Mapping[str, str] | None = None,
+) -> ExperimentComparison:
+    """b against a at every level both measured (the first, the headline, with the others in `levels`): reproduced
+    only if every level reproduced, not reproduced if any level did not, else inconclusive, said with the level."""
+    head = compare(a, b, tolerance=tolerance, causes=causes, arm_map=arm_map)
+    others = tuple(
+        compare(a, b, tolerance=tolerance, concurrency=level, arm_map=arm_map)
+        for level in a.levels[1:]
+        if level in b.levels and type(level) is type(a.levels[0])
+    )
+    if not others:
+        return head
+    judged = (head, *others)
+    worst = next(
+        (status for status in (NOT_REPRODUCED, INCONCLUSIVE) if any(c.status == status for c in judged)), REPRODUCED
+    )
+    if worst == REPRODUCED:
+        reason = f"{head.reason}, at each of the {len(judged)} levels"
+    else:
+        reason = "; ".join(f"{level_phrase(c.concurrency)}: {c.reason}" for c in judged if c.status == worst)
+    return dataclasses.replace(head, levels=judged, status=worst, reason=reason)
 
 
 # ---------------------------------------------------------------- a claim ("94 tok/s on our box")

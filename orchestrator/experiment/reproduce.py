@@ -296,6 +296,14 @@ def reproduce_bundle(
     check_plan(bundle, profiles, blocks, source)
     data = data if data is not None else bundle_data(bundle, source=source)
     config = rerun_config(bundle, recorded, base, workdir, blocks, data)
+    digest = bundle["content"]["config"].get("requests_sha256")
+    if isinstance(digest, str):
+        what = (
+            "prompts, output lengths and every request's due time"
+            if config.bench.open_loop
+            else "prompts and output lengths"
+        )
+        events.line(f"the same requests as recorded ({what}): requests_sha256 {digest[:12]}… checked")
     provenance: dict[str, Any] = {"reproduces": recorded.experiment_id, "reproduces_digest": bundle.get("digest")}
     sent = bundle["content"]["config"].get("dataset")
     if isinstance(sent, dict):

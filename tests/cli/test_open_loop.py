@@ -247,8 +247,13 @@ def test_reproducing_the_bundle_sends_the_same_schedule(
     new_db = tmp_path / "new.db"
     capsys.readouterr()
     code = main(["reproduce", str(path), "--db", str(new_db), "--workdir", str(root / "work2"), "--json"])
-    doc = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
     assert code in (0, 3, 4), doc  # reproduced or not, it ran: the schedule is what is checked here
+    said = "the same requests as recorded (prompts, output lengths and every request's due time): requests_sha256 "
+    assert said in out.err, out.err
+    # both rates judged, each with its verdict
+    assert [lv["rate"] for lv in doc["reproduction"]["levels"]] == [4.0, 16.0], doc["reproduction"]
 
     def schedule(path: Path) -> list[tuple[float, int, int, float]]:
         rows = (

@@ -125,12 +125,8 @@ def nightly_cmd(
     markdown_to = _target(markdown_out, "--markdown-out", reading)
     json_to = _target(json_out, "--json-out", reading)
     html_to = _target(html_out, "--html-out", reading)
-    if with_reports and html_to is None:
-        raise click.UsageError("--with-reports goes with --html-out FILE (the reports are written beside the page)")
-    if with_reports and html_to is not None and html_to.kind != "file":
-        raise InputError(
-            f"--with-reports: the reports are written beside the page, and --html-out {html_out} is not a file"
-        )
+    if with_reports:
+        reports_beside(html_to, "--html-out", html_out)
     if html_to is not None:
         from orchestrator.report import plots
 
@@ -183,6 +179,14 @@ def nightly_cmd(
     finally:
         store.close()
     raise SystemExit(report.exit_code)
+
+
+def reports_beside(target: files.Output | None, flag: str, given: str | None) -> None:
+    """--with-reports writes the A/B reports beside the page: it needs the page's option, and a file to be beside."""
+    if target is None:
+        raise click.UsageError(f"--with-reports goes with {flag} FILE (the reports are written beside the page)")
+    if target.kind != "file":
+        raise InputError(f"--with-reports: the reports are written beside the page, and {flag} {given} is not a file")
 
 
 def _page(
@@ -280,16 +284,14 @@ def history_cmd(
     if item is not None and suite_name is not None:
         raise click.UsageError("give ITEM or --suite NAME, not both")
     if with_reports and html_path is None:
-        raise click.UsageError("--with-reports goes with --html FILE (the reports are written beside the page)")
+        reports_beside(None, "--html", None)
     if as_json and html_path is not None:
         raise click.UsageError("--html writes the page; --json prints the history as JSON: give one of them")
     target = None
     if html_path is not None:
         target = files.output_target(html_path, "--html", read_files(db))
-        if with_reports and target.kind != "file":
-            raise InputError(
-                f"--with-reports: the reports are written beside the page, and --html {html_path} is not a file"
-            )
+        if with_reports:
+            reports_beside(target, "--html", html_path)
         from orchestrator.report import plots
 
         plots.require_matplotlib()  # before reading anything: a missing extra is said first

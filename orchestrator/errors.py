@@ -59,6 +59,15 @@ class BundleError(InputError):
     """A result bundle file is not JSON, truncated, not a bundle, of a newer version, tampered with or incomplete."""
 
 
+class UntrustedBundle(InputError):
+    """A bundle would make this machine run what its own profiles would not, and nothing said to run it: no terminal
+    to ask on, no --trust-bundle, no signature by an allowed signer (exit 2; nothing was started)."""
+
+
+class BundleDeclined(OrchError):
+    """Asked at the terminal whether to run what a bundle would run, the user said no (exit 1; nothing was started)."""
+
+
 def was_interrupted(e: BaseException) -> bool:
     """Whether e is, or was raised while handling, a Ctrl-C (or orch's SIGTERM or SIGHUP, which raise the same): a
     teardown that fails after an interrupt must not turn the interrupt into a failure."""

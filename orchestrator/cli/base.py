@@ -65,6 +65,7 @@ OPTION_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
                             "--tolerance", "--cache-measured")),
     ("Host", ("--host", "--workdir", "--wait", "--inventory", "--accept-new-host-key", "--allow-node-mismatch")),
     ("Output", ("--db", "--json", "-q", "-v")),
+    ("Bundle trust", ("--trust-bundle", "--allowed-signers")),
 )  # fmt: skip
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -14,6 +15,7 @@ from orchestrator.cli.jsonout import RunCommand
 from orchestrator.cli.options import db_option, fixed_bench_options, parse_tolerance, run_options
 from orchestrator.cli.stored import stored_result
 from orchestrator.experiment import reproduce as reproduce_mod
+from orchestrator.experiment.trust import Ask, Trust
 from orchestrator.report.compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
 from orchestrator.report.jsondoc import ab_json
 from orchestrator.report.text import ab_text
@@ -65,6 +67,14 @@ def data_by_target(fn: Callable[..., Any]) -> Callable[..., Any]:
               help="The baseline run beside it [default: expect.vs, else a profile named 'baseline'].")  # fmt: skip
 @click.option("--tolerance", default="3%", show_default=True, callback=parse_tolerance,
               help="How far a value may be from the recorded one and still count as reproduced.")  # fmt: skip
+@click.option("--trust-bundle", is_flag=True,
+              help="Run a BUNDLE that would make this machine run what its own profiles would not (other commands, "
+              "env variables, models) without asking. Without it such a bundle is shown and asked about on a "
+              "terminal, and refused (exit 2) elsewhere; see docs/reproduce.md#trust.")  # fmt: skip
+@click.option("--allowed-signers", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Run a BUNDLE signed (orch export --sign KEY) by a key FILE lists (ssh-keygen's allowed_signers "
+              "format) without asking; a signature that does not verify is refused (exit 2), one by a key FILE does "
+              "not list is treated as unsigned.")  # fmt: skip
 @blocks_by_target
 @data_by_target
 @fixed_bench_options
@@ -81,21 +91,27 @@ def reproduce_cmd(
     dataset of the same sha256), or from a copy given with --prompts/--dataset PATH or --trace PATH; other data is
     refused (exit 2), never reproduced on.
 
+    A BUNDLE whose profiles differ from this machine's own of the same names (its commands, env variables such as
+    PYTHONPATH or LD_PRELOAD, models) would run its author's choices here: before anything starts, orch shows what
+    differs and asks on a terminal (default no); elsewhere it refuses (exit 2) unless --trust-bundle is given, or
+    --allowed-signers FILE lists the key that signed it (orch export --sign KEY).
+
     PROFILE (a name or a file): its claim comes from --claim/--claim-ratio or its expect: block; it runs with its
     baseline beside it (3 blocks unless --blocks says otherwise).
 
     Examples: orch reproduce result.orch.json --host gpu-box   |   orch reproduce eagle3-3step --sim --claim 94
     """
     options = run_options(click.get_current_context(), "reproduce")
+    claim = reproduce_mod.Claim(claim_tps, claim_ratio, vs_name)
     with usage_errors():
-        plan = reproduce_mod.plan_reproduction(target, reproduce_mod.Claim(claim_tps, claim_ratio, vs_name), options)
+        plan = reproduce_mod.plan_reproduction(target, claim, options, terminal_question())
     if isinstance(plan, reproduce_mod.BundlePlan):
         new, comparison = reproduce_mod.run_bundle(plan, tolerance)
         try:
             report = compare_json(comparison), compare_text(comparison)
         except Exception as e:  # the measurement is stored: a failure rendering its verdict must not hide where it is
             raise reproduce_mod.JudgingFailed(new.experiment_id, plan.path, e) from e
-        verdict_out(new, "reproduction", *report, plan.options.as_json)
+        verdict_out(new, "reproduction", *report, plan.options.as_json, plan.trust)
         raise SystemExit(comparison.exit_code)
     with usage_errors():
         result, verdict = reproduce_mod.run_claim(plan, tolerance, warn=_warn)
@@ -107,14 +123,37 @@ def _warn(line: str) -> None:
     click.echo(line, err=True)
 
 
-def verdict_out(result: ABResult, key: str, doc: dict[str, Any], text: str, as_json: bool) -> None:
-    """The new experiment's report, then the verdict under it (or both in one JSON document under `key`)."""
+def terminal_question() -> Ask | None:
+    """The question before a bundle runs what this machine's own profiles would not: on a terminal (stdin and stderr
+    both TTYs, so --json's stdout stays the document), default no; None where there is nobody to ask."""
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return None
+
+    def ask(text: str) -> bool:
+        click.echo(text, err=True)
+        try:
+            return click.confirm("Run it?", default=False, err=True)
+        except click.Abort:  # Ctrl-D or Ctrl-C at the question: no
+            click.echo("", err=True)
+            return False
+
+    return ask
+
+
+def verdict_out(
+    result: ABResult, key: str, doc: dict[str, Any], text: str, as_json: bool, trust: Trust | None = None
+) -> None:
+    """The new experiment's report, then the verdict under it (or both in one JSON document under `key`); for a
+    bundle, what decided it could run here (`bundle_trust`)."""
     if as_json:
-        click.echo(json.dumps({**ab_json(result), key: doc}, indent=2))
+        extra = {"bundle_trust": trust.to_dict()} if trust is not None else {}
+        click.echo(json.dumps({**ab_json(result), key: doc, **extra}, indent=2))
     else:
         click.echo(ab_text(result))
         click.echo("")
         click.echo(text)
+        if trust is not None:
+            click.echo(f"  bundle trusted: {trust.note}")
 
 
 def parse_arm_map(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,22 +118,42 @@ def _attached(config_json: str) -> bool:
 
 
 def stored_result(
-    ref: str, db: str | None, min_effect: float | None = None, slo: SLO | None = None, metric: str | None = None
+    ref: str,
+    db: str | None,
+    min_effect: float | None = None,
+    slo: SLO | None = None,
+    metric: str | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> model.ABResult:
-    """ID, prefix or `last` from the store; a path that exists is a result bundle, read without importing it. `slo`
-    and `metric` judge it on others than its own."""
+    """ID, prefix or `last` from the store; a path that exists is a result bundle, read without importing it (`say`
+    gets a line about its signature, if it has one). `slo` and `metric` judge it on others than its own."""
     from orchestrator.results.load import load_result
 
     if is_file(ref):
         from orchestrator.results import bundle as bundle_mod
 
         bundle = bundle_mod.read_bundle(ref)
+        if say is not None and (note := signature_note(bundle)) is not None:
+            say(note)
         return bundle_mod.result_from_bundle(bundle, min_effect=min_effect, slo=slo, metric=metric)
     store = open_existing(db)
     try:
         return load_result(store, ref, min_effect=min_effect, slo=slo, metric=metric)
     finally:
         store.close()
+
+
+def signature_note(bundle: dict[str, Any]) -> str | None:
+    """What `orch show` and `orch import` say of a signed bundle (nothing is run to check it: that is reproduce's)."""
+    from orchestrator.results import bundle as bundle_mod
+
+    key = bundle_mod.signature_key(bundle)
+    if key is None:
+        return None
+    return (
+        f"signed with {key.describe()} (not checked here: `orch reproduce FILE --allowed-signers FILE` checks it "
+        "against the signers you trust)"
+    )
 
 
 def load_with_requests(
@@ -198,7 +219,7 @@ def show_cmd(
     from orchestrator.report.jsondoc import ab_json
     from orchestrator.report.text import ab_text
 
-    result = stored_result(experiment, db, min_effect, slo, metric)
+    result = stored_result(experiment, db, min_effect, slo, metric, say=lambda line: click.echo(line, err=True))
     require_launches(result)
     click.echo(json.dumps(ab_json(result), indent=2) if as_json else ab_text(result).lstrip("\n"))
 
@@ -227,15 +248,27 @@ def show_cmd(
     "stdout). An existing file is replaced whole; a device or named pipe is written through; anything else, and the "
     "results database, is refused.",
 )
-def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) -> None:
+@click.option(
+    "--sign",
+    "sign_key",
+    type=click.Path(dir_okay=False),
+    default=None,
+    metavar="KEY",
+    help="With --format bundle: sign the bundle with this SSH key (ssh-keygen -Y sign, as git signs with SSH keys; "
+    "a private key file, or the .pub of a key ssh-agent holds; never asks for a passphrase), so that `orch reproduce "
+    "FILE --allowed-signers FILE` can run it without asking (docs/reproduce.md#trust).",
+)
+def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None, sign_key: str | None) -> None:
     """Export a stored experiment (or a result bundle FILE) as JSON, CSV, JSON Lines, Markdown, HTML or a bundle."""
     from orchestrator import files
 
+    if sign_key is not None and fmt != "bundle":
+        raise click.UsageError(f"--sign signs a result bundle, not --format {fmt}: add --format bundle")
     reading = read_files(db, *([experiment] if is_file(experiment) else []))
     # Checked before any work: a refused -o costs nothing, and the store is never written over.
     target = files.output_target(output, "-o", reading) if output is not None else None
     if fmt == "bundle":
-        _export_bundle(experiment, db, target)
+        _export_bundle(experiment, db, target, sign_key)
         return
     export = FORMATS[fmt]
     export.check()
@@ -252,18 +285,21 @@ def export_cmd(experiment: str, db: str | None, fmt: str, output: str | None) ->
     click.echo(f"wrote {output} ({fmt}, {len(result.launches)} launches)", err=True)
 
 
-def _export_bundle(ref: str, db: str | None, target: Output | None) -> None:
+def _export_bundle(ref: str, db: str | None, target: Output | None, sign_key: str | None) -> None:
     from orchestrator import files
     from orchestrator.results import bundle as bundle_mod
+    from orchestrator.results import signing
 
     if is_file(ref):
-        bundle = bundle_mod.read_bundle(ref)  # checked, then written again as it is
+        bundle = bundle_mod.read_bundle(ref)  # checked, then written again as it is (or signed anew)
     else:
         store = open_existing(db)
         try:
             bundle = bundle_mod.make_bundle(store, ref)
         finally:
             store.close()
+    if sign_key is not None:
+        bundle = signing.sign_bundle(bundle, sign_key)
     content = bundle["content"]
     if target is None:
         target = files.output_target(f"{content['experiment']['id']}.orch.json", None, read_files(db, ref))
@@ -272,8 +308,10 @@ def _export_bundle(ref: str, db: str | None, target: Output | None) -> None:
         return
     bundle_mod.write_bundle(bundle, target)
     withheld = bundle_mod.WITHHELD in json.dumps(content)
+    key = bundle_mod.signature_key(bundle)
     click.echo(
         f"wrote {target.path} (result bundle, {len(content['launches'])} launches"
+        + (f"; signed with {key.describe()}" if key is not None else "")
         + ("; secret values withheld, the receiver provides their own" if withheld else "")
         + ")",
         err=True,
@@ -300,6 +338,8 @@ def import_cmd(file: str, db: str | None) -> None:
         store.close()
     launches = len(bundle["content"]["launches"])
     click.echo(f"imported experiment {exp_id} ({launches} launches) into {path}")
+    if (note := signature_note(bundle)) is not None:
+        click.echo(note)
     click.echo(f"next: orch show {exp_id}    orch reproduce {file}    orch compare {exp_id} ID")
 
 

@@ -96,6 +96,9 @@ class RunOptions:
     turns: int | None = None  # --turns N: multi-turn sessions of N turns (config/sessions)
     flush_cache: bool = False  # --flush-cache: an empty prefix cache before every timed run (BenchConfig.flush_cache)
     cache_measured: bool = False  # orch ab --cache-measured: a cache gap between arms does not hold back verdicts
+    # orch reproduce BUNDLE: run what it would run unasked, or without asking when a key this file lists signed it
+    trust_bundle: bool = False
+    allowed_signers: str | None = None
     given: frozenset[str] = field(default_factory=frozenset)
 
     @classmethod

@@ -20,12 +20,13 @@ from orchestrator.config.workload import request_items
 from orchestrator.errors import InputError, OrchError
 from orchestrator.experiment import resume
 from orchestrator.experiment import run as experiment
+from orchestrator.experiment import trust as trust_mod
 from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.base import Host
 from orchestrator.launch import fingerprint, ports
 from orchestrator.report.lines import SIM_BANNER
 from orchestrator.results import bundle as bundle_mod
-from orchestrator.results import datasource
+from orchestrator.results import datasource, signing
 from orchestrator.results.compare import ClaimVerdict, ExperimentComparison, claim_verdict, compare_levels
 from orchestrator.results.datasource import DataSource
 from orchestrator.results.model import ABResult
@@ -288,9 +289,11 @@ def reproduce_bundle(
     events: Events = QUIET,
     on_run: Callable[[str, RunResult], None] = lambda _p, _r: None,
     data: BundleData | None = None,
+    trust: trust_mod.Trust | None = None,
 ) -> tuple[ABResult, ExperimentComparison]:
     """Run the bundle's design again here, from fresh state, and judge the new result against the recorded one.
-    `data`: where its data comes from (bundle_data; by default the bundle's own, or the recorded file)."""
+    `data`: where its data comes from (bundle_data; by default the bundle's own, or the recorded file); `trust`: what
+    decided it may run (plan_bundle), stored with the new experiment."""
     recorded = bundle_mod.result_from_bundle(bundle)
     profiles = bundle_mod.profiles_from_bundle(bundle)
     check_plan(bundle, profiles, blocks, source)
@@ -305,6 +308,8 @@ def reproduce_bundle(
         )
         events.line(f"the same requests as recorded ({what}): requests_sha256 {digest[:12]}… checked")
     provenance: dict[str, Any] = {"reproduces": recorded.experiment_id, "reproduces_digest": bundle.get("digest")}
+    if trust is not None:
+        provenance["bundle_trust"] = trust.to_dict()
     sent = bundle["content"]["config"].get("dataset")
     if isinstance(sent, dict):
         # The same data as the recorded experiment's (its sha256, or its requests' digest, was checked): recorded as
@@ -342,6 +347,7 @@ class BundlePlan:
     blocks: int | None
     options: RunOptions
     data: BundleData | None = None  # where its data comes from, checked (bundle_data)
+    trust: trust_mod.Trust | None = None  # what decided it may run here (trust.decide)
 
     @property
     def simulated(self) -> bool:
@@ -363,18 +369,29 @@ def is_bundle(target: str) -> bool:
     return yamlfile.is_file(path) and path.suffix not in (".yaml", ".yml")
 
 
-def plan_reproduction(target: str, claim: Claim, options: RunOptions) -> BundlePlan | ClaimPlan:
+def plan_reproduction(
+    target: str, claim: Claim, options: RunOptions, ask: trust_mod.Ask | None = None
+) -> BundlePlan | ClaimPlan:
     """What `orch reproduce TARGET` runs, refused before anything starts (OptionError: options that cannot go with
-    it, which the CLI shows as usage errors)."""
+    it, which the CLI shows as usage errors). `ask`: the question at a terminal, for a bundle that would run what
+    this machine's own profiles would not (None: no terminal to ask on)."""
     if is_bundle(target):
         if claim.given():
             raise OptionError("--claim, --claim-ratio and --vs judge a profile's claim, not a result bundle")
-        return plan_bundle(target, options)
+        return plan_bundle(target, options, ask)
+    trust_flags = (("trust_bundle", "--trust-bundle"), ("allowed_signers", "--allowed-signers"))
+    given = [flag for name, flag in trust_flags if options.gave(name)]
+    if given:
+        raise OptionError(
+            f"{' and '.join(given)} decide whether a result bundle may run here; a profile's claim runs this machine's "
+            "own profiles: drop them"
+        )
     return plan_claim(target, claim, options)
 
 
-def plan_bundle(path: str, options: RunOptions) -> BundlePlan:
-    """The bundle at `path`, re-run with its own settings (only --blocks may change how many blocks)."""
+def plan_bundle(path: str, options: RunOptions, ask: trust_mod.Ask | None = None) -> BundlePlan:
+    """The bundle at `path`, re-run with its own settings (only --blocks may change how many blocks), once it may
+    run here (trust.decide: its own profiles, an allowed signer, --trust-bundle or `ask`), before anything starts."""
     bundle = bundle_mod.read_bundle(path)
     simulated = bool(bundle["content"]["experiment"]["simulated"])
     passed = resume.fixed_given(options, simulated, but=("blocks", "prompt_source", "trace"))
@@ -402,7 +419,13 @@ def plan_bundle(path: str, options: RunOptions) -> BundlePlan:
     except InputError as e:
         measured = bundle["content"]["experiment"].get("host")
         raise InputError(f"{e} (the bundle was measured on {measured!r})" if measured else str(e)) from None
-    return BundlePlan(path, bundle, profiles, blocks, options, data)
+    # Last, once nothing else refuses it, and before anything starts (no host, no store, no lock): may it run here?
+    signature = (
+        signing.check_signature(bundle, options.allowed_signers, path) if options.allowed_signers is not None else None
+    )
+    review = trust_mod.review(path, ports.override(profiles, options.port), simulated)
+    trust = trust_mod.decide(review, signature=signature, trust_bundle=options.trust_bundle, ask=ask)
+    return BundlePlan(path, bundle, profiles, blocks, options, data, trust)
 
 
 def run_bundle(plan: BundlePlan, tolerance: float) -> tuple[ABResult, ExperimentComparison]:
@@ -432,6 +455,7 @@ def run_bundle(plan: BundlePlan, tolerance: float) -> tuple[ABResult, Experiment
                 events=Lines(event),  # the lines only: no live view while reproducing, its phases reach no one
                 on_run=on_run,
                 data=plan.data,
+                trust=plan.trust,
             )
     finally:
         store.close()

@@ -1,6 +1,7 @@
 """Results as data: `run` (one benchmark run), `model` (launches → arms → the A/B result), `store` and `schema` (the
 versioned SQLite file, written as each run ends), `load` (a stored experiment read back as the model), `bundle` and
-`bundleformat` (one self-contained file per experiment), `compare` (two experiments, or a claim, side by side),
+`bundleformat` (one self-contained file per experiment), `signing` and `sshsig` (a bundle signed with an SSH key, and
+checked against the signers the receiver trusts), `compare` (two experiments, or a claim, side by side),
 `goodput` (a run's value of any metric a comparison may be on, goodput under an SLO from its per-request rows),
 `curves` (each arm's numbers over the levels with CIs over launches, and the Pareto front: what the load plots draw),
 `outputs` (the lossless check: each arm's generated outputs against the baseline's, prompt by prompt; accept length
@@ -24,6 +25,8 @@ __all__ = [
     "outputs",
     "run",
     "schema",
+    "signing",
+    "sshsig",
     "store",
     "turns",
 ]

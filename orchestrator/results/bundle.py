@@ -29,12 +29,17 @@ from orchestrator.results.bundleformat import (
     OPTIONAL_RUN_FIELDS,
     REQUEST_FIELDS,
     RUN_FIELDS,
+    SIGNATURE_NAMESPACE,
+    SIGNED_VERSION,
+    UNSIGNED_VERSION,
     WITHHELD,
     bench_config,
     check_bundle,
     content_digest,
     digest_of,
     read_bundle,
+    signature_key,
+    signed_bytes,
     withhold,
 )
 from orchestrator.results.load import load_result
@@ -47,6 +52,9 @@ __all__ = [
     "BUNDLE_VERSION",
     "MAX_BUNDLE_BYTES",
     "MAX_PROMPT_BYTES",
+    "SIGNATURE_NAMESPACE",
+    "SIGNED_VERSION",
+    "UNSIGNED_VERSION",
     "WITHHELD",
     "AlreadyImported",
     "bench_config",
@@ -62,6 +70,8 @@ __all__ = [
     "requests_sha256",
     "result_from_bundle",
     "secret_variable",
+    "signature_key",
+    "signed_bytes",
     "trace_file_text",
     "trace_set",
     "withhold",
@@ -116,7 +126,7 @@ def make_bundle(store: Store, ref: str) -> dict[str, Any]:
     content["prompts"] = imported["prompts"] if isinstance(imported.get("prompts"), dict) else prompt_set(config)
     bundle: dict[str, Any] = {
         "format": BUNDLE_FORMAT,
-        "version": BUNDLE_VERSION,
+        "version": UNSIGNED_VERSION,  # results/signing makes it SIGNED_VERSION with its signature
         "exported": {"at": time.time(), "orch_version": __version__, "imported_from": imported.get("from")},
         "content": withhold(content),
     }

@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -13,13 +14,22 @@ from typing import Any
 
 from orchestrator import __version__, files
 from orchestrator.config import arrivals, limits
+from orchestrator.config.profile import NAME_RE, NAME_RULE, from_resolved
 from orchestrator.config.slo import stored_judgement
 from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import BundleError, InputError
+from orchestrator.fields import FieldError, int_range
+from orchestrator.results.sshsig import SignatureFormatError, SignatureKey, read_signature
 from orchestrator.stats.sequential import SequentialPlan
 
 BUNDLE_FORMAT = "orch-result-bundle"
-BUNDLE_VERSION = 1
+# Version 2 adds "signature" (an SSH signature of the rest: signed_bytes). A bundle without one is still written as
+# version 1, which every orch reads; the newest version this orch reads is BUNDLE_VERSION.
+BUNDLE_VERSION = 2
+UNSIGNED_VERSION = 1
+SIGNED_VERSION = 2
+# What an orch bundle signature is made for (`ssh-keygen -Y sign -n`): a signature made for git or a file is not one.
+SIGNATURE_NAMESPACE = "orch-bundle"
 MAX_BUNDLE_BYTES = 200 * 1024 * 1024
 # A prompt file larger than this travels as its digest and original path only.
 MAX_PROMPT_BYTES = 5 * 1024 * 1024
@@ -27,7 +37,13 @@ MAX_PROMPT_BYTES = 5 * 1024 * 1024
 # it was set, so the receiver knows to provide it.
 WITHHELD = "<withheld: set by the sender>"
 _DIGEST_RE = re.compile(r"<redacted hmac:[0-9a-f]*>")
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# An experiment id as orch makes it (config/design.new_experiment_id: time, then 6 hex digits), and a launch id as it
+# makes those (namespace:time-hex, -rankN for a multi-node rank; letters, digits and . _ - : in any case).
+ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
+ID_RULE = "YYYYMMDD-HHMMSS- and 6 hex digits, as orch names experiments"
+LAUNCH_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+check_port = int_range(1, 65535)
 STATUSES = ("running", "complete", "failed", "interrupted")
 
 # The bundle's fields and their store columns: this table, not the schema, defines the format.
@@ -136,8 +152,19 @@ def canonical(obj: Any) -> bytes:
 
 
 def digest_of(bundle: Mapping[str, Any]) -> str:
-    """sha256 over the canonical JSON of everything in the bundle but the digest itself."""
+    """sha256 over the canonical JSON of everything in the bundle but the digest itself (its signature included)."""
     return "sha256:" + hashlib.sha256(canonical({k: v for k, v in bundle.items() if k != "digest"})).hexdigest()
+
+
+def signed_bytes(bundle: Mapping[str, Any]) -> bytes:
+    """What a bundle's signature signs: the canonical JSON of everything but the digest and the signature."""
+    return canonical({k: v for k, v in bundle.items() if k not in ("digest", "signature")})
+
+
+def signature_key(bundle: Mapping[str, Any]) -> SignatureKey | None:
+    """The key a (checked) bundle says it was signed with, or None when it is not signed; not verified."""
+    armored = bundle.get("signature")
+    return None if armored is None else read_signature(armored)
 
 
 def content_digest(content: Any) -> str:
@@ -226,11 +253,43 @@ def check_bundle(bundle: Any, where: str) -> dict[str, Any]:
             f"{where}: the content does not match its digest (edited or damaged after export); "
             "ask the sender for the file again"
         )
+    _check_signature(bundle, version, where)
     _check_content(bundle.get("content"), where)
     return bundle
 
 
 # ---------------------------------------------------------------- validation
+
+
+def _check_signature(bundle: Mapping[str, Any], version: int, where: str) -> None:
+    """Its shape only: whether it verifies, and whose key it is, takes ssh-keygen and an allowed-signers file."""
+    if "signature" not in bundle:
+        return
+    if version < SIGNED_VERSION:
+        raise BundleError(f"{where}: signature: a version {version} bundle carries none (signed ones are version 2)")
+    try:
+        key = read_signature(bundle["signature"])
+    except SignatureFormatError as e:
+        raise BundleError(f"{where}: signature: {e}") from None
+    if key.namespace != SIGNATURE_NAMESPACE:
+        raise BundleError(
+            f"{where}: signature: made for {key.namespace!r}, not for an orch bundle ({SIGNATURE_NAMESPACE!r})"
+        )
+
+
+def _printable(value: str) -> bool:
+    """No control, format (bidi) or separator characters: nothing that could rewrite a terminal's line."""
+    return not any(unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp") for ch in value)
+
+
+def _check_name(value: Any, at: str) -> None:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise BundleError(f"{at}: {_shown(value)} is not a profile name ({NAME_RULE})")
+
+
+def _check_sha256(value: Any, at: str) -> None:
+    if value is not None and not (isinstance(value, str) and SHA256_RE.match(value)):
+        raise BundleError(f"{at}: {_shown(value)} is not a sha256 digest (64 lowercase hex digits)")
 
 
 def _type_ok(value: Any, code: str) -> bool:
@@ -292,15 +351,9 @@ def _check_content(content: Any, where: str) -> None:
         },
         f"{where}: content",
     )
-    exp = _check(c["experiment"], EXPERIMENT_FIELDS, f"{where}: content.experiment")
-    if not ID_RE.match(exp["id"]):
-        raise BundleError(f"{where}: content.experiment.id: {_shown(exp['id'])} is not an experiment id")
-    if exp["status"] not in STATUSES:
-        raise BundleError(f"{where}: content.experiment.status: expected one of {', '.join(STATUSES)}")
-    arms = exp["arms"]
-    if not arms or not all(isinstance(a, str) for a in arms):
-        raise BundleError(f"{where}: content.experiment.arms: expected a non-empty list of profile names")
+    arms = _check_experiment(c["experiment"], f"{where}: content.experiment")
     _check(c["config"], {"bench": "dict", "requests_sha256": "str?", "host_facts": "dict?"}, f"{where}: content.config")
+    _check_config_ids(c["config"], f"{where}: content.config")
     for key in ("min_effect", "target_tps"):
         value = c["config"].get(key)
         if value is not None and not (_type_ok(value, "num") and math.isfinite(value)):
@@ -322,14 +375,42 @@ def _check_content(content: Any, where: str) -> None:
         _check_design(c["design"], len(arms), f"{where}: content.design")
     if len(c["profiles"]) != len(arms) or not all(isinstance(p, dict) for p in c["profiles"]):
         raise BundleError(f"{where}: content.profiles: expected one resolved profile (an object) per arm ({len(arms)})")
+    _check_profiles(c["profiles"], arms, f"{where}: content.profiles")
     _check_prompts(c["prompts"], f"{where}: content.prompts")
+    _check_launches(c["launches"], arms, f"{where}: content.launches")
+
+
+def _check_experiment(exp: Any, where: str) -> list[str]:
+    """The experiment's identity: its id, status, host and arms (profile names); returns the arms."""
+    _check(exp, EXPERIMENT_FIELDS, where)
+    if not ID_RE.match(exp["id"]):
+        raise BundleError(f"{where}.id: {_shown(exp['id'])} is not an experiment id ({ID_RULE})")
+    if exp["status"] not in STATUSES:
+        raise BundleError(f"{where}.status: expected one of {', '.join(STATUSES)}")
+    if not exp["host"] or not _printable(exp["host"]):
+        raise BundleError(f"{where}.host: {_shown(exp['host'])} is not a host name")
+    arms: list[str] = exp["arms"]
+    if not arms:
+        raise BundleError(f"{where}.arms: expected a non-empty list of profile names")
+    for i, arm in enumerate(arms):
+        _check_name(arm, f"{where}.arms[{i}]")
+    return arms
+
+
+def _check_launches(launches: list[Any], arms: list[str], where: str) -> None:
     ids = []
-    for i, launch in enumerate(c["launches"]):
-        at = f"{where}: content.launches[{i}]"
+    for i, launch in enumerate(launches):
+        at = f"{where}[{i}]"
         _check(launch, LAUNCH_FIELDS, at)
         ids.append(launch["launch_id"])
+        if not LAUNCH_ID_RE.match(launch["launch_id"]):
+            raise BundleError(f"{at}.launch_id: {_shown(launch['launch_id'])} is not an orch launch id")
         if not 0 <= launch["arm_index"] < len(arms):
             raise BundleError(f"{at}.arm_index: {launch['arm_index']} is not an arm (0..{len(arms) - 1})")
+        if launch["profile"] != arms[launch["arm_index"]]:
+            raise BundleError(
+                f"{at}.profile: {_shown(launch['profile'])} is not its arm's profile ({arms[launch['arm_index']]})"
+            )
         if launch["block"] < 0 or launch["position"] < 0:
             raise BundleError(f"{at}: block and position must not be negative")
         for j, run in enumerate(launch["runs"]):
@@ -341,18 +422,49 @@ def _check_content(content: Any, where: str) -> None:
             for r in launch["runs"]
         ]
         _unique(keys, at, "run")
-    _unique(ids, f"{where}: content.launches", "launch id")
+    _unique(ids, where, "launch id")
+
+
+def _check_config_ids(config: Mapping[str, Any], at: str) -> None:
+    """The digests and the port a reproduction checks its data against and serves on (checked on read, so `orch
+    import` and `orch show` refuse what `orch reproduce` would)."""
+    _check_sha256(config.get("requests_sha256"), f"{at}.requests_sha256")
+    bench = config["bench"]
+    _check_sha256(bench.get("trace_sha256"), f"{at}.bench.trace_sha256")
+    dataset = config.get("dataset")
+    if dataset is not None:
+        if not isinstance(dataset, dict):
+            raise BundleError(f"{at}.dataset: expected an object, got {_shown(dataset)}")
+        _check_sha256(dataset.get("sha256"), f"{at}.dataset.sha256")
+    if config.get("port") is not None:
+        try:
+            check_port(config["port"])
+        except FieldError as e:
+            raise BundleError(f"{at}.port: {e}") from None
+
+
+def _check_profiles(profiles: list[dict[str, Any]], arms: list[str], at: str) -> None:
+    """Each arm's resolved profile, through the validation a profile file gets, under its arm's name."""
+    for i, data in enumerate(profiles):
+        if data.get("name") != arms[i]:
+            raise BundleError(f"{at}[{i}].name: {_shown(data.get('name'))} is not its arm's name ({arms[i]})")
+        try:
+            from_resolved(data, f"{at}[{i}]")
+        except InputError as e:
+            raise BundleError(str(e)) from None
 
 
 def _check_prompts(prompts: Any, at: str) -> None:
     """The prompt set: generated, or a file's items; and a replayed trace's lines, where it was bundled."""
     _check(prompts, {"source": "str", "requests_sha256": "str?"}, at)
+    _check_sha256(prompts.get("requests_sha256"), f"{at}.requests_sha256")
     items = prompts.get("items")
     if items is not None and not (isinstance(items, list) and all(isinstance(i, dict) for i in items)):
         raise BundleError(f"{at}.items: expected a list of prompt objects")
     trace = prompts.get("trace")
     if trace is not None:
         _check(trace, {"name": "str", "sha256": "str?", "lines": "list?"}, f"{at}.trace")
+        _check_sha256(trace.get("sha256"), f"{at}.trace.sha256")
         if trace.get("lines") is not None and not all(isinstance(line, str) for line in trace["lines"]):
             raise BundleError(f"{at}.trace.lines: expected a list of the trace's lines (text)")
 

@@ -383,8 +383,8 @@ def plan_reproduction(
     given = [flag for name, flag in trust_flags if options.gave(name)]
     if given:
         raise OptionError(
-            f"{' and '.join(given)} decide whether a result bundle may run here; a profile's claim runs this machine's "
-            "own profiles: drop them"
+            f"{' and '.join(given)} {'apply' if len(given) > 1 else 'applies'} to a result bundle (whether it may run "
+            "here); a profile's claim runs this machine's own profiles: drop " + ("them" if len(given) > 1 else "it")
         )
     return plan_claim(target, claim, options)
 

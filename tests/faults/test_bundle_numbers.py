@@ -160,7 +160,8 @@ def test_a_failure_judging_a_reproduction_keeps_and_names_the_new_experiment(
 
     monkeypatch.setattr(reproduce_mod, "compare_results", broken)
     db = tmp_path / "r.db"
-    rc = main(["reproduce", str(sent["path"]), "--db", str(db), "--gpu-wait", "0", "--grace", "2"])
+    # The receiver has no profile named p: its bundle runs only when told to (docs/reproduce.md#trust).
+    rc = main(["reproduce", str(sent["path"]), "--trust-bundle", "--db", str(db), "--gpu-wait", "0", "--grace", "2"])
     captured = capsys.readouterr()
     assert rc == 1, captured.err
     conn = sqlite3.connect(db)
@@ -189,7 +190,7 @@ def test_prompts_survive_a_chain_of_hand_ons(sent: dict[str, Any], tmp_path: Pat
         assert shipped["items"] == PROMPTS, shipped
         assert bundle_mod.read_bundle(handed)["content"] == sent["bundle"]["content"]
         previous = handed
-    again = run("reproduce", str(previous), "--gpu-wait", "0", "--grace", "2", cwd=tmp_path, env=env)
+    again = run("reproduce", str(previous), "--trust-bundle", "--gpu-wait", "0", "--grace", "2", cwd=tmp_path, env=env)
     assert again.rc in (0, 3, 4), again.text
     assert "cannot be re-sent" not in again.text and "differ from the recorded ones" not in again.text
     assert_plain(again.text)
@@ -219,8 +220,8 @@ def test_a_resumed_experiment_meets_the_same_limits(
 
 def test_a_bundle_is_planned_with_its_own_settings(sent: dict[str, Any], nothing_built: None) -> None:
     """The core without click: a bundle's plan keeps its blocks and port unless this run gives them, and refuses
-    the settings it fixes."""
-    options = RunOptions(command="reproduce", blocks=None)
+    the settings it fixes (this machine has no profile named p: --trust-bundle lets its bundle run)."""
+    options = RunOptions(command="reproduce", blocks=None, trust_bundle=True)
     plan = reproduce_mod.plan_reproduction(str(sent["path"]), reproduce_mod.Claim(), options)
     assert isinstance(plan, reproduce_mod.BundlePlan) and plan.simulated and plan.blocks is None
     assert [p.name for p in plan.profiles] == ["p"]

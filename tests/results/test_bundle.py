@@ -166,6 +166,29 @@ def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, st
     slo["content"]["config"]["slo"] = {"ttft_p99": "fast"}
     metric = json.loads(text)
     metric["content"]["config"]["metric"] = "goodput"  # without an SLO to count against
+    # Names, ids and digests a terminal would show or reproduce would use: refused on read, naming the field.
+    arm = json.loads(text)
+    arm["content"]["experiment"]["arms"][0] = "base\x1b]0;owned\x07line"
+    profile = json.loads(text)
+    profile["content"]["profiles"][1]["name"] = "baseline"
+    profile_field = json.loads(text)
+    profile_field["content"]["profiles"][0]["env"] = {"ORCH_LAUNCH_ID": "x"}
+    exp_id = json.loads(text)
+    exp_id["content"]["experiment"]["id"] = "../../etc"
+    launch_id = json.loads(text)
+    launch_id["content"]["launches"][0]["launch_id"] = "x\ny"
+    launch_profile = json.loads(text)
+    launch_profile["content"]["launches"][0]["profile"] = "other"
+    host = json.loads(text)
+    host["content"]["experiment"]["host"] = "gpu-box\r\x1b[2K"
+    requests_digest = json.loads(text)
+    requests_digest["content"]["config"]["requests_sha256"] = "not-a-digest"
+    port = json.loads(text)
+    port["content"]["config"]["port"] = 70000
+    signature = json.loads(text)
+    signature["signature"] = "-----BEGIN SSH SIGNATURE-----\nAAAA\n-----END SSH SIGNATURE-----\n"
+    signed_v2 = json.loads(text)
+    signed_v2.update(version=2, signature="not a signature")
     return {
         "not json": ("this is not json {", "not JSON"),
         "truncated": (text[: len(text) // 2], "truncated"),
@@ -178,6 +201,29 @@ def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, st
         "ill-typed": (json.dumps(_resealed(ill)), "content.launches[0].arm_index: expected an integer"),
         "bad slo": (json.dumps(_resealed(slo)), "content.config: slo: ttft_p99: expected a limit in seconds"),
         "bad metric": (json.dumps(_resealed(metric)), "content.config: metric goodput counts requests within the SLO"),
+        "arm name": (
+            json.dumps(_resealed(arm)),
+            'content.experiment.arms[0]: "base\\u001b]0;owned\\u0007line" is not a profile name (letters,',
+        ),
+        "profile name": (json.dumps(_resealed(profile)), 'content.profiles[1].name: "baseline" is not its arm\'s name'),
+        "profile field": (json.dumps(_resealed(profile_field)), "content.profiles[0]: env.ORCH_LAUNCH_ID: reserved"),
+        "experiment id": (json.dumps(_resealed(exp_id)), 'content.experiment.id: "../../etc" is not an experiment id'),
+        "launch id": (
+            json.dumps(_resealed(launch_id)),
+            'content.launches[0].launch_id: "x\\ny" is not an orch launch id',
+        ),
+        "launch profile": (
+            json.dumps(_resealed(launch_profile)),
+            'content.launches[0].profile: "other" is not its arm\'s profile',
+        ),
+        "host": (json.dumps(_resealed(host)), 'content.experiment.host: "gpu-box\\r\\u001b[2K" is not a host name'),
+        "requests digest": (
+            json.dumps(_resealed(requests_digest)),
+            'content.config.requests_sha256: "not-a-digest" is not a sha256 digest',
+        ),
+        "port": (json.dumps(_resealed(port)), "content.config.port: expected an integer from 1 to 65535, got 70000"),
+        "signature in v1": (json.dumps(_resealed(signature)), "signature: a version 1 bundle carries none"),
+        "signature malformed": (json.dumps(_resealed(signed_v2)), "signature: expected the armored text"),
     }
 
 
@@ -195,6 +241,17 @@ def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, st
         "ill-typed",
         "bad slo",
         "bad metric",
+        "arm name",
+        "profile name",
+        "profile field",
+        "experiment id",
+        "launch id",
+        "launch profile",
+        "host",
+        "requests digest",
+        "port",
+        "signature in v1",
+        "signature malformed",
     ],
 )
 def test_bad_bundles_exit_2_with_one_clear_line(

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
-from orchestrator.config.options import RunOptions
+from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.errors import BundleDeclined, BundleError, UntrustedBundle
 from orchestrator.experiment import reproduce as reproduce_mod
 from orchestrator.experiment import trust
@@ -206,9 +206,15 @@ def test_on_a_terminal_it_asks_and_no_runs_nothing(sent: dict[str, Any], tmp_pat
     assert not ran.exists() and not db.exists()
 
 
-def test_a_claim_takes_no_trust_options(tmp_path: Path) -> None:
-    out = run("reproduce", "baseline", "--sim", "--claim", "80", "--trust-bundle", cwd=tmp_path)
-    assert out.rc == 2 and "--trust-bundle applies to a result bundle" in out.err, out.text
+def test_a_claim_takes_no_trust_options() -> None:
+    """A profile's claim runs this machine's own profiles: the bundle's options are refused, not silently ignored."""
+    options = RunOptions(command="reproduce", blocks=None, trust_bundle=True, allowed_signers="allowed_signers")
+    with pytest.raises(OptionError, match="--trust-bundle and --allowed-signers apply to a result bundle"):
+        reproduce_mod.plan_reproduction(
+            "baseline",
+            reproduce_mod.Claim(tok_s=80),
+            options.replace(given=frozenset({"trust_bundle", "allowed_signers"})),
+        )
 
 
 def test_code_loading_variables_follow_one_rule() -> None:

@@ -174,7 +174,7 @@ def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, st
     profile_field = json.loads(text)
     profile_field["content"]["profiles"][0]["env"] = {"ORCH_LAUNCH_ID": "x"}
     exp_id = json.loads(text)
-    exp_id["content"]["experiment"]["id"] = "../../etc"
+    exp_id["content"]["experiment"]["id"] = "my-experiment"
     launch_id = json.loads(text)
     launch_id["content"]["launches"][0]["launch_id"] = "x\ny"
     launch_profile = json.loads(text)
@@ -207,7 +207,7 @@ def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, st
         ),
         "profile name": (json.dumps(_resealed(profile)), 'content.profiles[1].name: "baseline" is not its arm\'s name'),
         "profile field": (json.dumps(_resealed(profile_field)), "content.profiles[0]: env.ORCH_LAUNCH_ID: reserved"),
-        "experiment id": (json.dumps(_resealed(exp_id)), 'content.experiment.id: "../../etc" is not an experiment id'),
+        "experiment id": (json.dumps(_resealed(exp_id)), 'content.experiment.id: "my-experiment" is not an experiment id'),
         "launch id": (
             json.dumps(_resealed(launch_id)),
             'content.launches[0].launch_id: "x\\ny" is not an orch launch id',

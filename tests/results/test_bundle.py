@@ -207,7 +207,10 @@ def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, st
         ),
         "profile name": (json.dumps(_resealed(profile)), 'content.profiles[1].name: "baseline" is not its arm\'s name'),
         "profile field": (json.dumps(_resealed(profile_field)), "content.profiles[0]: env.ORCH_LAUNCH_ID: reserved"),
-        "experiment id": (json.dumps(_resealed(exp_id)), 'content.experiment.id: "my-experiment" is not an experiment id'),
+        "experiment id": (
+            json.dumps(_resealed(exp_id)),
+            'content.experiment.id: "my-experiment" is not an experiment id',
+        ),
         "launch id": (
             json.dumps(_resealed(launch_id)),
             'content.launches[0].launch_id: "x\\ny" is not an orch launch id',

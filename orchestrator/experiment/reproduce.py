@@ -17,7 +17,7 @@ from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.config.profile import Profile
 from orchestrator.config.workload import request_items
-from orchestrator.errors import InputError, OrchError
+from orchestrator.errors import InputError, OrchError, UntrustedBundle
 from orchestrator.experiment import resume
 from orchestrator.experiment import run as experiment
 from orchestrator.experiment import trust as trust_mod
@@ -431,6 +431,8 @@ def plan_bundle(path: str, options: RunOptions, ask: trust_mod.Ask | None = None
 def run_bundle(plan: BundlePlan, tolerance: float) -> tuple[ABResult, ExperimentComparison]:
     """The planned bundle re-run on the options' host, stored, and judged against what it recorded."""
     bundle, options = plan.bundle, plan.options
+    if plan.trust is None:  # a plan made by hand, not by plan_bundle: nothing decided that it may run here
+        raise UntrustedBundle(f"{plan.path}: not planned by plan_bundle, so nothing decided that it may run here")
     store = Store(options.db)
     try:
         rep = experiment.reporter_for(options)

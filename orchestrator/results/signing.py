@@ -49,8 +49,8 @@ def _ssh_keygen() -> str:
     found = shutil.which("ssh-keygen")
     if found is None:
         raise OrchError(
-            "ssh-keygen is not on PATH: signing and checking bundles uses OpenSSH's ssh-keygen (8.2 or newer; "
-            "package openssh-client)"
+            "ssh-keygen is not on PATH: signing and checking bundles uses OpenSSH's ssh-keygen -Y, as git's SSH "
+            "signing does (package openssh-client)"
         )
     return found
 
@@ -142,7 +142,8 @@ def check_signature(bundle: Mapping[str, Any], allowed_signers: str, where: str)
                 f"{where}: signature: does not verify with the key it names ({key.describe()}): the bundle was "
                 "changed after it was signed, or its signature is damaged; ask the sender for the file again"
             )
-        found = _run(["-Y", "find-principals", *ns, "-f", allowed])
+        # Who the key is, as git asks it (no namespace: `-Y verify` below holds the principal to orch-bundle's).
+        found = _run(["-Y", "find-principals", "-s", str(sig), "-f", allowed])
         principals = [p.strip() for p in found.stdout.splitlines() if p.strip()] if found.returncode == 0 else []
         for principal in principals:
             if _run(["-Y", "verify", *ns, "-f", allowed, "-I", principal], stdin=message).returncode == 0:

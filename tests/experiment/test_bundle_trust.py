@@ -157,6 +157,17 @@ def test_the_question_decides_before_anything_starts(
     assert plan.trust is not None and plan.trust.basis == "answered-yes"
 
 
+def test_a_plan_not_made_by_plan_bundle_never_runs(sent: dict[str, Any], tmp_path: Path) -> None:
+    """run_bundle refuses a plan nothing decided on, before it opens the store."""
+    bundle = bundle_mod.read_bundle(sent["path"])
+    db = tmp_path / "r.db"
+    options = RunOptions(command="reproduce", blocks=None, db=str(db))
+    plan = reproduce_mod.BundlePlan(str(sent["path"]), bundle, bundle_mod.profiles_from_bundle(bundle), None, options)
+    with pytest.raises(UntrustedBundle, match="nothing decided that it may run here"):
+        reproduce_mod.run_bundle(plan, 0.03)
+    assert not db.exists()
+
+
 def _on_a_terminal(args: list[str], cwd: Path, answer: bytes) -> tuple[int, str]:
     """orch with stdin, stdout and stderr on a pseudo-terminal; `answer` typed once it asks. Returns (rc, output)."""
     leader, follower = pty.openpty()
@@ -299,6 +310,14 @@ def test_a_tampered_or_foreign_signature_never_runs(
         reproduce_mod.plan_bundle(str(paths["mallory"]), options)
     with pytest.raises(UntrustedBundle, match="signature: the bundle is not signed"):
         reproduce_mod.plan_bundle(str(unsigned), options)
+    # Alice's key listed for git's signatures only: not one for orch bundles.
+    git_only = tmp_path / "git_only"
+    git_only.write_text(allowed.read_text().replace(" ssh-ed25519", ' namespaces="git" ssh-ed25519', 1))
+    by_alice = tmp_path / "alice.orch.json"
+    by_alice.write_text(json.dumps(signing.sign_bundle(bundle_mod.read_bundle(unsigned), str(alice))))
+    assert reproduce_mod.plan_bundle(str(by_alice), options).trust.basis == "signature"  # type: ignore[union-attr]
+    with pytest.raises(UntrustedBundle, match=r"listed for alice@example\.com, but not valid for orch bundles now"):
+        reproduce_mod.plan_bundle(str(by_alice), options.replace(allowed_signers=str(git_only)))
     db = tmp_path / "r.db"
     assert main(["reproduce", str(paths["tampered"]), "--allowed-signers", str(allowed), "--db", str(db)]) == 2
     assert not db.exists()

@@ -59,12 +59,15 @@ def busy_timeout_s() -> float:
 
 
 def this_process() -> dict[str, Any]:
-    """Who owns a running experiment: enough to tell later whether that process is still the same one."""
+    """Who owns a running experiment: enough to tell later whether that process is still the same one (its PID, start
+    time and, where the system has them, start ticks since boot: processes.identity) and on which machine."""
     import socket
 
     import psutil
 
-    return {"pid": os.getpid(), "create_time": psutil.Process().create_time(), "host": socket.gethostname()}
+    from orchestrator.agent.processes import identity
+
+    return {**identity(psutil.Process()), "host": socket.gethostname()}
 
 
 def owner_gone(owner: dict[str, Any]) -> str | None:
@@ -76,11 +79,15 @@ def owner_gone(owner: dict[str, Any]) -> str | None:
         return None  # another machine's process (or an owner we cannot read) is nobody's to judge from here
     import psutil
 
+    from orchestrator.agent.processes import same_process
+
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return f"PID {pid} is gone"
-        if abs(proc.create_time() - created) > 0.5:
+        # By start ticks since boot where recorded: a wall-clock step moves create_time, and must not make a live
+        # owner look gone (its experiment would be marked interrupted under it).
+        if not same_process(proc, owner, tolerance_s=0.5):
             return f"PID {pid} is gone; the PID now belongs to another process"
     except psutil.NoSuchProcess:
         return f"PID {pid} is gone"

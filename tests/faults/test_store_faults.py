@@ -19,10 +19,10 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator.agent import ops
+from orchestrator.agent import ops, processes
 from orchestrator.results.schema import SCHEMA_VERSION
 from orchestrator.results.store import Store
-from tests.conftest import NAMESPACE, run_orch, wait_for_line
+from tests.conftest import NAMESPACE, StepClock, run_orch, wait_for_line
 
 SimProfiles = Callable[..., dict[str, Path]]
 FAST = ("--max-tokens", "16", "--warmup", "0", "--grace", "2", "--min-run-s", "0")
@@ -130,6 +130,31 @@ def test_experiments_of_a_dead_owner_are_reaped_and_no_others(tmp_path: Path) ->
         "elsewhere": "running",
         "old-orch": "running",
     }
+
+
+def test_a_wall_clock_step_never_reaps_a_live_owners_experiment(tmp_path: Path, stepped_clock: StepClock) -> None:
+    """Owners are told apart by start ticks since boot: after the clock steps (psutil's create_time moves with it),
+    another session opening the store leaves live owners' experiments running and still reaps a reused PID's."""
+    db = tmp_path / "r.db"
+    here = socket.gethostname()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        mine = processes.identity(psutil.Process())
+        make_experiment(db, "mine")  # this process, as create_experiment records it
+        make_experiment(db, "other", {**processes.identity(psutil.Process(other.pid)), "host": here})
+        make_experiment(db, "reused", {**mine, "start_ticks": mine["start_ticks"] - 100, "host": here})
+        for seconds in (3600.0, -86400.0 * 365):
+            stepped_clock(seconds)
+            Store(db).close()
+            exps, _ = statuses(db)
+            by_id = {e[0]: e[1:] for e in exps}
+            assert by_id["mine"] == by_id["other"] == ("running", None), by_id
+            assert by_id["reused"][0] == "interrupted" and "now belongs to another process" in str(by_id["reused"][1])
+    finally:
+        other.kill()
+        other.wait()
+    Store(db).close()
+    assert statuses(db)[0][1][1] == "interrupted"  # "other", now really gone
 
 
 def test_resume_records_the_new_owner(tmp_path: Path) -> None:

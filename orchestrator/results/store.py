@@ -16,7 +16,16 @@ from typing import Any
 import platformdirs
 
 from orchestrator.errors import ExperimentRefError, InputError, StoreError
-from orchestrator.results.schema import INDEXES, MIGRATIONS, SCHEMA_VERSION, actual_schema, expected_schema
+from orchestrator.results.schema import (
+    COUNTED,
+    DUPLICATE,
+    DUPLICATE_ERROR,
+    INDEXES,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    actual_schema,
+    expected_schema,
+)
 
 # psutil, socket and secrets are imported where they are used: `orch list` opens the store and reads it, and should
 # not pay for what only a running experiment (its owner) or the secret-digest key needs.
@@ -94,6 +103,35 @@ def owner_gone(owner: dict[str, Any]) -> str | None:
     except psutil.Error:
         return None
     return None
+
+
+def owner_text(owner_json: str | None) -> str:
+    """A recorded owner in words: `orch PID 123 on host`."""
+    try:
+        owner = json.loads(owner_json) if owner_json else None
+    except ValueError:
+        owner = None
+    if not isinstance(owner, dict):
+        return "its owner unrecorded"
+    return f"owned by orch PID {owner.get('pid')} on {owner.get('host')}"
+
+
+def one_launch_per_slot(launches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Launch rows with at most one that counts (COUNTED) per block and arm, as migration 10 leaves a store: the first
+    complete one (else the first running one) stands; any other is marked DUPLICATE. Rows of an older orch's store,
+    where two sessions could run one experiment at once."""
+    order = sorted(range(len(launches)), key=lambda i: (launches[i].get("status") != "complete", i))
+    seen: set[tuple[Any, Any]] = set()
+    out = list(launches)
+    for i in order:
+        row = out[i]
+        if row.get("status") not in COUNTED:
+            continue
+        slot = (row.get("block") or 0, row.get("arm_index"))
+        if slot in seen:
+            out[i] = {**row, "status": DUPLICATE, "error": DUPLICATE_ERROR}
+        seen.add(slot)
+    return out
 
 
 def _kind(e: sqlite3.Error) -> str:
@@ -363,13 +401,28 @@ class Store:
         with self._write("recording the experiment's design") as c:
             c.execute("UPDATE experiments SET design_json = ? WHERE id = ?", (json.dumps(design), exp_id))
 
-    def reopen_experiment(self, exp_id: str) -> None:
-        """A resumed experiment is running again; its earlier end (and why) is no longer its state."""
+    def reopen_experiment(self, exp_id: str, seen: dict[str, Any]) -> None:
+        """A resumed experiment is running again, owned by this process; its earlier end (and why) is no longer its
+        state. Taken over only from the state the caller checked (`seen`, the experiment as it read it: its status
+        and owner), in one UPDATE, so of two sessions resuming it at once only one wins; the other gets a StoreError
+        and runs nothing. Launches its gone owner left `running` are marked interrupted with it."""
+        error = "orch stopped before this launch ended (its experiment was resumed)"
         with self._write("reopening an experiment") as c:
-            c.execute(
+            cur = c.execute(
                 "UPDATE experiments SET status = 'running', finished_at = NULL, error = NULL, owner_json = ?"
-                " WHERE id = ?",
-                (json.dumps(this_process()), exp_id),
+                " WHERE id = ? AND status = ? AND owner_json IS ?",
+                (json.dumps(this_process()), exp_id, seen.get("status"), seen.get("owner_json")),
+            )
+            if cur.rowcount != 1:
+                now = c.execute("SELECT status, owner_json FROM experiments WHERE id = ?", (exp_id,)).fetchone()
+                state = f"it is {now['status']} now, {owner_text(now['owner_json'])}" if now else "it is gone"
+                raise StoreError(
+                    f"experiment {exp_id} was taken over by another orch session while this one prepared to resume it "
+                    f"({state}); nothing was run. `orch list` shows it: resume it once it is no longer running"
+                )
+            c.execute(
+                "UPDATE launches SET status = 'interrupted', error = ? WHERE experiment_id = ? AND status = 'running'",
+                (error, exp_id),
             )
         self._orphans.pop(exp_id, None)
 
@@ -389,6 +442,7 @@ class Store:
     ) -> None:
         """Rows of an experiment recorded elsewhere (a result bundle), all in one transaction: all or nothing."""
         schema = expected_schema(SCHEMA_VERSION)
+        launches = one_launch_per_slot(launches)
         with self._write("importing an experiment") as c:
             for table, rows in (("experiments", [experiment]), ("launches", launches), ("runs", runs)):
                 for row in rows:
@@ -434,23 +488,33 @@ class Store:
         position: int | None = None,
     ) -> None:
         with self._write("recording a launch") as c:
-            c.execute(
-                "INSERT INTO launches (launch_id, experiment_id, arm_index, block, position, profile, profile_json,"
-                " argv_json, env_json, pid, started_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running')",
-                (
-                    launch_id,
-                    experiment_id,
-                    arm_index,
-                    block,
-                    arm_index if position is None else position,
-                    profile,
-                    json.dumps(profile_dict),
-                    json.dumps(argv),
-                    json.dumps(env),
-                    pid,
-                    started_at,
-                ),
-            )
+            try:
+                c.execute(
+                    "INSERT INTO launches (launch_id, experiment_id, arm_index, block, position, profile, profile_json,"
+                    " argv_json, env_json, pid, started_at, status)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running')",
+                    (
+                        launch_id,
+                        experiment_id,
+                        arm_index,
+                        block,
+                        arm_index if position is None else position,
+                        profile,
+                        json.dumps(profile_dict),
+                        json.dumps(argv),
+                        json.dumps(env),
+                        pid,
+                        started_at,
+                    ),
+                )
+            except sqlite3.IntegrityError as e:
+                if "launches.experiment_id" not in str(e):  # another constraint: explained as any other failure
+                    raise
+                raise StoreError(
+                    f"{self.path}: experiment {experiment_id} already has a launch of arm {arm_index + 1} in block "
+                    f"{block + 1} running or complete (is another orch session running this experiment?); refused, "
+                    "so that no launch is counted twice"
+                ) from e
 
     def update_launch(self, launch_id: str, **fields: Any) -> None:
         allowed = {

@@ -162,8 +162,9 @@ def test_resume_records_the_new_owner(tmp_path: Path) -> None:
     pid, created = dead_pid()
     make_experiment(db, "e", {"pid": pid, "create_time": created, "host": socket.gethostname()})
     store = Store(db)
-    assert store.experiment("e")["status"] == "interrupted"  # type: ignore[index]
-    store.reopen_experiment("e")
+    seen = store.experiment("e")
+    assert seen is not None and seen["status"] == "interrupted"
+    store.reopen_experiment("e", seen)
     store.close()
     store = Store(db)  # its owner is alive now: reopening the store must not reap it
     assert store.experiment("e")["status"] == "running"  # type: ignore[index]

@@ -260,12 +260,12 @@ MIGRATIONS: tuple[str, ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
-# Indexes for the reads that must stay fast on a big store: `orch list` and `last` (newest first), the launches
-# completed per experiment, and the running experiments checked at every open. They are not a schema version: SQLite
-# keeps an index current on every write, whichever orch writes, so an older orch (which refuses a newer
-# user_version) reads and writes an indexed file exactly as before. Created on open where missing.
+# Indexes for the reads that must stay fast on a big store: the launches completed per experiment (`orch list`), and
+# the running experiments checked at every open. (`orch list` and `last` go newest first by rowid, the table's own
+# order.) They are not a schema version: SQLite keeps an index current on every write, whichever orch writes, so an
+# older orch (which refuses a newer user_version) reads and writes an indexed file exactly as before. Created on open
+# where missing.
 INDEXES: dict[str, str] = {
-    "experiments_by_created": "CREATE INDEX IF NOT EXISTS experiments_by_created ON experiments(created_at)",
     "experiments_running": "CREATE INDEX IF NOT EXISTS experiments_running ON experiments(status)"
     " WHERE status = 'running'",
     "launches_by_experiment_status": "CREATE INDEX IF NOT EXISTS launches_by_experiment_status"

@@ -45,6 +45,9 @@ def open_existing(db: str | None) -> Store:
 
 
 AMBIGUOUS_SHOWN = 10  # ids an ambiguous prefix lists
+# Newest first is the order the store recorded experiments in (rowid: each insert takes the largest yet + 1; orch
+# never deletes one), never `created_at`: an experiment recorded under a clock set ahead would stay `last` for as long.
+NEWEST_FIRST = "rowid DESC"
 BUSY_TIMEOUT_MAX_S = 1e6  # sqlite3 takes the timeout in milliseconds as a C int: far beyond this overflows
 
 
@@ -626,20 +629,21 @@ class Store:
         return [dict(r) for r in rows]
 
     def experiments(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The newest experiments first, each with how many of its launches completed."""
+        """The newest experiments first (NEWEST_FIRST), each with how many of its launches completed."""
         rows = self._query(
             "SELECT e.*, (SELECT COUNT(*) FROM launches l WHERE l.experiment_id = e.id AND l.status = 'complete')"
-            " AS launches_complete FROM experiments e ORDER BY created_at DESC LIMIT ?",
+            f" AS launches_complete FROM experiments e ORDER BY {NEWEST_FIRST} LIMIT ?",
             (limit,),
         )
         return [self._shown(r) for r in rows]
 
     def find_experiment(self, ref: str) -> dict[str, Any]:
-        """An experiment by id, unique id prefix, or `last`; StoreError naming the candidates otherwise."""
+        """An experiment by id, unique id prefix, or `last` (the one recorded last); StoreError naming the candidates
+        otherwise."""
         if not ref.strip():
             raise ExperimentRefError("an experiment id (or a unique prefix of one, or `last`) is needed")
         if ref == "last":
-            rows = self._query("SELECT * FROM experiments ORDER BY created_at DESC LIMIT 1")
+            rows = self._query(f"SELECT * FROM experiments ORDER BY {NEWEST_FIRST} LIMIT 1")
             if not rows:
                 raise StoreError(f"{self.path}: no experiments stored yet")
             return self._shown(rows[0])
@@ -649,7 +653,7 @@ class Store:
         pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         shown = AMBIGUOUS_SHOWN
         rows = self._query(
-            "SELECT * FROM experiments WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC LIMIT ?",
+            f"SELECT * FROM experiments WHERE id LIKE ? ESCAPE '\\' ORDER BY {NEWEST_FIRST} LIMIT ?",
             (pattern, shown + 1),
         )
         if len(rows) == 1:

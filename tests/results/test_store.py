@@ -224,3 +224,27 @@ def test_of_two_sessions_resuming_one_experiment_only_one_takes_it_over(tmp_path
     assert [r["status"] for r in store.launches("e1")] == ["interrupted"]  # its slot may run again
     for s in (store, first, second):
         s.close()
+
+
+def test_last_is_the_experiment_recorded_last_whatever_the_clock_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An experiment recorded while the clock was a year ahead is not `last` (nor listed first) once a later one is
+    recorded: newest first is the store's own order, not created_at."""
+    import time
+
+    from orchestrator.cli.complete import stored_ids
+
+    db = tmp_path / "r.db"
+    store = Store(db)
+    real = time.time
+    with monkeypatch.context() as m:
+        m.setattr(time, "time", lambda: real() + 365 * 86400)
+        _experiment(store, "20271204-000000-future")
+    _experiment(store, "20261204-000000-now")
+    assert store.find_experiment("last")["id"] == "20261204-000000-now"
+    assert [e["id"] for e in store.experiments()] == ["20261204-000000-now", "20271204-000000-future"]
+    with pytest.raises(StoreError, match=r"newest first: 20261204-000000-now, 20271204-000000-future"):
+        store.find_experiment("20")
+    assert [i for i, _ in stored_ids(str(db))] == ["20261204-000000-now", "20271204-000000-future"]  # completion
+    store.close()

@@ -168,6 +168,8 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"{self.path}: cannot create the results database: {e.strerror or e}") from e
+        if str(self.path) != ":memory:" and not os.path.lexists(self.path):
+            self._create(timeout_s)
         try:
             # A file orch may not write (permissions, an immutable file, a read-only mount) opens read-only:
             # listing and showing still work, and the first write says why it cannot.
@@ -185,6 +187,45 @@ class Store:
         except BaseException:
             self.conn.close()
             raise
+
+    def _create(self, timeout_s: float) -> None:
+        """A new store, built whole beside its path and linked into place: a failure (a full disk) leaves nothing at
+        the path, never a store half made. If another orch creates it meanwhile, theirs is used."""
+        import errno
+        import secrets
+
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.new")
+        try:
+            conn = sqlite3.connect(tmp, timeout=timeout_s)
+            try:
+                for target, migration in enumerate(MIGRATIONS):
+                    with conn:
+                        conn.executescript("BEGIN;" + migration + f"; PRAGMA user_version = {target + 1};")
+                with conn:
+                    for sql in INDEXES.values():
+                        conn.execute(sql)
+            finally:
+                conn.close()
+            try:
+                os.link(tmp, self.path)  # never over a store another orch has just created
+            except FileExistsError:
+                pass
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+                    raise
+                if not os.path.lexists(self.path):  # a file system without hard links: a rename, checked first
+                    os.rename(tmp, self.path)
+        except (sqlite3.Error, OSError) as e:
+            full = (isinstance(e, sqlite3.Error) and _kind(e) == "full") or getattr(e, "errno", None) == errno.ENOSPC
+            why = f"the disk is full ({e})" if full else str(e)
+            raise StoreError(
+                f"cannot create the results database {self.path}: {why}; nothing was left there. "
+                + ("Free some space, or use another --db" if full else "Check the directory, or use another --db")
+            ) from e
+        finally:
+            for leftover in ("", "-journal", "-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{tmp}{leftover}")
 
     def _error(self, e: sqlite3.Error, doing: str) -> StoreError:
         """What went wrong with the file, in words, and what to do about it."""

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from orchestrator.agent import ops, processes
+from orchestrator.errors import StoreError
 from orchestrator.results.schema import SCHEMA_VERSION
 from orchestrator.results.store import Store
 from tests.conftest import NAMESPACE, StepClock, run_orch, wait_for_line
@@ -389,3 +390,34 @@ def test_disk_full_mid_run_keeps_finished_runs_and_tears_down(
     for run in runs:
         assert len([r for r in store.requests(launch["launch_id"]) if r["run_idx"] == run["idx"]]) == run["requests"]
     store.close()
+
+
+def test_the_first_store_on_a_full_disk_says_so_and_leaves_nothing(
+    sim_profiles: SimProfiles, tmp_path: Path, small_disk: Path
+) -> None:
+    """Creating a results database with 32 KiB free: the schema's first steps fit, the rest does not. orch says it
+    cannot create the database because the disk is full (not "while upgrading its schema from version 1 to 2") and
+    leaves no partial file; a store that was there before is never touched."""
+    sim_profiles()
+    kept = small_disk / "kept.db"
+    make_experiment(kept)
+    filler = fill(small_disk)
+    os.truncate(filler, filler.stat().st_size - 32 * 1024)
+    before = sorted(p.name for p in small_disk.iterdir())
+    db = small_disk / "r.db"
+    with pytest.raises(StoreError) as raised:
+        Store(db)
+    message = str(raised.value)
+    assert message.startswith(f"cannot create the results database {db}: the disk is full"), message
+    assert "upgrading" not in message and "nothing was left there" in message
+    assert sorted(p.name for p in small_disk.iterdir()) == before  # no r.db, no temp file, no journal
+    code, _, err = orch("bench", "baseline", "--sim", "--runs", "2", *FAST, "--db", str(db), cwd=tmp_path)
+    assert_clean_error(code, err, f"cannot create the results database {db}: the disk is full")
+    assert sorted(p.name for p in small_disk.iterdir()) == before
+    assert ops.op_find(NAMESPACE) == [] and port_free(port_of(tmp_path))
+    store = Store(kept)  # the store that was there: read as it was
+    assert [e["id"] for e in store.experiments()] == ["e1"]
+    store.close()
+    filler.unlink()
+    Store(db).close()  # with room again, created whole
+    assert statuses(db) == ([], [])

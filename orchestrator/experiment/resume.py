@@ -173,11 +173,14 @@ def check_not_running(exp: dict[str, Any]) -> None:
     which the host lock does not exclude) would run its launches again. The store has marked it interrupted already
     if its owner ran on this machine and is gone; a running one is refused, naming its owner. One without a recorded
     owner (an older orch's, which cannot be running on this store now) may still be resumed."""
-    if exp["status"] != "running" or not exp.get("owner_json"):
+    try:
+        owner = json.loads(exp.get("owner_json") or "null")
+    except ValueError:
+        owner = None
+    if exp["status"] != "running" or not isinstance(owner, dict):
         return
     import socket
 
-    owner = json.loads(exp["owner_json"])
     pid, host = owner.get("pid"), owner.get("host")
     here = socket.gethostname()
     if host == here:

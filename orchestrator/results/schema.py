@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import sqlite3
 
-# A launch that runs or ran to the end holds its slot (experiment, block, arm): one per slot (schema 10). Another
-# launch of a slot that a bundle (from an older orch's store) holds is imported as migration 10 keeps one: marked so.
+# A launch that runs or ran to the end holds its slot (experiment, block, arm): one per slot since schema 10. Any other
+# that a store (or a bundle from an older orch's store) already held for its slot is kept, marked DUPLICATE.
 COUNTED = ("running", "complete")
 DUPLICATE = "duplicate"
 DUPLICATE_ERROR = (

@@ -20,6 +20,11 @@ from orchestrator.errors import InputError, StoreError
 
 STDOUT = "-"
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# SQLite's files beside a database FILE: FILE-journal (rollback journal), FILE-wal (write-ahead log: committed rows
+# that are not in FILE yet) and FILE-shm (the WAL's shared-memory index). Written over, a store loses rows.
+SQLITE_SIBLINGS = ("-journal", "-wal", "-shm")
+WAL_MAGICS = (bytes.fromhex("377f0682"), bytes.fromhex("377f0683"))  # a WAL file's header, big-endian
+JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")  # a rollback journal's header (zeroed once it is done with)
 READER_WAIT_S = 5.0  # how long a named pipe may wait for its reader
 
 
@@ -44,7 +49,8 @@ def output_target(path: str | Path, option: str | None = None, reading: Sequence
     """`path` as an output, else InputError (exit 2: the argument is wrong) naming it and its option. Refused: a
     directory, a symbolic link (replacing the link would not write where it points; following it as root in a
     shared directory is how files get clobbered) unless it leads to a device or pipe (/dev/stdout, >(cmd)), a
-    block device or socket, a SQLite database, a file the command reads, a file or directory it may not write."""
+    block device or socket, a SQLite database or its -journal, -wal or -shm file (existing or not), a file the
+    command reads, a file or directory it may not write."""
     name = str(path)
     where = f"{option} {name}" if option else name
     kept = tuple(str(p) for p in reading)
@@ -54,6 +60,7 @@ def output_target(path: str | Path, option: str | None = None, reading: Sequence
         st = os.lstat(name)
     except FileNotFoundError:
         _new_file(name, where)
+        _refuse_sqlite(name, where)  # a -wal or -journal that SQLite would create (and read) beside a database
         return Output(name, "file", option, kept)
     except OSError as e:
         raise InputError(f"{where}: cannot use it as an output: {e.strerror or e}") from None
@@ -79,8 +86,7 @@ def output_target(path: str | Path, option: str | None = None, reading: Sequence
         with contextlib.suppress(OSError):
             if os.path.samefile(name, other):
                 raise InputError(f"{where}: is {other}, which this command reads; give another file name")
-    if _is_sqlite(name):
-        raise InputError(f"{where}: is a SQLite database (a results store?); orch never writes an output over one")
+    _refuse_sqlite(name, where)
     _new_file(name, where)
     if not os.access(name, os.W_OK):
         raise InputError(f"{where}: not writable (permission denied)")
@@ -96,12 +102,34 @@ def _new_file(name: str, where: str) -> None:
         raise InputError(f"{where}: not writable (permission denied)")
 
 
-def _is_sqlite(name: str) -> bool:
+def _refuse_sqlite(name: str, where: str) -> None:
+    """InputError if `name` is an SQLite file: a database, a write-ahead log or rollback journal (by their headers),
+    or a -journal, -wal or -shm named for a database beside it (an -shm has no header, and a journal's is zeroed
+    between transactions), whether or not that file exists yet."""
+    head = _head(name, len(SQLITE_MAGIC))
+    if head == SQLITE_MAGIC:
+        raise InputError(f"{where}: is a SQLite database (a results store?); orch never writes an output over one")
+    kind = "a SQLite write-ahead log" if head[:4] in WAL_MAGICS else None
+    kind = "a SQLite rollback journal" if head[:8] == JOURNAL_MAGIC else kind
+    for suffix in SQLITE_SIBLINGS:
+        if kind is None and name.endswith(suffix) and _head(name[: -len(suffix)], len(SQLITE_MAGIC)) == SQLITE_MAGIC:
+            kind = f"the {suffix} file of the SQLite database {name[: -len(suffix)]}"
+    if kind is not None:
+        raise InputError(
+            f"{where}: is {kind} (a results store's?); orch never writes an output over a SQLite database or its "
+            "journal, write-ahead log or shared-memory file: that database would lose rows"
+        )
+
+
+def _head(name: str, size: int) -> bytes:
+    """The first `size` bytes of a regular file; b"" for anything else (a FIFO is never opened: that could block)."""
     try:
+        if not stat.S_ISREG(os.stat(name).st_mode):
+            return b""
         with open(name, "rb") as f:
-            return f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+            return f.read(size)
     except OSError:
-        return False
+        return b""
 
 
 def write_output(target: Output | str | Path, text: str, what: str) -> None:

@@ -54,6 +54,25 @@ def _sweep_namespace() -> Iterator[None]:
     assert not leftovers, f"tests left orch-launched processes running: {leftovers}"
 
 
+StepClock = Callable[[float], None]
+
+
+@pytest.fixture
+def stepped_clock(monkeypatch: pytest.MonkeyPatch) -> StepClock:
+    """step(seconds): the wall clock stepped (NTP, a VM resumed, `date -s`), as psutil sees it. psutil's create_time()
+    is the boot time plus the process's start ticks, and the kernel derives the boot time from the wall clock, so a
+    step moves the boot time and every create_time with it; nothing else changes (processes, /proc/PID/stat)."""
+    import psutil
+
+    platform = psutil._psplatform  # type: ignore[attr-defined]  # what Process.create_time() and boot_time() read
+    real = platform.boot_time
+
+    def step(seconds: float) -> None:
+        monkeypatch.setattr(platform, "boot_time", lambda: real() + seconds)
+
+    return step
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

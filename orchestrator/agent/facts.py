@@ -108,6 +108,9 @@ def op_facts(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
         "cpu_count": psutil.cpu_count(),
         "mem_total_bytes": vm.total,
         "boot_time": psutil.boot_time(),
+        # The kernel's id of this boot: unlike boot_time (derived from the wall clock, so a clock step moves it),
+        # it tells one machine's boot from another's exactly.
+        "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id"),
         "gpus": [
             {k: g.get(k) for k in ("index", "name", "driver_version", "memory.total", "uuid")} for g in gpus["gpus"]
         ],

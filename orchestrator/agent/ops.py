@@ -36,6 +36,7 @@ from orchestrator.agent.processes import (
     PROFILE,
     HostSideError,
     describe_process,
+    identity,
     is_gone,
     marked_processes,
     masked_cmdline,
@@ -285,7 +286,7 @@ def op_launch_procs(launch_id: str, pid: int) -> list[dict[str, Any]]:
     for proc in procs.values():
         with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
             if not is_gone(proc):
-                out.append({"pid": proc.pid, "create_time": proc.create_time(), "cmdline": masked_cmdline(proc, 120)})
+                out.append({**identity(proc), "cmdline": masked_cmdline(proc, 120)})
     return sorted(out, key=lambda d: d["pid"])
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from orchestrator.agent.facts import csv_query, smi_value
-from orchestrator.agent.processes import HostSideError, read_environ
+from orchestrator.agent.processes import HostSideError, identity_key, read_environ
 
 INTERVAL_MS = 100
 # nvidia-smi starts (NVML init: up to a second or two on a big box) before the run does, so the first sample
@@ -31,7 +31,7 @@ INSTANT = "power.draw.instant"
 AVERAGED = "power.draw"
 
 _FIELDS_BY_SMI: dict[str, tuple[str, ...]] = {}
-_GPUS_BY_LAUNCH: dict[tuple[tuple[int, float], ...], tuple[list[int], str]] = {}
+_GPUS_BY_LAUNCH: dict[tuple[tuple[int, str], ...], tuple[list[int], str]] = {}
 
 
 def power_fields(nvidia_smi: str) -> tuple[str, ...]:
@@ -233,7 +233,7 @@ def launch_gpus(nvidia_smi: str, watch: Sequence[dict[str, Any]] | None) -> tupl
     launch's recorded processes: what the server itself allocated on). Else, where those PIDs cannot be matched
     (in a container nvidia-smi names the host's PIDs), the GPUs holding any compute process among the launch's
     CUDA_VISIBLE_DEVICES (every GPU when it is unset). Kept per launch: its GPUs do not change while it runs."""
-    key = tuple(sorted((int(w["pid"]), float(w.get("create_time") or 0)) for w in watch or []))
+    key = tuple(sorted(identity_key(w) for w in watch or []))
     if key and key in _GPUS_BY_LAUNCH:
         return _GPUS_BY_LAUNCH[key]
     try:

@@ -4,7 +4,7 @@ psutil; shipped with the agent)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import psutil
@@ -78,21 +78,85 @@ def describe_process(proc: psutil.Process, launch_id: str | None = None) -> dict
     return {"pid": proc.pid, "ppid": ppid, "pgid": pgid, "cmdline": masked_cmdline(proc), "launch_id": launch_id}
 
 
+def start_ticks(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat field 22); None where that cannot be
+    read (not Linux, or the process is gone). psutil's create_time() is the boot time plus this, and the kernel
+    derives the boot time from the wall clock, so a clock step (NTP, a VM resumed, `date -s`) moves every
+    create_time, never this."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        # comm (field 2) may hold spaces and parentheses: the fields are counted from its closing one
+        return int(data[data.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def identity(proc: psutil.Process) -> dict[str, Any]:
+    """What tells proc apart from a later process given its PID: `pid`, `create_time` and, on Linux, `start_ticks`
+    (what same_process compares first)."""
+    out: dict[str, Any] = {"pid": proc.pid, "create_time": proc.create_time()}
+    ticks = start_ticks(proc.pid)
+    if ticks is not None:
+        out["start_ticks"] = ticks
+    return out
+
+
+def same_process(proc: psutil.Process, recorded: Mapping[str, Any], tolerance_s: float = 0.01) -> bool:
+    """Whether proc (the process now at the recorded PID) is the recorded one: by start ticks since boot where the
+    record has them and they can be read now, so a wall-clock step changes nothing; else (a record made by an older
+    orch, not Linux) by create_time within tolerance_s, as before."""
+    ticks = recorded.get("start_ticks")
+    if isinstance(ticks, int) and not isinstance(ticks, bool):
+        now = start_ticks(proc.pid)
+        if now is not None:
+            return now == ticks
+    created = recorded.get("create_time")
+    if isinstance(created, bool) or not isinstance(created, int | float):
+        return False
+    return abs(proc.create_time() - float(created)) < tolerance_s
+
+
+def identity_key(recorded: Mapping[str, Any]) -> tuple[int, str]:
+    """A recorded process as a hashable key: its PID and start ticks (or create time, in an older record)."""
+    ticks = recorded.get("start_ticks")
+    return int(recorded["pid"]), f"t{ticks}" if ticks is not None else f"c{float(recorded.get('create_time') or 0)}"
+
+
 def self_owner() -> str:
-    """This process as an OWNER value: its PID and start time, so a reused PID is never taken for it."""
-    return f"{os.getpid()}:{psutil.Process().create_time():.3f}"
+    """This process as an OWNER value, `<pid>:<create time>[@<start ticks>]`: a reused PID is never taken for it, and
+    the start ticks (where the system has them) keep it recognised across a wall-clock step."""
+    me = identity(psutil.Process())
+    ticks = f"@{me['start_ticks']}" if "start_ticks" in me else ""
+    return f"{me['pid']}:{me['create_time']:.3f}{ticks}"
+
+
+def parse_owner(owner: str) -> dict[str, Any] | None:
+    """An OWNER value as a process record (`pid`, `create_time`, `start_ticks` where given), or None if malformed.
+    An older orch's `<pid>:<create time>` has no start ticks."""
+    pid_text, _, start = owner.partition(":")
+    created, _, ticks = start.partition("@")
+    try:
+        record: dict[str, Any] = {"pid": int(pid_text), "create_time": float(created)}
+        if ticks:
+            record["start_ticks"] = int(ticks)
+    except ValueError:
+        return None
+    return record
 
 
 def owner_state(owner: str | None) -> str:
     """`me` (this process launched it), `alive` (another live orch session), `dead`, or `unknown` (no owner)."""
     if not owner:
         return "unknown"
-    if owner == self_owner():
-        return "me"
-    pid_text, _, created = owner.partition(":")
+    record = parse_owner(owner)
+    if record is None:
+        return "dead"
     try:
-        proc = psutil.Process(int(pid_text))
-        same = abs(proc.create_time() - float(created)) < 0.01  # a reused PID is another process
+        proc = psutil.Process(record["pid"])
+        same = same_process(proc, record)  # a reused PID is another process
+        if same and proc.pid == os.getpid():
+            return "me"
         return "alive" if same and not is_gone(proc) else "dead"
     except (psutil.NoSuchProcess, ValueError):
         return "dead"

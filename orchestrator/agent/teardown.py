@@ -17,6 +17,7 @@ from orchestrator.agent.processes import (
     is_gone,
     marked_processes,
     read_environ,
+    same_process,
 )
 
 
@@ -43,12 +44,13 @@ def op_port_owner(port: int) -> list[dict[str, Any]]:
 
 
 def recorded_processes(procs: Iterable[dict[str, Any]]) -> tuple[list[psutil.Process], list[dict[str, Any]]]:
-    """The recorded processes that are still the same processes (PID and start time), and those that are gone."""
+    """The recorded processes that are still the same processes (PID and start time since boot, so a wall-clock step
+    does not make a live one look gone), and those that are gone."""
     alive, gone = [], []
     for rec in procs:
         try:
             proc = psutil.Process(int(rec["pid"]))
-            if abs(proc.create_time() - float(rec["create_time"])) < 0.01 and not is_gone(proc):
+            if same_process(proc, rec) and not is_gone(proc):
                 alive.append(proc)
                 continue
         except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, TypeError, ValueError):

@@ -64,7 +64,8 @@ def stored_ids(db: str | None) -> list[tuple[str, str]]:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=0.5)
         try:
             rows = conn.execute(
-                "SELECT id, created_at, status, arms_json FROM experiments ORDER BY created_at DESC LIMIT ?",
+                # newest first as the store orders them (results/store.NEWEST_FIRST), without importing it
+                "SELECT id, created_at, status, arms_json FROM experiments ORDER BY rowid DESC LIMIT ?",
                 (MAX_IDS,),
             ).fetchall()
         finally:

@@ -122,6 +122,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
         notes: list[str] = []
         launches: list[LaunchResult] = []
         if resume is not None:
+            store.reap_orphans()  # an owner that died since the store was opened is known gone now
             exp = store.find_experiment(exp_id)  # read again under the lock: another session may have resumed it
             check_resumable(exp, profiles, config.bench, redaction_key=key)
             stored = json.loads(exp["config_json"])
@@ -145,7 +146,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             if cut:
                 discarded = len(cut)
                 notes.append(f"{discarded} launch(es) cut short are kept in the store but left out of the statistics")
-            store.reopen_experiment(exp_id)
+            store.reopen_experiment(exp_id, exp)  # only from the state checked: a session that won a race wins
         else:
             seed = config.order_seed if config.order_seed is not None else random.SystemRandom().randrange(2**31)
             blocks = config.auto.min_blocks if config.auto is not None else config.blocks

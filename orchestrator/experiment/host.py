@@ -22,7 +22,11 @@ _VOLATILE_FACTS = {"time", "uptime_s", "load", "loadavg", "mem_available_bytes",
 
 
 def facts_changed(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
-    return sorted(k for k in set(before) | set(after) if k not in _VOLATILE_FACTS and before.get(k) != after.get(k))
+    # boot_time is derived from the wall clock (a clock step moves it): where both sides have the kernel's boot_id,
+    # that says whether the machine rebooted.
+    clock_derived = {"boot_time"} if before.get("boot_id") and after.get("boot_id") else set()
+    volatile = _VOLATILE_FACTS | clock_derived
+    return sorted(k for k in set(before) | set(after) if k not in volatile and before.get(k) != after.get(k))
 
 
 def nodes_needed(profiles: Sequence[Profile]) -> int:

@@ -168,6 +168,34 @@ def requests_digest(bench: BenchConfig) -> str:
     return hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest()
 
 
+def check_not_running(exp: dict[str, Any]) -> None:
+    """A running experiment belongs to the orch that runs it: a second session resuming it (from another namespace,
+    which the host lock does not exclude) would run its launches again. The store has marked it interrupted already
+    if its owner ran on this machine and is gone; a running one is refused, naming its owner. One without a recorded
+    owner (an older orch's, which cannot be running on this store now) may still be resumed."""
+    try:
+        owner = json.loads(exp.get("owner_json") or "null")
+    except ValueError:
+        owner = None
+    if exp["status"] != "running" or not isinstance(owner, dict):
+        return
+    import socket
+
+    pid, host = owner.get("pid"), owner.get("host")
+    here = socket.gethostname()
+    if host == here:
+        raise OrchError(
+            f"experiment {exp['id']} is running: orch PID {pid} on this machine ({host}) owns it, and a second "
+            f"session would run its launches again; wait for it to end, or stop it (Ctrl-C where it runs, or "
+            f"`kill -INT {pid}`), then resume it"
+        )
+    raise OrchError(
+        f"experiment {exp['id']} is running: orch PID {pid} on {host} owns it, and from {here} orch cannot tell "
+        f"whether that process still runs; resume it on {host} (where orch marks it interrupted if its owner is "
+        "gone), or once it has ended"
+    )
+
+
 def check_resumable(
     exp: dict[str, Any],
     profiles: Sequence[Profile],
@@ -175,9 +203,10 @@ def check_resumable(
     *,
     redaction_key: bytes | None = None,
 ) -> None:
-    """Refuse to resume what cannot be continued as the same experiment."""
+    """Refuse to resume what cannot be continued as the same experiment, or what another session runs."""
     if exp["status"] == "complete":
         raise OrchError(f"experiment {exp['id']} is already complete (`orch show {exp['id']}` prints it)")
+    check_not_running(exp)
     if exp["kind"] != "ab" or not exp.get("design_json"):
         raise OrchError(f"experiment {exp['id']} was stored by an older orch without a design; it cannot be resumed")
     config = json.loads(exp["config_json"])

@@ -247,6 +247,7 @@ def resume_experiment(store: Store, ref: str, options: RunOptions, rep: PlainRep
     """--resume: the stored experiment's own profiles, workload and design, on its host (resume.py: what may
     change); run_ab checks again, under the host lock, that it can be resumed."""
     exp = store.find_experiment(ref)
+    resume.check_not_running(exp)  # before a host is reached (a Slurm allocation); again under the host lock
     resume.refuse_fixed(exp, options)
     stored = json.loads(exp["config_json"])
     arms = json.loads(exp["arms_json"])

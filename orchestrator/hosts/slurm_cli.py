@@ -27,8 +27,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-import psutil
-
 from orchestrator.agent import processes
 from orchestrator.errors import HostError, InputError
 
@@ -171,12 +169,14 @@ def failure(tool: str, rc: int, stderr: str, request: AllocationRequest | None =
 
 
 def session_id() -> str:
-    """This orch process as a session: `<hostname>:<pid>:<start time>` (a reused PID is another session)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{psutil.Process().create_time():.3f}"
+    """This orch process as a session: `<hostname>:<pid>:<start time>[@<start ticks>]` (processes.self_owner: a
+    reused PID is another session, a wall-clock step is not)."""
+    return f"{socket.gethostname()}:{processes.self_owner()}"
 
 
 def job_name(namespace: str, session: str | None = None, label: str | None = None) -> str:
-    """The job name orch gives an allocation: `orch:<namespace>:<host>:<pid>:<start>[:<label>]`."""
+    """The job name orch gives an allocation: `orch:<namespace>:<host>:<pid>:<start>[:<label>]` (`<start>`: the
+    create time, and `@` the start ticks since boot where the system has them)."""
     if not _LABEL_RE.match(namespace):
         raise InputError(f"namespace {namespace!r} is invalid: use 1-64 letters, digits, '_', '.' or '-'")
     if label is not None and not _LABEL_RE.match(label):
@@ -191,7 +191,7 @@ class JobName:
 
     namespace: str
     host: str
-    owner: str  # `<pid>:<start time>`, as processes.owner_state takes it
+    owner: str  # `<pid>:<start time>[@<start ticks>]`, as processes.owner_state takes it
     label: str | None
 
 

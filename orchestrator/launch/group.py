@@ -47,7 +47,7 @@ def node_facts(group: GroupHost, *, allow_mismatch: bool = False) -> tuple[dict[
 
 
 def check_ports(group: GroupHost, facts: dict[str, dict[str, Any]], nnodes: int) -> None:
-    """Node ranks on nodes that are one machine (same hostname and boot time) need a port_stride, or every rank
+    """Node ranks on nodes that are one machine (same hostname and boot) need a port_stride, or every rank
     would bind the profile's port there: refused (exit 2) before anything launches, naming where to set it."""
     problem = port_clash(group, facts, nnodes)
     if problem:
@@ -61,7 +61,9 @@ def port_clash(group: GroupHost, facts: dict[str, dict[str, Any]], nnodes: int) 
     seen: dict[tuple[Any, Any], str] = {}
     for node in group.nodes[:nnodes]:
         f = facts.get(node.name) or {}
-        machine = (f.get("hostname"), f.get("boot_time"))
+        # The boot by the kernel's boot_id where the agent reads one: boot_time moves with a wall-clock step, and one
+        # machine read twice across a step would pass for two.
+        machine = (f.get("hostname"), f.get("boot_id") or f.get("boot_time"))
         if machine[0] is None:
             continue
         if machine not in seen:

@@ -312,7 +312,7 @@ def night_experiments(store: Store, night_id: str, item: str) -> list[str]:
     """The experiments an item ran in a night (a failed or stopped one included), oldest first."""
     rows = store.query(
         "SELECT id FROM experiments WHERE json_extract(config_json, '$.nightly.night_id') = ?"
-        " AND json_extract(config_json, '$.nightly.item') = ? ORDER BY created_at",
+        " AND json_extract(config_json, '$.nightly.item') = ? ORDER BY rowid",  # as recorded, whatever the clock said
         (night_id, item),
     )
     return [r[0] for r in rows]

@@ -89,7 +89,8 @@ def _resumable(exp: dict[str, Any]) -> bool:
     """Whether `orch ab --resume` could continue a stored, unfinished experiment (so whether to suggest it)."""
     error = exp.get("error") or ""
     return (
-        bool(exp.get("design_json"))
+        exp["status"] != "running"  # its owner runs it (check_not_running refuses a resume)
+        and bool(exp.get("design_json"))
         and len(json.loads(exp["arms_json"])) > 1
         and "--strict-env" not in error
         and "no valid timed run" not in error

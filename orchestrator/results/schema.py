@@ -5,6 +5,15 @@ from __future__ import annotations
 import functools
 import sqlite3
 
+# A launch that runs or ran to the end holds its slot (experiment, block, arm): one per slot since schema 10. Any other
+# that a store (or a bundle from an older orch's store) already held for its slot is kept, marked DUPLICATE.
+COUNTED = ("running", "complete")
+DUPLICATE = "duplicate"
+DUPLICATE_ERROR = (
+    "a second orch session ran this launch of the block at the same time (before orch refused to resume a running "
+    "experiment); kept, but left out of the statistics"
+)
+
 # Each entry migrates the schema from version i to i + 1; append only, never edit a shipped one.
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -231,15 +240,32 @@ MIGRATIONS: tuple[str, ...] = (
     DROP TABLE requests;
     ALTER TABLE requests_new RENAME TO requests;
     """,
+    # 10: one launch per slot of the design. Two sessions that resumed one experiment at once each ran its remaining
+    # launches, and the statistics counted both: a launch that runs or ran to the end (COUNTED) is now unique per
+    # experiment, block and arm, so a second one cannot be written. Duplicates a store already holds are kept, marked
+    # `duplicate` (the first recorded complete one stands) and so left out of the statistics.
+    """
+    UPDATE launches SET status = 'duplicate', error = 'a second orch session ran this launch of the block at the same'
+        || ' time (before orch refused to resume a running experiment); kept, but left out of the statistics'
+    WHERE status IN ('running', 'complete') AND EXISTS (
+        SELECT 1 FROM launches k
+        WHERE k.experiment_id = launches.experiment_id AND k.block = launches.block
+            AND k.arm_index = launches.arm_index AND k.status IN ('running', 'complete')
+            AND ((k.status = 'complete' AND launches.status = 'running')
+                 OR (k.status = launches.status AND k.rowid < launches.rowid))
+    );
+    CREATE UNIQUE INDEX launches_one_per_slot ON launches(experiment_id, block, arm_index)
+        WHERE status IN ('running', 'complete');
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
-# Indexes for the reads that must stay fast on a big store: `orch list` and `last` (newest first), the launches
-# completed per experiment, and the running experiments checked at every open. They are not a schema version: SQLite
-# keeps an index current on every write, whichever orch writes, so an older orch (which refuses a newer
-# user_version) reads and writes an indexed file exactly as before. Created on open where missing.
+# Indexes for the reads that must stay fast on a big store: the launches completed per experiment (`orch list`), and
+# the running experiments checked at every open. (`orch list` and `last` go newest first by rowid, the table's own
+# order.) They are not a schema version: SQLite keeps an index current on every write, whichever orch writes, so an
+# older orch (which refuses a newer user_version) reads and writes an indexed file exactly as before. Created on open
+# where missing.
 INDEXES: dict[str, str] = {
-    "experiments_by_created": "CREATE INDEX IF NOT EXISTS experiments_by_created ON experiments(created_at)",
     "experiments_running": "CREATE INDEX IF NOT EXISTS experiments_running ON experiments(status)"
     " WHERE status = 'running'",
     "launches_by_experiment_status": "CREATE INDEX IF NOT EXISTS launches_by_experiment_status"

@@ -16,7 +16,16 @@ from typing import Any
 import platformdirs
 
 from orchestrator.errors import ExperimentRefError, InputError, StoreError
-from orchestrator.results.schema import INDEXES, MIGRATIONS, SCHEMA_VERSION, actual_schema, expected_schema
+from orchestrator.results.schema import (
+    COUNTED,
+    DUPLICATE,
+    DUPLICATE_ERROR,
+    INDEXES,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    actual_schema,
+    expected_schema,
+)
 
 # psutil, socket and secrets are imported where they are used: `orch list` opens the store and reads it, and should
 # not pay for what only a running experiment (its owner) or the secret-digest key needs.
@@ -36,6 +45,9 @@ def open_existing(db: str | None) -> Store:
 
 
 AMBIGUOUS_SHOWN = 10  # ids an ambiguous prefix lists
+# Newest first is the order the store recorded experiments in (rowid: each insert takes the largest yet + 1; orch
+# never deletes one), never `created_at`: an experiment recorded under a clock set ahead would stay `last` for as long.
+NEWEST_FIRST = "rowid DESC"
 BUSY_TIMEOUT_MAX_S = 1e6  # sqlite3 takes the timeout in milliseconds as a C int: far beyond this overflows
 
 
@@ -59,12 +71,15 @@ def busy_timeout_s() -> float:
 
 
 def this_process() -> dict[str, Any]:
-    """Who owns a running experiment: enough to tell later whether that process is still the same one."""
+    """Who owns a running experiment: enough to tell later whether that process is still the same one (its PID, start
+    time and, where the system has them, start ticks since boot: processes.identity) and on which machine."""
     import socket
 
     import psutil
 
-    return {"pid": os.getpid(), "create_time": psutil.Process().create_time(), "host": socket.gethostname()}
+    from orchestrator.agent.processes import identity
+
+    return {**identity(psutil.Process()), "host": socket.gethostname()}
 
 
 def owner_gone(owner: dict[str, Any]) -> str | None:
@@ -76,17 +91,50 @@ def owner_gone(owner: dict[str, Any]) -> str | None:
         return None  # another machine's process (or an owner we cannot read) is nobody's to judge from here
     import psutil
 
+    from orchestrator.agent.processes import same_process
+
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return f"PID {pid} is gone"
-        if abs(proc.create_time() - created) > 0.5:
+        # By start ticks since boot where recorded: a wall-clock step moves create_time, and must not make a live
+        # owner look gone (its experiment would be marked interrupted under it).
+        if not same_process(proc, owner, tolerance_s=0.5):
             return f"PID {pid} is gone; the PID now belongs to another process"
     except psutil.NoSuchProcess:
         return f"PID {pid} is gone"
     except psutil.Error:
         return None
     return None
+
+
+def owner_text(owner_json: str | None) -> str:
+    """A recorded owner in words: `orch PID 123 on host`."""
+    try:
+        owner = json.loads(owner_json) if owner_json else None
+    except ValueError:
+        owner = None
+    if not isinstance(owner, dict):
+        return "its owner unrecorded"
+    return f"owned by orch PID {owner.get('pid')} on {owner.get('host')}"
+
+
+def one_launch_per_slot(launches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Launch rows with at most one that counts (COUNTED) per block and arm, as migration 10 leaves a store: the first
+    complete one (else the first running one) stands; any other is marked DUPLICATE. Rows of an older orch's store,
+    where two sessions could run one experiment at once."""
+    order = sorted(range(len(launches)), key=lambda i: (launches[i].get("status") != "complete", i))
+    seen: set[tuple[Any, Any]] = set()
+    out = list(launches)
+    for i in order:
+        row = out[i]
+        if row.get("status") not in COUNTED:
+            continue
+        slot = (row.get("block") or 0, row.get("arm_index"))
+        if slot in seen:
+            out[i] = {**row, "status": DUPLICATE, "error": DUPLICATE_ERROR}
+        seen.add(slot)
+    return out
 
 
 def _kind(e: sqlite3.Error) -> str:
@@ -120,6 +168,8 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"{self.path}: cannot create the results database: {e.strerror or e}") from e
+        if str(self.path) != ":memory:" and not os.path.lexists(self.path):
+            self._create(timeout_s)
         try:
             # A file orch may not write (permissions, an immutable file, a read-only mount) opens read-only:
             # listing and showing still work, and the first write says why it cannot.
@@ -137,6 +187,45 @@ class Store:
         except BaseException:
             self.conn.close()
             raise
+
+    def _create(self, timeout_s: float) -> None:
+        """A new store, built whole beside its path and linked into place: a failure (a full disk) leaves nothing at
+        the path, never a store half made. If another orch creates it meanwhile, theirs is used."""
+        import errno
+        import secrets
+
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.new")
+        try:
+            conn = sqlite3.connect(tmp, timeout=timeout_s)
+            try:
+                for target, migration in enumerate(MIGRATIONS):
+                    with conn:
+                        conn.executescript("BEGIN;" + migration + f"; PRAGMA user_version = {target + 1};")
+                with conn:
+                    for sql in INDEXES.values():
+                        conn.execute(sql)
+            finally:
+                conn.close()
+            try:
+                os.link(tmp, self.path)  # never over a store another orch has just created
+            except FileExistsError:
+                pass
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+                    raise
+                if not os.path.lexists(self.path):  # a file system without hard links: a rename, checked first
+                    os.rename(tmp, self.path)
+        except (sqlite3.Error, OSError) as e:
+            full = (isinstance(e, sqlite3.Error) and _kind(e) == "full") or getattr(e, "errno", None) == errno.ENOSPC
+            why = f"the disk is full ({e})" if full else str(e)
+            raise StoreError(
+                f"cannot create the results database {self.path}: {why}; nothing was left there. "
+                + ("Free some space, or use another --db" if full else "Check the directory, or use another --db")
+            ) from e
+        finally:
+            for leftover in ("", "-journal", "-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{tmp}{leftover}")
 
     def _error(self, e: sqlite3.Error, doing: str) -> StoreError:
         """What went wrong with the file, in words, and what to do about it."""
@@ -356,13 +445,28 @@ class Store:
         with self._write("recording the experiment's design") as c:
             c.execute("UPDATE experiments SET design_json = ? WHERE id = ?", (json.dumps(design), exp_id))
 
-    def reopen_experiment(self, exp_id: str) -> None:
-        """A resumed experiment is running again; its earlier end (and why) is no longer its state."""
+    def reopen_experiment(self, exp_id: str, seen: dict[str, Any]) -> None:
+        """A resumed experiment is running again, owned by this process; its earlier end (and why) is no longer its
+        state. Taken over only from the state the caller checked (`seen`, the experiment as it read it: its status
+        and owner), in one UPDATE, so of two sessions resuming it at once only one wins; the other gets a StoreError
+        and runs nothing. Launches its gone owner left `running` are marked interrupted with it."""
+        error = "orch stopped before this launch ended (its experiment was resumed)"
         with self._write("reopening an experiment") as c:
-            c.execute(
+            cur = c.execute(
                 "UPDATE experiments SET status = 'running', finished_at = NULL, error = NULL, owner_json = ?"
-                " WHERE id = ?",
-                (json.dumps(this_process()), exp_id),
+                " WHERE id = ? AND status = ? AND owner_json IS ?",
+                (json.dumps(this_process()), exp_id, seen.get("status"), seen.get("owner_json")),
+            )
+            if cur.rowcount != 1:
+                now = c.execute("SELECT status, owner_json FROM experiments WHERE id = ?", (exp_id,)).fetchone()
+                state = f"it is {now['status']} now, {owner_text(now['owner_json'])}" if now else "it is gone"
+                raise StoreError(
+                    f"experiment {exp_id} was taken over by another orch session while this one prepared to resume it "
+                    f"({state}); nothing was run. `orch list` shows it: resume it once it is no longer running"
+                )
+            c.execute(
+                "UPDATE launches SET status = 'interrupted', error = ? WHERE experiment_id = ? AND status = 'running'",
+                (error, exp_id),
             )
         self._orphans.pop(exp_id, None)
 
@@ -382,6 +486,7 @@ class Store:
     ) -> None:
         """Rows of an experiment recorded elsewhere (a result bundle), all in one transaction: all or nothing."""
         schema = expected_schema(SCHEMA_VERSION)
+        launches = one_launch_per_slot(launches)
         with self._write("importing an experiment") as c:
             for table, rows in (("experiments", [experiment]), ("launches", launches), ("runs", runs)):
                 for row in rows:
@@ -427,23 +532,33 @@ class Store:
         position: int | None = None,
     ) -> None:
         with self._write("recording a launch") as c:
-            c.execute(
-                "INSERT INTO launches (launch_id, experiment_id, arm_index, block, position, profile, profile_json,"
-                " argv_json, env_json, pid, started_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running')",
-                (
-                    launch_id,
-                    experiment_id,
-                    arm_index,
-                    block,
-                    arm_index if position is None else position,
-                    profile,
-                    json.dumps(profile_dict),
-                    json.dumps(argv),
-                    json.dumps(env),
-                    pid,
-                    started_at,
-                ),
-            )
+            try:
+                c.execute(
+                    "INSERT INTO launches (launch_id, experiment_id, arm_index, block, position, profile, profile_json,"
+                    " argv_json, env_json, pid, started_at, status)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running')",
+                    (
+                        launch_id,
+                        experiment_id,
+                        arm_index,
+                        block,
+                        arm_index if position is None else position,
+                        profile,
+                        json.dumps(profile_dict),
+                        json.dumps(argv),
+                        json.dumps(env),
+                        pid,
+                        started_at,
+                    ),
+                )
+            except sqlite3.IntegrityError as e:
+                if "launches.experiment_id" not in str(e):  # another constraint: explained as any other failure
+                    raise
+                raise StoreError(
+                    f"{self.path}: experiment {experiment_id} already has a launch of arm {arm_index + 1} in block "
+                    f"{block + 1} running or complete (is another orch session running this experiment?); refused, "
+                    "so that no launch is counted twice"
+                ) from e
 
     def update_launch(self, launch_id: str, **fields: Any) -> None:
         allowed = {
@@ -555,20 +670,21 @@ class Store:
         return [dict(r) for r in rows]
 
     def experiments(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The newest experiments first, each with how many of its launches completed."""
+        """The newest experiments first (NEWEST_FIRST), each with how many of its launches completed."""
         rows = self._query(
             "SELECT e.*, (SELECT COUNT(*) FROM launches l WHERE l.experiment_id = e.id AND l.status = 'complete')"
-            " AS launches_complete FROM experiments e ORDER BY created_at DESC LIMIT ?",
+            f" AS launches_complete FROM experiments e ORDER BY {NEWEST_FIRST} LIMIT ?",
             (limit,),
         )
         return [self._shown(r) for r in rows]
 
     def find_experiment(self, ref: str) -> dict[str, Any]:
-        """An experiment by id, unique id prefix, or `last`; StoreError naming the candidates otherwise."""
+        """An experiment by id, unique id prefix, or `last` (the one recorded last); StoreError naming the candidates
+        otherwise."""
         if not ref.strip():
             raise ExperimentRefError("an experiment id (or a unique prefix of one, or `last`) is needed")
         if ref == "last":
-            rows = self._query("SELECT * FROM experiments ORDER BY created_at DESC LIMIT 1")
+            rows = self._query(f"SELECT * FROM experiments ORDER BY {NEWEST_FIRST} LIMIT 1")
             if not rows:
                 raise StoreError(f"{self.path}: no experiments stored yet")
             return self._shown(rows[0])
@@ -578,7 +694,7 @@ class Store:
         pattern = ref.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         shown = AMBIGUOUS_SHOWN
         rows = self._query(
-            "SELECT * FROM experiments WHERE id LIKE ? ESCAPE '\\' ORDER BY created_at DESC LIMIT ?",
+            f"SELECT * FROM experiments WHERE id LIKE ? ESCAPE '\\' ORDER BY {NEWEST_FIRST} LIMIT ?",
             (pattern, shown + 1),
         )
         if len(rows) == 1:

@@ -19,13 +19,13 @@ import psutil
 import pytest
 
 from orchestrator.agent import lock as hostlock
-from orchestrator.agent import ops, teardown
+from orchestrator.agent import ops, processes, teardown
 from orchestrator.common import redaction
 from orchestrator.config.profile import load
 from orchestrator.errors import HostError
 from orchestrator.hosts.local import LocalHost
 from orchestrator.launch import single
-from tests.conftest import NAMESPACE, WriteProfile, free_port
+from tests.conftest import NAMESPACE, StepClock, WriteProfile, free_port
 
 SLEEPER = "import time\nwhile True: time.sleep(0.1)\n"
 # Ignores SIGTERM, so only the SIGKILL escalation can end it.
@@ -364,6 +364,43 @@ def test_recorded_pids_are_matched_with_their_start_time() -> None:
     other = {"pid": me.pid, "create_time": me.create_time() - 100}
     assert teardown.recorded_processes([same])[0] == [me]
     assert teardown.recorded_processes([other])[0] == [] and teardown.recorded_processes([other])[1] == [other]
+
+
+def test_a_wall_clock_step_never_makes_a_live_process_look_gone(stepped_clock: StepClock) -> None:
+    """A process is identified by its start ticks since boot: after the clock steps (psutil's create_time moves with
+    it) a recorded live process is still itself, and a PID reused by another process is still not."""
+    me = psutil.Process()
+    child = subprocess.Popen([sys.executable, "-c", SLEEPER])
+    try:
+        recorded = [processes.identity(me), processes.identity(psutil.Process(child.pid))]
+        assert all("start_ticks" in r for r in recorded)  # Linux: the tests' platform
+        my_owner = processes.self_owner()
+        child_owner = f"{child.pid}:{recorded[1]['create_time']:.3f}@{recorded[1]['start_ticks']}"
+        reused = {**recorded[0], "start_ticks": recorded[0]["start_ticks"] - 100}
+        for seconds in (3600.0, -86400.0 * 365):
+            stepped_clock(seconds)
+            assert abs(psutil.Process().create_time() - recorded[0]["create_time"] - seconds) < 1
+            alive, gone = teardown.recorded_processes(recorded)
+            assert [p.pid for p in alive] == [me.pid, child.pid] and gone == []
+            assert not ops.launch_problem(recorded)
+            assert processes.owner_state(my_owner) == "me"
+            assert processes.owner_state(child_owner) == "alive"
+            assert teardown.recorded_processes([reused]) == ([], [reused])
+            assert processes.owner_state(f"{me.pid}:{recorded[0]['create_time']:.3f}@{reused['start_ticks']}") == "dead"
+    finally:
+        child.kill()
+        child.wait()
+    assert processes.owner_state(child_owner) == "dead"
+
+
+def test_a_record_without_start_ticks_is_matched_by_create_time_as_before() -> None:
+    """Records and owners written by an older orch (no start ticks) keep today's comparison."""
+    me = psutil.Process()
+    old = {"pid": me.pid, "create_time": me.create_time()}
+    assert teardown.recorded_processes([old])[0] == [me]
+    assert processes.owner_state(f"{me.pid}:{me.create_time():.3f}") == "me"
+    assert processes.owner_state(f"{me.pid}:{me.create_time() - 100:.3f}") == "dead"
+    assert processes.owner_state("x:1") == processes.owner_state("1:y") == "dead"
 
 
 def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -17,7 +18,7 @@ import yaml
 
 from orchestrator import files
 from orchestrator.cli import main
-from orchestrator.results.store import default_path
+from orchestrator.results.store import Store, default_path
 from tests.conftest import FAST_SIM, REPO, free_port
 
 Captured = pytest.CaptureFixture[str]
@@ -80,9 +81,9 @@ def test_a_named_pipe_is_written_through_never_replaced(stored: dict[str, Path],
     try:
         assert export(stored, "--format", "csv", "-o", str(fifo)) == 0
     finally:
-        if reader.is_alive():
-            with open(fifo, "wb"):  # unblock the reader whatever happened
-                pass
+        if reader.is_alive():  # unblock the reader whatever happened; not blocking: it may be past its read already
+            with contextlib.suppress(OSError):  # ENXIO: no reader has the pipe open any more
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         reader.join(10)
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
     rows = got[0].decode().splitlines() if got else []
@@ -145,6 +146,41 @@ def test_the_results_database_is_never_written_over(stored: dict[str, Path], tmp
     assert db.read_bytes() == before
     with sqlite3.connect(default) as conn:
         assert conn.execute("SELECT count(*) FROM experiments").fetchone()[0] == 1
+
+
+def test_another_stores_journal_wal_and_shm_are_never_written_over(
+    stored: dict[str, Path], tmp_path: Path, capsys: Captured
+) -> None:
+    """Another results store in WAL mode, its last commit still only in its -wal: an output onto its -wal, -shm or
+    (not yet existing) -journal is refused, naming the option and path, and the store keeps its committed rows."""
+    other = tmp_path / "other.db"
+    Store(other).close()
+    conn = sqlite3.connect(other)  # held open: the -wal and -shm stay, as while another orch writes
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
+        with conn:
+            conn.execute("INSERT INTO meta (key, value) VALUES ('committed', 'in the wal only')")
+        wal, shm, journal = (Path(f"{other}{suffix}") for suffix in ("-wal", "-shm", "-journal"))
+        before = {p: p.read_bytes() for p in (wal, shm)}
+        assert wal.stat().st_size > 0 and not journal.exists()
+        for target, says in (
+            (wal, "is a SQLite write-ahead log"),
+            (shm, f"is the -shm file of the SQLite database {other}"),
+            (journal, f"is the -journal file of the SQLite database {other}"),
+        ):
+            for fmt in ("csv", "json", "bundle"):
+                assert export(stored, "--format", fmt, "-o", str(target)) == 2
+                assert f"-o {target}: {says}" in capsys.readouterr().err
+            assert main(["report", "last", "--db", str(stored["db"]), "--html", str(target)]) == 2
+            assert f"--html {target}: {says}" in capsys.readouterr().err
+        assert {p: p.read_bytes() for p in (wal, shm)} == before and not journal.exists()
+    finally:
+        conn.close()
+    with sqlite3.connect(other) as check:
+        assert check.execute("SELECT value FROM meta WHERE key = 'committed'").fetchall() == [("in the wal only",)]
+    # A file merely named like one, with no database beside it, is an ordinary output.
+    assert export(stored, "--format", "csv", "-o", str(tmp_path / "notes.db-wal")) == 0
 
 
 def test_the_input_bundle_is_never_written_over(stored: dict[str, Path], tmp_path: Path, capsys: Captured) -> None:

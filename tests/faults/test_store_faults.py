@@ -19,10 +19,11 @@ import psutil
 import pytest
 import yaml
 
-from orchestrator.agent import ops
+from orchestrator.agent import ops, processes
+from orchestrator.errors import StoreError
 from orchestrator.results.schema import SCHEMA_VERSION
 from orchestrator.results.store import Store
-from tests.conftest import NAMESPACE, run_orch, wait_for_line
+from tests.conftest import NAMESPACE, StepClock, run_orch, wait_for_line
 
 SimProfiles = Callable[..., dict[str, Path]]
 FAST = ("--max-tokens", "16", "--warmup", "0", "--grace", "2", "--min-run-s", "0")
@@ -132,13 +133,39 @@ def test_experiments_of_a_dead_owner_are_reaped_and_no_others(tmp_path: Path) ->
     }
 
 
+def test_a_wall_clock_step_never_reaps_a_live_owners_experiment(tmp_path: Path, stepped_clock: StepClock) -> None:
+    """Owners are told apart by start ticks since boot: after the clock steps (psutil's create_time moves with it),
+    another session opening the store leaves live owners' experiments running and still reaps a reused PID's."""
+    db = tmp_path / "r.db"
+    here = socket.gethostname()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        mine = processes.identity(psutil.Process())
+        make_experiment(db, "mine")  # this process, as create_experiment records it
+        make_experiment(db, "other", {**processes.identity(psutil.Process(other.pid)), "host": here})
+        make_experiment(db, "reused", {**mine, "start_ticks": mine["start_ticks"] - 100, "host": here})
+        for seconds in (3600.0, -86400.0 * 365):
+            stepped_clock(seconds)
+            Store(db).close()
+            exps, _ = statuses(db)
+            by_id = {e[0]: e[1:] for e in exps}
+            assert by_id["mine"] == by_id["other"] == ("running", None), by_id
+            assert by_id["reused"][0] == "interrupted" and "now belongs to another process" in str(by_id["reused"][1])
+    finally:
+        other.kill()
+        other.wait()
+    Store(db).close()
+    assert statuses(db)[0][1][1] == "interrupted"  # "other", now really gone
+
+
 def test_resume_records_the_new_owner(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     pid, created = dead_pid()
     make_experiment(db, "e", {"pid": pid, "create_time": created, "host": socket.gethostname()})
     store = Store(db)
-    assert store.experiment("e")["status"] == "interrupted"  # type: ignore[index]
-    store.reopen_experiment("e")
+    seen = store.experiment("e")
+    assert seen is not None and seen["status"] == "interrupted"
+    store.reopen_experiment("e", seen)
     store.close()
     store = Store(db)  # its owner is alive now: reopening the store must not reap it
     assert store.experiment("e")["status"] == "running"  # type: ignore[index]
@@ -363,3 +390,34 @@ def test_disk_full_mid_run_keeps_finished_runs_and_tears_down(
     for run in runs:
         assert len([r for r in store.requests(launch["launch_id"]) if r["run_idx"] == run["idx"]]) == run["requests"]
     store.close()
+
+
+def test_the_first_store_on_a_full_disk_says_so_and_leaves_nothing(
+    sim_profiles: SimProfiles, tmp_path: Path, small_disk: Path
+) -> None:
+    """Creating a results database with 32 KiB free: the schema's first steps fit, the rest does not. orch says it
+    cannot create the database because the disk is full (not "while upgrading its schema from version 1 to 2") and
+    leaves no partial file; a store that was there before is never touched."""
+    sim_profiles()
+    kept = small_disk / "kept.db"
+    make_experiment(kept)
+    filler = fill(small_disk)
+    os.truncate(filler, filler.stat().st_size - 32 * 1024)
+    before = sorted(p.name for p in small_disk.iterdir())
+    db = small_disk / "r.db"
+    with pytest.raises(StoreError) as raised:
+        Store(db)
+    message = str(raised.value)
+    assert message.startswith(f"cannot create the results database {db}: the disk is full"), message
+    assert "upgrading" not in message and "nothing was left there" in message
+    assert sorted(p.name for p in small_disk.iterdir()) == before  # no r.db, no temp file, no journal
+    code, _, err = orch("bench", "baseline", "--sim", "--runs", "2", *FAST, "--db", str(db), cwd=tmp_path)
+    assert_clean_error(code, err, f"cannot create the results database {db}: the disk is full")
+    assert sorted(p.name for p in small_disk.iterdir()) == before
+    assert ops.op_find(NAMESPACE) == [] and port_free(port_of(tmp_path))
+    store = Store(kept)  # the store that was there: read as it was
+    assert [e["id"] for e in store.experiments()] == ["e1"]
+    store.close()
+    filler.unlink()
+    Store(db).close()  # with room again, created whole
+    assert statuses(db) == ([], [])

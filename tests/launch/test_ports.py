@@ -324,3 +324,27 @@ def test_a_nightly_items_port_is_checked_with_the_suite(
 
     with pytest.raises(InputError, match=r"item 'check': port 80: ports below 1024 are privileged"):
         check_hosts(load_suite(suite))
+
+
+def test_nodes_are_one_machine_by_their_boot_id_whatever_the_clock_did() -> None:
+    """A machine is its hostname and its boot: the kernel's boot_id where the agent reads one. boot_time is derived
+    from the wall clock, so one machine read across a clock step must still be one machine (ranks would share a
+    port); two boots are two machines even with equal boot times; facts without a boot_id compare boot_time."""
+    from types import SimpleNamespace
+
+    from orchestrator.hosts.group import GroupHost
+    from orchestrator.launch.group import port_clash
+
+    config = {"scheduler": None, "source": ""}
+    nodes = [
+        SimpleNamespace(name=n, config=SimpleNamespace(**config, name=n), python="python3", workdir="/w", stats=None)
+        for n in ("a", "b")
+    ]
+    group = GroupHost(HostGroup("pair", ("a", "b")), nodes)  # type: ignore[arg-type]
+    box = {"hostname": "box", "boot_time": 1000.0, "boot_id": "b-1"}
+    stepped = {**box, "boot_time": 1000.0 + 3600}
+    assert "a and b of pair are one machine (box)" in str(port_clash(group, {"a": box, "b": stepped}, 2))
+    assert port_clash(group, {"a": box, "b": {**box, "boot_id": "b-2"}}, 2) is None
+    old = {"hostname": "box", "boot_time": 1000.0}
+    assert port_clash(group, {"a": old, "b": old}, 2) is not None
+    assert port_clash(group, {"a": old, "b": {**old, "boot_time": 2000.0}}, 2) is None

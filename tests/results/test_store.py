@@ -105,3 +105,146 @@ def test_a_store_before_open_loop_keeps_its_runs_and_takes_rate_levels(tmp_path:
     levels = [RunResult.from_row(r).level for r in store.runs("l1")]
     assert levels == [4, 2.0, 8.0] and [type(v).__name__ for v in levels] == ["int", "Rate", "Rate"]
     store.close()
+
+
+# ---------------------------------------------------------------- one launch per slot, one owner per resume
+
+
+def _experiment(store: Store, exp_id: str = "e1") -> None:
+    store.create_experiment(exp_id, kind="ab", simulated=True, host="h", arms=["a", "b"], config={}, orch_version="t")
+
+
+def _launch(store: Store, launch_id: str, *, block: int = 0, arm: int = 0, exp_id: str = "e1") -> None:
+    store.add_launch(launch_id, experiment_id=exp_id, arm_index=arm, block=block, profile="ab"[arm], profile_dict={},
+                     argv=[], env={}, pid=1, started_at=0.0)  # fmt: skip
+
+
+def test_a_slot_holds_one_launch_that_counts(tmp_path: Path) -> None:
+    """A second running or complete launch of one block's arm cannot be written (two sessions running one
+    experiment would have it counted twice); a launch cut short does not hold its slot, so a resume re-runs it."""
+    store = Store(tmp_path / "r.db")
+    _experiment(store)
+    _launch(store, "l1")
+    with pytest.raises(StoreError, match=r"experiment e1 already has a launch of arm 1 in block 1 running or complete"):
+        _launch(store, "l2")
+    store.update_launch("l1", status="complete")
+    with pytest.raises(StoreError, match="so that no launch is counted twice"):
+        _launch(store, "l2")
+    _launch(store, "l3", arm=1)  # another arm, another block: their own slots
+    _launch(store, "l4", block=1)
+    store.update_launch("l3", status="interrupted")
+    _launch(store, "l5", arm=1)  # the cut-short launch stays stored; its slot runs again
+    assert [(r["launch_id"], r["status"]) for r in store.launches("e1")] == [
+        ("l1", "complete"), ("l3", "interrupted"), ("l4", "running"), ("l5", "running"),
+    ]  # fmt: skip
+    store.close()
+
+
+def test_duplicate_launches_of_an_older_store_are_kept_marked_and_counted_once(tmp_path: Path) -> None:
+    """Schema 10 makes a slot's counted launch unique. A store where two sessions ran one experiment at once keeps
+    every launch; the first complete one of a slot stands, the rest are `duplicate`: stored, not in the statistics."""
+    from orchestrator.results.load import stored_launches
+    from orchestrator.results.schema import MIGRATIONS
+
+    db = tmp_path / "old.db"
+    c = sqlite3.connect(db)
+    for migration in MIGRATIONS[:9]:
+        c.executescript(migration)
+    c.execute("PRAGMA user_version = 9")
+    c.execute(
+        "INSERT INTO experiments (id, kind, created_at, status, simulated, host, arms_json, config_json, orch_version)"
+        " VALUES ('e1', 'ab', 0, 'complete', 1, 'h', '[\"a\", \"b\"]', '{}', 't')"
+    )
+    rows = [  # (launch, block, arm, status), in the order two sessions recorded them
+        ("a0", 0, 0, "complete"), ("b0", 0, 0, "complete"),  # both sessions ran block 1's arm 1
+        ("a1", 0, 1, "running"), ("b1", 0, 1, "complete"),  # one was killed mid-launch (never reaped)
+        ("a2", 1, 0, "failed"), ("b2", 1, 0, "complete"),  # a failed launch and its re-run: no duplicate
+        ("a3", 1, 1, "complete"),
+    ]  # fmt: skip
+    for launch_id, block, arm, status in rows:
+        c.execute(
+            "INSERT INTO launches (launch_id, experiment_id, arm_index, block, position, profile, profile_json,"
+            " argv_json, env_json, started_at, status) VALUES (?, 'e1', ?, ?, ?, 'a', '{}', '[]', '{}', 0, ?)",
+            (launch_id, arm, block, arm, status),
+        )
+    c.commit()
+    c.close()
+    store = Store(db)
+    status = {r["launch_id"]: r["status"] for r in store.launches("e1")}
+    assert status == {
+        "a0": "complete", "b0": "duplicate", "a1": "duplicate", "b1": "complete", "a2": "failed", "b2": "complete",
+        "a3": "complete",
+    }  # fmt: skip
+    errors = {r["launch_id"]: r["error"] for r in store.launches("e1")}
+    assert "a second orch session ran this launch" in errors["b0"] and errors["a0"] is None
+    counted, cut = stored_launches(store, "e1")
+    assert sorted(la.launch_id for la in counted) == ["a0", "a3", "b1", "b2"]
+    assert sorted(c.status for c in cut) == ["duplicate", "duplicate", "failed"]
+    with pytest.raises(StoreError, match="already has a launch of arm 1 in block 1"):
+        _launch(store, "c0")
+    store.close()
+
+
+def test_imported_duplicate_launches_are_kept_as_the_migration_keeps_them(tmp_path: Path) -> None:
+    """A bundle exported by an older orch from such a store imports (never a raw UNIQUE error), one launch counted."""
+    store = Store(tmp_path / "r.db")
+    exp = {"id": "e1", "kind": "ab", "created_at": 0.0, "status": "complete", "simulated": 1, "host": "h",
+           "arms_json": '["a"]', "config_json": "{}", "orch_version": "t"}  # fmt: skip
+    launch = {"experiment_id": "e1", "arm_index": 0, "block": 0, "position": 0, "profile": "a", "profile_json": "{}",
+              "argv_json": "[]", "env_json": "{}", "started_at": 0.0}  # fmt: skip
+    store.import_experiment(
+        exp,
+        [{**launch, "launch_id": "x", "status": "running"}, {**launch, "launch_id": "y", "status": "complete"},
+         {**launch, "launch_id": "z", "status": "complete"}],
+        [],
+        [],
+    )  # fmt: skip
+    assert [(r["launch_id"], r["status"]) for r in store.launches("e1")] == [
+        ("x", "duplicate"), ("y", "complete"), ("z", "duplicate"),
+    ]  # fmt: skip
+    store.close()
+
+
+def test_of_two_sessions_resuming_one_experiment_only_one_takes_it_over(tmp_path: Path) -> None:
+    """Both read the experiment interrupted; the takeover is one UPDATE from the state each read, so the second
+    finds it taken and runs nothing. The winner's takeover also settles launches its gone owner left running."""
+    db = tmp_path / "r.db"
+    store = Store(db)
+    _experiment(store)
+    _launch(store, "l1")
+    store.finish_experiment("e1", "interrupted", "interrupted by the user")
+    first, second = Store(db), Store(db)
+    seen_first, seen_second = first.experiment("e1"), second.experiment("e1")
+    assert seen_first is not None and seen_second is not None and seen_second["status"] == "interrupted"
+    first.reopen_experiment("e1", seen_first)
+    with pytest.raises(StoreError, match=r"experiment e1 was taken over by another orch session .*it is running now"):
+        second.reopen_experiment("e1", seen_second)
+    now = store.experiment("e1")
+    assert now is not None and now["status"] == "running" and now["error"] is None
+    assert [r["status"] for r in store.launches("e1")] == ["interrupted"]  # its slot may run again
+    for s in (store, first, second):
+        s.close()
+
+
+def test_last_is_the_experiment_recorded_last_whatever_the_clock_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An experiment recorded while the clock was a year ahead is not `last` (nor listed first) once a later one is
+    recorded: newest first is the store's own order, not created_at."""
+    import time
+
+    from orchestrator.cli.complete import stored_ids
+
+    db = tmp_path / "r.db"
+    store = Store(db)
+    real = time.time
+    with monkeypatch.context() as m:
+        m.setattr(time, "time", lambda: real() + 365 * 86400)
+        _experiment(store, "20271204-000000-future")
+    _experiment(store, "20261204-000000-now")
+    assert store.find_experiment("last")["id"] == "20261204-000000-now"
+    assert [e["id"] for e in store.experiments()] == ["20261204-000000-now", "20271204-000000-future"]
+    with pytest.raises(StoreError, match=r"newest first: 20261204-000000-now, 20271204-000000-future"):
+        store.find_experiment("20")
+    assert [i for i, _ in stored_ids(str(db))] == ["20261204-000000-now", "20271204-000000-future"]  # completion
+    store.close()

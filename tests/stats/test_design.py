@@ -382,6 +382,11 @@ def test_resume_refuses_changed_profiles_and_finished_experiments(tmp_path: Path
     with pytest.raises(OrchError, match="older orch without a design"):
         check_resumable({**exp, "design_json": None}, [prof])
     assert facts_changed({"python": "3.12", "boot_time": 1}, {"python": "3.13", "boot_time": 1}) == ["python"]
+    # boot_time moves with a wall-clock step; the kernel's boot_id says whether the machine rebooted
+    booted = {"boot_id": "b-1", "boot_time": 1}
+    assert facts_changed(booted, {**booted, "boot_time": 3601}) == []
+    assert facts_changed(booted, {"boot_id": "b-2", "boot_time": 3601}) == ["boot_id"]  # a reboot
+    assert facts_changed({"boot_time": 1}, {"boot_time": 3601}) == ["boot_time"]  # no boot_id: as before
     check_resumable(exp, [prof], bench)  # same requests
     with pytest.raises(OrchError, match="the requests of experiment e changed"):
         check_resumable(exp, [prof], BenchConfig(runs=3, concurrency=(1, 8), prompts="random", input_len=65))

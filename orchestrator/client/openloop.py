@@ -102,6 +102,18 @@ class Sender:
         self.held: collections.deque[tuple[int, float]] = collections.deque()  # (request, when it was due)
         self.in_flight = self.peak = 0
         self.dispatcher: asyncio.Task[None] | None = None
+        self.closed = False  # the run is over (or interrupted): nothing more is sent
+
+    def close(self) -> list[asyncio.Task[None]]:
+        """Send nothing more and cancel the dispatcher and every request in flight (Ctrl-C, or the run's end);
+        returns those tasks, for the caller to await. A request cancelled here must not start a held one: that task,
+        born after the cancelling, would outlive the loop ("Task was destroyed but it is pending")."""
+        self.closed = True
+        self.held.clear()
+        tasks = [t for t in (self.dispatcher, *self.tasks) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        return tasks
 
     def abort(self, reason: str) -> None:
         self.aborted = reason
@@ -141,7 +153,7 @@ class Sender:
             self.finished += 1
             if len(self.early) < EARLY and rec.e2e is not None and rec.error is None:
                 self.early.append(rec.e2e)
-            if self.held and self.aborted is None and self.saturated is None:
+            if self.held and self.aborted is None and self.saturated is None and not self.closed:
                 j, due = self.held.popleft()
                 self.records[j].queued = time.perf_counter() - self.t0 - due
                 self.start(j)
@@ -255,10 +267,14 @@ async def run_schedule(
         await sender.run()
     finally:
         live_end()
-        for helper in (sender.dispatcher, watcher):
-            if helper is not None:
-                helper.cancel()
-                await asyncio.gather(helper, return_exceptions=True)
+        # Every task of the run ends here, awaited, whether the run finished or was cancelled (Ctrl-C): none may be
+        # left pending when the event loop closes.
+        leftovers = sender.close()
+        if watcher is not None:
+            watcher.cancel()
+            leftovers.append(watcher)
+        if leftovers:
+            await asyncio.gather(*leftovers, return_exceptions=True)
     if sender.aborted is not None:
         for rec in records:
             if rec.sent is None:

@@ -236,6 +236,9 @@ def session_units(bodies: list[dict[str, Any]]) -> list[tuple[int, int]]:
 
 T = TypeVar("T")
 
+# Rounds of cancelling what is still pending before the event loop closes: each round awaits what it cancelled.
+DRAIN_ROUNDS = 10
+
 
 def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """asyncio.run, except that Ctrl-C (and orch's SIGTERM, SIGHUP) always ends the run promptly with KeyboardInterrupt.
@@ -287,10 +290,15 @@ def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
                 raise KeyboardInterrupt
             return result
         finally:
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for t in pending:
-                t.cancel()
-            if pending:
+            # Cancel and await every task still pending, again while cancelling one starts another (a request's
+            # cleanup may): a task left pending when the loop closes prints "Task was destroyed but it is pending",
+            # and one started after it "Event loop is closed".
+            for _ in range(DRAIN_ROUNDS):
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                if not pending:
+                    break
+                for t in pending:
+                    t.cancel()
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()

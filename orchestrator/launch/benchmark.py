@@ -345,7 +345,9 @@ def run_benchmark(
                     f"the launch broke during run {index + 1} at {at}: {summary['aborted']}; "
                     "the run was stopped at once and not repeated. The server's log is named above"
                 )
-            if not summary["errors"] or recover is None:
+            if not summary["errors"] or recover is None or client_full(summary):
+                # A run that filled its client is not the server's failure: checking the server and repeating the
+                # run would only fill the client again.
                 break
             first = next(r["error"] for r in summary["per_request"] if r["error"])
             which = f"{'warmup' if warm else 'run'} {index + 1}/{config.warmup if warm else config.runs}"
@@ -399,6 +401,12 @@ def run_benchmark(
         for i in range(config.runs):
             one(i, False, c, config.requests_per_run(c), config.max_tokens)
     return results
+
+
+def client_full(summary: Mapping[str, Any]) -> bool:
+    """An open-loop run stopped because its client could hold no more requests in flight (client-limited)."""
+    stopped = (summary.get("open_loop") or {}).get("stopped") or {}
+    return bool(stopped.get("capacity"))
 
 
 def with_flush(

@@ -4,7 +4,10 @@ stops sending, says client-limited (not the server), and ends in bounded time.""
 
 from __future__ import annotations
 
+import resource
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,7 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import wait_for_line
-from tests.faults.support import FAST, assert_nothing_left, assert_plain, start, stored
+from tests.faults.support import FAST, assert_nothing_left, assert_plain, orch_env, start, stored
 
 SimProfiles = Callable[..., dict[str, Path]]
 # What asyncio prints when a run's tasks outlive its event loop (or a coroutine is made and never run).
@@ -49,3 +52,38 @@ def test_ctrl_c_mid_open_loop_run_exits_130_without_asyncio_noise(
     assert_plain(text)
     assert_nothing_left(port)
     assert stored(db, "SELECT status FROM experiments") == [("interrupted",)]
+
+
+def _few_open_files() -> None:
+    # What `ulimit -n 256` gives orch (and the server it launches, which inherits it).
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+def test_a_rate_beyond_the_clients_open_files_is_client_limited_and_bounded(
+    sim_profiles: SimProfiles, tmp_path: Path
+) -> None:
+    """The fault pass's `--rate 10000 --duration 5`: it ran out of descriptors, its own watchdog failed (EMFILE on
+    /proc/PID/stat), the report blamed the launch, and the 5 s run took minutes. Now sending stops when the client
+    is full, the run is invalid as client-limited (with what to do), and it ends in bounded time."""
+    port = int(yaml.safe_load(sim_profiles()["base"].read_text())["port"])
+    db = tmp_path / "r.db"
+    began = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "bench", "baseline", "--sim", "--rate", "10000", "--duration", "5",
+         "--runs", "1", "--max-tokens", "256", *FAST, "--db", str(db)],
+        cwd=tmp_path, text=True, capture_output=True, env=orch_env(), stdin=subprocess.DEVNULL,
+        preexec_fn=_few_open_files, timeout=300,
+    )  # fmt: skip
+    took = time.monotonic() - began
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 1, text  # its only run measured the client: nothing to report
+    assert took < 60, f"took {took:.0f}s\n{text}"  # a behaviour bound (seconds, not minutes), not a speed target
+    assert "Run 1/1 @ 10000 req/s: INVALID, client-limited: " in text and "in flight were cut" in text, text
+    assert "ulimit -n 256" in text and "not the server's" in text, text
+    assert "Too many open files" not in text and "the launch broke" not in text, text
+    assert "limited by the server" not in text, text
+    assert_plain(text)
+    assert_nothing_left(port)
+    assert stored(db, "SELECT status FROM experiments") == [("failed",)]
+    ((valid, reason),) = stored(db, "SELECT valid, invalid_reason FROM runs WHERE warmup = 0")
+    assert valid == 0 and str(reason).startswith("client-limited: "), reason

@@ -245,6 +245,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
         notes += [port] if port else []
     finally:
         locks.release_quietly(reversed(locked))
+    recorded = json.loads(store.find_experiment(exp_id)["config_json"])
     return with_auto_notes(
         ABResult(
             exp_id,
@@ -259,9 +260,10 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             notes=tuple(notes),
             slo=config.slo,
             metric=config.metric,
-            sweep=(provenance or {}).get("sweep"),
+            # From the stored config, a resumed experiment's too (a resumed sweep's levels name their probe and rates).
+            sweep=recorded["sweep"] if isinstance(recorded.get("sweep"), dict) else None,
             cache_measured=config.cache_measured,
             categories=run_categories(config.bench) if datasets.categorised(config.bench.prompts) else None,
-            dataset=datasource.recorded(json.loads(store.find_experiment(exp_id)["config_json"])),
+            dataset=datasource.recorded(recorded),
         )
     )

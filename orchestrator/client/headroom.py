@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 # Descriptors kept for the rest of the process while requests hold the others: the watchdog's /proc reads, the
 # store, logs, SSH channels, nvidia-smi's pipes, the /metrics scrape after the run. Each request takes one (its
-# connection: Connection: close, never pooled).
+# connection: Connection: close, never pooled), or RELAYED_FDS when orch relays it to a remote host in this same
+# process (`--client local`: the relay's accepted socket, and an SSH channel's pipe or a Slurm relay step's pipes).
 RESERVE_FDS = 64
+RELAYED_FDS = 5
 # A request in flight costs its task, guard, connection and parser (~11 KiB measured with ~1 KiB prompts), plus the
 # arrival kept for each token it streams; the requests in flight may use at most MEMORY_SHARE of the memory available
 # when the run starts.
@@ -25,18 +27,21 @@ class Headroom:
     why: str
 
 
-def room(*, nofile: int | None, open_now: int, available: int | None, max_tokens: int) -> Headroom:
+def room(
+    *, nofile: int | None, open_now: int, available: int | None, max_tokens: int, descriptors_each: int = 1
+) -> Headroom:
     """The headroom from the soft open-file limit (None: unlimited), the descriptors open now, the memory available
-    (bytes; None: unknown) and the most tokens a request may stream. At least 1: a run always sends its first
-    request."""
+    (bytes; None: unknown), the most tokens a request may stream and the descriptors each request takes here. At
+    least 1: a run always sends its first request."""
     limits: list[Headroom] = []
     if nofile is not None:
-        n = max(1, nofile - open_now - RESERVE_FDS)
+        n = max(1, (nofile - open_now - RESERVE_FDS) // max(1, descriptors_each))
+        relayed = f" ({descriptors_each} descriptors each: relayed to the host by orch)" if descriptors_each > 1 else ""
         limits.append(
             Headroom(
                 requests=n,
                 why=f"the open-file limit (ulimit -n {nofile}), with {open_now} descriptors open and {RESERVE_FDS} "
-                f"kept for the rest of orch, leaves {n} for connections",
+                f"kept for the rest of orch, leaves {n} for connections{relayed}",
             )
         )
     if available is not None:
@@ -74,8 +79,8 @@ def available_memory() -> int | None:
         return None
 
 
-def headroom(max_tokens: int) -> Headroom:
-    """This process's headroom now, for requests of up to `max_tokens` tokens."""
+def headroom(max_tokens: int, descriptors_each: int = 1) -> Headroom:
+    """This process's headroom now, for requests of up to `max_tokens` tokens taking `descriptors_each` here."""
     nofile: int | None = None
     try:
         import resource
@@ -84,4 +89,10 @@ def headroom(max_tokens: int) -> Headroom:
         nofile = None if soft == resource.RLIM_INFINITY else int(soft)
     except (ImportError, OSError, ValueError):  # no rlimits here (not Unix): no open-file bound to keep
         nofile = None
-    return room(nofile=nofile, open_now=open_files(), available=available_memory(), max_tokens=max_tokens)
+    return room(
+        nofile=nofile,
+        open_now=open_files(),
+        available=available_memory(),
+        max_tokens=max_tokens,
+        descriptors_each=descriptors_each,
+    )

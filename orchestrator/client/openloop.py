@@ -284,7 +284,7 @@ async def run_schedule(
     watchdog: Callable[[], str | None] | None = None,
     watchdog_every_s: float = 1.0,
     stop_oversaturated: bool = False,
-    room: Headroom | None = None,
+    descriptors_each: int = 1,
 ) -> tuple[list[Record], float, dict[str, Any], str | None, int, dict[str, Any] | None]:
     """Open loop: request i is sent schedule[i] seconds after the start (Sender): a slow answer delays no later
     send, and a request a --max-concurrency cap holds back still has its latency counted from when it was due (vLLM
@@ -292,8 +292,9 @@ async def run_schedule(
 
     With `stop_oversaturated`, sending stops once the server is over-saturated (oversaturation), or the backlog
     waiting in the client is: the requests in flight finish and are measured, the rest are left out, and the window
-    ends where sending stopped. Whatever the flag, sending stops once `room` requests are in flight (default: this
-    process's headroom.headroom, its open files and memory): the client is the limit, and the run says so.
+    ends where sending stopped. Whatever the flag, sending stops once the client is full (headroom.headroom: the
+    requests in flight its open files and memory can hold, each request taking `descriptors_each` descriptors): the
+    client is the limit, and the run says so.
 
     Returns the records, the window (the last request's due time: tokens received within it measure throughput
     while requests were arriving), the metric deltas, why the run was aborted, the most requests in flight, and
@@ -304,7 +305,7 @@ async def run_schedule(
     if len(schedule) != len(bodies) or any(b < a for a, b in itertools.pairwise(schedule)):
         raise ValueError("the schedule must give one time per request, in order")
     # Before anything of the run opens a descriptor: what is open now is the rest of the process's share.
-    room = room or headroom(max(max_tokens, default=1))
+    room = headroom(max(max_tokens, default=1), descriptors_each)
     before = await scrape_metrics(host, port)
     records = [Record(index=i, start=at, max_tokens=max_tokens[i]) for i, at in enumerate(schedule)]
     sender = Sender(

@@ -131,6 +131,7 @@ def run(
     watchdog: Callable[[], str | None] | None = None,
     watchdog_every_s: float = 1.0,
     open_loop: dict[str, Any] | None = None,
+    descriptors_each: int = 1,
 ) -> dict[str, Any]:
     """One benchmark run, measured and summarised where this code runs (the host, or the orch machine).
 
@@ -139,7 +140,9 @@ def run(
 
     With `open_loop` ({"schedule": seconds per request, "rate", "arrivals", "max_concurrency"}) the requests are sent
     at their scheduled times (run_schedule) instead of by `concurrency` busy streams, and the summary has an
-    "open_loop" part (summary.open_loop_summary).
+    "open_loop" part (summary.open_loop_summary). `descriptors_each`: the descriptors a request takes in this
+    process (more than its connection where orch relays it to a remote host here), for the requests in flight the
+    client can hold (client.headroom).
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     if open_loop is not None:
@@ -161,6 +164,7 @@ def run(
                 watchdog=watchdog,
                 watchdog_every_s=watchdog_every_s,
                 stop_oversaturated=bool(open_loop.get("stop_oversaturated")),
+                descriptors_each=descriptors_each,
             )
         )
         info = {**open_loop, "peak_in_flight": peak, **({"stopped": stopped} if stopped else {})}

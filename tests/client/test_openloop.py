@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from orchestrator.client import openloop, runner
-from orchestrator.client.headroom import REQUEST_BYTES, RESERVE_FDS, TOKEN_BYTES, Headroom, room
+from orchestrator.client.headroom import RELAYED_FDS, REQUEST_BYTES, RESERVE_FDS, TOKEN_BYTES, Headroom, room
 from orchestrator.client.summary import fitted_rate, limit_of
 from tests.client.test_client_stream import Server, generate_answer
 
@@ -153,7 +153,7 @@ def test_a_client_that_cannot_hold_more_stops_sending_cuts_and_says_client_limit
     slow: SlowServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A client with room for 3 requests in flight (its open files, its memory): the 4th due finds it full.
-    monkeypatch.setattr(openloop, "headroom", lambda max_tokens: Headroom(requests=3, why="room for 3 (test)"))
+    monkeypatch.setattr(openloop, "headroom", lambda max_tokens, each: Headroom(requests=3, why="room for 3 (test)"))
     s = run(slow, [i * 0.01 for i in range(10)])
     stopped = s["open_loop"]["stopped"]
     assert stopped["limited"] == "client" and stopped["capacity"] == 3 and stopped["cut"] == 3
@@ -172,6 +172,8 @@ def test_the_room_is_the_open_file_limit_less_what_is_open_and_a_reserve_or_the_
     assert by_files.requests == 256 - 11 - RESERVE_FDS and "ulimit -n 256" in by_files.why
     by_memory = room(nofile=100_000, open_now=11, available=2**30, max_tokens=2048)
     assert by_memory.requests == 2**29 // (REQUEST_BYTES + TOKEN_BYTES * 2048) and "GiB of memory" in by_memory.why
+    relayed = room(nofile=256, open_now=11, available=None, max_tokens=64, descriptors_each=RELAYED_FDS)
+    assert relayed.requests == (256 - 11 - RESERVE_FDS) // RELAYED_FDS and "relayed to the host" in relayed.why
     assert room(nofile=16, open_now=10, available=None, max_tokens=1).requests == 1  # always the first request
     assert room(nofile=None, open_now=0, available=None, max_tokens=1).requests >= 2**31 - 1
 
@@ -206,3 +208,23 @@ def test_stop_oversaturated_fires_on_a_backlog_held_in_the_client_and_says_so(sl
     assert "held by --max-concurrency 3" in stopped["reason"]
     assert stopped["sent"] < stopped["of"] == 180 and s["valid"]  # those sent were measured
     assert s["open_loop"]["limited"] == "client" and "limited by the client" in s["open_loop"]["limit_reason"]
+
+
+def test_a_local_client_relayed_to_a_remote_host_counts_the_relays_descriptors(
+    slow: SlowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.config.workload import BenchConfig
+    from orchestrator.launch.benchmark import RunCall, local_runner
+
+    each: list[int] = []
+
+    def seen(max_tokens: int, descriptors_each: int) -> Headroom:
+        each.append(descriptors_each)
+        return Headroom(requests=100, why="plenty")
+
+    monkeypatch.setattr(openloop, "headroom", seen)
+    call = RunCall([{"text": "x"}], [4], 0, False, {"schedule": [0.0], "rate": 1.0, "arrivals": "constant"})
+    for relayed in (False, True):
+        summary = local_runner(f"http://127.0.0.1:{slow.port}", BenchConfig(endpoint="generate"), relayed=relayed)(call)
+        assert summary["valid"] and summary["errors"] == 0
+    assert each == [1, RELAYED_FDS]  # the relay's socket and pipes are this process's descriptors too

@@ -147,7 +147,8 @@ def fail_on_option(command: str) -> Callable[[Callable[..., Any]], Callable[...,
     metavar="ID",
     default=None,
     help="Continue an interrupted or failed experiment (id, unique prefix, or 'last') with its own seed, order "
-    "and settings; its completed launches stand.",
+    "and settings; its completed launches stand. A --sweep auto resumes whole from its probe's id or its levels': "
+    "the probe finished, then the rate levels.",
 )
 @click.option(
     "--attach",

@@ -538,7 +538,8 @@ def open_loop_options() -> list[Callable[..., Any]]:
             "--stop-oversaturated",
             is_flag=True,
             help="With --rate: a run stops sending once the server falls behind for good (the backlog grows with "
-            "time); the requests sent are measured, the rest left out (always on with --sweep auto).",
+            "time), or the backlog waiting in the client does (held by --max-concurrency: client-limited); the "
+            "requests sent are measured, the rest left out (always on with --sweep auto).",
         ),
         click.option(
             "--trace",

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.client.headroom import Headroom, headroom
 from orchestrator.client.metrics import counter_deltas, scrape_metrics
 from orchestrator.client.request import ENDPOINTS, Record
 from orchestrator.client.stream import Guard, check_bounds, fetch, live_begin, live_end
@@ -37,11 +38,15 @@ TIMES = 3
 EARLY = 5
 
 
-def oversaturation(history: list[tuple[float, int, int]], latency_s: float | None) -> str | None:
+def oversaturation(history: list[tuple[float, int, int]], latency_s: float | None, *, by: str = "server") -> str | None:
     """Why an open-loop run is over-saturated, from its (seconds, requests due, requests finished) checks so far,
     or None: over the second half of the time so far the server finished clearly fewer requests than fell due, so the
     backlog grows with time (a queue without a steady state) instead of settling where rate x latency puts it (Little's
-    law). `latency_s`: a typical finished request's end-to-end latency (None: none finished yet, no judgement)."""
+    law). `latency_s`: a typical finished request's end-to-end latency (None: none finished yet, no judgement).
+
+    by="client": the same judgement on (seconds, requests due, requests sent), the backlog waiting in the client
+    (held by --max-concurrency, or behind a client that cannot send on time); latency_s 0 there, since sending a
+    request that is due waits for no answer."""
     if not history or latency_s is None:
         return None
     t, due, done = history[-1]
@@ -55,6 +60,11 @@ def oversaturation(history: list[tuple[float, int, int]], latency_s: float | Non
     arrived, finished = due - due_half, done - done_half
     if arrived < MIN_DUE or arrived - finished < max(MIN_DEFICIT, DEFICIT * arrived, SIGMAS * math.sqrt(arrived)):
         return None
+    if by == "client":
+        return (
+            f"over-saturated in the client: from {t_half:.1f}s to {t:.1f}s {arrived} requests fell due and the client "
+            f"sent {finished}; the backlog waiting in the client grew from {due_half - done_half} to {due - done}"
+        )
     return (
         f"over-saturated: from {t_half:.1f}s to {t:.1f}s {arrived} requests fell due and the server finished "
         f"{finished}; the backlog grew from {due_half - done_half} to {due - done}"
@@ -73,7 +83,9 @@ async def until(deadline: float) -> None:
 class Sender:
     """The requests of one open-loop run: each sent in its own task when due, or, while `cap` are in flight, held
     in the client (first come, first served) until one ends. A record's `start` is when it was due, `sent` when its
-    task began, `queued` how long the cap held it."""
+    task began, `queued` how long the cap held it. A request due while `room` are in flight finds the client itself
+    full (its open files, its memory): sending stops there, client-limited, and the requests in flight are cut (the
+    run measures the client, not the server: nothing of it is used, and the server is released at once)."""
 
     def __init__(
         self,
@@ -85,12 +97,18 @@ class Sender:
         limits: tuple[float, float, float],
         cap: int | None,
         stop_oversaturated: bool = False,
+        room: Headroom | None = None,
     ) -> None:
         self.host, self.port, self.path, self.bodies, self.records = host, port, path, bodies, records
         self.stop_oversaturated = stop_oversaturated
-        self.saturated: str | None = None  # why sending stopped early (over-saturation), if it did
+        self.room = room or Headroom(requests=len(records) + 1, why="not bounded")
+        self.saturated: str | None = None  # why sending stopped early (over-saturation, a full client), if it did
         self.saturated_at = 0.0
-        self.finished = 0
+        self.limited_by = "server"  # where the backlog was when sending stopped: "server" or "client"
+        self.full = False  # sending stopped because the client could hold no more requests in flight (room)
+        self.flying: set[int] = set()  # the requests in flight
+        self.cut: set[int] = set()  # those in flight when the client was full: cancelled, left out of the run
+        self.sent = self.finished = 0
         self.early: list[float] = []  # end-to-end latencies of the first EARLY requests to finish
         self.timeout, self.stall_s, self.first_token_s = limits  # fetch's: a request's timeout and stall bounds
         self.cap = cap
@@ -102,6 +120,18 @@ class Sender:
         self.held: collections.deque[tuple[int, float]] = collections.deque()  # (request, when it was due)
         self.in_flight = self.peak = 0
         self.dispatcher: asyncio.Task[None] | None = None
+        self.closed = False  # the run is over (or interrupted): nothing more is sent
+
+    def close(self) -> list[asyncio.Task[None]]:
+        """Send nothing more and cancel the dispatcher and every request in flight (Ctrl-C, or the run's end);
+        returns those tasks, for the caller to await. A request cancelled here must not start a held one: that task,
+        born after the cancelling, would outlive the loop ("Task was destroyed but it is pending")."""
+        self.closed = True
+        self.held.clear()
+        tasks = [t for t in (self.dispatcher, *self.tasks) if t is not None and not t.done()]
+        for task in tasks:
+            task.cancel()
+        return tasks
 
     def abort(self, reason: str) -> None:
         self.aborted = reason
@@ -111,8 +141,17 @@ class Sender:
         for g in list(self.guards):
             g.stop(f"aborted: {reason}")
 
+    def stop_sending(self, why: str, at: float, by: str) -> None:
+        """Send nothing more (the requests held are left out); those in flight finish and are measured."""
+        self.saturated, self.saturated_at, self.limited_by = why, at, by
+        self.held.clear()
+        if self.dispatcher is not None and self.dispatcher is not asyncio.current_task():
+            self.dispatcher.cancel()
+
     def start(self, i: int) -> None:
+        self.sent += 1
         self.in_flight += 1
+        self.flying.add(i)
         self.peak = max(self.peak, self.in_flight)
         task = self.loop.create_task(self.one(i))
         self.tasks.add(task)
@@ -138,10 +177,11 @@ class Sender:
                 rec.failed = time.perf_counter() - self.t0
         finally:
             self.in_flight -= 1
+            self.flying.discard(i)
             self.finished += 1
             if len(self.early) < EARLY and rec.e2e is not None and rec.error is None:
                 self.early.append(rec.e2e)
-            if self.held and self.aborted is None and self.saturated is None:
+            if self.held and self.aborted is None and self.saturated is None and not self.closed:
                 j, due = self.held.popleft()
                 self.records[j].queued = time.perf_counter() - self.t0 - due
                 self.start(j)
@@ -151,6 +191,23 @@ class Sender:
             await until(self.t0 + rec.start)
             if self.cap is not None and self.in_flight >= self.cap:
                 self.held.append((i, time.perf_counter() - self.t0))
+            elif self.in_flight >= self.room.requests:
+                # One more connection would fail (EMFILE) or starve the rest of the process, the watchdog first;
+                # holding it instead would queue the schedule's rest behind this client's own limit.
+                t = time.perf_counter() - self.t0
+                self.full = True
+                self.stop_sending(
+                    f"{self.in_flight} requests in flight at {t:.2f}s were the most this client can hold: "
+                    f"{self.room.why}",
+                    t,
+                    "client",
+                )
+                # Waiting for them would take their whole latency (minutes at 2,048 tokens against a flooded server)
+                # to finish a run that measures nothing.
+                self.cut = set(self.flying)
+                for task in list(self.tasks):
+                    task.cancel()
+                return
             else:
                 self.start(i)
 
@@ -160,25 +217,34 @@ class Sender:
         return statistics.median(self.early) if self.early else None
 
     async def watch_saturation(self) -> None:
-        """Stop sending once the run is over-saturated (oversaturation, at TIMES checks in a row): requests in
-        flight finish and count; those not yet sent are left out of the run."""
+        """Stop sending once the run is over-saturated (oversaturation, at TIMES checks in a row), at the server or
+        in the client (requests due but not sent: held by --max-concurrency, or behind a client that cannot send on
+        time): requests in flight finish and count; those not yet sent are left out of the run."""
         starts = [r.start for r in self.records]
-        history: list[tuple[float, int, int]] = []
-        streak = 0
-        while self.aborted is None:
+        histories: dict[str, list[tuple[float, int, int]]] = {"client": [], "server": []}
+        streaks = dict.fromkeys(histories, 0)
+        while self.aborted is None and self.saturated is None:
             await asyncio.sleep(CHECK_S)
-            if self.dispatcher is None or self.dispatcher.done():
-                return  # everything was sent: nothing left to stop
+            if self.saturated is not None or self.dispatcher is None or (self.dispatcher.done() and not self.held):
+                return  # everything was sent, or sending stopped: nothing left to stop
             t = time.perf_counter() - self.t0
-            history.append((t, bisect.bisect_right(starts, t), self.finished))
-            why = oversaturation(history, self.latency())
-            streak = streak + 1 if why else 0
-            if why and streak >= TIMES:
-                self.saturated, self.saturated_at = why, t
-                self.held.clear()
-                if self.dispatcher is not None:
-                    self.dispatcher.cancel()
-                return
+            due = bisect.bisect_right(starts, t)
+            histories["client"].append((t, due, self.sent))
+            histories["server"].append((t, due, self.finished))
+            # The client's backlog is judged without waiting out request latencies: a latency of 2,048 tokens is
+            # longer than most schedules, and sending a request that is due waits for no answer.
+            for by, latency in (("client", 0.0), ("server", self.latency())):
+                why = oversaturation(histories[by], latency, by=by)
+                streaks[by] = streaks[by] + 1 if why else 0
+                if why and streaks[by] >= TIMES:
+                    waiting = due - self.sent
+                    if by == "server" and waiting > self.in_flight:
+                        by = "client"  # the server's backlog was mostly waiting in the client, not at the server
+                        why += f"; {waiting} of it waiting in the client, {self.in_flight} in flight"
+                    if self.cap is not None and by == "client":
+                        why += f" (held by --max-concurrency {self.cap})"
+                    self.stop_sending(why, t, by)
+                    return
 
     async def run(self) -> None:
         """Send every request on time and wait for all of them (or for an abort)."""
@@ -218,21 +284,28 @@ async def run_schedule(
     watchdog: Callable[[], str | None] | None = None,
     watchdog_every_s: float = 1.0,
     stop_oversaturated: bool = False,
+    descriptors_each: int = 1,
 ) -> tuple[list[Record], float, dict[str, Any], str | None, int, dict[str, Any] | None]:
     """Open loop: request i is sent schedule[i] seconds after the start (Sender): a slow answer delays no later
     send, and a request a --max-concurrency cap holds back still has its latency counted from when it was due (vLLM
     issue 54101: time queued in the client must count).
 
-    With `stop_oversaturated`, sending stops once the server is over-saturated (oversaturation): the requests in
-    flight finish and are measured, the rest are left out, and the window ends where sending stopped.
+    With `stop_oversaturated`, sending stops once the server is over-saturated (oversaturation), or the backlog
+    waiting in the client is: the requests in flight finish and are measured, the rest are left out, and the window
+    ends where sending stopped. Whatever the flag, sending stops once the client is full (headroom.headroom: the
+    requests in flight its open files and memory can hold, each request taking `descriptors_each` descriptors): the
+    client is the limit, and the run says so.
 
     Returns the records, the window (the last request's due time: tokens received within it measure throughput
     while requests were arriving), the metric deltas, why the run was aborted, the most requests in flight, and
-    where and why an over-saturated run stopped sending (None if it did not).
+    where and why a run stopped sending early (None if it did not): "limited" says where the backlog was ("server"
+    or "client"), and "capacity" (the room) is there when the client could hold no more.
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     if len(schedule) != len(bodies) or any(b < a for a, b in itertools.pairwise(schedule)):
         raise ValueError("the schedule must give one time per request, in order")
+    # Before anything of the run opens a descriptor: what is open now is the rest of the process's share.
+    room = headroom(max(max_tokens, default=1), descriptors_each)
     before = await scrape_metrics(host, port)
     records = [Record(index=i, start=at, max_tokens=max_tokens[i]) for i, at in enumerate(schedule)]
     sender = Sender(
@@ -244,6 +317,7 @@ async def run_schedule(
         (timeout, stall_s, first_token_s),
         max_concurrency,
         stop_oversaturated,
+        room,
     )
     live_begin()
     watcher = (
@@ -255,20 +329,34 @@ async def run_schedule(
         await sender.run()
     finally:
         live_end()
-        for helper in (sender.dispatcher, watcher):
-            if helper is not None:
-                helper.cancel()
-                await asyncio.gather(helper, return_exceptions=True)
+        # Every task of the run ends here, awaited, whether the run finished or was cancelled (Ctrl-C): none may be
+        # left pending when the event loop closes.
+        leftovers = sender.close()
+        if watcher is not None:
+            watcher.cancel()
+            leftovers.append(watcher)
+        if leftovers:
+            await asyncio.gather(*leftovers, return_exceptions=True)
     if sender.aborted is not None:
         for rec in records:
             if rec.sent is None:
                 rec.error = f"aborted: {sender.aborted} (not sent)"
-    after = await scrape_metrics(host, port) if before is not None and sender.aborted is None else None
+    # Not after an abort (the server may be the reason) nor once the client was full (the run is not used, and a
+    # flooded server may take seconds to answer): do not wait on its /metrics.
+    scrape = before is not None and sender.aborted is None and not sender.full
+    after = await scrape_metrics(host, port) if scrape else None
     deltas = counter_deltas(before, after) if before is not None and after is not None else {}
     window = schedule[-1] if schedule and sender.aborted is None else time.perf_counter() - sender.t0
     stopped = None
     sent = [r for r in records if r.sent is not None]
     if sender.saturated is not None and sender.aborted is None and len(sent) < len(records):
-        stopped = {"at_s": sender.saturated_at, "sent": len(sent), "of": len(records), "reason": sender.saturated}
-        records, window = sent, sender.saturated_at
+        stopped = {
+            "at_s": sender.saturated_at,
+            "sent": sender.sent,
+            "of": len(records),
+            "reason": sender.saturated,
+            "limited": sender.limited_by,
+            **({"capacity": sender.room.requests, "cut": len(sender.cut)} if sender.full else {}),
+        }
+        records, window = [r for r in sent if r.index not in sender.cut], sender.saturated_at
     return records, window, deltas, sender.aborted, sender.peak, stopped

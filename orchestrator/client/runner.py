@@ -131,6 +131,7 @@ def run(
     watchdog: Callable[[], str | None] | None = None,
     watchdog_every_s: float = 1.0,
     open_loop: dict[str, Any] | None = None,
+    descriptors_each: int = 1,
 ) -> dict[str, Any]:
     """One benchmark run, measured and summarised where this code runs (the host, or the orch machine).
 
@@ -139,7 +140,9 @@ def run(
 
     With `open_loop` ({"schedule": seconds per request, "rate", "arrivals", "max_concurrency"}) the requests are sent
     at their scheduled times (run_schedule) instead of by `concurrency` busy streams, and the summary has an
-    "open_loop" part (summary.open_loop_summary).
+    "open_loop" part (summary.open_loop_summary). `descriptors_each`: the descriptors a request takes in this
+    process (more than its connection where orch relays it to a remote host here), for the requests in flight the
+    client can hold (client.headroom).
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     if open_loop is not None:
@@ -161,6 +164,7 @@ def run(
                 watchdog=watchdog,
                 watchdog_every_s=watchdog_every_s,
                 stop_oversaturated=bool(open_loop.get("stop_oversaturated")),
+                descriptors_each=descriptors_each,
             )
         )
         info = {**open_loop, "peak_in_flight": peak, **({"stopped": stopped} if stopped else {})}
@@ -236,6 +240,9 @@ def session_units(bodies: list[dict[str, Any]]) -> list[tuple[int, int]]:
 
 T = TypeVar("T")
 
+# Rounds of cancelling what is still pending before the event loop closes: each round awaits what it cancelled.
+DRAIN_ROUNDS = 10
+
 
 def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """asyncio.run, except that Ctrl-C (and orch's SIGTERM, SIGHUP) always ends the run promptly with KeyboardInterrupt.
@@ -287,10 +294,15 @@ def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
                 raise KeyboardInterrupt
             return result
         finally:
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for t in pending:
-                t.cancel()
-            if pending:
+            # Cancel and await every task still pending, again while cancelling one starts another (a request's
+            # cleanup may): a task left pending when the loop closes prints "Task was destroyed but it is pending",
+            # and one started after it "Event loop is closed".
+            for _ in range(DRAIN_ROUNDS):
+                pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+                if not pending:
+                    break
+                for t in pending:
+                    t.cancel()
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()

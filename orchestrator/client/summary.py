@@ -122,12 +122,26 @@ def limit_reason(ol: dict[str, Any]) -> str | None:
     stopped = ol.get("stopped")
     if stopped:
         return (
-            f"limited by the server, {stopped.get('reason')}: sending stopped at {stopped.get('at_s', 0):.1f}s after "
-            f"{stopped.get('sent')} of {stopped.get('of')} requests (those sent finished and are measured)"
+            f"limited by the {stopped.get('limited') or 'server'}, {stopped.get('reason')}: sending stopped at "
+            f"{stopped.get('at_s', 0):.1f}s after {stopped.get('sent')} of {stopped.get('of')} requests (those sent "
+            "finished and are measured)"
         )
     return (
         f"{head}: limited by the server: requests went out on time ({lag_said}) but piled up, up to "
         f"{ol.get('peak_in_flight')} in flight at once"
+    )
+
+
+def client_limited(stopped: dict[str, Any]) -> str:
+    """Why an open-loop run that filled its client is invalid, and what to do about it."""
+    cut = stopped.get("cut")
+    return (
+        f"client-limited: {stopped.get('reason')}; sending stopped at {stopped.get('at_s', 0):.2f}s after "
+        f"{stopped.get('sent')} of {stopped.get('of')} requests"
+        + (f" (the {cut} then in flight were cut, not measured)" if cut else "")
+        + ": the run did not apply its schedule and measures this client's limit, not the server's; raise the "
+        "open-file limit (ulimit -n) where the client runs, lower --rate, or cap the requests in flight with "
+        "--max-concurrency"
     )
 
 
@@ -165,9 +179,10 @@ def open_loop_summary(records: list[Record], info: dict[str, Any]) -> dict[str, 
     }
     stopped = info.get("stopped")
     if stopped:
-        # Sending stopped because the server could not keep up: its limit whatever the rates of the part sent say.
+        # Sending stopped because the server (or the client) could not keep up: its limit, whatever the rates of
+        # the part sent say. Runs stored before the client could be the one say nothing: the server.
         out["stopped"] = stopped
-        out["limited"] = "server"
+        out["limited"] = stopped.get("limited") or "server"
     out["limit_reason"] = limit_reason(out)
     return out
 
@@ -258,6 +273,10 @@ def summarize_run(
             f"{len(short)} requests stopped early ({short[0].tokens} of {short[0].max_tokens} tokens "
             "despite ignore_eos)"
         )
+    full = (open_loop or {}).get("stopped") or {}
+    if full.get("capacity"):
+        # The client could not hold the schedule's requests in flight: nothing here measures the server at its rate.
+        reasons.append(client_limited(full))
     if window < min_duration_s:
         reasons.append(f"run lasted {window:.2f}s, shorter than the minimum {min_duration_s:.2f}s")
     sources = sorted({r.token_source for r in ok})

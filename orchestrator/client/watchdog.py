@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import threading
 from collections.abc import Callable
 
@@ -35,11 +36,18 @@ def in_thread(fn: Callable[[], str | None]) -> asyncio.Future[str | None]:
 
 
 async def watch(check: Callable[[], str | None], every_s: float, abort: Callable[[str], None]) -> None:
-    """Call check() every every_s (in a thread); the first reason it gives aborts the run."""
+    """Call check() every every_s (in a thread); the first reason it gives aborts the run. A check that fails for
+    want of a descriptor (EMFILE, ENFILE) is skipped, not taken for the launch's failure."""
     while True:
         await asyncio.sleep(every_s)
         try:
             reason = await in_thread(check)
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                # Out of descriptors here (this process, or the machine): that says nothing of the launch, and the
+                # next check, once requests have ended, may read it again.
+                continue
+            reason = f"the watchdog check failed: {type(e).__name__}: {e}"
         except Exception as e:
             reason = f"the watchdog check failed: {type(e).__name__}: {e}"
         if reason:

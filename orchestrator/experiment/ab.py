@@ -211,11 +211,23 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
                     break
                 design = design.extended(design.blocks + 1)
                 store.update_design(exp_id, design.to_dict())
-            empty = [arm_label(names, i) for i in range(len(profiles)) if not has_valid_run(launches, i)]
-            if empty:
+            lacking = [i for i in range(len(profiles)) if not has_valid_run(launches, i)]
+            if lacking:
+                # The first reason, said here: a reason common to every run (client-limited, too short) is the fix.
+                first = next(
+                    (
+                        r.invalid_reason
+                        for launch in launches
+                        if launch.arm_index in lacking
+                        for r in launch.runs
+                        if not r.warmup and r.invalid_reason
+                    ),
+                    None,
+                )
                 raise NoValidRunsError(
-                    f"no valid timed run in {', '.join(empty)}: every run was invalid (`orch show {exp_id}` lists "
-                    "each run's reason); nothing can be compared"
+                    f"no valid timed run in {', '.join(arm_label(names, i) for i in lacking)}: every run was invalid "
+                    + (f"(first: {first}; " if first else "(")
+                    + f"`orch show {exp_id}` lists each run's reason); nothing can be compared"
                 )
         except KeyboardInterrupt:
             store.finish_experiment(exp_id, "interrupted", "interrupted by the user")
@@ -234,6 +246,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
         notes += [port] if port else []
     finally:
         locks.release_quietly(reversed(locked))
+    recorded = json.loads(store.find_experiment(exp_id)["config_json"])
     return with_auto_notes(
         ABResult(
             exp_id,
@@ -248,9 +261,10 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             notes=tuple(notes),
             slo=config.slo,
             metric=config.metric,
-            sweep=(provenance or {}).get("sweep"),
+            # From the stored config, a resumed experiment's too (a resumed sweep's levels name their probe and rates).
+            sweep=recorded["sweep"] if isinstance(recorded.get("sweep"), dict) else None,
             cache_measured=config.cache_measured,
             categories=run_categories(config.bench) if datasets.categorised(config.bench.prompts) else None,
-            dataset=datasource.recorded(json.loads(store.find_experiment(exp_id)["config_json"])),
+            dataset=datasource.recorded(recorded),
         )
     )

@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from orchestrator.config.design import bench_config_from
 from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.config.profile import Profile
 from orchestrator.config.slo import stored_judgement
@@ -152,6 +153,40 @@ def resumed_options(exp: dict[str, Any], stored: dict[str, Any], options: RunOpt
             if not options.gave("target_tps") and stored.get("target_tps") is not None
             else options.target_tps
         ),
+    )
+
+
+def resumed_sweep(exp: dict[str, Any], stored: dict[str, Any], options: RunOptions) -> tuple[RunOptions, BenchConfig]:
+    """A sweep resumed from its probe: the options and workload it was started with (stored with the probe), so that
+    its rate levels run as they would have; --min-effect and --target-tps as for any resume."""
+    asked = stored.get("sweep_probe")
+    if not isinstance(asked, dict):
+        raise OrchError(
+            f"experiment {exp['id']} is the probe of a --sweep auto run stored by an older orch, without the sweep's "
+            "settings: resuming it would finish the probe and never run its rate levels; start the sweep again "
+            "(orch ab ... --sweep auto)"
+        )
+    where = f"experiment {exp['id']}'s sweep"
+    slo, metric = stored_judgement(asked, where)
+    bench = resumed_bench(bench_config_from(asked["bench"]), options)
+    return (
+        options.replace(
+            sweep=int(asked["levels"]),
+            arrivals=str(asked["arrivals"]),
+            duration=asked.get("duration_s"),
+            requests_per_level=asked.get("requests_per_level"),
+            max_concurrency=asked.get("max_concurrency"),
+            blocks=asked["blocks"],
+            max_blocks=asked.get("max_blocks"),
+            order=str(asked["order"]),
+            order_seed=asked.get("order_seed"),
+            slo=slo,
+            metric=metric,
+            min_effect=options.min_effect if options.gave("min_effect") else float(asked["min_effect"]),
+            target_tps=options.target_tps if options.gave("target_tps") else asked.get("target_tps"),
+            cache_measured=bool(asked.get("cache_measured")),
+        ),
+        bench,
     )
 
 

@@ -245,11 +245,18 @@ def check_host_nodes(
 
 def resume_experiment(store: Store, ref: str, options: RunOptions, rep: PlainReporter) -> model.ABResult:
     """--resume: the stored experiment's own profiles, workload and design, on its host (resume.py: what may
-    change); run_ab checks again, under the host lock, that it can be resumed."""
+    change); run_ab checks again, under the host lock, that it can be resumed.
+
+    A `--sweep auto` resumes whole, by either of its ids: its probe finished if it was cut short, then its rate
+    levels (their experiment continued if it was started, else started with the rates the probe found)."""
     exp = store.find_experiment(ref)
     resume.check_not_running(exp)  # before a host is reached (a Slurm allocation); again under the host lock
     resume.refuse_fixed(exp, options)
     stored = json.loads(exp["config_json"])
+    levels = sweep.levels_of(store, exp["id"]) if stored.get("sweep_probe") else None
+    if levels is not None:
+        rep.line(f"sweep: {exp['id']} is the probe of this sweep; its rate levels are experiment {levels}: resuming it")
+        return resume_experiment(store, levels, options, rep)
     arms = json.loads(exp["arms_json"])
     if options.profiles:
         profiles = [profiles_mod.load(n) for n in options.profiles]
@@ -272,6 +279,9 @@ def resume_experiment(store: Store, ref: str, options: RunOptions, rep: PlainRep
     limits.checked_plan(bench, profiles, blocks=stored_blocks(exp), sim=bool(exp["simulated"]))
     request_items(bench)
     options = resume.resumed_options(exp, stored, options)
+    if stored.get("sweep_probe"):
+        options, asked = resume.resumed_sweep(exp, stored, options)
+        return execute(store, profiles, asked, options, rep, None, probe=exp["id"])
     return execute(store, profiles, bench, options, rep, exp["id"])
 
 
@@ -355,7 +365,10 @@ def execute(
     options: RunOptions,
     rep: PlainReporter,
     resume_id: str | None,
+    probe: str | None = None,
 ) -> model.ABResult:
+    """Run (or, `resume_id`, continue) the experiment; a sweep's probe first (`probe`: the one to finish or read
+    back, for a sweep resumed from it), then its rate levels."""
     config = ab_config(options, bench)
     event, on_run = progress(rep, bench)
     with rep:  # the live view, from here to the report
@@ -372,16 +385,19 @@ def execute(
             if spec is not None:
                 _, on_probe_run = progress(rep, spec.probe_bench(bench))  # its runs are counted as the probe's
                 found = sweep.probe(
-                    host, profiles, config, spec, store, events=rep, on_run=on_probe_run, provenance=where
+                    host, profiles, config, spec, store, events=rep, on_run=on_probe_run, provenance=where, resume=probe
                 )
-                config = dataclasses.replace(config, bench=spec.swept_bench(config.bench, found.rates))
-                _, on_run = progress(rep, config.bench)
-                blocks = config.auto.max_blocks if config.auto else config.blocks
-                try:
-                    limits.checked_plan(config.bench, profiles, blocks=blocks, sim=options.sim, show=rep.line)
-                except limits.PlanError as e:
-                    raise OptionError(f"the rates the probe found cannot be swept: {e}") from None
-                where["sweep"] = found.to_dict()
+                with sweep.resumable_from(store, found.experiment, rep):
+                    rep.line(sweep.found_line(found))
+                    config = dataclasses.replace(config, bench=spec.swept_bench(config.bench, found.rates))
+                    _, on_run = progress(rep, config.bench)
+                    blocks = config.auto.max_blocks if config.auto else config.blocks
+                    try:
+                        limits.checked_plan(config.bench, profiles, blocks=blocks, sim=options.sim, show=rep.line)
+                    except limits.PlanError as e:
+                        raise OptionError(f"the rates the probe found cannot be swept: {e}") from None
+                    where["sweep"] = found.to_dict()
+                    return ab.run_ab(host, profiles, config, store, events=rep, on_run=on_run, provenance=where)
             return ab.run_ab(
                 host, profiles, config, store, events=rep, on_run=on_run, resume=resume_id, provenance=where
             )

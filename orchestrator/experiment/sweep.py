@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +20,7 @@ from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import BenchError
 from orchestrator.experiment import ab
 from orchestrator.hosts.base import Host
+from orchestrator.results.load import load_result
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store
@@ -93,6 +96,53 @@ def finding(result: ABResult, sweep: Sweep, bench: BenchConfig) -> Probe:
     return Probe(result.experiment_id, sweep.concurrency, sync, sat, rates)
 
 
+def asked(config: ABConfig, sweep: Sweep) -> dict[str, Any]:
+    """What the sweep was asked for, stored with its probe (`sweep_probe` in its config): `--resume PROBE` runs the
+    rate levels from it once the probe is complete (the probe's own workload and design are not the levels')."""
+    return {
+        "levels": sweep.levels,
+        "arrivals": sweep.arrivals,
+        "duration_s": sweep.duration_s,
+        "requests_per_level": sweep.requests_per_level,
+        "max_concurrency": sweep.max_concurrency,
+        "bench": config.bench.to_dict(),
+        "blocks": "auto" if config.auto is not None else config.blocks,
+        "max_blocks": config.auto.max_blocks if config.auto is not None else None,
+        "order": config.order,
+        "order_seed": config.order_seed,
+        **({"slo": config.slo.to_dict()} if config.slo is not None else {}),
+        "metric": config.metric,
+        "min_effect": config.min_effect,
+        "target_tps": config.target_tps,
+        "cache_measured": config.cache_measured,
+    }
+
+
+def levels_of(store: Store, probe_id: str) -> str | None:
+    """The experiment of the rate levels a sweep's probe led to (the one whose `sweep.probe` names it), or None
+    while none was started."""
+    for row in store.query("SELECT id, config_json FROM experiments WHERE config_json LIKE ?", (f"%{probe_id}%",)):
+        found = json.loads(row["config_json"]).get("sweep")
+        if isinstance(found, dict) and found.get("probe") == probe_id:
+            return str(row["id"])
+    return None
+
+
+@contextlib.contextmanager
+def resumable_from(store: Store, probe_id: str, events: Events) -> Iterator[None]:
+    """Ctrl-C after the probe and before the rate levels' experiment exists: say which id continues the sweep
+    (once that experiment exists, it says so itself)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if levels_of(store, probe_id) is None:
+            events.line(
+                f"sweep interrupted after its probe ({probe_id}), before its rate levels began; continue it with: "
+                f"orch ab --resume {probe_id}"
+            )
+        raise
+
+
 def probe(
     host: Host,
     profiles: Sequence[Profile],
@@ -103,8 +153,10 @@ def probe(
     events: Events,
     on_run: Callable[[str, RunResult], None],
     provenance: dict[str, Any] | None = None,
+    resume: str | None = None,
 ) -> Probe:
-    """Run the probe (a stored experiment of its own: one block, tok/s, no --blocks auto) and return its finding."""
+    """Run the probe (a stored experiment of its own: one block, tok/s, no --blocks auto) and return its finding.
+    `resume`: the probe of an interrupted sweep, finished if it was cut short (its finding read back if not)."""
     bench = sweep.probe_bench(config.bench)
     probe_config = dataclasses.replace(
         config, bench=bench, blocks=1, auto=None, slo=None, metric=DEFAULT_METRIC, target_tps=None
@@ -114,20 +166,31 @@ def probe(
         if sweep.concurrency > 1
         else "concurrency 1 (--max-concurrency 1: its rate is also the highest)"
     )
-    events.line(f"sweep: probing each arm at {at} ({PROBE_RUNS} runs each) for the rates to sweep")
-    result = ab.run_ab(
-        host,
-        profiles,
-        probe_config,
-        store,
-        events=events,
-        on_run=on_run,
-        provenance={**(provenance or {}), "sweep_probe": True},
-    )
-    found = finding(result, sweep, config.bench)
+    if resume is not None and store.find_experiment(resume)["status"] == "complete":
+        events.line(f"sweep: its probe {resume} is complete: the rates from its runs, then the rate levels")
+        result = load_result(store, resume)
+    else:
+        events.line(
+            f"sweep: probing each arm at {at} ({PROBE_RUNS} runs each) for the rates to sweep"
+            + (f" (resuming the probe {resume}, then the rate levels)" if resume is not None else "")
+        )
+        result = ab.run_ab(
+            host,
+            profiles,
+            probe_config,
+            store,
+            events=events,
+            on_run=on_run,
+            resume=resume,
+            provenance={**(provenance or {}), "sweep_probe": asked(config, sweep)},
+        )
+    return finding(result, sweep, config.bench)
+
+
+def found_line(found: Probe) -> str:
+    """The probe's finding, for people: each arm's two rates and the rates to sweep."""
     said = "; ".join(
         f"{label} {found.synchronous[label]:g} req/s synchronous, {found.saturated[label]:g} saturated"
         for label in found.synchronous
     )
-    events.line(f"sweep: {said}; rates {', '.join(f'{r:g}' for r in found.rates)} req/s")
-    return found
+    return f"sweep: {said}; rates {', '.join(f'{r:g}' for r in found.rates)} req/s"

@@ -107,11 +107,14 @@ def local_runner(
     host: Host | None = None,
     watch: list[dict[str, Any]] | None = None,
     power: bool = False,
+    *,
+    relayed: bool = False,
 ) -> Runner:
     """The client runs in this process against base_url (for a remote host: the SSH tunnel's local end).
     GPU probes and the liveness checks of `watch` go to `host` from other threads (the agent is idle meanwhile).
     With `power`: the GPUs' power is sampled here during every run when `host` is this machine (the same sampler
-    the agent runs); for a remote host the run's energy says why it was not."""
+    the agent runs); for a remote host the run's energy says why it was not. `relayed`: base_url is a relay of this
+    process to a remote host, whose descriptors each request takes here too (client.headroom.RELAYED_FDS)."""
     parts = urlsplit(base_url)
     if parts.hostname is None or parts.port is None:
         raise BenchError(f"cannot benchmark {base_url!r}: expected http://HOST:PORT")
@@ -120,6 +123,7 @@ def local_runner(
     def run(call: RunCall) -> dict[str, Any]:
         from orchestrator.client import runner as client
         from orchestrator.client.cacheflush import flush_cache
+        from orchestrator.client.headroom import RELAYED_FDS
 
         if call.flush is not None:
             # Before the power sampler and the GPU probe start, as on the host: emptying the cache is no part of it.
@@ -171,6 +175,7 @@ def local_runner(
                 first_token_s=config.first_token_timeout_s,
                 watchdog=watchdog,
                 open_loop=call.open_loop,
+                descriptors_each=RELAYED_FDS if relayed else 1,
             )
         except BaseException:
             if sampler is not None:
@@ -245,7 +250,9 @@ def runner_for(
     inner = (
         host_runner(host, address, port, config, watch, power)
         if config.client == "host"
-        else local_runner(base_url, config, host if probe_gpus or watch else None, watch, power)
+        else local_runner(
+            base_url, config, host if probe_gpus or watch else None, watch, power, relayed=not host.config.is_local
+        )
     )
     if probe_gpus and multinode:
         inner = _without_energy(inner, NO_ENERGY_MULTINODE)
@@ -345,7 +352,9 @@ def run_benchmark(
                     f"the launch broke during run {index + 1} at {at}: {summary['aborted']}; "
                     "the run was stopped at once and not repeated. The server's log is named above"
                 )
-            if not summary["errors"] or recover is None:
+            if not summary["errors"] or recover is None or client_full(summary):
+                # A run that filled its client is not the server's failure: checking the server and repeating the
+                # run would only fill the client again.
                 break
             first = next(r["error"] for r in summary["per_request"] if r["error"])
             which = f"{'warmup' if warm else 'run'} {index + 1}/{config.warmup if warm else config.runs}"
@@ -399,6 +408,12 @@ def run_benchmark(
         for i in range(config.runs):
             one(i, False, c, config.requests_per_run(c), config.max_tokens)
     return results
+
+
+def client_full(summary: Mapping[str, Any]) -> bool:
+    """An open-loop run stopped because its client could hold no more requests in flight (client-limited)."""
+    stopped = (summary.get("open_loop") or {}).get("stopped") or {}
+    return bool(stopped.get("capacity"))
 
 
 def with_flush(

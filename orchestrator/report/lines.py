@@ -510,7 +510,8 @@ def rate_lines(result: ABResult, level: Level) -> list[str]:
             + (f"; peak {rl.peak_in_flight} in flight" if rl.peak_in_flight is not None else "")
         )
         if rl.stopped:
-            line += f" -> OVER-SATURATED: {rl.stopped} of {rl.runs} runs stopped sending early"
+            where = " IN THE CLIENT" if rl.limited == "client" else ""
+            line += f" -> OVER-SATURATED{where}: {rl.stopped} of {rl.runs} runs stopped sending early"
         elif rl.limited is not None:
             line += f" -> SHORT OF ITS RATE ({rl.limited}-limited)"
         out.append(line)

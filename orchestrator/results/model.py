@@ -192,9 +192,10 @@ class RateLevel:
         stops = [p["stopped"] for p in parts if p.get("stopped")]
         reason = limit_reason(summary)
         if stops:
-            limited = "server"
+            # Where the backlog was when sending stopped (runs stored before the client could be it: the server).
+            limited = "client" if any(s.get("limited") == "client" for s in stops) else "server"
             reason = (
-                f"limited by the server: {len(stops)} of {len(runs)} runs stopped sending early, over-saturated "
+                f"limited by the {limited}: {len(stops)} of {len(runs)} runs stopped sending early, over-saturated "
                 f"(first: {stops[0].get('reason')}, after {stops[0].get('sent')} of {stops[0].get('of')} requests)"
             )
 

@@ -177,6 +177,9 @@ def run_line(run: RunResult, config: BenchConfig) -> str:
         return f"  {what}{streams}: FAILED after {run.seconds:.2f}s: {why}"
     if run.warmup:
         return f"  Warmup {run.index + 1}/{config.warmup} done ({run.tokens} tokens)"
+    if run.rate and (run.open_loop.get("stopped") or {}).get("capacity"):
+        # The client was full (client-limited): nothing of the run is measured, only why and what to do.
+        return f"  Run {run.index + 1}/{config.runs} @ {run.rate:g} req/s: INVALID, {run.invalid_reason}"
     if run.rate:
         line = open_loop_line(run, config)
     elif run.concurrency == 1:  # the seed's line, character for character
@@ -228,7 +231,8 @@ def open_loop_line(run: RunResult, config: BenchConfig) -> str:
         line += f", {ol['held']} held by --max-concurrency {ol.get('max_concurrency')}"
     stopped = ol.get("stopped")
     if stopped:
-        line += f"; STOPPED SENDING after {stopped.get('sent')} of {stopped.get('of')} requests: over-saturated"
+        where = " in the client" if stopped.get("limited") == "client" else ""
+        line += f"; STOPPED SENDING after {stopped.get('sent')} of {stopped.get('of')} requests: over-saturated{where}"
     elif ol.get("limited"):
         line += f"; SHORT OF ITS RATE ({ol['limited']}-limited)"
     return line

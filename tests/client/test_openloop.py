@@ -4,6 +4,7 @@ shortfall is told apart (client or server)."""
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -12,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.client import runner
+from orchestrator.client import openloop, runner
+from orchestrator.client.headroom import RELAYED_FDS, REQUEST_BYTES, RESERVE_FDS, TOKEN_BYTES, Headroom, room
 from orchestrator.client.summary import fitted_rate, limit_of
 from tests.client.test_client_stream import Server, generate_answer
 
@@ -52,7 +54,9 @@ def slow() -> Iterator[SlowServer]:
     srv.close()
 
 
-def run(srv: Server, schedule: list[float], cap: int | None = None, **kw: Any) -> dict[str, Any]:
+def run(
+    srv: Server, schedule: list[float], cap: int | None = None, stop_oversaturated: bool = False, **kw: Any
+) -> dict[str, Any]:
     n = len(schedule)
     return runner.run(
         "127.0.0.1",
@@ -63,7 +67,13 @@ def run(srv: Server, schedule: list[float], cap: int | None = None, **kw: Any) -
         0,
         30.0,
         stall_s=10.0,
-        open_loop={"schedule": schedule, "rate": 10.0, "arrivals": "constant", "max_concurrency": cap},
+        open_loop={
+            "schedule": schedule,
+            "rate": 10.0,
+            "arrivals": "constant",
+            "max_concurrency": cap,
+            **({"stop_oversaturated": True} if stop_oversaturated else {}),
+        },
         **kw,
     )
 
@@ -134,3 +144,87 @@ def test_fitted_rate_and_who_limited() -> None:
     assert limit_of(0.9, 0.9, 0.0) == "client"  # the client fell behind its schedule
     assert limit_of(0.9, 1.0, 0.2) == "client"  # the cap held requests back
     assert limit_of(None, None, 0.0) is None
+
+
+# ---------------------------------------------------------------- when the client is the limit (issue 34, item 5)
+
+
+def test_a_client_that_cannot_hold_more_stops_sending_cuts_and_says_client_limited(
+    slow: SlowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client with room for 3 requests in flight (its open files, its memory): the 4th due finds it full.
+    monkeypatch.setattr(openloop, "headroom", lambda max_tokens, each: Headroom(requests=3, why="room for 3 (test)"))
+    s = run(slow, [i * 0.01 for i in range(10)])
+    stopped = s["open_loop"]["stopped"]
+    assert stopped["limited"] == "client" and stopped["capacity"] == 3 and stopped["cut"] == 3
+    assert stopped["sent"] == 3 and stopped["of"] == 10
+    assert stopped["reason"].startswith("3 requests in flight at ") and "room for 3 (test)" in stopped["reason"]
+    # Invalid, and why: the client's limit, not the server's; the requests cut are neither measured nor failures
+    # (a run with failures would have the server checked and the run repeated).
+    assert not s["valid"] and s["invalid_reason"].startswith("client-limited: 3 requests in flight")
+    assert "not the server's" in s["invalid_reason"] and "ulimit -n" in s["invalid_reason"]
+    assert s["errors"] == 0 and s["requests"] == 0
+    assert s["open_loop"]["limited"] == "client" and "limited by the client" in s["open_loop"]["limit_reason"]
+
+
+def test_the_room_is_the_open_file_limit_less_what_is_open_and_a_reserve_or_the_memory() -> None:
+    by_files = room(nofile=256, open_now=11, available=None, max_tokens=64)
+    assert by_files.requests == 256 - 11 - RESERVE_FDS and "ulimit -n 256" in by_files.why
+    by_memory = room(nofile=100_000, open_now=11, available=2**30, max_tokens=2048)
+    assert by_memory.requests == 2**29 // (REQUEST_BYTES + TOKEN_BYTES * 2048) and "GiB of memory" in by_memory.why
+    relayed = room(nofile=256, open_now=11, available=None, max_tokens=64, descriptors_each=RELAYED_FDS)
+    assert relayed.requests == (256 - 11 - RESERVE_FDS) // RELAYED_FDS and "relayed to the host" in relayed.why
+    assert room(nofile=16, open_now=10, available=None, max_tokens=1).requests == 1  # always the first request
+    assert room(nofile=None, open_now=0, available=None, max_tokens=1).requests >= 2**31 - 1
+
+
+def test_a_watchdog_check_out_of_descriptors_is_skipped_not_taken_for_the_launch(slow: SlowServer) -> None:
+    calls: list[int] = []
+
+    def watchdog() -> str | None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OSError(errno.EMFILE, "Too many open files", "/proc/4242/stat")
+        return None
+
+    s = run(slow, [0.0, 0.6], watchdog=watchdog, watchdog_every_s=0.2)
+    assert len(calls) >= 2 and s["aborted"] is None and s["valid"] and s["errors"] == 0
+
+
+@pytest.fixture(scope="module")
+def slower() -> Iterator[SlowServer]:
+    srv = SlowServer(1.5)
+    yield srv
+    srv.close()
+
+
+def test_stop_oversaturated_fires_on_a_backlog_held_in_the_client_and_says_so(slower: SlowServer) -> None:
+    # 30 req/s for 6 s against 3 in flight at most, each answered 1.5 s later: 2 req/s go out, the rest wait in the
+    # client. The server itself keeps up with what it gets; the backlog is the client's (its --max-concurrency).
+    s = run(slower, [i / 30 for i in range(180)], cap=3, stop_oversaturated=True)
+    stopped = s["open_loop"]["stopped"]
+    assert stopped["limited"] == "client" and "capacity" not in stopped
+    assert stopped["reason"].startswith("over-saturated in the client: ")
+    assert "held by --max-concurrency 3" in stopped["reason"]
+    assert stopped["sent"] < stopped["of"] == 180 and s["valid"]  # those sent were measured
+    assert s["open_loop"]["limited"] == "client" and "limited by the client" in s["open_loop"]["limit_reason"]
+
+
+def test_a_local_client_relayed_to_a_remote_host_counts_the_relays_descriptors(
+    slow: SlowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.config.workload import BenchConfig
+    from orchestrator.launch.benchmark import RunCall, local_runner
+
+    each: list[int] = []
+
+    def seen(max_tokens: int, descriptors_each: int) -> Headroom:
+        each.append(descriptors_each)
+        return Headroom(requests=100, why="plenty")
+
+    monkeypatch.setattr(openloop, "headroom", seen)
+    call = RunCall([{"text": "x"}], [4], 0, False, {"schedule": [0.0], "rate": 1.0, "arrivals": "constant"})
+    for relayed in (False, True):
+        summary = local_runner(f"http://127.0.0.1:{slow.port}", BenchConfig(endpoint="generate"), relayed=relayed)(call)
+        assert summary["valid"] and summary["errors"] == 0
+    assert each == [1, RELAYED_FDS]  # the relay's socket and pipes are this process's descriptors too

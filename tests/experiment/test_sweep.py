@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from orchestrator.config import arrivals
 from orchestrator.config.options import RunOptions
 from orchestrator.config.sweep import DEFAULT_LEVELS, THROUGHPUT_CONCURRENCY, Sweep, parse
 from orchestrator.config.workload import BenchConfig
+from orchestrator.errors import OrchError
 from orchestrator.experiment import run as experiment
 from orchestrator.experiment.sweep import rates_between, rounded, saturated_rate, synchronous_rate
 from orchestrator.results import bundleformat
@@ -147,7 +149,11 @@ def test_the_probe_is_its_own_experiment_and_the_rates_come_from_it(swept: tuple
     store = Store(str(db))
     try:
         probe = store.find_experiment(sweep["probe"])
-        assert probe["status"] == "complete" and json.loads(probe["config_json"])["sweep_probe"] is True
+        assert probe["status"] == "complete"
+        # What the sweep was asked for, stored with the probe: a resume from it runs the rate levels as asked.
+        asked = json.loads(probe["config_json"])["sweep_probe"]
+        assert asked["levels"] == 3 and asked["max_concurrency"] == 8 and asked["duration_s"] == 1.0
+        assert asked["blocks"] == 2 and asked["bench"]["runs"] == 1
         assert json.loads(probe["config_json"])["bench"]["concurrency"] == [1, 8]
     finally:
         store.close()
@@ -190,3 +196,89 @@ def test_a_bundle_of_the_sweep_carries_its_rates_the_stop_and_the_probe(
     capsys.readouterr()
     assert main(["show", str(out)]) == 0
     assert "levels from --sweep auto: rates" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------- an interrupted sweep, resumed whole (issue 34, item 15)
+
+
+class CtrlC(PlainReporter):
+    """Progress lines as usual, and Ctrl-C (KeyboardInterrupt) at one point of a sweep: during the probe (its first
+    run at the saturating concurrency), between the probe and the rate levels (the line giving the rates found), or
+    during the rate levels (their first run)."""
+
+    def __init__(self, out: io.StringIO, where: str) -> None:
+        super().__init__(out)
+        self.where, self.pressed = where, False
+
+    def press(self, now: bool) -> None:
+        if now and not self.pressed:
+            self.pressed = True
+            raise KeyboardInterrupt
+
+    def line(self, msg: str) -> None:
+        super().line(msg)
+        self.press(self.where == "between" and msg.startswith("sweep: ") and "; rates " in msg)
+
+    def run(self, name: str, run: RunResult) -> None:
+        super().run(name, run)
+        if not run.warmup:
+            probing, leveling = run.concurrency > 1, bool(run.rate)
+            self.press((self.where == "probe" and probing) or (self.where == "levels" and leveling))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["probe", "between", "levels"])
+def test_an_interrupted_sweep_resumes_whole_probe_then_levels(tmp_path: Path, where: str) -> None:
+    paths = []
+    for file, name in (("base", "baseline"), ("spec", "sim-eagle3-fast")):
+        path = tmp_path / f"{file}.yaml"
+        path.write_text(yaml.safe_dump({"extends": name, "sim": {**FAST_SIM, "load_s": 0.1}, "port": free_port()}))
+        paths.append(str(path))
+    db = tmp_path / "r.db"
+    options = RunOptions(
+        profiles=tuple(paths), sim=True, blocks=1, runs=1, warmup=0, max_tokens=8, min_run_s=0, grace=2, gpu_wait=0,
+        sweep=2, max_concurrency=4, duration=0.5, db=str(db), workdir=str(tmp_path / "work"),
+        given=frozenset({"sweep", "duration", "max_concurrency"}),
+    )  # fmt: skip
+    out = io.StringIO()
+    with pytest.raises(KeyboardInterrupt):
+        experiment.run(options, reporter=CtrlC(out, where), warn=lambda line: None)
+    said = " ".join(out.getvalue().split())
+    hint = re.search(r"continue it with: orch ab --resume (\S+)", said)
+    assert hint is not None, said  # what to type next is always said
+    resumed = experiment.run(
+        RunOptions(resume=hint.group(1), db=str(db), grace=2, gpu_wait=0, given=frozenset({"resume"})),
+        reporter=PlainReporter(io.StringIO()),
+        warn=lambda line: None,
+    ).result
+    # The whole sweep ran: the probe complete, then the rate levels it found, never just the probe.
+    sweep = resumed.sweep
+    assert sweep is not None and resumed.experiment_id != sweep["probe"]
+    assert [float(level) for level in resumed.levels] == sweep["rates"] and len(sweep["rates"]) == 2
+    assert all(resumed.comparisons_at(level) for level in resumed.levels)
+    from orchestrator.results.store import Store
+
+    store = Store(str(db))
+    try:
+        rows = store.query("SELECT id, status, config_json FROM experiments")
+    finally:
+        store.close()
+    statuses = {r["id"]: r["status"] for r in rows}
+    assert statuses[sweep["probe"]] == "complete" and statuses[resumed.experiment_id] == "complete"
+    assert len(statuses) == 2  # one probe, one levels' experiment: a resume never starts the sweep over
+    probe = next(json.loads(r["config_json"]) for r in rows if r["id"] == sweep["probe"])
+    assert probe["sweep_probe"] and probe["bench"]["concurrency"] == [1, 4]
+    # The probe's id leads to the levels' experiment too: complete now, so there is nothing to resume.
+    with pytest.raises(OrchError, match=f"experiment {resumed.experiment_id} is already complete"):
+        experiment.run(
+            RunOptions(resume=sweep["probe"], db=str(db), given=frozenset({"resume"})),
+            reporter=PlainReporter(io.StringIO()),
+            warn=lambda line: None,
+        )
+
+
+def test_a_probe_stored_without_the_sweeps_settings_is_refused_not_finished_alone() -> None:
+    from orchestrator.experiment.resume import resumed_sweep
+
+    with pytest.raises(OrchError, match="never run its rate levels; start the sweep again"):
+        resumed_sweep({"id": "20261201-000000-abcdef"}, {"sweep_probe": True}, RunOptions())

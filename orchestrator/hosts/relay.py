@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import random
 import socket
 import threading
+import time
 from abc import ABC, abstractmethod
+
+OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class Relay(ABC):
@@ -27,7 +31,12 @@ class Relay(ABC):
         while not self.closed:
             try:
                 client, _ = self.sock.accept()
-            except OSError:
+            except OSError as e:
+                if e.errno in OUT_OF_DESCRIPTORS and not self.closed:
+                    # Out of descriptors for a moment (an open-loop run at the client's limit): the connection waits
+                    # in the backlog until one is freed; ending the loop would close this port for the whole run.
+                    time.sleep(0.05)
+                    continue
                 return
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 

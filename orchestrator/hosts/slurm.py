@@ -162,7 +162,7 @@ class _StepStream(Stream):
 
     def recv(self, timeout: float) -> bytes | None:
         try:
-            if not select.select([self._fd], [], [], max(0.0, timeout))[0]:
+            if not readable(self._fd, timeout):
                 return None
             return os.read(self._fd, 65536)
         except (OSError, ValueError) as e:
@@ -525,6 +525,14 @@ def open_nodes(
     return hosts
 
 
+def readable(fd: int, timeout: float) -> bool:
+    """Whether fd has input (or its end) within timeout seconds. poll(), not select(): select() cannot watch a
+    descriptor above 1024, which orch's own process reaches with many requests in flight through its tunnels."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout) * 1000))
+
+
 class _Tunnel(Relay):
     """A local port relayed to address:port on the node, one small step per connection."""
 
@@ -550,7 +558,7 @@ class _Tunnel(Relay):
         fd = proc.stdout.fileno()
         try:
             while not self.closed:
-                if not select.select([fd], [], [], 1.0)[0]:
+                if not readable(fd, 1.0):
                     continue
                 data = os.read(fd, 65536)
                 if not data:

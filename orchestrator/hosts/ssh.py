@@ -8,7 +8,7 @@ import hashlib
 import io
 import logging
 import os
-import select
+import selectors
 import shlex
 import socket
 import threading
@@ -221,7 +221,7 @@ class SSHHost(Host):
         self._agent: paramiko.Channel | None = None
         self._link: AgentLink | None = None
         self._stderr: deque[str] = deque(maxlen=50)
-        self._tunnels: dict[tuple[str, int], _Tunnel] = {}
+        self._tunnels: dict[tuple[str, int], Tunnel] = {}
         self._host_lock = HeldLock()
         self._closed = False
         self._agent_abandoned = False  # orch closed the agent channel on purpose (Ctrl-C mid-request)
@@ -566,7 +566,7 @@ class SSHHost(Host):
     def url(self, port: int, address: str = "127.0.0.1") -> str:
         tunnel = self._tunnels.get((address, port))
         if tunnel is None:
-            tunnel = self._tunnels[(address, port)] = _Tunnel(self, address, port)
+            tunnel = self._tunnels[(address, port)] = Tunnel(self, address, port)
         return f"http://127.0.0.1:{tunnel.local_port}"
 
     def close(self) -> None:
@@ -594,7 +594,7 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
                 sftp.mkdir(current)
 
 
-class _Tunnel(Relay):
+class Tunnel(Relay):
     """A local port forwarded to address:port on the host through `direct-tcpip` channels."""
 
     def __init__(self, host: SSHHost, address: str, port: int) -> None:
@@ -611,9 +611,14 @@ class _Tunnel(Relay):
         except Exception:
             client.close()  # the HTTP client sees a refused/reset connection, as if the port were closed
             return
+        # selectors (epoll), not select(): select() cannot watch a descriptor above 1024, which an open-loop run with
+        # many requests in flight reaches.
+        watch = selectors.DefaultSelector()
         try:
+            watch.register(client, selectors.EVENT_READ)
+            watch.register(channel, selectors.EVENT_READ)
             while True:
-                readable, _, _ = select.select([client, channel], [], [], 1.0)  # type: ignore[type-var]
+                readable = [key.fileobj for key, _ in watch.select(1.0)]
                 if self.closed:
                     return
                 if client in readable:
@@ -629,6 +634,7 @@ class _Tunnel(Relay):
         except (OSError, EOFError, paramiko.SSHException):
             return
         finally:
+            watch.close()
             with contextlib.suppress(Exception):
                 channel.close()
             client.close()

@@ -96,3 +96,27 @@ def headroom(max_tokens: int, descriptors_each: int = 1) -> Headroom:
         max_tokens=max_tokens,
         descriptors_each=descriptors_each,
     )
+
+
+def raise_open_files(needed: int) -> None:
+    """Raise this process's soft open-file limit toward `needed` descriptors (never above the hard limit, never
+    lowering it): a closed-loop level of c streams needs c connections at once, and many systems start processes at
+    a soft 1024 under a far higher hard limit. Nothing happens where limits cannot be read or set."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY or soft >= needed:
+            return
+        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, OSError, ValueError):
+        return
+
+
+def closed_loop_room(concurrency: int, max_tokens: int, descriptors_each: int = 1) -> Headroom:
+    """The headroom for c busy streams, after raising the soft open-file limit as far as c of them need (with the
+    descriptors the rest of orch keeps): below c, the level would measure this client's limit, not the server."""
+    raise_open_files(open_files() + concurrency * max(1, descriptors_each) + RESERVE_FDS)
+    return headroom(max_tokens, descriptors_each)

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from orchestrator.client.headroom import Headroom, closed_loop_room
 from orchestrator.client.metrics import counter_deltas, scrape_metrics
 from orchestrator.client.openloop import run_schedule
 from orchestrator.client.request import ENDPOINTS, KEEP_OUTPUT, Record, build_body, session_body, session_turn
@@ -169,6 +170,11 @@ def run(
         )
         info = {**open_loop, "peak_in_flight": peak, **({"stopped": stopped} if stopped else {})}
         return summarize_run(records, window, 0, deltas, min_duration_s, aborted, open_loop=info)
+    room = closed_loop_room(concurrency, max(max_tokens, default=1), descriptors_each)
+    if concurrency > room.requests and bodies:
+        # Sending would end in "Too many open files" halfway through the level and look like the server failing:
+        # nothing is sent, and the run says the client is the limit.
+        return client_limited_run(concurrency, room, len(bodies), max_tokens, min_duration_s)
     records, window, deltas, aborted = _run_interruptibly(
         lambda: run_requests(
             host,
@@ -185,6 +191,20 @@ def run(
         )
     )
     return summarize_run(records, window, concurrency, deltas, min_duration_s, aborted)
+
+
+def client_limited_run(
+    concurrency: int, room: Headroom, requests: int, max_tokens: list[int], min_duration_s: float
+) -> dict[str, Any]:
+    """A closed-loop run this client cannot hold (more streams than its open files or memory allow): none sent."""
+    why = (
+        f"client-limited: {concurrency} streams at once need more than this client can hold: {room.why}; raise the "
+        "open-file limit (ulimit -n) where the client runs, or lower --concurrency"
+    )
+    records = [Record(index=i, start=0.0, max_tokens=max_tokens[i], error=f"not sent: {why}") for i in range(requests)]
+    summary = summarize_run(records, 0.0, concurrency, {}, min_duration_s)
+    summary["client_limited"] = why
+    return summary
 
 
 async def send_unit(

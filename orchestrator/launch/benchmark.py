@@ -411,9 +411,10 @@ def run_benchmark(
 
 
 def client_full(summary: Mapping[str, Any]) -> bool:
-    """An open-loop run stopped because its client could hold no more requests in flight (client-limited)."""
+    """A run its client could not hold (client-limited): an open-loop run stopped at the requests in flight it could
+    hold, or a closed-loop level of more streams than it can hold, never sent."""
     stopped = (summary.get("open_loop") or {}).get("stopped") or {}
-    return bool(stopped.get("capacity"))
+    return bool(stopped.get("capacity")) or bool(summary.get("client_limited"))
 
 
 def with_flush(

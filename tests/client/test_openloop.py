@@ -228,3 +228,65 @@ def test_a_local_client_relayed_to_a_remote_host_counts_the_relays_descriptors(
         summary = local_runner(f"http://127.0.0.1:{slow.port}", BenchConfig(endpoint="generate"), relayed=relayed)(call)
         assert summary["valid"] and summary["errors"] == 0
     assert each == [1, RELAYED_FDS]  # the relay's socket and pipes are this process's descriptors too
+
+
+CLOSED_LOOP_CHILD = """
+import json, resource, socket, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))
+from orchestrator.client import runner
+listener = socket.socket()
+listener.bind(("127.0.0.1", 0))
+listener.listen(4096)  # a server that accepts and never answers: a request sent would be seen here
+listener.setblocking(False)
+c = int(sys.argv[3])
+summary = runner.run("127.0.0.1", listener.getsockname()[1], "generate", [{"text": "x"}] * c, [4] * c, c, timeout=5,
+                     stall_s=1, first_token_s=1)
+try:
+    listener.accept()
+    sent = True
+except BlockingIOError:
+    sent = False
+print(json.dumps({"client_limited": summary.get("client_limited"), "sent": sent,
+                  "soft": resource.getrlimit(resource.RLIMIT_NOFILE)[0], "errors": summary["errors"]}))
+"""
+
+
+def closed_loop_child(soft: int, hard: int, concurrency: int) -> dict[str, Any]:
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", CLOSED_LOOP_CHILD, str(soft), str(hard), str(concurrency)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Too many open files" not in done.stderr
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_a_closed_loop_level_beyond_the_clients_open_files_is_client_limited_and_never_sent() -> None:
+    """300 busy streams under a hard limit of 256 open files: the client cannot hold them, so the run sends nothing
+    and says the client is the limit (it ran into EMFILE halfway through, failing requests as if the server had)."""
+    out = closed_loop_child(256, 256, 300)
+    assert out["client_limited"] and "client-limited" in out["client_limited"]
+    assert "ulimit -n 256" in out["client_limited"] and "--concurrency" in out["client_limited"]
+    assert out["sent"] is False and out["errors"] == 300
+
+
+def test_a_closed_loop_level_raises_a_low_soft_open_file_limit_it_needs_within_the_hard_one() -> None:
+    """A soft 256 under a hard 4096 (a common default is 1024 under far more): 300 streams raise the soft limit and
+    run; they are sent, not refused."""
+    out = closed_loop_child(256, 4096, 300)
+    assert out["client_limited"] is None and out["sent"] is True
+    assert out["soft"] >= 300 + RESERVE_FDS
+
+
+def test_a_client_limited_run_is_never_repeated_as_a_server_failure() -> None:
+    from orchestrator.launch.benchmark import client_full
+
+    assert client_full({"client_limited": "client-limited: …"})
+    assert client_full({"open_loop": {"stopped": {"capacity": 10}}})
+    assert not client_full({"errors": 3})

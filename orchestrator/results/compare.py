@@ -15,7 +15,7 @@ from orchestrator.errors import InputError
 from orchestrator.results import datasource
 from orchestrator.results.datasource import DataSource
 from orchestrator.results.model import ABResult, ArmResult
-from orchestrator.results.run import level_phrase
+from orchestrator.results.run import Level, Rate, level_phrase
 from orchestrator.stats.estimates import RatioEstimate
 from orchestrator.stats.reproduction import (
     DEFAULT_TOLERANCE,
@@ -201,6 +201,42 @@ def check_map(arm_map: Mapping[str, str], a: Sequence[str], b: Sequence[str]) ->
         )
 
 
+class NoLevelInCommon(InputError):
+    """A and B measured no level alike: concurrency against rates (closed against open loop), or other levels of one
+    kind. Every arm would have "no valid runs" at the other's levels; the mismatch is what to say."""
+
+
+def levels_text(levels: Sequence[Level]) -> str:
+    """A side's levels in one phrase: "concurrency 1, 4", "rates 2, 4 req/s", or both kinds where a side has both."""
+    rates = [f"{float(level):g}" for level in levels if isinstance(level, Rate)]
+    closed = [f"{level:g}" for level in levels if not isinstance(level, Rate)]
+    parts = ([f"concurrency {', '.join(closed)}"] if closed else []) + (
+        [f"rate{'s' if len(rates) > 1 else ''} {', '.join(rates)} req/s"] if rates else []
+    )
+    return " and ".join(parts)
+
+
+def common_levels(a: ABResult, b: ABResult) -> list[Level]:
+    """A's levels that B measured too, of the same kind (a Rate equals a concurrency of the same number)."""
+    return [level for level in a.levels if any(level == other and type(level) is type(other) for other in b.levels)]
+
+
+def check_levels(a: ABResult, b: ABResult) -> None:
+    """Refuse two experiments that measured levels but none in common, naming both sides' levels."""
+    if not a.levels or not b.levels or common_levels(a, b):
+        return
+    kinds = {isinstance(level, Rate) for level in (*a.levels, *b.levels)}
+    advice = (
+        "compare experiments of the same kind of load (both --concurrency, or both --rate)"
+        if len(kinds) > 1
+        else "compare experiments measured at a level in common"
+    )
+    raise NoLevelInCommon(
+        f"A ({a.experiment_id}) measured {levels_text(a.levels)}; B ({b.experiment_id}) measured "
+        f"{levels_text(b.levels)}: no level in common; {advice}"
+    )
+
+
 class NothingInCommon(InputError):
     """No arm of B has the name of an arm of A (nor was paired with one by --map): there is no verdict to give."""
 
@@ -284,7 +320,9 @@ def compare_levels(
     arm_map: Mapping[str, str] | None = None,
 ) -> ExperimentComparison:
     """b against a at every level both measured (the first, the headline, with the others in `levels`): reproduced
-    only if every level reproduced, not reproduced if any level did not, else inconclusive, said with the level."""
+    only if every level reproduced, not reproduced if any level did not, else inconclusive, said with the level.
+    NoLevelInCommon when both measured levels but none alike (concurrency against rates, or other levels)."""
+    check_levels(a, b)
     head = compare(a, b, tolerance=tolerance, causes=causes, arm_map=arm_map)
     others = tuple(
         compare(a, b, tolerance=tolerance, concurrency=level, arm_map=arm_map)

@@ -15,6 +15,7 @@ from orchestrator.cli.hostlist import entry_line, group_entry, host_entry
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
 from orchestrator.cli.options import db_option, host_options, with_host_options
+from orchestrator.common.printable import visible
 from orchestrator.hosts import lock as locks
 from orchestrator.hosts import open_reachable, resolve_host
 from orchestrator.hosts.base import Host, default_namespace
@@ -179,7 +180,7 @@ def _print_status(where: str, state: dict[str, Any], db: str | None, verbose: bo
     if verbose:
         for p in sorted(procs, key=lambda d: (d["launch_id"], d["pid"])):
             ports = f" ports {','.join(map(str, p['ports']))}" if p["ports"] else ""
-            click.echo(f"{p['launch_id']}  PID {p['pid']} (pgid {p['pgid']}){ports}  {p['cmdline']}")
+            click.echo(visible(f"{p['launch_id']}  PID {p['pid']} (pgid {p['pgid']}){ports}  {p['cmdline']}"))
     elif procs and any(item["processes"] > 1 for item in summary):
         click.echo(f"({len(procs)} processes in all; -v lists each with its command line)")
     for line in gpu_lines(state["gpus"]):

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.common.printable import visible
 from orchestrator.errors import InputError
 from orchestrator.results import datasource
 from orchestrator.results.datasource import DataSource
@@ -186,9 +187,9 @@ def check_map(arm_map: Mapping[str, str], a: Sequence[str], b: Sequence[str]) ->
     """--map NEW=OLD pairs: NEW an arm of B, OLD an arm of A, each used once, no B arm left under a taken name."""
     for new, old in arm_map.items():
         if new not in b:
-            raise InputError(f"--map {new}={old}: B has no arm {new!r} (B's arms: {', '.join(b)})")
+            raise InputError(f"--map {new}={old}: B has no arm {new!r} (B's arms: {_names(b)})")
         if old not in a:
-            raise InputError(f"--map {new}={old}: A has no arm {old!r} (A's arms: {', '.join(a)})")
+            raise InputError(f"--map {new}={old}: A has no arm {old!r} (A's arms: {_names(a)})")
     targets = list(arm_map.values())
     twice = sorted({t for t in targets if targets.count(t) > 1})
     if twice:
@@ -232,9 +233,13 @@ def check_levels(a: ABResult, b: ABResult) -> None:
         else "compare experiments measured at a level in common"
     )
     raise NoLevelInCommon(
-        f"A ({a.experiment_id}) measured {levels_text(a.levels)}; B ({b.experiment_id}) measured "
+        f"A ({visible(a.experiment_id)}) measured {levels_text(a.levels)}; B ({visible(b.experiment_id)}) measured "
         f"{levels_text(b.levels)}: no level in common; {advice}"
     )
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(visible(name) for name in names)
 
 
 class NothingInCommon(InputError):
@@ -259,11 +264,12 @@ def compare(
     check_map(arm_map, list(a_arms), [arm.label for arm in b.arms])
     b_arms = {arm_map.get(arm.label, arm.label): arm for arm in b.arms}  # keyed by A's names
     if a_arms and b_arms and not set(a_arms) & set(b_arms):
-        hint = map_line(list(a_arms), list(b_arms))
+        # The names as fields (a store's or a bundle's, maybe with a newline or an escape in them): shown, one line.
+        hint = visible(map_line(list(a_arms), list(b_arms)) or "")
         raise NothingInCommon(
-            f"nothing to compare: no arm of B ({b.experiment_id}: {', '.join(b_arms)}) has the name of an arm of A "
-            f"({a.experiment_id}: {', '.join(a_arms)}); say which arm of B is which arm of A with --map B_ARM=A_ARM, "
-            f"e.g. {hint}"
+            f"nothing to compare: no arm of B ({visible(b.experiment_id)}: {_names(b_arms)}) has the name of an arm "
+            f"of A ({visible(a.experiment_id)}: {_names(a_arms)}); say which arm of B is which arm of A with --map "
+            f"B_ARM=A_ARM, e.g. {hint}"
         )
     labels = list(a_arms) + [label for label in b_arms if label not in a_arms]
     rows: list[ArmRow] = []

@@ -15,8 +15,8 @@ from orchestrator.cli.base import EXIT_USAGE
 from orchestrator.cli.complete import profile_names
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.common.printable import visible
-from orchestrator.common.redaction import redact, redact_argv
 from orchestrator.config import profile as profiles_mod
+from orchestrator.config.secretpatterns import redact, redact_argv
 from orchestrator.engines.base import OPTIONAL_FIELDS
 from orchestrator.errors import ProfileError
 from orchestrator.fields import did_you_mean

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -238,7 +238,7 @@ def check_levels(a: ABResult, b: ABResult) -> None:
     )
 
 
-def _names(names: Sequence[str]) -> str:
+def _names(names: Iterable[str]) -> str:
     return ", ".join(visible(name) for name in names)
 
 

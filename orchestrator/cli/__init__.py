@@ -10,6 +10,7 @@ import click
 # The group imports a command's module only when that command runs (cli/lazy.py): `orch --version` stays fast.
 from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, cli, interrupted_message
 from orchestrator.cli.lazy import Interrupted
+from orchestrator.common.printable import guarded_output
 from orchestrator.common.stopsignals import forgiving_output, install
 from orchestrator.errors import InputError, OrchError
 
@@ -20,6 +21,13 @@ __all__ = ["cli", "entry", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Whatever a command prints, a control character in it (from a dataset, a bundle, a server's reply) is shown as
+    # an escape, not obeyed by the terminal; JSON stays JSON (it escapes them itself).
+    with guarded_output():
+        return _run(argv)
+
+
+def _run(argv: list[str] | None) -> int:
     debug = os.environ.get("ORCH_DEBUG") == "1"
     try:
         cli.main(args=argv, prog_name="orch", standalone_mode=False)

@@ -15,6 +15,8 @@ from orchestrator.cli.hostlist import entry_line, group_entry, host_entry
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
 from orchestrator.cli.options import db_option, host_options, with_host_options
+from orchestrator.common.printable import visible
+from orchestrator.config.secretpatterns import scrub
 from orchestrator.hosts import lock as locks
 from orchestrator.hosts import open_reachable, resolve_host
 from orchestrator.hosts.base import Host, default_namespace
@@ -162,9 +164,10 @@ def status_cmd(
 
 
 def _status_doc(node: str, state: dict[str, Any], db: str | None) -> dict[str, Any]:
-    procs = state["processes"]
+    # Command lines come back from the host masked by name, flag and URL (processes.masked_cmdline, stdlib); what
+    # only a pattern tells (a GitHub token after an innocuous flag) is masked here, before it reaches stdout.
+    procs = [{**p, "cmdline": scrub(str(p.get("cmdline", "")))} for p in state["processes"]]
     profiles = stored_profiles(Path(db) if db else default_db_path(), (str(p["launch_id"]) for p in procs))
-    # Command lines come back from the host already masked (processes.masked_cmdline): no secret reaches stdout.
     return {"node": node, "launches": summarize(procs, profiles), "processes": procs, "gpus": state["gpus"]}
 
 
@@ -179,7 +182,7 @@ def _print_status(where: str, state: dict[str, Any], db: str | None, verbose: bo
     if verbose:
         for p in sorted(procs, key=lambda d: (d["launch_id"], d["pid"])):
             ports = f" ports {','.join(map(str, p['ports']))}" if p["ports"] else ""
-            click.echo(f"{p['launch_id']}  PID {p['pid']} (pgid {p['pgid']}){ports}  {p['cmdline']}")
+            click.echo(visible(f"{p['launch_id']}  PID {p['pid']} (pgid {p['pgid']}){ports}  {p['cmdline']}"))
     elif procs and any(item["processes"] > 1 for item in summary):
         click.echo(f"({len(procs)} processes in all; -v lists each with its command line)")
     for line in gpu_lines(state["gpus"]):

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from orchestrator.common.printable import visible
+
 # What the launch's owner (the orch session that started it) tells about whose it is now.
 STATES = {
     "alive": "in use by a running orch session",
@@ -119,5 +121,7 @@ def table(launches: list[dict[str, Any]]) -> list[str]:
                 state_text(item),
             ]
         )
+    # A profile name read from a host's process (ORCH_PROFILE) or a store: a newline in it stays in its row.
+    rows = [[visible(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     return ["  ".join([*(c.ljust(w) for c, w in zip(r, widths, strict=False)), r[-1]]).rstrip() for r in rows]

@@ -14,8 +14,9 @@ from orchestrator import engines, yamlfile
 from orchestrator.cli.base import EXIT_USAGE
 from orchestrator.cli.complete import profile_names
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
-from orchestrator.common.redaction import redact, redact_argv
+from orchestrator.common.printable import visible
 from orchestrator.config import profile as profiles_mod
+from orchestrator.config.secretpatterns import redact, redact_argv
 from orchestrator.engines.base import OPTIONAL_FIELDS
 from orchestrator.errors import ProfileError
 from orchestrator.fields import did_you_mean
@@ -53,7 +54,7 @@ def profiles_list(as_json: bool) -> None:
     width = max(len(r["name"]) for r in rows)
     for r in rows:
         desc = r["description"] if r["valid"] else "INVALID: " + r["error"].replace("\n", "; ")
-        click.echo(f"{r['name'].ljust(width)}  {desc}  [{r['path']}]")
+        click.echo(f"{r['name'].ljust(width)}  {visible(desc or '')}  [{visible(r['path'])}]")
 
 
 # The order a hand-written profile has its fields in.

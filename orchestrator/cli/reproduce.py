@@ -190,7 +190,8 @@ def compare_cmd(
     A and B: experiment ids (or unique prefixes, or `last`) or result bundle files. Arms are paired by name; --map
     pairs arms of other names (never by position unasked: when no name matches, the refusal lists both sides'
     arms and the --map line that pairs them in order). Exit 0 when B reproduces A, 3 when it does not, 4 when that
-    cannot be told from these launches, 2 when no arm pairs up or --map names an arm that is not there.
+    cannot be told from these launches, 2 when no arm pairs up, --map names an arm that is not there, or
+    the two measured no level in common (concurrency against rates, or other levels).
     """
     verdict = reproduce_mod.compare_results(stored_result(a, db), stored_result(b, db), tolerance, arm_map)
     fmt = "json" if as_json else fmt

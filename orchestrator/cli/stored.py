@@ -13,6 +13,7 @@ import click
 from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.options import db_option, judgement_options, open_existing, parse_effect, read_files
+from orchestrator.common.printable import visible
 from orchestrator.errors import StoreError
 from orchestrator.report.formats import FORMATS
 
@@ -69,6 +70,8 @@ def list_cmd(db: str | None, limit: int, as_json: bool) -> None:
                 ),
             ]
         )
+    # Arm names and hosts come from the store (a bundle imported into it): a newline in one stays in its row.
+    table = [[visible(c) for c in row] for row in table]
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

@@ -11,15 +11,18 @@ from collections.abc import Callable, Iterable
 
 # Names whose values must never leave the host in clear text: matched anywhere in the name (HF_TOKEN,
 # AWS_SECRET_ACCESS_KEY, GOOGLE_APPLICATION_CREDENTIALS, PGPASSWORD), PASS and PWD only as a word of their own
-# (REDIS_PASS, MYSQL_PWD). Not names that merely contain one: TOKENIZERS_PARALLELISM, NUM_PASSES, BYPASS, and PWD or
-# OLDPWD (the shell's directories). A false match hides a setting from "what differs", a missed one leaks.
+# (REDIS_PASS, MYSQL_PWD), COOKIE as the last word (COOKIE, SESSION_COOKIE: a session is a login). Not names that
+# merely contain one: TOKENIZERS_PARALLELISM, NUM_PASSES, BYPASS, PWD or OLDPWD (the shell's directories),
+# COOKIE_JAR (a path). A false match hides a setting from "what differs", a missed one leaks. Secrets in values
+# under other names (a GitHub token in MY_VAR, a connection string's key) are found by pattern on the orch side
+# (config/secretpatterns.py), which this module must not import (it ships to hosts, stdlib only).
 SECRET_NAME_RE = re.compile(
     r"TOKEN(?!IZ)|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH|SSHPASS"
-    r"|(?<![A-Z0-9])PASS(?![A-Z0-9])|(?<=[_.-])PWD(?![A-Z0-9])",
+    r"|(?<![A-Z0-9])PASS(?![A-Z0-9])|(?<=[_.-])PWD(?![A-Z0-9])|(?<![A-Z0-9])COOKIES?$",
     re.IGNORECASE,
 )
 # Flags are matched on their last word only: --api-key and --hf-token are secrets, --num-draft-tokens is not.
-_SECRET_WORD = r"(?:key|token|secret|password|passwd|passphrase|pass|credentials?)"
+_SECRET_WORD = r"(?:key|token|secret|password|passwd|passphrase|pass|credentials?|cookies?)"
 SECRET_FLAG_RE = re.compile(rf"^--(?:(?:[\w-]*[-_])?{_SECRET_WORD}|[\w-]*[-_]pwd)$", re.IGNORECASE)
 REDACTED = "<redacted>"
 # A keyed digest as redact() writes it, alone or inside a value (a URL's userinfo).
@@ -54,11 +57,12 @@ def redact(name: str, value: str, key: bytes | None = None) -> str:
     secret-named variable, else the userinfo of each URL in it (`postgres://<redacted hmac:…>@db/x`: the host stays,
     it is provenance)."""
     if SECRET_NAME_RE.search(name):
-        return _digest(value, key)
-    return mask_userinfo(value, lambda userinfo: _digest(userinfo, key))
+        return digest(value, key)
+    return mask_userinfo(value, lambda userinfo: digest(userinfo, key))
 
 
-def _digest(value: str, key: bytes | None = None) -> str:
+def digest(value: str, key: bytes | None = None) -> str:
+    """value as a keyed digest (`<redacted hmac:…>`): equal values under one key give equal digests."""
     # Keyed (HMAC), not a bare hash: without the store's key a guessed secret cannot be confirmed from its digest.
     mac = hmac.new(key or _PROCESS_KEY, value.encode(), hashlib.sha256).hexdigest()
     return f"<redacted hmac:{mac[:16]}>"
@@ -81,7 +85,7 @@ def mask_userinfo(value: str, hide: Callable[[str], str]) -> str:
 def redact_argv(argv: list[str], key: bytes | None = None) -> list[str]:
     """Hide the value after a secret-looking flag (`--api-key X`, `--api-key=X`) and any URL's userinfo, keeping
     them comparable."""
-    return hide_argv(argv, lambda value: _digest(value, key))
+    return hide_argv(argv, lambda value: digest(value, key))
 
 
 def hide_argv(argv: list[str], hide: Callable[[str], str]) -> list[str]:

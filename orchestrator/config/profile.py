@@ -14,7 +14,7 @@ from typing import Any
 import platformdirs
 
 from orchestrator import engines, yamlfile
-from orchestrator.common.redaction import redact, redact_argv
+from orchestrator.config.secretpatterns import redact, redact_argv
 from orchestrator.engines.base import OPTIONAL_FIELDS
 from orchestrator.errors import ProfileError
 from orchestrator.fields import (

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__, engines
-from orchestrator.common.redaction import scrub
 from orchestrator.config import datasets, limits
 from orchestrator.config.design import ABConfig, new_experiment_id
 from orchestrator.config.profile import Profile
+from orchestrator.config.secretpatterns import scrub
 from orchestrator.config.slo import DEFAULT_METRIC
 from orchestrator.config.workload import run_categories
 from orchestrator.errors import BenchError, OrchError

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from orchestrator import engines
-from orchestrator.common.redaction import scrub
 from orchestrator.config.design import ABConfig
 from orchestrator.config.profile import Profile
+from orchestrator.config.secretpatterns import scrub
 from orchestrator.errors import ServerError, was_interrupted
 from orchestrator.hosts.base import Host
 from orchestrator.launch import fingerprint, lifecycle, single

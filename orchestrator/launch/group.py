@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import engines
-from orchestrator.common.redaction import scrub
 from orchestrator.config.profile import Profile
+from orchestrator.config.secretpatterns import scrub
 from orchestrator.errors import AllocationEnded, HostError, InputError, OrchError, ServerError
 from orchestrator.hosts.base import Host, connect_address
 from orchestrator.hosts.group import GroupHost

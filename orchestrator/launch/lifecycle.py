@@ -218,7 +218,9 @@ class _Single:
     def read_back(self) -> None:
         srv, extras = self._srv(), self.extras
         state = extras.get("launch_state") or self.host.call("launch_state", **self.state_args)
-        srv.env_report, srv.processes = single.from_state(state, self.expected, srv.launch, self.profile)
+        srv.env_report, srv.processes = single.from_state(
+            state, self.expected, srv.launch, self.profile, self.state_args["digest_key"]
+        )
         srv.prefetched = {k: extras[k] for k in ("fingerprint", "server_info") if k in extras}
 
     def stop(self, failed: bool) -> OrchError | None:

@@ -17,8 +17,8 @@ from orchestrator.agent.ops import MARKER
 from orchestrator.agent.processes import PROFILE
 from orchestrator.agent.waits import gpu_problems
 from orchestrator.common import stopsignals
-from orchestrator.common.redaction import redact, redact_argv, scrub, secret_values
 from orchestrator.config.profile import Profile
+from orchestrator.config.secretpatterns import redact, redact_argv, remask, scrub, secret_values
 from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import AllocationEnded, HostError, ServerError
 from orchestrator.hosts.base import Host, connect_address
@@ -330,7 +330,7 @@ def read_back(
     """One host round trip once ready: the env check (verify_env) and every process of the launch (PID and start
     time), recorded for liveness checks during runs and for teardown."""
     args, expected = state_args(launch_, profile, redaction_key)
-    return from_state(host.call("launch_state", **args), expected, launch_, profile)
+    return from_state(host.call("launch_state", **args), expected, launch_, profile, args["digest_key"])
 
 
 def state_args(launch_: Launch, profile: Profile, redaction_key: bytes | None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -343,9 +343,17 @@ def state_args(launch_: Launch, profile: Profile, redaction_key: bytes | None) -
 
 
 def from_state(
-    state: dict[str, Any], expected: dict[str, str], launch_: Launch, profile: Profile
+    state: dict[str, Any], expected: dict[str, str], launch_: Launch, profile: Profile, digest_key: str
 ) -> tuple[EnvReport, list[dict[str, Any]]]:
-    return _env_report(state["environ"], expected, launch_, profile), state["procs"]
+    """The env check and the launch's processes from launch_state's answer. The host's agent digests secret names and
+    URL userinfo itself (stdlib); secret-looking parts under other names (config/secretpatterns) are digested here,
+    with the same key, before anything is compared, shown or stored."""
+    key = bytes.fromhex(digest_key)
+    environ = [
+        {**proc, "env": remask(proc["env"], key), "other_env": remask(proc["other_env"], key)}
+        for proc in state["environ"]
+    ]
+    return _env_report(environ, expected, launch_, profile), state["procs"]
 
 
 def _env_report(procs: list[dict[str, Any]], expected: dict[str, str], launch_: Launch, profile: Profile) -> EnvReport:

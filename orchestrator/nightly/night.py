@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.common.redaction import scrub
 from orchestrator.config.design import ABConfig
+from orchestrator.config.secretpatterns import scrub
 from orchestrator.errors import InputError, OrchError
 from orchestrator.experiment import ab, failon
 from orchestrator.experiment import host as experiment_host

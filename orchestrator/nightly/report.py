@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.common.printable import visible
 from orchestrator.experiment import failon
 from orchestrator.nightly import changepoint, history
 from orchestrator.nightly.result import (
@@ -21,6 +22,7 @@ from orchestrator.nightly.result import (
 )
 from orchestrator.nightly.suite import ACROSS_LEVELS
 from orchestrator.report.lines import SIM_BANNER
+from orchestrator.report.markdown import md_code, md_text
 
 LABELS = {
     "regression": "**REGRESSION**",
@@ -172,10 +174,12 @@ def item_label(r: ItemReport) -> str:
 
 
 def item_line(r: ItemReport) -> str:
+    """The item's Markdown list item: its label, then what it measured in words; every text from outside (the
+    item's name and host, errors, arm names, reasons) escaped (md_text, md_code)."""
     label = item_label(r)
-    where = f"`{r.item}` ({r.host}{', SIMULATED' if r.simulated else ''})"
+    where = f"{md_code(r.item)} ({md_text(r.host, block=False)}{', SIMULATED' if r.simulated else ''})"
     if r.status in ("failed", "timeout", "skipped") or (r.status == "interrupted" and not r.series):
-        return f"- {label} {where}: {first_line(r.error)}"
+        return f"- {label} {where}: {md_text(first_line(r.error), block=False)}"
     envs = [s for s in r.series if s.status == "environment"]
     # A night that does not cross in the range, as the nights before, says nothing new: `orch history` has it.
     decisive = [
@@ -225,17 +229,17 @@ def item_line(r: ItemReport) -> str:
         )
     # First: a line that reads "building history" must not hide that its nodes differed.
     parts[:0] = [f"WARNING: {w}" for w in r.warnings]
-    return f"- {label} {where}: " + "; ".join(parts)
+    return f"- {label} {where}: " + md_text("; ".join(parts), block=False)
 
 
 def night_markdown(night: NightReport) -> str:
     counts = night.to_dict()["counts"]
     summary = ", ".join(f"{n} {LABELS.get(s, s).strip('*')}" for s, n in counts.items())
-    lines = [f"## orch nightly: {night.suite}, {when(night.night_at)}", ""]
+    lines = [f"## orch nightly: {md_text(night.suite, block=False)}, {when(night.night_at)}", ""]
     if any(i.simulated for i in night.items):
         lines += [f"> {SIM_BANNER}", ""]
     if night.status == "busy":
-        lines.append(f"**NOT RUN**: {night.error}; exit {night.exit_code}")
+        lines.append(f"**NOT RUN**: {md_text(night.error or '', block=False)}; exit {night.exit_code}")
         return "\n".join(lines) + "\n"
     state = {
         "complete": "",
@@ -246,7 +250,10 @@ def night_markdown(night: NightReport) -> str:
     lines.append(f"{len(night.items)} item(s): {summary or 'none'}{state}; exit {night.exit_code}")
     lines.append("")
     lines += [item_line(r) for r in night.items]
-    lines += ["", f"night `{night.night_id}` · suite `{night.suite_path}` · `orch history ITEM` for the trend"]
+    lines += [
+        "",
+        f"night {md_code(night.night_id)} · suite {md_code(night.suite_path)} · `orch history ITEM` for the trend",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -358,7 +365,7 @@ def history_text(item: str, host: str, shown: Sequence[SeriesHistory]) -> str:
                 + ("  " + "; ".join(marks) if marks else "")
             )
         lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
+    return "\n".join(visible(line) for line in lines).rstrip() + "\n"
 
 
 def nights_text(item: str, host: str, nights: Sequence[history.ItemNight]) -> str:
@@ -366,7 +373,7 @@ def nights_text(item: str, host: str, nights: Sequence[history.ItemNight]) -> st
     lines = [f"{item} on {host}: no night measured anything", f"  {'night':<16}  status"]
     for n in nights:
         lines.append(f"  {when(n.night_at):<16}  {n.status}: {first_line(n.error, 100)}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(visible(line) for line in lines) + "\n"
 
 
 def history_json(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.common.printable import visible
 from orchestrator.report.lines import SIM_BANNER
-from orchestrator.report.markdown import md_table
+from orchestrator.report.markdown import md_table, md_text
 from orchestrator.report.text import text_table
 from orchestrator.results.compare import ArmSide, ClaimVerdict, ExperimentComparison, Side, estimate_json
 from orchestrator.results.run import Rate, level_phrase
@@ -156,7 +157,8 @@ def compare_text(c: ExperimentComparison) -> str:
     if c.causes:
         lines.append("  " + _causes_title(c))
         lines += [f"    {i}. {cause}" for i, cause in enumerate(c.causes, 1)]
-    return "\n".join(lines)
+    # Each line one line, shown not obeyed: arm names come from stores and bundles, causes quote servers' versions.
+    return "\n".join(visible(line) for line in lines)
 
 
 def _verdict_json(v: ReproVerdict | None) -> dict[str, Any] | None:
@@ -233,29 +235,34 @@ def _level_json(c: ExperimentComparison) -> dict[str, Any]:
 
 
 def compare_markdown(c: ExperimentComparison) -> str:
-    lines = [f"# Compare {c.a.experiment_id} → {c.b.experiment_id}", "", f"**{headline(c)}**", ""]
+    """The comparison as Markdown; every sentence escaped whole (md_text: arm names come from stores and bundles,
+    causes quote servers' versions), the markup added around it."""
+    t = md_text
+    lines = [f"# {t(f'Compare {c.a.experiment_id} → {c.b.experiment_id}')}", "", f"**{t(headline(c))}**", ""]
     if c.a.simulated or c.b.simulated:
-        lines += [f"**{SIM_BANNER}**", ""]
+        lines += [f"**{t(SIM_BANNER)}**", ""]
     lines += [
-        f"A (recorded): {_side(c.a)}; B (new): {_side(c.b)}. {_where(c)[:1].upper() + _where(c)[1:]}; tolerance "
-        f"±{c.tolerance * 100:.1f}%.",
+        t(
+            f"A (recorded): {_side(c.a)}; B (new): {_side(c.b)}. {_where(c)[:1].upper() + _where(c)[1:]}; tolerance "
+            f"±{c.tolerance * 100:.1f}%."
+        ),
         "",
-        *([f"**{_data_step(c.dataset_change, 'Environment step')}**", ""] if c.dataset_change else []),
+        *([f"**{t(_data_step(c.dataset_change, 'Environment step'))}**", ""] if c.dataset_change else []),
     ]
     for level in c.levels or (c,):
         if c.levels:
-            lines += [f"## {level_phrase(level.concurrency)}: {headline(level)}", ""]
+            lines += [f"## {t(f'{level_phrase(level.concurrency)}: {headline(level)}')}", ""]
         lines += md_table(_arm_rows(level))
         if level.ratios:
             lines += ["", *md_table(_ratio_rows(level))]
         details = _details(level, level is (c.levels or (c,))[0])
         if details:
-            lines += [""] + [f"- {d}" for d in details]
+            lines += ["", *(f"- {t(d)}" for d in details)]
         if c.levels:
             lines.append("")
     if c.causes:
         lines += ["", f"## {_causes_title(c).rstrip(':').capitalize()}", ""]
-        lines += [f"{i}. {cause}" for i, cause in enumerate(c.causes, 1)]
+        lines += [f"{i}. {t(cause)}" for i, cause in enumerate(c.causes, 1)]
     return "\n".join(lines) + "\n"
 
 
@@ -304,7 +311,7 @@ def claim_lines(cv: ClaimVerdict) -> list[str]:
 
 
 def claim_text(cv: ClaimVerdict) -> str:
-    return "\n".join(claim_lines(cv))
+    return "\n".join(visible(line) for line in claim_lines(cv))
 
 
 def claim_json(cv: ClaimVerdict) -> dict[str, Any]:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+from orchestrator.common.printable import visible
 from orchestrator.report.lines import (
     SIM_BANNER,
     attached_banner,
@@ -38,93 +41,143 @@ from orchestrator.results.model import ABResult
 from orchestrator.results.run import Level, level_name, level_phrase
 from orchestrator.results.turns import turn_lines
 
+# What Markdown (GitHub's, GitLab's: HTML allowed) would read as markup rather than text: each is escaped below.
+_ESCAPED = re.compile(
+    r"[\\`*|]"  # a backslash (so no escape of ours is undone), code spans, emphasis, table cells
+    r"|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])"  # emphasis; not inside a word (snake_case stays as it reads)
+    r"|~(?=~)|(?<=~)~"  # strikethrough (~~), not a lone ~ ("~3.2 req/s")
+    r"|\](?=[(\[])"  # a link or image ([text](url), ![alt](url)) or a reference to one ([text][ref])
+)
+_HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# What starts a block at the beginning of a line (or of a list item's text): a heading, quote, list, rule, or a
+# link reference definition (`[ref]: javascript:…`, which only forms there).
+_BLOCK_START = re.compile(r"^(\s*)(?:([#+=\[-])|(>)|(\d+)([.)]))")
+
+
+def md_text(text: str, *, block: bool = True) -> str:
+    """Text for a Markdown renderer that allows HTML, shown as it is and never read as markup: control characters
+    and newlines as escapes (one line stays one line, a table row one row), `&`, `<` as entities (no tag, no
+    autolink), and what would make a link, an image, emphasis, code, a table cell or a heading backslash-escaped.
+    Characters that only mean something in those places (a lone `[`, `~` or `>` inside a sentence) are left as
+    they are, so orch's own sentences read the same in the source. block=False for text that cannot start a
+    block (a table cell): a leading `-` or `1.` there is text already."""
+    text = _ESCAPED.sub(lambda m: "\\" + m.group(0), visible(text))
+    text = re.sub(r"[&<]", lambda m: _HTML[m.group(0)], text)
+    return _BLOCK_START.sub(_block_start, text) if block else text
+
+
+def _block_start(m: re.Match[str]) -> str:
+    if m.group(2):
+        return f"{m.group(1)}\\{m.group(2)}"
+    if m.group(3):
+        return f"{m.group(1)}&gt;"
+    return f"{m.group(1)}{m.group(4)}\\{m.group(5)}"  # an ordered list's "1." (a digit cannot be escaped)
+
+
+def md_code(text: str) -> str:
+    """text as an inline code span: fenced by more backticks than any run of them in it (CommonMark), control
+    characters shown as escapes. Nothing inside a code span is markup."""
+    text = visible(text)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
 
 def md_table(rows: list[list[str]]) -> list[str]:
-    """rows (a header first) as a Markdown table: the first column left-aligned, the numbers right-aligned."""
+    """rows (a header first) as a Markdown table: the first column left-aligned, the numbers right-aligned; every
+    cell escaped (md_text), so a `|` or a newline in a name stays inside its cell."""
     out = [
-        "| " + " | ".join(rows[0]) + " |",
+        "| " + " | ".join(md_text(c, block=False) for c in rows[0]) + " |",
         "|" + "|".join("---" if i == 0 else "---:" for i in range(len(rows[0]))) + "|",
     ]
-    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows[1:]]
+    out += ["| " + " | ".join(md_text(c, block=False) for c in row) + " |" for row in rows[1:]]
     return out
+
+
+def _items(lines: list[str]) -> list[str]:
+    """Plain lines as a Markdown list, each item's text escaped."""
+    return [f"- {md_text(line)}" for line in lines]
 
 
 def _category_md(result: ABResult, level: Level) -> list[str]:
     """The level's breakdown by category, or the sentence saying the workload has a single one."""
     if (bc := by_category(result, level)) is not None:
         return [
-            *("", f"### By category at {level_name(bc.level)}", "", category_heading(bc) + ".", ""),
+            *("", f"### By category at {md_text(level_name(bc.level))}", "", md_text(category_heading(bc) + "."), ""),
             *md_table(category_rows(bc)),
             "",
-            *(f"- {line}" for line in category_lines(bc)),
+            *_items(category_lines(bc)),
         ]
-    return [f"- {one}"] if (one := one_category_line(result)) else []
+    return _items([one]) if (one := one_category_line(result)) else []
 
 
 def ab_markdown(result: ABResult) -> str:
-    """The report as Markdown, for a ticket or a pull request."""
+    """The report as Markdown, for a ticket or a pull request. Every sentence is orch's text with names, categories,
+    notes and reasons in it (from files, bundles and servers): each is escaped whole (md_text), and the markup is
+    added around it."""
+    t = md_text
     head = "A/B" if is_ab(result) else f"Benchmark of {result.arms[0].label},"
-    lines = [f"# {head} {result.experiment_id} on {result.host_label}", ""]
+    lines = [f"# {t(f'{head} {result.experiment_id} on {result.host_label}')}", ""]
     if result.simulated:
-        lines += [f"**{SIM_BANNER}**", ""]
-    lines += [line for banner in attached_banner(result) for line in (f"**{banner}**", "")]
-    lines += [line for w in node_mismatch_lines(result) for line in (f"**WARNING: {w}**", "")]
+        lines += [f"**{t(SIM_BANNER)}**", ""]
+    lines += [line for banner in attached_banner(result) for line in (f"**{t(banner)}**", "")]
+    lines += [line for w in node_mismatch_lines(result) for line in (f"**{t(f'WARNING: {w}')}**", "")]
     d = result.design
     lines.append(
-        f"Status: {result.status}. Design: {d.blocks} block(s)"
-        + order_text(result)
-        + f"; minimum effect of interest ±{result.min_effect * 100:.1f}%."
+        t(
+            f"Status: {result.status}. Design: {d.blocks} block(s)"
+            + order_text(result)
+            + f"; minimum effect of interest ±{result.min_effect * 100:.1f}%."
+        )
     )
-    lines += [f"> NOTE: {n}" for n in result.notes]
+    lines += [f"&gt; {t(f'NOTE: {n}')}" for n in result.notes]
     if sweep := sweep_lines(result):
-        lines += ["", sweep[0] + "; " + sweep[1].strip() + "."]
-    lines += [part for line in (metric_line(result), slo_line(result)) if line for part in ("", line + ".")]
+        lines += ["", t(sweep[0] + "; " + sweep[1].strip() + ".")]
+    lines += [part for line in (metric_line(result), slo_line(result)) if line for part in ("", t(line + "."))]
     for level in result.levels or [1]:
         rows = level_rows(result, level)
-        lines += ["", f"## {level_heading(level)}", ""]
+        lines += ["", f"## {t(level_heading(level))}", ""]
         lines += md_table(rows)
         if result.slo is not None:
-            lines += ["", f"### Goodput at {level_phrase(level)}", "", slo_heading(result, level) + ".", ""]
+            lines += ["", f"### {t(f'Goodput at {level_phrase(level)}')}", "", t(slo_heading(result, level) + "."), ""]
             lines += md_table(slo_rows(result, level))
         if heading := metric_heading(result, level):
-            lines += ["", f"### {result.metric} at {level_phrase(level)}", "", heading + ".", ""]
+            lines += ["", f"### {t(f'{result.metric} at {level_phrase(level)}')}", "", t(heading + "."), ""]
             lines += md_table(metric_rows(result, level))
         lines.append("")
-        lines += [f"- {line}" for line in rate_lines(result, level)]
-        lines += [f"- {comparison_line(c)}" for c in result.comparisons_at(level)]
+        lines += _items(rate_lines(result, level))
+        lines += _items([comparison_line(c) for c in result.comparisons_at(level)])
         if method := ci_method_line(result.comparisons_at(level)):
-            lines.append(f"- {method}")
+            lines += _items([method])
         lines += _category_md(result, level)
         if energy := energy_lines(result, level):
-            lines += ["", f"### {energy[0][0].upper()}{energy[0][1:]}", ""] + [f"- {line}" for line in energy[1:]]
+            lines += ["", f"### {t(energy[0][0].upper() + energy[0][1:])}", "", *_items(energy[1:])]
     if crossings := crossover_lines(result):
-        lines += ["", "## Where speculation stops paying", ""] + [f"- {line}" for line in crossings]
+        lines += ["", "## Where speculation stops paying", "", *_items(crossings)]
     if capacity := slo_capacity_lines(result):
-        lines += ["", "## Highest load within the SLO", "", capacity[0]] + [
-            f"- {line.strip()}" for line in capacity[1:]
-        ]
+        lines += ["", "## Highest load within the SLO", "", t(capacity[0]), *_items([c.strip() for c in capacity[1:]])]
     spec = result.speculation()
     if spec:
         lines += ["", "## Speculative decoding", ""]
         for spec_arm, be in spec:
-            lines.append(f"{spec_arm.label}:")
-            lines += [f"- {line}" for line in breakeven_lines(be)]
+            lines.append(t(f"{spec_arm.label}:"))
+            lines += _items(breakeven_lines(be))
         if recommendation := whatif_line(result):
-            lines.append(f"- {recommendation}")
+            lines += _items([recommendation])
     if is_ab(result) and (accept := accept_lines(result)):
-        lines += ["", "## Accept length per request", "", accept[0]] + [f"- {line}" for line in accept[1:]]
+        lines += ["", "## Accept length per request", "", t(accept[0]), *_items(accept[1:])]
     if checked := outputs_lines(result):
-        lines += ["", "## Lossless check", "", checked[0]]
-        lines += [f"- {line}" if not line.startswith("  ") else f"  - {line.strip()}" for line in checked[1:]]
+        lines += ["", "## Lossless check", "", t(checked[0])]
+        lines += [f"- {t(line)}" if not line.startswith("  ") else f"  - {t(line.strip())}" for line in checked[1:]]
     if note := energy_note(result):
-        lines += ["", f"_{note}_"]
+        lines += ["", f"_{t(note)}_"]
     if cached := cache_lines(result):
-        lines += ["", "## Prefix cache", ""] + [f"- {line}" for line in cached]
+        lines += ["", "## Prefix cache", "", *_items(cached)]
     if by_turn := turn_lines(result):
-        lines += ["", "## By turn", ""] + [f"- {line}" for line in by_turn]
+        lines += ["", "## By turn", "", *_items(by_turn)]
     warnings = result.warnings()
     if warnings:
-        lines += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]
+        lines += ["", "## Warnings", "", *_items(warnings)]
     return "\n".join(lines) + "\n"
 
 

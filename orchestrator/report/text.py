@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.common.printable import visible
 from orchestrator.report.lines import (
     SIM_BANNER,
     attached_banner,
@@ -42,7 +43,10 @@ from orchestrator.results.turns import turn_lines
 
 
 def text_table(rows: list[list[str]]) -> list[str]:
-    """rows (a header first) as aligned plain-text lines: the first column left, the numbers right."""
+    """rows (a header first) as aligned plain-text lines: the first column left, the numbers right. A cell's control
+    characters are shown as escapes before the columns are measured: a newline in a category or an arm's name
+    stays inside its row."""
+    rows = [[visible(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
     for n, row in enumerate(rows):
@@ -147,4 +151,6 @@ def ab_text(result: ABResult) -> str:
     lines += [f"  {line}" for line in turn_lines(result)]
     for warning in result.warnings():
         lines.append(f"  WARNING: {warning}")
-    return "\n".join(lines).rstrip()
+    # Each line one line: names, categories, notes and reasons come from files, bundles and servers, and a newline or
+    # an escape sequence in one must not forge a line of the report nor drive the terminal.
+    return "\n".join(visible(line) for line in lines).rstrip()

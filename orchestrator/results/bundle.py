@@ -438,8 +438,9 @@ def _fill_argv(argv: list[Any], fill: Callable[[str, str], str]) -> list[Any]:
             out.append(arg)
             continue
         flag, eq, value = arg.partition("=")
-        if eq and WITHHELD in value:
-            # --api-key=X, or NAME=X as given to env(1): the latter from the same-named variable
+        # --api-key=X, or NAME=X as given to env(1); not a value that merely holds "=" (`jdbc:…?password=X`)
+        if eq and WITHHELD in value and (flag.startswith("-") or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", flag)):
+            # the latter from the same-named variable
             out.append(f"{flag}={fill(flag if not flag.startswith('-') else secret_variable(flag), value)}")
         elif i > 0 and isinstance(argv[i - 1], str) and (SECRET_FLAG_RE.match(argv[i - 1]) or argv[i - 1][:2] == "--"):
             # after a secret flag, or a URL with its userinfo withheld after any flag (--proxy http://…@host)

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.common.printable import visible
 from orchestrator.errors import InputError
 from orchestrator.results import datasource
 from orchestrator.results.datasource import DataSource
 from orchestrator.results.model import ABResult, ArmResult
-from orchestrator.results.run import level_phrase
+from orchestrator.results.run import Level, Rate, level_phrase
 from orchestrator.stats.estimates import RatioEstimate
 from orchestrator.stats.reproduction import (
     DEFAULT_TOLERANCE,
@@ -186,9 +187,9 @@ def check_map(arm_map: Mapping[str, str], a: Sequence[str], b: Sequence[str]) ->
     """--map NEW=OLD pairs: NEW an arm of B, OLD an arm of A, each used once, no B arm left under a taken name."""
     for new, old in arm_map.items():
         if new not in b:
-            raise InputError(f"--map {new}={old}: B has no arm {new!r} (B's arms: {', '.join(b)})")
+            raise InputError(f"--map {new}={old}: B has no arm {new!r} (B's arms: {_names(b)})")
         if old not in a:
-            raise InputError(f"--map {new}={old}: A has no arm {old!r} (A's arms: {', '.join(a)})")
+            raise InputError(f"--map {new}={old}: A has no arm {old!r} (A's arms: {_names(a)})")
     targets = list(arm_map.values())
     twice = sorted({t for t in targets if targets.count(t) > 1})
     if twice:
@@ -199,6 +200,46 @@ def check_map(arm_map: Mapping[str, str], a: Sequence[str], b: Sequence[str]) ->
             f"--map: B's own arm {clash[0]!r} would be compared with A's {clash[0]!r} too; map it as well "
             f"(--map {clash[0]}=OTHER)"
         )
+
+
+class NoLevelInCommon(InputError):
+    """A and B measured no level alike: concurrency against rates (closed against open loop), or other levels of one
+    kind. Every arm would have "no valid runs" at the other's levels; the mismatch is what to say."""
+
+
+def levels_text(levels: Sequence[Level]) -> str:
+    """A side's levels in one phrase: "concurrency 1, 4", "rates 2, 4 req/s", or both kinds where a side has both."""
+    rates = [f"{float(level):g}" for level in levels if isinstance(level, Rate)]
+    closed = [f"{level:g}" for level in levels if not isinstance(level, Rate)]
+    parts = ([f"concurrency {', '.join(closed)}"] if closed else []) + (
+        [f"rate{'s' if len(rates) > 1 else ''} {', '.join(rates)} req/s"] if rates else []
+    )
+    return " and ".join(parts)
+
+
+def common_levels(a: ABResult, b: ABResult) -> list[Level]:
+    """A's levels that B measured too, of the same kind (a Rate equals a concurrency of the same number)."""
+    return [level for level in a.levels if any(level == other and type(level) is type(other) for other in b.levels)]
+
+
+def check_levels(a: ABResult, b: ABResult) -> None:
+    """Refuse two experiments that measured levels but none in common, naming both sides' levels."""
+    if not a.levels or not b.levels or common_levels(a, b):
+        return
+    kinds = {isinstance(level, Rate) for level in (*a.levels, *b.levels)}
+    advice = (
+        "compare experiments of the same kind of load (both --concurrency, or both --rate)"
+        if len(kinds) > 1
+        else "compare experiments measured at a level in common"
+    )
+    raise NoLevelInCommon(
+        f"A ({visible(a.experiment_id)}) measured {levels_text(a.levels)}; B ({visible(b.experiment_id)}) measured "
+        f"{levels_text(b.levels)}: no level in common; {advice}"
+    )
+
+
+def _names(names: Iterable[str]) -> str:
+    return ", ".join(visible(name) for name in names)
 
 
 class NothingInCommon(InputError):
@@ -223,11 +264,12 @@ def compare(
     check_map(arm_map, list(a_arms), [arm.label for arm in b.arms])
     b_arms = {arm_map.get(arm.label, arm.label): arm for arm in b.arms}  # keyed by A's names
     if a_arms and b_arms and not set(a_arms) & set(b_arms):
-        hint = map_line(list(a_arms), list(b_arms))
+        # The names as fields (a store's or a bundle's, maybe with a newline or an escape in them): shown, one line.
+        hint = visible(map_line(list(a_arms), list(b_arms)) or "")
         raise NothingInCommon(
-            f"nothing to compare: no arm of B ({b.experiment_id}: {', '.join(b_arms)}) has the name of an arm of A "
-            f"({a.experiment_id}: {', '.join(a_arms)}); say which arm of B is which arm of A with --map B_ARM=A_ARM, "
-            f"e.g. {hint}"
+            f"nothing to compare: no arm of B ({visible(b.experiment_id)}: {_names(b_arms)}) has the name of an arm "
+            f"of A ({visible(a.experiment_id)}: {_names(a_arms)}); say which arm of B is which arm of A with --map "
+            f"B_ARM=A_ARM, e.g. {hint}"
         )
     labels = list(a_arms) + [label for label in b_arms if label not in a_arms]
     rows: list[ArmRow] = []
@@ -284,7 +326,9 @@ def compare_levels(
     arm_map: Mapping[str, str] | None = None,
 ) -> ExperimentComparison:
     """b against a at every level both measured (the first, the headline, with the others in `levels`): reproduced
-    only if every level reproduced, not reproduced if any level did not, else inconclusive, said with the level."""
+    only if every level reproduced, not reproduced if any level did not, else inconclusive, said with the level.
+    NoLevelInCommon when both measured levels but none alike (concurrency against rates, or other levels)."""
+    check_levels(a, b)
     head = compare(a, b, tolerance=tolerance, causes=causes, arm_map=arm_map)
     others = tuple(
         compare(a, b, tolerance=tolerance, concurrency=level, arm_map=arm_map)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from orchestrator.common.redaction import scrub
+from orchestrator.config.secretpatterns import scrub
 
 
 class Events(Protocol):

@@ -11,6 +11,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.common.printable import unguarded, visible
 from orchestrator.ui import progress
 from orchestrator.ui.progress import PlainReporter, duration, severity
 
@@ -51,8 +52,10 @@ def line_style(line: str) -> str:
 
 
 def console_for(out: TextIO) -> Console:
-    # soft_wrap: a report's wide tables must not be broken at the terminal's width; NO_COLOR is read by rich.
-    return Console(file=out, force_terminal=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
+    # soft_wrap: a report's wide tables must not be broken at the terminal's width; NO_COLOR is read by rich. Its
+    # colours are escape sequences: it writes past the command line's guard (common/printable), so what it is given
+    # to show is made visible here.
+    return Console(file=unguarded(out), force_terminal=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 
 class LiveReporter(PlainReporter):
@@ -82,12 +85,12 @@ class LiveReporter(PlainReporter):
             return
         line = Text()
         line.append(time.strftime("%H:%M:%S "), style="dim")
-        line.append(text, style=line_style(text))
+        line.append(visible(text, lines=True), style=line_style(text))
         self.console.print(line)
 
     def report(self, text: str) -> None:
         for line in text.splitlines():
-            self.console.print(Text(line, style=line_style(line)))
+            self.console.print(Text(visible(line), style=line_style(line)))
 
     def __enter__(self) -> LiveReporter:
         super().__enter__()
@@ -108,7 +111,7 @@ class LiveReporter(PlainReporter):
         head = Text()
         head.append(f"experiment {t.experiment}" if t.experiment else "orch", style="bold")
         if t.arms:
-            head.append(": " + " vs ".join(t.arms))
+            head.append(": " + visible(" vs ".join(t.arms)))
         if t.simulated:
             head.append("  SIMULATED", style="magenta")
         head.append(f"  elapsed {duration(t.clock() - t.started)}", style="dim")
@@ -120,7 +123,7 @@ class LiveReporter(PlainReporter):
             cap = f" (at most {t.max_blocks})" if t.max_blocks else ""
             pos = Text()
             pos.append(f"launch {t.launch}/{t.launches}", style="bold")
-            pos.append(f" · block {t.block}/{t.blocks}{cap} · {t.arm}")
+            pos.append(f" · block {t.block}/{t.blocks}{cap} · {visible(t.arm)}")
             eta = t.eta_text()
             pos.append("  " + (eta or "ETA after the first launch"), style="green" if eta else "dim")
             grid.add_row("", pos)
@@ -130,7 +133,7 @@ class LiveReporter(PlainReporter):
     def phase_text(self) -> Text:
         t, p, d = self.tracker, self.tracker.phase, self.tracker.data
         who = d.get("profile") or t.arm
-        text = Text(f"{who}: " if who else "")
+        text = Text(f"{visible(str(who))}: " if who else "")
         if p in ("warmup", "run"):
             level = d.get("concurrency", 1)
             label = f"{p} {int(d.get('index', 0)) + 1}/{d.get('of', '?')}"
@@ -144,13 +147,13 @@ class LiveReporter(PlainReporter):
         text.append(f" {t.elapsed():.1f}s")
         if p == "loading":
             if d.get("state") not in (None, "loading"):
-                text.append(f" ({d['state']})")
+                text.append(f" ({visible(str(d['state']))})")
             if d.get("log"):
-                text.append("  log: " + str(d["log"]), style="dim")
+                text.append("  log: " + visible(str(d["log"])), style="dim")
         elif p == "gpu wait" and d.get("timeout_s") is not None:
             text.append(f" (at most {d['timeout_s']:.0f}s)")
         elif p == "lock wait" and d.get("holder"):
-            text.append(f" ({d['holder']})")
+            text.append(f" ({visible(str(d['holder']))})")
         flight = progress.live_run() if p in ("warmup", "run") else None
         if p == "run" and flight is not None and flight[1] > 0:
             text.append(f"  {flight[0]:.0f} tokens, {flight[0] / flight[1]:.1f} tok/s so far", style="green")

@@ -31,7 +31,7 @@ from orchestrator.results.store import Store
 from orchestrator.stats.sequential import SequentialPlan
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY = ("httpx", "asyncio", "psutil", "paramiko", "rich", "yaml", "numpy", "ruptures", "matplotlib")
+HEAVY = ("httpx", "asyncio", "psutil", "paramiko", "rich", "yaml", "numpy", "ruptures", "matplotlib", "detect_secrets")
 
 # Runs orch's main() in a fresh interpreter, then reports which heavy modules that imported (the last stdout line).
 PROBE = """

@@ -1,0 +1,312 @@
+"""Untrusted text (dataset categories, arm names from stores and bundles, an attached server's version string) is
+shown, never obeyed: no escape sequence, bell, carriage return or bidi override reaches the terminal, a newline forges
+no line and splits no table row, and the Markdown export carries no HTML, link or table break a renderer would act
+on."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from html.parser import HTMLParser
+from pathlib import Path
+
+import httpx
+import pytest
+from markdown_it import MarkdownIt
+
+from orchestrator.cli import main
+from orchestrator.common.printable import visible
+from orchestrator.nightly import report as night_report
+from orchestrator.nightly import result as night_result
+from orchestrator.report.compare import compare_markdown, compare_text
+from orchestrator.report.markdown import ab_markdown, md_text
+from orchestrator.report.text import ab_text
+from orchestrator.results.compare import compare
+from orchestrator.results.model import ABResult
+from tests.conftest import FAST_SIM, REPO, WriteProfile, free_port, run_orch
+from tests.launch.test_attach import QUICK
+from tests.results.test_compare import _result
+from tests.results.test_compare_map import store
+
+# A window title, a clipboard write (OSC 52), a clear screen, a bell, a carriage return over the line, a bidi
+# override, a C1 CSI, and a newline that starts a line of its own: each must be shown, none obeyed.
+FORGED = "FAKE VERDICT: REPRODUCED"
+HOSTILE = "cat\x1b]0;" + FORGED + "\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\rover\u202eevil\x9b31m\n" + FORGED + " (all agree)"
+RAW = ("\x1b", "\x07", "\r", "\u202e", "\x9b")
+
+
+def _assert_shown_not_obeyed(text: str) -> None:
+    raw = [repr(c) for c in RAW if c in text]
+    assert not raw, f"raw {raw} in:\n{text}"
+    forged = [line for line in text.splitlines() if line.lstrip().startswith(FORGED)]
+    assert not forged, forged
+
+
+def test_visible_shows_every_control_character() -> None:
+    assert visible("a\x1b[2Jb\x07c\rd\ne\tf\x00g\x7fh\x9bi\u202ej\u2066k\u2028l") == (
+        "a\\x1b[2Jb\\x07c\\rd\\ne\\tf\\x00g\\u007fh\\u009bi\\u202ej\\u2066k\\u2028l"
+    )
+    # Text of several lines keeps its lines and tabs; everything else is still shown.
+    assert visible("log:\n\tline\x1b]0;t\x07\r\n", lines=True) == "log:\n\tline\\x1b]0;t\\x07\\r\n"
+    plain = "baseline vs eagle3-3step @ 4 req/s: 1.05x, 95% CI [0.98, 1.12] ±3 % α ≥ 0.6 — ünïcödé 日本語 עברית"
+    assert visible(plain) == plain and visible(plain, lines=True) == plain
+
+
+# ---------------------------------------------------------------- a result with hostile categories and names
+
+CATEGORIES = (
+    HOSTILE,
+    "<script>alert(1)</script>",
+    "<img src=x onerror=alert(1)>",
+    "[x](javascript:alert(1))",
+    "a|b\nc",
+)
+
+
+def _categorised(labels: dict[str, float] | None = None) -> ABResult:
+    """An A/B whose requests fall in CATEGORIES (as a dataset would give them), each run's per-request rows stored."""
+    result = _result("exp", labels or {"baseline": 83.0, "eagle3-3step": 60.8}, blocks=3)
+    per = len(CATEGORIES)
+    launches = []
+    for la in result.launches:
+        runs = tuple(
+            dataclasses.replace(
+                r,
+                requests=per,
+                per_request=tuple(
+                    {"index": i, "tokens": 64, "e2e_s": 64 / (r.tok_s * (1 + 0.01 * i)), "prompt_tokens": 30}
+                    for i in range(per)
+                ),
+            )
+            for r in la.runs
+        )
+        launches.append(dataclasses.replace(la, runs=runs))
+    categories = {(1, 0.0, k): CATEGORIES for k in range(3)}
+    return dataclasses.replace(result, launches=tuple(launches), categories=categories)
+
+
+def _category_table(text: str) -> list[str]:
+    """The lines of the terminal report's by-category table: its header, rule and rows."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("by category @")) + 1
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("  ") or line.startswith("  eagle3-3step vs"):
+            break
+        table.append(line)
+    return table
+
+
+def test_a_category_with_escapes_and_a_newline_keeps_the_terminal_table_whole() -> None:
+    text = ab_text(_categorised())
+    _assert_shown_not_obeyed(text)
+    table = _category_table(text)
+    # The header, its rule, and one row per category: a newline in a name splits no row, and each row holds its
+    # category as escapes.
+    assert len(table) == 2 + len(CATEGORIES), "\n".join(table)
+    assert set(table[1].strip()) <= {"-", " "}
+    for category in CATEGORIES:
+        assert sum(line.startswith("  " + visible(category) + " ") for line in table[2:]) == 1, (category, table)
+
+
+class _Elements(HTMLParser):
+    """Every element a renderer's HTML would create, with its attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+
+
+def _rendered(markdown: str) -> list[tuple[str, dict[str, str | None]]]:
+    """The elements GitHub-like rendering (CommonMark with raw HTML allowed, tables, strikethrough) would create."""
+    html = MarkdownIt("commonmark", {"html": True}).enable(["table", "strikethrough"]).render(markdown)
+    parser = _Elements()
+    parser.feed(html)
+    return parser.tags
+
+
+# What orch's own Markdown makes; anything else came from the text in it.
+ALLOWED = {"h1", "h2", "h3", "p", "ul", "ol", "li", "table", "thead", "tbody", "tr", "th", "td", "strong", "em", "code"}
+
+
+def _assert_inert(markdown: str) -> list[tuple[str, dict[str, str | None]]]:
+    tags = _rendered(markdown)
+    assert {tag for tag, _ in tags} <= ALLOWED, [tag for tag, _ in tags if tag not in ALLOWED]
+    attrs = [(tag, a) for tag, a in tags if set(a) - {"style"}]  # only a table cell's alignment
+    assert not attrs, attrs
+    _assert_shown_not_obeyed(markdown)
+    return tags
+
+
+def test_the_markdown_export_renders_no_html_no_link_and_keeps_its_tables() -> None:
+    # The arm names too: a profile name read back from a store or a bundle.
+    arms = {"![p](javascript:alert(2))": 83.0, "<b onmouseover=alert(3)>x</b>": 60.8}
+    md = ab_markdown(_categorised(arms))
+    tags = _assert_inert(md)
+    # Every table keeps its rows: the level's (header + 2 arms) and the categories' (header + one per category).
+    rows = [tag for tag, _ in tags if tag == "tr"]
+    assert len(rows) == (1 + 2) + (1 + len(CATEGORIES)), md
+    # Shown as the text it is: the category reads back from the rendered page.
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in MarkdownIt("commonmark", {"html": True}).enable("table").render(
+        md
+    )
+
+
+def test_compare_and_nightly_markdown_are_inert_too() -> None:
+    a = _result("A", {"[x](javascript:alert(1))": 83.0, "<script>alert(1)</script>": 60.8})
+    c = compare(a, a)
+    _assert_inert(compare_markdown(c))
+    _assert_shown_not_obeyed(compare_text(c))
+    item = night_result.ItemReport(
+        "item`<img src=x onerror=alert(1)>", "gpu<script>", "bench", False, "failed", error=HOSTILE
+    )
+    line = night_report.item_line(item)
+    _assert_inert(line)
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize(
+    ("text", "inert"),
+    [
+        ("<script>alert(1)</script>", "&lt;script>alert(1)&lt;/script>"),
+        ("[x](javascript:alert(1))", "\\[x\\](javascript:alert(1))"),
+        ("[ref]: javascript:alert(1)", "\\[ref]: javascript:alert(1)"),
+        ("# FAKE", "\\# FAKE"),
+        ("a|b\nc", "a\\|b\\\\nc"),
+        ("snake_case *em* ~~gone~~ `code`", "snake_case \\*em\\* \\~\\~gone\\~\\~ \\`code\\`"),
+        ("95% CI [0.98, 1.12] -> FASTER by ~3 %", "95% CI [0.98, 1.12] -> FASTER by ~3 %"),
+    ],
+)
+def test_md_text_escapes_what_a_renderer_would_act_on_and_nothing_else(text: str, inert: str) -> None:
+    assert md_text(text) == inert
+
+
+# ---------------------------------------------------------------- through the command line
+
+
+def _craft_arm_names(db: Path) -> tuple[str, str]:
+    """Two stored experiments, then their arm names rewritten in the store to hostile ones (the bundle reader may
+    refuse such names; a store is written by whoever has the file)."""
+    speeds = {"baseline": 83.0, "eagle3-3step": 60.8}
+    ids = ("20261201-000000-aaaaaa", "20261201-000001-bbbbbb")
+    for exp_id in ids:
+        store(db, _result(exp_id, speeds, blocks=2))
+    hostile = ["base" + HOSTILE, "spec\u202eline\r\n" + FORGED]
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("UPDATE experiments SET arms_json = ?, host = ?", (json.dumps(hostile), "gpu\x1b[2J\n" + FORGED))
+        for old, new in zip(speeds, hostile, strict=True):
+            conn.execute("UPDATE launches SET profile = ? WHERE profile = ?", (new, old))
+    conn.close()
+    store(db, _result(PLAIN, {"x": 83.0, "y": 60.8}, blocks=2))
+    return ids
+
+
+PLAIN = "20261201-000002-cccccc"  # arms x and y: nothing in common with the hostile ones
+
+
+def test_hostile_arm_names_from_a_store_reach_no_terminal(tmp_path: Path) -> None:
+    db = tmp_path / "r.db"
+    a, b = _craft_arm_names(db)
+    for args in (
+        ("list",),
+        ("show", a),
+        ("compare", a, b),
+        ("export", a, "--format", "md"),
+        ("compare", a, PLAIN),  # refused (exit 2): the error names A's arms, as printed by the command line itself
+    ):
+        proc = run_orch(*args, "--db", str(db), cwd=tmp_path)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode in (0, 2, 3, 4), (args, out, err)
+        _assert_shown_not_obeyed(out + err)
+    assert "no arm of B" in err and "basecat\\x1b]0;FAKE VERDICT" in err, err
+    # CSV and JSON stay data: a newline is quoted or escaped as their formats say (read back, the names are exactly
+    # as stored); still no raw escape sequence reaches the terminal.
+    proc = run_orch("export", a, "--format", "csv", "--db", str(db), cwd=tmp_path)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and not [c for c in RAW if c in out], out
+    proc = run_orch("show", a, "--json", "--db", str(db), cwd=tmp_path)
+    out, _ = proc.communicate(timeout=120)
+    assert next(arm["label"] for arm in json.loads(out)["arms"]) == "base" + HOSTILE
+
+
+@contextmanager
+def _sim(log: Path, **env: str) -> Iterator[str]:
+    """The simulator started as someone else would start a server (no orch marker, its own session), with env."""
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    environ.update(PYTHONPATH=str(REPO), ORCH_SIM_LOAD_S="0.2", ORCH_SIM_WARMUP_S="0", **env)
+    cmd = [sys.executable, "-m", "orchestrator.sim", "--model-path", "/models/test-model", "--port", str(port)]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, log.read_text()
+            with suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health_generate", timeout=2).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "the simulator never became healthy"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the session this test started, by its leader's PID
+        proc.wait(10)
+
+
+def test_an_attached_servers_version_reaches_no_terminal(
+    write_profile: WriteProfile, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "r.db")
+    path = write_profile(
+        "left", engine="sglang", model_path="/models/test-model", tp_size=1, port=free_port(), sim=FAST_SIM
+    )
+    with _sim(tmp_path / "plain.log") as plain:
+        assert main(["bench", str(path), "--attach", plain, *QUICK, "--db", db]) == 0
+    # The same simulator, but /server_info says its version is the hostile text.
+    with _sim(tmp_path / "hostile.log", ORCH_SIM_VERSION="0.5.9" + HOSTILE) as hostile:
+        assert main(["bench", str(path), "--attach", hostile, *QUICK, "--db", db]) == 0
+    capfd.readouterr()
+    conn = sqlite3.connect(db)
+    ids = [row[0] for row in conn.execute("SELECT id FROM experiments ORDER BY created_at")]
+    conn.close()
+    code = main(["compare", *ids, "--db", db])
+    out, err = capfd.readouterr()
+    assert code in (0, 3, 4), out + err
+    # The version is said (a likely cause), as text: its escapes shown, its newline inside the line.
+    assert "engine version: 0.5.9 -> 0.5.9cat\\x1b]0;FAKE VERDICT: REPRODUCED\\x07" in out, out
+    _assert_shown_not_obeyed(out + err)
+
+
+def test_the_command_lines_last_guard_shows_what_no_report_escaped(
+    write_profile: WriteProfile, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `orch profiles show` prints the launch command with each env value shell-quoted, control characters and all:
+    # only the guard on the command line's output (common/printable.VisibleWriter) stands between them and the
+    # terminal.
+    path = write_profile(
+        "titled",
+        engine="sglang",
+        model_path="/models/test-model",
+        tp_size=1,
+        port=free_port(),
+        env={"MY_TITLE": HOSTILE},
+    )
+    assert main(["profiles", "show", str(path), "--sim"]) == 0
+    out = capsys.readouterr().out
+    assert "MY_TITLE='cat\\x1b]0;FAKE VERDICT: REPRODUCED\\x07" in out, out
+    assert not [repr(c) for c in RAW if c in out], out

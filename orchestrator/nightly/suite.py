@@ -20,7 +20,7 @@ from orchestrator.config.prompts import BUNDLED_SETS, generated
 from orchestrator.config.sessions import MAX_TURNS
 from orchestrator.config.slo import EXAMPLE as SLO_EXAMPLE
 from orchestrator.config.slo import SLO, parse_slo
-from orchestrator.config.workload import CLIENT_PLACES, DEFAULT_DURATION_S, BenchConfig, request_items
+from orchestrator.config.workload import CLIENT_PLACES, DEFAULT_DURATION_S, BenchConfig, check_requests
 from orchestrator.errors import InputError, OrchError
 from orchestrator.experiment import failon
 from orchestrator.fields import (
@@ -524,14 +524,14 @@ def _common_endpoint(profiles: tuple[Profile, ...], label: str) -> str:
 def _check_plan(bench: BenchConfig, profiles: tuple[Profile, ...], blocks: int, sim: bool, label: str) -> None:
     """What `orch ab` refuses before launching (an absurd plan, a bad prompt file), refused before the night."""
     try:
-        work = limits.checked_plan(bench, profiles, blocks=blocks, sim=sim)
+        work = limits.checked_plan(bench, profiles, blocks=blocks, sim=sim, names=limits.SUITE_NAMES)
     except limits.PlanError as e:
         raise SuiteError(f"{label}: workload: {e}") from None
     refusal = work.too_short()
     if refusal:
         raise SuiteError(f"{label}: workload: {refusal}")
     try:
-        request_items(bench)
+        check_requests(bench)
     except OrchError as e:
         raise SuiteError(f"{label}: workload: {e}") from None
 

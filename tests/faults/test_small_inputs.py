@@ -308,3 +308,23 @@ def test_a_duration_with_units_is_taken_by_the_cli_a_suite_and_an_slo(capsys: Ca
     assert suite_mod.duration("1h30m") == 5400.0 and suite_mod.WORKLOAD_FIELDS["duration"]("500ms") == 0.5
     with pytest.raises(Exception, match=r"expected a duration from 1s to 7d: seconds as a number"):
         suite_mod.duration("500ms")
+
+
+# ---------------------------------------------------------------- refusals name what the user typed
+
+
+def test_a_workload_refusal_names_the_option_or_field_the_user_gave() -> None:
+    """The plan's checks named the workload's internal fields (`requests_per_level`) whoever gave them: orch ab's
+    refusal names its option (--requests), a suite's its field (requests), a bundle's its JSON path."""
+    from orchestrator.config import limits
+
+    bench = BenchConfig(rate=(1.0,), requests_per_level=200_000)
+    profile = P.from_resolved({"name": "p", "engine": "sglang", "model_path": "/m", "port": 1, "tp_size": 1}, "test")
+    for names, field in ((limits.OPTIONS, "--requests"), (limits.SUITE_NAMES, "requests")):
+        with pytest.raises(limits.PlanError) as e:
+            limits.checked_plan(bench, [profile], blocks=1, sim=False, names=names)
+        assert str(e.value).startswith(f"{field}: expected a whole number from 1 to 100,000, got 200000"), e.value
+    with pytest.raises(limits.PlanError, match=r"^content\.config\.bench\.requests_per_level: expected"):
+        limits.check_workload(bench, "content.config.bench.")
+    with pytest.raises(limits.PlanError, match=r"^--duration, --requests: an open-loop workload gives exactly one"):
+        limits.checked_plan(BenchConfig(rate=(1.0,)), [profile], blocks=1, sim=False)

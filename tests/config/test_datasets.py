@@ -248,11 +248,13 @@ def test_a_record_over_the_byte_cap_is_refused_naming_its_line(tmp_path: Path, m
     (tmp_path / "d.csv").write_text('prompt\nok\n"' + "y\n" * 200 + '"\n')
     (tmp_path / "s.json").write_text(json.dumps([_conv("ok"), _conv("z" * 400)], indent=1))
     (tmp_path / "t.json").write_text(json.dumps([_conv("ok"), _conv("é" * 200)], indent=1, ensure_ascii=False))
+    (tmp_path / "u.json").write_text('[\n {"conversations": "' + "v" * 5000)  # one that never ends: not held whole
     for name, where in (
         ("p.jsonl", "p.jsonl:2: a line longer than"),
         ("d.csv", "d.csv:3: a row longer than"),
         ("s.json", "s.json:18: an element of the array longer than"),
         ("t.json", "t.json:18: an element of the array longer than"),  # 200 characters, 400 bytes
+        ("u.json", "u.json:2: an element of the array longer than"),
     ):
         with pytest.raises(PromptFileError) as e:
             datasets.request_sequence(str(tmp_path / name), 1, seed=0)

@@ -68,7 +68,10 @@ def test_prompts_share_the_blocks_of_shared_hash_ids_and_keep_their_lengths(tmp_
             {"timestamp": 5, "input_length": 1, "output_length": 1_000_001, "hash_ids": []},
             "t.jsonl:2: field 'output_length' is 1000001; expected an integer from 1 to 1,000,000 (output tokens",
         ),
-        ('{"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [' + "9" * 5000 + "]}", "t.jsonl:2: not valid JSON"),
+        (
+            '{"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [' + "9" * 5000 + "]}",
+            "t.jsonl:2: not valid JSON",
+        ),
         ("[" * 100_000 + "]" * 100_000, "t.jsonl:2: JSON nested too deeply"),
         ('{"timestamp": 5, "input_length": 1, "output_length": 1, "hash_ids": [\u0000]}', "t.jsonl:2: a NUL byte"),
     ],
@@ -201,3 +204,25 @@ def test_a_replay_longer_than_a_run_may_last_is_refused(tmp_path: Path) -> None:
     ages = traces.load(write(tmp_path / "a.jsonl", [ROWS[0], {**ROWS[1], "timestamp": 5e17}]))
     with pytest.raises(PromptFileError, match=r"replay its first N requests \(--requests N\) or faster"):
         traces.check_span(str(tmp_path / "a.jsonl"), ages, 1000.0)
+
+
+def test_each_run_takes_its_prompts_as_it_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch/benchmark sends a run's bodies in one call; the launch's other runs are not built yet: when the warmup
+    is sent, one prompt has been made, not every run's."""
+    from orchestrator.client.request import Record
+    from orchestrator.client.summary import summarize_run
+    from orchestrator.launch.benchmark import RunCall, run_benchmark
+
+    made: list[int] = []
+    real = traces.prompt_ids
+    monkeypatch.setattr(traces, "prompt_ids", lambda req, n: made.append(n) or real(req, n))
+    bench = BenchConfig(runs=2, warmup=1, rate=(12.0,), requests_per_level=3, trace=write(tmp_path / "t.jsonl", ROWS))
+    seen: list[tuple[int, int]] = []
+
+    def runner(call: RunCall) -> dict[str, object]:
+        seen.append((len(call.bodies), len(made)))
+        records = [Record(i, 0.0, 2, first=0.1, end=1.5, tokens=2, prompt_tokens=10) for i in range(len(call.bodies))]
+        return summarize_run(records, 1.5, call.concurrency, {}, 0.0)
+
+    run_benchmark(runner, bench, model="m")
+    assert seen == [(1, 1), (3, 4), (3, 7)]  # (requests sent, prompts made so far) at each run

@@ -75,7 +75,7 @@ def float_range(lo: float, hi: float, lo_open: bool = False) -> Any:
 
 # One duration syntax for every option and field that takes a time (orch ab --duration, --stall-timeout, a suite's
 # deadline, an SLO's limits): seconds as a plain number, or numbers with units, largest first.
-DURATION_FORMS = "seconds as a number (30, 2.5) or with units (500ms, 30s, 5m, 3h, 1h30m)"
+DURATION_FORMS = "seconds as a number (30, 2.5) or with units (500ms, 30s, 5m, 3h, 1h30m, 2d)"
 _UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?"
 _DURATION_RE = re.compile(rf"(?:{_NUMBER}\s*(?:ms|d|h|m|s)\s*)+")

@@ -41,6 +41,9 @@ HUMAN = ("human", "user")
 FORMATS = {"sharegpt": "sharegpt-json", "csv": "csv"}
 # The stream of a JSON file is read in pieces of at least this many bytes.
 CHUNK_BYTES = 1 << 20
+# What a refusal of a dataset file says it should be, and what to do when it is too large.
+DATASET_KIND = "a dataset is a file on disk"
+TOO_BIG_HINT = "send a sample of the dataset (the benchmark sends only as many prompts as its runs need)"
 
 
 def kind(source: str) -> str:
@@ -53,12 +56,7 @@ def kind(source: str) -> str:
 
 def _chunks(path: str) -> Iterator[bytes]:
     """A file's bytes in pieces, refused past MAX_FILE_BYTES (before reading, or once it grew while read)."""
-    f, too_big = prompts.open_capped(
-        path,
-        "dataset",
-        "a dataset is a file on disk",
-        "send a sample of the dataset (the benchmark sends only as many prompts as its runs need)",
-    )
+    f, too_big = prompts.open_capped(path, "dataset", DATASET_KIND, TOO_BIG_HINT)
     with f:
         total = 0
         while chunk := f.read(CHUNK_BYTES):
@@ -190,7 +188,7 @@ def _csv(path: str) -> Iterator[PromptItem | None]:
 
     def text_lines() -> Iterator[str]:
         nonlocal row_bytes
-        for n, _, raw in prompts.file_lines(path):
+        for n, _, raw in prompts.capped_lines(path, "dataset", DATASET_KIND, TOO_BIG_HINT):
             row_bytes += len(raw)
             if row_bytes > MAX_RECORD_BYTES:  # a quoted field's newlines make one row of many lines
                 raise PromptFileError(

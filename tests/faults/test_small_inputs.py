@@ -282,7 +282,7 @@ def test_every_option_that_takes_a_time_takes_units(command: tuple[str, ...], op
     ("args", "needle"),
     [
         (["--rate", "1", "--duration", "30x"], "Invalid value for '--duration': expected a duration from 1ms to 1d: "
-         "seconds as a number (30, 2.5) or with units (500ms, 30s, 5m, 3h, 1h30m), got '30x'"),
+         "seconds as a number (30, 2.5) or with units (500ms, 30s, 5m, 3h, 1h30m, 2d), got '30x'"),
         (["--rate", "1", "--duration", "2d"], "'--duration': expected a duration from 1ms to 1d"),
         (["--stall-timeout", "nan"], "'--stall-timeout': expected a duration from 500ms to 1d"),
         (["--grace", "30s5m"], "'--grace': expected a duration from 0s to 10m"),

@@ -328,3 +328,14 @@ def test_a_workload_refusal_names_the_option_or_field_the_user_gave() -> None:
         limits.check_workload(bench, "content.config.bench.")
     with pytest.raises(limits.PlanError, match=r"^--duration, --requests: an open-loop workload gives exactly one"):
         limits.checked_plan(BenchConfig(rate=(1.0,)), [profile], blocks=1, sim=False)
+
+
+def test_a_trace_replays_plan_refusal_names_what_shortens_a_replay() -> None:
+    """Over the requests a launch may send, a trace's plan said "rate x --duration ... lower --rate, --duration",
+    options a trace refuses; it names --runs and --requests N."""
+    from orchestrator.config.plan import plan
+
+    bench = BenchConfig(runs=2000, warmup=0, rate=(1.0,), requests_per_level=100, trace="t.jsonl")
+    refusal = plan(bench, [], blocks=1, calibrated=False).refusal()
+    assert refusal is not None and "(warmups + runs x the trace's requests)" in refusal
+    assert "lower --runs, or replay the trace's first N requests (--requests N)" in refusal and "--rate" not in refusal

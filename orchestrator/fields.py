@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -68,6 +69,62 @@ def float_range(lo: float, hi: float, lo_open: bool = False) -> Any:
         if (v <= lo if lo_open else v < lo) or v > hi:
             raise FieldError(f"expected {expected}, got {show(v)}")
         return float(v)
+
+    return check
+
+
+# One duration syntax for every option and field that takes a time (orch ab --duration, --stall-timeout, a suite's
+# deadline, an SLO's limits): seconds as a plain number, or numbers with units, largest first.
+DURATION_FORMS = "seconds as a number (30, 2.5) or with units (500ms, 30s, 5m, 3h, 1h30m, 2d)"
+_UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?"
+_DURATION_RE = re.compile(rf"(?:{_NUMBER}\s*(?:ms|d|h|m|s)\s*)+")
+_PART_RE = re.compile(rf"({_NUMBER})\s*(ms|d|h|m|s)")
+
+
+def seconds_of(v: Any) -> float | None:
+    """A duration in seconds: a number, or text such as "30", "2.5", "500ms", "30s", "5m", "3h", "1h30m" or "2d"
+    (units largest first, each at most once); None for anything else, NaN and infinities included."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int | float):
+        value = float(v)
+    elif isinstance(v, str) and len(v) <= 100:
+        text = v.strip().lower()
+        try:
+            value = float(text)
+        except ValueError:
+            if not _DURATION_RE.fullmatch(text):
+                return None
+            parts = _PART_RE.findall(text)
+            units = [unit for _, unit in parts]
+            if units != sorted(set(units), key=list(_UNIT_SECONDS).index):
+                return None  # "30s5m", "1m1m": not a duration anyone means
+            value = sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    else:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def seconds_text(seconds: float) -> str:
+    """A bound of a duration's range as the user would type it: 1ms, 500ms, 30s, 10m, 1d (else plain seconds)."""
+    for unit, size in _UNIT_SECONDS.items():
+        count = seconds / size
+        if count >= 1 and count == round(count) and (unit != "ms" or seconds < 1):
+            return f"{count:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def seconds(lo: float, hi: float) -> Callable[[Any], float]:
+    """A duration (seconds_of) from lo to hi seconds; FieldError says the range and the forms."""
+
+    def check(v: Any) -> float:
+        value = seconds_of(v)
+        if value is None or not lo <= value <= hi:
+            raise FieldError(
+                f"expected a duration from {seconds_text(lo)} to {seconds_text(hi)}: {DURATION_FORMS}, got {show(v)}"
+            )
+        return value
 
     return check
 

@@ -1,4 +1,5 @@
-"""The `orch` command group, and what every command module shares (exit codes, the finite-float option type)."""
+"""The `orch` command group, and what every command module shares (exit codes, the finite-float and duration option
+types)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.cli.lazy import LazyGroup
+from orchestrator.fields import FieldError, seconds
 
 EXIT_INTERRUPTED = 130
 MAX_TPS = 1e7  # tok/s options: far above any server, low enough that the arithmetic cannot overflow
@@ -39,6 +41,26 @@ class FiniteFloat(click.FloatRange):
         if not math.isfinite(rv):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return rv
+
+
+# What the help of every option that takes a time says of it (Seconds reads them all alike).
+UNITS = ": seconds, or with a unit (500ms, 30s, 5m, 1h30m)."
+
+
+class Seconds(click.ParamType[float, Any]):
+    """An option that takes a time: seconds (30, 2.5) or a duration with units (500ms, 30s, 5m, 3h, 1h30m), within
+    [lo, hi]; the value is seconds, a float. The one syntax of every duration orch reads (fields.seconds_of)."""
+
+    name = "duration"
+
+    def __init__(self, lo: float, hi: float) -> None:
+        self.check = seconds(lo, hi)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            return self.check(value)
+        except FieldError as e:
+            self.fail(str(e), param, ctx)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 120})

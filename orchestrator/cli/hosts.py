@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.base import FiniteFloat
+from orchestrator.cli.base import UNITS, Seconds
 from orchestrator.cli.hostlist import entry_line, group_entry, host_entry
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
@@ -34,8 +34,8 @@ from orchestrator.ui.events import Lines
     "--grace",
     default=10.0,
     show_default=True,
-    type=FiniteFloat(0, 600),
-    help="Seconds each server gets between SIGTERM and SIGKILL.",
+    type=Seconds(0, 600),
+    help="Time each server gets between SIGTERM and SIGKILL" + UNITS,
 )
 @click.option(
     "--force",

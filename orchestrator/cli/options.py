@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from orchestrator.cli.base import MAX_TPS, FiniteFloat
+from orchestrator.cli.base import MAX_TPS, UNITS, FiniteFloat, Seconds
 
 if TYPE_CHECKING:
     from orchestrator.config.options import RunOptions
@@ -322,38 +322,38 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             "--min-run-s",
             default=1.0,
             show_default=True,
-            type=FiniteFloat(0, 86400),
-            help="A timed run shorter than this is invalid and excluded from statistics.",
+            type=Seconds(0, 86400),
+            help="A timed run shorter than this is invalid and excluded from statistics" + UNITS,
         ),
         click.option(
             "--stall-timeout",
             "stall_timeout",
             default=60.0,
             show_default=True,
-            type=FiniteFloat(0.5, 86400),
-            help="A request with no new token for this many seconds fails, and the run is not repeated against "
-            "a server that is not healthy.",
+            type=Seconds(0.5, 86400),
+            help="A request with no new token for this long fails, and the run is not repeated against a server that "
+            "is not healthy" + UNITS,
         ),
         click.option(
             "--first-token-timeout",
             "first_token_timeout",
             default=180.0,
             show_default=True,
-            type=FiniteFloat(0.5, 86400),
-            help="A request with no first token within this many seconds fails.",
+            type=Seconds(0.5, 86400),
+            help="A request with no first token within this long fails" + UNITS,
         ),
         click.option(
             "--ready-timeout",
-            type=FiniteFloat(1, 86400),
+            type=Seconds(1, 86400),
             default=None,
-            help="Seconds to wait for readiness [default: the profile's ready_timeout_s].",
+            help="How long to wait for readiness" + UNITS[:-1] + " [default: the profile's ready_timeout_s].",
         ),
         click.option(
             "--grace",
             default=10.0,
             show_default=True,
-            type=FiniteFloat(0, 600),
-            help="Seconds between SIGTERM and SIGKILL at teardown.",
+            type=Seconds(0, 600),
+            help="Time between SIGTERM and SIGKILL at teardown" + UNITS,
         ),
         click.option("--strict-env", is_flag=True, help="Fail an arm whose workers did not get the profile's env."),
         click.option(
@@ -373,8 +373,9 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             "--wait",
             "lock_wait",
             default=0.0,
-            type=FiniteFloat(0, 86400),
-            help="Seconds to queue behind another orch session holding the host [default: don't wait].",
+            type=Seconds(0, 86400),
+            help="How long to queue behind another orch session holding the host" + UNITS[:-1] + " [default: don't "
+            "wait].",
         ),
         click.option(
             "--port",
@@ -401,8 +402,8 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             "--gpu-wait",
             default=120.0,
             show_default=True,
-            type=FiniteFloat(0, 3600),
-            help="After teardown, seconds to wait for GPU memory to return to idle.",
+            type=Seconds(0, 3600),
+            help="After teardown, how long to wait for GPU memory to return to idle" + UNITS,
         ),
         *host_options(),
     ]
@@ -476,6 +477,7 @@ def judgement_options(*, default_metric: bool) -> Callable[[Callable[..., Any]],
 
 def open_loop_options() -> list[Callable[..., Any]]:
     """--rate and the options of open-loop levels (docs/load.md#open-loop-arrivals)."""
+    from orchestrator.config.limits import DURATION_S
     from orchestrator.config.workload import DEFAULT_DURATION_S
 
     return [
@@ -503,10 +505,9 @@ def open_loop_options() -> list[Callable[..., Any]]:
             "--duration",
             "duration",
             default=None,
-            type=FiniteFloat(0.001, 86400),
-            metavar="S",
-            help="With --rate or --sweep: seconds of arrivals per run at each rate [default: "
-            f"{DEFAULT_DURATION_S:g} unless --requests is given].",
+            type=Seconds(*DURATION_S),
+            help="With --rate or --sweep: how long each run's arrivals last at each rate, in seconds or with a unit "
+            f"(90, 500ms, 30s, 5m, 1h30m) [default: {DEFAULT_DURATION_S:g}s unless --requests is given].",
         ),
         click.option(
             "--requests",

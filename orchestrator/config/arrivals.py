@@ -9,6 +9,10 @@ ARRIVAL_KINDS = ("poisson", "gamma:CV", "constant")
 MAX_CV = 10.0  # beyond it nearly every gap is ~0 and one gap holds the whole run: a burst test, not a rate
 MAX_RATE = 10_000.0  # requests/s; above it no Python client keeps a schedule
 MAX_LEVELS = 64
+# One run at a rate level (or one replay of a trace): at most this long (--duration, a trace's span) and this many
+# requests (--requests, a trace's lines); beyond them a run holds a server for days, or is a typo.
+MAX_DURATION_S = 86400.0
+MAX_REQUESTS = 100_000
 
 
 def parse(spec: str) -> tuple[str, float]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.config import prompts
-from orchestrator.config.prompts import MAX_FILE_BYTES, PromptItem
+from orchestrator.config.prompts import MAX_FILE_BYTES, MAX_RECORD_BYTES, PromptItem
 from orchestrator.errors import PromptFileError
 from orchestrator.fields import did_you_mean
 
@@ -41,6 +41,9 @@ HUMAN = ("human", "user")
 FORMATS = {"sharegpt": "sharegpt-json", "csv": "csv"}
 # The stream of a JSON file is read in pieces of at least this many bytes.
 CHUNK_BYTES = 1 << 20
+# What a refusal of a dataset file says it should be, and what to do when it is too large.
+DATASET_KIND = "a dataset is a file on disk"
+TOO_BIG_HINT = "send a sample of the dataset (the benchmark sends only as many prompts as its runs need)"
 
 
 def kind(source: str) -> str:
@@ -53,12 +56,7 @@ def kind(source: str) -> str:
 
 def _chunks(path: str) -> Iterator[bytes]:
     """A file's bytes in pieces, refused past MAX_FILE_BYTES (before reading, or once it grew while read)."""
-    f, too_big = prompts.open_capped(
-        path,
-        "dataset",
-        "a dataset is a file on disk",
-        "send a sample of the dataset (the benchmark sends only as many prompts as its runs need)",
-    )
+    f, too_big = prompts.open_capped(path, "dataset", DATASET_KIND, TOO_BIG_HINT)
     with f:
         total = 0
         while chunk := f.read(CHUNK_BYTES):
@@ -75,18 +73,23 @@ def json_elements(path: str) -> Iterator[tuple[int, Any]]:
     pieces = _chunks(path)
     buf, pos, line, eof = "", 0, 1, False  # line: the line number at buf[pos], kept as pos moves (never recounted)
 
+    def too_long() -> PromptFileError:
+        return PromptFileError(
+            f"{path}:{line}: an element of the array longer than {MAX_RECORD_BYTES // 2**20} MiB; a conversation is "
+            f"one record, and a prompt of the most tokens orch sends ({prompts.MAX_PROMPT_TOKENS:,}) is a few MB"
+        )
+
     def more() -> None:
         nonlocal buf, pos, eof
         buf, pos = buf[pos:], 0
+        if len(buf) > MAX_RECORD_BYTES:  # an element still unfinished: its characters alone are too many bytes
+            raise too_long()
         want = max(CHUNK_BYTES, len(buf))  # an element longer than a piece: read as much again, not a piece per try
         got: list[bytes] = []
         while sum(map(len, got)) < want and (piece := next(pieces, None)) is not None:
             got.append(piece)
         eof = not got
-        try:
-            buf += utf8.decode(b"".join(got), final=eof)
-        except UnicodeDecodeError as e:
-            raise PromptFileError(f"{path}:{line + buf.count(chr(10))}: not UTF-8 text (byte {e.start})") from None
+        buf += _text(path, line + buf.count("\n"), utf8, b"".join(got), eof)
 
     def move(to: int) -> None:
         nonlocal pos, line
@@ -110,15 +113,13 @@ def json_elements(path: str) -> Iterator[tuple[int, Any]]:
     if skip_space() == "]":
         return
     while True:
-        try:
-            obj, end = decoder.raw_decode(buf, pos)
-        except json.JSONDecodeError as e:
-            if not eof:
-                more()
-                continue
-            raise PromptFileError(f"{path}:{line + buf.count(chr(10), pos, e.pos)}: not valid JSON ({e.msg})") from None
-        except RecursionError:
-            raise PromptFileError(f"{path}:{line}: JSON nested too deeply") from None
+        found = _element(path, line, decoder, buf, pos, eof)
+        if found is None:
+            more()
+            continue
+        obj, end = found
+        if end - pos > MAX_RECORD_BYTES // 4 and len(buf[pos:end].encode()) > MAX_RECORD_BYTES:
+            raise too_long()
         yield line, obj
         move(end)
         sep = skip_space()
@@ -130,6 +131,32 @@ def json_elements(path: str) -> Iterator[tuple[int, Any]]:
         skip_space()
 
 
+def _text(path: str, line: int, utf8: codecs.IncrementalDecoder, data: bytes, final: bool) -> str:
+    """The next piece of a stream decoded (its first byte on `line`), refused if it is not UTF-8 text."""
+    try:
+        text = utf8.decode(data, final=final)
+    except UnicodeDecodeError as e:
+        raise PromptFileError(f"{path}:{line}: not UTF-8 text (byte {e.start})") from None
+    nul = text.find("\0")
+    if nul >= 0:
+        raise prompts.nul_refused(path, line + text.count("\n", 0, nul), "dataset")
+    return text
+
+
+def _element(path: str, line: int, decoder: json.JSONDecoder, buf: str, pos: int, eof: bool) -> tuple[Any, int] | None:
+    """The JSON value at buf[pos] (on `line`) and where it ends; None while it may go on past what was read."""
+    try:
+        return decoder.raw_decode(buf, pos)
+    except json.JSONDecodeError as e:
+        if not eof:
+            return None
+        raise PromptFileError(f"{path}:{line + buf.count(chr(10), pos, e.pos)}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise PromptFileError(f"{path}:{line}: JSON nested too deeply") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise PromptFileError(f"{path}:{line}: not valid JSON ({e})") from None
+
+
 def _sharegpt_item(path: str, n: int, obj: Any) -> PromptItem | None:
     """A conversation's first human turn as the prompt; None for a conversation without one (ShareGPT has some)."""
     turns = obj.get("conversations") if isinstance(obj, dict) else None
@@ -137,6 +164,7 @@ def _sharegpt_item(path: str, n: int, obj: Any) -> PromptItem | None:
         raise PromptFileError(
             f'{path}:{n}: expected an object with "conversations": a list of {{"from": "human"|"gpt", "value": text}}'
         )
+    category = prompts.category_of(path, n, obj)
     first = next((t for t in turns if t.get("from") in HUMAN), None)
     if first is None:
         return None
@@ -144,7 +172,7 @@ def _sharegpt_item(path: str, n: int, obj: Any) -> PromptItem | None:
         raise PromptFileError(f'{path}:{n}: the first human turn\'s "value" is not text')
     if not first["value"].strip():
         return None
-    return PromptItem(category=str(obj.get("category", "file")), text=first["value"])
+    return PromptItem(category=category, text=first["value"])
 
 
 def _sharegpt(path: str) -> Iterator[PromptItem | None]:
@@ -156,8 +184,17 @@ def _csv(path: str) -> Iterator[PromptItem | None]:
     """Each row's `prompt` column (and `category`, `output_len` when the header has them); the first row is the
     header."""
 
+    start, row_bytes = 1, 0  # the line the row being read starts on, and its bytes so far
+
     def text_lines() -> Iterator[str]:
-        for n, _, raw in prompts.file_lines(path):
+        nonlocal row_bytes
+        for n, _, raw in prompts.capped_lines(path, "dataset", DATASET_KIND, TOO_BIG_HINT):
+            row_bytes += len(raw)
+            if row_bytes > MAX_RECORD_BYTES:  # a quoted field's newlines make one row of many lines
+                raise PromptFileError(
+                    f"{path}:{start}: a row longer than {MAX_RECORD_BYTES // 2**20} MiB; a row is one prompt, and a "
+                    f"prompt of the most tokens orch sends ({prompts.MAX_PROMPT_TOKENS:,}) is a few MB"
+                )
             try:
                 yield raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as e:
@@ -177,7 +214,7 @@ def _csv(path: str) -> Iterator[PromptItem | None]:
         p = columns.index("prompt")
         c, o = (columns.index(k) if k in columns else None for k in ("category", "output_len"))
         while True:
-            start = reader.line_num + 1
+            start, row_bytes = reader.line_num + 1, 0
             row = next(reader, None)
             if row is None:
                 return
@@ -186,7 +223,9 @@ def _csv(path: str) -> Iterator[PromptItem | None]:
                 continue
             if len(row) <= p or not row[p].strip():
                 raise PromptFileError(f"{path}:{start}: the 'prompt' column is empty")
-            category = row[c].strip() if c is not None and len(row) > c and row[c].strip() else "file"
+            # An empty cell is CSV's "none": the default category, as a JSON line without the field.
+            cell = row[c].strip() if c is not None and len(row) > c else ""
+            category = prompts.checked_category(path, start, cell, "the 'category' column") if cell else "file"
             raw = row[o].strip() if o is not None and len(row) > o else ""
             if raw and not (raw.isdigit() and int(raw) >= 1):
                 raise PromptFileError(f"{path}:{start}: 'output_len' must be a whole number of tokens, 1 or more")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from orchestrator.client.request import ENDPOINTS
@@ -24,8 +24,11 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "input_len": (1, 1_000_000),
 }
 LEVELS = (1, 4096)  # concurrency levels
-DURATION_S = (0.001, 86400.0)  # an open-loop run's --duration
-OPEN_LOOP_INTS: dict[str, tuple[int, int]] = {"requests_per_level": (1, 100_000), "max_concurrency": (1, 100_000)}
+DURATION_S = (0.001, arrivals.MAX_DURATION_S)  # an open-loop run's --duration (and a trace replay's span)
+OPEN_LOOP_INTS: dict[str, tuple[int, int]] = {
+    "requests_per_level": (1, arrivals.MAX_REQUESTS),
+    "max_concurrency": (1, 100_000),
+}
 BLOCKS = (1, 1000)  # blocks of one experiment (each launches every arm once)
 SECONDS_RANGES: dict[str, tuple[float, float]] = {
     "min_run_s": (0.0, 86400.0),
@@ -35,19 +38,56 @@ SECONDS_RANGES: dict[str, tuple[float, float]] = {
 }
 
 
+# The workload's fields as orch ab's options name them: a refusal of what the user typed names the option
+# (`--requests`, never the field `requests_per_level`). A suite's workload and a bundle's config name them otherwise
+# (SUITE_NAMES, the fields themselves); their callers pass those.
+OPTIONS: dict[str, str] = {
+    "runs": "--runs",
+    "warmup": "--warmup",
+    "max_tokens": "--max-tokens",
+    "requests_per_stream": "--requests-per-stream",
+    "input_len": "--input-len",
+    "concurrency": "--concurrency",
+    "min_run_s": "--min-run-s",
+    "stall_timeout_s": "--stall-timeout",
+    "first_token_timeout_s": "--first-token-timeout",
+    "seed": "--seed",
+    "endpoint": "--endpoint",
+    "client": "--client",
+    "prompts": "--prompts",
+    "rate": "--rate",
+    "arrivals": "--arrivals",
+    "duration_s": "--duration",
+    "requests_per_level": "--requests",
+    "max_concurrency": "--max-concurrency",
+    "blocks": "--blocks",
+}
+SUITE_NAMES: dict[str, str] = {
+    "requests_per_level": "requests",
+    "duration_s": "duration",
+    "stall_timeout_s": "stall_timeout",
+    "first_token_timeout_s": "first_token_timeout",
+}
+
+
 class PlanError(InputError):
     """A workload or plan orch will not run: a field out of its range, or more work per launch than the limits."""
 
 
-def check_workload(bench: BenchConfig, where: str = "") -> None:
+def check_workload(bench: BenchConfig, where: str = "", names: Mapping[str, str] | None = None) -> None:
     """Every field of the workload within what orch runs; PlanError names the first that is not (prefixed with
-    `where`, e.g. "content.config.bench.")."""
+    `where`, e.g. "content.config.bench."), as `names` calls it (OPTIONS, SUITE_NAMES; by default the field's own
+    name)."""
+
+    def field(name: str) -> str:
+        return where + (names or {}).get(name, name)
+
     for name, (lo, hi) in INT_RANGES.items():
         value = getattr(bench, name)
         if value is None and name == "input_len":
             continue
         if not _int_within(value, lo, hi):
-            raise PlanError(f"{where}{name}: expected a whole number from {lo:,} to {hi:,}, got {_shown(value)}")
+            raise PlanError(f"{field(name)}: expected a whole number from {lo:,} to {hi:,}, got {_shown(value)}")
     levels = bench.concurrency
     lo, hi = LEVELS
     if (
@@ -56,24 +96,30 @@ def check_workload(bench: BenchConfig, where: str = "") -> None:
         or len(set(levels)) != len(levels)
         or len(levels) > hi
     ):
-        raise PlanError(f"{where}concurrency: expected distinct whole numbers from {lo} to {hi}, got {_shown(levels)}")
+        raise PlanError(
+            f"{field('concurrency')}: expected distinct whole numbers from {lo} to {hi}, got {_shown(levels)}"
+        )
     for name, (flo, fhi) in SECONDS_RANGES.items():
         value = getattr(bench, name)
         if not (_is_number(value) and math.isfinite(value) and flo <= value <= fhi):
-            raise PlanError(f"{where}{name}: expected seconds from {flo:g} to {fhi:g}, got {_shown(value)}")
+            raise PlanError(f"{field(name)}: expected seconds from {flo:g} to {fhi:g}, got {_shown(value)}")
     if not (isinstance(bench.seed, int) and not isinstance(bench.seed, bool)):
-        raise PlanError(f"{where}seed: expected a whole number, got {_shown(bench.seed)}")
+        raise PlanError(f"{field('seed')}: expected a whole number, got {_shown(bench.seed)}")
     for name, valid in (("endpoint", tuple(ENDPOINTS)), ("client", CLIENT_PLACES)):
         if getattr(bench, name) not in valid:
-            raise PlanError(f"{where}{name}: expected one of {', '.join(valid)}, got {_shown(getattr(bench, name))}")
+            raise PlanError(f"{field(name)}: expected one of {', '.join(valid)}, got {_shown(getattr(bench, name))}")
     if not isinstance(bench.prompts, str) or not bench.prompts:
-        raise PlanError(f"{where}prompts: expected a prompt set's name or a file, got {_shown(bench.prompts)}")
-    check_open_loop(bench, where)
+        raise PlanError(f"{field('prompts')}: expected a prompt set's name or a file, got {_shown(bench.prompts)}")
+    check_open_loop(bench, where, names)
 
 
-def check_open_loop(bench: BenchConfig, where: str = "") -> None:
+def check_open_loop(bench: BenchConfig, where: str = "", names: Mapping[str, str] | None = None) -> None:
     """The open-loop fields (docs/load.md): rates, arrivals, one of duration and requests, the cap; all left at their
     defaults in a closed-loop workload."""
+
+    def field(name: str) -> str:
+        return where + (names or {}).get(name, name)
+
     rates = bench.rate
     if not rates:
         given = [
@@ -87,7 +133,9 @@ def check_open_loop(bench: BenchConfig, where: str = "") -> None:
             if getattr(bench, name) != default
         ]
         if given:
-            raise PlanError(f"{where}{given[0]}: applies to an open-loop workload (rate levels) only; rate is empty")
+            raise PlanError(
+                f"{field(given[0])}: applies to an open-loop workload (rate levels) only; {field('rate')} is empty"
+            )
         return
     if not (
         len(rates) <= arrivals.MAX_LEVELS
@@ -95,29 +143,31 @@ def check_open_loop(bench: BenchConfig, where: str = "") -> None:
         and len(set(rates)) == len(rates)
     ):
         raise PlanError(
-            f"{where}rate: expected up to {arrivals.MAX_LEVELS} distinct request rates above 0 and at most "
+            f"{field('rate')}: expected up to {arrivals.MAX_LEVELS} distinct request rates above 0 and at most "
             f"{arrivals.MAX_RATE:g} per second, got {_shown(rates)}"
         )
     if not isinstance(bench.arrivals, str):
-        raise PlanError(f"{where}arrivals: expected poisson, constant or gamma:CV, got {_shown(bench.arrivals)}")
+        raise PlanError(f"{field('arrivals')}: expected poisson, constant or gamma:CV, got {_shown(bench.arrivals)}")
     try:
         arrivals.parse(bench.arrivals)
     except ValueError as e:
-        raise PlanError(f"{where}arrivals: {e}") from None
+        raise PlanError(f"{field('arrivals')}: {e}") from None
     if (bench.duration_s is None) == (bench.requests_per_level is None):
         raise PlanError(
-            f"{where}duration_s, requests_per_level: an open-loop workload gives exactly one of them "
+            f"{field('duration_s')}, {field('requests_per_level')}: an open-loop workload gives exactly one of them "
             f"(got {_shown(bench.duration_s)} and {_shown(bench.requests_per_level)})"
         )
     lo, hi = DURATION_S
     if bench.duration_s is not None and not (
         _is_number(bench.duration_s) and math.isfinite(bench.duration_s) and lo <= bench.duration_s <= hi
     ):
-        raise PlanError(f"{where}duration_s: expected seconds from {lo:g} to {hi:g}, got {_shown(bench.duration_s)}")
+        raise PlanError(
+            f"{field('duration_s')}: expected seconds from {lo:g} to {hi:g}, got {_shown(bench.duration_s)}"
+        )
     for name, (ilo, ihi) in OPEN_LOOP_INTS.items():
         value = getattr(bench, name)
         if value is not None and not _int_within(value, ilo, ihi):
-            raise PlanError(f"{where}{name}: expected a whole number from {ilo:,} to {ihi:,}, got {_shown(value)}")
+            raise PlanError(f"{field(name)}: expected a whole number from {ilo:,} to {ihi:,}, got {_shown(value)}")
 
 
 def check_blocks(blocks: Any, name: str = "blocks") -> None:
@@ -133,12 +183,14 @@ def checked_plan(
     sim: bool,
     least_blocks: int | None = None,
     show: Callable[[str], None] = lambda _: None,
+    names: Mapping[str, str] = OPTIONS,
 ) -> Plan:
     """The plan of an experiment (its most blocks), refused with PlanError if a field is out of range or a launch
     would do more than the limits allow; `show` sees the plan line first (with `least_blocks`, --blocks auto's
-    range). Pure arithmetic: nothing is generated or launched, so an absurd plan costs nothing to refuse."""
-    check_workload(bench)
-    check_blocks(blocks)
+    range). A refused field is named as `names` says (orch ab's options by default). Pure arithmetic: nothing is
+    generated or launched, so an absurd plan costs nothing to refuse."""
+    check_workload(bench, names=names)
+    check_blocks(blocks, names.get("blocks", "blocks"))
     speeds = [sim_speed(p.env_dict() | p.sim_env(), p.server_flags()) for p in profiles] if sim else []
     calibrated = bool(speeds) and all(s is not None for s in speeds)
     # A real engine's speed is unknown before it runs, unless every profile claims one (expect.tok_s).

@@ -45,6 +45,7 @@ class Plan:
     schedule_s: float = 0.0  # open loop: seconds of arrival schedules over every launch (known before any speed)
     open_loop: bool = False  # rate levels (--rate), not concurrency levels
     about: bool = False  # the counts are averages (open loop for a --duration: the number of arrivals varies)
+    trace: bool = False  # the one level replays a trace (--trace): its requests are the trace's, not rate x time
 
     def time_text(self) -> str:
         """The estimate as the plan line says it: "about 2 min", or "at least 2 min" without calibration or claim."""
@@ -96,6 +97,12 @@ class Plan:
 
     def refusal(self) -> str | None:
         """Why this plan is refused (the limit and how to get under it), or None."""
+        if self.requests_per_launch > MAX_REQUESTS_PER_LAUNCH and self.trace:
+            return (
+                f"{self.requests_per_launch} requests per launch is over the limit of {MAX_REQUESTS_PER_LAUNCH} "
+                "(warmups + runs x the trace's requests); lower --runs, or replay the trace's first N requests "
+                "(--requests N)"
+            )
         if self.requests_per_launch > MAX_REQUESTS_PER_LAUNCH and self.open_loop:
             return (
                 f"about {self.requests_per_launch} requests per launch is over the limit of {MAX_REQUESTS_PER_LAUNCH} "
@@ -208,6 +215,7 @@ def open_loop_plan(
         schedule_s=len(arms) * blocks * config.runs * sum(spans),
         open_loop=True,
         about=config.duration_s is not None,
+        trace=config.trace is not None,
     )
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from orchestrator import files
 from orchestrator.errors import BenchError, PromptFileError
-from orchestrator.fields import did_you_mean
+from orchestrator.fields import did_you_mean, show
 
 # Written for orch, in the spirit of Spec-Bench's task mix: speculative decoding's acceptance differs by task
 # (translation and summarisation copy a lot, open chat much less), so one prompt type would flatter or punish it.
@@ -134,10 +134,13 @@ SHARED_PREFIX_FORM = "shared-prefix:GROUPSxPER_GROUP[:SYSTEM_LEN:QUESTION_LEN], 
     "shared-prefix:8x16:1024:64"
 )
 SHARED_PREFIX_LENGTHS = (2048, 128)
+# The most tokens one prompt may have, however it is given: --input-len, a shared-prefix prompt, a trace line's
+# input_length (and a trace's output_length, as --max-tokens).
+MAX_PROMPT_TOKENS = 1_000_000
 # Bounds that keep the generated pool and each request within the launch limits (config/plan): prompts in the pool,
 # and token ids per prompt.
 MAX_SHARED_PROMPTS = 1_000_000
-MAX_SHARED_PROMPT_IDS = 1_000_000
+MAX_SHARED_PROMPT_IDS = MAX_PROMPT_TOKENS
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,13 @@ def generated(source: str) -> bool:
 # A prompt file is read line by line, never whole, and only up to this size: past it a file is a mistake (or
 # /dev/zero), and a set of that many prompts is for sampling from, not for sending in a benchmark.
 MAX_FILE_BYTES = 256 * 1024 * 1024
+# One record (a JSONL or trace line, a CSV row, an element of a ShareGPT array) is at most this many bytes, checked
+# while it is read, so a longer one is never held whole. A prompt's bytes are capped as its tokens are: a prompt of
+# MAX_PROMPT_TOKENS tokens is about 4 MB of text (about 4 bytes a token), and JSON's escapes (`\uXXXX`: 6 bytes for
+# a character) can make it up to 4 times that.
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+# A category names a line of the reports: a short name on one line.
+MAX_CATEGORY_CHARS = 100
 
 
 def open_capped(path: str, noun: str, kind: str, too_big_hint: str) -> tuple[BinaryIO, PromptFileError]:
@@ -234,23 +244,43 @@ def open_capped(path: str, noun: str, kind: str, too_big_hint: str) -> tuple[Bin
     return f, too_big
 
 
-def file_lines(path: str) -> Iterator[tuple[int, int, bytes]]:
-    """(line number, byte offset, line) of every line of a prompt file, read as a stream of at most MAX_FILE_BYTES."""
-    f, too_big = open_capped(
+def capped_lines(path: str, noun: str, kind: str, too_big_hint: str) -> Generator[tuple[int, int, bytes], None, None]:
+    """(line number, byte offset, line) of every line of a text file (a `noun`: open_capped's arguments), read as a
+    stream of at most MAX_FILE_BYTES in lines of at most MAX_RECORD_BYTES (a longer line is refused after reading
+    that much of it, never read whole); a NUL byte is refused as not text."""
+    f, too_big = open_capped(path, noun, kind, too_big_hint)
+    with f:
+        offset, n = 0, 0
+        while line := f.readline(min(MAX_RECORD_BYTES, MAX_FILE_BYTES - offset) + 1):
+            n += 1
+            if offset + len(line) > MAX_FILE_BYTES:  # it grew while being read
+                raise too_big
+            if len(line) > MAX_RECORD_BYTES:
+                raise PromptFileError(
+                    f"{path}:{n}: a line longer than {MAX_RECORD_BYTES // 2**20} MiB; a line of a {noun} is one "
+                    f"record, and a prompt of the most tokens orch sends ({MAX_PROMPT_TOKENS:,}) is a few MB"
+                )
+            if b"\0" in line:
+                raise nul_refused(path, n, noun)
+            yield n, offset, line
+            offset += len(line)
+
+
+def nul_refused(path: str, n: int, noun: str) -> PromptFileError:
+    """Why a NUL byte on line n is refused: a NUL is not text (csv reads past it, a server may cut the prompt there),
+    and a file saved as UTF-16 has one in every other byte."""
+    return PromptFileError(f"{path}:{n}: a NUL byte; a {noun} is UTF-8 text (save a UTF-16 file as UTF-8)")
+
+
+def file_lines(path: str) -> Generator[tuple[int, int, bytes], None, None]:
+    """(line number, byte offset, line) of every line of a prompt file (capped_lines)."""
+    return capped_lines(
         path,
         "prompt file",
         "a prompt file is a JSONL file on disk",
         "is this really a prompt file? (send a sample of the prompts: the benchmark sends only as many as its runs "
         "need)",
     )
-    with f:
-        offset, n = 0, 0
-        while line := f.readline(MAX_FILE_BYTES + 1 - offset):
-            n += 1
-            if offset + len(line) > MAX_FILE_BYTES:  # it grew while being read
-                raise too_big
-            yield n, offset, line
-            offset += len(line)
 
 
 def json_object(path: str, n: int, line: bytes, expected: str) -> dict[str, Any] | None:
@@ -268,9 +298,32 @@ def json_object(path: str, n: int, line: bytes, expected: str) -> dict[str, Any]
         raise PromptFileError(f"{path}:{n}: not valid JSON ({e.msg})") from None
     except RecursionError:
         raise PromptFileError(f"{path}:{n}: JSON nested too deeply") from None
+    except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise PromptFileError(f"{path}:{n}: not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise PromptFileError(f"{path}:{n}: expected an object with {expected}")
     return obj
+
+
+def checked_category(path: str, n: int, value: Any, field: str = "field 'category'") -> str:
+    """A record's category as given (line n of `path`): a name of printable characters, not blank, at most
+    MAX_CATEGORY_CHARS long; anything else (an object, a number, "", a newline) is refused naming the field."""
+    if (
+        isinstance(value, str)
+        and value.strip()
+        and len(value) <= MAX_CATEGORY_CHARS
+        and value.isprintable()  # no newline, tab, escape or other control character
+    ):
+        return value
+    raise PromptFileError(
+        f"{path}:{n}: {field} is {show(value)}; expected a category: text of 1 to {MAX_CATEGORY_CHARS} printable "
+        "characters (no newlines or control characters), or no category (the prompt's is then 'file')"
+    )
+
+
+def category_of(path: str, n: int, obj: dict[str, Any]) -> str:
+    """The category of a JSON record (checked_category), 'file' without one."""
+    return checked_category(path, n, obj["category"]) if "category" in obj else "file"
 
 
 def output_len_of(path: str, n: int, obj: dict[str, Any]) -> int | None:
@@ -288,7 +341,7 @@ def _parse(path: str, n: int, line: bytes) -> PromptItem | None:
     obj = json_object(path, n, line, '"prompt" or "messages"')
     if obj is None:
         return None
-    category = str(obj.get("category", "file"))
+    category = category_of(path, n, obj)
     output_len = output_len_of(path, n, obj)
     if isinstance(obj.get("prompt"), str) and obj["prompt"].strip():
         return PromptItem(category=category, text=obj["prompt"], output_len=output_len)
@@ -328,7 +381,7 @@ def _sample_jsonl(path: str, n: int, seed: int) -> list[PromptItem]:
     with f:
         for i, (k, off) in wanted.items():
             f.seek(off)
-            item = _parse(path, k, f.readline(MAX_FILE_BYTES + 1))
+            item = _parse(path, k, f.readline(MAX_RECORD_BYTES + 1))
             if item is None:
                 raise PromptFileError(f"{path}: changed while it was read; run again")
             by_index[i] = item

@@ -50,13 +50,14 @@ def _sharegpt(path: str) -> Iterator[Session | None]:
                 f'{path}:{n}: expected an object with "conversations": a list of {{"from": "human"|"gpt", "value": '
                 "text}"
             )
+        category = prompts.category_of(path, n, obj)
         said = [t.get("value") for t in turns if t.get("from") in USER]
         if not all(isinstance(v, str) for v in said):
             raise PromptFileError(f'{path}:{n}: a human turn\'s "value" is not text')
         if not said or not all(str(v).strip() for v in said):
             yield None  # no human turn, or an empty one: skipped, as ShareGPT has some
             continue
-        yield Session(category=str(obj.get("category", "file")), turns=tuple(str(v) for v in said))
+        yield Session(category=category, turns=tuple(str(v) for v in said))
 
 
 def _jsonl(path: str) -> Iterator[Session | None]:
@@ -66,7 +67,7 @@ def _jsonl(path: str) -> Iterator[Session | None]:
             yield None
             continue
         output_len = prompts.output_len_of(path, n, obj)
-        category = str(obj.get("category", "file"))
+        category = prompts.category_of(path, n, obj)
         if isinstance(obj.get("prompt"), str):
             # A one-turn conversation: a session only under --turns 1, which is not a multi-turn workload.
             yield Session(category, (obj["prompt"],), output_len=output_len) if obj["prompt"].strip() else None

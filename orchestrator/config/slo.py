@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import InputError
+from orchestrator.fields import seconds_of
 
 # The per-request latencies an objective may limit: each request's own value is checked against the limit.
 QUANTITIES = {
@@ -18,7 +19,6 @@ QUANTITIES = {
 }
 PERCENTILES = (50, 90, 95, 99)
 _KEY_RE = re.compile(r"^(?P<quantity>[a-z0-9]+)(?:_p(?P<percentile>\d+))?$")
-_VALUE_RE = re.compile(r"^(?P<number>[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(?P<unit>ms|s)$")
 MAX_LIMIT_S = 86400.0
 EXAMPLE = "ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s"
 
@@ -140,7 +140,8 @@ def checked(objectives: tuple[Objective, ...], where: str) -> SLO:
 
 
 def parse_slo(text: str, where: str = "--slo") -> SLO:
-    """`ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s` (any subset; ms or s): an InputError names the piece that is wrong."""
+    """`ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s` (any subset; limits as durations with units: 500ms, 0.5s, 1m30s):
+    an InputError names the piece that is wrong."""
     pieces = [p.strip() for p in str(text).split(",")]
     if not any(pieces):
         raise InputError(f"{at(where)}empty; expected objectives such as {EXAMPLE}")
@@ -152,14 +153,15 @@ def parse_slo(text: str, where: str = "--slo") -> SLO:
         if not sep:
             raise InputError(f"{at(where)}{piece!r}: expected OBJECTIVE=LIMIT such as ttft_p99=500ms")
         quantity, percentile = objective_key(key, where)
-        m = _VALUE_RE.match(value.strip().lower())
-        if not m and value.strip().startswith("-"):
+        # The duration syntax of every option (fields.seconds_of), less the bare number: `ttft_p99=500` means 500 ms
+        # to whoever wrote it, 500 s as seconds, so an SLO's limit needs its unit.
+        bare = re.fullmatch(r"[0-9.eE+-]+", value.strip()) is not None
+        limit = None if bare else seconds_of(value)
+        if limit is None and value.strip().startswith("-"):
             raise InputError(f"{at(where)}{piece!r}: the limit must be more than 0 and at most {MAX_LIMIT_S:g} s")
-        if not m:
-            hint = "a unit, e.g. 500ms or 0.5s" if re.fullmatch(r"[0-9.eE+-]+", value.strip()) else "e.g. 500ms or 0.5s"
+        if limit is None:
+            hint = "a unit, e.g. 500ms or 0.5s" if bare else "a duration with units, e.g. 500ms, 0.5s or 1m30s"
             raise InputError(f"{at(where)}{piece!r}: the limit needs {hint}")
-        number = float(m["number"])
-        limit = number / 1000 if m["unit"] == "ms" else number
         out.append(Objective(quantity, percentile, checked_limit(limit, f"{at(where)}{piece!r}")))
     return checked(tuple(out), where)
 

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from orchestrator.config import prompts
-from orchestrator.config.prompts import MAX_FILE_BYTES, PromptItem
+from orchestrator.config import arrivals, prompts
+from orchestrator.config.prompts import MAX_PROMPT_TOKENS, PromptItem
 from orchestrator.errors import PromptFileError
+from orchestrator.fields import seconds_text
 
 # Mooncake's block: each hash id stands for this many prompt tokens, shared by every request that lists the id.
 BLOCK_TOKENS = 512
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 # Token ids of the synthesised prompts lie above the special-token range, as --prompts random's do.
 LOW_ID, VOCAB = 1000, 32000
+# A line asks for at most as many tokens as --max-tokens may (config/limits).
+MAX_OUTPUT_TOKENS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -34,22 +38,19 @@ def _field(path: str, n: int, obj: dict[str, object], name: str) -> object:
     return obj[name]
 
 
-def _count(path: str, n: int, obj: dict[str, object], name: str, least: int) -> int:
+def _count(path: str, n: int, obj: dict[str, object], name: str, most: int, what: str) -> int:
     value = _field(path, n, obj, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise PromptFileError(f"{path}:{n}: field {name!r} is {value!r}; expected an integer of at least {least}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise PromptFileError(
+            f"{path}:{n}: field {name!r} is {value!r}; expected an integer from 1 to {most:,} ({what})"
+        )
     return value
 
 
 def _parse(path: str, n: int, line: bytes) -> TraceRequest | None:
-    if not line.strip():
+    obj = prompts.json_object(path, n, line, ", ".join(FIELDS))
+    if obj is None:
         return None
-    try:
-        obj = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise PromptFileError(f"{path}:{n}: not a JSON object ({e})") from None
-    if not isinstance(obj, dict):
-        raise PromptFileError(f"{path}:{n}: expected a JSON object with {', '.join(FIELDS)}")
     ts = _field(path, n, obj, "timestamp")
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
         raise PromptFileError(f"{path}:{n}: field 'timestamp' is {ts!r}; expected milliseconds from the start, >= 0")
@@ -58,29 +59,33 @@ def _parse(path: str, n: int, line: bytes) -> TraceRequest | None:
         raise PromptFileError(f"{path}:{n}: field 'hash_ids' is {ids!r}; expected a list of integers")
     return TraceRequest(
         timestamp_ms=float(ts),
-        input_length=_count(path, n, obj, "input_length", 1),
-        output_length=_count(path, n, obj, "output_length", 1),
+        input_length=_count(path, n, obj, "input_length", MAX_PROMPT_TOKENS, "prompt tokens, as --input-len"),
+        output_length=_count(path, n, obj, "output_length", MAX_OUTPUT_TOKENS, "output tokens, as --max-tokens"),
         hash_ids=tuple(ids),
     )
 
 
-def load(path: str) -> list[TraceRequest]:
-    """Every request of a trace in file order; timestamps must not decrease (a replay keeps the trace's order, so
-    an unsorted file is refused rather than silently reordered)."""
-    f, too_big = prompts.open_capped(
+def load(path: str, requests: int | None = None) -> list[TraceRequest]:
+    """The trace's first `requests` requests in file order (every one without it), reading no line past them;
+    timestamps must not decrease (a replay keeps the trace's order, so an unsorted file is refused rather than
+    silently reordered). A trace of more than arrivals.MAX_REQUESTS is refused without `requests`: a run sends at
+    most that many."""
+    out: list[TraceRequest] = []
+    lines = prompts.capped_lines(
         path, "trace", "a trace is a JSONL file on disk", "replay a part of the trace (--requests N)"
     )
-    out: list[TraceRequest] = []
-    with f:
-        offset, n = 0, 0
-        while line := f.readline(MAX_FILE_BYTES + 1 - offset):
-            n += 1
-            offset += len(line)
-            if offset > MAX_FILE_BYTES:
-                raise too_big
+    with contextlib.closing(lines):  # a part replayed: the file is closed now, not when the generator is collected
+        for n, _, line in lines:
+            if requests is not None and len(out) >= requests:
+                break
             req = _parse(path, n, line)
             if req is None:
                 continue
+            if len(out) >= arrivals.MAX_REQUESTS:
+                raise PromptFileError(
+                    f"{path}:{n}: more than {arrivals.MAX_REQUESTS:,} requests; a replay sends at most "
+                    f"{arrivals.MAX_REQUESTS:,} per run: replay the first N (--requests N)"
+                )
             if out and req.timestamp_ms < out[-1].timestamp_ms:
                 raise PromptFileError(
                     f"{path}:{n}: field 'timestamp' is {req.timestamp_ms:g}, before the line above's "
@@ -92,14 +97,23 @@ def load(path: str) -> list[TraceRequest]:
     return out
 
 
-def head(trace: list[TraceRequest], requests: int | None) -> list[TraceRequest]:
-    return trace[:requests] if requests else trace
-
-
 def schedule(trace: list[TraceRequest], speed: float) -> list[float]:
     """When each request is due, in seconds from the run's start: its timestamp from the first one's, / speed."""
     start = trace[0].timestamp_ms
     return [(r.timestamp_ms - start) / 1000.0 / speed for r in trace]
+
+
+def check_span(path: str, trace: list[TraceRequest], speed: float) -> None:
+    """A replay lasts at most what an open-loop run may (--duration's bound): one spanning centuries would hold the
+    servers until someone stopped it. Refused before anything launches, naming the span and how to shorten it."""
+    span = (trace[-1].timestamp_ms - trace[0].timestamp_ms) / 1000.0 / speed
+    if not span <= arrivals.MAX_DURATION_S:  # inf and NaN too
+        raise PromptFileError(
+            f"{path}: the replay would last {span:.4g} s (timestamps {trace[0].timestamp_ms:g} to "
+            f"{trace[-1].timestamp_ms:g} ms, at --speed {speed:g}); a run lasts at most "
+            f"{seconds_text(arrivals.MAX_DURATION_S)}, as --duration: replay its first N requests (--requests N) or "
+            "faster (--speed X)"
+        )
 
 
 def mean_rate(trace: list[TraceRequest], speed: float) -> float:
@@ -109,24 +123,45 @@ def mean_rate(trace: list[TraceRequest], speed: float) -> float:
     return float(f"{len(trace) / span:.4g}") if span > 0 else float(len(trace))
 
 
-def _block(hash_id: int) -> list[int]:
-    rng = random.Random(f"trace-block:{hash_id}")
-    return [rng.randrange(LOW_ID, VOCAB) for _ in range(BLOCK_TOKENS)]
-
-
-def items(trace: list[TraceRequest]) -> list[PromptItem]:
-    """Each request's prompt as token ids: its hash ids' blocks in order (the same ids for the same hash id, so
-    requests sharing blocks share that prefix), cut to input_length, or filled past them with tokens of its own."""
-    blocks: dict[int, list[int]] = {}
-    out = []
-    for n, req in enumerate(trace):
-        ids: list[int] = []
-        for h in req.hash_ids:
-            if len(ids) >= req.input_length:
-                break
-            ids += blocks.setdefault(h, _block(h))
-        if len(ids) < req.input_length:
-            rng = random.Random(f"trace-fill:{n}")
-            ids += [rng.randrange(LOW_ID, VOCAB) for _ in range(req.input_length - len(ids))]
-        out.append(PromptItem(category="trace", input_ids=tuple(ids[: req.input_length]), output_len=req.output_length))
+def token_ids(seed: str, n: int) -> list[int]:
+    """The first n draws of `random.Random(seed).randrange(LOW_ID, VOCAB)`, exactly, a few times faster: randrange
+    takes the top 15 bits of each 32-bit word the generator gives and draws again when they are out of range, and
+    getrandbits(32 * k) is k such words, the first in the lowest bits (tests/config/test_traces.py holds the two
+    equal). Recorded digests of the requests depend on these ids."""
+    rng = random.Random(seed)
+    span = VOCAB - LOW_ID
+    shift = 32 - span.bit_length()
+    out: list[int] = []
+    while len(out) < n:
+        words = (n - len(out)) * 33 // 31 + 16  # about 5% of the draws are out of range
+        drawn = memoryview(rng.getrandbits(32 * words).to_bytes(4 * words, "little")).cast("I")
+        out += [LOW_ID + r for w in drawn if (r := w >> shift) < span]
+    del out[n:]
     return out
+
+
+def prompt_ids(req: TraceRequest, n: int) -> list[int]:
+    """Request n's prompt as token ids: its hash ids' blocks in order (the same ids for the same hash id, so
+    requests sharing blocks share that prefix), cut to input_length, or filled past them with tokens of its own."""
+    ids: list[int] = []
+    for h in req.hash_ids:
+        if len(ids) >= req.input_length:
+            break
+        ids += token_ids(f"trace-block:{h}", BLOCK_TOKENS)
+    del ids[req.input_length :]
+    if len(ids) < req.input_length:
+        ids += token_ids(f"trace-fill:{n}", req.input_length - len(ids))
+    return ids
+
+
+def item(trace: list[TraceRequest], n: int) -> PromptItem:
+    """Request n's prompt (prompt_ids) with its output length."""
+    req = trace[n]
+    return PromptItem(category="trace", input_ids=tuple(prompt_ids(req, n)), output_len=req.output_length)
+
+
+def items(trace: list[TraceRequest]) -> Iterator[PromptItem]:
+    """Each request's prompt in turn, generated as it is taken: a replay holds the prompts it is sending, never
+    every prompt of the trace at once."""
+    for n in range(len(trace)):
+        yield item(trace, n)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import functools
+import hashlib
+import itertools
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,7 +111,14 @@ class BenchConfig:
 
 def request_items(config: BenchConfig) -> list[dict[str, Any]]:
     """Every input the benchmark will send, in order: identical for every arm (a pure function of the config). An
-    open-loop run's items carry `scheduled_s`, when each is due, so the digests of the sequence cover the schedule."""
+    open-loop run's items carry `scheduled_s`, when each is due, so the digests of the sequence cover the schedule.
+    The whole list at once: request_stream gives them one at a time, requests_digest digests them so."""
+    return list(request_stream(config))
+
+
+def request_stream(config: BenchConfig) -> Iterator[dict[str, Any]]:
+    """request_items one at a time: a trace's prompts are generated as they are taken (a replay of many long
+    prompts is never held whole; the rest is built as before, bounded by the plan's limits)."""
     if not config.open_loop:
         total = config.warmup * config.requests_per_warmup + sum(
             config.runs * config.requests_per_run(c) for c in config.concurrency
@@ -115,30 +126,50 @@ def request_items(config: BenchConfig) -> list[dict[str, Any]]:
         if config.turns is not None:
             if config.input_len is not None:
                 raise PromptFileError("--input-len applies to --prompts random only, not to --turns sessions")
-            return sessions.sequence(config.prompts, total // config.turns, config.turns, seed=config.seed)
-        return [
-            it.to_dict()
-            for it in datasets.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
-        ]
+            yield from sessions.sequence(config.prompts, total // config.turns, config.turns, seed=config.seed)
+            return
+        for it in datasets.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len):
+            yield it.to_dict()
+        return
     schedules = [config.schedule(rate, run) for rate in config.rate for run in range(config.runs)]
-    total = config.warmup + sum(len(s) for s in schedules)
     if config.trace is not None:
+        replay = _trace(config.trace, config.requests_per_level, config.trace_sha256)
         # Warmups send the trace's first prompts; every timed run replays the trace from its start.
-        replay = [
-            it.to_dict() for it in traces.items(_trace(config.trace, config.requests_per_level, config.trace_sha256))
-        ]
-        items = [replay[i % len(replay)] for i in range(config.warmup)] + replay * len(schedules)
-    else:
-        items = [
-            it.to_dict()
-            for it in datasets.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len)
-        ]
+        for i in range(config.warmup):
+            yield traces.item(replay, i % len(replay)).to_dict()
+        for times in schedules:
+            for it, at in zip(traces.items(replay), times, strict=True):
+                yield {**it.to_dict(), "scheduled_s": at}
+        return
+    items = datasets.request_sequence(
+        config.prompts, config.warmup + sum(len(s) for s in schedules), seed=config.seed, input_len=config.input_len
+    )
+    yield from (it.to_dict() for it in items[: config.warmup])
     position = config.warmup
     for times in schedules:
         for at in times:
-            items[position] = {**items[position], "scheduled_s": at}
+            yield {**items[position].to_dict(), "scheduled_s": at}
             position += 1
-    return items
+
+
+def check_requests(config: BenchConfig) -> None:
+    """The request sequence built and dropped: a bad prompt file or option fails here, before any server starts. A
+    trace's lines are read and checked; its prompts, generated from them, cannot fail, so they are not made."""
+    if config.open_loop and config.trace is not None:
+        _trace(config.trace, config.requests_per_level, config.trace_sha256)
+        return
+    for _ in request_stream(config):
+        pass
+
+
+def requests_digest(config: BenchConfig) -> str:
+    """sha256 of the request sequence as JSON, `json.dumps(request_items(config), sort_keys=True)`, the digest every
+    experiment records: the same bytes, written one item at a time, so a long sequence is never held whole."""
+    digest = hashlib.sha256(b"[")
+    for i, item in enumerate(request_stream(config)):
+        digest.update((", " if i else "").encode() + json.dumps(item, sort_keys=True).encode())
+    digest.update(b"]")
+    return digest.hexdigest()
 
 
 # A timed run, as its requests' categories are looked up: (concurrency, rate or 0.0, run index), as RunResult says.
@@ -148,16 +179,16 @@ RunSlot = tuple[int, float, int]
 def run_categories(config: BenchConfig) -> dict[RunSlot, tuple[str, ...]]:
     """Each timed run's requests' categories in request order, from the request sequence as launch/benchmark sends
     it (warmups first, then each level's runs in turn): a per-request row's `index` is its place in the run."""
-    items = request_items(config)
+    items = request_stream(config)
     out: dict[RunSlot, tuple[str, ...]] = {}
-    position = config.warmup * config.requests_per_warmup
+    for _ in itertools.islice(items, config.warmup * config.requests_per_warmup):
+        pass
     if config.open_loop:
         sizes = [((0, rate, i), len(config.schedule(rate, i))) for rate in config.rate for i in range(config.runs)]
     else:
         sizes = [((c, 0.0, i), config.requests_per_run(c)) for c in config.concurrency for i in range(config.runs)]
     for slot, n in sizes:
-        out[slot] = tuple(str(it.get("category", "")) for it in items[position : position + n])
-        position += n
+        out[slot] = tuple(str(it.get("category", "")) for it in itertools.islice(items, n))
     return out
 
 
@@ -166,7 +197,7 @@ def _trace(path: str, requests: int | None, sha256: str | None) -> list[traces.T
     """A trace's requests replayed in a run, read once per process (every run and digest asks for them); with the
     sha256 an experiment recorded, only from that same file (a resume or reproduction replays what was replayed)."""
     if sha256 is None:
-        return traces.head(traces.load(path), requests)
+        return traces.load(path, requests)
     try:
         found = datasets.file_sha256(path)
     except PromptFileError as e:
@@ -179,4 +210,4 @@ def _trace(path: str, requests: int | None, sha256: str | None) -> list[traces.T
             f"{path}: sha256 {found[:16]}… differs from the experiment's trace ({sha256[:16]}…); a replay needs the "
             "same trace file (trace_sha256 in the experiment's config)"
         )
-    return traces.head(traces.load(path), requests)
+    return traces.load(path, requests)

@@ -16,7 +16,7 @@ from orchestrator.config import profile as profiles_mod
 from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.config.profile import Profile
-from orchestrator.config.workload import request_items
+from orchestrator.config.workload import check_requests
 from orchestrator.errors import InputError, OrchError, UntrustedBundle
 from orchestrator.experiment import resume
 from orchestrator.experiment import run as experiment
@@ -61,6 +61,8 @@ def check_plan(bundle: dict[str, Any], profiles: list[Profile], blocks: int | No
             profiles,
             blocks=blocks if blocks is not None else design.get("blocks", 1),
             sim=bool(bundle["content"]["experiment"]["simulated"]),
+            # The bundle's fields by their names in it; --blocks is the user's own.
+            names={"blocks": "--blocks"} if blocks is not None else {},
         )
     except limits.PlanError as e:
         raise limits.PlanError(f"{source}: the bundle's plan is refused: {e}") from None
@@ -250,7 +252,7 @@ def rerun_config(
             "differ from the recorded ones (another orch version, or other data?); refusing to reproduce on other "
             "requests"
         )
-    request_items(bench)
+    check_requests(bench)
     return dataclasses.replace(
         base,
         bench=bench,

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
 
+from orchestrator.config import workload
 from orchestrator.config.design import bench_config_from
 from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.config.profile import Profile
 from orchestrator.config.slo import stored_judgement
-from orchestrator.config.workload import BenchConfig, request_items
+from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import OrchError
 from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.inventory import lookup
@@ -200,7 +200,7 @@ def comparable_profile(profile: Profile, redaction_key: bytes | None = None) -> 
 
 def requests_digest(bench: BenchConfig) -> str:
     """A fingerprint of every request the workload sends (an edited prompts file changes it)."""
-    return hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest()
+    return workload.requests_digest(bench)
 
 
 def check_not_running(exp: dict[str, Any]) -> None:

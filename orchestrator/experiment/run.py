@@ -17,7 +17,7 @@ from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.config.plan import Plan
 from orchestrator.config.sweep import Sweep
-from orchestrator.config.workload import DEFAULT_DURATION_S, BenchConfig, request_items
+from orchestrator.config.workload import DEFAULT_DURATION_S, BenchConfig, check_requests
 from orchestrator.errors import OrchError
 from orchestrator.experiment import ab, failon, resume, sweep
 from orchestrator.experiment import host as experiment_host
@@ -152,7 +152,7 @@ def start(
     for line in (work.too_short(), time_limit_warning(work, options.host_spec, options.inventory)):
         if line:
             warn(f"WARNING: {line}")
-    request_items(bench)  # bad prompt files or options fail here, before any server starts
+    check_requests(bench)  # bad prompt files or options fail here, before any server starts
     return execute(store, profiles, bench, options, rep, None)
 
 
@@ -161,7 +161,8 @@ def open_loop_fields(options: RunOptions) -> dict[str, Any]:
     --duration nor --requests lasts DEFAULT_DURATION_S, recorded as if given. --trace: one level, named by the
     replay's mean rate, of the trace's first --requests requests (all of them by default)."""
     if options.trace is not None:
-        replay = traces.head(traces.load(options.trace), options.requests_per_level)
+        replay = traces.load(options.trace, options.requests_per_level)
+        traces.check_span(options.trace, replay, options.speed)
         return {
             "rate": (traces.mean_rate(replay, options.speed),),
             "requests_per_level": len(replay),
@@ -276,8 +277,8 @@ def resume_experiment(store: Store, ref: str, options: RunOptions, rep: PlainRep
     check_host_nodes(profiles, options.host_spec, options.inventory, port=options.port)
     bench = resume.resumed_bench(design.bench_config_from(stored["bench"]), options)
     # A stored experiment meets the limits a new one does (its row may come from an import, or an older orch).
-    limits.checked_plan(bench, profiles, blocks=stored_blocks(exp), sim=bool(exp["simulated"]))
-    request_items(bench)
+    limits.checked_plan(bench, profiles, blocks=stored_blocks(exp), sim=bool(exp["simulated"]), names={})
+    check_requests(bench)
     options = resume.resumed_options(exp, stored, options)
     if stored.get("sweep_probe"):
         options, asked = resume.resumed_sweep(exp, stored, options)

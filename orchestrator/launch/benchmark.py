@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from orchestrator.config.workload import BenchConfig, request_items
+from orchestrator.config.workload import BenchConfig, request_stream
 from orchestrator.engines import CacheFlush, Engine
 from orchestrator.errors import BenchError
 from orchestrator.results.run import RunResult
@@ -291,19 +292,19 @@ def run_benchmark(
     """
     from orchestrator.client import runner as client
 
-    items = request_items(config)
+    # Each run takes its requests from the sequence as it starts: a run's bodies are built then, never the whole
+    # launch's at once (a trace's long prompts are generated as they are taken).
+    items = request_stream(config)
     flushing = cache_flush if config.flush_cache else None
     if config.flush_cache and cache_flush is None:
         raise BenchError("--flush-cache: this server's engine has no way for orch to empty its prefix cache")
-    position = 0
     results: list[RunResult] = []
     recoveries = 0
     first_level = config.rate[0] if config.open_loop else config.concurrency[0]
 
     def one(index: int, warm: bool, concurrency: int, n: int, max_tokens: int, rate: float | None = None) -> None:
-        nonlocal position, recoveries
-        chunk = items[position : position + n]
-        position += n
+        nonlocal recoveries
+        chunk = list(itertools.islice(items, n))
         # A dataset's own output length (`output_len`) in timed runs, capped by --max-tokens; warmups stay short.
         lengths = [max_tokens if warm else min(max_tokens, int(it.get("output_len") or max_tokens)) for it in chunk]
         keep = config.check_outputs and not warm

@@ -19,7 +19,7 @@ import httpx
 from orchestrator import engines
 from orchestrator.common.redaction import DIGEST_RE, REDACTED
 from orchestrator.config.profile import Profile
-from orchestrator.config.workload import BenchConfig, request_items
+from orchestrator.config.workload import BenchConfig, requests_digest
 from orchestrator.errors import HostError, OrchError
 from orchestrator.hosts.base import Host
 
@@ -43,7 +43,7 @@ LEGACY_WORKLOAD_KEY = "workload_digest"
 def workload_digest(bench: BenchConfig) -> str:
     """Every setting of the workload and every request it sends, not where they were read from (the prompt file's
     or the trace's path; a trace's sha256 stays): equal digests, equal work."""
-    requests = hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest()
+    requests = requests_digest(bench)
     config = {k: v for k, v in bench.to_dict().items() if k not in ("prompts", "trace")}
     data = {"config": config, "requests_sha256": requests}
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()

@@ -20,7 +20,7 @@ from orchestrator.config.prompts import BUNDLED_SETS, generated
 from orchestrator.config.sessions import MAX_TURNS
 from orchestrator.config.slo import EXAMPLE as SLO_EXAMPLE
 from orchestrator.config.slo import SLO, parse_slo
-from orchestrator.config.workload import CLIENT_PLACES, DEFAULT_DURATION_S, BenchConfig, request_items
+from orchestrator.config.workload import CLIENT_PLACES, DEFAULT_DURATION_S, BenchConfig, check_requests
 from orchestrator.errors import InputError, OrchError
 from orchestrator.experiment import failon
 from orchestrator.fields import (
@@ -31,6 +31,7 @@ from orchestrator.fields import (
     int_range,
     key_name,
     nonempty_str,
+    seconds,
     show,
 )
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
@@ -133,41 +134,8 @@ class Suite:
 # ---------------------------------------------------------------- value parsers
 
 
-_TIME_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*")
-
-
-def _seconds_of(v: Any) -> float | None:
-    """A number of seconds, or "90s", "45m", "2h"; None for anything else."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int | float):
-        return float(v)
-    if isinstance(v, str) and (m := _TIME_RE.fullmatch(v)):
-        return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
-    return None
-
-
-def duration(v: Any) -> float:
-    """90, "90s", "45m", "2h" -> seconds."""
-    seconds = _seconds_of(v)
-    if seconds is None:
-        raise FieldError(f"expected a duration such as 90s, 45m or 2h, got {show(v)}")
-    if not 1 <= seconds <= 7 * 86400:
-        raise FieldError(f"expected a duration from 1s to 7 days, got {show(v)}")
-    return seconds
-
-
-def seconds(lo: float, hi: float) -> Callable[[Any], float]:
-    """A time in seconds, as a number or a duration ("30s", "2m"), within [lo, hi]."""
-
-    def check(v: Any) -> float:
-        value = _seconds_of(v)
-        if value is None or not lo <= value <= hi:  # NaN fails the range too
-            raise FieldError(f"expected seconds from {lo:g} to {hi:g}, as a number or a duration such as 30s or 2m, "
-                             f"got {show(v)}")  # fmt: skip
-        return value
-
-    return check
+# A night's deadline, an item's timeout: a duration (fields.seconds_of: 90, "90s", "45m", "2h", "1h30m").
+duration = seconds(1.0, 7 * 86400.0)
 
 
 def percentage(v: Any) -> float:
@@ -556,14 +524,14 @@ def _common_endpoint(profiles: tuple[Profile, ...], label: str) -> str:
 def _check_plan(bench: BenchConfig, profiles: tuple[Profile, ...], blocks: int, sim: bool, label: str) -> None:
     """What `orch ab` refuses before launching (an absurd plan, a bad prompt file), refused before the night."""
     try:
-        work = limits.checked_plan(bench, profiles, blocks=blocks, sim=sim)
+        work = limits.checked_plan(bench, profiles, blocks=blocks, sim=sim, names=limits.SUITE_NAMES)
     except limits.PlanError as e:
         raise SuiteError(f"{label}: workload: {e}") from None
     refusal = work.too_short()
     if refusal:
         raise SuiteError(f"{label}: workload: {refusal}")
     try:
-        request_items(bench)
+        check_requests(bench)
     except OrchError as e:
         raise SuiteError(f"{label}: workload: {e}") from None
 

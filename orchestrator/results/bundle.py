@@ -16,7 +16,7 @@ from orchestrator.common.redaction import SECRET_FLAG_RE
 from orchestrator.config import datasets, prompts, sessions
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.slo import SLO
-from orchestrator.config.workload import BenchConfig, request_items
+from orchestrator.config.workload import BenchConfig, requests_digest
 from orchestrator.errors import InputError, OrchError, StoreError
 from orchestrator.results.bundleformat import (
     BUNDLE_FORMAT,
@@ -181,7 +181,7 @@ def _profiles(exp_id: str, arms: list[str], config: dict[str, Any], launches: li
 
 
 def requests_sha256(bench: BenchConfig) -> str:
-    return hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest()
+    return requests_digest(bench)
 
 
 def prompt_set(config: dict[str, Any]) -> dict[str, Any]:

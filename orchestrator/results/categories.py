@@ -3,15 +3,13 @@ per category with its CI and verdict, from the runs' per-request rows."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import datasets
-from orchestrator.config.workload import request_items, run_categories
+from orchestrator.config.workload import requests_digest, run_categories
 from orchestrator.errors import InputError
 from orchestrator.results.bundleformat import bench_config
 from orchestrator.results.model import same_requests
@@ -245,9 +243,6 @@ def stored_categories(config: Mapping[str, Any]) -> Categories | None:
     except (InputError, OSError, KeyError, TypeError, ValueError):
         return None
     recorded = config.get("requests_sha256")
-    if (
-        recorded is not None
-        and hashlib.sha256(json.dumps(request_items(bench), sort_keys=True).encode()).hexdigest() != recorded
-    ):
+    if recorded is not None and requests_digest(bench) != recorded:
         return None
     return found

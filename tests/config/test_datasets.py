@@ -179,3 +179,85 @@ def test_a_csv_dataset_travels_in_its_bundle_and_humaneval_by_name(
             ]
             assert content["config"]["dataset"]["format"] == "csv"
     capsys.readouterr()
+
+
+BAD_CATEGORIES = [{"a": 1}, "", "  ", ["math"], 3, None, True, "two\nlines", "tab\there", "esc\x1b[31m", "c" * 101]
+
+
+@pytest.mark.parametrize("bad", BAD_CATEGORIES, ids=repr)
+def test_a_category_that_is_no_short_printable_name_is_refused_naming_line_and_field(
+    tmp_path: Path, bad: object
+) -> None:
+    """A category names a line of the reports: text of 1 to 100 printable characters. An object, a list, a number,
+    "" or a control character (a newline would split a report's line) is refused in every format that carries one."""
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text(
+        json.dumps({"prompt": "a", "category": "ok"}) + "\n" + json.dumps({"prompt": "b", "category": bad})
+    )
+    sharegpt = tmp_path / "p.json"
+    sharegpt.write_text(json.dumps([_conv("a", "ok"), {**_conv("b"), "category": bad}], indent=1))
+    cases = [(jsonl, ":2: field 'category' is"), (sharegpt, ":19: field 'category' is")]
+    if isinstance(bad, str) and bad.strip():  # a CSV cell is text; an empty one is CSV's "no category"
+        csv_file = tmp_path / "p.csv"
+        csv_file.write_text('prompt,category\na,ok\nb,"' + bad + '"\n')
+        cases.append((csv_file, ":3: the 'category' column is"))
+    for path, where in cases:
+        with pytest.raises(PromptFileError) as e:
+            datasets.request_sequence(str(path), 2, seed=0)
+        assert f"{path.name}{where}" in str(e.value), e.value
+        assert "expected a category: text of 1 to 100 printable characters" in str(e.value)
+
+
+def test_a_category_may_be_any_short_printable_name(tmp_path: Path) -> None:
+    jsonl = tmp_path / "p.jsonl"
+    names = ["Open QA", "数学", "c" * 100, "a/b: c"]
+    jsonl.write_text("".join(json.dumps({"prompt": f"p{i}", "category": c}) + "\n" for i, c in enumerate(names)))
+    assert sorted(it.category for it in datasets.request_sequence(str(jsonl), 4, seed=0)) == sorted(names)
+    csv_file = tmp_path / "p.csv"
+    csv_file.write_text("prompt,category\na, \nb,math\n")
+    assert sorted(it.category for it in datasets.request_sequence(str(csv_file), 2, seed=0)) == ["file", "math"]
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "where"),
+    [
+        ("d.csv", b"prompt,category\nhello,chat\nbad\x00prompt,chat\n", "d.csv:3: a NUL byte"),
+        ("d.csv", b'prompt\nok\n"two\nli\x00nes"\n', "d.csv:4: a NUL byte"),
+        ("p.jsonl", b'{"prompt": "a"}\n{"prompt": "b\x00"}\n', "p.jsonl:2: a NUL byte"),
+        ("s.json", b'[\n {"conversations": [{"from": "human", "value": "a\x00"}]}\n]', "s.json:2: a NUL byte"),
+        ("u16.csv", "prompt\nhello\n".encode("utf-16-le"), "u16.csv:1: a NUL byte"),
+    ],
+)
+def test_a_nul_byte_is_refused_naming_the_line(tmp_path: Path, name: str, data: bytes, where: str) -> None:
+    """A NUL is not text (csv read past it, a server may cut the prompt there); a UTF-16 file has one in every
+    other byte. Refused naming file and line, in every text format."""
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(PromptFileError) as e:
+        datasets.request_sequence(str(path), 1, seed=0)
+    assert where in str(e.value) and "is UTF-8 text (save a UTF-16 file as UTF-8)" in str(e.value), e.value
+
+
+def test_a_record_over_the_byte_cap_is_refused_naming_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompt's bytes are capped as its tokens are: a JSONL line, a CSV row (one of many lines too) or a ShareGPT
+    element over the cap (lowered here) is refused naming the file and where the record starts."""
+    for module in (prompts, datasets):
+        monkeypatch.setattr(module, "MAX_RECORD_BYTES", 300)
+    monkeypatch.setattr(datasets, "CHUNK_BYTES", 64)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "ok"}\n' + json.dumps({"prompt": "x" * 400}) + "\n")
+    (tmp_path / "d.csv").write_text('prompt\nok\n"' + "y\n" * 200 + '"\n')
+    (tmp_path / "s.json").write_text(json.dumps([_conv("ok"), _conv("z" * 400)], indent=1))
+    (tmp_path / "t.json").write_text(json.dumps([_conv("ok"), _conv("é" * 200)], indent=1, ensure_ascii=False))
+    (tmp_path / "u.json").write_text('[\n {"conversations": "' + "v" * 5000)  # one that never ends: not held whole
+    for name, where in (
+        ("p.jsonl", "p.jsonl:2: a line longer than"),
+        ("d.csv", "d.csv:3: a row longer than"),
+        ("s.json", "s.json:18: an element of the array longer than"),
+        ("t.json", "t.json:18: an element of the array longer than"),  # 200 characters, 400 bytes
+        ("u.json", "u.json:2: an element of the array longer than"),
+    ):
+        with pytest.raises(PromptFileError) as e:
+            datasets.request_sequence(str(tmp_path / name), 1, seed=0)
+        assert where in str(e.value), e.value
+    (tmp_path / "fits.json").write_text(json.dumps([_conv("ok"), _conv("w" * 100)]))
+    assert len(datasets.request_sequence(str(tmp_path / "fits.json"), 2, seed=0)) == 2

@@ -52,7 +52,7 @@ def test_a_request_is_good_only_within_every_limit() -> None:
         ("ttft_p50=200ms,ttft_p99=1s", "ttft is limited twice (ttft_p50 and ttft_p99)"),
         ("ttft_p99=0ms", "'ttft_p99=0ms': the limit must be more than 0"),
         ("ttft_p99=-5ms", "'ttft_p99=-5ms': the limit must be more than 0"),
-        ("ttft_p99=5 minutes", "'ttft_p99=5 minutes': the limit needs e.g. 500ms or 0.5s"),
+        ("ttft_p99=5 minutes", "'ttft_p99=5 minutes': the limit needs a duration with units, e.g. 500ms, 0.5s"),
         ("ttft_p99", "'ttft_p99': expected OBJECTIVE=LIMIT"),
         ("ttft_p99=1s,,e2e=2s", "has an empty piece between commas"),
         ("  ", "empty"),

@@ -90,3 +90,48 @@ def test_resume_and_a_claim_refuse_a_trace(capsys: Capsys, tmp_path: Path) -> No
     assert resume.fixed_given(given, simulated=True) == ["--trace", "--speed"]  # what --resume and a bundle refuse
     assert main(["reproduce", "baseline", "--claim", "80", "--sim", "--trace", str(trace)]) == 2
     assert "--trace does not apply" in capsys.readouterr().err
+
+
+def test_a_trace_spanning_centuries_is_refused_before_the_plan_or_a_launch(
+    capsys: Capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replay lasts at most what --duration may (a day): a trace whose timestamps span centuries was planned as
+    "about 5787037037.0 days" and launched. Refused (exit 2) naming the file, the span and what shortens it."""
+    from orchestrator.experiment import run
+
+    launched: list[object] = []
+    monkeypatch.setattr(run, "execute", lambda *a, **k: launched.append(a))
+    trace = tmp_path / "t.jsonl"
+    keys = ("timestamp", "input_length", "output_length", "hash_ids")
+    trace.write_text("".join(json.dumps(dict(zip(keys, row, strict=True))) + "\n" for row in ROWS[:1]))
+    with trace.open("a") as f:
+        f.write(json.dumps({"timestamp": 5e14, "input_length": 5, "output_length": 5, "hash_ids": []}) + "\n")
+    assert main([*AB, "--trace", str(trace), "--db", str(tmp_path / "r.db")]) == 2
+    out, err = capsys.readouterr()
+    text = " ".join(err.split())
+    assert f"{trace}: the replay would last 5e+11 s (timestamps 0 to 5e+14 ms, at --speed 1)" in text, text
+    assert "a run lasts at most 1d, as --duration: replay its first N requests (--requests N) or faster" in text
+    assert "plan:" not in out + err and not launched and "Traceback" not in err
+
+
+def test_a_trace_longer_than_a_run_names_requests_not_an_internal_field(
+    capsys: Capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace of 100,001 requests without --requests: refused naming --requests (the refusal named the workload's
+    field `requests_per_level`), and --requests N replays its first N, reading no line past them."""
+    from orchestrator.config.options import RunOptions
+    from orchestrator.experiment import run
+
+    monkeypatch.setattr(run, "execute", lambda *a, **k: pytest.fail("launched"))
+    trace = tmp_path / "big.jsonl"
+    line = '{"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": [1]}\n'
+    trace.write_text(line * 100_001 + "{not json\n")
+    assert main([*AB, "--trace", str(trace), "--db", str(tmp_path / "r.db")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert (
+        f"{trace}:100001: more than 100,000 requests; a replay sends at most 100,000 per run: replay the first N "
+        in err
+    )
+    assert "(--requests N)" in err and "requests_per_level" not in err
+    options = RunOptions(trace=str(trace), requests_per_level=3, given=frozenset({"trace", "requests_per_level"}))
+    assert run.open_loop_fields(options)["requests_per_level"] == 3  # line 100,002 is not JSON: never read

@@ -266,7 +266,7 @@ def test_an_absurd_workload_is_refused_before_the_request_sequence_is_built(
 
     path = write_profile("p", **{**BASE, "port": free_port()}, sim=FAST_SIM)
     built: list[object] = []
-    monkeypatch.setattr(run, "request_items", lambda config: built.append(config))
+    monkeypatch.setattr(run, "check_requests", lambda config: built.append(config))
     monkeypatch.setattr(prompts, "request_sequence", lambda *a, **k: built.append(a))
     monkeypatch.chdir(tmp_path)
     t0 = time.monotonic()

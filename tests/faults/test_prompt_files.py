@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,25 @@ def test_a_file_over_the_cap_is_refused_before_reading(tmp_path: Path) -> None:
         prompts.request_sequence(str(big), 1, seed=0)
     with pytest.raises(PromptFileError, match=cap.replace("?", r"\?")):
         prompts.load_jsonl(str(big))
+
+
+def test_a_line_over_the_record_cap_is_refused_without_being_read_whole(tmp_path: Path) -> None:
+    """A 250 MB single line was read whole (1.8 GB, then the server's 413). A line is read with a limit: one longer
+    than a record may be (16 MiB: a prompt of the most tokens orch sends is a few MB) is refused after reading that
+    much, naming the file and line. The memory bound is far above what the read needs and far below the line."""
+    big = tmp_path / "p.jsonl"
+    with big.open("wb") as f:
+        f.write(b'{"prompt": "ok"}\n{"prompt": "')
+        f.write(b"x" * (6 * prompts.MAX_RECORD_BYTES))
+        f.write(b'"}\n')
+    tracemalloc.start()
+    try:
+        with pytest.raises(PromptFileError, match=r"p\.jsonl:2: a line longer than 16 MiB; a line of a prompt file is"):
+            prompts.request_sequence(str(big), 1, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * prompts.MAX_RECORD_BYTES, peak  # about 2x: the read and its copy
 
 
 def test_a_large_set_is_sampled_as_the_whole_pool_would_be(tmp_path: Path) -> None:

@@ -245,3 +245,97 @@ def test_an_ambiguous_id_prefix_is_a_usage_error_listing_the_matches(capsys: Cap
             store.find_experiment("2026")
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------- one duration syntax
+
+
+TIME_OPTIONS = {
+    ("ab",): ("--duration", "--min-run-s", "--stall-timeout", "--first-token-timeout", "--ready-timeout", "--grace",
+              "--wait", "--gpu-wait"),
+    ("bench",): ("--duration", "--stall-timeout", "--grace", "--wait"),
+    ("reproduce",): ("--ready-timeout", "--grace", "--gpu-wait"),
+    ("down",): ("--grace",),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "option"), [(c, o) for c, opts in TIME_OPTIONS.items() for o in opts])
+def test_every_option_that_takes_a_time_takes_units(command: tuple[str, ...], option: str) -> None:
+    """`--duration 30s` was refused ("not a valid finite float") while a suite's `deadline: 3h` and `--slo
+    ttft_p99=500ms` took units: every time orch reads is seconds, or a duration with units (fields.seconds_of)."""
+    import click
+
+    from orchestrator.cli.base import cli
+    from orchestrator.cli.lazy import LazyGroup
+
+    assert isinstance(cli, LazyGroup)
+    cmd = cli.get_command(click.Context(cli), command[0])
+    assert cmd is not None
+    param = next(p for p in cmd.params if option in p.opts)
+    convert = param.type.convert
+    assert convert("30s", param, None) == 30.0 and convert("1500ms", param, None) == 1.5
+    assert convert("2.5", param, None) == 2.5 and convert(10, param, None) == 10.0
+    assert convert("1m30s", param, None) == 90.0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--rate", "1", "--duration", "30x"], "Invalid value for '--duration': expected a duration from 1ms to 1d: "
+         "seconds as a number (30, 2.5) or with units (500ms, 30s, 5m, 3h, 1h30m, 2d), got '30x'"),
+        (["--rate", "1", "--duration", "2d"], "'--duration': expected a duration from 1ms to 1d"),
+        (["--stall-timeout", "nan"], "'--stall-timeout': expected a duration from 500ms to 1d"),
+        (["--grace", "30s5m"], "'--grace': expected a duration from 0s to 10m"),
+    ],
+)  # fmt: skip
+def test_a_bad_duration_is_refused_naming_the_option_and_the_forms(
+    args: list[str], needle: str, capsys: Capsys
+) -> None:
+    _refused(capsys, main(["ab", "no-such-a", "no-such-b", "--sim", *args]), needle)
+
+
+def test_a_duration_with_units_is_taken_by_the_cli_a_suite_and_an_slo(capsys: Capsys, tmp_path: Path) -> None:
+    from orchestrator.config.slo import parse_slo
+    from orchestrator.fields import seconds_of
+
+    # Accepted: the refusal that follows is the missing profile's, after the options were read.
+    _refused(capsys, main(["ab", "no-such-a", "no-such-b", "--sim", "--rate", "1", "--duration", "30s"]), "no-such-a")
+    assert [seconds_of(v) for v in ("30", "2.5", "500ms", "30s", "5m", "3h", "1h30m", "1d2h", " 2 M ", 45)] == [
+        30.0, 2.5, 0.5, 30.0, 300.0, 10800.0, 5400.0, 93600.0, 120.0, 45.0,
+    ]  # fmt: skip
+    assert [seconds_of(v) for v in ("30s5m", "1m1m", "nan", "inf", "-5s", "5 minutes", "", True, None)] == [None] * 9
+    assert parse_slo("ttft_p99=500ms,e2e_p99=1m30s").limit("e2e") == 90.0
+    assert suite_mod.duration("1h30m") == 5400.0 and suite_mod.WORKLOAD_FIELDS["duration"]("500ms") == 0.5
+    with pytest.raises(Exception, match=r"expected a duration from 1s to 7d: seconds as a number"):
+        suite_mod.duration("500ms")
+
+
+# ---------------------------------------------------------------- refusals name what the user typed
+
+
+def test_a_workload_refusal_names_the_option_or_field_the_user_gave() -> None:
+    """The plan's checks named the workload's internal fields (`requests_per_level`) whoever gave them: orch ab's
+    refusal names its option (--requests), a suite's its field (requests), a bundle's its JSON path."""
+    from orchestrator.config import limits
+
+    bench = BenchConfig(rate=(1.0,), requests_per_level=200_000)
+    profile = P.from_resolved({"name": "p", "engine": "sglang", "model_path": "/m", "port": 1, "tp_size": 1}, "test")
+    for names, field in ((limits.OPTIONS, "--requests"), (limits.SUITE_NAMES, "requests")):
+        with pytest.raises(limits.PlanError) as e:
+            limits.checked_plan(bench, [profile], blocks=1, sim=False, names=names)
+        assert str(e.value).startswith(f"{field}: expected a whole number from 1 to 100,000, got 200000"), e.value
+    with pytest.raises(limits.PlanError, match=r"^content\.config\.bench\.requests_per_level: expected"):
+        limits.check_workload(bench, "content.config.bench.")
+    with pytest.raises(limits.PlanError, match=r"^--duration, --requests: an open-loop workload gives exactly one"):
+        limits.checked_plan(BenchConfig(rate=(1.0,)), [profile], blocks=1, sim=False)
+
+
+def test_a_trace_replays_plan_refusal_names_what_shortens_a_replay() -> None:
+    """Over the requests a launch may send, a trace's plan said "rate x --duration ... lower --rate, --duration",
+    options a trace refuses; it names --runs and --requests N."""
+    from orchestrator.config.plan import plan
+
+    bench = BenchConfig(runs=2000, warmup=0, rate=(1.0,), requests_per_level=100, trace="t.jsonl")
+    refusal = plan(bench, [], blocks=1, calibrated=False).refusal()
+    assert refusal is not None and "(warmups + runs x the trace's requests)" in refusal
+    assert "lower --runs, or replay the trace's first N requests (--requests N)" in refusal and "--rate" not in refusal

@@ -5,9 +5,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
+import socket
 import stat
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -28,6 +32,9 @@ def op_lock(path: str, holder: dict[str, Any], wait_s: float = 0.0, reclaim: boo
         return {"acquired": True, "holder": holder}
     fd = _open_lock_file(path)
     deadline = time.monotonic() + wait_s
+    # An agent orch abandoned on purpose leaves a keeper holding the lock for its successor (keep_for_successor),
+    # which may still be starting: ask it for a while before ending an agent of ours that holds the lock itself.
+    handover_until = time.monotonic() + min(wait_s, HANDOVER_WAIT_S)
     reclaimed = False
     while True:
         try:
@@ -37,7 +44,10 @@ def op_lock(path: str, holder: dict[str, Any], wait_s: float = 0.0, reclaim: boo
             current: dict[str, Any] = {}
             with contextlib.suppress(OSError, ValueError):
                 current = json.loads(os.pread(fd, 65536, 0).decode() or "{}")
-            if reclaim and not reclaimed and holder.get("session") and current.get("session") == holder["session"]:
+            ours = reclaim and holder.get("session") and current.get("session") == holder["session"]
+            if ours and take_from_keeper(fd, path, str(holder["session"])):
+                break  # the lock never left this session: its abandoned agent's keeper handed it over
+            if ours and not reclaimed and time.monotonic() >= handover_until:
                 reclaimed = True
                 _end_stale_agent(current.get("agent_pid"))
                 continue
@@ -49,6 +59,101 @@ def op_lock(path: str, holder: dict[str, Any], wait_s: float = 0.0, reclaim: boo
     os.pwrite(fd, json.dumps({**holder, "agent_pid": os.getpid()}).encode(), 0)
     _LOCKS[path] = fd
     return {"acquired": True, "holder": holder}
+
+
+# How long a keeper holds an abandoned agent's locks for its successor, and how long a successor asks for them.
+KEEP_S = 60.0
+HANDOVER_WAIT_S = 5.0
+# The keeper: a fresh interpreter that inherited the lock's descriptors (so the flock never drops) and hands them to
+# the first process of the same user that asks on its abstract socket (SCM_RIGHTS: the same open file description,
+# lock included), then exits; after KEEP_S with nobody asking, it exits and the kernel releases the lock.
+KEEPER = r"""
+import json, os, socket, struct, sys, time
+address, keep_s, fds, paths = sys.argv[1], float(sys.argv[2]), [int(f) for f in sys.argv[3].split(",")], sys.argv[4]
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind("\0" + address)
+listener.listen(4)
+end = time.monotonic() + keep_s
+while (left := end - time.monotonic()) > 0:
+    listener.settimeout(left)
+    try:
+        conn, _ = listener.accept()
+    except OSError:
+        break
+    with conn:
+        peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if peer[1] != os.getuid():
+            continue
+        try:
+            socket.send_fds(conn, [paths.encode()], fds)
+        except OSError:
+            continue
+        for fd in fds:
+            os.close(fd)  # the successor's copy alone holds the lock now: its unlock frees the host at once
+        break
+"""
+
+
+def keeper_address(path: str, session: str) -> str:
+    """The abstract socket (Linux) where a keeper of this user's session waits with the lock at path."""
+    return "orch-lock-" + hashlib.sha256(f"{os.getuid()}:{session}:{path}".encode()).hexdigest()[:40]
+
+
+def keep_for_successor(keep_s: float = KEEP_S) -> None:
+    """Before an agent orch abandoned on purpose exits (Ctrl-C mid-request: the reply in flight must never be read),
+    hand the locks it holds to a keeper, so the session's next agent takes them over without the kernel releasing
+    them in between: another session waiting for the host must not slip in while this one still tears down."""
+    held = dict(_LOCKS)
+    if not held or not sys.platform.startswith("linux"):
+        return
+    for path, fd in held.items():
+        try:
+            holder = json.loads(os.pread(fd, 65536, 0).decode() or "{}")
+        except (OSError, ValueError):
+            continue
+        session = holder.get("session")
+        if not isinstance(session, str) or not session:
+            continue
+        with contextlib.suppress(OSError):
+            # Not waited for: it outlives this agent by design, and ends by itself (handed over, or KEEP_S).
+            subprocess.Popen(
+                [sys.executable, "-c", KEEPER, keeper_address(path, session), str(keep_s), str(fd), path],
+                pass_fds=(fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+
+def take_from_keeper(fd: int, path: str, session: str) -> bool:
+    """Take the lock at path from this session's keeper, if one waits: its descriptor replaces fd (closed), is
+    checked to be that file's and to hold the lock, and is kept as this agent's."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(2.0)
+            conn.connect("\0" + keeper_address(path, session))
+            _, fds, _, _ = socket.recv_fds(conn, 4096, 4)
+    except OSError:
+        return False
+    got = None
+    for received in fds:
+        if got is None and os.path.sameopenfile(received, fd):
+            try:
+                # The description the keeper held holds the lock: taking it again through it succeeds at once.
+                fcntl.flock(received, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                got = received
+                continue
+            except OSError:
+                pass
+        os.close(received)
+    if got is None:
+        return False
+    os.dup2(got, fd)  # fd (the caller's, refused by flock until now) becomes the lock-holding description
+    os.close(got)
+    return True
 
 
 def _open_lock_file(path: str) -> int:

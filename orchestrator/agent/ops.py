@@ -23,13 +23,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import psutil
 
 from orchestrator.agent import waits
 from orchestrator.agent.facts import op_check, op_facts, op_fingerprint, op_gpus
-from orchestrator.agent.lock import op_lock, op_unlock
+from orchestrator.agent.lock import keep_for_successor, op_lock, op_unlock
 from orchestrator.agent.processes import (
     MARKER,
     OWNER,
@@ -70,7 +70,11 @@ __all__ = [
     "serve",
 ]
 
-PROTOCOL_VERSION = 3  # 2: request ids echoed, heartbeats while a request runs; 3: progress heartbeats, combined ops
+# 2: request ids echoed, heartbeats while a request runs; 3: progress heartbeats, combined ops; 4: ABANDON
+PROTOCOL_VERSION = 4
+# What orch writes before closing the channel of an agent it abandons on purpose (Ctrl-C mid-request), so the agent
+# hands its locks to a keeper for the session's next agent (agent/lock.keep_for_successor) instead of releasing them.
+ABANDON = b'{"abandon": true}'
 
 # ---------------------------------------------------------------- progress of a long operation
 
@@ -567,7 +571,7 @@ def serve() -> None:
                 os.read(done_r, 1)
                 break
             if fd in readable:
-                os._exit(0)
+                given_up(fd)
             if time.monotonic() >= next_beat:
                 beat: dict[str, Any] = {"id": request.get("id"), "heartbeat": True}
                 measuring = sys.modules.get("orchestrator.client.runner")  # imported by the run in flight, if any
@@ -578,6 +582,15 @@ def serve() -> None:
         worker.join()
         flush()  # events reported just before the answer go out before it
         _write(box[0] if box else {"ok": False, "error": "the request died without an answer", "id": request.get("id")})
+
+
+def given_up(fd: int) -> NoReturn:
+    """Orch gave up on the request in flight: EOF (orch or its connection is gone), or ABANDON then EOF (Ctrl-C: orch
+    lives, and a fresh agent of its session takes over, so the locks go to a keeper, not back to the kernel). Either
+    way the request stops now: a benchmark run or a wait orch gave up on must not go on."""
+    if ABANDON in os.read(fd, 65536):
+        keep_for_successor()
+    os._exit(0)
 
 
 def _write(obj: dict[str, Any]) -> None:

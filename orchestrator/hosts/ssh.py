@@ -491,6 +491,10 @@ class SSHHost(Host):
     def _abandon_agent(self) -> None:
         if self._agent is not None:
             with contextlib.suppress(Exception):
+                # This orch lives on and its next agent takes the host lock over from a keeper: closing the channel
+                # alone would release the lock to a session waiting for the host while this one still tears down.
+                self._agent.sendall(ops.ABANDON + b"\n")
+            with contextlib.suppress(Exception):
                 self._agent.close()
         self._agent = None
         self._link = None

@@ -56,13 +56,17 @@ _BLOCK_START = re.compile(r"^(\s*)(?:([#+=\[-])|(>)|(\d+)([.)]))")
 
 def md_text(text: str, *, block: bool = True) -> str:
     """Text for a Markdown renderer that allows HTML, shown as it is and never read as markup: control characters
-    and newlines as escapes (one line stays one line, a table row one row), `&`, `<` as entities (no tag, no
-    autolink), and what would make a link, an image, emphasis, code, a table cell or a heading backslash-escaped.
+    and newlines as escapes (one line stays one line, a table row one row), `&` and `<` as entities where they could
+    start an entity, a tag or an autolink, and what would make a link, an image, emphasis, code, a table cell or a
+    heading backslash-escaped.
     Characters that only mean something in those places (a lone `[`, `~` or `>` inside a sentence) are left as
     they are, so orch's own sentences read the same in the source. block=False for text that cannot start a
     block (a table cell): a leading `-` or `1.` there is text already."""
     text = _ESCAPED.sub(lambda m: "\\" + m.group(0), visible(text))
-    text = re.sub(r"[&<]", lambda m: _HTML[m.group(0)], text)
+    # Only where they can start markup: `<` before a tag name, `/`, `!` or `?` (a tag, comment, declaration or
+    # autolink), `&` before a name or `#` (an entity). "load <1" and "A & B" stay as they read (orch nightly prints
+    # this text on the terminal too).
+    text = re.sub(r"&(?=[#A-Za-z])|<(?=[A-Za-z/!?])", lambda m: _HTML[m.group(0)], text)
     return _BLOCK_START.sub(_block_start, text) if block else text
 
 

@@ -418,9 +418,11 @@ def test_two_sessions_on_one_host_are_serialised_by_the_lock(
         "--min-run-s",
         "0",
     ]
-    # The first session runs long enough (3 runs of 200 tokens at ~80 tok/s) for the two others to find it holding
-    # the host; readiness alone no longer takes a second.
-    first = orch("bench", "baseline", *common, "--max-tokens", "200", "--db", str(tmp_path / "1.db"), cwd=tmp_path)
+    # The first session holds the host until the queued one has said it waits (its 40 runs would take a minute), then
+    # is stopped with Ctrl-C: how long anything takes on a loaded machine decides nothing (3 short runs once ended
+    # before the queued session reached the lock, and it never had to wait).
+    first_args = ["--runs", "40", "--max-tokens", "200", "--db", str(tmp_path / "1.db")]
+    first = orch("bench", "baseline", *common, *first_args, cwd=tmp_path)
     seen: list[str] = []
     wait_for_line(first, "launched PID", seen)
     busy = orch("bench", "baseline", *common, "--db", str(tmp_path / "2.db"), cwd=tmp_path)
@@ -428,10 +430,18 @@ def test_two_sessions_on_one_host_are_serialised_by_the_lock(
     assert busy.returncode == 1
     assert re.search(rf"testbox is busy: another orch session holds it \(.*pid {first.pid} since .*--wait", busy_out)
     queued = orch("bench", "baseline", *common, "--wait", "120", "--db", str(tmp_path / "3.db"), cwd=tmp_path)
-    first.communicate(timeout=120)
+    queued_seen: list[str] = []
+    wait_for_line(queued, "waiting up to 120s", queued_seen)
+    assert first.poll() is None, "the first session ended before the queued one waited for it"
+    first.send_signal(signal.SIGINT)
+    first_out, _ = first.communicate(timeout=120)
     queued_out, _ = queued.communicate(timeout=120)
-    assert first.returncode == 0 and queued.returncode == 0, queued_out
-    assert "waiting up to 120s" in queued_out
+    assert first.returncode == 130 and queued.returncode == 0, "".join(queued_seen) + queued_out
+    assert "torn down" in first_out, first_out
+    # Ctrl-C abandons the first session's agent (its reply in flight must never be read); the host lock goes to a
+    # keeper and on to the session's next agent, never back to the kernel: the queued session got the host only once
+    # the first was done, and found nothing of it left to clean up.
+    assert "leftover" not in queued_out, queued_out
     first_end = sqlite3.connect(tmp_path / "1.db").execute("SELECT finished_at FROM experiments").fetchone()[0]
     queued_start = sqlite3.connect(tmp_path / "3.db").execute("SELECT started_at FROM launches").fetchone()[0]
     assert queued_start >= first_end - 0.5  # the queued session launched only after the first one was done

@@ -11,7 +11,7 @@ import click
 from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, cli, interrupted_message
 from orchestrator.cli.lazy import Interrupted
 from orchestrator.common.printable import guarded_output
-from orchestrator.common.stopsignals import forgiving_output, install
+from orchestrator.common.stopsignals import forgiving_output, install, settle
 from orchestrator.errors import InputError, OrchError
 
 __all__ = ["cli", "entry", "main"]
@@ -70,7 +70,10 @@ def _print_traceback() -> None:
 
 def entry() -> None:
     """The console script: also treats SIGTERM (cron timeouts, kill) and SIGHUP (a closed terminal or SSH session)
-    like Ctrl-C so servers are torn down, and keeps going when the terminal it prints to is gone."""
+    like Ctrl-C so servers are torn down, and keeps going when the terminal it prints to is gone. Only the first of
+    them stops orch: the rest, however many, neither cut its teardown short nor change its exit status."""
     forgiving_output()
     install()
-    sys.exit(main())
+    code = main()
+    settle()
+    sys.exit(code)

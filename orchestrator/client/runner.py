@@ -14,6 +14,7 @@ to its metrics and validity).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import threading
 import time
@@ -270,10 +271,14 @@ def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     From Python 3.11 asyncio.run turns the first SIGINT into one cancellation of the main task, and
     asyncio.wait_for swallows a cancellation that races with its inner task finishing (seen in CI: a Ctrl-C at the
     start of a run was lost and the benchmark went on). Here a Ctrl-C cancels the run again every 50 ms until it
-    ends, and the run then always ends in KeyboardInterrupt, whatever the coroutine made of the cancellation.
-    Raising inside the loop instead would leave tasks holding a KeyboardInterrupt nobody retrieves. The handlers are
-    in place before the loop is built and until it is closed: a signal raising KeyboardInterrupt half-way through
-    building or closing a loop leaves a broken object whose destructor prints a traceback (seen with SIGTERM).
+    ends, and the run then always ends in KeyboardInterrupt, whatever the coroutine made of the cancellation (or
+    raised instead). Raising inside the loop instead would leave tasks holding a KeyboardInterrupt nobody retrieves.
+    The handlers are in place before the loop is built and until it is closed: a signal raising KeyboardInterrupt
+    half-way through building or closing a loop leaves a broken object whose destructor prints a traceback (seen
+    with SIGTERM). Only the first signal does anything, and the handler never raises: a flood of them (a `kill -INT`
+    loop) neither stacks up cancellations nor calls into a loop that is closing ("Event loop is closed"), and orch's
+    handler, back in place, takes the stop as taken (stopsignals), so the signals after it do not cut short the
+    teardown that follows.
     """
     interrupted = False
     state: dict[str, Any] = {}
@@ -286,9 +291,14 @@ def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
 
     def on_signal(signum: int, frame: object) -> None:
         nonlocal interrupted
+        if interrupted:
+            return
         interrupted = True
-        if "loop" in state:
-            state["loop"].call_soon_threadsafe(keep_cancelling)
+        loop = state.get("loop")
+        if loop is not None:
+            # A loop already closed raises here: the flag alone then says it, read once the loop is closed.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(keep_cancelling)
 
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -297,22 +307,19 @@ def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
             # Only handlers that would raise in the middle of the loop (Python's for SIGINT, orch's for the others).
             if stopsignals.raises(current):
                 previous[sig] = signal.signal(sig, on_signal)
+    done: list[T] = []
     try:
-        loop = state["loop"] = asyncio.new_event_loop()
+        loop = asyncio.new_event_loop()
+        state["loop"] = loop
         try:
-            if interrupted:
-                raise KeyboardInterrupt
-            task: asyncio.Task[T] = loop.create_task(make())
-            state["task"] = task
-            try:
-                result = loop.run_until_complete(task)
-            except asyncio.CancelledError:
-                if interrupted:
-                    raise KeyboardInterrupt from None
-                raise
-            if interrupted:
-                raise KeyboardInterrupt
-            return result
+            if not interrupted:
+                task: asyncio.Task[T] = loop.create_task(make())
+                state["task"] = task
+                try:
+                    done.append(loop.run_until_complete(task))
+                except asyncio.CancelledError:
+                    if not interrupted:
+                        raise
         finally:
             # Cancel and await every task still pending, again while cancelling one starts another (a request's
             # cleanup may): a task left pending when the loop closes prints "Task was destroyed but it is pending",
@@ -327,5 +334,15 @@ def _run_interruptibly(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
     finally:
+        # Taken before orch's handler is back (and again after, for a signal that came in between), so that it
+        # only counts the signals after this one.
+        ours = any(h is stopsignals.raise_interrupt for h in previous.values())
+        if interrupted and ours:
+            stopsignals.stop_taken()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if interrupted:
+            if ours:
+                stopsignals.stop_taken()
+            raise KeyboardInterrupt
+    return done[0]

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -528,27 +526,11 @@ def describe_env(report: EnvReport) -> list[str]:
     return lines
 
 
-@contextlib.contextmanager
-def shielded(events: Events) -> Iterator[None]:
+def shielded(events: Events) -> contextlib.AbstractContextManager[None]:
     """Let a teardown finish even if the user presses Ctrl-C again (or cron sends SIGTERM, or the terminal hangs up)
-    while it runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def later(signum: int, frame: object) -> None:
-        events.line("teardown in progress; orch exits as soon as the server is gone")
-
-    # An ignored signal (SIGHUP under nohup) stays ignored.
-    old = {sig: signal.getsignal(sig) for sig in stopsignals.STOP_SIGNALS}
-    for sig, handler in old.items():
-        if handler is not signal.SIG_IGN:
-            signal.signal(sig, later)
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
+    while it runs, or a flood of them comes (stopsignals.deferred); a first one heard during it stops orch once the
+    teardown is done."""
+    return stopsignals.deferred(lambda: events.line("teardown in progress; orch exits as soon as the server is gone"))
 
 
 def allocation_ended_line(e: AllocationEnded) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.common import stopsignals
 from orchestrator.config.design import ABConfig
 from orchestrator.config.secretpatterns import scrub
 from orchestrator.errors import InputError, OrchError
@@ -423,6 +424,12 @@ class NightRunner:
                         },
                     },
                 )
+        except KeyboardInterrupt:
+            if self._alarm.fired is not None:
+                # The night's own stop (the item's time is up), handled by the caller: the night goes on, and the
+                # next signal (the next item's timer, Ctrl-C) stops it again.
+                stopsignals.rearm()
+            raise
         finally:
             self._alarm.cancel()
 

@@ -140,6 +140,26 @@ def test_the_deadline_stops_the_night_cleanly(write_profile: WriteProfile, tmp_p
     assert_nothing_left()
 
 
+def test_an_item_stopped_at_its_timeout_leaves_the_next_items_timeout_working(
+    write_profile: WriteProfile, tmp_path: Path
+) -> None:
+    """Each item's timer stops it with the night's own signal; the first stop taken must not make orch deaf to the
+    next (orch's handler takes one stop and only counts the signals after it, until the night goes on)."""
+    sim_profile(write_profile, "hang", fault="hang-during-load")
+    items = [{"name": "first", "bench": "hang", "timeout": "3s"}, {"name": "second", "bench": "hang", "timeout": "3s"}]
+    suite = write_suite(tmp_path, items)
+    db = tmp_path / "n.db"
+    rc, out, err = night(suite, db, "2026-11-01")
+    assert rc == 1, out + err
+    assert "**TIMED OUT** `first`" in out and "**TIMED OUT** `second`" in out, out
+    assert out.count("stopped by the item's timeout (3s)") == 2, out
+    assert stored(db, "SELECT item, status FROM night_items ORDER BY item") == [
+        ("first", "timeout"),
+        ("second", "timeout"),
+    ]
+    assert_nothing_left()
+
+
 def test_a_second_night_waits_then_gives_up(write_profile: WriteProfile, tmp_path: Path) -> None:
     sim_profile(write_profile, "fine")
     suite = write_suite(tmp_path, [{"name": "a", "bench": "fine"}], wait="1s")

@@ -170,7 +170,8 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
                 f"experiment {exp_id} on {host.name}: {' vs '.join(names)}, {auto or f'{design.blocks} block(s)'}, "
                 f"order {design.order} (seed {design.seed})" + (" (SIMULATED server)" if config.simulate else "")
             )
-            if design.blocks < 2 and len(profiles) > 1:
+            # A sweep's probe is one block by design: it finds rates to sweep, it judges no difference.
+            if design.blocks < 2 and len(profiles) > 1 and not (provenance or {}).get("sweep_probe"):
                 events.line(
                     "NOTE: one launch per arm cannot separate restart noise from a real difference; use --blocks 3+"
                 )

@@ -144,6 +144,8 @@ def test_the_probe_is_its_own_experiment_and_the_rates_come_from_it(swept: tuple
     assert "sweep: probing each arm at concurrency 1 and 8" in said and f"experiment {sweep['probe']}" in said
     # the probe's runs counted as its own (2 per level), the sweep's as the experiment's (--runs 1)
     assert "Run 2/2 @ 8 streams" in said and f"Run 1/1 @ {sweep['rates'][0]:g} req/s" in said
+    # The probe is one block by design (the levels here are two): nothing tells the user to give it more.
+    assert "cannot separate restart noise" not in said and "--blocks 3+" not in said, said
     from orchestrator.results.store import Store
 
     store = Store(str(db))

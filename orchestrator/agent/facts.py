@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from orchestrator.agent.processes import MARKER, HostSideError, masked_cmdline, read_environ
+from orchestrator.agent.processes import MARKER, HostSideError, boot_id, masked_cmdline, read_environ
 
 # Run by the host's Python: what `import NAME` gives (its __version__, or why the import failed) and what the
 # package metadata says, both as that interpreter with this environment sees them.
@@ -110,7 +110,7 @@ def op_facts(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
         "boot_time": psutil.boot_time(),
         # The kernel's id of this boot: unlike boot_time (derived from the wall clock, so a clock step moves it),
         # it tells one machine's boot from another's exactly.
-        "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id"),
+        "boot_id": boot_id(),
         "gpus": [
             {k: g.get(k) for k in ("index", "name", "driver_version", "memory.total", "uuid")} for g in gpus["gpus"]
         ],
@@ -324,7 +324,7 @@ def op_fingerprint(
     host = {
         "hostname": socket.gethostname(),
         "kernel": platform.release(),
-        "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id"),
+        "boot_id": boot_id(),
         "container_id": container,
         "cpu_model": _cpu_model(),
         "cpu_governor": _read_first_line("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),

@@ -92,20 +92,41 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
+# The kernel's id of this boot, new at every boot (Linux).
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+
+
+def boot_id() -> str | None:
+    """This boot's id (BOOT_ID_PATH), or None where it cannot be read (not Linux, a sandbox without /proc)."""
+    try:
+        with open(BOOT_ID_PATH) as f:
+            return f.readline().strip() or None
+    except OSError:
+        return None
+
+
 def identity(proc: psutil.Process) -> dict[str, Any]:
     """What tells proc apart from a later process given its PID: `pid`, `create_time` and, on Linux, `start_ticks`
-    (what same_process compares first)."""
+    and `boot_id` (what same_process compares first: start ticks count from a boot, so they repeat across boots)."""
     out: dict[str, Any] = {"pid": proc.pid, "create_time": proc.create_time()}
     ticks = start_ticks(proc.pid)
     if ticks is not None:
         out["start_ticks"] = ticks
+    boot = boot_id()
+    if boot is not None:
+        out["boot_id"] = boot
     return out
 
 
 def same_process(proc: psutil.Process, recorded: Mapping[str, Any], tolerance_s: float = 0.01) -> bool:
-    """Whether proc (the process now at the recorded PID) is the recorded one: by start ticks since boot where the
-    record has them and they can be read now, so a wall-clock step changes nothing; else (a record made by an older
-    orch, not Linux) by create_time within tolerance_s, as before."""
+    """Whether proc (the process now at the recorded PID) is the recorded one. A record of another boot (its
+    `boot_id`, where both it and this system have one) is never a process of this one, whatever its PID and start
+    ticks: no process outlives a reboot, and a record (a store's experiment owner, a launch's processes) does. Then
+    by start ticks since boot where the record has them and they can be read now, so a wall-clock step changes
+    nothing; else (a record made by an older orch, not Linux) by create_time within tolerance_s, as before."""
+    booted = recorded.get("boot_id")
+    if isinstance(booted, str) and booted and (now_boot := boot_id()) is not None and booted != now_boot:
+        return False
     ticks = recorded.get("start_ticks")
     if isinstance(ticks, int) and not isinstance(ticks, bool):
         now = start_ticks(proc.pid)

@@ -72,7 +72,8 @@ def busy_timeout_s() -> float:
 
 def this_process() -> dict[str, Any]:
     """Who owns a running experiment: enough to tell later whether that process is still the same one (its PID, start
-    time and, where the system has them, start ticks since boot: processes.identity) and on which machine."""
+    time and, where the system has them, start ticks and the boot they count from: processes.identity) and on which
+    machine."""
     import socket
 
     import psutil
@@ -91,8 +92,12 @@ def owner_gone(owner: dict[str, Any]) -> str | None:
         return None  # another machine's process (or an owner we cannot read) is nobody's to judge from here
     import psutil
 
-    from orchestrator.agent.processes import same_process
+    from orchestrator.agent.processes import boot_id, same_process
 
+    booted, now = owner.get("boot_id"), boot_id()
+    if isinstance(booted, str) and booted and now is not None and booted != now:
+        # Its PID and start ticks may well be taken again in this boot: they would say nothing.
+        return f"PID {pid} is gone: the machine has rebooted since"
     try:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:

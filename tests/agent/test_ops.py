@@ -403,6 +403,27 @@ def test_a_record_without_start_ticks_is_matched_by_create_time_as_before() -> N
     assert processes.owner_state("x:1") == processes.owner_state("1:y") == "dead"
 
 
+def test_a_record_of_another_boot_is_never_a_process_of_this_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start ticks count from a boot: after a reboot a PID and start ticks can repeat. A record that names its boot
+    (a launch's processes, a store's owner outlive the reboot) is matched only in that boot; one without (an older
+    orch), or on a system without a boot id, as before."""
+    me = psutil.Process()
+    recorded = processes.identity(me)
+    assert processes.boot_id() is not None and recorded.get("boot_id") == processes.boot_id()  # Linux, as tested
+    assert teardown.recorded_processes([recorded])[0] == [me]
+    older = {k: v for k, v in recorded.items() if k != "boot_id"}
+    fake = tmp_path / "boot_id"
+    fake.write_text("5a1c0e8e-0000-4000-8000-000000000001\n")  # the machine rebooted: the same PID and ticks again
+    monkeypatch.setattr(processes, "BOOT_ID_PATH", str(fake))
+    assert teardown.recorded_processes([recorded]) == ([], [recorded])
+    assert ops.launch_problem([recorded])  # never watched as the launch's own process
+    assert teardown.recorded_processes([older])[0] == [me]
+    monkeypatch.setattr(processes, "BOOT_ID_PATH", str(tmp_path / "none"))  # no boot id here: ticks decide
+    assert teardown.recorded_processes([recorded])[0] == [me]
+
+
 def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> None:
     """A host gets only agent_files(): the agent and its benchmark client must import from those alone (no stray
     orchestrator import)."""

@@ -158,6 +158,25 @@ def test_a_wall_clock_step_never_reaps_a_live_owners_experiment(tmp_path: Path, 
     assert statuses(db)[0][1][1] == "interrupted"  # "other", now really gone
 
 
+def test_an_owner_of_another_boot_is_reaped_though_its_pid_and_ticks_repeat(tmp_path: Path) -> None:
+    """An experiment's owner recorded before a reboot whose PID and start ticks a process of this boot happens to
+    have (here: this very process, under another boot id) is gone, and said so; a record without a boot id (an
+    older orch) is judged as before."""
+    db = tmp_path / "r.db"
+    here = socket.gethostname()
+    mine = processes.identity(psutil.Process())
+    assert "boot_id" in mine  # Linux: the tests' platform
+    make_experiment(db, "before-reboot", {**mine, "boot_id": "5a1c0e8e-0000-4000-8000-000000000001", "host": here})
+    make_experiment(db, "this-boot", {**mine, "host": here})
+    make_experiment(db, "no-boot-id", {**{k: v for k, v in mine.items() if k != "boot_id"}, "host": here})
+    Store(db).close()
+    exps, _ = statuses(db)
+    by_id = {e[0]: e[1:] for e in exps}
+    assert by_id["before-reboot"][0] == "interrupted", by_id
+    assert "the machine has rebooted since" in str(by_id["before-reboot"][1])
+    assert by_id["this-boot"] == by_id["no-boot-id"] == ("running", None), by_id
+
+
 def test_resume_records_the_new_owner(tmp_path: Path) -> None:
     db = tmp_path / "r.db"
     pid, created = dead_pid()

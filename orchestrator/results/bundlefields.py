@@ -409,8 +409,8 @@ def check_config_record(config: Mapping[str, Any], arms: list[str], at: str) -> 
         check_bool(config.get(key), f"{at}.{key}")
     for i, port in enumerate(check_list(config.get("ports"), f"{at}.ports")):
         check_int(port, f"{at}.ports[{i}]", 1, 65535)
-    effect = config.get("min_effect")
-    if effect is not None and not (isinstance(effect, int | float) and MIN_EFFECT[0] < effect < MIN_EFFECT[1]):
+    effect = config.get("min_effect", 0.02)
+    if isinstance(effect, bool) or not (isinstance(effect, int | float) and MIN_EFFECT[0] < effect < MIN_EFFECT[1]):
         raise BundleError(f"{at}.min_effect: expected a fraction above 0 and below 0.5, got {shown(effect)}")
     tps = config.get("target_tps")
     if tps is not None and not (isinstance(tps, int | float) and not isinstance(tps, bool) and 0 < tps <= MAX_TPS):

@@ -302,10 +302,14 @@ def _type_ok(value: Any, code: str) -> bool:
     code = code.rstrip("?")
     if code == "any":
         return True
-    if code == "num":  # JSON has no NaN or Infinity: a bundle holding them was not written by orch
-        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if code == "int":  # the store keeps these in SQLite INTEGER columns
-        return isinstance(value, int) and not isinstance(value, bool) and -MAX_INT <= value <= MAX_INT
+    # JSON has no NaN or Infinity: a bundle holding them was not written by orch. The store keeps these numbers in
+    # SQLite columns, whose integers have 64 bits (a float past that is a REAL, which a range check may still refuse).
+    if code == "num":
+        if isinstance(value, float):
+            return math.isfinite(value)
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_INT
+    if code == "int":
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_INT
     if code == "bool":
         return isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))
     return isinstance(value, {"str": str, "dict": dict, "list": list}[code])
@@ -325,6 +329,8 @@ def _check(obj: Any, spec: Mapping[str, str], where: str) -> dict[str, Any]:
             raise BundleError(f"{where}.{key}: required field is missing")
         if not _type_ok(value, code):
             expected = _NAMES.get(code.rstrip("?"), "a list")
+            if code.rstrip("?") in ("int", "num") and isinstance(value, int) and not isinstance(value, bool):
+                expected = f"a number of at most {MAX_INT:,} in size (what the store holds)"
             raise BundleError(f"{where}.{key}: expected {expected}, got {shown(value)}")
         if key in NOT_NEGATIVE and code.rstrip("?") in ("int", "num") and isinstance(value, int | float) and value < 0:
             raise BundleError(f"{where}.{key}: expected a number of at least 0, got {shown(value)}")

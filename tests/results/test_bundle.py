@@ -329,7 +329,10 @@ FIELDS: dict[str, tuple[str, str]] = {
         'c["config"]["host_facts"]["kernel"] = "6.1\\r\\x1b[2K"',
         'content.config.host_facts.kernel: "6.1\\r\\u001b[2K" is not a recorded fact',
     ),
-    "sqlite integer": ('launches[0]["pid"] = 2**70', "content.launches[0].pid: expected an integer, got 1180591620"),
+    "sqlite integer": (
+        'launches[0]["runs"][0]["tok_s"] = 10**19',
+        "content.launches[0].runs[0].tok_s: expected a number of at most",
+    ),
     "nan deep": (
         'launches[0]["runs"][0]["metrics"]["window_s"] = float("nan")',
         "content.launches[0].runs[0].metrics.window_s: expected a finite number, got NaN",

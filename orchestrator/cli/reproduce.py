@@ -74,7 +74,8 @@ def data_by_target(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--allowed-signers", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Run a BUNDLE signed (orch export --sign KEY) by a key FILE lists (ssh-keygen's allowed_signers "
               "format) without asking; a signature that does not verify is refused (exit 2), one by a key FILE does "
-              "not list is treated as unsigned.")  # fmt: skip
+              "not list is treated as unsigned; a FILE with no signer line in it (or no regular file) is refused "
+              "(exit 2), naming its first bad line.")  # fmt: skip
 @blocks_by_target
 @data_by_target
 @fixed_bench_options

@@ -240,7 +240,7 @@ def show_cmd(
     "timed run (per-request records: tokens, ttft_s, e2e_s, error); md: the report as Markdown; html: the report "
     "with plots, one self-contained file (`orch report`; needs pip install 'orch-bench[report]'); bundle: one "
     "self-contained file to re-run and judge the experiment elsewhere (`orch reproduce FILE`, `orch import`, "
-    "`orch show FILE`).",
+    "`orch show FILE`), checked as they check it before it is written (a record they would refuse: exit 2).",
 )
 @click.option(
     "-o",

@@ -36,11 +36,11 @@ from orchestrator.sim.knobs import read_knobs
 
 # The one rule for a profile name: what a name on the command line, an `extends`, a stored experiment's arm and a
 # result bundle's profile must match (from_resolved, which reads a bundle's profiles back, checks it).
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 NAME_RULE = "letters, digits, '.', '_', '-', starting with a letter or digit"
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 # http://HOST:PORT of a server orch attaches to instead of launching (no path, no credentials, no query).
-ATTACH_RE = re.compile(r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})/?$")
+ATTACH_RE = re.compile(r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})/?\Z")
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled_profiles"
 
 
@@ -171,7 +171,7 @@ def _attach_url(v: Any) -> str:
     m = ATTACH_RE.match(url)
     if m is None or not 1 <= int(m.group(2)) <= 65535:
         # Never echo a credential or a query string (a key) from the file into an error message.
-        shown = re.sub(r"[?#].*$", "?***", re.sub(r"//.*@", "//***@", url))
+        shown = re.sub(r"(?s)[?#].*", "?***", re.sub(r"(?s)//.*@", "//***@", url))
         raise FieldError(
             f"expected http://HOST:PORT of a running server (no path, credentials or query), got {show(shown)}"
         )

@@ -18,7 +18,7 @@ QUANTITIES = {
     "e2e": "end-to-end time",
 }
 PERCENTILES = (50, 90, 95, 99)
-_KEY_RE = re.compile(r"^(?P<quantity>[a-z0-9]+)(?:_p(?P<percentile>\d+))?$")
+_KEY_RE = re.compile(r"^(?P<quantity>[a-z0-9]+)(?:_p(?P<percentile>\d+))?\Z")
 MAX_LIMIT_S = 86400.0
 EXAMPLE = "ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s"
 

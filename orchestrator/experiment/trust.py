@@ -52,7 +52,7 @@ CODE_LOADING_FLAG_RE = re.compile(
 NOT_COMPARED = ("name", "source", "chain", "description", "raw", "expect", "port")
 COMPARED = tuple(f.name for f in dataclasses.fields(Profile) if f.name not in NOT_COMPARED)
 PYTHON = "<python>"  # the host's interpreter: orch's own choice, never the bundle's
-_PLAIN_ARG_RE = re.compile(r"^[A-Za-z0-9_@%+=:,./<>-]+$")
+_PLAIN_ARG_RE = re.compile(r"^[A-Za-z0-9_@%+=:,./<>-]+\Z")
 
 # Asks at a terminal: shown the review, returns whether to run it.
 Ask = Callable[[str], bool]
@@ -71,6 +71,11 @@ def _shown(value: Any) -> str:
 
 def _arg(arg: str) -> str:
     return arg if _PLAIN_ARG_RE.match(arg) else _shown(arg)
+
+
+def _name(name: str) -> str:
+    """An env variable's name as the review shows it: as it is when it is a valid name, else as JSON (one line)."""
+    return name if profiles_mod.ENV_NAME_RE.match(name) else _shown(name)
 
 
 def _env_value(name: str, value: str | None) -> str:
@@ -100,7 +105,7 @@ def differences(theirs: Profile, mine: Profile) -> list[str]:
             for key in sorted(set(env_a) | set(env_b)):
                 bundled, here = env_a.get(key), env_b.get(key)
                 if bundled != here:
-                    out.append(f"env.{key}: {_env_value(key, bundled)} (here: {_env_value(key, here)})")
+                    out.append(f"env.{_name(key)}: {_env_value(key, bundled)} (here: {_env_value(key, here)})")
         elif a != b:
             out.append(f"{name}: {_field_value(name, a)} (here: {_field_value(name, b)})")
     return out
@@ -121,7 +126,7 @@ def command_line(profile: Profile, simulated: bool) -> str:
 def loads_code(profile: Profile, simulated: bool) -> list[str]:
     """What in the profile makes the server load code beyond the engine's own: env variables, and (for a real
     engine: the simulator loads no model and no plugin) remote code in model directories, packaged models, flags."""
-    out = [f"env {name}: {why}" for name, _ in profile.env if (why := code_env_reason(name)) is not None]
+    out = [f"env {_name(name)}: {why}" for name, _ in profile.env if (why := code_env_reason(name)) is not None]
     if simulated or profile.attach is not None:
         return out
     if profile.trust_remote_code:
@@ -206,7 +211,7 @@ def review(source: str, profiles: Sequence[Profile], simulated: bool) -> Review:
             name=theirs.name,
             own=None,
             command=command_line(theirs, simulated),
-            env=" ".join(f"{k}={_env_value(k, v)}" for k, v in theirs.env),
+            env=" ".join(f"{_name(k)}={_env_value(k, v)}" for k, v in theirs.env),
             loads_code=tuple(loads_code(theirs, simulated)),
         )
         try:

@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.errors import HostError
 
-NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+NAMESPACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 
 
 def default_namespace() -> str:

@@ -53,7 +53,7 @@ HOST_FIELDS = {
 SLURM_FIELDS = ("partition", "account", "gres", "time_limit_min", "exclusive", "port_stride", "init_address")
 SLURM_PREFIX = "slurm:"
 TARGET_RE = re.compile(
-    r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<addr>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>\d+))?$"
+    r"^(?:(?P<user>[A-Za-z0-9._-]+)@)?(?P<addr>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::(?P<port>\d+))?\Z"
 )
 
 
@@ -89,7 +89,7 @@ def _load(explicit: str | None) -> tuple[dict[str, HostConfig], dict[str, HostGr
             raise InventoryError(f"{path}: hosts: expected a mapping of host name to settings")
         hosts = {}
         for name, settings in entries.items():
-            if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", name):
+            if not isinstance(name, str) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*\Z", name):
                 raise InventoryError(
                     f"{path}: hosts.{key_name(name)}: invalid host name (letters, digits, '.', '_', '-')"
                 )
@@ -132,7 +132,7 @@ def parse_target(spec: str, inventory: dict[str, HostConfig]) -> HostConfig:
         return inventory[spec]
     if spec.startswith(SLURM_PREFIX):
         partition = spec[len(SLURM_PREFIX) :]
-        if partition and not re.match(r"^[A-Za-z0-9_.-]{1,64}$", partition):
+        if partition and not re.match(r"^[A-Za-z0-9_.-]{1,64}\Z", partition):
             raise InputError(f"--host {spec!r}: {partition!r} is not a partition name (letters, digits, '_', '.', '-')")
         return HostConfig(name=spec, scheduler="slurm", partition=partition or None)
     m = TARGET_RE.match(spec)

@@ -63,8 +63,8 @@ ENDINGS = {
     "OUT_OF_MEMORY": "ran out of memory",
     GONE: "is no longer known to Slurm",
 }
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_.,:+/=-]{1,200}$")
-_LABEL_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_.,:+/=-]{1,200}\Z")
+_LABEL_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}\Z")
 _JOB_LINE_RE = re.compile(r"\b(Pending|Granted) job allocation (\S+)")
 # Client noise on Debian builds without PMIx; never the reason a command failed.
 _NOISE_RE = re.compile(r"mpi/pmix|MPI: Cannot create context|Couldn't load specified plugin|select/\w+: ")

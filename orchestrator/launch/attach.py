@@ -32,8 +32,8 @@ NOT_VERIFIED = "its environment was not verified: orch cannot read an attached s
 
 def _shown(text: str) -> str:
     """The value for an error message, without what could be a credential (user:password@, a query string)."""
-    text = re.sub(r"//.*@", "//***@", text)  # up to the last @: a password may hold #, ? or /
-    text = re.sub(r"[?#].*$", "?***", text)
+    text = re.sub(r"(?s)//.*@", "//***@", text)  # up to the last @: a password may hold #, ? or /
+    text = re.sub(r"(?s)[?#].*", "?***", text)
     return repr(text if len(text) <= 120 else text[:117] + "...")
 
 

@@ -57,7 +57,7 @@ METRICS: dict[str, tuple[str, bool]] = {
 }
 # The metrics taken over every level of the workload rather than at one (no `@`).
 ACROSS_LEVELS = ("crossover", "max_rate_slo")
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 DEFAULT_THRESHOLD = 0.03
 DEFAULT_DEADLINE_S = 6 * 3600.0
 DEFAULT_WAIT_S = 1800.0

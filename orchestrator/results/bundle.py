@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__, files
+from orchestrator.common.printable import visible
 from orchestrator.common.redaction import SECRET_FLAG_RE
 from orchestrator.config import datasets, prompts, sessions
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.slo import SLO
 from orchestrator.config.workload import BenchConfig, requests_digest
-from orchestrator.errors import InputError, OrchError, StoreError
+from orchestrator.errors import BundleError, InputError, OrchError, StoreError
 from orchestrator.results.bundleformat import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
@@ -95,7 +96,9 @@ def _loads(text: str | None) -> Any:
 
 
 def make_bundle(store: Store, ref: str) -> dict[str, Any]:
-    """Everything needed to re-run and judge a stored experiment, as one JSON-ready document."""
+    """Everything needed to re-run and judge a stored experiment, as one JSON-ready document, checked as a receiver
+    checks it: a store record no bundle may hold (an arm name with a newline, written there by hand) is a
+    BundleError naming it, so that every bundle orch writes reads back."""
     exp = store.find_experiment(ref)
     config = json.loads(exp["config_json"])
     arms = json.loads(exp["arms_json"])
@@ -131,6 +134,10 @@ def make_bundle(store: Store, ref: str) -> dict[str, Any]:
         "content": withhold(content),
     }
     bundle["digest"] = digest_of(bundle)
+    try:
+        check_bundle(bundle, f"experiment {visible(str(exp['id']))} in {store.path}")
+    except BundleError as e:
+        raise BundleError(f"{e}; not exported: a bundle holding it would not be read back") from None
     return bundle
 
 
@@ -304,7 +311,7 @@ def import_bundle(store: Store, bundle: Mapping[str, Any], source: str = "") -> 
     if existing is not None:
         before = _loads(existing.get("imported_json"))
         if before is not None:
-            same, origin = before.get("content_sha256") == mine, f"imported from {before.get('from')}"
+            same, origin = before.get("content_sha256") == mine, f"imported from {visible(str(before.get('from')))}"
         else:
             same, origin = content_digest(make_bundle(store, exp_id)["content"]) == mine, "recorded here"
         if same:

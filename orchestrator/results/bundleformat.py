@@ -6,19 +6,40 @@ import hashlib
 import json
 import math
 import re
-import unicodedata
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__, files
+from orchestrator.common.printable import visible
 from orchestrator.config import arrivals, limits
-from orchestrator.config.profile import NAME_RE, NAME_RULE, from_resolved
 from orchestrator.config.slo import stored_judgement
 from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import BundleError, InputError
 from orchestrator.fields import FieldError, int_range
+from orchestrator.results.bundlefields import (
+    ID_RE,
+    ID_RULE,
+    LAUNCH_ID_RE,
+    MAX_INT,
+    MAX_LINE,
+    MAX_NAME,
+    check_config_record,
+    check_design_slots,
+    check_experiment_record,
+    check_exported,
+    check_launch_record,
+    check_line,
+    check_name,
+    check_prompt_record,
+    check_record,
+    check_resolved,
+    check_run_record,
+    check_sha256,
+    check_slots,
+    shown,
+)
 from orchestrator.results.sshsig import SignatureFormatError, SignatureKey, read_signature
 from orchestrator.stats.sequential import SequentialPlan
 
@@ -37,12 +58,6 @@ MAX_PROMPT_BYTES = 5 * 1024 * 1024
 # it was set, so the receiver knows to provide it.
 WITHHELD = "<withheld: set by the sender>"
 _DIGEST_RE = re.compile(r"<redacted hmac:[0-9a-f]*>")
-# An experiment id as orch makes it (config/design.new_experiment_id: time, then 6 hex digits), and a launch id as it
-# makes those (namespace:time-hex, -rankN for a multi-node rank; letters, digits and . _ - : in any case).
-ID_RE = re.compile(r"^[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$")
-ID_RULE = "YYYYMMDD-HHMMSS- and 6 hex digits, as orch names experiments"
-LAUNCH_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 check_port = int_range(1, 65535)
 STATUSES = ("running", "complete", "failed", "interrupted")
 
@@ -194,7 +209,8 @@ def bench_config(config: Mapping[str, Any]) -> BenchConfig:
 
 def read_bundle(path: str | Path) -> dict[str, Any]:
     """A bundle file, checked (format, version, digest, every field) before anyone uses it."""
-    where = str(path)
+    # The file's name may come with the file (a download): quoted on one line like everything in it.
+    where = visible(str(path))
     try:
         with files.open_regular(path) as f:
             data = f.read(MAX_BUNDLE_BYTES + 1)
@@ -225,6 +241,8 @@ def read_bundle(path: str | Path) -> dict[str, Any]:
         ) from None
     except RecursionError:
         raise BundleError(f"{where}: JSON nested too deeply; not a result bundle") from None
+    except ValueError:  # an integer of thousands of digits, which Python refuses to convert
+        raise BundleError(f"{where}: a number in it is too long; not a result bundle") from None
     return check_bundle(bundle, where)
 
 
@@ -239,7 +257,7 @@ def check_bundle(bundle: Any, where: str) -> dict[str, Any]:
         )
     version = bundle.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise BundleError(f"{where}: version: expected a positive integer, got {json.dumps(version)[:40]}")
+        raise BundleError(f"{where}: version: expected a positive integer, got {shown(version)}")
     if version > BUNDLE_VERSION:
         raise BundleError(
             f"{where}: bundle version {version} is newer than this orch ({__version__}) understands "
@@ -254,6 +272,9 @@ def check_bundle(bundle: Any, where: str) -> dict[str, Any]:
             "ask the sender for the file again"
         )
     _check_signature(bundle, version, where)
+    check_exported(bundle.get("exported"), f"{where}: exported")
+    # Every key, number and text of the content first: the checks of each field below see finite numbers.
+    check_record(bundle.get("content"), f"{where}: content")
     _check_content(bundle.get("content"), where)
     return bundle
 
@@ -277,29 +298,18 @@ def _check_signature(bundle: Mapping[str, Any], version: int, where: str) -> Non
         )
 
 
-def _printable(value: str) -> bool:
-    """No control, format (bidi) or separator characters: nothing that could rewrite a terminal's line."""
-    return not any(unicodedata.category(ch)[0] == "C" or unicodedata.category(ch) in ("Zl", "Zp") for ch in value)
-
-
-def _check_name(value: Any, at: str) -> None:
-    if not isinstance(value, str) or not NAME_RE.match(value):
-        raise BundleError(f"{at}: {_shown(value)} is not a profile name ({NAME_RULE})")
-
-
-def _check_sha256(value: Any, at: str) -> None:
-    if value is not None and not (isinstance(value, str) and SHA256_RE.match(value)):
-        raise BundleError(f"{at}: {_shown(value)} is not a sha256 digest (64 lowercase hex digits)")
-
-
 def _type_ok(value: Any, code: str) -> bool:
     code = code.rstrip("?")
     if code == "any":
         return True
-    if code == "num":  # JSON has no NaN or Infinity: a bundle holding them was not written by orch
-        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    # JSON has no NaN or Infinity: a bundle holding them was not written by orch. The store keeps these numbers in
+    # SQLite columns, whose integers have 64 bits (a float past that is a REAL, which a range check may still refuse).
+    if code == "num":
+        if isinstance(value, float):
+            return math.isfinite(value)
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_INT
     if code == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
+        return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= MAX_INT
     if code == "bool":
         return isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))
     return isinstance(value, {"str": str, "dict": dict, "list": list}[code])
@@ -310,7 +320,7 @@ _NAMES = {"str": "text", "int": "an integer", "num": "a finite number", "bool": 
 
 def _check(obj: Any, spec: Mapping[str, str], where: str) -> dict[str, Any]:
     if not isinstance(obj, dict):
-        raise BundleError(f"{where}: expected an object, got {_shown(obj)}")
+        raise BundleError(f"{where}: expected an object, got {shown(obj)}")
     for key, code in spec.items():
         value = obj.get(key)
         if value is None and code.endswith("?"):
@@ -319,15 +329,12 @@ def _check(obj: Any, spec: Mapping[str, str], where: str) -> dict[str, Any]:
             raise BundleError(f"{where}.{key}: required field is missing")
         if not _type_ok(value, code):
             expected = _NAMES.get(code.rstrip("?"), "a list")
-            raise BundleError(f"{where}.{key}: expected {expected}, got {_shown(value)}")
+            if code.rstrip("?") in ("int", "num") and isinstance(value, int) and not isinstance(value, bool):
+                expected = f"a number of at most {MAX_INT:,} in size (what the store holds)"
+            raise BundleError(f"{where}.{key}: expected {expected}, got {shown(value)}")
         if key in NOT_NEGATIVE and code.rstrip("?") in ("int", "num") and isinstance(value, int | float) and value < 0:
-            raise BundleError(f"{where}.{key}: expected a number of at least 0, got {_shown(value)}")
+            raise BundleError(f"{where}.{key}: expected a number of at least 0, got {shown(value)}")
     return obj
-
-
-def _shown(value: Any) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _unique(keys: list[Any], where: str, what: str) -> None:
@@ -354,67 +361,62 @@ def _check_content(content: Any, where: str) -> None:
     arms = _check_experiment(c["experiment"], f"{where}: content.experiment")
     _check(c["config"], {"bench": "dict", "requests_sha256": "str?", "host_facts": "dict?"}, f"{where}: content.config")
     _check_config_ids(c["config"], f"{where}: content.config")
-    for key in ("min_effect", "target_tps"):
-        value = c["config"].get(key)
-        if value is not None and not (_type_ok(value, "num") and math.isfinite(value)):
-            raise BundleError(f"{where}: content.config.{key}: expected a finite number")
     try:
         stored_judgement(c["config"], f"{where}: content.config")
     except InputError as e:
-        raise BundleError(str(e)) from None
-    try:
-        bench = bench_config(c["config"])
-    except (TypeError, ValueError) as e:
-        raise BundleError(f"{where}: content.config.bench: not a workload this orch understands ({e})") from None
-    try:
-        # The limits `orch ab` keeps: a bundle is re-run from these numbers (`orch reproduce`).
-        limits.check_workload(bench, "content.config.bench.")
-    except limits.PlanError as e:
-        raise BundleError(f"{where}: {e}") from None
+        raise BundleError(visible(str(e))) from None
+    bench = _check_bench(c["config"], where)
+    check_config_record(c["config"], arms, f"{where}: content.config")
     if c["design"] is not None:
         _check_design(c["design"], len(arms), f"{where}: content.design")
     if len(c["profiles"]) != len(arms) or not all(isinstance(p, dict) for p in c["profiles"]):
         raise BundleError(f"{where}: content.profiles: expected one resolved profile (an object) per arm ({len(arms)})")
-    _check_profiles(c["profiles"], arms, f"{where}: content.profiles")
+    for i, data in enumerate(c["profiles"]):
+        check_resolved(data, arms[i], f"{where}: content.profiles[{i}]")
     _check_prompts(c["prompts"], f"{where}: content.prompts")
-    _check_launches(c["launches"], arms, f"{where}: content.launches")
+    _check_launches(c["launches"], arms, c["design"], bench, f"{where}: content.launches")
 
 
 def _check_experiment(exp: Any, where: str) -> list[str]:
     """The experiment's identity: its id, status, host and arms (profile names); returns the arms."""
     _check(exp, EXPERIMENT_FIELDS, where)
     if not ID_RE.match(exp["id"]):
-        raise BundleError(f"{where}.id: {_shown(exp['id'])} is not an experiment id ({ID_RULE})")
+        raise BundleError(f"{where}.id: {shown(exp['id'])} is not an experiment id ({ID_RULE})")
     if exp["status"] not in STATUSES:
-        raise BundleError(f"{where}.status: expected one of {', '.join(STATUSES)}")
-    if not exp["host"] or not _printable(exp["host"]):
-        raise BundleError(f"{where}.host: {_shown(exp['host'])} is not a host name")
+        raise BundleError(f"{where}.status: expected one of {', '.join(STATUSES)}, got {shown(exp['status'])}")
+    check_line(exp["host"], f"{where}.host", "a host name", optional=False)
     arms: list[str] = exp["arms"]
     if not arms:
         raise BundleError(f"{where}.arms: expected a non-empty list of profile names")
     for i, arm in enumerate(arms):
-        _check_name(arm, f"{where}.arms[{i}]")
+        check_name(arm, f"{where}.arms[{i}]")
+    check_experiment_record(exp, where)
     return arms
 
 
-def _check_launches(launches: list[Any], arms: list[str], where: str) -> None:
+def _check_launches(
+    launches: list[Any], arms: list[str], design: Mapping[str, Any] | None, bench: BenchConfig, where: str
+) -> None:
     ids = []
     for i, launch in enumerate(launches):
         at = f"{where}[{i}]"
         _check(launch, LAUNCH_FIELDS, at)
-        ids.append(launch["launch_id"])
         if not LAUNCH_ID_RE.match(launch["launch_id"]):
-            raise BundleError(f"{at}.launch_id: {_shown(launch['launch_id'])} is not an orch launch id")
+            raise BundleError(f"{at}.launch_id: {shown(launch['launch_id'])} is not an orch launch id")
+        ids.append(launch["launch_id"])
         if not 0 <= launch["arm_index"] < len(arms):
             raise BundleError(f"{at}.arm_index: {launch['arm_index']} is not an arm (0..{len(arms) - 1})")
         if launch["profile"] != arms[launch["arm_index"]]:
             raise BundleError(
-                f"{at}.profile: {_shown(launch['profile'])} is not its arm's profile ({arms[launch['arm_index']]})"
+                f"{at}.profile: {shown(launch['profile'])} is not its arm's profile "
+                f"({shown(arms[launch['arm_index']])})"
             )
         if launch["block"] < 0 or launch["position"] < 0:
             raise BundleError(f"{at}: block and position must not be negative")
+        check_launch_record(launch, at)
         for j, run in enumerate(launch["runs"]):
             _check_run(run, f"{at}.runs[{j}]")
+            check_run_record(run, bench, f"{at}.runs[{j}]")
         keys = [
             (bool(r["warmup"]), r["concurrency"], r["idx"])
             if r.get("rate") is None
@@ -423,50 +425,59 @@ def _check_launches(launches: list[Any], arms: list[str], where: str) -> None:
         ]
         _unique(keys, at, "run")
     _unique(ids, where, "launch id")
+    check_slots(launches, design, arms, where)
 
 
 def _check_config_ids(config: Mapping[str, Any], at: str) -> None:
     """The digests and the port a reproduction checks its data against and serves on (checked on read, so `orch
     import` and `orch show` refuse what `orch reproduce` would)."""
-    _check_sha256(config.get("requests_sha256"), f"{at}.requests_sha256")
+    check_sha256(config.get("requests_sha256"), f"{at}.requests_sha256")
     bench = config["bench"]
-    _check_sha256(bench.get("trace_sha256"), f"{at}.bench.trace_sha256")
+    check_sha256(bench.get("trace_sha256"), f"{at}.bench.trace_sha256")
     dataset = config.get("dataset")
     if dataset is not None:
         if not isinstance(dataset, dict):
-            raise BundleError(f"{at}.dataset: expected an object, got {_shown(dataset)}")
-        _check_sha256(dataset.get("sha256"), f"{at}.dataset.sha256")
+            raise BundleError(f"{at}.dataset: expected an object, got {shown(dataset)}")
+        check_sha256(dataset.get("sha256"), f"{at}.dataset.sha256")
     if config.get("port") is not None:
         try:
             check_port(config["port"])
         except FieldError as e:
-            raise BundleError(f"{at}.port: {e}") from None
+            raise BundleError(f"{at}.port: {visible(str(e))}") from None
 
 
-def _check_profiles(profiles: list[dict[str, Any]], arms: list[str], at: str) -> None:
-    """Each arm's resolved profile, through the validation a profile file gets, under its arm's name."""
-    for i, data in enumerate(profiles):
-        if data.get("name") != arms[i]:
-            raise BundleError(f"{at}[{i}].name: {_shown(data.get('name'))} is not its arm's name ({arms[i]})")
-        try:
-            from_resolved(data, f"{at}[{i}]")
-        except InputError as e:
-            raise BundleError(str(e)) from None
+def _check_bench(config: Mapping[str, Any], where: str) -> BenchConfig:
+    """The workload, within the limits `orch ab` keeps: a bundle is re-run from these numbers (`orch reproduce`);
+    its prompt set's name and trace's path printable on one line, as reports name them."""
+    at = f"{where}: content.config.bench"
+    try:
+        bench = bench_config(config)
+    except (TypeError, ValueError) as e:
+        raise BundleError(f"{at}: not a workload this orch understands ({visible(str(e))})") from None
+    try:
+        limits.check_workload(bench, "content.config.bench.")
+    except limits.PlanError as e:
+        raise BundleError(f"{where}: {visible(str(e))}") from None
+    check_line(bench.prompts, f"{at}.prompts", "a prompt set or a file", limit=MAX_LINE)
+    check_line(bench.trace, f"{at}.trace", "a trace file", limit=MAX_LINE)
+    check_line(bench.arrivals, f"{at}.arrivals", "an arrival process", limit=MAX_NAME)
+    return bench
 
 
 def _check_prompts(prompts: Any, at: str) -> None:
     """The prompt set: generated, or a file's items; and a replayed trace's lines, where it was bundled."""
     _check(prompts, {"source": "str", "requests_sha256": "str?"}, at)
-    _check_sha256(prompts.get("requests_sha256"), f"{at}.requests_sha256")
+    check_sha256(prompts.get("requests_sha256"), f"{at}.requests_sha256")
     items = prompts.get("items")
     if items is not None and not (isinstance(items, list) and all(isinstance(i, dict) for i in items)):
         raise BundleError(f"{at}.items: expected a list of prompt objects")
     trace = prompts.get("trace")
     if trace is not None:
         _check(trace, {"name": "str", "sha256": "str?", "lines": "list?"}, f"{at}.trace")
-        _check_sha256(trace.get("sha256"), f"{at}.trace.sha256")
+        check_sha256(trace.get("sha256"), f"{at}.trace.sha256")
         if trace.get("lines") is not None and not all(isinstance(line, str) for line in trace["lines"]):
             raise BundleError(f"{at}.trace.lines: expected a list of the trace's lines (text)")
+    check_prompt_record(prompts, at)
 
 
 def _check_run(run: Any, at: str) -> None:
@@ -475,12 +486,12 @@ def _check_run(run: Any, at: str) -> None:
         if run["concurrency"] != 0 or not 0 < run["rate"] <= arrivals.MAX_RATE:
             raise BundleError(
                 f"{at}: an open-loop run has concurrency 0 and a rate above 0 and at most "
-                f"{arrivals.MAX_RATE:g}, got concurrency {run['concurrency']} and rate {_shown(run['rate'])}"
+                f"{arrivals.MAX_RATE:g}, got concurrency {run['concurrency']} and rate {shown(run['rate'])}"
             )
     elif not 1 <= run["concurrency"] <= limits.LEVELS[1]:
         raise BundleError(f"{at}.concurrency: expected 1 to {limits.LEVELS[1]}, got {run['concurrency']}")
     if run["valid"] and not run["warmup"] and run["tok_s"] <= 0:
-        raise BundleError(f"{at}.tok_s: a valid run measured more than 0 tok/s, got {_shown(run['tok_s'])}")
+        raise BundleError(f"{at}.tok_s: a valid run measured more than 0 tok/s, got {shown(run['tok_s'])}")
     for k, req in enumerate(run["per_request"]):
         _check(req, REQUEST_FIELDS, f"{at}.per_request[{k}]")
         if req.get("arrivals_s") is not None and not all(_type_ok(t, "num") for t in req["arrivals_s"]):
@@ -496,9 +507,17 @@ def _check_design(design: Any, arms: int, where: str) -> None:
         raise BundleError(str(e)) from None
     if design.get("auto") is not None:
         try:
-            SequentialPlan.from_dict(design["auto"])
+            plan = SequentialPlan.from_dict(design["auto"])
         except (KeyError, TypeError, ValueError, OverflowError) as e:
-            raise BundleError(f"{where}.auto: not a --blocks auto plan this orch understands ({e})") from None
+            raise BundleError(
+                f"{where}.auto: not a --blocks auto plan this orch understands ({visible(str(e))})"
+            ) from None
+        if not plan.min_blocks <= design["blocks"] <= plan.max_blocks:
+            raise BundleError(
+                f"{where}.blocks: {design['blocks']} blocks, outside its auto plan's {plan.min_blocks} to "
+                f"{plan.max_blocks}"
+            )
     for b, block in enumerate(design["schedule"]):
         if not isinstance(block, list) or not all(_type_ok(a, "int") and 0 <= a < arms for a in block):
             raise BundleError(f"{where}.schedule[{b}]: expected a list of arm indexes (0..{arms - 1})")
+    check_design_slots(design, arms, where)

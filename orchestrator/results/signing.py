@@ -3,8 +3,12 @@ allowed-signers file (`-Y check-novalidate`, `-Y find-principals`, `-Y verify`, 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
+import re
 import shutil
+import struct
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -13,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator import files
+from orchestrator.common.printable import visible
 from orchestrator.errors import BundleError, InputError, OrchError
 from orchestrator.results.bundleformat import (
     SIGNATURE_NAMESPACE,
@@ -25,6 +31,12 @@ from orchestrator.results.sshsig import SignatureKey, read_signature
 
 # ssh-keygen answers in milliseconds; an agent that asks its user to confirm a signature may take a while.
 TIMEOUT_S = 120.0
+# An allowed-signers file is a line per signer (~100 bytes each): a file far larger is not one.
+MAX_ALLOWED_SIGNERS_BYTES = 1 << 20
+ALLOWED_SIGNERS_FORM = (
+    "one `PRINCIPAL [OPTIONS] KEYTYPE KEY` line per signer, as ssh-keygen -Y verify reads; see docs/reproduce.md#trust"
+)
+_KEY_TYPE_RE = re.compile(r"^[A-Za-z0-9@._+-]{1,100}\Z")  # ssh-ed25519, sk-ssh-ed25519@openssh.com, ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +55,79 @@ class SignatureCheck:
             "signer": self.signer,
             "allowed_signers": self.allowed_signers,
         }
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllowedSigners:
+    """An allowed-signers file as orch reads it before ssh-keygen does: how many signer lines it has, and the first
+    line that is none (ssh-keygen skips such a line)."""
+
+    path: str
+    signers: int
+    first_bad: tuple[int, str] | None  # (line number, what is wrong with it)
+
+
+def read_allowed_signers(path: str) -> AllowedSigners:
+    """The file `--allowed-signers` names, refused (InputError) when it is not a regular file, not text, or holds no
+    signer line at all (naming its first bad line): otherwise every signature would merely be "not allowed"."""
+    shown = visible(path)
+    try:
+        with files.open_regular(path) as f:
+            data = f.read(MAX_ALLOWED_SIGNERS_BYTES + 1)
+    except FileNotFoundError:
+        raise InputError(f"--allowed-signers {shown}: no such file ({ALLOWED_SIGNERS_FORM})") from None
+    except files.NotRegularFile as e:
+        raise InputError(
+            f"--allowed-signers {shown}: {e}, not an allowed-signers file ({ALLOWED_SIGNERS_FORM})"
+        ) from None
+    except OSError as e:
+        raise InputError(f"--allowed-signers {shown}: cannot read it: {e.strerror or e}") from None
+    if len(data) > MAX_ALLOWED_SIGNERS_BYTES:
+        raise InputError(
+            f"--allowed-signers {shown}: larger than {MAX_ALLOWED_SIGNERS_BYTES // 2**20} MiB, not an allowed-signers "
+            f"file ({ALLOWED_SIGNERS_FORM})"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"--allowed-signers {shown}: not text (byte {e.start} is not UTF-8); {ALLOWED_SIGNERS_FORM}"
+        ) from None
+    signers, first_bad = 0, None
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        why = _signer_line_problem(words)
+        if why is None:
+            signers += 1
+        elif first_bad is None:
+            first_bad = (number, why)
+    if not signers:
+        found = f"line {first_bad[0]}: {first_bad[1]}" if first_bad else "it holds no line but comments"
+        raise InputError(f"--allowed-signers {shown}: no allowed signer in it ({found}); {ALLOWED_SIGNERS_FORM}")
+    return AllowedSigners(path=path, signers=signers, first_bad=first_bad)
+
+
+def _signer_line_problem(words: list[str]) -> str | None:
+    """What is wrong with an allowed-signers line (split on blanks), or None: its principals, any options, then a
+    public key as a .pub file has it (the key type, then base64 of a key blob that names that type)."""
+    if len(words) < 3:
+        return "expected PRINCIPALS [OPTIONS] KEYTYPE KEY"
+    if any(_is_key(words[i], words[i + 1]) for i in range(1, len(words) - 1)):
+        return None
+    return "no KEYTYPE KEY after the principals (a public key as a .pub file has it)"
+
+
+def _is_key(key_type: str, body: str) -> bool:
+    if not _KEY_TYPE_RE.match(key_type):
+        return False
+    try:
+        blob = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    name = key_type.encode()
+    return blob[:4] == struct.pack(">I", len(name)) and blob[4 : 4 + len(name)] == name
 
 
 def _ssh_keygen() -> str:
@@ -80,7 +165,7 @@ def _said(proc: subprocess.CompletedProcess[str]) -> str:
     """ssh-keygen's own reason (its last line; the passphrase prompt it could not show left out)."""
     lines = [line.replace("Enter passphrase:", "").strip() for line in proc.stderr.splitlines()]
     lines = [line for line in lines if line]
-    return lines[-1] if lines else f"exit status {proc.returncode}"
+    return visible(lines[-1]) if lines else f"exit status {proc.returncode}"
 
 
 @contextmanager
@@ -122,13 +207,8 @@ def check_signature(bundle: Mapping[str, Any], allowed_signers: str, where: str)
     """Whether a (read and checked) bundle is signed by a key `allowed_signers` lists for orch bundles. A signature
     that does not verify against its own key (the bundle changed after signing) is a BundleError; an unsigned bundle,
     or one signed by a key the file does not allow, is a SignatureCheck without a signer."""
-    path = Path(allowed_signers)
-    if not path.is_file():
-        raise InputError(
-            f"--allowed-signers {allowed_signers}: no such file (one `PRINCIPAL KEYTYPE KEY` line per signer, as "
-            "ssh-keygen -Y verify reads; see docs/reproduce.md#trust)"
-        )
-    allowed = str(path.resolve())
+    listed = read_allowed_signers(allowed_signers)
+    allowed = str(Path(allowed_signers).resolve())
     key = signature_key(bundle)
     if key is None:
         return SignatureCheck(key=None, signer=None, allowed_signers=allowed, note="the bundle is not signed")
@@ -148,12 +228,20 @@ def check_signature(bundle: Mapping[str, Any], allowed_signers: str, where: str)
         for principal in principals:
             if _run(["-Y", "verify", *ns, "-f", allowed, "-I", principal], stdin=message).returncode == 0:
                 return SignatureCheck(
-                    key=key, signer=principal, allowed_signers=allowed, note=f"signed by {principal} ({key.describe()})"
+                    key=key,
+                    signer=principal,
+                    allowed_signers=allowed,
+                    note=f"signed by {visible(principal)} ({key.describe()})",
                 )
-    named = f" (listed for {', '.join(principals)}, but not valid for orch bundles now)" if principals else ""
+    named = f" (listed for {visible(', '.join(principals))}, but not valid for orch bundles now)" if principals else ""
+    skipped = (
+        f"; its line {listed.first_bad[0]} is no signer line ({listed.first_bad[1]}) and was skipped"
+        if listed.first_bad
+        else ""
+    )
     return SignatureCheck(
         key=key,
         signer=None,
         allowed_signers=allowed,
-        note=f"signed with {key.describe()}, which {allowed_signers} does not allow{named}",
+        note=f"signed with {key.describe()}, which {visible(allowed_signers)} does not allow{named}{skipped}",
     )

@@ -15,9 +15,9 @@ END = "-----END SSH SIGNATURE-----"
 # An ed25519 signature is ~300 bytes armored, an RSA-8192 one ~2.5 KiB: anything far larger is not one.
 MAX_ARMORED = 16 * 1024
 _MAGIC = b"SSHSIG"
-_BASE64_RE = re.compile(r"^[A-Za-z0-9+/=]*$")
+_BASE64_RE = re.compile(r"^[A-Za-z0-9+/=]*\Z")
 # Key types and namespaces are plain ASCII words (ssh-ed25519, sk-ecdsa-sha2-nistp256@openssh.com; orch-bundle, git).
-_WORD_RE = re.compile(r"^[A-Za-z0-9@._+-]{1,100}$")
+_WORD_RE = re.compile(r"^[A-Za-z0-9@._+-]{1,100}\Z")
 _HASHES = ("sha256", "sha512")
 
 

@@ -169,7 +169,7 @@ FAULTS: dict[str, tuple[bool, str]] = {
 # Both *-after-tokens faults decide how the token stream ends; together the outcome would hinge on which N is lower.
 _CONFLICTS = ({"exit-during-load", "hang-during-load"}, {"die-after-tokens", "worker-hang-after-tokens"})
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def parse_fault(spec: str) -> list[tuple[str, int | None]]:

@@ -4,6 +4,7 @@ profiles would not, asks on a terminal, refuses elsewhere unless --trust-bundle 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pty
@@ -19,8 +20,9 @@ import pytest
 import yaml
 
 from orchestrator.cli import main
+from orchestrator.config import profile as profiles_mod
 from orchestrator.config.options import OptionError, RunOptions
-from orchestrator.errors import BundleDeclined, BundleError, UntrustedBundle
+from orchestrator.errors import BundleDeclined, BundleError, InputError, UntrustedBundle
 from orchestrator.experiment import reproduce as reproduce_mod
 from orchestrator.experiment import trust
 from orchestrator.results import bundle as bundle_mod
@@ -331,3 +333,62 @@ def test_a_key_with_a_passphrase_fails_clearly_and_never_prompts(sent: dict[str,
     assert signed.rc == 2 and f"--sign {key}: ssh-keygen could not sign with it" in signed.err, signed.text
     assert "ssh-add" in signed.err and not out.exists()
     assert_plain(signed.text)
+
+
+@needs_ssh_keygen
+def test_an_allowed_signers_file_that_lists_no_signer_is_refused_saying_why(
+    sent: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not a regular file, or no signer line in it: refused (exit 2) saying what is wrong with the file, naming the
+    first bad line; before, /dev/zero was "no such file" and a garbage file merely "did not allow" the key."""
+    from orchestrator.results import signing
+
+    bundle = bundle_mod.read_bundle(sent["path"])
+    garbage = tmp_path / "garbage"
+    garbage.write_text("# who may sign orch bundles\n\ngarbage\nalice@example.com ssh-ed25519 not-a-key\n")
+    comments = tmp_path / "comments"
+    comments.write_text("# nobody yet\n")
+    cases = {
+        "/dev/zero": "--allowed-signers /dev/zero: not a regular file but a device, not an allowed-signers file",
+        str(tmp_path): "not a regular file but a directory",
+        str(garbage): f"--allowed-signers {garbage}: no allowed signer in it (line 3: expected PRINCIPALS [OPTIONS] "
+        "KEYTYPE KEY)",
+        str(comments): "no allowed signer in it (it holds no line but comments)",
+        str(tmp_path / "missing"): "no such file",
+    }
+    for path, expected in cases.items():
+        with pytest.raises(InputError) as e:
+            signing.check_signature(bundle, path, "b.orch.json")
+        assert expected in str(e.value) and "PRINCIPAL [OPTIONS] KEYTYPE KEY" in str(e.value), e.value
+    db = tmp_path / "r.db"
+    for path in ("/dev/zero", str(garbage)):
+        assert (
+            main(["reproduce", str(sent["path"]), "--allowed-signers", path, "--db", str(db), "--gpu-wait", "0"]) == 2
+        )
+        err = capsys.readouterr().err
+        assert f"Error: --allowed-signers {path}: " in err and "Traceback" not in err, err
+    assert not db.exists()
+    # One signer line among bad ones reads as ssh-keygen reads it (the bad line skipped), and a key it does not list
+    # is "not allowed", naming the skipped line.
+    alice, mallory = _key(tmp_path, "alice"), _key(tmp_path, "mallory")
+    mixed = tmp_path / "mixed"
+    mixed.write_text("garbage\n" + _allowed(tmp_path, "alice@example.com", alice).read_text())
+    by_alice = signing.check_signature(signing.sign_bundle(bundle, str(alice)), str(mixed), "b.orch.json")
+    assert by_alice.signer == "alice@example.com"
+    by_mallory = signing.check_signature(signing.sign_bundle(bundle, str(mallory)), str(mixed), "b.orch.json")
+    assert by_mallory.signer is None and "does not allow; its line 1 is no signer line" in by_mallory.note
+
+
+def test_the_review_quotes_a_variable_name_that_is_none() -> None:
+    """A profile's env names are checked on read, but the review never prints one raw: a name that is no valid name
+    (a newline in it, past some other check) is shown as JSON, on its line."""
+    mine = profiles_mod.from_resolved(
+        {"name": "p", "engine": "sglang", "model_path": "/m", "tp_size": 1, "port": 8000}, "mine"
+    )
+    theirs = dataclasses.replace(mine, env=(("LD_PRELOAD\nsignature: good", "/tmp/x.so"),))
+    differs = trust.differences(theirs, mine)
+    lines = [*differs, *trust.review("b.orch.json", [theirs], simulated=True).lines()]
+    assert all("\n" not in line for line in lines), lines
+    assert differs == ['env."LD_PRELOAD\\nsignature: good": "/tmp/x.so" (here: not set)']
+    assert any(line.strip() == 'with env: "LD_PRELOAD\\nsignature: good"="/tmp/x.so"' for line in lines), lines
+    assert any('! p: env "LD_PRELOAD\\nsignature: good": the dynamic loader' in line for line in lines), lines

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -190,44 +192,191 @@ def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, st
     signed_v2 = json.loads(text)
     signed_v2.update(version=2, signature="not a signature")
     return {
-        "not json": ("this is not json {", "not JSON"),
-        "truncated": (text[: len(text) // 2], "truncated"),
-        "empty": ("", "empty"),
-        "wrong format": (json.dumps({"format": "something-else", "version": 1}), "not an orch result bundle"),
-        "json export": (json.dumps({"experiment_id": "x", "comparisons": []}), "`orch export --format json` output"),
-        "newer": (json.dumps(newer), f"bundle version {bundle_mod.BUNDLE_VERSION + 1} is newer"),
-        "tampered": (json.dumps(tampered), "does not match its digest"),
-        "missing field": (json.dumps(_resealed(missing)), "content.launches[1].runs[0].tok_s: required field"),
-        "ill-typed": (json.dumps(_resealed(ill)), "content.launches[0].arm_index: expected an integer"),
-        "bad slo": (json.dumps(_resealed(slo)), "content.config: slo: ttft_p99: expected a limit in seconds"),
-        "bad metric": (json.dumps(_resealed(metric)), "content.config: metric goodput counts requests within the SLO"),
-        "arm name": (
-            json.dumps(_resealed(arm)),
-            'content.experiment.arms[0]: "base\\u001b]0;owned\\u0007line" is not a profile name (letters,',
-        ),
-        "profile name": (json.dumps(_resealed(profile)), 'content.profiles[1].name: "baseline" is not its arm\'s name'),
-        "profile field": (json.dumps(_resealed(profile_field)), "content.profiles[0]: env.ORCH_LAUNCH_ID: reserved"),
-        "experiment id": (
-            json.dumps(_resealed(exp_id)),
-            'content.experiment.id: "my-experiment" is not an experiment id',
-        ),
-        "launch id": (
-            json.dumps(_resealed(launch_id)),
-            'content.launches[0].launch_id: "x\\ny" is not an orch launch id',
-        ),
-        "launch profile": (
-            json.dumps(_resealed(launch_profile)),
-            'content.launches[0].profile: "other" is not its arm\'s profile',
-        ),
-        "host": (json.dumps(_resealed(host)), 'content.experiment.host: "gpu-box\\r\\u001b[2K" is not a host name'),
-        "requests digest": (
-            json.dumps(_resealed(requests_digest)),
-            'content.config.requests_sha256: "not-a-digest" is not a sha256 digest',
-        ),
-        "port": (json.dumps(_resealed(port)), "content.config.port: expected an integer from 1 to 65535, got 70000"),
-        "signature in v1": (json.dumps(_resealed(signature)), "signature: a version 1 bundle carries none"),
-        "signature malformed": (json.dumps(_resealed(signed_v2)), "signature: expected the armored text"),
+        **_bad_fields(text),
+        **{
+            "not json": ("this is not json {", "not JSON"),
+            "truncated": (text[: len(text) // 2], "truncated"),
+            "empty": ("", "empty"),
+            "wrong format": (json.dumps({"format": "something-else", "version": 1}), "not an orch result bundle"),
+            "json export": (
+                json.dumps({"experiment_id": "x", "comparisons": []}),
+                "`orch export --format json` output",
+            ),
+            "newer": (json.dumps(newer), f"bundle version {bundle_mod.BUNDLE_VERSION + 1} is newer"),
+            "tampered": (json.dumps(tampered), "does not match its digest"),
+            "missing field": (json.dumps(_resealed(missing)), "content.launches[1].runs[0].tok_s: required field"),
+            "ill-typed": (json.dumps(_resealed(ill)), "content.launches[0].arm_index: expected an integer"),
+            "bad slo": (json.dumps(_resealed(slo)), "content.config: slo: ttft_p99: expected a limit in seconds"),
+            "bad metric": (
+                json.dumps(_resealed(metric)),
+                "content.config: metric goodput counts requests within the SLO",
+            ),
+            "arm name": (
+                json.dumps(_resealed(arm)),
+                'content.experiment.arms[0]: "base\\u001b]0;owned\\u0007line" is not a profile name (letters,',
+            ),
+            "profile name": (
+                json.dumps(_resealed(profile)),
+                'content.profiles[1].name: "baseline" is not its arm\'s name',
+            ),
+            "profile field": (
+                json.dumps(_resealed(profile_field)),
+                "content.profiles[0]: env.ORCH_LAUNCH_ID: reserved",
+            ),
+            "experiment id": (
+                json.dumps(_resealed(exp_id)),
+                'content.experiment.id: "my-experiment" is not an experiment id',
+            ),
+            "launch id": (
+                json.dumps(_resealed(launch_id)),
+                'content.launches[0].launch_id: "x\\ny" is not an orch launch id',
+            ),
+            "launch profile": (
+                json.dumps(_resealed(launch_profile)),
+                'content.launches[0].profile: "other" is not its arm\'s profile',
+            ),
+            "host": (json.dumps(_resealed(host)), 'content.experiment.host: "gpu-box\\r\\u001b[2K" is not a host name'),
+            "requests digest": (
+                json.dumps(_resealed(requests_digest)),
+                'content.config.requests_sha256: "not-a-digest" is not a sha256 digest',
+            ),
+            "port": (
+                json.dumps(_resealed(port)),
+                "content.config.port: expected an integer from 1 to 65535, got 70000",
+            ),
+            "signature in v1": (json.dumps(_resealed(signature)), "signature: a version 1 bundle carries none"),
+            "signature malformed": (json.dumps(_resealed(signed_v2)), "signature: expected the armored text"),
+        },
     }
+
+
+# Every field of the format is checked on read by type, range, enumeration or format (issue 34, item 1): one case per
+# kind of check, each naming its field and quoting the value on one line. name -> (change to the bundle `b`, whose
+# content is `c` and launches `launches`; what the refusal says).
+FIELDS: dict[str, tuple[str, str]] = {
+    "env name": (
+        'c["profiles"][0]["env"] = {"PYTHONPATH\\n": "/tmp/x"}',
+        'content.profiles[0].env: the key "PYTHONPATH\\n" is no field or variable name',
+    ),
+    "launch env name": (
+        'launches[0]["env"]["LD_PRELOAD\\n"] = "/tmp/x.so"',
+        'content.launches[0].env: the key "LD_PRELOAD\\n" is no field or variable name',
+    ),
+    "workload digest": (
+        'launches[0]["fingerprint"]["workload_sha256"] = "zz"',
+        'content.launches[0].fingerprint.workload_sha256: "zz" is not a sha256 digest',
+    ),
+    "profile digest": (
+        'launches[1]["fingerprint"]["profile_sha256"] = "../x"',
+        'content.launches[1].fingerprint.profile_sha256: "../x" is not a sha256 digest',
+    ),
+    "launch status": (
+        'launches[0]["status"] = "evil\\n"',
+        'content.launches[0].status: expected one of running, complete, failed, interrupted, duplicate, got "evil\\n"',
+    ),
+    "experiment kind": (
+        'c["experiment"]["kind"] = "x\\nFORGED"',
+        'content.experiment.kind: expected one of ab, got "x\\nFORGED"',
+    ),
+    "block": ('launches[0]["block"] = 999', "content.launches[0].block: 999 is not a block of the design (0..1)"),
+    "position": ('launches[0]["position"] = 5', "content.launches[0].position: 5 is not a position in a block (0..1)"),
+    "slot": (
+        'launches[0]["position"] = 1 - launches[0]["position"]',
+        "content.launches[0].position: block 0 launches arm",
+    ),
+    "duplicate slot": (
+        'launches.append({**launches[0], "launch_id": launches[0]["launch_id"] + "-again"})',
+        "content.launches[4]: a second launch of arm",
+    ),
+    "arm index": ('launches[2]["arm_index"] = 7', "content.launches[2].arm_index: 7 is not an arm (0..1)"),
+    "run index": (
+        'launches[0]["runs"][1]["idx"] = 5',
+        "content.launches[0].runs[1].idx: 5 is not a run of the workload (its 2 runs per level are 0..1)",
+    ),
+    "warmup flag": (
+        'launches[0]["runs"][1]["warmup"] = True',
+        "content.launches[0].runs[1].idx: 1 is not a warmup of the workload (it has no warmups)",
+    ),
+    "run level": (
+        'launches[3]["runs"][0]["concurrency"] = 8',
+        "content.launches[3].runs[0].concurrency: concurrency 8 is not a level of the workload ([1])",
+    ),
+    "created at": (
+        'c["experiment"]["created_at"] = 1e300',
+        "content.experiment.created_at: expected a time (Unix seconds from 0 to 253402300799), got 1e+300",
+    ),
+    "run finished at": (
+        'launches[0]["runs"][0]["finished_at"] = -1',
+        "content.launches[0].runs[0].finished_at: expected a time",
+    ),
+    "night at": (
+        'c["config"]["nightly"] = {"night_id": "n1", "suite": "s", "item": "i", "night_at": 1e300}',
+        "content.config.nightly.night_at: expected a time",
+    ),
+    "hostname": (
+        'launches[0]["fingerprint"]["host"]["hostname"] = "box\\nFORGED LINE"',
+        'content.launches[0].fingerprint.host.hostname: "box\\nFORGED LINE" is not a recorded fact (printable',
+    ),
+    "engine version": (
+        'launches[1]["fingerprint"]["software"]["engine_version"] = "9" * 300',
+        "content.launches[1].fingerprint.software.engine_version: ",
+    ),
+    "orch version": (
+        'b["exported"]["orch_version"] = "0.1\\x1b]0;title\\x07"',
+        'exported.orch_version: "0.1\\u001b]0;title\\u0007" is not a version',
+    ),
+    "host facts": (
+        'c["config"]["host_facts"]["kernel"] = "6.1\\r\\x1b[2K"',
+        'content.config.host_facts.kernel: "6.1\\r\\u001b[2K" is not a recorded fact',
+    ),
+    "sqlite integer": (
+        'launches[0]["runs"][0]["tok_s"] = 10**19',
+        "content.launches[0].runs[0].tok_s: expected a number of at most",
+    ),
+    "nan deep": (
+        'launches[0]["runs"][0]["metrics"]["window_s"] = float("nan")',
+        "content.launches[0].runs[0].metrics.window_s: expected a finite number, got NaN",
+    ),
+    "schedule": (
+        'c["design"]["schedule"][1] = [0, 0]',
+        "content.design.schedule[1]: [0, 0] does not launch each of the 2 arms once (0..1)",
+    ),
+    "order": ('c["design"]["order"] = "x"', 'content.design.order: expected one of random, fixed, abba, got "x"'),
+    "min effect": ('c["config"]["min_effect"] = 5', "content.config.min_effect: expected a fraction above 0"),
+    "dataset name": (
+        'c["config"]["dataset"] = {"name": "x\\ny", "sha256": None}',
+        'content.config.dataset.name: "x\\ny" is not text (printable text on one line',
+    ),
+    "prompt source": (
+        'c["prompts"]["source"] = "builtin\\nFORGED"',
+        'content.prompts.source: "builtin\\nFORGED" is not a prompt set',
+    ),
+    "namespace": ('c["config"]["namespace"] = "../x"', 'content.config.namespace: "../x" is not a namespace'),
+    "reproduces": ('c["config"]["reproduces"] = "x\\ny"', 'content.config.reproduces: "x\\ny" is not an experiment id'),
+    "trust basis": (
+        'c["config"]["bundle_trust"] = {"basis": "forged"}',
+        "content.config.bundle_trust.basis: expected one of own-profiles, signature, trust-bundle, answered-yes, got",
+    ),
+    "extends chain": (
+        'c["profiles"][0]["extends_chain"] = ["baseline", "x\\ny"]',
+        'content.profiles[0].extends_chain[1]: "x\\ny" is not a profile name',
+    ),
+    "profile problems": (
+        'c["profiles"][0].update(engine="nope\\nFORGED", tp_size=0)',
+        "content.profiles[0]: engine: expected one of sglang, vllm, llamacpp, got 'nope\\nFORGED'; ",
+    ),
+}
+
+
+def _bad_fields(text: str) -> dict[str, tuple[str, str]]:
+    out = {}
+    for name, (change, expected) in FIELDS.items():
+        b = json.loads(text)
+        c = b["content"]
+        launches = c["launches"]  # noqa: F841 (used by the change)
+        exec(change)
+        out[name] = (json.dumps(_resealed(b)), expected)
+    return out
 
 
 @pytest.mark.parametrize(
@@ -255,6 +404,7 @@ def _bad_bundles(original: dict[str, Any], text: str) -> dict[str, tuple[str, st
         "port",
         "signature in v1",
         "signature malformed",
+        *FIELDS,
     ],
 )
 def test_bad_bundles_exit_2_with_one_clear_line(
@@ -301,3 +451,34 @@ def test_a_prompt_file_travels_with_the_bundle(tmp_path: Path) -> None:
     changed = bundle_mod.prompt_set(config)
     assert changed["items"] is None and "changed" in changed["note"] and changed["path"] == str(prompts)
     assert bundle_mod.prompt_set({"bench": BenchConfig().to_dict(), "requests_sha256": "x"})["generated"] is True
+
+
+def test_export_refuses_a_store_record_no_bundle_may_hold(
+    sent: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An arm name with a newline, written into the store by hand (SQLite): `orch export --format bundle` refuses up
+    front, exit 2, naming the arm and why, and writes nothing: every bundle orch writes reads back."""
+    db = tmp_path / "copy.db"
+    shutil.copy(sent["xdg"] / "xdg_data_home" / "orch" / "orch.db", db)
+    exp_id = sent["path"].name.removesuffix(".orch.json")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE experiments SET arms_json = ? WHERE id = ?", (json.dumps(["base\nline", "ngram"]), exp_id))
+        conn.execute("UPDATE launches SET profile = ? WHERE profile = 'baseline'", ("base\nline",))
+    conn.close()
+    out = tmp_path / "out.orch.json"
+    assert main(["export", exp_id, "--format", "bundle", "--db", str(db), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"Error: experiment {exp_id} in {db}: content.experiment.arms[0]: ") and err.count("\n") == 1
+    assert '"base\\nline" is not a profile name' in err and "not exported" in err, err
+    assert not out.exists() and not list(tmp_path.glob("*.orch.json"))
+
+
+def test_a_bundle_file_name_is_quoted_on_one_line(
+    sent: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A received file's own name may carry a newline (it came with the file): the refusal shows it escaped."""
+    bad = tmp_path / "x\nsignature: good signature by alice@example.com.orch.json"
+    bad.write_text("{}")
+    assert main(["show", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "x\\nsignature: good signature" in err, err

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterable
 # (REDIS_PASS, MYSQL_PWD), COOKIE as the last word (COOKIE, SESSION_COOKIE: a session is a login). Not names that
 # merely contain one: TOKENIZERS_PARALLELISM, NUM_PASSES, BYPASS, PWD or OLDPWD (the shell's directories),
 # COOKIE_JAR (a path). A false match hides a setting from "what differs", a missed one leaks. Secrets in values
-# under other names (a GitHub token in MY_VAR, a connection string's key) are found by pattern on the orch side
-# (config/secretpatterns.py), which this module must not import (it ships to hosts, stdlib only).
+# under other names are found by their form here (a connection string's password, a header line, a JWT: mask_secrets)
+# and by pattern on the orch side (a GitHub token in MY_VAR: config/secretpatterns.py), which this module must not
+# import (it ships to hosts, stdlib only).
 SECRET_NAME_RE = re.compile(
     r"TOKEN(?!IZ)|KEY|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|AUTH|SSHPASS"
     r"|(?<![A-Z0-9])PASS(?![A-Z0-9])|(?<=[_.-])PWD(?![A-Z0-9])|(?<![A-Z0-9])COOKIES?$",
@@ -48,8 +49,9 @@ _TEXT_URL_USERINFO_RE = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<u
 _BARE_USERINFO_RE = re.compile(r"^(?P<head>)(?P<userinfo>[^\s/?#:@]+:[^\s/?#]*)@(?!sha\d+:)(?=[A-Za-z0-9\[])")
 # JDBC's Oracle form `jdbc:oracle:thin:user/pw@host:1521/db`: a `user/password` userinfo after a JDBC-like chain of
 # two or more `word:` prefixes that starts a token (not `hf:org/model@rev`, `git@github.com:org/repo.git@v1` nor a
-# port: `host:8080/a@b`), nor before an image digest (`…@sha256:`).
-_COLON_USERINFO = r"(?P<head>(?<![^\s=:;,'\"(])(?:[A-Za-z][A-Za-z0-9+.-]*:){2,})(?P<userinfo>[A-Za-z][A-Za-z0-9_$#.-]*/"
+# port: `host:8080/a@b`), nor before an image digest (`…@sha256:`). The chain starts a token, not at each of its
+# colons: a long `a:a:a:…` line costs one pass, not one per colon.
+_COLON_USERINFO = r"(?P<head>(?<![^\s=;,'\"(])(?:[A-Za-z][A-Za-z0-9+.-]*:){2,})(?P<userinfo>[A-Za-z][A-Za-z0-9_$#.-]*/"
 _COLON_USERINFO_RE = re.compile(_COLON_USERINFO + r"(?:\"[^\"]*\"|[^\s/?#@\"]+))@(?!sha\d+:)")
 _TEXT_COLON_USERINFO_RE = re.compile(_COLON_USERINFO + r"(?:\"[^\"]*\"|[^\s/?#@'\"]+))@(?!sha\d+:)")
 _BEARER_RE = re.compile(r"\b(?P<name>Bearer|Basic)(?P<sep>\s+)(?P<value>[A-Za-z0-9._~+/=-]+)", re.IGNORECASE)
@@ -261,8 +263,8 @@ def _line_end(text: str, pos: int) -> int:
 
 
 def redact_argv(argv: list[str], key: bytes | None = None) -> list[str]:
-    """Hide the value after a secret-looking flag (`--api-key X`, `--api-key=X`) and any URL's userinfo, keeping
-    them comparable."""
+    """Hide the value after a secret-looking flag (`--api-key X`, `--api-key=X`) and each secret part of any other
+    argument (mask_secrets), keeping them comparable."""
     return hide_argv(argv, lambda value: digest(value, key))
 
 

@@ -73,11 +73,11 @@ _TEXT_PAIR_RE = re.compile(r"(?:^|(?<=[;?&\s(,{\[\"']))" + _PAIR)  # also in a d
 # An unquoted value ends at its format's separator: a query's `&`; a connection string's `;`, or (libpq) the blank
 # before the next `key=`. In free text also at a blank, a comma, a closing bracket or a quote.
 _QUERY_END_RE = re.compile(r"[&#\s]")
-_PAIR_END_RE = re.compile(r";|\s+(?=[A-Za-z_][A-Za-z0-9_.-]*[ \t]*=)")
+_PAIR_END_RE = re.compile(r";|(?<!\s)\s+(?=[A-Za-z_][A-Za-z0-9_.-]*[ \t]*=)")  # a run of blanks tried once, whole
 _TEXT_QUERY_END_RE = re.compile(r"[&#\s'\"]")
 _TEXT_PAIR_END_RE = re.compile(r"[\s,;)}\]'\"]")
 # An HTTP header line (`Cookie: sid=…`, `Authorization: Basic …`, `X-Api-Key: …`) as a value or a line of one.
-_HEADER_LINE_RE = re.compile(r"^[ \t]*(?P<name>[A-Za-z][A-Za-z0-9-]*)[ \t]*:[ \t]*(?P<value>[^\r\n]*?)[ \t]*\r?$", re.M)
+_HEADER_LINE_RE = re.compile(r"^[ \t]*(?P<name>[A-Za-z][A-Za-z0-9-]*)[ \t]*:[ \t]*(?P<value>[^\r\n]*)", re.M)
 # In free text: the headers that carry a login (`Authorization:`, `Cookie:` and kin) anywhere, any secret one after
 # -H/--header; the value runs to its closing quote or the end of the line.
 _TEXT_HEADER_RE = re.compile(
@@ -167,20 +167,25 @@ def _form_spans(text: str, *, free_text: bool) -> list[tuple[int, int]]:
     found = [*_pair_spans(text, free_text), *_header_spans(text, free_text)]
     found += [m.span() for m in _JWT_RE.finditer(text)]
     found += [m.span("value") for m in (_BEARER_RE if free_text else _VALUE_BEARER_RE).finditer(text)]
-    masks = [m.span() for m in _MASK_RE.finditer(text)]
     merged: list[tuple[int, int]] = []
     for start, end in sorted(found):
         if merged and start <= merged[-1][1]:
             merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
         else:
             merged.append((start, end))
+    # A mask inside a span splits it and stays as it is; both lists are sorted: one sweep.
+    masks = [m.span() for m in _MASK_RE.finditer(text)]
     out: list[tuple[int, int]] = []
+    i = 0
     for start, end in merged:
-        for m_start, m_end in masks:  # a mask inside a span splits it: the mask stays as it is
-            if m_start < end and start < m_end:
-                if text[start:m_start].strip():
-                    out.append((start, m_start))
-                start = max(start, m_end)
+        while i < len(masks) and masks[i][1] <= start:
+            i += 1
+        j = i
+        while j < len(masks) and masks[j][0] < end:
+            if text[start : masks[j][0]].strip():
+                out.append((start, masks[j][0]))
+            start = max(start, masks[j][1])
+            j += 1
         if text[start:end].strip():
             out.append((start, end))
     return out
@@ -228,18 +233,22 @@ def _pair_value(text: str, start: int, *, query: bool, free_text: bool) -> tuple
 def _header_spans(text: str, free_text: bool) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     if not free_text:
-        for m in _HEADER_LINE_RE.finditer(text):
-            if _secret_key(m.group("name")):
-                out += _credentials(text, m.group("name"), *m.span("value"))
+        for line in _HEADER_LINE_RE.finditer(text):
+            if _secret_key(line.group("name")):
+                out += _credentials(text, line.group("name"), *line.span("value"))
         return out
-    for m in _TEXT_HEADER_RE.finditer(text):
+    pos = 0
+    while m := _TEXT_HEADER_RE.search(text, pos):
+        pos = m.end()
         name = m.group("name")
         if not (_secret_key(name) if m.group("flag") else _WORD_RE.findall(name)[-1].lower() in _LOGIN_HEADERS):
             continue
         line_end = _line_end(text, m.end())
         quote = m.group("quote")
         end = text.find(quote, m.end(), line_end) if quote else -1
-        out += _credentials(text, name, m.end(), line_end if end < 0 else end, bare=not quote)
+        if found := _credentials(text, name, m.end(), line_end if end < 0 else end, bare=not quote):
+            out += found
+            pos = max(pos, found[-1][1])  # a header name inside the value is part of the value
     return out
 
 
@@ -247,14 +256,16 @@ def _credentials(text: str, name: str, start: int, end: int, *, bare: bool = Fal
     """The span of a header's secret in text[start:end]: its value, after the auth scheme of an Authorization header;
     none for a number (a count such as `#new-token: 126` is no credential). bare: a header unquoted in free text,
     where the value's own grammar says where it ends (RFC 6265's `a=b; c=d`, a token)."""
-    value = text[start:end].rstrip()
-    if name.lower().endswith("authorization") and (scheme := _AUTH_SCHEME_RE.match(value)):
-        start, value = start + scheme.end(), value[scheme.end() :]
-    if bare and (m := (_COOKIES_RE if name.lower().endswith("cookie") else _TOKEN_RE).match(value)):
-        value = m.group(0)
-    if not value or _NUMBER_RE.fullmatch(value):
+    if name.lower().endswith("authorization") and (scheme := _AUTH_SCHEME_RE.match(text, start, end)):
+        start = scheme.end()
+    if bare:
+        value = (_COOKIES_RE if name.lower().endswith("cookie") else _TOKEN_RE).match(text, start, end)
+        end = value.end() if value else start
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    if end == start or _NUMBER_RE.fullmatch(text, start, end):
         return []
-    return [(start, start + len(value))]
+    return [(start, end)]
 
 
 def _line_end(text: str, pos: int) -> int:

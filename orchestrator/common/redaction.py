@@ -197,11 +197,12 @@ def _pair_spans(text: str, free_text: bool) -> list[tuple[int, int]]:
     while m := (_TEXT_PAIR_RE if free_text else _PAIR_RE).search(text, pos):
         pos = m.end()
         key, after = m.group("key"), text[m.start() - 1 : m.start()]
-        if not _secret_key(key) or (free_text and key.lower() == "pwd" and after != ";"):
-            continue  # in free text a bare PWD= is the shell's directory; Pwd= after ";" is ODBC's password
+        if not _secret_key(key):
+            continue
         start, end, pos = _pair_value(text, m.end(), query=after in ("?", "&"), free_text=free_text)
         value = text[start:end]
-        if value and not (free_text and value in ("None", "null")):
+        # In free text `api_key=None` is no secret, nor PWD=/home/u (the shell's directory; ODBC's Pwd= is no path).
+        if value and not (free_text and (value in ("None", "null") or (key.lower() == "pwd" and value[0] in "/~"))):
             out.append((start, end))
     return out
 
@@ -336,7 +337,7 @@ def scrub(text: str, secret_values: Iterable[str] = ()) -> str:
 
 def _hide_match(m: re.Match[str]) -> str:
     value = m.group("value")
-    if value.startswith("<redacted") or value.strip("'\"") in ("", "None", "null"):
+    if value.lstrip("{").startswith("<redacted") or value.strip("'\"") in ("", "None", "null"):
         return m.group(0)  # nothing secret to hide: keep `api_key=None` readable
     quote = value[0] if value[0] in "'\"" and value[-1] == value[0] and len(value) > 1 else ""
     colon_form = m.re is _ASSIGN_RE and not quote and "=" not in m.group("sep")

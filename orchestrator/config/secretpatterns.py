@@ -75,8 +75,10 @@ def _spans(text: str, *, keywords: bool) -> list[tuple[int, int]]:
             if start < 0 or (p.check is not None and not p.check(m.group(0))):
                 continue
             if p.keyword:
-                # A keyword's value: up to the separator of a connection string or a query, if any.
-                if cut := _VALUE_END.search(text, start, end):
+                # A keyword's value: in quotes all of it (`"password": "a;b"`), else up to the separator of a
+                # connection string or a query, if any.
+                quoted = start > 0 and end < len(text) and text[start - 1] in "'\"" and text[end] == text[start - 1]
+                if not quoted and (cut := _VALUE_END.search(text, start, end)):
                     end = cut.start()
             elif named := _NAMED.match(text, start, end):
                 # A token pattern that takes the name it is given under (Azure's `AccountKey=…`): the name stays.

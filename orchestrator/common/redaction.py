@@ -57,13 +57,13 @@ _TEXT_COLON_USERINFO_RE = re.compile(_COLON_USERINFO + r"(?:\"[^\"]*\"|[^\s/?#@'
 _BEARER_RE = re.compile(r"\b(?P<name>Bearer|Basic)(?P<sep>\s+)(?P<value>[A-Za-z0-9._~+/=-]+)", re.IGNORECASE)
 # Secret forms inside a value whose name says nothing (_mask_forms): small general grammars rather than one pattern per
 # vendor. A key or header name is secret by its last word (`AccountKey`, `SharedAccessKey`, `db_pass`, `X-Api-Key`,
-# `X-Amz-Signature`, Azure SAS's `sig`, `Authorization`) or by an ending run together (`sslpassword`, `accesstoken`);
-# not `monkey`, `max_tokens`, `sslkey` (libpq's key file, a path), `SharedAccessKeyName`.
+# `X-Amz-Signature`, Azure SAS's `sig`, `Authorization`) or by an ending run together (`sslpassword`, `accesstoken`,
+# `dbpwd`); not `monkey`, `max_tokens`, `sslkey` (libpq's key file, a path), `SharedAccessKeyName`.
 _SECRET_WORDS = frozenset(
     {"key", "token", "secret", "password", "passwd", "passphrase", "pass", "pwd", "credential", "credentials"}
     | {"cookie", "cookies", "sig", "signature", "authorization"}
 )
-_SECRET_ENDINGS = ("password", "passwd", "passphrase", "secret", "token")
+_SECRET_ENDINGS = ("password", "passwd", "passphrase", "pwd", "secret", "token")
 _WORD_RE = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")  # SSLPassword: SSL, Password
 # A key=value pair of a connection string (ODBC, ADO.NET, JDBC, libpq: `Pwd=…;`, `sslpassword=… dbname=x`) or of a
 # URL's query (`?sig=…&`): the key starts the value or follows a separator; `==` is no assignment.
@@ -201,8 +201,11 @@ def _pair_spans(text: str, free_text: bool) -> list[tuple[int, int]]:
             continue
         start, end, pos = _pair_value(text, m.end(), query=after in ("?", "&"), free_text=free_text)
         value = text[start:end]
-        # In free text `api_key=None` is no secret, nor PWD=/home/u (the shell's directory; ODBC's Pwd= is no path).
-        if value and not (free_text and (value in ("None", "null") or (key.lower() == "pwd" and value[0] in "/~"))):
+        # In free text `api_key=None` is no secret, nor PWD=/home/u, OLDPWD=… (the shell's directories; ODBC's Pwd= is
+        # no path).
+        if value and not (
+            free_text and (value in ("None", "null") or (key.lower().endswith("pwd") and value[0] in "/~"))
+        ):
             out.append((start, end))
     return out
 

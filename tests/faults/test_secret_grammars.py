@@ -54,6 +54,7 @@ def _secrets() -> dict[str, str]:
         "sslpassword": f"ss{tag[:12]}",
         "query_token": f"qt{tag[:12]}",
         "pwd_line": f"pl{tag[:12]}",
+        "dbpwd": f"dp{tag[:12]}",
         "arg_cookie": f"sid=a{tag}",
         "arg_basic": base64.b64encode(f"u:{tag}".encode()).decode(),
         "arg_api_key": f"xk{tag[:20]}",
@@ -74,6 +75,7 @@ def _env(s: dict[str, str]) -> dict[str, str]:
         "EXTRA": f"Cookie: {s['cookie']}",
         "ORA": f"jdbc:oracle:thin:scott/{s['oracle']}@db.example:1521/orcl",
         "PG": f"host=db sslpassword={s['sslpassword']} dbname=x",
+        "LEGACY": f"Server=db;Uid=u;DbPwd={s['dbpwd']};",
         "FEED": f"https://feed.example/v1?format=json&Access_Token={s['query_token']}",
     }
 
@@ -89,6 +91,7 @@ SHOWN = {
     "EXTRA": rf"Cookie: {DIGEST}",
     "ORA": rf"jdbc:oracle:thin:{DIGEST}@db\.example:1521/orcl",
     "PG": rf"host=db sslpassword={DIGEST} dbname=x",
+    "LEGACY": rf"Server=db;Uid=u;DbPwd={DIGEST};",
     "FEED": rf"https://feed\.example/v1\?format=json&Access_Token={DIGEST}",
 }
 

@@ -1,7 +1,8 @@
 """Secrets found by what they look like, not by their name: detect-secrets' maintained patterns (GitHub, Azure, AWS,
 Slack, Stripe, JWTs, private keys, `password=` and kin) over env values, argv items and free text, on top of the
-name, flag and URL rules of common/redaction (which ship to hosts, stdlib only). The orch side's redact, redact_argv,
-secret_values and scrub: use these wherever orch prints, stores or exports a value."""
+name, flag, URL and general-form rules of common/redaction (connection strings, header lines, whole JWTs; they ship
+to hosts, stdlib only). The orch side's redact, redact_argv, secret_values and scrub: use these wherever orch prints,
+stores or exports a value."""
 
 from __future__ import annotations
 
@@ -74,8 +75,10 @@ def _spans(text: str, *, keywords: bool) -> list[tuple[int, int]]:
             if start < 0 or (p.check is not None and not p.check(m.group(0))):
                 continue
             if p.keyword:
-                # A keyword's value: up to the separator of a connection string or a query, if any.
-                if cut := _VALUE_END.search(text, start, end):
+                # A keyword's value: in quotes all of it (`"password": "a;b"`), else up to the separator of a
+                # connection string or a query, if any.
+                quoted = start > 0 and end < len(text) and text[start - 1] in "'\"" and text[end] == text[start - 1]
+                if not quoted and (cut := _VALUE_END.search(text, start, end)):
                     end = cut.start()
             elif named := _NAMED.match(text, start, end):
                 # A token pattern that takes the name it is given under (Azure's `AccountKey=…`): the name stays.
@@ -122,13 +125,14 @@ def mask(text: str, hide: Callable[[str], str], *, keywords: bool = True) -> str
 
 
 def redact(name: str, value: str, key: bytes | None = None) -> str:
-    """common/redaction.redact (secret names, URL userinfo), then each secret-looking part as a keyed digest: the
-    rest of the value stays (`AccountName=x;AccountKey=<redacted hmac:…>`), it is provenance."""
+    """common/redaction.redact (secret names, URL userinfo, the general forms), then each secret-looking part as a
+    keyed digest: the rest of the value stays (`AccountName=x;AccountKey=<redacted hmac:…>`), it is provenance."""
     return mask(redaction.redact(name, value, key), lambda secret: redaction.digest(secret, key))
 
 
 def redact_argv(argv: list[str], key: bytes | None = None) -> list[str]:
-    """common/redaction.redact_argv (secret flags, URL userinfo), then each secret-looking part as a keyed digest."""
+    """common/redaction.redact_argv (secret flags, URL userinfo, the general forms), then each secret-looking part as
+    a keyed digest."""
     return [mask(arg, lambda secret: redaction.digest(secret, key)) for arg in redaction.redact_argv(argv, key)]
 
 
@@ -148,6 +152,6 @@ def secret_values(argv: list[str], env: Mapping[str, str]) -> list[str]:
 
 
 def scrub(text: str, secrets: Iterable[str] = ()) -> str:
-    """common/redaction.scrub (known values, URL userinfo, `api_key=…` and kin), then every token-shaped secret
-    (a GitHub or Slack token, a private key, a JWT) as `<redacted>`."""
+    """common/redaction.scrub (known values, URL userinfo, the general forms, `api_key=…` and kin), then every
+    token-shaped secret (a GitHub or Slack token, a private key) as `<redacted>`."""
     return mask(redaction.scrub(text, secrets), lambda _: REDACTED, keywords=False)

@@ -330,12 +330,64 @@ def test_a_workload_refusal_names_the_option_or_field_the_user_gave() -> None:
         limits.checked_plan(BenchConfig(rate=(1.0,)), [profile], blocks=1, sim=False)
 
 
+def test_a_suites_plan_refusal_names_the_suites_fields(write_profile: WriteProfile, tmp_path: Path) -> None:
+    """A suite's workload over the plan's limits was refused with orch ab's options ("lower --runs, --rate,
+    --duration or --requests"): it names the suite's fields, as its other refusals do."""
+    sim_profile(write_profile, "check")
+    work = {"rate": [1000], "duration": "1d", "runs": 2}
+    path = write_suite(tmp_path, [{"name": "load", "bench": "check", "host": "local", "sim": True, "workload": work}])
+    with pytest.raises(suite_mod.SuiteError) as e:
+        suite_mod.load(str(path))
+    said = str(e.value)
+    assert "item 'load': workload: about " in said and "lower runs, rate, duration or requests" in said, said
+    assert "--" not in said, said
+    closed = {"runs": 10_000, "concurrency": [64], "requests_per_stream": 10}
+    path = write_suite(tmp_path, [{"name": "c", "bench": "check", "host": "local", "sim": True, "workload": closed}])
+    with pytest.raises(suite_mod.SuiteError, match=r"lower runs, concurrency or requests_per_stream$"):
+        suite_mod.load(str(path))
+    short = {"rate": [16], "requests": 4, "min_run_s": 1}  # due within 0.25 s: every run too short
+    path = write_suite(tmp_path, [{"name": "s", "bench": "check", "host": "local", "sim": True, "workload": short}])
+    with pytest.raises(
+        suite_mod.SuiteError, match=r"under min_run_s 1s, .* raise duration \(or requests\) or lower min_run_s$"
+    ):
+        suite_mod.load(str(path))
+
+
 def test_a_trace_replays_plan_refusal_names_what_shortens_a_replay() -> None:
     """Over the requests a launch may send, a trace's plan said "rate x --duration ... lower --rate, --duration",
     options a trace refuses; it names --runs and --requests N."""
     from orchestrator.config.plan import plan
 
+    from orchestrator.config.traces import TraceRequest
+
     bench = BenchConfig(runs=2000, warmup=0, rate=(1.0,), requests_per_level=100, trace="t.jsonl")
-    refusal = plan(bench, [], blocks=1, calibrated=False).refusal()
+    lines = [TraceRequest(timestamp_ms=i, input_length=1, output_length=1, hash_ids=()) for i in range(100)]
+    refusal = plan(bench, [], blocks=1, calibrated=False, trace=lines).refusal()
     assert refusal is not None and "(warmups + runs x the trace's requests)" in refusal
     assert "lower --runs, or replay the trace's first N requests (--requests N)" in refusal and "--rate" not in refusal
+
+
+def test_a_dataset_refusal_is_all_that_is_printed(
+    capsys: Capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan line and the --min-run-s WARNING came before a bad dataset's refusal, as if the run were going
+    ahead: the inputs are checked first, so the refusal is the only output."""
+    from orchestrator.errors import OrchError
+    from orchestrator.experiment import run
+
+    def launched(*_: object, **__: object) -> None:
+        raise OrchError("stopped where it would launch")
+
+    monkeypatch.setattr(run, "execute", launched)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hi"}\n{"prompt": 5}\n')
+    args = ["ab", "baseline", "sim-eagle3-fast", "--sim", "--min-run-s", "1h", "--db", str(tmp_path / "r.db")]
+    out = _refused(capsys, main([*args, "--prompts", str(bad)]), f"{bad}:2")
+    assert out == ""
+    # A good one: the plan and the warning, as before.
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "hi"}\n')
+    assert main([*args, "--prompts", str(good)]) == 1
+    out, err = capsys.readouterr()
+    assert "stopped where it would launch" in err
+    assert "plan (--blocks auto): " in out and "WARNING: by the simulator's calibration" in err

@@ -156,9 +156,9 @@ def start(
     check_requests(bench)  # bad prompt files or options fail here, before the plan line and any server starts
     for line in said:
         rep.line(line)
-    for line in (work.too_short(), time_limit_warning(work, options.host_spec, options.inventory)):
-        if line:
-            warn(f"WARNING: {line}")
+    for warning in (work.too_short(), time_limit_warning(work, options.host_spec, options.inventory)):
+        if warning:
+            warn(f"WARNING: {warning}")
     return execute(store, profiles, bench, options, rep, None)
 
 

@@ -154,6 +154,7 @@ def test_a_trace_of_absurd_prompt_lengths_is_refused_before_anything_is_generate
     trace.write_text(line * 10)
     assert main([*AB, "--trace", str(trace), "--db", str(tmp_path / "r.db")]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert f"{trace}: the replay asks for 10,000,000 prompt tokens per run (the input_length of its 10 requests), " in err
+    said = f"{trace}: the replay asks for 10,000,000 prompt tokens per run (the input_length of its 10 requests), "
+    assert said in err
     assert "52,000,000 per launch with the warmups and --runs: over the limit of 20,000,000" in err
     assert "replay its first N requests (--requests N) or lower --runs" in err and not made

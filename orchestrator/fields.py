@@ -74,8 +74,10 @@ def float_range(lo: float, hi: float, lo_open: bool = False) -> Any:
 
 
 # One duration syntax for every option and field that takes a time (orch ab --duration, --stall-timeout, a suite's
-# deadline, an SLO's limits): seconds as a plain number, or numbers with units, largest first.
-DURATION_FORMS = "seconds as a number (30, 2.5) or with units (500ms, 30s, 5m, 3h, 1h30m, 2d)"
+# deadline, an SLO's limits): seconds as a plain number, or numbers with units, largest first. A message or a help
+# text shows examples of it that its own option takes (duration_forms: those of these within its range).
+PLAIN_EXAMPLES = ("30", "2.5")
+UNIT_EXAMPLES = ("500ms", "30s", "5m", "3h", "1h30m", "2d")
 _UNIT_SECONDS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?"
 _DURATION_RE = re.compile(rf"(?:{_NUMBER}\s*(?:ms|d|h|m|s)\s*)+")
@@ -115,18 +117,59 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def seconds(lo: float, hi: float) -> Callable[[Any], float]:
-    """A duration (seconds_of) from lo to hi seconds; FieldError says the range and the forms."""
+def duration_examples(lo: float, hi: float, candidates: tuple[str, ...] = UNIT_EXAMPLES) -> list[str]:
+    """The candidates (values of the duration syntax) that lie within [lo, hi]: the examples a message or a help text
+    of an option of that range may show. Fewer than two of the unit examples: the range's own ends too."""
+    inside = [c for c in candidates if (value := seconds_of(c)) is not None and lo <= value <= hi]
+    if len(inside) >= 2 or candidates == PLAIN_EXAMPLES:
+        return inside
+    return list(dict.fromkeys([seconds_text(lo), *inside, seconds_text(hi)]))
+
+
+def duration_forms(lo: float, hi: float, *, bare: bool = True) -> str:
+    """The duration syntax in words, with examples within [lo, hi]: `seconds as a number (30, 2.5) or with units
+    (500ms, 30s, 5m)`; without `bare`, numbers with units alone (an SLO's limits)."""
+    units = f"with units ({', '.join(duration_examples(lo, hi))})"
+    if not bare:
+        return f"a number {units}"
+    plain = ", ".join(duration_examples(lo, hi, PLAIN_EXAMPLES))
+    return f"seconds as a number{f' ({plain})' if plain else ''} or {units}"
+
+
+def seconds(lo: float, hi: float, *, bare: bool = True) -> Callable[[Any], float]:
+    """A duration (seconds_of) from lo to hi seconds; FieldError says the range and the forms, with examples within
+    it. Without `bare` a plain number is refused, saying so: an SLO's `ttft_p99=500` is 500 ms to whoever wrote it
+    (vLLM's --goodput takes milliseconds), 500 s to orch."""
 
     def check(v: Any) -> float:
         value = seconds_of(v)
-        if value is None or not lo <= value <= hi:
+        plain = value is not None and _plain_number(v)
+        if value is None or not lo <= value <= hi or (plain and not bare):
+            hint = ""
+            if plain and not bare and value is not None and value > 0:
+                number = str(v).strip()
+                hint = (
+                    f"; a bare number is refused: vLLM's --goodput reads {number} as milliseconds, orch's durations "
+                    f"as seconds: write {number}ms or {number}s"
+                )
             raise FieldError(
-                f"expected a duration from {seconds_text(lo)} to {seconds_text(hi)}: {DURATION_FORMS}, got {show(v)}"
+                f"expected a duration from {seconds_text(lo)} to {seconds_text(hi)}: "
+                f"{duration_forms(lo, hi, bare=bare)}, got {show(v)}{hint}"
             )
         return value
 
     return check
+
+
+def _plain_number(v: Any) -> bool:
+    """A duration given as a bare number of seconds (30, "2.5"), not with units."""
+    if isinstance(v, int | float):
+        return True
+    try:
+        float(str(v).strip())
+    except ValueError:
+        return False
+    return True
 
 
 def boolean(v: Any) -> bool:

@@ -10,7 +10,7 @@ import click
 
 from orchestrator import __version__
 from orchestrator.cli.lazy import LazyGroup
-from orchestrator.fields import FieldError, seconds
+from orchestrator.fields import FieldError, duration_examples, seconds
 
 EXIT_INTERRUPTED = 130
 MAX_TPS = 1e7  # tok/s options: far above any server, low enough that the arithmetic cannot overflow
@@ -43,13 +43,20 @@ class FiniteFloat(click.FloatRange):
         return rv
 
 
-# What the help of every option that takes a time says of it (Seconds reads them all alike).
-UNITS = ": seconds, or with a unit (500ms, 30s, 5m, 1h30m)."
+# The examples an option's help gives of the units it takes: those of them within the option's range (units).
+HELP_UNIT_EXAMPLES = ("500ms", "30s", "5m", "1h30m")
+
+
+def units(lo: float, hi: float) -> str:
+    """What the help of an option that takes a time says of it (Seconds reads them all alike), with examples that
+    option takes: `: seconds, or with a unit (30s, 5m, 1h30m).` for a range of 1s to 1d."""
+    return f": seconds, or with a unit ({', '.join(duration_examples(lo, hi, HELP_UNIT_EXAMPLES))})."
 
 
 class Seconds(click.ParamType[float, Any]):
     """An option that takes a time: seconds (30, 2.5) or a duration with units (500ms, 30s, 5m, 3h, 1h30m), within
-    [lo, hi]; the value is seconds, a float. The one syntax of every duration orch reads (fields.seconds_of)."""
+    [lo, hi]; the value is seconds, a float. The one syntax of every duration orch reads (fields.seconds_of); a value
+    refused is told the range and examples within it."""
 
     name = "duration"
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.base import UNITS, Seconds
+from orchestrator.cli.base import Seconds, units
 from orchestrator.cli.hostlist import entry_line, group_entry, host_entry
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.launches import stored_profiles, summarize, table
@@ -35,7 +35,7 @@ from orchestrator.ui.events import Lines
     default=10.0,
     show_default=True,
     type=Seconds(0, 600),
-    help="Time each server gets between SIGTERM and SIGKILL" + UNITS,
+    help="Time each server gets between SIGTERM and SIGKILL" + units(0, 600),
 )
 @click.option(
     "--force",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from orchestrator.cli.base import MAX_TPS, UNITS, FiniteFloat, Seconds
+from orchestrator.cli.base import MAX_TPS, FiniteFloat, Seconds, units
 
 if TYPE_CHECKING:
     from orchestrator.config.options import RunOptions
@@ -323,7 +323,7 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             default=1.0,
             show_default=True,
             type=Seconds(0, 86400),
-            help="A timed run shorter than this is invalid and excluded from statistics" + UNITS,
+            help="A timed run shorter than this is invalid and excluded from statistics" + units(0, 86400),
         ),
         click.option(
             "--stall-timeout",
@@ -332,7 +332,7 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             show_default=True,
             type=Seconds(0.5, 86400),
             help="A request with no new token for this long fails, and the run is not repeated against a server that "
-            "is not healthy" + UNITS,
+            "is not healthy" + units(0.5, 86400),
         ),
         click.option(
             "--first-token-timeout",
@@ -340,20 +340,20 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             default=180.0,
             show_default=True,
             type=Seconds(0.5, 86400),
-            help="A request with no first token within this long fails" + UNITS,
+            help="A request with no first token within this long fails" + units(0.5, 86400),
         ),
         click.option(
             "--ready-timeout",
             type=Seconds(1, 86400),
             default=None,
-            help="How long to wait for readiness" + UNITS[:-1] + " [default: the profile's ready_timeout_s].",
+            help="How long to wait for readiness" + units(1, 86400)[:-1] + " [default: the profile's ready_timeout_s].",
         ),
         click.option(
             "--grace",
             default=10.0,
             show_default=True,
             type=Seconds(0, 600),
-            help="Time between SIGTERM and SIGKILL at teardown" + UNITS,
+            help="Time between SIGTERM and SIGKILL at teardown" + units(0, 600),
         ),
         click.option("--strict-env", is_flag=True, help="Fail an arm whose workers did not get the profile's env."),
         click.option(
@@ -374,7 +374,9 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             "lock_wait",
             default=0.0,
             type=Seconds(0, 86400),
-            help="How long to queue behind another orch session holding the host" + UNITS[:-1] + " [default: don't "
+            help="How long to queue behind another orch session holding the host"
+            + units(0, 86400)[:-1]
+            + " [default: don't "
             "wait].",
         ),
         click.option(
@@ -403,7 +405,7 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             default=120.0,
             show_default=True,
             type=Seconds(0, 3600),
-            help="After teardown, how long to wait for GPU memory to return to idle" + UNITS,
+            help="After teardown, how long to wait for GPU memory to return to idle" + units(0, 3600),
         ),
         *host_options(),
     ]
@@ -438,9 +440,11 @@ def parse_metric_option(ctx: click.Context, param: click.Parameter, value: str |
 
 SLO_HELP = (
     "Service-level objectives, e.g. ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s (any of ttft, tpot, e2e, each with "
-    "an optional _p50/_p90/_p95/_p99; limits in ms or s). A request is good when it completed within every limit "
-    "(as vLLM's --goodput counts); goodput = good requests (and their output tokens) per second of the run, "
-    "reported per arm and level with the share of requests within the SLO, and whether each arm's pNN met its limit."
+    "an optional _p50/_p90/_p95/_p99; each limit a duration from 1ms to 1d with its unit: 500ms, 2s, 1m30s; never a "
+    "bare number, which vLLM's --goodput reads as milliseconds and orch's other options as seconds). A request is "
+    "good when it completed within every limit (as vLLM's --goodput counts); goodput = good requests (and their "
+    "output tokens) per second of the run, reported per arm and level with the share of requests within the SLO, "
+    "and whether each arm's pNN met its limit."
 )
 METRIC_HELP = (
     "What the verdict (faster/slower, its CI, --fail-on slower, --blocks auto's stopping) is on: tok_s (per-stream "
@@ -506,8 +510,9 @@ def open_loop_options() -> list[Callable[..., Any]]:
             "duration",
             default=None,
             type=Seconds(*DURATION_S),
-            help="With --rate or --sweep: how long each run's arrivals last at each rate, in seconds or with a unit "
-            f"(90, 500ms, 30s, 5m, 1h30m) [default: {DEFAULT_DURATION_S:g}s unless --requests is given].",
+            help="With --rate or --sweep: how long each run's arrivals last at each rate"
+            + units(*DURATION_S)[:-1]
+            + f" [default: {DEFAULT_DURATION_S:g}s unless --requests is given].",
         ),
         click.option(
             "--requests",

@@ -148,7 +148,8 @@ def client_limited(stopped: dict[str, Any]) -> str:
 def open_loop_summary(records: list[Record], info: dict[str, Any]) -> dict[str, Any]:
     """An open-loop run against its schedule: the rates offered, scheduled, sent and achieved (fitted_rate of the
     due, send and completion times), the send lag behind schedule, the requests the --max-concurrency cap held back,
-    and whether (and why) it fell short of its rate."""
+    and whether (and why) it fell short of its rate. A run that stopped sending early is measured on the requests
+    sent; its "schedule" says the whole schedule's size and rate (info["schedule"], the due times)."""
     n = len(records)
     sent = [r for r in records if r.sent is not None]
     ok = [r for r in records if r.error is None and r.end is not None]
@@ -183,6 +184,10 @@ def open_loop_summary(records: list[Record], info: dict[str, Any]) -> dict[str, 
         # the part sent say. Runs stored before the client could be the one say nothing: the server.
         out["stopped"] = stopped
         out["limited"] = stopped.get("limited") or "server"
+        schedule = info.get("schedule")
+        if isinstance(schedule, list):
+            # The rates above are of the part sent; the seeded schedule's own draw is the whole one's.
+            out["schedule"] = {"requests": len(schedule), "rate": fitted_rate([float(t) for t in schedule])}
     out["limit_reason"] = limit_reason(out)
     return out
 

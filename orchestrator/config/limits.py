@@ -8,8 +8,10 @@ from typing import Any
 
 from orchestrator.client.request import ENDPOINTS
 from orchestrator.config import arrivals
-from orchestrator.config.plan import Plan, assumed_speed, claimed_speed, plan, sim_speed
+from orchestrator.config.plan import OPTIONS, Plan, assumed_speed, claimed_speed, plan, sim_speed
+from orchestrator.config.plan import SUITE_NAMES as SUITE_NAMES  # the names a suite's refusals use, for its callers
 from orchestrator.config.profile import Profile
+from orchestrator.config.traces import TraceRequest
 from orchestrator.config.workload import CLIENT_PLACES, BenchConfig
 from orchestrator.errors import InputError
 
@@ -35,38 +37,6 @@ SECONDS_RANGES: dict[str, tuple[float, float]] = {
     "stall_timeout_s": (0.5, 86400.0),
     "first_token_timeout_s": (0.5, 86400.0),
     "request_timeout_s": (0.5, 7 * 86400.0),
-}
-
-
-# The workload's fields as orch ab's options name them: a refusal of what the user typed names the option
-# (`--requests`, never the field `requests_per_level`). A suite's workload and a bundle's config name them otherwise
-# (SUITE_NAMES, the fields themselves); their callers pass those.
-OPTIONS: dict[str, str] = {
-    "runs": "--runs",
-    "warmup": "--warmup",
-    "max_tokens": "--max-tokens",
-    "requests_per_stream": "--requests-per-stream",
-    "input_len": "--input-len",
-    "concurrency": "--concurrency",
-    "min_run_s": "--min-run-s",
-    "stall_timeout_s": "--stall-timeout",
-    "first_token_timeout_s": "--first-token-timeout",
-    "seed": "--seed",
-    "endpoint": "--endpoint",
-    "client": "--client",
-    "prompts": "--prompts",
-    "rate": "--rate",
-    "arrivals": "--arrivals",
-    "duration_s": "--duration",
-    "requests_per_level": "--requests",
-    "max_concurrency": "--max-concurrency",
-    "blocks": "--blocks",
-}
-SUITE_NAMES: dict[str, str] = {
-    "requests_per_level": "requests",
-    "duration_s": "duration",
-    "stall_timeout_s": "stall_timeout",
-    "first_token_timeout_s": "first_token_timeout",
 }
 
 
@@ -184,10 +154,12 @@ def checked_plan(
     least_blocks: int | None = None,
     show: Callable[[str], None] = lambda _: None,
     names: Mapping[str, str] = OPTIONS,
+    trace: Sequence[TraceRequest] | None = None,
 ) -> Plan:
     """The plan of an experiment (its most blocks), refused with PlanError if a field is out of range or a launch
     would do more than the limits allow; `show` sees the plan line first (with `least_blocks`, --blocks auto's
-    range). A refused field is named as `names` says (orch ab's options by default). Pure arithmetic: nothing is
+    range). A refused field is named as `names` says (orch ab's options by default). Arithmetic on the options (and a
+    trace's lines, which give its requests' lengths: `trace`, else read from the workload's file): nothing is
     generated or launched, so an absurd plan costs nothing to refuse."""
     check_workload(bench, names=names)
     check_blocks(blocks, names.get("blocks", "blocks"))
@@ -202,14 +174,14 @@ def checked_plan(
         arms = [claimed_speed(c) for c in claims if c is not None]
     else:
         arms = [assumed_speed()] * len(profiles)
-    work = plan(bench, arms, blocks=blocks, calibrated=calibrated, claimed=claimed)
+    work = plan(bench, arms, blocks=blocks, calibrated=calibrated, claimed=claimed, trace=trace)
     least = (
-        plan(bench, arms, blocks=least_blocks, calibrated=calibrated, claimed=claimed)
+        plan(bench, arms, blocks=least_blocks, calibrated=calibrated, claimed=claimed, trace=trace)
         if least_blocks is not None
         else None
     )
     show(work.line(least))
-    refusal = work.refusal()
+    refusal = work.refusal(names)
     if refusal:
         raise PlanError(refusal)
     return work

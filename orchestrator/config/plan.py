@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.config import arrivals, prompts
-from orchestrator.config.workload import BenchConfig
+from orchestrator.config.traces import TraceRequest
+from orchestrator.config.workload import BenchConfig, trace_requests
 
 # Limits on one launch's workload. Beyond them a benchmark is a typo (or days of GPU time), and merely building
 # its request sequence pins a CPU and fills memory with no output.
@@ -24,6 +25,37 @@ EXAMPLE_STREAM_TPS = (30.0, 300.0)
 
 # Per-stream output tok/s at a concurrency level, and the fixed seconds of one launch (loading, warmup).
 ArmSpeed = tuple[Callable[[int], float], float]
+
+# The workload's fields as orch ab's options name them: a refusal of what the user typed names the option
+# (`--requests`, never the field `requests_per_level`). A suite's workload and a bundle's config name them otherwise
+# (SUITE_NAMES, the fields themselves); their callers pass those.
+OPTIONS: dict[str, str] = {
+    "runs": "--runs",
+    "warmup": "--warmup",
+    "max_tokens": "--max-tokens",
+    "requests_per_stream": "--requests-per-stream",
+    "input_len": "--input-len",
+    "concurrency": "--concurrency",
+    "min_run_s": "--min-run-s",
+    "stall_timeout_s": "--stall-timeout",
+    "first_token_timeout_s": "--first-token-timeout",
+    "seed": "--seed",
+    "endpoint": "--endpoint",
+    "client": "--client",
+    "prompts": "--prompts",
+    "rate": "--rate",
+    "arrivals": "--arrivals",
+    "duration_s": "--duration",
+    "requests_per_level": "--requests",
+    "max_concurrency": "--max-concurrency",
+    "blocks": "--blocks",
+}
+SUITE_NAMES: dict[str, str] = {
+    "requests_per_level": "requests",
+    "duration_s": "duration",
+    "stall_timeout_s": "stall_timeout",
+    "first_token_timeout_s": "first_token_timeout",
+}
 
 
 @dataclass(frozen=True)
@@ -45,7 +77,11 @@ class Plan:
     schedule_s: float = 0.0  # open loop: seconds of arrival schedules over every launch (known before any speed)
     open_loop: bool = False  # rate levels (--rate), not concurrency levels
     about: bool = False  # the counts are averages (open loop for a --duration: the number of arrivals varies)
-    trace: bool = False  # the one level replays a trace (--trace): its requests are the trace's, not rate x time
+    # The trace file the one level replays (--trace): its requests, prompt and output lengths are the trace's, not
+    # rate x time and --max-tokens; with its requests and their prompt tokens per timed run.
+    trace: str | None = None
+    trace_requests: int = 0
+    trace_prompt_tokens: int = 0
 
     def time_text(self) -> str:
         """The estimate as the plan line says it: "about 2 min", or "at least 2 min" without calibration or claim."""
@@ -95,61 +131,92 @@ class Plan:
             f"time {when}"
         )
 
-    def refusal(self) -> str | None:
-        """Why this plan is refused (the limit and how to get under it), or None."""
-        if self.requests_per_launch > MAX_REQUESTS_PER_LAUNCH and self.trace:
+    def refusal(self, names: Mapping[str, str] = OPTIONS) -> str | None:
+        """Why this plan is refused (the limit and how to get under it), or None. What to lower is named as `names`
+        says (orch ab's options by default; SUITE_NAMES for a suite's workload, {} for a bundle's own fields)."""
+
+        def name(field: str) -> str:
+            return names.get(field, field)
+
+        runs = name("runs")
+        if self.requests_per_launch > MAX_REQUESTS_PER_LAUNCH and self.trace is not None:
             return (
                 f"{self.requests_per_launch} requests per launch is over the limit of {MAX_REQUESTS_PER_LAUNCH} "
-                "(warmups + runs x the trace's requests); lower --runs, or replay the trace's first N requests "
-                "(--requests N)"
+                f"(warmups + runs x the trace's requests); lower {runs}, or replay the trace's first N requests "
+                f"({name('requests_per_level')} N)"
             )
         if self.requests_per_launch > MAX_REQUESTS_PER_LAUNCH and self.open_loop:
             return (
                 f"about {self.requests_per_launch} requests per launch is over the limit of {MAX_REQUESTS_PER_LAUNCH} "
-                "(warmups + runs x the requests of every --rate level: rate x --duration, or --requests); lower "
-                "--runs, --rate, --duration or --requests"
+                f"(warmups + runs x the requests of every {name('rate')} level: rate x {name('duration_s')}, or "
+                f"{name('requests_per_level')}); lower {runs}, {name('rate')}, {name('duration_s')} or "
+                f"{name('requests_per_level')}"
             )
         if self.requests_per_launch > MAX_REQUESTS_PER_LAUNCH:
             return (
                 f"{self.requests_per_launch} requests per launch is over the limit of {MAX_REQUESTS_PER_LAUNCH} "
-                "(warmups + runs x sum of --concurrency levels x --requests-per-stream); lower --runs, "
-                "--concurrency or --requests-per-stream"
+                f"(warmups + runs x sum of {name('concurrency')} levels x {name('requests_per_stream')}); lower "
+                f"{runs}, {name('concurrency')} or {name('requests_per_stream')}"
             )
         if self.output_tokens_per_launch > MAX_OUTPUT_TOKENS_PER_LAUNCH:
             return (
                 f"{self.output_tokens_per_launch} output tokens per launch is over the limit of "
-                f"{MAX_OUTPUT_TOKENS_PER_LAUNCH}; lower --max-tokens or the number of requests"
+                f"{MAX_OUTPUT_TOKENS_PER_LAUNCH}; "
+                + (
+                    f"they are the trace's output_length, capped by {name('max_tokens')}: lower {name('max_tokens')} "
+                    f"or {runs}, or replay the trace's first N requests ({name('requests_per_level')} N)"
+                    if self.trace is not None
+                    else f"lower {name('max_tokens')} or the number of requests"
+                )
+            )
+        if self.prompt_token_ids_per_launch > MAX_PROMPT_TOKEN_IDS and self.trace is not None:
+            return (
+                f"{self.trace}: the replay asks for {self.trace_prompt_tokens:,} prompt tokens per run (the "
+                f"input_length of its {self.trace_requests:,} requests), {self.prompt_token_ids_per_launch:,} per "
+                f"launch with the warmups and {runs}: over the limit of {MAX_PROMPT_TOKEN_IDS:,} generated prompt "
+                f"tokens per launch; replay its first N requests ({name('requests_per_level')} N) or lower {runs}"
             )
         if self.prompt_token_ids_per_launch > MAX_PROMPT_TOKEN_IDS:
             return (
                 f"{self.prompt_token_ids_per_launch} generated prompt token ids per launch is over the limit of "
-                f"{MAX_PROMPT_TOKEN_IDS}; lower --input-len (random) or the lengths in shared-prefix:GxP:S:Q, or the "
-                "number of requests"
+                f"{MAX_PROMPT_TOKEN_IDS}; lower {name('input_len')} (random) or the lengths in shared-prefix:GxP:S:Q, "
+                "or the number of requests"
             )
         return None
 
-    def too_short(self) -> str | None:
+    def too_short(self, names: Mapping[str, str] = OPTIONS) -> str | None:
         """Why the simulator's calibration expects every run of an arm to be invalid (shorter than --min-run-s):
-        `orch ab` warns before launching, a nightly suite refuses the item."""
+        `orch ab` warns before launching, a nightly suite refuses the item (naming its fields: `names`)."""
+
+        def name(field: str) -> str:
+            return names.get(field, field)
+
         if self.calibrated and self.shortest_run_s is not None and self.shortest_run_s < self.min_run_s:
             return (
                 f"by the simulator's calibration the quickest arm's runs would last about {self.shortest_run_s:.2f}s, "
-                f"under --min-run-s {self.min_run_s:g}s, so they would be invalid; raise --max-tokens (or "
-                "--requests-per-stream) or lower --min-run-s"
+                f"under {name('min_run_s')} {self.min_run_s:g}s, so they would be invalid; raise {name('max_tokens')} "
+                f"(or {name('requests_per_stream')}) or lower {name('min_run_s')}"
                 if not self.open_loop
                 else f"by the arrival schedules the shortest level's runs would last about {self.shortest_run_s:.2f}s, "
-                f"under --min-run-s {self.min_run_s:g}s, so they would be invalid; raise --duration (or --requests) "
-                "or lower --min-run-s"
+                f"under {name('min_run_s')} {self.min_run_s:g}s, so they would be invalid; raise "
+                f"{name('duration_s')} (or {name('requests_per_level')}) or lower {name('min_run_s')}"
             )
         return None
 
 
 def plan(
-    config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrated: bool, claimed: bool = False
+    config: BenchConfig,
+    arms: Sequence[ArmSpeed],
+    *,
+    blocks: int,
+    calibrated: bool,
+    claimed: bool = False,
+    trace: Sequence[TraceRequest] | None = None,
 ) -> Plan:
-    """What `config` asks of each launch, and a time estimate from each arm's speed; pure arithmetic."""
+    """What `config` asks of each launch, and a time estimate from each arm's speed; arithmetic on the options
+    (and, for a trace, its lines: `trace`, else read from config.trace), nothing generated."""
     if config.open_loop:
-        return open_loop_plan(config, arms, blocks=blocks, calibrated=calibrated, claimed=claimed)
+        return open_loop_plan(config, arms, blocks=blocks, calibrated=calibrated, claimed=claimed, trace=trace)
     timed = sum(config.requests_per_run(c) for c in config.concurrency) * config.runs
     warm = config.warmup * config.requests_per_warmup  # a multi-turn warmup is one session of --turns requests
     requests = warm + timed
@@ -185,42 +252,64 @@ def plan(
 
 
 def open_loop_plan(
-    config: BenchConfig, arms: Sequence[ArmSpeed], *, blocks: int, calibrated: bool, claimed: bool = False
+    config: BenchConfig,
+    arms: Sequence[ArmSpeed],
+    *,
+    blocks: int,
+    calibrated: bool,
+    claimed: bool = False,
+    trace: Sequence[TraceRequest] | None = None,
 ) -> Plan:
     """plan() for rate levels: each run lasts its arrival schedule (--duration, or --requests / rate) plus the time
-    its last requests take, or longer where the arm cannot serve the rate (open_loop_run_s)."""
+    its last requests take, or longer where the arm cannot serve the rate (open_loop_run_s). A trace's level sends
+    the trace's requests with their own prompt and output lengths (`trace`: its lines, read from config.trace when
+    not given): those are counted, not --max-tokens per request."""
     per_level = [arrivals.expected_requests(r, config.duration_s, config.requests_per_level) for r in config.rate]
     spans = [arrivals.span_s(r, config.duration_s, config.requests_per_level) for r in config.rate]
     timed = config.runs * sum(per_level)
+    warm_prompt = config.warmup * prompt_ids_each(config)
+    run_prompt = sum(per_level) * prompt_ids_each(config)
+    run_output = sum(per_level) * config.max_tokens
+    replay: Sequence[TraceRequest] = ()
+    if config.trace is not None:
+        replay = trace if trace is not None else trace_requests(config)
+        # Warmups send the trace's first prompts (config/workload.request_stream), each for warmup_max_tokens.
+        warm_prompt = sum(replay[i % len(replay)].input_length for i in range(config.warmup))
+        run_prompt = sum(r.input_length for r in replay)
+        run_output = sum(min(r.output_length, config.max_tokens) for r in replay)
+    # One request's output tokens, for the time a run's last requests take.
+    each = run_output / max(1, sum(per_level))
     seconds = 0.0
-    stream_tokens = 0
+    stream_tokens = 0.0
     for speed, setup_s in arms:
         seconds += setup_s + config.warmup * config.warmup_max_tokens / speed(1)
-        stream_tokens += config.warmup * config.warmup_max_tokens + config.runs * len(config.rate) * config.max_tokens
+        stream_tokens += config.warmup * config.warmup_max_tokens + config.runs * len(config.rate) * each
         for rate, n, span in zip(config.rate, per_level, spans, strict=True):
-            seconds += config.runs * open_loop_run_s(rate, n, span, config.max_tokens, speed, config.max_concurrency)
+            seconds += config.runs * open_loop_run_s(rate, n, span, each, speed, config.max_concurrency)
     return Plan(
         launches=len(arms) * blocks,
         runs_per_launch=config.warmup + config.runs * len(config.rate),
         requests_per_launch=config.warmup + timed,
-        output_tokens_per_launch=config.warmup * config.warmup_max_tokens + timed * config.max_tokens,
-        prompt_token_ids_per_launch=(config.warmup + timed) * prompt_ids_each(config),
+        output_tokens_per_launch=config.warmup * config.warmup_max_tokens + config.runs * run_output,
+        prompt_token_ids_per_launch=warm_prompt + config.runs * run_prompt,
         seconds=seconds * blocks,
         calibrated=calibrated,
         shortest_run_s=min(spans) if arms and config.runs else None,
         min_run_s=config.min_run_s,
         warmups=config.warmup,
-        stream_tokens=stream_tokens * blocks,
+        stream_tokens=round(stream_tokens * blocks),
         claimed=claimed and not calibrated,
         schedule_s=len(arms) * blocks * config.runs * sum(spans),
         open_loop=True,
         about=config.duration_s is not None,
-        trace=config.trace is not None,
+        trace=config.trace,
+        trace_requests=len(replay),
+        trace_prompt_tokens=run_prompt if config.trace is not None else 0,
     )
 
 
 def open_loop_run_s(
-    rate: float, n: int, span: float, max_tokens: int, speed: Callable[[int], float], cap: int | None
+    rate: float, n: int, span: float, max_tokens: float, speed: Callable[[int], float], cap: int | None
 ) -> float:
     """One open-loop run's seconds at an arm's speed: the requests in flight c settle where c = rate x latency(c)
     (Little's law, latency = max_tokens / speed(c), at most the cap or n); if c requests at a time complete fewer

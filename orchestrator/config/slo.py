@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import InputError
-from orchestrator.fields import seconds_of
+from orchestrator.fields import FieldError, seconds
 
 # The per-request latencies an objective may limit: each request's own value is checked against the limit.
 QUANTITIES = {
@@ -19,7 +19,11 @@ QUANTITIES = {
 }
 PERCENTILES = (50, 90, 95, 99)
 _KEY_RE = re.compile(r"^(?P<quantity>[a-z0-9]+)(?:_p(?P<percentile>\d+))?\Z")
-MAX_LIMIT_S = 86400.0
+MIN_LIMIT_S, MAX_LIMIT_S = 0.001, 86400.0
+# A limit as --slo and a suite's slo take it: the duration syntax of every option (fields.seconds_of), less the bare
+# number: `ttft_p99=500` means 500 ms to whoever wrote it (vLLM's --goodput takes milliseconds), 500 s as seconds, so
+# an SLO's limit carries its unit.
+LIMIT = seconds(MIN_LIMIT_S, MAX_LIMIT_S, bare=False)
 EXAMPLE = "ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s"
 
 
@@ -140,8 +144,8 @@ def checked(objectives: tuple[Objective, ...], where: str) -> SLO:
 
 
 def parse_slo(text: str, where: str = "--slo") -> SLO:
-    """`ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s` (any subset; limits as durations with units: 500ms, 0.5s, 1m30s):
-    an InputError names the piece that is wrong."""
+    """`ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s` (any subset; limits as durations with units from 1ms to 1d: 500ms,
+    0.5s, 1m30s; LIMIT): an InputError names the piece that is wrong."""
     pieces = [p.strip() for p in str(text).split(",")]
     if not any(pieces):
         raise InputError(f"{at(where)}empty; expected objectives such as {EXAMPLE}")
@@ -153,16 +157,11 @@ def parse_slo(text: str, where: str = "--slo") -> SLO:
         if not sep:
             raise InputError(f"{at(where)}{piece!r}: expected OBJECTIVE=LIMIT such as ttft_p99=500ms")
         quantity, percentile = objective_key(key, where)
-        # The duration syntax of every option (fields.seconds_of), less the bare number: `ttft_p99=500` means 500 ms
-        # to whoever wrote it, 500 s as seconds, so an SLO's limit needs its unit.
-        bare = re.fullmatch(r"[0-9.eE+-]+", value.strip()) is not None
-        limit = None if bare else seconds_of(value)
-        if limit is None and value.strip().startswith("-"):
-            raise InputError(f"{at(where)}{piece!r}: the limit must be more than 0 and at most {MAX_LIMIT_S:g} s")
-        if limit is None:
-            hint = "a unit, e.g. 500ms or 0.5s" if bare else "a duration with units, e.g. 500ms, 0.5s or 1m30s"
-            raise InputError(f"{at(where)}{piece!r}: the limit needs {hint}")
-        out.append(Objective(quantity, percentile, checked_limit(limit, f"{at(where)}{piece!r}")))
+        try:
+            limit = LIMIT(value)
+        except FieldError as e:
+            raise InputError(f"{at(where)}{piece!r}: {e}") from None
+        out.append(Objective(quantity, percentile, limit))
     return checked(tuple(out), where)
 
 

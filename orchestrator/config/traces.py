@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from orchestrator.config import arrivals, prompts
@@ -70,28 +70,39 @@ def load(path: str, requests: int | None = None) -> list[TraceRequest]:
     timestamps must not decrease (a replay keeps the trace's order, so an unsorted file is refused rather than
     silently reordered). A trace of more than arrivals.MAX_REQUESTS is refused without `requests`: a run sends at
     most that many."""
-    out: list[TraceRequest] = []
     lines = prompts.capped_lines(
         path, "trace", "a trace is a JSONL file on disk", "replay a part of the trace (--requests N)"
     )
     with contextlib.closing(lines):  # a part replayed: the file is closed now, not when the generator is collected
-        for n, _, line in lines:
-            if requests is not None and len(out) >= requests:
-                break
-            req = _parse(path, n, line)
-            if req is None:
-                continue
-            if len(out) >= arrivals.MAX_REQUESTS:
-                raise PromptFileError(
-                    f"{path}:{n}: more than {arrivals.MAX_REQUESTS:,} requests; a replay sends at most "
-                    f"{arrivals.MAX_REQUESTS:,} per run: replay the first N (--requests N)"
-                )
-            if out and req.timestamp_ms < out[-1].timestamp_ms:
-                raise PromptFileError(
-                    f"{path}:{n}: field 'timestamp' is {req.timestamp_ms:g}, before the line above's "
-                    f"{out[-1].timestamp_ms:g}; a trace's timestamps must not decrease (sort it by timestamp)"
-                )
-            out.append(req)
+        return read(path, lines, requests)
+
+
+def from_text(label: str, text: str, requests: int | None = None) -> list[TraceRequest]:
+    """load() of a trace's text (a bundle carries it), its lines named `label`:N."""
+    numbered = ((n, 0, line) for n, line in enumerate(text.encode("utf-8").splitlines(keepends=True), 1))
+    return read(label, numbered, requests)
+
+
+def read(path: str, lines: Iterable[tuple[int, int, bytes]], requests: int | None = None) -> list[TraceRequest]:
+    """load()'s checks over (line number, byte offset, line) of a trace named `path`."""
+    out: list[TraceRequest] = []
+    for n, _, line in lines:
+        if requests is not None and len(out) >= requests:
+            break
+        req = _parse(path, n, line)
+        if req is None:
+            continue
+        if len(out) >= arrivals.MAX_REQUESTS:
+            raise PromptFileError(
+                f"{path}:{n}: more than {arrivals.MAX_REQUESTS:,} requests; a replay sends at most "
+                f"{arrivals.MAX_REQUESTS:,} per run: replay the first N (--requests N)"
+            )
+        if out and req.timestamp_ms < out[-1].timestamp_ms:
+            raise PromptFileError(
+                f"{path}:{n}: field 'timestamp' is {req.timestamp_ms:g}, before the line above's "
+                f"{out[-1].timestamp_ms:g}; a trace's timestamps must not decrease (sort it by timestamp)"
+            )
+        out.append(req)
     if not out:
         raise PromptFileError(f"{path}: no requests in the trace")
     return out
@@ -123,11 +134,16 @@ def mean_rate(trace: list[TraceRequest], speed: float) -> float:
     return float(f"{len(trace) / span:.4g}") if span > 0 else float(len(trace))
 
 
+# Every id a prompt may hold, as one int object each: a prompt's list refers to these (8 bytes a token) instead of
+# holding an int object of its own per token (36 bytes a token; a 1,000,000-token prompt took 36 MB, not 8).
+_IDS = tuple(range(LOW_ID, VOCAB))
+
+
 def token_ids(seed: str, n: int) -> list[int]:
     """The first n draws of `random.Random(seed).randrange(LOW_ID, VOCAB)`, exactly, a few times faster: randrange
     takes the top 15 bits of each 32-bit word the generator gives and draws again when they are out of range, and
     getrandbits(32 * k) is k such words, the first in the lowest bits (tests/config/test_traces.py holds the two
-    equal). Recorded digests of the requests depend on these ids."""
+    equal). Recorded digests of the requests depend on these ids. Equal ids are one shared int object."""
     rng = random.Random(seed)
     span = VOCAB - LOW_ID
     shift = 32 - span.bit_length()
@@ -135,7 +151,7 @@ def token_ids(seed: str, n: int) -> list[int]:
     while len(out) < n:
         words = (n - len(out)) * 33 // 31 + 16  # about 5% of the draws are out of range
         drawn = memoryview(rng.getrandbits(32 * words).to_bytes(4 * words, "little")).cast("I")
-        out += [LOW_ID + r for w in drawn if (r := w >> shift) < span]
+        out += [_IDS[r] for w in drawn if (r := w >> shift) < span]
     del out[n:]
     return out
 

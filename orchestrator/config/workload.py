@@ -88,7 +88,7 @@ class BenchConfig:
         """When each request of timed run `run` at `rate` is due (seconds from the run's start): the same for every
         arm and launch (config/arrivals.schedule)."""
         if self.trace is not None:
-            return traces.schedule(_trace(self.trace, self.requests_per_level, self.trace_sha256), self.speed)
+            return traces.schedule(trace_requests(self), self.speed)
         return arrivals.schedule(
             rate, self.arrivals, seed=self.seed, run=run, duration_s=self.duration_s, requests=self.requests_per_level
         )
@@ -133,7 +133,7 @@ def request_stream(config: BenchConfig) -> Iterator[dict[str, Any]]:
         return
     schedules = [config.schedule(rate, run) for rate in config.rate for run in range(config.runs)]
     if config.trace is not None:
-        replay = _trace(config.trace, config.requests_per_level, config.trace_sha256)
+        replay = trace_requests(config)
         # Warmups send the trace's first prompts; every timed run replays the trace from its start.
         for i in range(config.warmup):
             yield traces.item(replay, i % len(replay)).to_dict()
@@ -156,7 +156,7 @@ def check_requests(config: BenchConfig) -> None:
     """The request sequence built and dropped: a bad prompt file or option fails here, before any server starts. A
     trace's lines are read and checked; its prompts, generated from them, cannot fail, so they are not made."""
     if config.open_loop and config.trace is not None:
-        _trace(config.trace, config.requests_per_level, config.trace_sha256)
+        trace_requests(config)
         return
     for _ in request_stream(config):
         pass
@@ -190,6 +190,14 @@ def run_categories(config: BenchConfig) -> dict[RunSlot, tuple[str, ...]]:
     for slot, n in sizes:
         out[slot] = tuple(str(it.get("category", "")) for it in itertools.islice(items, n))
     return out
+
+
+def trace_requests(config: BenchConfig) -> list[traces.TraceRequest]:
+    """The requests a trace workload replays in every run (config.trace's first requests_per_level), read once per
+    process; with the experiment's trace_sha256, only from that same file."""
+    if config.trace is None:
+        raise ValueError("trace_requests: the workload replays no trace")
+    return _trace(config.trace, config.requests_per_level, config.trace_sha256)
 
 
 @functools.lru_cache(maxsize=4)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import files, yamlfile
-from orchestrator.config import datasets, limits, prompts
+from orchestrator.config import datasets, limits, prompts, traces
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
@@ -51,18 +51,31 @@ class JudgingFailed(OrchError):
         self.exp_id = exp_id
 
 
-def check_plan(bundle: dict[str, Any], profiles: list[Profile], blocks: int | None, source: str) -> None:
+def check_plan(
+    bundle: dict[str, Any], profiles: list[Profile], blocks: int | None, source: str, data: BundleData | None = None
+) -> None:
     """The bundle's plan (its blocks unless `blocks` overrides them) within the limits `orch ab` keeps, refused
-    before anything is generated or launched: a bundle may have been written by anyone."""
+    before anything is generated or launched: a bundle may have been written by anyone. A trace's requests are
+    counted from the trace the re-run would replay (`data`: a copy given or the recorded file, else the bundle's own
+    lines)."""
     design = bundle["content"].get("design") or {}
+    bench = bundle_mod.bench_config(bundle["content"]["config"])
+    trace = None
+    if bench.trace is not None:
+        text = bundle_mod.trace_file_text(bundle)
+        if data is not None and data.trace is not None:
+            trace = traces.load(data.trace, bench.requests_per_level)
+        elif text is not None:
+            trace = traces.from_text(f"{source}: the bundled trace", text, bench.requests_per_level)
     try:
         limits.checked_plan(
-            bundle_mod.bench_config(bundle["content"]["config"]),
+            bench,
             profiles,
             blocks=blocks if blocks is not None else design.get("blocks", 1),
             sim=bool(bundle["content"]["experiment"]["simulated"]),
             # The bundle's fields by their names in it; --blocks is the user's own.
             names={"blocks": "--blocks"} if blocks is not None else {},
+            trace=trace,
         )
     except limits.PlanError as e:
         raise limits.PlanError(f"{source}: the bundle's plan is refused: {e}") from None
@@ -298,8 +311,8 @@ def reproduce_bundle(
     decided it may run (plan_bundle), stored with the new experiment."""
     recorded = bundle_mod.result_from_bundle(bundle)
     profiles = bundle_mod.profiles_from_bundle(bundle)
-    check_plan(bundle, profiles, blocks, source)
     data = data if data is not None else bundle_data(bundle, source=source)
+    check_plan(bundle, profiles, blocks, source, data)
     config = rerun_config(bundle, recorded, base, workdir, blocks, data)
     digest = bundle["content"]["config"].get("requests_sha256")
     if isinstance(digest, str):
@@ -413,7 +426,7 @@ def plan_bundle(path: str, options: RunOptions, ask: trust_mod.Ask | None = None
     # and a plan over the limits from its numbers alone.
     profiles = bundle_mod.profiles_from_bundle(bundle)
     blocks = options.blocks if isinstance(options.blocks, int) else None  # None: the bundle's own
-    check_plan(bundle, profiles, blocks, path)
+    check_plan(bundle, profiles, blocks, path, data)
     if not options.gave("port"):  # the port the experiment was given, unless this run gives another
         options = options.replace(port=ports.recorded(bundle["content"]["config"], f"{path}: content.config"))
     try:

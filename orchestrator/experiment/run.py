@@ -130,14 +130,16 @@ def start(
         flush_cache=options.flush_cache,
     )
     engines.check_use(profiles, bench.endpoint, simulate=options.sim, flush_cache=bench.flush_cache)
-    # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built.
+    # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built, with its
+    # line; one within the limits is said once the inputs are checked too, so that a refusal is all a bad input prints.
     auto = options.sequential_plan()
     spec = sweep_of(options)
+    said: list[str] = []
     try:
         if spec is not None:
             # The sweep's own plan waits for its rates; its probe is planned (and refused) now.
-            rep.line(f"sweep: {spec.levels} rate levels, found by a probe launch per arm first")
-            work = limits.checked_plan(spec.probe_bench(bench), profiles, blocks=1, sim=options.sim, show=rep.line)
+            said.append(f"sweep: {spec.levels} rate levels, found by a probe launch per arm first")
+            work = limits.checked_plan(spec.probe_bench(bench), profiles, blocks=1, sim=options.sim, show=said.append)
         else:
             work = limits.checked_plan(
                 bench,
@@ -145,14 +147,18 @@ def start(
                 blocks=auto.max_blocks if auto else blocks_of(options),
                 sim=options.sim,
                 least_blocks=auto.min_blocks if auto else None,
-                show=rep.line,
+                show=said.append,
             )
     except limits.PlanError as e:
+        for line in said:
+            rep.line(line)
         raise OptionError(str(e)) from None
-    for line in (work.too_short(), time_limit_warning(work, options.host_spec, options.inventory)):
-        if line:
-            warn(f"WARNING: {line}")
-    check_requests(bench)  # bad prompt files or options fail here, before any server starts
+    check_requests(bench)  # bad prompt files or options fail here, before the plan line and any server starts
+    for line in said:
+        rep.line(line)
+    for warning in (work.too_short(), time_limit_warning(work, options.host_spec, options.inventory)):
+        if warning:
+            warn(f"WARNING: {warning}")
     return execute(store, profiles, bench, options, rep, None)
 
 

@@ -32,7 +32,8 @@ class LocalHost(Host):
     ) -> dict[str, Any]:
         listen = contextlib.nullcontext() if on_progress is None else ops.reporting_to(_as_json(on_progress))
         with listen:
-            reply = ops.dispatch(json.loads(json.dumps(request)))
+            # As the agent decodes it: a run's token ids shared, not one int object each (ops.decode_request).
+            reply = ops.dispatch(ops.decode_request(json.dumps(request)))
         decoded: dict[str, Any] = json.loads(json.dumps(reply))
         return decoded
 

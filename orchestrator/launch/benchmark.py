@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -284,7 +285,9 @@ def run_benchmark(
     A run with failed requests calls `recover` (reconnect, check the server); if the server is whole and healthy the
     run is repeated from the start (never stitched together), at most MAX_RECOVERIES times per benchmark, after
     which it is recorded as invalid. If the server is gone or unhealthy, BenchError (recorded as an invalid run
-    first, so it is stored).
+    first, so it is stored). A run whose failed requests the server all refused with a client error (HTTP 4xx but
+    RETRYABLE_4XX: a prompt longer than its context) is recorded as invalid at once, with the server's answer: the
+    same requests would be refused again.
 
     With config.flush_cache every timed run (never a warmup) starts from an empty prefix cache, the engine's way
     (`cache_flush`: a request sent first in the run's own call, or fields in every timed request); a flush that
@@ -301,6 +304,11 @@ def run_benchmark(
     results: list[RunResult] = []
     recoveries = 0
     first_level = config.rate[0] if config.open_loop else config.concurrency[0]
+
+    def finished(run: RunResult) -> None:
+        results.append(run)
+        if on_run is not None:
+            on_run(run)
 
     def one(index: int, warm: bool, concurrency: int, n: int, max_tokens: int, rate: float | None = None) -> None:
         nonlocal recoveries
@@ -345,10 +353,7 @@ def run_benchmark(
                 raise BenchError(flush_refusal(summary["cache_flush_failed"], flushing, f"run {index + 1} at {at}"))
             if summary.get("aborted"):
                 # The watchdog saw the launch break (a process exited): nothing to check or repeat.
-                stopped = RunResult.from_summary(index, warm, summary)
-                results.append(stopped)
-                if on_run is not None:
-                    on_run(stopped)
+                finished(RunResult.from_summary(index, warm, summary))
                 raise BenchError(
                     f"the launch broke during run {index + 1} at {at}: {summary['aborted']}; "
                     "the run was stopped at once and not repeated. The server's log is named above"
@@ -358,24 +363,19 @@ def run_benchmark(
                 # run would only fill the client again.
                 break
             first = next(r["error"] for r in summary["per_request"] if r["error"])
-            which = f"{'warmup' if warm else 'run'} {index + 1}/{config.warmup if warm else config.runs}"
-            left = recoveries < MAX_RECOVERIES
-            what = (
-                f"{which} at {at}: {summary['errors']} of {summary['requests']} requests failed "
-                f"(first: {first}); checking the connection and the server, then "
-                + (
-                    f"repeating the run if both are fine (repeat {recoveries + 1} of at most {MAX_RECOVERIES} in "
-                    "this launch)"
-                    if left
-                    else f"keeping the run, invalid: no repeats left ({MAX_RECOVERIES} per launch)"
-                )
+            refused = refused_by_server(summary)
+            left = recoveries < MAX_RECOVERIES and not refused
+            what = failed_line(
+                f"{run_label(config, index, warm)} at {at}", summary, first, None if refused else recoveries
             )
+            if refused:
+                # The server answered, and said no to these requests (a prompt longer than its context): the same
+                # requests would be refused again, so the run is kept as it is, invalid with the server's answer.
+                events.line(what)
+                break
             # The server is checked either way: a dead one ends the launch now instead of failing every later run.
             if not recover(what):
-                failed = RunResult.from_summary(index, warm, summary)
-                results.append(failed)
-                if on_run is not None:
-                    on_run(failed)  # the failed run is stored too: it is the evidence of what happened
+                finished(RunResult.from_summary(index, warm, summary))  # stored too: the evidence of what happened
                 raise BenchError(
                     f"the server failed during run {index + 1} at {at} ({first}); "
                     "the launch was torn down and the run not repeated. Its log is named above"
@@ -391,10 +391,7 @@ def run_benchmark(
                 "invalid_reason": f"run lasted {summary['window_s']:.2f}s, shorter than the minimum "
                 f"{config.min_run_s:.2f}s ({longer} or lower --min-run-s)",
             }
-        run = RunResult.from_summary(index, warm, summary)
-        results.append(run)
-        if on_run is not None:
-            on_run(run)
+        finished(RunResult.from_summary(index, warm, summary))
 
     for i in range(config.warmup):
         one(i, True, 1, config.requests_per_warmup, config.warmup_max_tokens)
@@ -409,6 +406,45 @@ def run_benchmark(
         for i in range(config.runs):
             one(i, False, c, config.requests_per_run(c), config.max_tokens)
     return results
+
+
+def run_label(config: BenchConfig, index: int, warm: bool) -> str:
+    """A run as the progress lines name it: `warmup 1/2`, `run 3/5`."""
+    return f"warmup {index + 1}/{config.warmup}" if warm else f"run {index + 1}/{config.runs}"
+
+
+def failed_line(run: str, summary: Mapping[str, Any], first: str, recoveries: int | None) -> str:
+    """What is done about a run with failed requests: repeated if the server is fine (`recoveries`: the repeats so
+    far in this launch), kept invalid once none are left, or (None) kept invalid at once: the server refused them."""
+    failed = f"{run}: {summary['errors']} of {summary['requests']} requests failed (first: {first})"
+    if recoveries is None:
+        return (
+            f"{failed}: the server refused them (an HTTP 4xx client error, which a repeat would not change); keeping "
+            "the run, invalid, without repeating it"
+        )
+    if recoveries < MAX_RECOVERIES:
+        return (
+            f"{failed}; checking the connection and the server, then repeating the run if both are fine (repeat "
+            f"{recoveries + 1} of at most {MAX_RECOVERIES} in this launch)"
+        )
+    return (
+        f"{failed}; checking the connection and the server, then keeping the run, invalid: no repeats left "
+        f"({MAX_RECOVERIES} per launch)"
+    )
+
+
+# A client error (4xx) that a repeat may not get again: the server timed out waiting for the request, or asked the
+# client to slow down. Every other 4xx is the server's answer to the request itself.
+RETRYABLE_4XX = (408, 429)
+_HTTP_STATUS = re.compile(r"HTTP (\d{3})\b")
+
+
+def refused_by_server(summary: Mapping[str, Any]) -> bool:
+    """Every failed request of the run was answered with a client error (HTTP 4xx other than RETRYABLE_4XX, as the
+    client words it: `HTTP 400 Bad Request: …`): the requests themselves were refused, and a repeat sends the same."""
+    errors = [str(r["error"]) for r in summary.get("per_request") or [] if r.get("error")]
+    statuses = [m.group(1) if (m := _HTTP_STATUS.match(e)) else None for e in errors]
+    return bool(errors) and all(s is not None and s.startswith("4") and int(s) not in RETRYABLE_4XX for s in statuses)
 
 
 def client_full(summary: Mapping[str, Any]) -> bool:

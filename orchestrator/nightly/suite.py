@@ -527,7 +527,7 @@ def _check_plan(bench: BenchConfig, profiles: tuple[Profile, ...], blocks: int, 
         work = limits.checked_plan(bench, profiles, blocks=blocks, sim=sim, names=limits.SUITE_NAMES)
     except limits.PlanError as e:
         raise SuiteError(f"{label}: workload: {e}") from None
-    refusal = work.too_short()
+    refusal = work.too_short(limits.SUITE_NAMES)
     if refusal:
         raise SuiteError(f"{label}: workload: {refusal}")
     try:

@@ -135,6 +135,20 @@ def _median(values: Sequence[float | None]) -> float | None:
 SCHEDULE_STRAY = 0.2
 
 
+def schedule_drawn(part: Mapping[str, Any]) -> tuple[float, int] | None:
+    """An open-loop run's whole schedule: its fitted rate and requests (client.summary.open_loop_summary); a run
+    that stopped sending early measured only part of it, and says the whole apart (None where it does not)."""
+    if part.get("stopped"):
+        whole = part.get("schedule")
+        part = whole if isinstance(whole, Mapping) else {}
+        rate, requests = part.get("rate"), part.get("requests")
+    else:
+        rate, requests = part.get("scheduled_rate"), part.get("requests")
+    if not isinstance(rate, int | float) or isinstance(rate, bool) or not isinstance(requests, int):
+        return None
+    return float(rate), requests
+
+
 @dataclass(frozen=True)
 class RateLevel:
     """One arm at one open-loop level (docs/load.md): medians over its valid timed runs of the rates offered,
@@ -158,6 +172,11 @@ class RateLevel:
     limited: str | None
     reason: str | None
     stopped: int = 0  # runs that stopped sending early, over-saturated (docs/load.md#over-saturation)
+    # The seeded schedule whole (median rate, mean requests per run): scheduled_rate and requests are those of the
+    # requests measured, only part of it in a run that stopped sending early. None: not known (such runs stored before
+    # orch kept it).
+    schedule_rate: float | None = None
+    schedule_requests: float | None = None
 
     @classmethod
     def of(cls, rate: float, runs: Sequence[RunResult]) -> RateLevel:
@@ -199,6 +218,8 @@ class RateLevel:
                 f"(first: {stops[0].get('reason')}, after {stops[0].get('sent')} of {stops[0].get('of')} requests)"
             )
 
+        drawn = [schedule_drawn(p) for p in parts]
+        whole = [d for d in drawn if d is not None] if all(d is not None for d in drawn) else []
         return cls(
             rate=rate,
             runs=len(runs),
@@ -217,6 +238,8 @@ class RateLevel:
             limited=limited,
             reason=reason,
             stopped=len(stops),
+            schedule_rate=_median([r for r, _ in whole]),
+            schedule_requests=sum(n for _, n in whole) / len(whole) if whole else None,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -957,14 +980,15 @@ class ABResult:
         out = []
         for level in self.arms[0].levels:
             rl = self.arms[0].rate_level(level)
-            if rl is None or not rl.scheduled_rate or abs(rl.scheduled_rate / rl.rate - 1) <= SCHEDULE_STRAY:
+            # Of the whole schedule: a run that stopped sending early sent only its first requests.
+            drawn = rl.schedule_rate if rl is not None else None
+            if rl is None or not drawn or abs(drawn / rl.rate - 1) <= SCHEDULE_STRAY:
                 continue
-            per_run = rl.requests / rl.runs if rl.runs else 0
             out.append(
-                f"@ {level_name(level)} the seeded schedule's own rate was {rl.scheduled_rate:.3g} req/s "
-                f"({rl.scheduled_rate / rl.rate - 1:+.0%}; about {per_run:.0f} requests per run), the same draw for "
-                "every arm: the level, the crossover and the SLO capacities are named by the rate offered; a longer "
-                "--duration (or more --requests) holds a run's draw closer to it"
+                f"@ {level_name(level)} the seeded schedule's own rate was {drawn:.3g} req/s "
+                f"({drawn / rl.rate - 1:+.0%}; about {rl.schedule_requests or 0:.0f} requests per run), the same draw "
+                "for every arm: the level, the crossover and the SLO capacities are named by the rate offered; a "
+                "longer --duration (or more --requests) holds a run's draw closer to it"
             )
         return out
 

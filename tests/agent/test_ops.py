@@ -466,3 +466,45 @@ def test_the_shipped_agent_files_are_enough_to_run_the_agent(tmp_path: Path) -> 
         timeout=60,
     )
     assert client.returncode == 0, client.stderr
+
+
+# ---------------------------------------------------------------- a run's request: its token ids
+
+
+def test_a_large_requests_token_ids_are_shared_objects_and_a_small_one_decodes_as_ever(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bench_run carries a run's prompts as token ids: decoded, each id was an int object of its own (28 bytes
+    beside its 8-byte slot); 10 prompts of 1,000,000 tokens took about 360 MB to decode. In a large request the ids
+    are one shared object per value, here (the agent) and in the local host's JSON round trip."""
+    ids = [1000 + (i * 7919) % 31000 for i in range(200_000)]
+    request = {"op": "bench_run", "args": {"bodies": [{"input_ids": ids}, {"input_ids": ids[::-1]}]}}
+    decoded = ops.decode_request(json.dumps(request))
+    assert decoded == request
+    got = [i for body in decoded["args"]["bodies"] for i in body["input_ids"]]
+    assert len({id(i) for i in got}) == len(set(ids))  # one object per distinct id, shared by both prompts
+    assert ops.decode_request(json.dumps({"n": [10**30, -5, 7]})) == {"n": [10**30, -5, 7]}
+    big = json.dumps({"pad": "x" * ops.LARGE_REQUEST_BYTES, "n": [10**30, -5, 70_000]})
+    assert ops.decode_request(big)["n"] == [10**30, -5, 70_000]  # outside the table: as json decodes it
+
+    seen: list[dict[str, object]] = []
+    monkeypatch.setattr(ops, "dispatch", lambda r: seen.append(r) or {"ok": True, "result": None})
+    LocalHost().call("bench_run", bodies=request["args"]["bodies"])
+    local = [i for body in seen[0]["args"]["bodies"] for i in body["input_ids"]]  # type: ignore[index]
+    assert local == got and len({id(i) for i in local}) == len(set(ids))
+
+
+def test_a_request_line_read_in_many_pieces_is_one_request(tmp_path: Path) -> None:
+    """The agent reads a run's request (tens of MB) 64 KiB at a time into one buffer, finding its end where new data
+    landed: the lines come out whole, in order, with what follows them kept."""
+    big = json.dumps({"op": "x", "args": {"ids": list(range(100_000))}}).encode()
+    stdin = tmp_path / "stdin"
+    stdin.write_bytes(big + b"\n" + b'{"op": "y"}\n' + b'{"op": "partial"')
+    fd = os.open(stdin, os.O_RDONLY)
+    buffer = bytearray()
+    try:
+        assert ops.read_line(fd, buffer) == big
+        assert ops.read_line(fd, buffer) == b'{"op": "y"}'
+        assert ops.read_line(fd, buffer) is None and buffer == b'{"op": "partial"'
+    finally:
+        os.close(fd)

@@ -3,6 +3,7 @@ prefix blocks their hash ids name."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -226,3 +227,47 @@ def test_each_run_takes_its_prompts_as_it_starts(tmp_path: Path, monkeypatch: py
 
     run_benchmark(runner, bench, model="m")
     assert seen == [(1, 1), (3, 4), (3, 7)]  # (requests sent, prompts made so far) at each run
+
+
+# ---------------------------------------------------------------- the plan counts a trace's own lengths
+
+
+def test_the_plan_counts_the_traces_prompt_and_output_lengths(tmp_path: Path) -> None:
+    """The plan said `204800 output tokens` for a trace whose every output_length was 1 (it counted --max-tokens per
+    request) and counted none of its prompt tokens: it counts the trace's input_length and output_length (capped by
+    --max-tokens) of the requests a launch sends, warmups (the trace's first prompts) included."""
+    from orchestrator.config.plan import plan
+
+    rows = [{**r, "output_length": 1} for r in ROWS] + [{**ROWS[0], "timestamp": 2000, "output_length": 9000}]
+    path = write(tmp_path / "t.jsonl", rows)
+    bench = BenchConfig(runs=3, warmup=2, max_tokens=2048, rate=(2.0,), requests_per_level=4, trace=path)
+    work = plan(bench, [], blocks=1, calibrated=False)
+    assert work.output_tokens_per_launch == 2 * 64 + 3 * (1 + 1 + 1 + 2048)
+    assert work.prompt_token_ids_per_launch == (1000 + 700) + 3 * (1000 + 700 + 600 + 1000)
+    assert f"{work.requests_per_launch} requests and {2 * 64 + 3 * 2051} output tokens per launch" in work.line()
+    assert work.refusal() is None
+
+
+def test_a_trace_over_the_prompt_token_limit_is_refused_naming_file_total_and_requests(tmp_path: Path) -> None:
+    """A 10-line trace at 1,000,000 tokens a line peaked at 1.1 GB; 100 such lines took a minute before launch: the
+    limit on generated prompt tokens per launch counts a trace's input lengths, so it is refused by the plan."""
+    from orchestrator.config.plan import MAX_PROMPT_TOKEN_IDS, SUITE_NAMES, plan
+
+    rows = [{"timestamp": i, "input_length": 1_000_000, "output_length": 1, "hash_ids": [i]} for i in range(10)]
+    path = write(tmp_path / "big.jsonl", rows)
+    bench = BenchConfig(runs=2, warmup=1, rate=(2.0,), requests_per_level=10, trace=path)
+    refusal = plan(bench, [], blocks=1, calibrated=False).refusal()
+    assert refusal is not None and refusal.startswith(f"{path}: the replay asks for 10,000,000 prompt tokens per run")
+    assert f"21,000,000 per launch with the warmups and --runs: over the limit of {MAX_PROMPT_TOKEN_IDS:,}" in refusal
+    assert refusal.endswith("replay its first N requests (--requests N) or lower --runs")
+    # Named as the caller's fields where it is not orch ab's options.
+    named = plan(bench, [], blocks=1, calibrated=False).refusal(SUITE_NAMES)
+    assert named is not None and "(requests N) or lower runs" in named
+    assert plan(dataclasses.replace(bench, runs=1), [], blocks=1, calibrated=False).refusal() is None
+
+
+def test_prompt_token_ids_are_shared_objects() -> None:
+    """A prompt's list refers to one int object per id (8 bytes a token), not an object of its own per token (36):
+    most of what a run of long token-id prompts held."""
+    ids = traces.token_ids("trace-block:1", 200_000) + traces.token_ids("trace-fill:7", 200_000)
+    assert len({id(i) for i in ids}) <= traces.VOCAB - traces.LOW_ID

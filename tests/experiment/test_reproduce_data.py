@@ -172,6 +172,35 @@ def test_a_trace_too_big_to_carry_needs_a_copy_checked_by_sha256(
     assert f"trace t.jsonl (sha256 {want_sha[:16]}…)" in message and "refusing to reproduce on other data" in message
 
 
+def test_a_bundles_trace_is_counted_by_the_plan_from_the_trace_the_rerun_would_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trace's prompt lengths count against the plan's limits; a bundle's trace is not at its recorded path on the
+    receiver's disk: the plan counts the lines the bundle carries, or the copy given with --trace."""
+    from orchestrator.config import plan
+    from orchestrator.config import profile as P
+
+    trace = write_trace(tmp_path / "t.jsonl")
+    bundle = make_bundle(trace_bench(trace))
+    bundle["content"] |= {"design": {"blocks": 1}, "experiment": {"simulated": False}}
+    profiles = [P.from_resolved({"name": "p", "engine": "sglang", "model_path": "/m", "port": 1, "tp_size": 1}, "t")]
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(trace.read_bytes())
+    trace.unlink()
+    reproduce.check_plan(bundle, profiles, None, "b.orch.json")  # 100 + 230 prompt tokens: within the limit
+    monkeypatch.setattr(plan, "MAX_PROMPT_TOKEN_IDS", 300)
+    for data in (None, reproduce.bundle_data(bundle, trace=str(copy))):
+        with pytest.raises(InputError) as refused:
+            reproduce.check_plan(bundle, profiles, None, "b.orch.json", data)
+        assert str(refused.value).startswith(
+            f"b.orch.json: the bundle's plan is refused: {trace.resolve()}: the replay asks for 230 prompt tokens per "
+            "run (the input_length of its 3 requests), 330 per launch with the warmups and runs: over the limit of 300"
+        )
+    bundle["content"]["prompts"]["trace"]["lines"] = None  # carried by sha256 alone: the copy is what is counted
+    copy.write_text(copy.read_text().replace('"input_length": 100', '"input_length": 1'))
+    reproduce.check_plan(bundle, profiles, None, "b.orch.json", reproduce.BundleData(None, trace=str(copy)))
+
+
 def test_a_dataset_too_big_to_carry_needs_a_copy_and_other_data_is_refused_by_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

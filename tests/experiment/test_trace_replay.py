@@ -135,3 +135,26 @@ def test_a_trace_longer_than_a_run_names_requests_not_an_internal_field(
     assert "(--requests N)" in err and "requests_per_level" not in err
     options = RunOptions(trace=str(trace), requests_per_level=3, given=frozenset({"trace", "requests_per_level"}))
     assert run.open_loop_fields(options)["requests_per_level"] == 3  # line 100,002 is not JSON: never read
+
+
+def test_a_trace_of_absurd_prompt_lengths_is_refused_before_anything_is_generated(
+    capsys: Capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten lines of 1,000,000 prompt tokens each (52,000,000 generated per launch with the default 5 runs and 2
+    warmups; 1.1 GB during the run, and 100 such lines a minute of silence before launch): refused by the plan
+    (exit 2) naming the file, the total and --requests N; no prompt is generated, nothing launched."""
+    from orchestrator.config import traces
+    from orchestrator.experiment import run
+
+    made: list[int] = []
+    monkeypatch.setattr(traces, "prompt_ids", lambda req, n: made.append(n) or [])
+    monkeypatch.setattr(run, "execute", lambda *a, **k: pytest.fail("launched"))
+    trace = tmp_path / "long.jsonl"
+    line = '{"timestamp": 0, "input_length": 1000000, "output_length": 1, "hash_ids": [1]}\n'
+    trace.write_text(line * 10)
+    assert main([*AB, "--trace", str(trace), "--db", str(tmp_path / "r.db")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    said = f"{trace}: the replay asks for 10,000,000 prompt tokens per run (the input_length of its 10 requests), "
+    assert said in err
+    assert "52,000,000 per launch with the warmups and --runs: over the limit of 20,000,000" in err
+    assert "replay its first N requests (--requests N) or lower --runs" in err and not made

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -282,10 +283,15 @@ def test_every_option_that_takes_a_time_takes_units(command: tuple[str, ...], op
     ("args", "needle"),
     [
         (["--rate", "1", "--duration", "30x"], "Invalid value for '--duration': expected a duration from 1ms to 1d: "
-         "seconds as a number (30, 2.5) or with units (500ms, 30s, 5m, 3h, 1h30m, 2d), got '30x'"),
-        (["--rate", "1", "--duration", "2d"], "'--duration': expected a duration from 1ms to 1d"),
+         "seconds as a number (30, 2.5) or with units (500ms, 30s, 5m, 3h, 1h30m), got '30x'"),
+        # The examples are within the option's range: 2d is refused by --duration, so it is no example of it.
+        (["--rate", "1", "--duration", "2d"], "'--duration': expected a duration from 1ms to 1d: seconds as a number "
+         "(30, 2.5) or with units (500ms, 30s, 5m, 3h, 1h30m), got '2d'"),
         (["--stall-timeout", "nan"], "'--stall-timeout': expected a duration from 500ms to 1d"),
-        (["--grace", "30s5m"], "'--grace': expected a duration from 0s to 10m"),
+        (["--grace", "30s5m"], "'--grace': expected a duration from 0s to 10m: seconds as a number (30, 2.5) or with "
+         "units (500ms, 30s, 5m), got '30s5m'"),
+        (["--ready-timeout", "500ms"], "'--ready-timeout': expected a duration from 1s to 1d: seconds as a number "
+         "(30, 2.5) or with units (30s, 5m, 3h, 1h30m), got '500ms'"),
     ],
 )  # fmt: skip
 def test_a_bad_duration_is_refused_naming_the_option_and_the_forms(
@@ -310,6 +316,100 @@ def test_a_duration_with_units_is_taken_by_the_cli_a_suite_and_an_slo(capsys: Ca
         suite_mod.duration("500ms")
 
 
+def test_an_slo_limit_carries_its_unit_and_is_refused_in_the_one_wording(capsys: Capsys) -> None:
+    """`--slo` refused `ttft_p99=0.5` ("the limit needs a unit") and worded its range its own way ("must be more
+    than 0 and at most 86400 s"), while docs said it took 30 and 2.5. An SLO limit carries its unit (a bare 500 is
+    500 ms to vLLM's --goodput and 500 s to orch), and every refusal is fields.seconds' wording, with examples a
+    limit may be and, for a bare number, why it is refused."""
+    from orchestrator.config.slo import parse_slo
+    from orchestrator.errors import InputError
+
+    forms = "expected a duration from 1ms to 1d: a number with units (500ms, 30s, 5m, 3h, 1h30m)"
+    for value in ("500", "0.5"):
+        with pytest.raises(InputError) as e:
+            parse_slo(f"ttft_p99={value}")
+        assert str(e.value) == (
+            f"--slo: 'ttft_p99={value}': {forms}, got '{value}'; a bare number is refused: vLLM's --goodput reads "
+            f"{value} as milliseconds, orch's durations as seconds: write {value}ms or {value}s"
+        )
+    for value in ("0ms", "-5ms", "2d", "5 minutes"):
+        with pytest.raises(InputError) as e:
+            parse_slo(f"e2e={value}")
+        assert str(e.value) == f"--slo: 'e2e={value}': {forms}, got '{value}'"
+    _refused(capsys, main(["ab", "a", "b", "--sim", "--slo", "tpot_p99=50"]), f"'tpot_p99=50': {forms}, got '50'")
+
+
+def _shown_examples(text: str) -> list[str]:
+    """The durations a help text or a message shows: the range's ends and the items of every parenthesised list."""
+    from orchestrator.fields import seconds_of
+
+    ends = [end for pair in re.findall(r"from (\S+) to (\S+?):", text) for end in pair]
+    items = [item.strip() for group in re.findall(r"\(([^()]*)\)", text) for item in group.split(",")]
+    return [*ends, *(item for item in items if seconds_of(item) is not None)]
+
+
+def _commands() -> list[tuple[str, Any]]:
+    import click
+
+    from orchestrator.cli.base import cli
+
+    out: list[tuple[str, Any]] = []
+
+    def walk(group: click.Group, path: str) -> None:
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            cmd = group.get_command(ctx, name)
+            if isinstance(cmd, click.Group):
+                walk(cmd, f"{path} {name}")
+            elif cmd is not None:
+                out.append((f"{path} {name}".strip(), cmd))
+
+    walk(cli, "")
+    return out
+
+
+def test_every_duration_an_options_help_or_refusal_shows_is_one_that_option_takes() -> None:
+    """Help and errors showed values their own option refuses: --ready-timeout's 500ms (from 1s), --grace's 1h30m
+    (at most 10m), --gpu-wait's 1h30m (at most 1h), --duration's refusal listing 2d (at most 1d). Each option's
+    examples are derived from its range: every one shown is parsed here with that option's own parser."""
+    import click
+
+    from orchestrator.cli.base import Seconds
+    from orchestrator.cli.options import SLO_HELP
+    from orchestrator.config.slo import LIMIT, parse_slo
+    from orchestrator.errors import InputError
+
+    checked = 0
+    for name, cmd in _commands():
+        for param in cmd.params:
+            if not isinstance(param.type, Seconds):
+                continue
+            with pytest.raises(click.BadParameter) as refused:
+                param.type.convert("soon", param, None)
+            help_shown, error_shown = _shown_examples(param.help or ""), _shown_examples(str(refused.value))
+            assert len(help_shown) >= 2 and len(error_shown) >= 4, (name, param.opts, param.help, refused.value)
+            for example in (*help_shown, *error_shown):
+                param.type.convert(example, param, None)  # raises for one the option refuses
+                checked += 1
+    assert checked > 100
+    # --slo: its help's objectives and limits, and those its refusal shows.
+    slos = re.findall(r"\b(?:ttft|tpot|e2e)_p\d+=[^ ,;)]+(?:,(?:ttft|tpot|e2e)_p\d+=[^ ,;)]+)*", SLO_HELP)
+    assert slos and all(parse_slo(s) for s in slos)
+    limits = re.findall(r"with its unit: ([^;]*);", SLO_HELP)[0].split(", ")
+    assert limits and all(LIMIT(v) for v in limits)
+    with pytest.raises(InputError) as refused:
+        parse_slo("ttft=soon")
+    assert all(LIMIT(v) for v in _shown_examples(str(refused.value)))
+    # A suite's times: every field that takes one shows what it takes.
+    for fields in (suite_mod.WORKLOAD_FIELDS, suite_mod.ITEM_FIELDS, suite_mod.TOP_FIELDS):
+        for field, check in fields.items():
+            try:
+                check("soon")
+            except Exception as e:
+                if "expected a duration" in str(e):
+                    assert all(check(v) is not None for v in _shown_examples(str(e))), field
+
+
 # ---------------------------------------------------------------- refusals name what the user typed
 
 
@@ -330,12 +430,63 @@ def test_a_workload_refusal_names_the_option_or_field_the_user_gave() -> None:
         limits.checked_plan(BenchConfig(rate=(1.0,)), [profile], blocks=1, sim=False)
 
 
+def test_a_suites_plan_refusal_names_the_suites_fields(write_profile: WriteProfile, tmp_path: Path) -> None:
+    """A suite's workload over the plan's limits was refused with orch ab's options ("lower --runs, --rate,
+    --duration or --requests"): it names the suite's fields, as its other refusals do."""
+    sim_profile(write_profile, "check")
+    work = {"rate": [1000], "duration": "1d", "runs": 2}
+    path = write_suite(tmp_path, [{"name": "load", "bench": "check", "host": "local", "sim": True, "workload": work}])
+    with pytest.raises(suite_mod.SuiteError) as e:
+        suite_mod.load(str(path))
+    said = str(e.value)
+    assert "item 'load': workload: about " in said and "lower runs, rate, duration or requests" in said, said
+    assert "--" not in said, said
+    closed = {"runs": 10_000, "concurrency": [64], "requests_per_stream": 10}
+    path = write_suite(tmp_path, [{"name": "c", "bench": "check", "host": "local", "sim": True, "workload": closed}])
+    with pytest.raises(suite_mod.SuiteError, match=r"lower runs, concurrency or requests_per_stream$"):
+        suite_mod.load(str(path))
+    short = {"rate": [16], "requests": 4, "min_run_s": 1}  # due within 0.25 s: every run too short
+    path = write_suite(tmp_path, [{"name": "s", "bench": "check", "host": "local", "sim": True, "workload": short}])
+    with pytest.raises(
+        suite_mod.SuiteError, match=r"under min_run_s 1s, .* raise duration \(or requests\) or lower min_run_s$"
+    ):
+        suite_mod.load(str(path))
+
+
 def test_a_trace_replays_plan_refusal_names_what_shortens_a_replay() -> None:
     """Over the requests a launch may send, a trace's plan said "rate x --duration ... lower --rate, --duration",
     options a trace refuses; it names --runs and --requests N."""
     from orchestrator.config.plan import plan
+    from orchestrator.config.traces import TraceRequest
 
     bench = BenchConfig(runs=2000, warmup=0, rate=(1.0,), requests_per_level=100, trace="t.jsonl")
-    refusal = plan(bench, [], blocks=1, calibrated=False).refusal()
+    lines = [TraceRequest(timestamp_ms=i, input_length=1, output_length=1, hash_ids=()) for i in range(100)]
+    refusal = plan(bench, [], blocks=1, calibrated=False, trace=lines).refusal()
     assert refusal is not None and "(warmups + runs x the trace's requests)" in refusal
     assert "lower --runs, or replay the trace's first N requests (--requests N)" in refusal and "--rate" not in refusal
+
+
+def test_a_dataset_refusal_is_all_that_is_printed(
+    capsys: Capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan line and the --min-run-s WARNING came before a bad dataset's refusal, as if the run were going
+    ahead: the inputs are checked first, so the refusal is the only output."""
+    from orchestrator.errors import OrchError
+    from orchestrator.experiment import run
+
+    def launched(*_: object, **__: object) -> None:
+        raise OrchError("stopped where it would launch")
+
+    monkeypatch.setattr(run, "execute", launched)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hi"}\n{"prompt": 5}\n')
+    args = ["ab", "baseline", "sim-eagle3-fast", "--sim", "--min-run-s", "1h", "--db", str(tmp_path / "r.db")]
+    out = _refused(capsys, main([*args, "--prompts", str(bad)]), f"{bad}:2")
+    assert out == ""
+    # A good one: the plan and the warning, as before.
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"prompt": "hi"}\n')
+    assert main([*args, "--prompts", str(good)]) == 1
+    out, err = capsys.readouterr()
+    assert "stopped where it would launch" in err
+    assert "plan (--blocks auto): " in out and "WARNING: by the simulator's calibration" in err

@@ -338,10 +338,12 @@ def check_fingerprint(fp: Any, profile: str, at: str) -> None:
     check_int(gpus.get("count"), f"{at}.gpus.count", optional=True)
     check_lines(gpus, f"{at}.gpus")
     check_lines(check_object(fp.get("attached"), f"{at}.attached"), f"{at}.attached", limit=MAX_LINE)
-    orch = check_object(fp.get("orch"), f"{at}.orch")
-    check_line(orch.get("version"), f"{at}.orch.version", "a version")
-    if orch.get("git_sha") is not None and not (isinstance(orch["git_sha"], str) and GIT_SHA_RE.match(orch["git_sha"])):
-        raise BundleError(f"{at}.orch.git_sha: {shown(orch['git_sha'])} is not a git commit (hex digits)")
+    made_by = check_object(fp.get("orch"), f"{at}.orch")
+    check_line(made_by.get("version"), f"{at}.orch.version", "a version")
+    if made_by.get("git_sha") is not None and not (
+        isinstance(made_by["git_sha"], str) and GIT_SHA_RE.match(made_by["git_sha"])
+    ):
+        raise BundleError(f"{at}.orch.git_sha: {shown(made_by['git_sha'])} is not a git commit (hex digits)")
     env = check_object(fp.get("env"), f"{at}.env")
     check_int(env.get("processes"), f"{at}.env.processes", optional=True)
     check_object(env.get("sim_knobs"), f"{at}.env.sim_knobs")

@@ -17,13 +17,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psutil
 import pytest
 from markdown_it import MarkdownIt
 
+from orchestrator.agent import waits
+from orchestrator.agent.processes import masked_cmdline
 from orchestrator.cli import main
 from orchestrator.common.printable import visible
+from orchestrator.config.profile import load
+from orchestrator.errors import ServerError
+from orchestrator.launch import fingerprint, single
 from orchestrator.nightly import report as night_report
 from orchestrator.nightly import result as night_result
 from orchestrator.report.compare import compare_markdown, compare_text
@@ -31,7 +38,9 @@ from orchestrator.report.markdown import ab_markdown, md_text
 from orchestrator.report.text import ab_text
 from orchestrator.results.compare import compare
 from orchestrator.results.model import ABResult
+from orchestrator.ui.events import Lines
 from tests.conftest import FAST_SIM, REPO, WriteProfile, free_port, run_orch
+from tests.faults.test_error_replies import _run_client, _serving
 from tests.launch.test_attach import QUICK
 from tests.results.test_compare import _result
 from tests.results.test_compare_map import store
@@ -242,12 +251,13 @@ def test_hostile_arm_names_from_a_store_reach_no_terminal(tmp_path: Path) -> Non
 
 
 @contextmanager
-def _sim(log: Path, **env: str) -> Iterator[str]:
-    """The simulator started as someone else would start a server (no orch marker, its own session), with env."""
+def _sim(log: Path, *args: str, **env: str) -> Iterator[str]:
+    """The simulator started as someone else would start a server (no orch marker, its own session), with its
+    arguments and env."""
     port = free_port()
     environ = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
     environ.update(PYTHONPATH=str(REPO), ORCH_SIM_LOAD_S="0.2", ORCH_SIM_WARMUP_S="0", **env)
-    cmd = [sys.executable, "-m", "orchestrator.sim", "--model-path", "/models/test-model", "--port", str(port)]
+    cmd = [sys.executable, "-m", "orchestrator.sim", "--model-path", "/models/test-model", "--port", str(port), *args]
     with log.open("wb") as out:
         proc = subprocess.Popen(
             cmd, cwd=REPO, env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -310,3 +320,117 @@ def test_the_command_lines_last_guard_shows_what_no_report_escaped(
     out = capsys.readouterr().out
     assert "MY_TITLE='cat\\x1b]0;FAKE VERDICT: REPRODUCED\\x07" in out, out
     assert not [repr(c) for c in RAW if c in out], out
+
+
+def test_an_attached_servers_model_ids_forge_no_line(
+    write_profile: WriteProfile, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # GET /v1/models lists a model id holding escape sequences and a newline before a forged line: the note that
+    # the server serves another model than the profile's says so in one line, the id's escapes shown.
+    path = write_profile(
+        "left", engine="sglang", model_path="/models/test-model", tp_size=1, port=free_port(), sim=FAST_SIM
+    )
+    with _sim(tmp_path / "models.log", "--served-model-name", "m" + HOSTILE) as url:
+        assert main(["bench", str(path), "--attach", url, *QUICK, "--db", str(tmp_path / "r.db")]) == 0
+    out, err = capfd.readouterr()
+    note = next(line for line in (out + err).splitlines() if "/v1/models lists" in line)
+    assert "lists mcat\\x1b]0;FAKE VERDICT: REPRODUCED\\x07" in note and "\\n" + FORGED in note, note
+    _assert_shown_not_obeyed(out + err)
+
+
+# ---------------------------------------------------------------- what a server (or anyone's process) says, quoted
+
+
+def test_a_servers_error_reply_is_one_field_of_the_requests_error() -> None:
+    # The reason phrase and the body of an error answer are quoted in the request's error, which orch prints in
+    # a run line, stores and reports: one line, its escapes shown.
+    head = b"HTTP/1.1 500 Oops\x1b]0;T\x07\r\n"
+    body = HOSTILE.encode()
+    with _serving(head + b"Content-Length: %d\r\n\r\n" % len(body) + body) as srv:
+        error = str(_run_client(srv.port, "generate")["error"])
+    assert error.startswith("HTTP 500 Oops\\x1b]0;T\\x07: cat\\x1b]0;FAKE VERDICT"), error
+    assert "\n" not in error, error
+    _assert_shown_not_obeyed(error)
+
+
+def test_a_servers_message_while_loading_and_its_log_tail_are_shown_not_obeyed(write_profile: WriteProfile) -> None:
+    # What the agent hears from the server while it loads (an error message in its probe's answer) ...
+    message = json.dumps({"error": {"message": HOSTILE}}).encode()
+    reply = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n" % len(message) + message
+    with _serving(reply) as srv:
+        ready, state = waits.probe_once("127.0.0.1", srv.port, {"method": "GET", "path": "/health"}, 30.0)
+    assert not ready and state.startswith("HTTP 500: cat\\x1b]0;FAKE VERDICT"), state
+    _assert_shown_not_obeyed(state)
+    # ... and what orch makes of the agent's answers: the state said in a line of its own, the log's tail quoted in
+    # the error (its lines kept: a log has lines; nothing else obeyed).
+    prof = load(str(write_profile("p", engine="sglang", model_path="/models/m", tp_size=1, port=free_port())))
+    launch = single.Launch(
+        launch_id="t:1",
+        profile=prof.name,
+        pid=1,
+        pgid=1,
+        port=prof.port,
+        log_path="/nonexistent/p.log",
+        argv=(),
+        env={},
+        simulated=True,
+        started_at=0.0,
+    )
+    heard = {"state": "HTTP 500: " + HOSTILE, "log": "loading\n" + HOSTILE, "changed": True}
+    host = _Agent({"ready": False, "why": "exited", "log_tail": "loading\n" + HOSTILE}, heard)
+    lines: list[str] = []
+    with pytest.raises(ServerError) as failed:
+        single.wait_ready(host, launch, prof, timeout_s=1, events=Lines(lines.append))  # type: ignore[arg-type]
+    said = next(line for line in lines if "answers;" in line)
+    assert "\n" not in said and "says HTTP 500: cat\\x1b]0;FAKE" in said, said
+    _assert_shown_not_obeyed(said)
+    error = str(failed.value)
+    assert "Last lines of /nonexistent/p.log:\nloading\ncat\\x1b]0;FAKE VERDICT" in error, error
+    assert not [repr(c) for c in RAW if c in error], error
+
+
+class _Agent:
+    """A host whose agent answers wait_ready with `result`, after one progress event `heard`."""
+
+    name = "stub"
+
+    def __init__(self, result: dict[str, object], heard: dict[str, object]) -> None:
+        self.result, self.heard = result, heard
+
+    def call(self, op: str, **kw: Any) -> dict[str, object]:
+        assert op == "wait_ready", op
+        kw["on_progress"](self.heard)
+        return self.result
+
+
+def test_a_fingerprints_difference_is_one_line() -> None:
+    # A version or an argv item from the server or its host, said as a likely cause (compare, reproduce, --fail-on).
+    version = fingerprint.Difference(
+        field="software.engine_version", before="0.5.9", after="0.5.9" + HOSTILE, category="engine", weight=100
+    )
+    argv = fingerprint.Difference(
+        field="argv", before=["--x", "1"], after=["--x", "1" + HOSTILE], category="argv", weight=50
+    )
+    for d in (version, argv):
+        line = d.describe()
+        assert "\n" not in line and "cat\\x1b]0;FAKE VERDICT" in line, line
+        _assert_shown_not_obeyed(line)
+    mismatch = fingerprint.node_mismatches({"a": {"sglang": "0.5.9"}, "b": {"sglang": "0.5.9" + HOSTILE}})
+    assert mismatch and all("\n" not in m for m in mismatch), mismatch
+    _assert_shown_not_obeyed("\n".join(mismatch))
+
+
+def test_anyones_command_line_is_one_field() -> None:
+    # A port owner or a GPU process of someone else's, named in a refusal: its argv is theirs to choose.
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", HOSTILE], stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while not psutil.Process(proc.pid).cmdline()[-1].startswith("cat\x1b"):  # until the exec shows its argv
+            assert time.monotonic() < deadline, "the child never ran"
+            time.sleep(0.05)
+        shown = masked_cmdline(psutil.Process(proc.pid), limit=1000)
+    finally:
+        proc.kill()  # this test's own child, by its PID
+        proc.wait(10)
+    assert "\n" not in shown and "cat\\x1b]0;FAKE VERDICT" in shown, shown
+    _assert_shown_not_obeyed(shown)

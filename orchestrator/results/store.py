@@ -15,6 +15,7 @@ from typing import Any
 
 import platformdirs
 
+from orchestrator.common.printable import visible
 from orchestrator.errors import ExperimentRefError, InputError, StoreError
 from orchestrator.results.schema import (
     COUNTED,
@@ -322,7 +323,7 @@ class Store:
         expected = expected_schema(version)
         if version == 0:
             if actual:
-                tables = ", ".join(sorted(actual)[:5])
+                tables = ", ".join(visible(t) for t in sorted(actual)[:5])  # another program's names: one line
                 raise StoreError(
                     f"{self.path} is not an orch results database (it has tables {tables} but no orch schema "
                     "version); use another --db"

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import psutil
 import pytest
+import yaml
 from markdown_it import MarkdownIt
 
 from orchestrator.agent import waits
@@ -29,17 +30,21 @@ from orchestrator.agent.processes import masked_cmdline
 from orchestrator.cli import main
 from orchestrator.common.printable import visible
 from orchestrator.config.profile import load
-from orchestrator.errors import ServerError
+from orchestrator.errors import InputError, ServerError
+from orchestrator.experiment import reproduce
 from orchestrator.launch import fingerprint, single
 from orchestrator.nightly import report as night_report
 from orchestrator.nightly import result as night_result
 from orchestrator.report.compare import compare_markdown, compare_text
 from orchestrator.report.markdown import ab_markdown, md_text
 from orchestrator.report.text import ab_text
+from orchestrator.results import bundle as bundle_mod
 from orchestrator.results.compare import compare
 from orchestrator.results.model import ABResult
 from orchestrator.ui.events import Lines
 from tests.conftest import FAST_SIM, REPO, WriteProfile, free_port, run_orch
+from tests.experiment.test_reproduce_data import make_bundle, trace_bench, write_trace
+from tests.faults.support import FAST, orch_env, run
 from tests.faults.test_error_replies import _run_client, _serving
 from tests.launch.test_attach import QUICK
 from tests.results.test_compare import _result
@@ -434,3 +439,123 @@ def test_anyones_command_line_is_one_field() -> None:
         proc.wait(10)
     assert "\n" not in shown and "cat\\x1b]0;FAKE VERDICT" in shown, shown
     _assert_shown_not_obeyed(shown)
+
+
+# ---------------------------------------------------------------- refusals that quote what a file says
+
+SIGNED = "signature: good signature by alice@example.com"
+FORGE = "x\n" + SIGNED  # after a newline in a name: a line orch never wrote
+
+
+def _assert_no_forged_line(text: str) -> None:
+    forged = [line for line in text.splitlines() if line.startswith(SIGNED)]
+    assert not forged, text
+
+
+@pytest.fixture(scope="module")
+def sent_bundle(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A simulator experiment exported as a bundle, as its JSON."""
+    root = tmp_path_factory.mktemp("sender")
+    (root / "profiles").mkdir()
+    profile = {"engine": "sglang", "model_path": "/models/m", "tp_size": 1, "ready_timeout_s": 30, "sim": FAST_SIM}
+    (root / "profiles" / "p.yaml").write_text(yaml.safe_dump({**profile, "port": free_port()}))
+    env = orch_env(root / "home")
+    ran = run("bench", "p", "--sim", "--runs", "1", "--max-tokens", "16", *FAST, cwd=root, env=env)
+    assert ran.rc == 0, ran.text
+    path = root / "sent.orch.json"
+    exported = run("export", "last", "--format", "bundle", "-o", str(path), cwd=root, env=env)
+    assert exported.rc == 0, exported.text
+    bundle: dict[str, Any] = json.loads(path.read_text())
+    return bundle
+
+
+def _forgeries(bundle: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The bundle with FORGE in one place at a time (its digest recomputed, as anyone can): every key and text value
+    of a profile (and of its env, sim and speculative blocks), of the experiment and of its config."""
+    content = bundle["content"]
+    places: list[tuple[str, dict[str, Any]]] = [
+        ("profiles[0]", content["profiles"][0]),
+        *((f"profiles[0].{k}", v) for k, v in content["profiles"][0].items() if isinstance(v, dict)),
+        ("experiment", content["experiment"]),
+        ("config", content["config"]),
+    ]
+    for where, obj in places:
+        for key in list(obj):
+            for kind in ("key", "value"):
+                if kind == "value" and not isinstance(obj[key], str):
+                    continue
+                forged = json.loads(json.dumps(bundle))
+                at = _at(forged["content"], where)
+                if kind == "key":
+                    at[key + FORGE] = at.pop(key)
+                else:
+                    at[key] += FORGE
+                forged["digest"] = bundle_mod.digest_of(forged)
+                yield f"{where}: the {kind} {key}", forged
+
+
+def _at(content: dict[str, Any], where: str) -> dict[str, Any]:
+    head, _, key = where.partition(".")
+    obj: dict[str, Any] = content["profiles"][0] if head == "profiles[0]" else content[head]
+    return obj[key] if key else obj
+
+
+def test_no_name_or_value_in_a_bundle_forges_a_line(
+    sent_bundle: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `orch show FILE` (import and export read a bundle the same way): refused or shown, whatever a field holds, and
+    # never with a line the file wrote. A refusal quotes the name as one field.
+    path = tmp_path / "forge.orch.json"
+    refused = 0
+    for what, forged in _forgeries(sent_bundle):
+        path.write_text(json.dumps(forged))
+        code = main(["show", str(path)])
+        out, err = capsys.readouterr()
+        assert code in (0, 2), (what, out, err)
+        _assert_no_forged_line(out + err)
+        refused += code == 2
+    assert refused >= 20, refused  # the profile's unknown keys, at least
+
+
+def test_a_csv_header_a_profile_key_and_a_stores_table_are_quoted_on_one_line(
+    write_profile: WriteProfile, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A quoted CSV column name holding a newline: refused before anything is launched.
+    profile = write_profile("p", engine="sglang", model_path="/models/m", tp_size=1, port=free_port(), sim=FAST_SIM)
+    data = tmp_path / "d.csv"
+    data.write_text(f'"prompt{FORGE}",b\nx,y\n')
+    assert main(["bench", str(profile), "--sim", "--prompts", str(data), "--db", str(tmp_path / "r.db")]) == 2
+    err = capsys.readouterr().err
+    assert "(columns: promptx\\nsignature: good signature by alice@example.com, b)" in err, err
+    _assert_no_forged_line(err)
+    # A profile's field name (an unknown one, one of env's).
+    path = write_profile("q", text=json.dumps({"engine": "sglang", "model_path": "/m", "tp_size": 1, FORGE: 1,
+                                              "env": {"A" + FORGE: "1"}}))  # fmt: skip
+    assert main(["profiles", "validate", str(path)]) == 2
+    said = "".join(capsys.readouterr())
+    assert "'x\\nsignature: good signature by alice@example.com': unknown field" in said, said
+    assert "env.'Ax\\nsignature: good" in said, said
+    _assert_no_forged_line(said)
+    # Another program's SQLite file given as --db: its table names.
+    db = tmp_path / "other.db"
+    conn = sqlite3.connect(db)
+    conn.execute(f'CREATE TABLE "{FORGE}" (a)')  # SQL quotes the name, newline and all
+    conn.close()
+    assert main(["list", "--db", str(db)]) in (1, 2)
+    err = capsys.readouterr().err
+    assert "not an orch results database (it has tables x\\nsignature" in err, err
+    _assert_no_forged_line(err)
+
+
+def test_a_bundles_data_names_are_one_field_of_reproduces_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A trace too big to carry, its name (and path) holding a newline: reproduce asks for a copy, naming it.
+    trace = write_trace(tmp_path / f"t{FORGE}.jsonl")
+    monkeypatch.setattr(bundle_mod, "MAX_PROMPT_BYTES", 100)
+    bundle = make_bundle(trace_bench(trace))
+    trace.unlink()
+    with pytest.raises(InputError) as refused:
+        reproduce.bundle_data(bundle, source="b.orch.json")
+    message = str(refused.value)
+    assert "replayed trace tx\\nsignature: good" in message and "\n" not in message, message

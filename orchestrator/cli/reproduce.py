@@ -191,7 +191,9 @@ def compare_cmd(
     pairs arms of other names (never by position unasked: when no name matches, the refusal lists both sides'
     arms and the --map line that pairs them in order). Exit 0 when B reproduces A, 3 when it does not, 4 when that
     cannot be told from these launches, 2 when no arm pairs up, --map names an arm that is not there, or
-    the two measured no level in common (concurrency against rates, or other levels).
+    the two measured no level in common (concurrency against rates, or other levels). Only the levels both measured
+    are judged; one that only one side measured is named with the other side's levels (for a rate, the nearest one:
+    close rates are other levels, never paired) and left out of the verdict.
     """
     verdict = reproduce_mod.compare_results(stored_result(a, db), stored_result(b, db), tolerance, arm_map)
     fmt = "json" if as_json else fmt

@@ -103,13 +103,19 @@ class OneSidedLevel:
         return min(rates, key=lambda x: abs(x - self.level)) if rates else None
 
     @property
+    def shown(self) -> str:
+        """The level in words, a rate with the digits that tell it from the other side's nearest."""
+        nearest = self.nearest
+        return level_phrase(self.level) if nearest is None else f"{rates_apart(self.level, nearest)[0]} req/s"
+
+    @property
     def said(self) -> str:
         """One sentence: which side measured it, that it was not judged, and what the other side measured instead."""
+        out = f"{self.shown}: measured by {self.side} only, not judged ({self.other_side} measured "
+        out += levels_text(self.other)
         nearest = self.nearest
-        mine, theirs = rates_apart(float(self.level), float(nearest)) if nearest is not None else ("", "")
-        shown = f"{mine} req/s" if nearest is not None else level_phrase(self.level)
-        out = f"{shown}: measured by {self.side} only, not judged ({self.other_side} measured {levels_text(self.other)}"
         if nearest is not None:
+            theirs = rates_apart(self.level, nearest)[1]
             out += (
                 f"; {self.other_side}'s nearest, {theirs} req/s, is another level: rates close but not equal are never "
                 "paired"
@@ -411,7 +417,7 @@ def compare_levels(
     else:
         reason = "; ".join(f"{level_phrase(c.concurrency)}: {c.reason}" for c in judged if c.status == worst)
     if one_sided:
-        left = ", ".join(f"{x.side}'s {level_phrase(x.level)}" for x in one_sided)
+        left = ", ".join(f"{x.side}'s {x.shown}" for x in one_sided)
         reason += f"; not judged, measured on one side only: {left}"
     return dataclasses.replace(head, levels=judged if others else (), status=worst, reason=reason, one_sided=one_sided)
 

@@ -363,3 +363,4 @@ def test_rates_that_print_alike_are_told_apart() -> None:
     assert c.one_sided[0].said.startswith("0.625 req/s: measured by A only")
     assert "B's nearest, 0.6250001 req/s, is another level" in c.one_sided[0].said
     assert c.one_sided[1].said.startswith("0.6250001 req/s: measured by B only")
+    assert c.reason.endswith("not judged, measured on one side only: A's 0.625 req/s, B's 0.6250001 req/s")

@@ -193,7 +193,9 @@ def compare_cmd(
     arms and the --map line that pairs them in order). Exit 0 when B reproduces A, 3 when it does not, 4 when that
     cannot be told from these launches, 2 when no arm pairs up, --map names an arm that is not there, or
     the two measured no level in common (concurrency against rates, or other levels), and 2 when A or B names no
-    experiment (or several) or is a bundle that cannot be read.
+    experiment (or several) or is a bundle that cannot be read. Only the levels both measured are judged; one that
+    only one side measured is named with the other side's levels (for a rate, the nearest one: close rates are other
+    levels, never paired) and left out of the verdict.
     """
     verdict = reproduce_mod.compare_results(stored_result(a, db), stored_result(b, db), tolerance, arm_map)
     fmt = "json" if as_json else fmt

@@ -1,13 +1,15 @@
 """Untrusted text (dataset categories, arm names from stores and bundles, an attached server's version string) is
 shown, never obeyed: no escape sequence, bell, carriage return or bidi override reaches the terminal, a newline forges
-no line and splits no table row, and the Markdown export carries no HTML, link or table break a renderer would act
-on."""
+no line and splits no table row, the HTML report shows them in its text, attributes and plots, and the Markdown
+export carries no HTML, link or table break a renderer would act on."""
 
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -36,6 +38,7 @@ from orchestrator.launch import fingerprint, single
 from orchestrator.nightly import report as night_report
 from orchestrator.nightly import result as night_result
 from orchestrator.report.compare import compare_markdown, compare_text
+from orchestrator.report.html import ab_html
 from orchestrator.report.markdown import ab_markdown, md_text
 from orchestrator.report.text import ab_text
 from orchestrator.results import bundle as bundle_mod
@@ -341,6 +344,70 @@ def test_an_attached_servers_model_ids_forge_no_line(
     note = next(line for line in (out + err).splitlines() if "/v1/models lists" in line)
     assert "lists mcat\\x1b]0;FAKE VERDICT: REPRODUCED\\x07" in note and "\\n" + FORGED in note, note
     _assert_shown_not_obeyed(out + err)
+
+
+# ---------------------------------------------------------------- the HTML report
+
+# Every character a browser would obey or reorder by rather than show: C0 (but the page's own newlines), DEL, C1, the
+# bidi embeddings, overrides, isolates and marks, the Arabic letter mark, Unicode's line and paragraph separators.
+UNSEEN = "\x00\x08\x0b\x0c\x7f\x85\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u2028\u2029"
+RAW_IN_HTML = re.compile(f"[\\x00-\\x09\\x0b-\\x1f{re.escape(UNSEEN)}{re.escape(''.join(RAW))}]")
+
+
+class _Texts(HTMLParser):
+    """Each run of text of an HTML page, with the element it is in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tag = ""
+        self.texts: list[tuple[str, str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tag = tag
+
+    def handle_data(self, data: str) -> None:
+        self.texts.append((self.tag, data))
+
+
+def _assert_page_shows(page: str, *names: str) -> list[tuple[str, str]]:
+    """No raw control or bidi character anywhere in the page (text, attributes, the plots' SVG), no text of the page
+    or of a plot that starts a forged line, and each name there in its visible form."""
+    raw = sorted({repr(c) for c in RAW_IN_HTML.findall(page)})
+    assert not raw, raw
+    parser = _Texts()
+    parser.feed(page)
+    forged = [(tag, text) for tag, text in parser.texts if text.lstrip().startswith(FORGED)]
+    assert not forged, forged
+    for name in names:
+        assert html.escape(visible(name)) in page, name
+    return parser.texts
+
+
+def test_the_html_report_shows_a_stores_hostile_names_in_its_text_and_its_plots(tmp_path: Path) -> None:
+    # `orch report ID --html F` from a store whose arm names and host were rewritten with SQLite.
+    db = tmp_path / "r.db"
+    a, _ = _craft_arm_names(db)
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("UPDATE experiments SET arms_json = ?", (json.dumps(["base" + HOSTILE, "spec" + UNSEEN]),))
+        conn.execute(
+            "UPDATE launches SET profile = ? WHERE profile = ?", ("spec" + UNSEEN, "spec\u202eline\r\n" + FORGED)
+        )
+    conn.close()
+    out = tmp_path / "r.html"
+    assert main(["report", a, "--html", str(out), "--db", str(db)]) == 0
+    texts = _assert_page_shows(out.read_text(), "base" + HOSTILE, "spec" + UNSEEN, "gpu\x1b[2J\n" + FORGED)
+    # The plots name the arms too (tick labels, legends): as the page does.
+    drawn = [text for tag, text in texts if tag == "text"]
+    assert visible("base" + HOSTILE) in drawn and visible("spec" + UNSEEN) in drawn, drawn
+
+
+def test_the_html_reports_categories_notes_and_reasons_are_shown_too() -> None:
+    arms = {"base" + UNSEEN: 83.0, "<b onmouseover=alert(3)>x\u202e</b>": 60.8}
+    result = dataclasses.replace(
+        _categorised(arms), notes=("note" + HOSTILE,), host="gpu" + UNSEEN, host_facts={"kernel": "6.8" + HOSTILE}
+    )
+    _assert_page_shows(ab_html(result), *CATEGORIES, *arms, "note" + HOSTILE, "gpu" + UNSEEN, "6.8" + HOSTILE)
 
 
 # ---------------------------------------------------------------- what a server (or anyone's process) says, quoted

@@ -203,10 +203,80 @@ def test_compare_and_nightly_markdown_are_inert_too() -> None:
         ("a|b\nc", "a\\|b\\\\nc"),
         ("snake_case *em* ~~gone~~ `code`", "snake_case \\*em\\* \\~\\~gone\\~\\~ \\`code\\`"),
         ("95% CI [0.98, 1.12] -> FASTER by ~3 %", "95% CI [0.98, 1.12] -> FASTER by ~3 %"),
+        ("eagle3 vs baseline @ 4 req/s: 1.05x", "eagle3 vs baseline @ 4 req/s: 1.05x"),
+        ("tok_s@8 up, goodput@4. bench@10.1.2.3:22", "tok_s@8 up, goodput@4. bench@10.1.2.3:22"),
     ],
 )
 def test_md_text_escapes_what_a_renderer_would_act_on_and_nothing_else(text: str, inert: str) -> None:
     assert md_text(text) == inert
+
+
+# GFM's extended autolinks (github.github.com/gfm, "Autolinks (extension)"), as GitHub's renderer (cmark-gfm) finds
+# them: a www or URL link while the inlines are parsed, so in text between escapes (a backslash escape is a text node
+# of its own); an e-mail address (a mailto: or xmpp: one too) after parsing, in the text nodes merged again (escapes
+# and entities are text by then), so only an element between its parts breaks it.
+WWW_LINK = re.compile(r"(?i)(?<![^\s*_~(\[\]])www\.[A-Za-z0-9_-]")
+URL_LINK = re.compile(r"(?i)(?<![A-Za-z])(?:https?|ftp)://[A-Za-z0-9_-]")
+EMAIL_LINK = re.compile(r"[A-Za-z0-9.+_-]+@[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)+")
+# Markdown's parse without merging escapes back into the text around them (markdown-it's last core rule).
+_PARSE = MarkdownIt("commonmark", {"html": True}).enable("table").disable("text_join")
+
+
+def _gfm_autolinks(markdown: str) -> list[str]:
+    """Each extended autolink a GFM renderer would make of the Markdown's text."""
+    found: list[str] = []
+    for token in _PARSE.parse(markdown):
+        merged = [""]
+        for child in token.children or []:
+            if child.type == "text":
+                found += [m.group(0) for m in WWW_LINK.finditer(child.content)]
+                found += [m.group(0) for m in URL_LINK.finditer(child.content)]
+            if child.type in ("text", "text_special"):
+                merged[-1] += child.content
+            else:
+                merged.append("")
+        found += [m.group(0) for text in merged for m in EMAIL_LINK.finditer(text) if m.group(0)[-1] not in "-_"]
+    return found
+
+
+def _read(markdown: str) -> str:
+    """The text a reader sees of the rendered Markdown (HTML comments dropped, as renderers that allow HTML do)."""
+    parser = _Texts()
+    parser.feed(MarkdownIt("commonmark", {"html": True}).render(markdown))
+    return "".join(text for _, text in parser.texts).strip()
+
+
+LINKS = (
+    "https://evil.example/login",
+    "http://evil.example",
+    "ftp://evil.example/f",
+    "HTTPS://EVIL.EXAMPLE/X",
+    "see www.evil.example/x now",
+    "(WWW.evil.example)",
+    "ops@evil.example",
+    "mailto:ops@evil.example",
+    "xmpp:ops@evil.example/chat",
+    "a_b+c.d@evil-co.example",
+    "run_@evil.example",
+    "x@_evil.example",
+    "x@a.b9.example:22",
+)
+
+
+@pytest.mark.parametrize("text", LINKS)
+def test_md_text_keeps_a_bare_url_www_link_or_address_text_that_reads_the_same(text: str) -> None:
+    assert _gfm_autolinks(text), text  # the grammar above finds the link in the bare text
+    assert not _gfm_autolinks(md_text(text)), md_text(text)
+    assert _read(md_text(text)) == text
+
+
+def test_the_markdown_export_links_nothing_from_a_name_or_a_category() -> None:
+    arms = {"https://evil.example/b": 83.0, "www.evil.example": 60.8}
+    result = dataclasses.replace(_categorised(arms), notes=("mail ops@evil.example",))
+    result = dataclasses.replace(result, categories={k: LINKS[: len(CATEGORIES)] for k in result.categories or {}})
+    md = ab_markdown(result)
+    assert not _gfm_autolinks(md), _gfm_autolinks(md)
+    _assert_inert(md)
 
 
 # ---------------------------------------------------------------- through the command line

@@ -37,6 +37,7 @@ from orchestrator.experiment import reproduce
 from orchestrator.launch import fingerprint, single
 from orchestrator.nightly import report as night_report
 from orchestrator.nightly import result as night_result
+from orchestrator.report import nightly_html, nightly_page
 from orchestrator.report.compare import compare_markdown, compare_text
 from orchestrator.report.html import ab_html
 from orchestrator.report.markdown import ab_markdown, md_text
@@ -478,6 +479,53 @@ def test_the_html_reports_categories_notes_and_reasons_are_shown_too() -> None:
         _categorised(arms), notes=("note" + HOSTILE,), host="gpu" + UNSEEN, host_facts={"kernel": "6.8" + HOSTILE}
     )
     _assert_page_shows(ab_html(result), *CATEGORIES, *arms, "note" + HOSTILE, "gpu" + UNSEEN, "6.8" + HOSTILE)
+
+
+def test_the_nightly_pages_item_names_hosts_notes_and_marks_are_shown_too() -> None:
+    # `orch history --html`: an item's name and host come from the suite file, a night's note and a gap's reason
+    # from a failure's message, an environment step's label from what changed (a version a server reported).
+    nights = ("2026-12-01", "2026-12-02", "2026-12-03")
+    series = nightly_page.Series(
+        series="a:tok_s",
+        anchor="s-a-tok-s",
+        title="a" + UNSEEN + " tok/s",
+        unit="tok/s",
+        threshold=0.05,
+        higher_is_better=True,
+        nights=nights,
+        points=(
+            nightly_page.Point(x=0, value=80.0, lo=None, hi=None),
+            nightly_page.Point(x=1, value=81.0, lo=None, hi=None),
+        ),
+        levels=(),
+        band=None,
+        changes=(),
+        env_steps=(nightly_page.EnvStep(x=1, label="sglang 0.5.9" + HOSTILE),),
+        gaps=(nightly_page.Gap(x=2, label="failed: " + HOSTILE),),
+        outliers=(),
+        noise=None,
+        noise_warning=None,
+    )
+    item = nightly_page.Item(
+        item="item" + HOSTILE,
+        host="gpu" + UNSEEN,
+        anchor="item-1",
+        state="failed",
+        label="FAILED",
+        night=nights[-1],
+        noise="—",
+        noise_warning="noisy" + UNSEEN,
+        env_nights=2,
+        experiments=(),
+        simulated=False,
+        attached=False,
+        series=(series,),
+        nights=(nightly_page.NightRow(night=nights[-1], state="failed", label="FAILED", experiments=(), note=HOSTILE),),
+    )
+    page = nightly_page.Page(title="nightly" + UNSEEN, night=nights[-1], items=(item,), simulated=False, attached=())
+    _assert_page_shows(
+        nightly_html.render(page), "item" + HOSTILE, "gpu" + UNSEEN, HOSTILE, "noisy" + UNSEEN, "a" + UNSEEN + " tok/s"
+    )
 
 
 # ---------------------------------------------------------------- what a server (or anyone's process) says, quoted

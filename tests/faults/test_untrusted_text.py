@@ -1,13 +1,15 @@
 """Untrusted text (dataset categories, arm names from stores and bundles, an attached server's version string) is
 shown, never obeyed: no escape sequence, bell, carriage return or bidi override reaches the terminal, a newline forges
-no line and splits no table row, and the Markdown export carries no HTML, link or table break a renderer would act
-on."""
+no line and splits no table row, the HTML report shows them in its text, attributes and plots, and the Markdown
+export carries no HTML, link or table break a renderer would act on."""
 
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -35,7 +37,9 @@ from orchestrator.experiment import reproduce
 from orchestrator.launch import fingerprint, single
 from orchestrator.nightly import report as night_report
 from orchestrator.nightly import result as night_result
+from orchestrator.report import nightly_html, nightly_page
 from orchestrator.report.compare import compare_markdown, compare_text
+from orchestrator.report.html import ab_html
 from orchestrator.report.markdown import ab_markdown, md_text
 from orchestrator.report.text import ab_text
 from orchestrator.results import bundle as bundle_mod
@@ -200,10 +204,80 @@ def test_compare_and_nightly_markdown_are_inert_too() -> None:
         ("a|b\nc", "a\\|b\\\\nc"),
         ("snake_case *em* ~~gone~~ `code`", "snake_case \\*em\\* \\~\\~gone\\~\\~ \\`code\\`"),
         ("95% CI [0.98, 1.12] -> FASTER by ~3 %", "95% CI [0.98, 1.12] -> FASTER by ~3 %"),
+        ("eagle3 vs baseline @ 4 req/s: 1.05x", "eagle3 vs baseline @ 4 req/s: 1.05x"),
+        ("tok_s@8 up, goodput@4. bench@10.1.2.3:22", "tok_s@8 up, goodput@4. bench@10.1.2.3:22"),
     ],
 )
 def test_md_text_escapes_what_a_renderer_would_act_on_and_nothing_else(text: str, inert: str) -> None:
     assert md_text(text) == inert
+
+
+# GFM's extended autolinks (github.github.com/gfm, "Autolinks (extension)"), as GitHub's renderer (cmark-gfm) finds
+# them: a www or URL link while the inlines are parsed, so in text between escapes (a backslash escape is a text node
+# of its own); an e-mail address (a mailto: or xmpp: one too) after parsing, in the text nodes merged again (escapes
+# and entities are text by then), so only an element between its parts breaks it.
+WWW_LINK = re.compile(r"(?i)(?<![^\s*_~(\[\]])www\.[A-Za-z0-9_-]")
+URL_LINK = re.compile(r"(?i)(?<![A-Za-z])(?:https?|ftp)://[A-Za-z0-9_-]")
+EMAIL_LINK = re.compile(r"[A-Za-z0-9.+_-]+@[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)+")
+# Markdown's parse without merging escapes back into the text around them (markdown-it's last core rule).
+_PARSE = MarkdownIt("commonmark", {"html": True}).enable("table").disable("text_join")
+
+
+def _gfm_autolinks(markdown: str) -> list[str]:
+    """Each extended autolink a GFM renderer would make of the Markdown's text."""
+    found: list[str] = []
+    for token in _PARSE.parse(markdown):
+        merged = [""]
+        for child in token.children or []:
+            if child.type == "text":
+                found += [m.group(0) for m in WWW_LINK.finditer(child.content)]
+                found += [m.group(0) for m in URL_LINK.finditer(child.content)]
+            if child.type in ("text", "text_special"):
+                merged[-1] += child.content
+            else:
+                merged.append("")
+        found += [m.group(0) for text in merged for m in EMAIL_LINK.finditer(text) if m.group(0)[-1] not in "-_"]
+    return found
+
+
+def _read(markdown: str) -> str:
+    """The text a reader sees of the rendered Markdown (HTML comments dropped, as renderers that allow HTML do)."""
+    parser = _Texts()
+    parser.feed(MarkdownIt("commonmark", {"html": True}).render(markdown))
+    return "".join(text for _, text in parser.texts).strip()
+
+
+LINKS = (
+    "https://evil.example/login",
+    "http://evil.example",
+    "ftp://evil.example/f",
+    "HTTPS://EVIL.EXAMPLE/X",
+    "see www.evil.example/x now",
+    "(WWW.evil.example)",
+    "ops@evil.example",
+    "mailto:ops@evil.example",
+    "xmpp:ops@evil.example/chat",
+    "a_b+c.d@evil-co.example",
+    "run_@evil.example",
+    "x@_evil.example",
+    "x@a.b9.example:22",
+)
+
+
+@pytest.mark.parametrize("text", LINKS)
+def test_md_text_keeps_a_bare_url_www_link_or_address_text_that_reads_the_same(text: str) -> None:
+    assert _gfm_autolinks(text), text  # the grammar above finds the link in the bare text
+    assert not _gfm_autolinks(md_text(text)), md_text(text)
+    assert _read(md_text(text)) == text
+
+
+def test_the_markdown_export_links_nothing_from_a_name_or_a_category() -> None:
+    arms = {"https://evil.example/b": 83.0, "www.evil.example": 60.8}
+    result = dataclasses.replace(_categorised(arms), notes=("mail ops@evil.example",))
+    result = dataclasses.replace(result, categories={k: LINKS[: len(CATEGORIES)] for k in result.categories or {}})
+    md = ab_markdown(result)
+    assert not _gfm_autolinks(md), _gfm_autolinks(md)
+    _assert_inert(md)
 
 
 # ---------------------------------------------------------------- through the command line
@@ -341,6 +415,117 @@ def test_an_attached_servers_model_ids_forge_no_line(
     note = next(line for line in (out + err).splitlines() if "/v1/models lists" in line)
     assert "lists mcat\\x1b]0;FAKE VERDICT: REPRODUCED\\x07" in note and "\\n" + FORGED in note, note
     _assert_shown_not_obeyed(out + err)
+
+
+# ---------------------------------------------------------------- the HTML report
+
+# Every character a browser would obey or reorder by rather than show: C0 (but the page's own newlines), DEL, C1, the
+# bidi embeddings, overrides, isolates and marks, the Arabic letter mark, Unicode's line and paragraph separators.
+UNSEEN = "\x00\x08\x0b\x0c\x7f\x85\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069\u2028\u2029"
+RAW_IN_HTML = re.compile(f"[\\x00-\\x09\\x0b-\\x1f{re.escape(UNSEEN)}{re.escape(''.join(RAW))}]")
+
+
+class _Texts(HTMLParser):
+    """Each run of text of an HTML page, with the element it is in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tag = ""
+        self.texts: list[tuple[str, str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tag = tag
+
+    def handle_data(self, data: str) -> None:
+        self.texts.append((self.tag, data))
+
+
+def _assert_page_shows(page: str, *names: str) -> list[tuple[str, str]]:
+    """No raw control or bidi character anywhere in the page (text, attributes, the plots' SVG), no text of the page
+    or of a plot that starts a forged line, and each name there in its visible form."""
+    raw = sorted({repr(c) for c in RAW_IN_HTML.findall(page)})
+    assert not raw, raw
+    parser = _Texts()
+    parser.feed(page)
+    forged = [(tag, text) for tag, text in parser.texts if text.lstrip().startswith(FORGED)]
+    assert not forged, forged
+    for name in names:
+        assert html.escape(visible(name)) in page, name
+    return parser.texts
+
+
+def test_the_html_report_shows_a_stores_hostile_names_in_its_text_and_its_plots(tmp_path: Path) -> None:
+    # `orch report ID --html F` from a store whose arm names and host were rewritten with SQLite.
+    db = tmp_path / "r.db"
+    a, _ = _craft_arm_names(db)
+    conn = sqlite3.connect(db)
+    with conn:
+        conn.execute("UPDATE experiments SET arms_json = ?", (json.dumps(["base" + HOSTILE, "spec" + UNSEEN]),))
+        conn.execute(
+            "UPDATE launches SET profile = ? WHERE profile = ?", ("spec" + UNSEEN, "spec\u202eline\r\n" + FORGED)
+        )
+    conn.close()
+    out = tmp_path / "r.html"
+    assert main(["report", a, "--html", str(out), "--db", str(db)]) == 0
+    texts = _assert_page_shows(out.read_text(), "base" + HOSTILE, "spec" + UNSEEN, "gpu\x1b[2J\n" + FORGED)
+    # The plots name the arms too (tick labels, legends): as the page does.
+    drawn = [text for tag, text in texts if tag == "text"]
+    assert visible("base" + HOSTILE) in drawn and visible("spec" + UNSEEN) in drawn, drawn
+
+
+def test_the_html_reports_categories_notes_and_reasons_are_shown_too() -> None:
+    arms = {"base" + UNSEEN: 83.0, "<b onmouseover=alert(3)>x\u202e</b>": 60.8}
+    result = dataclasses.replace(
+        _categorised(arms), notes=("note" + HOSTILE,), host="gpu" + UNSEEN, host_facts={"kernel": "6.8" + HOSTILE}
+    )
+    _assert_page_shows(ab_html(result), *CATEGORIES, *arms, "note" + HOSTILE, "gpu" + UNSEEN, "6.8" + HOSTILE)
+
+
+def test_the_nightly_pages_item_names_hosts_notes_and_marks_are_shown_too() -> None:
+    # `orch history --html`: an item's name and host come from the suite file, a night's note and a gap's reason
+    # from a failure's message, an environment step's label from what changed (a version a server reported).
+    nights = ("2026-12-01", "2026-12-02", "2026-12-03")
+    series = nightly_page.Series(
+        series="a:tok_s",
+        anchor="s-a-tok-s",
+        title="a" + UNSEEN + " tok/s",
+        unit="tok/s",
+        threshold=0.05,
+        higher_is_better=True,
+        nights=nights,
+        points=(
+            nightly_page.Point(x=0, value=80.0, lo=None, hi=None),
+            nightly_page.Point(x=1, value=81.0, lo=None, hi=None),
+        ),
+        levels=(),
+        band=None,
+        changes=(),
+        env_steps=(nightly_page.EnvStep(x=1, label="sglang 0.5.9" + HOSTILE),),
+        gaps=(nightly_page.Gap(x=2, label="failed: " + HOSTILE),),
+        outliers=(),
+        noise=None,
+        noise_warning=None,
+    )
+    item = nightly_page.Item(
+        item="item" + HOSTILE,
+        host="gpu" + UNSEEN,
+        anchor="item-1",
+        state="failed",
+        label="FAILED",
+        night=nights[-1],
+        noise="—",
+        noise_warning="noisy" + UNSEEN,
+        env_nights=2,
+        experiments=(),
+        simulated=False,
+        attached=False,
+        series=(series,),
+        nights=(nightly_page.NightRow(night=nights[-1], state="failed", label="FAILED", experiments=(), note=HOSTILE),),
+    )
+    page = nightly_page.Page(title="nightly" + UNSEEN, night=nights[-1], items=(item,), simulated=False, attached=())
+    _assert_page_shows(
+        nightly_html.render(page), "item" + HOSTILE, "gpu" + UNSEEN, HOSTILE, "noisy" + UNSEEN, "a" + UNSEEN + " tok/s"
+    )
 
 
 # ---------------------------------------------------------------- what a server (or anyone's process) says, quoted

@@ -21,8 +21,10 @@ def show(v: Any) -> str:
 
 
 def key_name(k: Any) -> str:
-    """A mapping key as it appears in a field path (`env.NAME`), bounded like show()."""
-    if isinstance(k, str):
+    """A mapping key as it appears in a field path (`env.NAME`), bounded like show(); a key holding a newline, an
+    escape sequence or a bidi override is quoted as show() quotes it (its repr), so it cannot start a line of its own
+    or rewrite the one it is in."""
+    if isinstance(k, str) and k.isprintable():
         return k if len(k) <= 80 else k[:77] + "..."
     return show(k)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import psutil
 
+from orchestrator.common.printable import visible
 from orchestrator.common.redaction import REDACTED, hide_argv, scrub
 
 MARKER = "ORCH_LAUNCH_ID"
@@ -50,6 +51,8 @@ def masked_cmdline(proc: psutil.Process, limit: int = 300) -> str:
         text = scrub(" ".join(hide_argv(proc.cmdline(), lambda _: REDACTED))) or proc.name()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return "?"
+    # Anyone's argv may hold a newline or an escape sequence, and orch quotes it in one line of a message.
+    text = visible(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

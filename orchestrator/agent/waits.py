@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 
 from orchestrator.agent.facts import op_gpus
+from orchestrator.common.printable import visible
 
 Report = Callable[[dict[str, Any]], None]
 
@@ -78,7 +79,7 @@ def _foreign_listener(port: int, pid: int) -> dict[str, Any] | None:
         return None
     other = min(owners)
     try:
-        cmdline = " ".join(psutil.Process(other).cmdline())[:300]
+        cmdline = visible(" ".join(psutil.Process(other).cmdline())[:300])  # anyone's argv: one field
     except psutil.Error:
         cmdline = "?"
     return {"pid": other, "cmdline": cmdline}
@@ -109,7 +110,9 @@ def _message(data: bytes) -> str:
         return ""
     err = doc.get("error") or doc.get("detail")
     raw = err.get("message") if isinstance(err, dict) else err
-    return " ".join(str(raw).split())[:160] if raw else ""
+    # The server's words, in a state that orch prints in a line of its own: one field (whitespace runs as one
+    # space; an escape sequence or a bidi override shown, not obeyed).
+    return visible(" ".join(str(raw).split())[:160]) if raw else ""
 
 
 def _answer_state(status: int, data: bytes) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +33,16 @@ _PRINTED = "orch.jsonout.printed"
 
 
 def _wants_json(ctx: click.Context) -> bool:
-    return bool(ctx.params.get("as_json")) and not ctx.meta.get(_PRINTED)
+    # `orch compare --format json` is its --json by another name: a script reading either gets a document.
+    asked = bool(ctx.params.get("as_json")) or ctx.params.get("fmt") == "json"
+    return asked and not ctx.meta.get(_PRINTED)
+
+
+def _json_in_args(args: list[str]) -> bool:
+    """Whether the command line asks for JSON (--json, or --format json), read before click parses it."""
+    if "--json" in args or "--format=json" in args:
+        return True
+    return any(a == "--format" and b == "json" for a, b in itertools.pairwise(args))
 
 
 class JsonCommand(click.Command):
@@ -42,8 +52,9 @@ class JsonCommand(click.Command):
     def make_context(
         self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
     ) -> click.Context:
-        # Decided before parsing: a usage error (a bad option value) must answer in JSON as well.
-        as_json = "--json" in args
+        # Decided before parsing: a usage error (a bad option value, an unknown option, a missing argument) must
+        # answer in JSON as well.
+        as_json = _json_in_args(args)
         try:
             return super().make_context(info_name, args, parent, **extra)
         except click.UsageError as e:

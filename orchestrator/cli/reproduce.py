@@ -11,7 +11,7 @@ import click
 
 from orchestrator.cli.ab import usage_errors
 from orchestrator.cli.base import FiniteFloat
-from orchestrator.cli.jsonout import RunCommand
+from orchestrator.cli.jsonout import JsonCommand, RunCommand
 from orchestrator.cli.options import db_option, fixed_bench_options, parse_tolerance, run_options
 from orchestrator.cli.stored import stored_result
 from orchestrator.experiment import reproduce as reproduce_mod
@@ -170,14 +170,15 @@ def parse_arm_map(ctx: click.Context, param: click.Parameter, values: tuple[str,
     return out
 
 
-@click.command("compare")
+@click.command("compare", cls=JsonCommand)
 @click.argument("a", metavar="A")
 @click.argument("b", metavar="B")
 @db_option
 @click.option("--tolerance", default="3%", show_default=True, callback=parse_tolerance,
               help="How far B may be from A and still count as the same.")  # fmt: skip
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md"]), default="text", show_default=True,
-              help="text for a terminal, json for scripts, md (Markdown) for an issue or a pull request.")  # fmt: skip
+              help="text for a terminal, json for scripts (a failure is one document too: \"status\": \"error\" "
+              "and \"error\"), md (Markdown) for an issue or a pull request.")  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option("--map", "arm_map", multiple=True, metavar="B_ARM=A_ARM", callback=parse_arm_map,
               help="Judge B's arm B_ARM against A's arm A_ARM (arms of other names); repeatable. Arms not named "
@@ -192,7 +193,10 @@ def compare_cmd(
     pairs arms of other names (never by position unasked: when no name matches, the refusal lists both sides'
     arms and the --map line that pairs them in order). Exit 0 when B reproduces A, 3 when it does not, 4 when that
     cannot be told from these launches, 2 when no arm pairs up, --map names an arm that is not there, or
-    the two measured no level in common (concurrency against rates, or other levels).
+    the two measured no level in common (concurrency against rates, or other levels), and 2 when A or B names no
+    experiment (or several) or is a bundle that cannot be read. Only the levels both measured are judged; one that
+    only one side measured is named with the other side's levels (for a rate, the nearest one: close rates are other
+    levels, never paired) and left out of the verdict.
     """
     verdict = reproduce_mod.compare_results(stored_result(a, db), stored_result(b, db), tolerance, arm_map)
     fmt = "json" if as_json else fmt

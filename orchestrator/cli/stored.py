@@ -201,10 +201,15 @@ def html_report(ref: str, db: str | None, min_effect: float | None = None) -> tu
     return html.render(result, requests), len(result.launches)
 
 
-@click.command("show")
+@click.command("show", cls=JsonCommand)
 @click.argument("experiment", metavar="ID|FILE", shell_complete=experiment_ids)
 @db_option
-@click.option("--json", "as_json", is_flag=True, help="The same JSON document as `orch ab --json`.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='The same JSON document as `orch ab --json` (on failure one document too: "status": "error" and "error").',
+)
 @click.option(
     "--min-effect",
     default=None,
@@ -218,7 +223,8 @@ def show_cmd(
     """An experiment's report from the store (ID: an id, a unique prefix, or 'last'); partial ones too.
 
     FILE: a result bundle (`orch export ID --format bundle`), shown without importing it. --slo and --metric judge
-    it on other objectives or another metric than its own (goodput is counted from the stored per-request rows)."""
+    it on other objectives or another metric than its own (goodput is counted from the stored per-request rows).
+    An ID that names no experiment (or several) exits 2."""
     from orchestrator.report.jsondoc import ab_json
     from orchestrator.report.text import ab_text
 

@@ -13,7 +13,6 @@ from orchestrator.cli.base import MAX_TPS, FiniteFloat
 from orchestrator.cli.complete import experiment_ids
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
 from orchestrator.cli.options import db_option, open_existing
-from orchestrator.errors import InputError, StoreError
 from orchestrator.results import bundle as bundle_mod
 from orchestrator.results import model
 from orchestrator.results.load import load_result
@@ -45,10 +44,7 @@ def load(ref: str, db: str | None) -> tuple[model.ABResult, list[dict[str, Any] 
         return bundle_mod.result_from_bundle(bundle), list(bundle["content"].get("profiles") or [])
     store = open_existing(db)
     try:
-        try:
-            exp = store.find_experiment(ref)
-        except StoreError as e:  # an id that is not there is the user's input, not a broken store
-            raise InputError(str(e)) from None
+        exp = store.find_experiment(ref)  # an id that names none is ExperimentRefError (exit 2), as everywhere
         result = load_result(store, exp["id"])
         stored = json.loads(exp["config_json"]).get("profiles")
         if isinstance(stored, list) and len(stored) == len(result.profiles):

@@ -22,6 +22,7 @@ from orchestrator.client.request import (
     whole_count,
 )
 from orchestrator.client.streamparse import BadAnswer, EventStream, generate_count
+from orchestrator.common.printable import visible
 
 # How long an error answer's body may lag its head before the status is reported without it.
 ERROR_BODY_WAIT_S = 2.0
@@ -106,13 +107,16 @@ class Guard:
 def _describe(exc: BaseException, rec: Record) -> str:
     """A request's error from what ended its stream: what the server did wrong, and how far it got."""
     if isinstance(exc, BadAnswer):
-        return f"{exc} (after {rec.tokens} tokens)"
+        return f"{visible(str(exc))} (after {rec.tokens} tokens)"  # it may quote the server (its error event)
     if isinstance(exc, asyncio.IncompleteReadError):
         return f"the connection closed mid-chunk after {rec.tokens} tokens"
     if isinstance(exc, OSError):
         return f"{type(exc).__name__}: {exc} after {rec.tokens} tokens"
-    # Anything else came from parsing what the server sent (bad JSON, wrong types, absurd sizes).
-    return f"unreadable answer from the server ({type(exc).__name__}: {str(exc)[:200]}) after {rec.tokens} tokens"
+    # Anything else came from parsing what the server sent (bad JSON, wrong types, absurd sizes): its text may quote
+    # the server's, so it is one field.
+    return (
+        f"unreadable answer from the server ({type(exc).__name__}: {visible(str(exc)[:200])}) after {rec.tokens} tokens"
+    )
 
 
 def check_bounds(**bounds: float) -> None:
@@ -290,10 +294,12 @@ class _Exchange(asyncio.BufferedProtocol):
         if parser.status:
             # The reason phrase too: of an empty answer it is all there is to read (307 Temporary Redirect).
             reason = parser.status_line.split(None, 2)[2:]
-            what = f"HTTP {parser.status}" + (f" {reason[0].decode(errors='replace')[:60]}" if reason else "")
+            what = f"HTTP {parser.status}" + (f" {visible(reason[0].decode(errors='replace')[:60])}" if reason else "")
         else:
             what = f"not an HTTP answer ({parser.status_line[:60]!r})"
-        body = parser.error_body.decode(errors="replace").strip()[:300]
+        # The server's words, quoted in an error that is printed, stored and shown in reports: one field on one line
+        # (a pretty-printed JSON body keeps its newlines as \n; an escape sequence in it is shown, not obeyed).
+        body = visible(parser.error_body.decode(errors="replace").strip()[:300])
         self.rec.error = f"{what}: {body}" if body else f"{what} (no body)"
         self._end(None)
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.common.printable import visible
 from orchestrator.config import prompts
 from orchestrator.config.prompts import MAX_FILE_BYTES, MAX_RECORD_BYTES, PromptItem
 from orchestrator.errors import PromptFileError
@@ -208,7 +209,8 @@ def _csv(path: str) -> Iterator[PromptItem | None]:
         columns = [h.strip().lower() for h in header]
         if "prompt" not in columns:
             raise PromptFileError(
-                f"{path}:1: no 'prompt' column in the header (columns: {', '.join(header) or 'none'}); "
+                # A quoted column name may hold a newline: each is one field of this one line.
+                f"{path}:1: no 'prompt' column in the header (columns: {', '.join(map(visible, header)) or 'none'}); "
                 "a CSV dataset needs 'prompt' and may have 'category' and 'output_len'"
             )
         p = columns.index("prompt")

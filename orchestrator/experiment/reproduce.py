@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import files, yamlfile
+from orchestrator.common.printable import visible
 from orchestrator.config import datasets, limits, prompts, traces
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.design import ABConfig
@@ -153,10 +154,11 @@ def bundle_data(
             return BundleData(want)
         if _still_there(bench.trace, want):
             return BundleData(want, trace=bench.trace)
-        note = (shipped.get("trace") or {}).get("note") or "it was not bundled"
+        note = visible(str((shipped.get("trace") or {}).get("note") or "it was not bundled"))  # the sender's words
         raise InputError(
             f"{source}: the bundle's experiment replayed {want.label()}, which the bundle does not carry ({note}) "
-            f"and which is not at {bench.trace}; give a copy with --trace PATH (checked against its sha256)"
+            f"and which is not at {visible(str(bench.trace))}; give a copy with --trace PATH (checked against its "
+            "sha256)"
         )
     if want.kind == "generated":
         return BundleData(want)
@@ -172,10 +174,10 @@ def bundle_data(
     path = recorded_at.get("path") or shipped.get("path") or bench.prompts  # the resolved path, where recorded
     if _still_there(path, want):
         return BundleData(want, prompts=path)
+    note = visible(str(shipped.get("note") or "it was not bundled"))  # the sender's words
     raise InputError(
-        f"{source}: the bundle's experiment sent {want.label()}, which the bundle does not carry "
-        f"({shipped.get('note') or 'it was not bundled'}); give a copy with --prompts PATH (or --dataset PATH; checked "
-        "against its sha256)"
+        f"{source}: the bundle's experiment sent {want.label()}, which the bundle does not carry ({note}); give a "
+        "copy with --prompts PATH (or --dataset PATH; checked against its sha256)"
     )
 
 
@@ -190,7 +192,7 @@ def datasource_of(path: str, kind: str) -> DataSource:
 
 
 def _named(data: DataSource) -> str:
-    return data.label() + (f" from {data.origin}" if data.origin else "")
+    return data.label() + (f" from {visible(data.origin)}" if data.origin else "")
 
 
 def check_copy(want: DataSource, got: DataSource, given: str, source: str) -> None:
@@ -260,8 +262,9 @@ def rerun_config(
         )
     recorded_digest = config.get("requests_sha256")
     if recorded_digest is not None and bundle_mod.requests_sha256(bench) != recorded_digest:
+        sent = data.recorded.label() if data.recorded else visible(bench.prompts)
         raise InputError(
-            f"the requests this orch would send from {data.recorded.label() if data.recorded else bench.prompts} "
+            f"the requests this orch would send from {sent} "
             "differ from the recorded ones (another orch version, or other data?); refusing to reproduce on other "
             "requests"
         )

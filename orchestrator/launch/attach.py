@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from orchestrator import __version__, engines
+from orchestrator.common.printable import visible
 from orchestrator.config.profile import Profile
 from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import InputError, ServerError
@@ -258,7 +259,9 @@ class AttachedServer:
         model = profile.served_model_name or profile.model_path
         served = (fp.get("software") or {}).get("served_models")
         if served and model not in served:
-            return [f"NOTE: {self.url}/v1/models lists {', '.join(served)}, not the profile's {model!r}"]
+            # Each id as the server sent it, but one field: a newline in it would start a line of its own.
+            listed = ", ".join(visible(str(m)) for m in served)
+            return [f"NOTE: {self.url}/v1/models lists {listed}, not the profile's {model!r}"]
         return []
 
     def runner(self, host: Host, profile: Profile, bench: BenchConfig) -> Runner:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from orchestrator import engines
+from orchestrator.common.printable import visible
 from orchestrator.common.redaction import DIGEST_RE, REDACTED
 from orchestrator.config.profile import Profile
 from orchestrator.config.workload import BenchConfig, requests_digest
@@ -335,7 +336,8 @@ def _show(value: Any, limit: int = 120) -> str:
     elif isinstance(value, dict):
         text = json.dumps(value, sort_keys=True, default=str)
     else:
-        text = str(value)
+        # A version, a package or an argv item as the server or its host reported it: one field on one line.
+        text = visible(str(value))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -614,7 +616,8 @@ def node_mismatches(facts: dict[str, dict[str, Any]]) -> list[str]:
     for label, read in _node_fields(facts):
         values = {node: read(f) for node, f in facts.items()}
         if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
-            shown = ", ".join(f"{node} has {_node_value(v)}" for node, v in values.items())
+            # A driver or package version as each host reported it: one field, whatever it holds.
+            shown = ", ".join(f"{visible(node)} has {visible(_node_value(v))}" for node, v in values.items())
             out.append(f"{label}: {shown}")
     return out
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator import engines
+from orchestrator.common.printable import visible
 from orchestrator.config.profile import Profile
 from orchestrator.config.secretpatterns import scrub
 from orchestrator.errors import AllocationEnded, HostError, InputError, OrchError, ServerError
@@ -148,7 +149,7 @@ def _tails(ranks: list[Rank], lines: int) -> str:
     parts = []
     for rank in ranks:
         assert rank.launch is not None
-        tail = rank.host.call("log_tail", path=rank.launch.log_path, lines=lines)
+        tail = visible(str(rank.host.call("log_tail", path=rank.launch.log_path, lines=lines)), lines=True)
         parts.append(f"--- {rank.label}, {rank.launch.log_path}:\n{tail}".rstrip())
     return "\n".join(parts)
 

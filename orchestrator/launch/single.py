@@ -15,6 +15,7 @@ from orchestrator.agent.ops import MARKER
 from orchestrator.agent.processes import PROFILE
 from orchestrator.agent.waits import gpu_problems
 from orchestrator.common import stopsignals
+from orchestrator.common.printable import visible
 from orchestrator.config.profile import Profile
 from orchestrator.config.secretpatterns import redact, redact_argv, remask, scrub, secret_values
 from orchestrator.config.workload import BenchConfig
@@ -248,7 +249,8 @@ def wait_ready(
     def heard(event: dict[str, Any]) -> None:
         state = str(event.get("state", "loading"))
         if event.get("changed"):
-            events.line(f"{profile.name}: port {launch_.port} answers; {probe.label} says {scrub(state, secrets)}")
+            shown = visible(scrub(state, secrets))  # it may quote the server's error message
+            events.line(f"{profile.name}: port {launch_.port} answers; {probe.label} says {shown}")
         # For the live view only: what a 30-minute model load is doing (the server's args, keys included, are in
         # that log: scrubbed).
         log = progress.log_line(scrub(str(event.get("log") or ""), secrets))
@@ -273,8 +275,9 @@ def wait_ready(
         if extras is not None:  # what `then` asked for, done by the agent in the same call
             extras.update({k: result[k] for k in ("launch_state", "server_info", "fingerprint") if k in result})
         return time.monotonic() - t0
-    # The server's own startup dump (`server_args=ServerArgs(... api_key='…')`) is in its log: scrub.
-    tail = scrub(str(result.get("log_tail", "")), secrets)
+    # The server's own startup dump (`server_args=ServerArgs(... api_key='…')`) is in its log: scrub. Its lines stay
+    # lines; anything else a terminal would obey (colour, a title, a carriage return over the line) is shown.
+    tail = visible(scrub(str(result.get("log_tail", "")), secrets), lines=True)
     if result.get("why") == "port_taken":
         owner = result.get("owner") or {}
         raise ServerError(
@@ -288,9 +291,9 @@ def wait_ready(
             f"{profile.name}: server process {launch_.pid} exited during startup "
             f"after {time.monotonic() - t0:.1f}s. Last lines of {launch_.log_path}:\n{tail}"
         )
+    state = visible(scrub(str(result.get("state")), secrets))
     raise ServerError(
-        f"{profile.name}: not ready after {timeout_s:.0f}s (still {scrub(str(result.get('state')), secrets)}). "
-        f"Last lines of {launch_.log_path}:\n{tail}"
+        f"{profile.name}: not ready after {timeout_s:.0f}s (still {state}). Last lines of {launch_.log_path}:\n{tail}"
     )
 
 
@@ -478,7 +481,7 @@ class RunningServer:
 
     def failure_tail(self, host: Host, lines: int = 20) -> str:
         """The server's last log lines, to show why it failed (a multi-node launch: those of the ranks that died)."""
-        return str(host.call("log_tail", path=self.launch.log_path, lines=lines))
+        return visible(str(host.call("log_tail", path=self.launch.log_path, lines=lines)), lines=True)
 
     def problem(self, host: Host) -> str | None:
         """Why the launch is no longer healthy, or None: a recorded process exited."""

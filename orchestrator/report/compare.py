@@ -8,7 +8,14 @@ from orchestrator.common.printable import visible
 from orchestrator.report.lines import SIM_BANNER
 from orchestrator.report.markdown import md_table, md_text
 from orchestrator.report.text import text_table
-from orchestrator.results.compare import ArmSide, ClaimVerdict, ExperimentComparison, Side, estimate_json
+from orchestrator.results.compare import (
+    ArmSide,
+    ClaimVerdict,
+    ExperimentComparison,
+    OneSidedLevel,
+    Side,
+    estimate_json,
+)
 from orchestrator.results.run import Rate, level_phrase
 from orchestrator.stats.estimates import RatioEstimate
 from orchestrator.stats.reproduction import NOT_REPRODUCED, ArmEstimate, ReproVerdict
@@ -130,9 +137,13 @@ def _causes_title(c: ExperimentComparison) -> str:
 
 def _where(c: ExperimentComparison) -> str:
     """The level(s) judged, in words."""
+    both = " both measured" if c.one_sided else ""
     if c.levels:
-        return f"{len(c.levels)} levels ({', '.join(level_phrase(x.concurrency) for x in c.levels)}), each judged"
-    return level_phrase(c.concurrency)
+        return f"{len(c.levels)} levels{both} ({', '.join(level_phrase(x.concurrency) for x in c.levels)}), each judged"
+    return level_phrase(c.concurrency) + (" (the one level both measured)" if c.one_sided else "")
+
+
+ONE_SIDED_TITLE = "levels measured on one side only (nothing to judge them against):"
 
 
 def compare_text(c: ExperimentComparison) -> str:
@@ -144,6 +155,8 @@ def compare_text(c: ExperimentComparison) -> str:
         f"  {_where(c)}; tolerance ±{c.tolerance * 100:.1f}%; tok/s = geometric mean of launch "
         "medians, 95% CI across launches",
     ]
+    if c.one_sided:
+        lines += [f"  {ONE_SIDED_TITLE}", *(f"    {x.said}" for x in c.one_sided)]
     if c.a.simulated or c.b.simulated:
         lines.append(SIM_BANNER)
     for level in c.levels or (c,):
@@ -190,9 +203,26 @@ def compare_json(c: ExperimentComparison) -> dict[str, Any]:
     """The `orch compare --json` document. Field names are a contract: add, never rename. With two or more levels,
     the top-level fields are the headline level's (status and reason over every level) and `levels` has each."""
     doc = _level_json(c)
+    doc["not_judged_levels"] = [_one_sided_json(x) for x in c.one_sided]
     if c.levels:
         doc["levels"] = [{k: v for k, v in _level_json(x).items() if k not in ("a", "b")} for x in c.levels]
     return doc
+
+
+def _one_sided_json(x: OneSidedLevel) -> dict[str, Any]:
+    """A level only one side measured: the level as a level's own fields are, the other side's levels, and for a
+    rate the nearest on the other side (another level all the same)."""
+    return {
+        "measured_by": x.side,
+        "concurrency": None if isinstance(x.level, Rate) else x.level,
+        "rate": float(x.level) if isinstance(x.level, Rate) else None,
+        "other_side": {
+            "concurrency": [level for level in x.other if not isinstance(level, Rate)],
+            "rates": [float(level) for level in x.other if isinstance(level, Rate)],
+        },
+        "nearest_rate": float(x.nearest) if x.nearest is not None else None,
+        "reason": x.said,
+    }
 
 
 def _level_json(c: ExperimentComparison) -> dict[str, Any]:
@@ -249,6 +279,9 @@ def compare_markdown(c: ExperimentComparison) -> str:
         "",
         *([f"**{t(_data_step(c.dataset_change, 'Environment step'))}**", ""] if c.dataset_change else []),
     ]
+    if c.one_sided:
+        title = ONE_SIDED_TITLE[:1].upper() + ONE_SIDED_TITLE[1:]
+        lines += [t(title), "", *(f"- {t(x.said)}" for x in c.one_sided), ""]
     for level in c.levels or (c,):
         if c.levels:
             lines += [f"## {t(f'{level_phrase(level.concurrency)}: {headline(level)}')}", ""]

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__
+from orchestrator.common.printable import visible
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS, SLO
 from orchestrator.report import plots
 from orchestrator.report.lines import (
@@ -71,7 +72,10 @@ figcaption{color:#57606a;font-size:13px;margin-top:4px}.note{color:#57606a}.warn
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    """value as HTML text or an attribute's value: its control characters, bidi overrides and newlines shown as
+    escapes first (names and reasons come from stores, bundles and servers; escaping `<` and `&` alone leaves a
+    right-to-left override free to make a line read other than it is)."""
+    return html.escape(visible(str(value)), quote=True)
 
 
 def _table(rows: Sequence[Sequence[object]], table_id: str, numeric_from: int = 1) -> str:
@@ -840,7 +844,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
     if lines:
         body.append(
             '<ul class="verdicts">'
-            + "".join(f'<li class="v-{v.replace(" ", "-")}">{_e(text)}</li>' for v, text in lines)
+            + "".join(f'<li class="v-{_e(v.replace(" ", "-"))}">{_e(text)}</li>' for v, text in lines)
             + "</ul>"
         )
     else:

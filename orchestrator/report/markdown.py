@@ -49,6 +49,16 @@ _ESCAPED = re.compile(
     r"|\](?=[(\[])"  # a link or image ([text](url), ![alt](url)) or a reference to one ([text][ref])
 )
 _HTML = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# GFM's extended autolinks, which GitHub's and GitLab's renderers make of bare text. A URL (http, https, ftp; mailto
+# and xmpp before an address) and a `www.` link are found while the inlines are parsed: a backslash before the scheme's
+# `:` or the `.` after www makes that character an escape of its own, which no link starts from. An address (`a@b.c`)
+# is found afterwards, in the text merged back (escapes and entities are text by then): only an element between its
+# parts keeps it text, so an empty HTML comment goes before its `@` (renderers that allow HTML drop it). Only before
+# a domain with a period and a letter at its end: orch's own `tok_s@8` and `bench@10.1.2.3` are no address.
+_SCHEME = re.compile(r"(?i)(https?|ftp|mailto|xmpp):")
+_WWW = re.compile(r"(?i)(www)\.")
+_LABEL = r"(?:[A-Za-z0-9_-]|\\_)"  # a domain's character, `_` as md_text may have escaped it
+_ADDRESS = re.compile(rf"(?<=[A-Za-z0-9.+_-])@(?={_LABEL}+\.(?:{_LABEL}|\.)*[A-Za-z])")
 # What starts a block at the beginning of a line (or of a list item's text): a heading, quote, list, rule, or a
 # link reference definition (`[ref]: javascript:…`, which only forms there).
 _BLOCK_START = re.compile(r"^(\s*)(?:([#+=\[-])|(>)|(\d+)([.)]))")
@@ -57,8 +67,9 @@ _BLOCK_START = re.compile(r"^(\s*)(?:([#+=\[-])|(>)|(\d+)([.)]))")
 def md_text(text: str, *, block: bool = True) -> str:
     """Text for a Markdown renderer that allows HTML, shown as it is and never read as markup: control characters
     and newlines as escapes (one line stays one line, a table row one row), `&` and `<` as entities where they could
-    start an entity, a tag or an autolink, and what would make a link, an image, emphasis, code, a table cell or a
-    heading backslash-escaped.
+    start an entity, a tag or an autolink, what would make a link, an image, emphasis, code, a table cell or a
+    heading backslash-escaped, and a bare URL, `www.` link or e-mail address kept from becoming a link (GFM's
+    extended autolinks) while it reads the same.
     Characters that only mean something in those places (a lone `[`, `~` or `>` inside a sentence) are left as
     they are, so orch's own sentences read the same in the source. block=False for text that cannot start a
     block (a table cell): a leading `-` or `1.` there is text already."""
@@ -67,6 +78,7 @@ def md_text(text: str, *, block: bool = True) -> str:
     # autolink), `&` before a name or `#` (an entity). "load <1" and "A & B" stay as they read (orch nightly prints
     # this text on the terminal too).
     text = re.sub(r"&(?=[#A-Za-z])|<(?=[A-Za-z/!?])", lambda m: _HTML[m.group(0)], text)
+    text = _ADDRESS.sub("<!-- -->@", _WWW.sub(r"\1\\.", _SCHEME.sub(r"\1\\:", text)))
     return _BLOCK_START.sub(_block_start, text) if block else text
 
 

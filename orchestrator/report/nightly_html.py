@@ -6,6 +6,7 @@ import html
 from collections.abc import Sequence
 
 from orchestrator import __version__
+from orchestrator.common.printable import visible
 from orchestrator.report import plots
 from orchestrator.report.html import CSS
 from orchestrator.report.lines import SIM_BANNER
@@ -19,7 +20,8 @@ section.item{margin-top:28px}code{font-size:12.5px}td.note{font-size:12px;color:
 
 
 def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
+    """value as HTML text or an attribute's value, its control characters and bidi overrides shown (report/html)."""
+    return html.escape(visible(str(value)), quote=True)
 
 
 def _experiment(exp: str, page: Page) -> str:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import math
 import re
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from orchestrator.common.printable import visible
 from orchestrator.errors import OrchError
 from orchestrator.stats.estimates import BreakEven
 
@@ -60,11 +62,50 @@ def _render(fig_id: str, size: tuple[float, float], draw: Callable[[Figure], Non
     with matplotlib.rc_context(rc):
         fig = Figure(figsize=size, layout="constrained")
         draw(fig)
+        _show_texts(fig)
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-    text = buf.getvalue()
+    # The last guard, should a text drawn at save time have escaped _show_texts: the SVG's own markup holds no
+    # control character but its newlines.
+    text = visible(buf.getvalue(), lines=True)
     text = text[text.index("<svg") :]  # inline: no XML declaration or DOCTYPE inside HTML
     return re.sub(r"<svg ", f'<svg role="img" aria-labelledby="{fig_id}-cap" ', text, count=1)
+
+
+# Texts and tick labels that orch breaks into lines itself (a box's "(n=…)" under its arm's name, a nightly label
+# wrapped to fit), the names in them already made visible: their newlines stay.
+_OWN_LINES: weakref.WeakSet[Any] = weakref.WeakSet()
+_T = TypeVar("_T")
+
+
+def _own_lines(obj: _T) -> _T:
+    _OWN_LINES.add(obj)
+    return obj
+
+
+def _show_texts(fig: Figure) -> None:
+    """Every text of the figure (titles, axis and tick labels, legends, annotations) with its control characters,
+    bidi overrides and newlines shown as escapes, as the page around the figure shows them: an arm's name from a
+    store, a bundle or a nightly file is drawn as the text it is, never reordered or split into forged lines."""
+    from matplotlib.axis import Axis
+    from matplotlib.text import Text
+    from matplotlib.ticker import FixedFormatter, FuncFormatter
+
+    for axis in fig.findobj(Axis):
+        # Tick labels are set again from their formatter when the figure is drawn: the names given as labels
+        # (set_xticks) live in a FuncFormatter's function, or a FixedFormatter's list.
+        for fmt in (axis.get_major_formatter(), axis.get_minor_formatter()):
+            lines = fmt in _OWN_LINES
+            if isinstance(fmt, FuncFormatter):
+                fmt.func = _shown_labels(fmt.func, lines)
+            elif isinstance(fmt, FixedFormatter):
+                fmt.seq = [visible(str(s), lines=lines) for s in fmt.seq]
+    for text in fig.findobj(Text):
+        text.set_text(visible(text.get_text(), lines=text in _OWN_LINES))
+
+
+def _shown_labels(func: Callable[[float, int | None], str], lines: bool) -> Callable[[float, int | None], str]:
+    return lambda x, pos: visible(str(func(x, pos)), lines=lines)
 
 
 @dataclass(frozen=True)
@@ -271,7 +312,8 @@ def strip_box(fig_id: str, groups: Sequence[tuple[str, int, Sequence[float]]], y
             n = len(values)
             xs = [pos + ((k * 0.618) % 1 - 0.5) * 0.3 for k in range(n)]  # deterministic jitter
             ax.scatter(xs, values, s=12, color=arm_color(index), alpha=0.7, zorder=3)
-        ax.set_xticks(range(len(groups)), [f"{label}\n(n={len(v)})" for label, _, v in groups])
+        ax.set_xticks(range(len(groups)), [f"{visible(label)}\n(n={len(v)})" for label, _, v in groups])
+        _own_lines(ax.xaxis.get_major_formatter())
         ax.set_ylabel(ylabel)
         ax.grid(axis="x", visible=False)
 
@@ -610,16 +652,18 @@ NIGHT_COLORS = {"regression": "#cf222e", "improvement": "#1a7f37", "env": "#8250
 def _upright_label(ax: Any, x: float, label: str, ha: str, color: str) -> None:
     """A label written upwards from the bottom of the axes at night x (an environment step's, a gap's reason), kept
     out of the layout so a long one never squeezes the plot."""
-    ax.annotate(
-        _wrapped(label),
-        (x, 0.03),
-        xycoords=("data", "axes fraction"),
-        ha=ha,
-        va="bottom",
-        rotation=90,
-        fontsize=6.5,
-        color=color,
-        clip_on=True,
+    _own_lines(
+        ax.annotate(
+            _wrapped(visible(label)),
+            (x, 0.03),
+            xycoords=("data", "axes fraction"),
+            ha=ha,
+            va="bottom",
+            rotation=90,
+            fontsize=6.5,
+            color=color,
+            clip_on=True,
+        )
     ).set_in_layout(False)
 
 

@@ -81,6 +81,58 @@ class Side:
     dataset: DataSource | None = None  # what its requests were drawn from
 
 
+@dataclass(frozen=True, kw_only=True)
+class OneSidedLevel:
+    """A level one experiment measured and the other did not: left out of the verdict (there is nothing to judge it
+    against), said with the other side's levels."""
+
+    level: Level
+    side: str  # "A" or "B": the side that measured it
+    other: tuple[Level, ...]  # the other side's levels
+
+    @property
+    def other_side(self) -> str:
+        return "B" if self.side == "A" else "A"
+
+    @property
+    def nearest(self) -> Rate | None:
+        """An open-loop rate's closest rate on the other side: close is still another level, never paired with it."""
+        if not isinstance(self.level, Rate):
+            return None
+        rates = [x for x in self.other if isinstance(x, Rate)]
+        return min(rates, key=lambda x: abs(x - self.level)) if rates else None
+
+    @property
+    def shown(self) -> str:
+        """The level in words, a rate with the digits that tell it from the other side's nearest."""
+        nearest = self.nearest
+        return level_phrase(self.level) if nearest is None else f"{rates_apart(self.level, nearest)[0]} req/s"
+
+    @property
+    def said(self) -> str:
+        """One sentence: which side measured it, that it was not judged, and what the other side measured instead."""
+        out = f"{self.shown}: measured by {self.side} only, not judged ({self.other_side} measured "
+        out += levels_text(self.other)
+        nearest = self.nearest
+        if nearest is not None:
+            theirs = rates_apart(self.level, nearest)[1]
+            out += (
+                f"; {self.other_side}'s nearest, {theirs} req/s, is another level: rates close but not equal are never "
+                "paired"
+            )
+        return out + ")"
+
+
+def rates_apart(a: float, b: float) -> tuple[str, str]:
+    """Two different rates written with as many digits as it takes to tell them apart (0.625 and 0.6250001 are
+    not both "0.625")."""
+    for digits in range(6, 18):  # 6: the digits of :g, as every other level is written
+        shown = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if shown[0] != shown[1]:
+            return shown
+    return repr(a), repr(b)
+
+
 @dataclass(frozen=True)
 class ExperimentComparison:
     """b (the new result) judged against a (the recorded one)."""
@@ -101,6 +153,9 @@ class ExperimentComparison:
     # With two or more levels both measured (compare_levels): each level judged on its own, the headline first;
     # `status` and `reason` are then over all of them (the fields above are the headline level's).
     levels: tuple[ExperimentComparison, ...] = ()
+    # Levels only one side measured (compare_levels): left out of the verdict, A's first; the judged levels are the
+    # ones both measured.
+    one_sided: tuple[OneSidedLevel, ...] = ()
 
     @property
     def map_hint(self) -> str | None:
@@ -219,7 +274,20 @@ def levels_text(levels: Sequence[Level]) -> str:
 
 def common_levels(a: ABResult, b: ABResult) -> list[Level]:
     """A's levels that B measured too, of the same kind (a Rate equals a concurrency of the same number)."""
-    return [level for level in a.levels if any(level == other and type(level) is type(other) for other in b.levels)]
+    return [level for level in a.levels if _has(b.levels, level)]
+
+
+def _has(levels: Sequence[Level], level: Level) -> bool:
+    # Exact equality: a rate of 0.625 and one of 0.634 req/s are two levels, however close.
+    return any(level == other and type(level) is type(other) for other in levels)
+
+
+def one_sided_levels(a: ABResult, b: ABResult) -> tuple[OneSidedLevel, ...]:
+    """The levels only one side measured, A's then B's, each with the other side's levels."""
+    return (
+        *(OneSidedLevel(level=x, side="A", other=tuple(b.levels)) for x in a.levels if not _has(b.levels, x)),
+        *(OneSidedLevel(level=x, side="B", other=tuple(a.levels)) for x in b.levels if not _has(a.levels, x)),
+    )
 
 
 def check_levels(a: ABResult, b: ABResult) -> None:
@@ -327,25 +395,31 @@ def compare_levels(
 ) -> ExperimentComparison:
     """b against a at every level both measured (the first, the headline, with the others in `levels`): reproduced
     only if every level reproduced, not reproduced if any level did not, else inconclusive, said with the level.
-    NoLevelInCommon when both measured levels but none alike (concurrency against rates, or other levels)."""
+    A level only one side measured is left out (`one_sided`), said in the reason, and decides nothing: it has
+    nothing to be judged against. NoLevelInCommon when both measured levels but none alike (concurrency against
+    rates, or other levels)."""
     check_levels(a, b)
-    head = compare(a, b, tolerance=tolerance, causes=causes, arm_map=arm_map)
-    others = tuple(
-        compare(a, b, tolerance=tolerance, concurrency=level, arm_map=arm_map)
-        for level in a.levels[1:]
-        if level in b.levels and type(level) is type(a.levels[0])
-    )
-    if not others:
+    shared = common_levels(a, b)
+    one_sided = one_sided_levels(a, b) if shared else ()
+    head = compare(a, b, tolerance=tolerance, causes=causes, concurrency=shared[0] if shared else None, arm_map=arm_map)
+    others = tuple(compare(a, b, tolerance=tolerance, concurrency=level, arm_map=arm_map) for level in shared[1:])
+    if not others and not one_sided:
         return head
     judged = (head, *others)
     worst = next(
         (status for status in (NOT_REPRODUCED, INCONCLUSIVE) if any(c.status == status for c in judged)), REPRODUCED
     )
-    if worst == REPRODUCED:
+    if worst == REPRODUCED and not one_sided:
         reason = f"{head.reason}, at each of the {len(judged)} levels"
+    elif worst == REPRODUCED:
+        where = f"each of the {len(judged)} levels" if others else f"{level_phrase(head.concurrency)}, the one level"
+        reason = f"{head.reason}, at {where} both measured"
     else:
         reason = "; ".join(f"{level_phrase(c.concurrency)}: {c.reason}" for c in judged if c.status == worst)
-    return dataclasses.replace(head, levels=judged, status=worst, reason=reason)
+    if one_sided:
+        left = ", ".join(f"{x.side}'s {x.shown}" for x in one_sided)
+        reason += f"; not judged, measured on one side only: {left}"
+    return dataclasses.replace(head, levels=judged if others else (), status=worst, reason=reason, one_sided=one_sided)
 
 
 # ---------------------------------------------------------------- a claim ("94 tok/s on our box")

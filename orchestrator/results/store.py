@@ -15,6 +15,7 @@ from typing import Any
 
 import platformdirs
 
+from orchestrator.common.printable import visible
 from orchestrator.errors import ExperimentRefError, InputError, StoreError
 from orchestrator.results.schema import (
     COUNTED,
@@ -327,7 +328,7 @@ class Store:
         expected = expected_schema(version)
         if version == 0:
             if actual:
-                tables = ", ".join(sorted(actual)[:5])
+                tables = ", ".join(visible(t) for t in sorted(actual)[:5])  # another program's names: one line
                 raise StoreError(
                     f"{self.path} is not an orch results database (it has tables {tables} but no orch schema "
                     "version); use another --db"
@@ -684,14 +685,15 @@ class Store:
         return [self._shown(r) for r in rows]
 
     def find_experiment(self, ref: str) -> dict[str, Any]:
-        """An experiment by id, unique id prefix, or `last` (the one recorded last); StoreError naming the candidates
-        otherwise."""
+        """An experiment by id, unique id prefix, or `last` (the one recorded last); otherwise ExperimentRefError
+        (exit 2 at the command line, whichever command was given the id), naming the candidates where a prefix is
+        ambiguous."""
         if not ref.strip():
             raise ExperimentRefError("an experiment id (or a unique prefix of one, or `last`) is needed")
         if ref == "last":
             rows = self._query(f"SELECT * FROM experiments ORDER BY {NEWEST_FIRST} LIMIT 1")
             if not rows:
-                raise StoreError(f"{self.path}: no experiments stored yet")
+                raise ExperimentRefError(f"{self.path}: no experiments stored yet, so `last` names none")
             return self._shown(rows[0])
         exact = self.experiment(ref)
         if exact is not None:
@@ -705,7 +707,8 @@ class Store:
         if len(rows) == 1:
             return self._shown(rows[0])
         if not rows:
-            raise StoreError(f"no experiment {ref!r} in {self.path} (`orch list` shows the stored ones)")
+            # An id that names nothing is the user's input to fix, as an ambiguous prefix is: exit 2, no broken store.
+            raise ExperimentRefError(f"no experiment {ref!r} in {self.path} (`orch list` shows the stored ones)")
         # Which one was meant is the user's to say: a usage error (exit 2) that lists what the prefix matches.
         more = ""
         if len(rows) > shown:

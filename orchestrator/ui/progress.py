@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
+from orchestrator.common.printable import visible
+
 if TYPE_CHECKING:  # bench reports its phases through this module
     from orchestrator.config.workload import BenchConfig
     from orchestrator.results.run import RunResult
@@ -66,7 +68,7 @@ def log_line(tail: str, width: int = 160) -> str:
     """The last thing a server's log says, fit for one line of a terminal (progress bars redraw with \\r)."""
     lines = [ln for ln in tail.splitlines() if ln.strip()]
     last = lines[-1].split("\r")[-1] if lines else ""
-    last = _CONTROL.sub("", last).strip()
+    last = visible(_CONTROL.sub("", last).strip())  # what the colour codes leave (a title, a bidi override): shown
     return last if len(last) <= width else last[: width - 3] + "..."
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from orchestrator.errors import InputError
 from orchestrator.report.compare import claim_json, claim_text, compare_json, compare_markdown, compare_text
-from orchestrator.results.compare import claim_verdict, compare
+from orchestrator.results.compare import claim_verdict, compare, compare_levels
 from orchestrator.results.model import ABResult, Design, LaunchResult
-from orchestrator.results.run import RunResult
+from orchestrator.results.run import Rate, RunResult
 
 # Deterministic per-block launch factors (restart noise of ~0.3 %), the same for every arm of a block.
 FACTORS = (1.0, 1.004, 0.996, 1.002, 0.998)
@@ -128,7 +128,9 @@ def test_json_document_has_stable_fields_and_serialises() -> None:
         "arm_map",
         "causes",
         "dataset_change",
+        "not_judged_levels",
     }
+    assert doc["not_judged_levels"] == []
     assert doc["status"] == "not reproduced" and doc["exit_code"] == 3 and doc["causes"] == ["x"]
     assert doc["a"] == {"experiment_id": "A", "host": "local", "simulated": True, "blocks": 5, "dataset": None}
     arm = doc["arms"][0]
@@ -230,8 +232,6 @@ def _levels(exp_id: str, at: dict[int, dict[str, float]], blocks: int = 5) -> AB
 
 
 def test_every_level_both_measured_is_judged_and_the_worst_decides() -> None:
-    from orchestrator.results.compare import compare_levels
-
     recorded = _levels("a", {1: SPEEDS, 8: {"baseline": 300.0, "eagle3-3step": 200.0}})
     same = compare_levels(recorded, _levels("b", {1: SPEEDS, 8: {"baseline": 300.0, "eagle3-3step": 200.0}}))
     assert same.status == "reproduced" and [float(x.concurrency) for x in same.levels] == [1.0, 8.0]
@@ -252,3 +252,115 @@ def test_every_level_both_measured_is_judged_and_the_worst_decides() -> None:
     # one level in common: the plain comparison, no levels
     single = compare_levels(recorded, _levels("b", {1: SPEEDS}))
     assert single.levels == () and single.status == "reproduced"
+
+
+def _at(result: ABResult, *, rates: tuple[float, ...] = (), concurrency: tuple[int, ...] = ()) -> ABResult:
+    """The result with each launch's runs repeated at each level (rates: open loop, concurrency 0)."""
+    launches = []
+    for la in result.launches:
+        runs = [
+            dataclasses.replace(r, index=k * len(la.runs) + r.index, rate=rate, concurrency=0)
+            for k, rate in enumerate(rates)
+            for r in la.runs
+        ]
+        runs += [
+            dataclasses.replace(r, index=k * len(la.runs) + r.index, concurrency=c)
+            for k, c in enumerate(concurrency)
+            for r in la.runs
+        ]
+        launches.append(dataclasses.replace(la, runs=tuple(runs)))
+    return dataclasses.replace(result, launches=tuple(launches))
+
+
+NEAREST = "rates close but not equal are never paired"
+
+
+def test_rates_on_one_side_only_are_named_and_left_out_of_the_verdict() -> None:
+    # The reviewer's case: 0.625 and 12.3 req/s in A, 0.634 and 12.3 in B. Only 12.3 is one level of both; it
+    # reproduces, and the verdict is that, not "no valid runs" at 0.625 and INCONCLUSIVE.
+    c = compare_levels(_at(_result("A", SPEEDS), rates=(0.625, 12.3)), _at(_result("B", SPEEDS), rates=(0.634, 12.3)))
+    assert c.status == "reproduced" and c.exit_code == 0
+    assert isinstance(c.concurrency, Rate) and c.concurrency == 12.3 and c.levels == ()
+    assert [r.verdict.status for r in c.arms if r.verdict] == ["reproduced", "reproduced"]
+    assert [(x.side, float(x.level), x.nearest) for x in c.one_sided] == [("A", 0.625, 0.634), ("B", 0.634, 0.625)]
+    assert c.reason == (
+        "all 3 values agree within ±3.0%, at 12.3 req/s, the one level both measured; not judged, measured on one "
+        "side only: A's 0.625 req/s, B's 0.634 req/s"
+    )
+    a_only = (
+        f"0.625 req/s: measured by A only, not judged (B measured rates 0.634, 12.3 req/s; B's nearest, 0.634 req/s, "
+        f"is another level: {NEAREST})"
+    )
+    assert c.one_sided[0].said == a_only
+    text = compare_text(c)
+    assert text.splitlines()[0] == f"REPRODUCED: {c.reason}"
+    assert "  12.3 req/s (the one level both measured); tolerance ±3.0%" in text
+    assert f"    {a_only}" in text
+    assert "    0.634 req/s: measured by B only, not judged (A measured rates 0.625, 12.3 req/s; A's nearest" in text
+    assert "no valid runs" not in text and "blocks would likely decide" not in text
+    assert not [line for line in text.splitlines() if line.endswith("one side only")]  # no table row of 0.625's
+    md = compare_markdown(c)
+    assert "- 0\\.625 req/s: measured by A only, not judged (B measured rates 0.634, 12.3 req/s; B's nearest" in md
+    assert "no valid runs" not in md and "| one side only |" not in md
+    doc = json.loads(json.dumps(compare_json(c)))
+    assert doc["status"] == "reproduced" and doc["exit_code"] == 0 and doc["rate"] == 12.3 and "levels" not in doc
+    assert doc["not_judged_levels"][0] == {
+        "measured_by": "A",
+        "concurrency": None,
+        "rate": 0.625,
+        "other_side": {"concurrency": [], "rates": [0.634, 12.3]},
+        "nearest_rate": 0.634,
+        "reason": a_only,
+    }
+    b_only = doc["not_judged_levels"][1]
+    assert (b_only["measured_by"], b_only["rate"], b_only["nearest_rate"]) == ("B", 0.634, 0.625)
+
+
+def test_concurrency_levels_on_one_side_only_are_named_and_left_out_too() -> None:
+    c = compare_levels(
+        _at(_result("A", SPEEDS), concurrency=(1, 4, 8)), _at(_result("B", SPEEDS), concurrency=(1, 4, 16))
+    )
+    assert c.status == "reproduced" and [x.concurrency for x in c.levels] == [1, 4]
+    assert c.reason.endswith(
+        ", at each of the 2 levels both measured; not judged, measured on one side only: A's concurrency 8, "
+        "B's concurrency 16"
+    )
+    assert [(x.side, x.level, x.nearest) for x in c.one_sided] == [("A", 8, None), ("B", 16, None)]
+    text = compare_text(c)
+    assert "2 levels both measured (concurrency 1, concurrency 4), each judged" in text
+    assert "    concurrency 8: measured by A only, not judged (B measured concurrency 1, 4, 16)" in text
+    assert "    concurrency 16: measured by B only, not judged (A measured concurrency 1, 4, 8)" in text
+    assert "no valid runs" not in text
+    doc = json.loads(json.dumps(compare_json(c)))
+    assert [(x["concurrency"], x["status"]) for x in doc["levels"]] == [(1, "reproduced"), (4, "reproduced")]
+    assert [(x["measured_by"], x["concurrency"], x["rate"]) for x in doc["not_judged_levels"]] == [
+        ("A", 8, None),
+        ("B", 16, None),
+    ]
+    assert doc["not_judged_levels"][0]["other_side"] == {"concurrency": [1, 4, 16], "rates": []}
+
+
+def test_a_level_on_one_side_only_leaves_the_verdict_and_blocks_hint_to_the_shared_levels() -> None:
+    # The shared level is undecided (B: two noisy blocks): the verdict and the "about N blocks" hint are that level's
+    # own, as compare gives it there alone; A's other level adds only the sentence that it was not judged.
+    a = _at(_result("A", SPEEDS), rates=(0.625, 12.3))
+    b = _at(_result("B", SPEEDS, blocks=2, factors=(0.99, 1.02)), rates=(12.3,))
+    alone = compare(a, b, concurrency=Rate(12.3))
+    assert alone.status == "inconclusive" and "blocks would likely decide" in alone.reason
+    c = compare_levels(a, b)
+    assert c.status == "inconclusive" and c.exit_code == 4
+    assert c.reason == f"12.3 req/s: {alone.reason}; not judged, measured on one side only: A's 0.625 req/s"
+    # ... and a shared level that reproduces is reproduced, whatever A measured besides
+    same = compare_levels(_at(_result("A", SPEEDS), rates=(0.625, 12.3)), _at(_result("B", SPEEDS), rates=(12.3,)))
+    assert same.status == "reproduced" and same.exit_code == 0
+
+
+def test_rates_that_print_alike_are_told_apart() -> None:
+    c = compare_levels(
+        _at(_result("A", SPEEDS), rates=(0.625, 12.3)), _at(_result("B", SPEEDS), rates=(0.6250001, 12.3))
+    )
+    assert c.status == "reproduced"
+    assert c.one_sided[0].said.startswith("0.625 req/s: measured by A only")
+    assert "B's nearest, 0.6250001 req/s, is another level" in c.one_sided[0].said
+    assert c.one_sided[1].said.startswith("0.6250001 req/s: measured by B only")
+    assert c.reason.endswith("not judged, measured on one side only: A's 0.625 req/s, B's 0.6250001 req/s")

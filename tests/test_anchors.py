@@ -87,7 +87,7 @@ def test_the_validators_behind_the_patterns_refuse_a_trailing_newline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     good = {"name": "p", "engine": "sglang", "model_path": "/m", "tp_size": 1, "port": 8000}
-    with pytest.raises(ProfileError, match=r"env\.PYTHONPATH\n: invalid environment variable name"):
+    with pytest.raises(ProfileError, match=r"env\.'PYTHONPATH\\n': invalid environment variable name"):
         profiles_mod.from_resolved({**good, "env": {"PYTHONPATH\n": "/tmp/x"}}, "b.json: profiles[0]")
     with pytest.raises(ProfileError, match="name: expected a profile name"):
         profiles_mod.from_resolved({**good, "name": "p\n"}, "b.json: profiles[0]")

@@ -162,17 +162,23 @@ def _secret_key(key: str) -> bool:
     return bool(words) and (words[-1].lower() in _SECRET_WORDS or key.lower().endswith(_SECRET_ENDINGS))
 
 
+def merge_spans(spans: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(start, end) spans sorted, those that overlap or touch merged into one."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((start, end))
+    return merged
+
+
 def _form_spans(text: str, *, free_text: bool) -> list[tuple[int, int]]:
     """Where _mask_forms hides, as sorted (start, end), overlaps merged and masks already there left out."""
     found = [*_pair_spans(text, free_text), *_header_spans(text, free_text)]
     found += [m.span() for m in _JWT_RE.finditer(text)]
     found += [m.span("value") for m in (_BEARER_RE if free_text else _VALUE_BEARER_RE).finditer(text)]
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(found):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
-        else:
-            merged.append((start, end))
+    merged = merge_spans(found)
     # A mask inside a span splits it and stays as it is; both lists are sorted: one sweep.
     masks = [m.span() for m in _MASK_RE.finditer(text)]
     out: list[tuple[int, int]] = []

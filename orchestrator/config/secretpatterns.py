@@ -90,13 +90,7 @@ def _spans(text: str, *, keywords: bool) -> list[tuple[int, int]]:
                 end -= 1
             if end > start:
                 found.append((start, end))
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(found):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
-        else:
-            merged.append((start, end))
-    return merged
+    return redaction.merge_spans(found)
 
 
 def find(text: str, *, keywords: bool = True) -> list[str]:

@@ -530,9 +530,14 @@ def test_sim_rank_0_waits_for_the_others_and_exits_when_one_is_lost(tmp_path: Pa
     r0 = rank(0)
     r1: subprocess.Popen[bytes] | None = None
     try:
-        time.sleep(1.0)
+        # Wait for rank 0 to say it waits (a loaded machine may take seconds to start Python), not a fixed time.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "waiting for node ranks 1..1 to join" not in (
+            r0_log := (tmp_path / "r0.log").read_text()
+        ):
+            time.sleep(0.1)
+        assert "waiting for node ranks 1..1 to join" in r0_log, r0_log
         assert _get(f"http://127.0.0.1:{ports[0]}/generate", gen) == 0  # loaded, but rank 1 is missing: port closed
-        assert "waiting for node ranks 1..1 to join" in (tmp_path / "r0.log").read_text()
         r1 = rank(1)
         deadline = time.monotonic() + 15
         # Rank 1's dummy app comes up once its own schedulers have loaded: orch waits for both.

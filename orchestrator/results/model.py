@@ -932,7 +932,9 @@ class ABResult:
                 arm.spec_steps,
                 self.target_tps,
                 breakeven_ci95=(interval.lo, interval.hi) if interval is not None and interval.blocks >= 2 else None,
-                measured_ci95=(measured.lo, measured.hi) if measured and measured.lo and measured.hi else None,
+                measured_ci95=(measured.lo, measured.hi)
+                if measured and measured.lo is not None and measured.hi is not None
+                else None,
                 margin=cmp.estimate if cmp is not None and cmp.estimate is not None else None,
             )
             out.append((arm, be))

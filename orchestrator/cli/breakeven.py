@@ -47,6 +47,9 @@ def breakeven_cmd(
 ) -> None:
     """Speculative decoding arithmetic: the accept length (and per-token acceptance) needed to break even.
 
+    A break-even at or below 1 token per cycle is always reached: every cycle yields at least one token. The
+    numbers given are taken as exact; `orch ab` adds the intervals its estimates carry.
+
     Example (the seed's): orch breakeven --baseline-tps 82.2 --cycle-ms 30 --steps 3 --target-tps 150
     """
     be = estimates.breakeven(baseline_tps, cycle_ms, steps, measured_tau=accept_length, target_tps=target_tps)

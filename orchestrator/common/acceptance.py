@@ -26,3 +26,9 @@ def alpha_for_accept_length(tau: float, steps: int) -> float | None:
         else:
             hi = mid
     return (lo + hi) / 2
+
+
+def alpha_needed(tau: float, steps: int) -> float | None:
+    """The least per-token acceptance α whose accept length reaches τ: 0 when τ <= 1 (every cycle yields at least the
+    verifier's own token, so no acceptance is needed), None when τ > k + 1 (out of reach with k steps)."""
+    return 0.0 if tau <= 1.0 else alpha_for_accept_length(tau, steps)

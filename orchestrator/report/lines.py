@@ -47,28 +47,66 @@ def _median(values: list[float]) -> float | None:
 
 
 def breakeven_lines(be: BreakEven, indent: str = "") -> list[str]:
-    """The speculative-decoding explanation, in words a person checks with a calculator."""
+    """The speculative-decoding explanation, in words a person checks with a calculator; from an A/B, each estimate
+    with its 95 % interval, and "cannot tell" where the interval does not decide."""
+    cap = f"at most {be.steps + 1} tokens per cycle"
+    always = "a cycle yields at least one token, so speculation pays at any accept length (α* = 0)"
 
-    def alpha(a: float | None, tau: float) -> str:
+    def needs(a: float | None, tau: float) -> str:
         if a is None:
-            return f"NOT reachable with {be.steps} draft steps (at most {be.steps + 1} tokens per cycle)"
+            return f"NOT reachable with {be.steps} draft steps ({cap})"
+        if tau <= 1.0:
+            return f"always reached: {always}"
         return f"needs per-token acceptance α ≥ {a:.3f} (chain model, {be.steps} steps)"
 
+    def reach() -> str:
+        if be.reach == "always":
+            return f"always reached: {always}"
+        if be.reach == "never":
+            return f"NOT reachable with {be.steps} draft steps ({cap}, even at the interval's low end)"
+        if be.reach == "cannot tell":
+            return f"cannot tell whether it is reachable with {be.steps} draft steps ({cap}; the interval straddles it)"
+        if be.breakeven_tau <= 1.0:
+            head = "reached at any accept length at the estimate, but not across its interval"
+        else:
+            head = needs(be.breakeven_alpha, be.breakeven_tau)
+        alphas = be.alpha_range
+        if alphas is None:
+            return head
+        ends = ", ".join("out of reach" if a is None else f"{a:.3f}" for a in alphas)
+        return f"{head}; α* 95% CI [{ends}]"
+
+    ci = be.breakeven_tau_ci95
     lines = [
         f"baseline: {be.baseline_tps:.1f} tok/s = {be.baseline_token_ms:.2f} ms per token",
         f"speculative cycle: {be.cycle_ms:.1f} ms (draft + verify)",
         f"break-even accept length: {be.cycle_ms:.1f} / {be.baseline_token_ms:.2f} = {be.breakeven_tau:.3f} tokens "
-        f"per cycle; {alpha(be.breakeven_alpha, be.breakeven_tau)}",
+        f"per cycle" + (f", 95% CI [{ci[0]:.3f}, {ci[1]:.3f}] over blocks" if ci else "") + f"; {reach()}",
     ]
     if be.measured_tau is not None:
-        verdict = "above" if be.measured_tau > be.breakeven_tau else "below"
+        mci = be.measured_tau_ci95
+        m = be.margin
+        ratio = f"measured / break-even = the tok/s ratio {m.ratio:.3f}x, CI [{m.lo:.3f}, {m.hi:.3f}]" if m else ""
+        position = {
+            "above": "above break-even" + (f": {ratio}" if m else ""),
+            "below": "below break-even" + (f": {ratio}" if m else ""),
+            "at": "at break-even",
+            "cannot tell": "cannot tell whether above or below break-even: "
+            + (
+                "one paired block cannot separate restart noise from a difference"
+                if m is None or m.blocks < 2
+                else f"{ratio} contains 1"
+            ),
+        }[be.position or "at"]
         lines.append(
-            f"measured accept length: {be.measured_tau:.2f} ({verdict} break-even"
+            f"measured accept length: {be.measured_tau:.2f}"
+            + (f", 95% CI [{mci[0]:.2f}, {mci[1]:.2f}] over launches" if mci else "")
+            + f" ({position}"
             + (f"; α ≈ {be.measured_alpha:.3f})" if be.measured_alpha is not None else ")")
         )
     if be.target_tps is not None and be.target_tau is not None:
         lines.append(
-            f"for {be.target_tps:.0f} tok/s: accept length {be.target_tau:.2f}; {alpha(be.target_alpha, be.target_tau)}"
+            f"for {be.target_tps:.0f} tok/s: accept length {be.target_tau:.2f}; {needs(be.target_alpha, be.target_tau)}"
         )
     return [indent + line for line in lines]
 

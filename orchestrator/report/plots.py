@@ -349,11 +349,18 @@ def breakeven_chart(fig_id: str, be: BreakEven, label: str, base_label: str, ind
     per_ms = 1000.0 / be.cycle_ms  # tok/s per token of accept length at this cycle time
     reach = be.steps + 1
 
+    lo, hi = be.tau_range
+    # A break-even below one token per cycle is drawn where it is: left of 1, every accept length beats it.
+    left = min(1.0, lo * 0.95)
+
     def draw(fig: Figure) -> None:
         ax = fig.subplots()
-        top = max(reach, be.breakeven_tau, be.target_tau or 0.0, be.measured_tau or 0.0) * 1.08
+        top = max(reach, hi, be.target_tau or 0.0, be.measured_tau or 0.0) * 1.08
         ax.plot(
-            [1.0, top], [per_ms, top * per_ms], color=arm_color(index), label=f"{label} at a {be.cycle_ms:.1f} ms cycle"
+            [left, top],
+            [left * per_ms, top * per_ms],
+            color=arm_color(index),
+            label=f"{label} at a {be.cycle_ms:.1f} ms cycle",
         )
         ax.axhline(be.baseline_tps, color="black", linewidth=1, label=f"{base_label}: {be.baseline_tps:.1f} tok/s")
         ax.axvline(
@@ -361,8 +368,13 @@ def breakeven_chart(fig_id: str, be: BreakEven, label: str, base_label: str, ind
             color="#cf222e",
             linestyle="--",
             linewidth=1,
-            label=f"break-even accept length {be.breakeven_tau:.2f}",
+            label=f"break-even accept length {be.breakeven_tau:.2f}"
+            + (" (below 1: always reached)" if be.reach == "always" else ""),
         )
+        if be.breakeven_tau_ci95 is not None:
+            ax.axvspan(lo, hi, color="#cf222e", alpha=0.12, label=f"its 95% CI [{lo:.2f}, {hi:.2f}]")
+        if left < 1.0:
+            ax.axvspan(left, 1.0, color="#8c959f", alpha=0.2, label="below 1 token per cycle (no cycle yields less)")
         if top > reach:
             ax.axvspan(reach, top, color="#8c959f", alpha=0.2, label=f"beyond {be.steps} draft steps (unreachable)")
         if be.measured_tau is not None:
@@ -373,8 +385,18 @@ def breakeven_chart(fig_id: str, be: BreakEven, label: str, base_label: str, ind
                 color=arm_color(index),
                 markersize=8,
                 markeredgecolor="black",
-                label=f"measured: {be.measured_tau:.2f}",
+                label=f"measured: {be.measured_tau:.2f}" + (f" ({be.position} break-even)" if be.position else ""),
             )
+            if (mci := be.measured_tau_ci95) is not None:
+                ax.errorbar(
+                    [be.measured_tau],
+                    [be.measured_tau * per_ms],
+                    xerr=[[be.measured_tau - mci[0]], [mci[1] - be.measured_tau]],
+                    fmt="none",
+                    ecolor="black",
+                    capsize=3,
+                    linewidth=1,
+                )
         if be.target_tps is not None and be.target_tau is not None:
             ax.axhline(be.target_tps, color="#8250df", linestyle=":", linewidth=1.2)
             ax.plot(
@@ -384,7 +406,7 @@ def breakeven_chart(fig_id: str, be: BreakEven, label: str, base_label: str, ind
                 color="#8250df",
                 label=f"target {be.target_tps:.0f} tok/s: accept length {be.target_tau:.2f}",
             )
-        ax.set_xlim(1.0, top)
+        ax.set_xlim(left, top)
         ax.set_ylim(0, None)
         ax.set_xlabel("accept length (tokens per draft-and-verify cycle)")
         ax.set_ylabel("tok/s per stream")

@@ -34,6 +34,8 @@ from orchestrator.stats.estimates import (
     Summary,
     arm_spread,
     blocks_needed,
+    breakeven_interval,
+    launch_mean,
     launch_value,
     minimal_detectable_effect,
     noisy_host,
@@ -904,17 +906,38 @@ class ABResult:
         return [c for c in out if c.estimate is not None]
 
     def speculation(self) -> list[tuple[ArmResult, BreakEven]]:
-        """For each speculative arm compared with a non-speculative baseline: the break-even arithmetic."""
+        """For each speculative arm compared with a non-speculative baseline: the break-even arithmetic at the first
+        level, with its inputs' uncertainty: the break-even's CI over blocks, the accept length's over launches, and
+        measured / break-even, which is the arm's tok/s over the baseline's, with the tok/s comparison's CI."""
         base = self.arms[0]
         base_tps = base.median_at()
         if base_tps is None or base.spec_steps is not None:
             return []
+        level = self.levels[0] if self.levels else 1
+        by_arm = {c.arm_index: c for c in self.comparisons_at(level, "tok_s")}
         out = []
-        for arm in self.arms[1:]:
+        for index, arm in enumerate(self.arms[1:], start=1):
             tps, tau = arm.median_at(), arm.accept_length
             if arm.spec_steps is None or tps is None or tau is None:
                 continue
-            out.append((arm, spec_from_run(base_tps, tps, tau, arm.spec_steps, self.target_tps)))
+            b_runs, a_runs, paired = _spec_paired(base, arm, level)
+            interval = breakeven_interval(b_runs, a_runs, seed=self.design.seed, paired=paired) if b_runs else None
+            accepts = [a for launch in arm.launches if (a := mean_accept_length(launch.timed_at(level))) is not None]
+            measured = launch_mean(accepts) if accepts else None
+            cmp = by_arm.get(index)
+            be = spec_from_run(
+                base_tps,
+                tps,
+                tau,
+                arm.spec_steps,
+                self.target_tps,
+                breakeven_ci95=(interval.lo, interval.hi) if interval is not None and interval.blocks >= 2 else None,
+                measured_ci95=(measured.lo, measured.hi)
+                if measured and measured.lo is not None and measured.hi is not None
+                else None,
+                margin=cmp.estimate if cmp is not None and cmp.estimate is not None else None,
+            )
+            out.append((arm, be))
         return out
 
     @property
@@ -1325,6 +1348,36 @@ def _energy_paired(base: ArmResult, arm: ArmResult, level: Level) -> tuple[list[
             continue
         b_out.append([float(r.j_per_token or 0.0) for r in b_runs])
         a_out.append([float(r.j_per_token or 0.0) for r in a_runs])
+        paired = (
+            paired
+            and same_requests(b_launch, a_launch, level)
+            and [r.index for r in b_runs] == [r.index for r in a_runs]
+        )
+    return b_out, a_out, paired
+
+
+def _spec_paired(
+    base: ArmResult, arm: ArmResult, level: Level
+) -> tuple[list[list[float]], list[list[tuple[float, float]]], bool]:
+    """For the break-even's interval, block by block (blocks where both launches have such runs): the baseline's
+    runs' tok/s and the speculative arm's runs' (tok/s, accept length), runs in run order; and whether every such
+    block's runs correspond one to one (same requests, same runs)."""
+    base_by_block = {launch.block: launch for launch in base.launches}
+    arm_by_block = {launch.block: launch for launch in arm.launches}
+    b_out: list[list[float]] = []
+    a_out: list[list[tuple[float, float]]] = []
+    paired = True
+    for block in sorted(set(base_by_block) & set(arm_by_block)):
+        b_launch, a_launch = base_by_block[block], arm_by_block[block]
+        b_runs = sorted((r for r in b_launch.timed_at(level) if r.tok_s > 0), key=lambda r: r.index)
+        a_runs = sorted(
+            (r for r in a_launch.timed_at(level) if r.tok_s > 0 and (r.spec_accept_length or 0) > 0),
+            key=lambda r: r.index,
+        )
+        if not b_runs or not a_runs:
+            continue
+        b_out.append([r.tok_s for r in b_runs])
+        a_out.append([(r.tok_s, float(r.spec_accept_length or 0.0)) for r in a_runs])
         paired = (
             paired
             and same_requests(b_launch, a_launch, level)

@@ -6,10 +6,10 @@ import math
 import random
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from orchestrator.common.acceptance import alpha_for_accept_length
+from orchestrator.common.acceptance import alpha_for_accept_length, alpha_needed
 
 
 @dataclass(frozen=True)
@@ -59,22 +59,85 @@ def ratio(value: float, reference: float) -> float:
 
 @dataclass(frozen=True)
 class BreakEven:
-    """Why a speculative arm is as fast as it is, and what it would need."""
+    """Why a speculative arm is as fast as it is, and what it would need. From an A/B the inputs are estimates, and
+    the intervals (over blocks and launches, `breakeven_interval`) say how far the explanation can be trusted."""
 
     baseline_tps: float
     baseline_token_ms: float
     cycle_ms: float
     steps: int
     breakeven_tau: float
-    breakeven_alpha: float | None  # None: break-even is not reachable with `steps` draft steps
+    # α* (alpha_needed): 0 when breakeven_tau <= 1 (always reached); None: not reachable with `steps` draft steps
+    breakeven_alpha: float | None
     measured_tau: float | None = None
     measured_alpha: float | None = None
     target_tps: float | None = None
     target_tau: float | None = None
     target_alpha: float | None = None
+    breakeven_tau_ci95: tuple[float, float] | None = None  # over blocks; None: exact inputs, or one block
+    measured_tau_ci95: tuple[float, float] | None = None  # over launches; None: exact input, or one launch
+    # measured / break-even accept length, which is the arm's tok/s over the baseline's (cycle = τ / tok/s), with the
+    # verdict's CI over blocks; None: exact inputs (`orch breakeven`)
+    margin: RatioEstimate | None = None
+
+    @property
+    def tau_range(self) -> tuple[float, float]:
+        """The break-even accept length's 95 % interval, or the point itself when the inputs are exact."""
+        return self.breakeven_tau_ci95 or (self.breakeven_tau, self.breakeven_tau)
+
+    @property
+    def reach(self) -> str:
+        """Whether the break-even can be reached: "always" (even its upper end is <= 1 token per cycle, which every
+        cycle yields), "never" (even its lower end is beyond k + 1 tokens), "cannot tell" (the interval straddles
+        k + 1), else "reachable" (with the acceptance breakeven_alpha)."""
+        lo, hi = self.tau_range
+        if hi <= 1.0:
+            return "always"
+        if lo > self.steps + 1:
+            return "never"
+        return "cannot tell" if hi > self.steps + 1 else "reachable"
+
+    @property
+    def alpha_range(self) -> tuple[float | None, float | None] | None:
+        """α* at the ends of the break-even's interval (None at an end beyond reach); None without an interval."""
+        if self.breakeven_tau_ci95 is None:
+            return None
+        lo, hi = self.breakeven_tau_ci95
+        return alpha_needed(lo, self.steps), alpha_needed(hi, self.steps)
+
+    @property
+    def position(self) -> str | None:
+        """The measured accept length against the break-even: "above", "below", "at" (exact inputs only) or "cannot
+        tell" (the interval of measured / break-even contains 1, or one block); None without a measurement."""
+        if self.measured_tau is None:
+            return None
+        if self.margin is None:
+            if self.measured_tau == self.breakeven_tau:
+                return "at"
+            return "above" if self.measured_tau > self.breakeven_tau else "below"
+        m = self.margin
+        if m.blocks < 2:
+            return "cannot tell"
+        return "above" if m.lo > 1.0 else "below" if m.hi < 1.0 else "cannot tell"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        alphas, m = self.alpha_range, d.pop("margin")
+        return {
+            **d,
+            # the same ratio, CI and method as the tok/s comparison (no CI from one block, as there)
+            "measured_over_breakeven": None
+            if m is None
+            else {
+                "ratio": m["ratio"],
+                "ci95": [m["lo"], m["hi"]] if m["blocks"] >= 2 else None,
+                "blocks": m["blocks"],
+                "ci_method": m["method"],
+            },
+            "breakeven_reach": self.reach,
+            "breakeven_alpha_ci95": list(alphas) if alphas is not None else None,
+            "measured_vs_breakeven": self.position,
+        }
 
 
 def breakeven(
@@ -86,7 +149,8 @@ def breakeven(
     target_tps: float | None = None,
 ) -> BreakEven:
     """A speculative cycle of cycle_ms yields τ tokens; it beats a baseline of baseline_tps only if
-    τ > cycle_ms / baseline token time. 82.2 tok/s and a 30 ms cycle need τ ≈ 2.46."""
+    τ > cycle_ms / baseline token time. 82.2 tok/s and a 30 ms cycle need τ ≈ 2.46. A cycle yields at least one
+    token (the verifier's own), so a break-even at or below 1 is always reached: α* = 0."""
     if baseline_tps <= 0 or cycle_ms <= 0:
         raise ValueError("baseline tok/s and cycle time must be positive")
     if not all(math.isfinite(x) for x in (baseline_tps, cycle_ms, measured_tau or 0.0, target_tps or 0.0)):
@@ -101,23 +165,49 @@ def breakeven(
         cycle_ms=cycle_ms,
         steps=steps,
         breakeven_tau=tau,
-        breakeven_alpha=alpha_for_accept_length(tau, steps),
+        breakeven_alpha=alpha_needed(tau, steps),
         measured_tau=measured_tau,
         measured_alpha=alpha_for_accept_length(measured_tau, steps) if measured_tau else None,
         target_tps=target_tps,
         target_tau=target_tau,
-        target_alpha=alpha_for_accept_length(target_tau, steps) if target_tau else None,
+        target_alpha=alpha_needed(target_tau, steps) if target_tau else None,
     )
 
 
 def spec_from_run(
-    baseline_tps: float, spec_tps: float, accept_length: float, steps: int, target_tps: float | None = None
+    baseline_tps: float,
+    spec_tps: float,
+    accept_length: float,
+    steps: int,
+    target_tps: float | None = None,
+    *,
+    breakeven_ci95: tuple[float, float] | None = None,
+    measured_ci95: tuple[float, float] | None = None,
+    margin: RatioEstimate | None = None,
 ) -> BreakEven:
-    """The same arithmetic from measurements: the spec arm's cycle time is accept length / its tok/s."""
+    """The same arithmetic from measurements: the spec arm's cycle time is accept length / its tok/s. The intervals
+    (breakeven_interval, launch_mean, the tok/s comparison) come with it from an A/B: its inputs are estimates."""
     if spec_tps <= 0 or accept_length <= 0:
         raise ValueError("the speculative arm's tok/s and accept length must be positive")
     cycle_ms = 1000.0 * accept_length / spec_tps
-    return breakeven(baseline_tps, cycle_ms, steps, measured_tau=accept_length, target_tps=target_tps)
+    be = breakeven(baseline_tps, cycle_ms, steps, measured_tau=accept_length, target_tps=target_tps)
+    return replace(be, breakeven_tau_ci95=breakeven_ci95, measured_tau_ci95=measured_ci95, margin=margin)
+
+
+def breakeven_interval(
+    base_tps: Sequence[Sequence[float]],
+    arm_runs: Sequence[Sequence[tuple[float, float]]],
+    *,
+    seed: int = 0,
+    paired: bool = False,
+) -> RatioEstimate:
+    """The break-even accept length over blocks. base_tps[b]: the tok/s of block b's baseline runs; arm_runs[b]: the
+    (tok/s, accept length) of its speculative launch's runs. Per run the baseline's token time is 1000 / tok/s and
+    the arm's cycle time 1000 · accept / tok/s; τ* = cycle / token time is a ratio of the two launches' values, so
+    the verdict's ratio_ci estimates it: the geometric mean over blocks, a bootstrap CI with the Student-t floor."""
+    token_ms = [[1000.0 / v for v in runs] for runs in base_tps]
+    cycle_ms = [[1000.0 * tau / v for v, tau in runs] for runs in arm_runs]
+    return ratio_ci(token_ms, cycle_ms, seed=seed, paired=paired)
 
 
 # ---------------------------------------------------------------- launch-level comparison (the unit is a launch)

@@ -51,9 +51,11 @@ $(LLAMA_STAMP): $(STAMP)
 # 2 cores: one warmup and two runs of 192 tokens per launch. The statistics use one value per launch, so fewer runs
 # do not weaken the verdict; the tok/s figures are the same (a run still lasts over 2 s, above --min-run-s).
 # Stored in the default results database, so `orch list`, `orch show last` and `orch report last --html F` work
-# right after it; it ends with the report and its verdict.
+# right after it; it ends with the report and its verdict. On a box where the profiles' port (8000) is taken,
+# `make demo PORT=N` runs it on N (orch's --port: one port for both arms, which launch one after another).
+PORT ?=
 demo: install
-	$(BIN)/orch ab baseline eagle3-3step --sim --blocks 3 --warmup 1 --runs 2 --max-tokens 192
+	$(BIN)/orch ab baseline eagle3-3step --sim --blocks 3 --warmup 1 --runs 2 --max-tokens 192$(if $(PORT), --port $(PORT))
 
 # Lint first (well under a minute; it fails before the one-time llama.cpp build), then the whole suite. Four workers
 # even on 2 cores: most of the suite waits on servers starting, streaming and stopping (its CPU time is a sixth of its

@@ -8,7 +8,7 @@ import sys
 import click
 
 # The group imports a command's module only when that command runs (cli/lazy.py): `orch --version` stays fast.
-from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, cli, interrupted_message
+from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, answered, cli, interrupted_message
 from orchestrator.cli.lazy import Interrupted
 from orchestrator.common.printable import guarded_output
 from orchestrator.common.stopsignals import forgiving_output, install, settle
@@ -32,7 +32,8 @@ def _run(argv: list[str] | None) -> int:
     try:
         cli.main(args=argv, prog_name="orch", standalone_mode=False)
     except click.ClickException as e:
-        e.show()
+        if not answered(e):
+            e.show()
         return e.exit_code
     except click.exceptions.Exit as e:
         return int(e.exit_code)
@@ -45,18 +46,22 @@ def _run(argv: list[str] | None) -> int:
             click.echo("Aborted.", err=True)
             return 1
         # What the interrupted command leaves behind: only ab, bench, reproduce and nightly start servers.
-        click.echo(interrupted_message(cause.command if isinstance(cause, Interrupted) else None), err=True)
+        if not answered(e):
+            click.echo(interrupted_message(cause.command if isinstance(cause, Interrupted) else None), err=True)
         return EXIT_INTERRUPTED
     except OrchError as e:
         if debug:
             _print_traceback()
-        click.echo(f"Error: {e}", err=True)
+        if not answered(e):  # under --json the error document said it
+            click.echo(f"Error: {e}", err=True)
         return EXIT_USAGE if isinstance(e, InputError) else 1
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 1
     except Exception as e:  # a bug in orch: still no traceback unless asked for
         if debug:
             raise
+        if answered(e):
+            return 1
         click.echo(f"Error: unexpected {type(e).__name__}: {e} (set ORCH_DEBUG=1 for the traceback)", err=True)
         return 1
     return 0

@@ -22,6 +22,23 @@ EXIT_USAGE = 2  # click's code for usage errors; invalid input files (InputError
 LAUNCHING_COMMANDS = frozenset({"ab", "bench", "reproduce", "nightly"})
 
 
+# Set on a failure a JsonCommand (cli/jsonout.py) answered with its document: that document is the whole answer, so
+# main() prints no `Error:`, usage or "Interrupted" line for it on stderr (a script reading both streams would see it
+# twice). Here, not in jsonout, so that main() reads it without importing a command module.
+ANSWERED_IN_JSON = "orch_answered_in_json"
+
+
+def answered(e: BaseException) -> bool:
+    """Whether a JsonCommand answered this failure with its JSON document: the failure itself, or what it was raised
+    from (Ctrl-C reaches main() as click's Abort from the group's Interrupted from the command's KeyboardInterrupt)."""
+    cause: BaseException | None = e
+    while cause is not None:
+        if getattr(cause, ANSWERED_IN_JSON, False):
+            return True
+        cause = cause.__cause__
+    return False
+
+
 def interrupted_message(command: str | None) -> str:
     if command in LAUNCHING_COMMANDS:
         return "Interrupted: servers started by this run were torn down; results so far are stored."

@@ -9,7 +9,13 @@ from typing import Any
 
 import click
 
-from orchestrator.cli.base import EXIT_INTERRUPTED, EXIT_USAGE, GroupedCommand, interrupted_message
+from orchestrator.cli.base import (
+    ANSWERED_IN_JSON,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    GroupedCommand,
+    interrupted_message,
+)
 from orchestrator.errors import InputError, OrchError
 
 JSON_HELP = 'Print one JSON document on stdout (also on failure: "status": "error" and "error"; Ctrl-C: "interrupted").'
@@ -32,6 +38,12 @@ def document_printed() -> None:
 _PRINTED = "orch.jsonout.printed"
 
 
+def _answer(e: BaseException, doc: dict[str, Any]) -> None:
+    """Print the failure's document and mark the failure answered (cli.base.answered: stderr does not repeat it)."""
+    emit(doc)
+    setattr(e, ANSWERED_IN_JSON, True)
+
+
 def _wants_json(ctx: click.Context) -> bool:
     # `orch compare --format json` is its --json by another name: a script reading either gets a document.
     asked = bool(ctx.params.get("as_json")) or ctx.params.get("fmt") == "json"
@@ -46,8 +58,9 @@ def _json_in_args(args: list[str]) -> bool:
 
 
 class JsonCommand(click.Command):
-    """A command with `--json` whose failures are JSON too. The exception still propagates afterwards, so the human
-    message goes to stderr and the exit code (1 error, 2 invalid input) stays the one `orch` always uses."""
+    """A command with `--json` whose failures are JSON too: the document on stdout is the answer, stderr does not
+    repeat it. The exception still propagates afterwards (marked answered), so the exit code (1 error, 2 invalid
+    input, 130 interrupted) stays the one `orch` always uses."""
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
@@ -59,7 +72,7 @@ class JsonCommand(click.Command):
             return super().make_context(info_name, args, parent, **extra)
         except click.UsageError as e:
             if as_json:
-                emit(error_doc(e.format_message(), e.exit_code))
+                _answer(e, error_doc(e.format_message(), e.exit_code))
             raise
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -67,23 +80,23 @@ class JsonCommand(click.Command):
             return super().invoke(ctx)
         except OrchError as e:
             if _wants_json(ctx):
-                emit(error_doc(str(e), EXIT_USAGE if isinstance(e, InputError) else 1))
+                _answer(e, error_doc(str(e), EXIT_USAGE if isinstance(e, InputError) else 1))
             raise
         except click.ClickException as e:
             if _wants_json(ctx):
-                emit(error_doc(e.format_message(), e.exit_code))
+                _answer(e, error_doc(e.format_message(), e.exit_code))
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             # Ctrl-C or SIGTERM: still one document, so a script reading stdout learns why there is no result.
             if _wants_json(ctx):
                 message = interrupted_message(ctx.find_root().invoked_subcommand)
-                emit({"status": "interrupted", "error": message, "exit_code": EXIT_INTERRUPTED})
+                _answer(e, {"status": "interrupted", "error": message, "exit_code": EXIT_INTERRUPTED})
             raise
         except (click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except Exception as e:  # a bug in orch: the document still parses
             if _wants_json(ctx):
-                emit(error_doc(f"unexpected {type(e).__name__}: {e}", 1))
+                _answer(e, error_doc(f"unexpected {type(e).__name__}: {e}", 1))
             raise
 
 

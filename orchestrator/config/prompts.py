@@ -336,6 +336,11 @@ def output_len_of(path: str, n: int, obj: dict[str, Any]) -> int | None:
     return output_len
 
 
+# The fields of a request trace's line (config/traces.py, which imports this module, reads them): a line with them and
+# no prompt is a trace given where prompts go, and the refusal says which option replays it.
+TRACE_FIELDS = ("timestamp", "input_length", "output_length")
+
+
 def _parse(path: str, n: int, line: bytes) -> PromptItem | None:
     """One line of a prompt file as a prompt (None for a blank line)."""
     obj = json_object(path, n, line, '"prompt" or "messages"')
@@ -354,6 +359,11 @@ def _parse(path: str, n: int, line: bytes) -> PromptItem | None:
         and obj["messages"]
     ):
         return PromptItem(category=category, messages=tuple(obj["messages"]), output_len=output_len)
+    if "prompt" not in obj and "messages" not in obj and all(field in obj for field in TRACE_FIELDS):
+        raise PromptFileError(
+            f"{path}:{n}: no prompt, but {', '.join(TRACE_FIELDS)}: this looks like a request trace, not a dataset; "
+            f"replay it with --trace {path}"
+        )
     raise PromptFileError(f'{path}:{n}: needs "prompt" (non-empty text) or "messages" (a list of {{role, content}})')
 
 

@@ -5,6 +5,7 @@ difference."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
 from orchestrator.config.profile import Profile
 from orchestrator.config.workload import check_requests
-from orchestrator.errors import InputError, OrchError, UntrustedBundle
+from orchestrator.errors import BundleError, InputError, OrchError, UntrustedBundle
 from orchestrator.experiment import resume
 from orchestrator.experiment import run as experiment
 from orchestrator.experiment import trust as trust_mod
@@ -387,12 +388,26 @@ def is_bundle(target: str) -> bool:
     return yamlfile.is_file(path) and path.suffix not in (".yaml", ".yml")
 
 
+def missing_bundle(target: str) -> bool:
+    """BUNDLE|PROFILE names a bundle file that is not there: nothing at the path, which is no profile's form either (a
+    path to a file that is not YAML, or a name ending in .json, as `orch export` names bundles)."""
+    path = Path(target)
+    if yamlfile.exists(path) or path.suffix in (".yaml", ".yml"):
+        return False
+    return path.suffix == ".json" or os.sep in target
+
+
 def plan_reproduction(
     target: str, claim: Claim, options: RunOptions, ask: trust_mod.Ask | None = None
 ) -> BundlePlan | ClaimPlan:
     """What `orch reproduce TARGET` runs, refused before anything starts (OptionError: options that cannot go with
     it, which the CLI shows as usage errors). `ask`: the question at a terminal, for a bundle that would run what
     this machine's own profiles would not (None: no terminal to ask on)."""
+    if missing_bundle(target):
+        raise BundleError(
+            f"{target}: no such bundle file (`orch export ID --format bundle` writes one; a PROFILE is a name or a "
+            ".yaml file)"
+        )
     if is_bundle(target):
         if claim.given():
             raise OptionError("--claim, --claim-ratio and --vs judge a profile's claim, not a result bundle")

@@ -89,6 +89,14 @@ class EnvReport:
         }
 
 
+# What to do about a port someone else holds. Not "edit the profile" (README advises against a profile that only moves
+# the port): the run's own --port, which serves every arm of an A/B, as they launch one after another.
+OTHER_PORT = (
+    "give the run a free port: --port N on ab/bench/reproduce (one port for every arm: they launch one after "
+    "another), `make demo PORT=N` for the demo, `port:` on a nightly item"
+)
+
+
 def preflight(
     host: Host, profile: Profile, namespace: str, events: Events = QUIET, *, force: bool = False
 ) -> dict[str, Any]:
@@ -137,9 +145,9 @@ def preflight(
             gpus = host.call("gpus", nvidia_smi=cfg.nvidia_smi)  # it may have been what held them
         else:
             how = (
-                "Stop it yourself or give the profile another port."
+                f"Stop it yourself, or {OTHER_PORT}."
                 if cfg.foreign_port == "refuse"
-                else "Stop it yourself, or pass --force to let orch kill exactly that process."
+                else f"Stop it yourself, pass --force to let orch kill exactly that process, or {OTHER_PORT}."
             )
             raise HostError(
                 f"port {profile.port} on {host.name} is in use by PID {owner['pid']} ({owner['cmdline']}), "
@@ -283,8 +291,8 @@ def wait_ready(
         raise ServerError(
             f"{profile.name}: port {launch_.port} was taken by PID {owner.get('pid')} "
             f"({scrub(str(owner.get('cmdline', '?')), secrets)}) while the server started, so the answers on it are "
-            f"not this server's; orch did not touch that process. Give the profile another port, or wait for it to "
-            f"finish. Last lines of {launch_.log_path}:\n{tail}"
+            f"not this server's; orch did not touch that process. Wait for it to finish, or {OTHER_PORT}. "
+            f"Last lines of {launch_.log_path}:\n{tail}"
         )
     if result.get("why") == "exited":
         raise ServerError(

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,27 @@ def test_make_demo_stores_where_list_and_show_look_and_ends_with_the_report(
     assert doc["database"] == str(store.default_path())  # in the user data dir (the tests' private XDG dir here)
     assert main(["show", "last"]) == 0
     assert doc["experiments"][0]["id"] in capsys.readouterr().out
+
+
+def _demo_command(tmp_path: Path, *assignments: str) -> list[str]:
+    """The orch command line `make demo ASSIGNMENTS` would run (make -n: printed, nothing run; a venv path of the
+    test's own, so the checkout's venv being there or not changes nothing)."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("no make on this machine")
+    done = subprocess.run([make, "-n", "demo", f"VENV={tmp_path / 'venv'}", *assignments], cwd=REPO,
+                          capture_output=True, text=True, check=True, timeout=60)  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if " ab baseline eagle3-3step " in line]
+    assert len(lines) == 1, done.stdout
+    return shlex.split(lines[0])
+
+
+def test_make_demo_takes_a_port(tmp_path: Path) -> None:
+    """On a shared box the profiles' port may be taken: `make demo PORT=N` passes --port N, and without PORT the
+    demo serves on the profiles' own port."""
+    argv = _demo_command(tmp_path, "PORT=12345")
+    assert argv[argv.index("--port") + 1] == "12345" and argv.count("--port") == 1
+    assert "--port" not in _demo_command(tmp_path)
 
 
 # ---------------------------------------------------------------- packaging

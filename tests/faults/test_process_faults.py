@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -144,6 +145,28 @@ def test_foreign_process_on_the_port_is_named_never_killed(sim_profiles: SimProf
     finally:
         squatter.kill()
         squatter.wait(10)
+
+
+@pytest.mark.parametrize("how", ["bench", "ab --port"])
+def test_a_taken_port_suggests_the_runs_own_port(sim_profiles: SimProfiles, tmp_path: Path, how: str) -> None:
+    """The refusal points at --port (and make demo's PORT=), not at editing the profile (README advises against a
+    profile that only moves the port), and says that one port serves both arms of an A/B."""
+    port = _baseline(sim_profiles)
+    with socket.socket() as held:  # the test's own listener: nobody else's process is involved
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        if how == "bench":
+            out, _ = _bench(tmp_path)
+        else:
+            out = run("ab", "baseline", "eagle3", "--sim", "--blocks", "1", "--runs", "1", "--max-tokens", "16",
+                      *FAST, "--port", str(port), "--db", str(tmp_path / "r.db"), cwd=tmp_path)  # fmt: skip
+    assert out.rc == 1, out.text
+    assert f"port {port}" in out.err and f"PID {os.getpid()}" in out.err and "will not kill it" in out.err
+    assert "--port N" in out.err and "make demo PORT=N" in out.err
+    assert "one port for every arm" in out.err
+    assert "give the profile another port" not in out.err
+    assert_plain(out.text)
+    assert ops.op_find(NAMESPACE) == []
 
 
 DECOY = "import time\ntime.sleep(120)\n"

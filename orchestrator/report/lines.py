@@ -189,7 +189,9 @@ def comparison_line(c: Comparison) -> str:
         line += f"inconclusive (the CI is too wide to call ±{me:.1f}%)"
         if c.advice:
             line += f"; {c.advice}"
-    if c.mde is not None:
+    if c.mde_note is not None:
+        line += f"; minimal detectable effect: {c.mde_note}"
+    elif c.mde is not None:
         line += f"; minimal detectable effect {c.mde * 100:.1f}%"
     return line + note
 
@@ -607,6 +609,7 @@ def category_rows(bc: ByCategory) -> list[list[str]]:
             c = next(c for c in bc.comparisons if c.arm_label == label and c.category == category)
             est = c.estimate
             ci = f"[{est.lo:.3f}, {est.hi:.3f}]" if est is not None and est.blocks >= 2 else "-"
+            ci = c.unbounded or ci
             cells += [
                 f"{c.ratio:.3f}x" if c.ratio is not None else "-",
                 ci,

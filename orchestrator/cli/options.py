@@ -538,7 +538,9 @@ def open_loop_options() -> list[Callable[..., Any]]:
             help="Open loop at rates found for you (instead of --rate): a probe launch per arm measures its "
             "synchronous rate (concurrency 1) and its saturated rate (32 streams, or --max-concurrency if lower), "
             "then N rates [default: 5] from the lowest to the highest run as --rate levels, each stopping when the "
-            "server is over-saturated. The probe is stored as an experiment of its own (docs/load.md#sweeps).",
+            "server is over-saturated; when no arm saturates above its synchronous rate (e.g. --max-concurrency 1) "
+            "there is no range: one level, and the output says so. The probe is stored as an experiment of its own "
+            "(docs/load.md#sweeps).",
         ),
         click.option(
             "--stop-oversaturated",

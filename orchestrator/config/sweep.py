@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator.config import arrivals
@@ -14,6 +14,9 @@ DEFAULT_LEVELS = 5  # rates from the slowest arm's synchronous rate to the faste
 # the cap cannot carry would only measure the cap).
 THROUGHPUT_CONCURRENCY = 32
 PROBE_RUNS = 2
+# A saturated rate at most this much above the synchronous one is no range: the probe's medians over 2 runs move
+# by a few percent between launches, so a smaller gap is noise, not a server that takes more load.
+NO_RANGE_GAIN = 0.05
 PROBE_REQUESTS_PER_STREAM = 2  # so a saturated run has a steady stretch between ramp-up and drain
 METHOD = (
     "a probe launch per arm (one block): concurrency 1 gives its synchronous rate (requests / seconds), concurrency "
@@ -34,6 +37,26 @@ def parse(spec: str) -> int:
     if not count.isdigit() or not 2 <= int(count) <= arrivals.MAX_LEVELS:
         raise ValueError(f"{spec!r}: N in auto:N must be a whole number from 2 to {arrivals.MAX_LEVELS}")
     return int(count)
+
+
+def no_range_reason(concurrency: int, synchronous: Mapping[str, float], saturated: Mapping[str, float]) -> str | None:
+    """Why a sweep has no range of rates (None when it has one): no arm's saturated rate is above its synchronous
+    rate by more than NO_RANGE_GAIN. With one stream (--max-concurrency 1) the client is the limit; with more, the
+    server completed no more requests per second than one stream does. Either way each arm's one-stream rate is the
+    highest it can be offered without being client-limited, so the sweep runs one level: the lowest of them."""
+    if not synchronous or any(saturated.get(a, 0.0) > s * (1 + NO_RANGE_GAIN) for a, s in synchronous.items()):
+        return None
+    lowest = min(synchronous.values())
+    if concurrency == 1:
+        return (
+            "no range to sweep: --max-concurrency 1 keeps one request in flight, so the client is the limit and "
+            f"each arm's synchronous rate is also its highest; one rate level, the lowest of them ({lowest:g} req/s)"
+        )
+    return (
+        f"no range to sweep: at concurrency {concurrency} no arm completed more requests per second than with one "
+        "stream: the server's saturation was not reached (the client or the server is the limit); one rate level, "
+        f"the lowest synchronous rate ({lowest:g} req/s)"
+    )
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,14 @@ def start(
     try:
         if spec is not None:
             # The sweep's own plan waits for its rates; its probe is planned (and refused) now.
-            said.append(f"sweep: {spec.levels} rate levels, found by a probe launch per arm first")
+            if spec.concurrency == 1:
+                said.append(
+                    "sweep: --max-concurrency 1 leaves no range of rates to sweep (one request in flight: the client "
+                    "is the limit): one rate level, the synchronous rate a probe launch per arm finds first"
+                )
+            else:
+                # Rates that round alike, or a server that does not saturate, give fewer: "up to", and the probe says.
+                said.append(f"sweep: up to {spec.levels} rate levels, found by a probe launch per arm first")
             work = limits.checked_plan(spec.probe_bench(bench), profiles, blocks=1, sim=options.sim, show=said.append)
         else:
             work = limits.checked_plan(

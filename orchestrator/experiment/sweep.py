@@ -15,7 +15,7 @@ from orchestrator.config import arrivals
 from orchestrator.config.design import ABConfig
 from orchestrator.config.profile import Profile
 from orchestrator.config.slo import DEFAULT_METRIC
-from orchestrator.config.sweep import METHOD, PROBE_RUNS, Sweep
+from orchestrator.config.sweep import METHOD, PROBE_RUNS, Sweep, no_range_reason
 from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import BenchError
 from orchestrator.experiment import ab
@@ -36,6 +36,7 @@ class Probe:
     synchronous: dict[str, float]  # arm label → requests/s, one stream
     saturated: dict[str, float]  # arm label → requests/s at `concurrency` streams
     rates: tuple[float, ...]
+    no_range: str | None = None  # why the probe found one rate and no range between (config/sweep.no_range_reason)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -44,6 +45,7 @@ class Probe:
             "synchronous": self.synchronous,
             "saturated": self.saturated,
             "rates": list(self.rates),
+            "no_range": self.no_range,
             "method": METHOD.format(c=self.concurrency, runs=PROBE_RUNS),
         }
 
@@ -92,8 +94,10 @@ def finding(result: ABResult, sweep: Sweep, bench: BenchConfig) -> Probe:
                 f"(`orch show {result.experiment_id}` lists each run's reason)"
             )
         sync[arm.label], sat[arm.label] = rounded(s), rounded(max(s, t))
-    rates = rates_between(min(sync.values()), max(sat.values()), sweep.levels)
-    return Probe(result.experiment_id, sweep.concurrency, sync, sat, rates)
+    no_range = no_range_reason(sweep.concurrency, sync, sat)
+    # Without a range, a level above an arm's own synchronous rate would only measure its client's limit.
+    rates = (min(sync.values()),) if no_range else rates_between(min(sync.values()), max(sat.values()), sweep.levels)
+    return Probe(result.experiment_id, sweep.concurrency, sync, sat, rates, no_range)
 
 
 def asked(config: ABConfig, sweep: Sweep) -> dict[str, Any]:
@@ -193,4 +197,6 @@ def found_line(found: Probe) -> str:
         f"{label} {found.synchronous[label]:g} req/s synchronous, {found.saturated[label]:g} saturated"
         for label in found.synchronous
     )
+    if found.no_range is not None:
+        return f"sweep: {said}; {found.no_range}"
     return f"sweep: {said}; rates {', '.join(f'{r:g}' for r in found.rates)} req/s"

@@ -268,11 +268,32 @@ def _crossing_marks(result: ABResult, place: Callable[[int, float], float | None
                 continue
             at, lo, hi = at_p, None if lo is None else place(i, lo), None if hi is None else place(i, hi)
         on = "" if result.metric == DEFAULT_METRIC else f" on {result.metric}"
-        text = f"{arm.label} crossover{on} ~{_load_name(rates, x.at)}"
-        out.append(
-            plots.Mark(at, lo, hi, text + (f" (drawn at the {at:.3g} req/s it achieved there)" if place else ""), i)
-        )
+        # In the figure's own axis only: on an achieved-rate axis, the rate achieved there (the caption names the
+        # offered load it corresponds to, once: _achieved_crossing_words).
+        where = f"{at:.3g} req/s achieved" if place is not None else _load_name(rates, x.at)
+        out.append(plots.Mark(at, lo, hi, f"{arm.label} crossover{on} ~{where}", i))
     return out
+
+
+def _achieved_crossing_words(result: ABResult, place: Callable[[int, float], float | None]) -> str:
+    """The crossovers for a figure whose x axis is the achieved request rate: in that axis's terms, each with the
+    offered load (the level the verdicts name) said once."""
+    rates = curves.is_rate(result.levels)
+    parts = []
+    for arm, x in result.crossovers():
+        if x.status != "crosses" or x.at is None:
+            continue
+        i = result.arms.index(arm)
+        at = place(i, x.at)
+        if at is None:
+            continue
+        lo, hi = (None if v is None else place(i, v) for v in (x.lo, x.hi))
+        band = f" (95% CI {lo:.3g} to {hi:.3g})" if lo is not None and hi is not None else ""
+        parts.append(
+            f"{arm.label} crosses the baseline on {METRICS[result.metric].label} at ~{at:.3g} req/s achieved{band}, "
+            f"which is {f'~{x.at:.3g} req/s offered' if rates else f'concurrency ~{x.at:.3g}'}"
+        )
+    return "; ".join(parts)
 
 
 def _crossing_words(result: ABResult) -> str:
@@ -343,7 +364,7 @@ def _latency_rate_figure(result: ABResult, arms: Sequence[curves.ArmCurve]) -> s
         simulated=result.simulated,
     )
     summary = "; ".join(_ttft_span(arm) for arm in arms if arm.series("ttft_p99"))
-    crossing = _crossing_words(result)
+    crossing = _achieved_crossing_words(result, place)
     caption = (
         _sim_prefix(result)
         + "Latency percentiles against the request rate each arm achieved (requests completed per second: "
@@ -354,7 +375,7 @@ def _latency_rate_figure(result: ABResult, arms: Sequence[curves.ArmCurve]) -> s
         + ("; latency counts from each request's scheduled send time. " if rates else ". ")
         + (f"Red dotted: the SLO's limits ({result.slo.describe()}). " if objectives and result.slo else "")
         + (
-            f"Dashed vertical: the crossover ({crossing}), at the rate the arm achieved there, with its CI. "
+            f"Dashed vertical: the crossover at the rate the arm achieved there, with its CI ({crossing}). "
             if crossing
             else ""
         )

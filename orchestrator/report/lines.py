@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from orchestrator.client.summary import lag_text
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
+from orchestrator.config.sweep import no_range_reason
 from orchestrator.results.categories import ByCategory, only_category
 from orchestrator.results.model import ABResult, ArmResult, CapacityComparison, Comparison, EnergyComparison
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
@@ -227,7 +228,9 @@ def comparison_line(c: Comparison) -> str:
         line += f"inconclusive (the CI is too wide to call ±{me:.1f}%)"
         if c.advice:
             line += f"; {c.advice}"
-    if c.mde is not None:
+    if c.mde_note is not None:
+        line += f"; minimal detectable effect: {c.mde_note}"
+    elif c.mde is not None:
         line += f"; minimal detectable effect {c.mde * 100:.1f}%"
     return line + note
 
@@ -506,10 +509,18 @@ def sweep_lines(result: ABResult) -> list[str]:
         for label in sync
     )
     rates = ", ".join(f"{float(r):g}" for r in sweep.get("rates") or [])
-    return [
+    out = [
         f"levels from --sweep auto: rates {rates} req/s, from probe experiment {sweep.get('probe')} ({arms})",
         "  each rate level stops sending once the server is over-saturated (the backlog grows with time)",
     ]
+    # A sweep stored before the reason was recorded, that ran one level, has it derived from the probe's rates.
+    concurrency, one = sweep.get("concurrency"), len(sweep.get("rates") or []) == 1
+    no_range = sweep.get("no_range") or (
+        no_range_reason(concurrency, sync, sat)
+        if isinstance(concurrency, int) and one and "no_range" not in sweep
+        else None
+    )
+    return out + ([f"  {no_range}"] if isinstance(no_range, str) else [])
 
 
 def level_heading(level: Level) -> str:
@@ -645,6 +656,7 @@ def category_rows(bc: ByCategory) -> list[list[str]]:
             c = next(c for c in bc.comparisons if c.arm_label == label and c.category == category)
             est = c.estimate
             ci = f"[{est.lo:.3f}, {est.hi:.3f}]" if est is not None and est.blocks >= 2 else "-"
+            ci = c.unbounded or ci
             cells += [
                 f"{c.ratio:.3f}x" if c.ratio is not None else "-",
                 ci,

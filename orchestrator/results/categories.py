@@ -14,7 +14,7 @@ from orchestrator.errors import InputError
 from orchestrator.results.bundleformat import bench_config
 from orchestrator.results.model import same_requests
 from orchestrator.results.run import Level, Rate
-from orchestrator.stats.estimates import RatioEstimate, ratio_ci, verdict
+from orchestrator.stats.estimates import RatioEstimate, bounded, ratio_ci, verdict
 
 if TYPE_CHECKING:
     from orchestrator.results.model import ABResult, ArmResult
@@ -78,10 +78,19 @@ class CategoryComparison:
     estimate: RatioEstimate | None
     verdict: str | None
     paired: bool
+    per_launch: int = 0  # the fewest of this category's requests any compared launch completed
 
     @property
     def ratio(self) -> float | None:
         return self.estimate.ratio if self.estimate is not None else None
+
+    @property
+    def unbounded(self) -> str | None:
+        """Said instead of a CI too wide to print (stats/estimates.bounded): this category had too few requests."""
+        est = self.estimate
+        if est is None or est.blocks < 2 or bounded(est):
+            return None
+        return f"too few requests in this category to bound: {self.per_launch} per launch"
 
     def to_dict(self) -> dict[str, Any]:
         est = self.estimate
@@ -91,8 +100,11 @@ class CategoryComparison:
             "category": self.category,
             "ratio": self.ratio,
             "blocks": est.blocks if est else 0,
-            # As Comparison.to_dict: one block's interval holds only run-to-run noise, so it is not published.
-            "ci95": [est.lo, est.hi] if est and est.blocks >= 2 else None,
+            # As Comparison.to_dict: one block's interval holds only run-to-run noise, so it is not published; nor
+            # is one too wide to mean anything (null, with the reason).
+            "ci95": [est.lo, est.hi] if est and est.blocks >= 2 and not self.unbounded else None,
+            **({"ci_note": self.unbounded} if self.unbounded else {}),
+            "requests_per_launch": self.per_launch,
             "ci_method": est.method if est else None,
             "verdict": self.verdict,
             "paired": self.paired,
@@ -152,14 +164,16 @@ def _and(words: Sequence[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-def _launch_values(runs: Sequence[RunResult], categories: Categories, category: str) -> list[float]:
-    """A launch's run values in one category, in run order (runs without a request of it left out)."""
-    out = []
+def _launch_values(runs: Sequence[RunResult], categories: Categories, category: str) -> tuple[list[float], int]:
+    """A launch's run values in one category, in run order (runs without a request of it left out), and how many of
+    its requests completed."""
+    out, requests = [], 0
     for run in sorted(runs, key=lambda r: r.index):
         found = run_category_values(run, categories).get(category)
         if found is not None:
             out.append(found[0])
-    return out
+            requests += found[2]
+    return out, requests
 
 
 def _arm_summary(arm: ArmResult, level: Level, categories: Categories, category: str) -> CategoryArm:
@@ -188,23 +202,24 @@ def _compare(result: ABResult, base: ArmResult, arm: ArmResult, level: Level, ca
     categories = result.categories or {}
     base_by_block = {launch.block: launch for launch in base.launches}
     arm_by_block = {launch.block: launch for launch in arm.launches}
-    b_runs, a_runs, paired = [], [], True
+    b_runs, a_runs, paired, counts = [], [], True, []
     for block in sorted(set(base_by_block) & set(arm_by_block)):
         b_launch, a_launch = base_by_block[block], arm_by_block[block]
         # Only runs valid in both launches: run i of both sent the same prompts, so each pair meets the same prompts.
         both = {r.index for r in b_launch.timed_at(level)} & {r.index for r in a_launch.timed_at(level)}
-        b = _launch_values([r for r in b_launch.timed_at(level) if r.index in both], categories, category)
-        a = _launch_values([r for r in a_launch.timed_at(level) if r.index in both], categories, category)
+        b, b_n = _launch_values([r for r in b_launch.timed_at(level) if r.index in both], categories, category)
+        a, a_n = _launch_values([r for r in a_launch.timed_at(level) if r.index in both], categories, category)
         if b and a and all(v > 0 for v in (*b, *a)):
             b_runs.append(b)
             a_runs.append(a)
+            counts += [b_n, a_n]
             paired = paired and same_requests(b_launch, a_launch, level)
     if not b_runs:
         return CategoryComparison(arm.label, base.label, category, None, None, paired=False)
     est = ratio_ci(b_runs, a_runs, seed=result.design.seed, paired=paired)
-    return CategoryComparison(
-        arm.label, base.label, category, est, verdict(est, result.min_effect, higher_is_better=True), paired
-    )
+    # An interval too wide to print decides nothing either: the verdict is held at inconclusive with it.
+    said = verdict(est, result.min_effect, higher_is_better=True) if bounded(est) else "inconclusive"
+    return CategoryComparison(arm.label, base.label, category, est, said, paired, min(counts))
 
 
 def by_category(result: ABResult, level: Level | None = None) -> ByCategory | None:

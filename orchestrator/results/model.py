@@ -28,6 +28,7 @@ from orchestrator.stats.crossover import (
 )
 from orchestrator.stats.estimates import (
     DEFAULT_MIN_EFFECT,
+    MAX_MDE,
     ArmSpread,
     BreakEven,
     RatioEstimate,
@@ -37,6 +38,7 @@ from orchestrator.stats.estimates import (
     breakeven_interval,
     launch_mean,
     launch_value,
+    mde_meaningful,
     minimal_detectable_effect,
     noisy_host,
     open_question,
@@ -473,6 +475,13 @@ class Comparison:
             return f"a few more blocks would likely show {what}"
         return f"about {self.blocks_needed} blocks would likely show {what} (at this noise, 80% power)"
 
+    @property
+    def mde_note(self) -> str | None:
+        """Said instead of a minimal detectable effect too large to mean anything (stats/estimates.MAX_MDE)."""
+        if self.mde is None or mde_meaningful(self.mde) or self.estimate is None:
+            return None
+        return f"cannot be bounded with {self.estimate.blocks} blocks at this noise (over {MAX_MDE * 100:.0f}%)"
+
     def to_dict(self) -> dict[str, Any]:
         est = self.estimate
         return {
@@ -493,7 +502,9 @@ class Comparison:
             "ci_method": est.method if est else None,
             "verdict": self.verdict,
             "min_effect": self.min_effect,
-            "mde": self.mde,
+            # An MDE past stats/estimates.MAX_MDE is no number a reader can use: null, and the reason beside it.
+            "mde": self.mde if mde_meaningful(self.mde) else None,
+            **({"mde_note": self.mde_note} if self.mde_note else {}),
             "blocks_needed": self.blocks_needed,
             "advice": self.advice,
             **({"sequential": self.sequential} if self.sequential is not None else {}),

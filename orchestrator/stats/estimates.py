@@ -382,6 +382,23 @@ def minimal_detectable_effect(est: RatioEstimate, t_crit: float | None = None) -
     return math.exp((crit + Z_80) * est.log_sd / math.sqrt(est.blocks)) - 1.0
 
 
+# Past these an interval or an MDE says nothing a reader can use (docs/statistics.md, "Intervals too wide to
+# print"): a CI whose upper end is 10x its lower spans an order of magnitude of speed (e.g. [0.3, 3.0]), wider than
+# any effect speculative decoding has; an MDE past sqrt(10) - 1 (216 %) needs the same factor on one side.
+MAX_CI_SPAN = 10.0
+MAX_MDE = math.sqrt(MAX_CI_SPAN) - 1.0
+
+
+def bounded(est: RatioEstimate) -> bool:
+    """Whether the estimate's CI is narrow enough to be worth printing: two or more blocks, hi/lo below MAX_CI_SPAN."""
+    return est.blocks >= 2 and est.lo > 0 and est.hi / est.lo < MAX_CI_SPAN
+
+
+def mde_meaningful(mde: float | None) -> bool:
+    """Whether a minimal detectable effect is small enough to mean something (below MAX_MDE)."""
+    return mde is not None and math.isfinite(mde) and mde < MAX_MDE
+
+
 def open_question(est: RatioEstimate, min_effect: float = DEFAULT_MIN_EFFECT) -> str:
     """What an undecided comparison still has to settle: "sign" when the observed effect is at least min_effect (is
     it real?), "within" when it is smaller (does the CI fit inside ±min_effect?)."""

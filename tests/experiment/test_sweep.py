@@ -284,3 +284,60 @@ def test_a_probe_stored_without_the_sweeps_settings_is_refused_not_finished_alon
 
     with pytest.raises(OrchError, match="never run its rate levels; start the sweep again"):
         resumed_sweep({"id": "20261201-000000-abcdef"}, {"sweep_probe": True}, RunOptions())
+
+
+def test_a_sweep_with_no_range_says_so_and_announces_no_levels_it_will_not_run(tmp_path: Path, capsys: Capsys) -> None:
+    # --max-concurrency 1: one request in flight, so the synchronous rate is also the highest; once "sweep: 5 rate
+    # levels" was announced, one level ran, every run client-limited, and nothing said there was no range.
+    paths = []
+    for file, name in (("base", "baseline"), ("spec", "sim-eagle3-fast")):
+        path = tmp_path / f"{file}.yaml"
+        path.write_text(yaml.safe_dump({"extends": name, "sim": {**FAST_SIM, "load_s": 0.1}, "port": free_port()}))
+        paths.append(str(path))
+    db = tmp_path / "r.db"
+    options = RunOptions(
+        profiles=tuple(paths),
+        sim=True,
+        blocks=2,
+        runs=1,
+        warmup=0,
+        max_tokens=8,
+        min_run_s=0,
+        grace=2,
+        gpu_wait=0,
+        sweep=DEFAULT_LEVELS,
+        max_concurrency=1,
+        duration=0.5,
+        db=str(db),
+        workdir=str(tmp_path / "work"),
+        given=frozenset({"sweep", "duration", "max_concurrency"}),
+    )
+    out = io.StringIO()
+    result = experiment.run(options, reporter=PlainReporter(out), warn=lambda line: None).result
+    said = " ".join(out.getvalue().split())
+    Path("/tmp/intervals-said.txt").write_text(out.getvalue())
+    assert f"{DEFAULT_LEVELS} rate levels" not in said, said
+    assert "sweep: --max-concurrency 1 leaves no range of rates to sweep" in said
+    assert "no range to sweep: --max-concurrency 1 keeps one request in flight, so the client is the limit" in said
+    sweep = result.sweep
+    assert sweep is not None and len(sweep["rates"]) == 1
+    assert sweep["no_range"].startswith("no range to sweep: --max-concurrency 1")
+    capsys.readouterr()
+    assert main(["show", result.experiment_id, "--db", str(db)]) == 0
+    assert "no range to sweep: --max-concurrency 1" in " ".join(capsys.readouterr().out.split())
+    assert main(["show", result.experiment_id, "--db", str(db), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sweep"]["no_range"] == sweep["no_range"]
+
+
+def test_no_range_is_said_for_a_server_that_does_not_saturate_and_for_a_stored_sweep_without_the_reason() -> None:
+    from orchestrator.config.sweep import no_range_reason
+    from orchestrator.report.lines import sweep_lines
+
+    assert no_range_reason(8, {"a": 2.0, "b": 3.0}, {"a": 2.0, "b": 6.0}) is None  # b saturates above 3 req/s
+    reason = no_range_reason(8, {"a": 2.0, "b": 3.0}, {"a": 2.05, "b": 3.0})
+    assert reason is not None and "at concurrency 8 no arm completed more requests per second" in reason
+    assert reason.endswith("the lowest synchronous rate (2 req/s)")
+    stored = {"probe": "p", "concurrency": 8, "synchronous": {"a": 2.0}, "saturated": {"a": 2.0}, "rates": [2.0]}
+    fake: Any = type("R", (), {"sweep": stored})()
+    lines: list[str] = sweep_lines(fake)
+    assert lines[-1].strip() == reason

@@ -7,6 +7,7 @@ import dataclasses
 
 from orchestrator.config.slo import parse_slo
 from orchestrator.report.html import ab_html
+from orchestrator.results import curves
 from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import RunResult
 from tests.report.test_report_html import parse
@@ -29,7 +30,7 @@ def test_open_loop_under_an_slo_draws_all_three_with_the_crossover_marked() -> N
     assert {f for f, drawn in dom.figures.items() if drawn} >= LOAD_FIGURES
     assert {"table-latency-rate", "table-goodput-rate", "table-pareto"} <= dom.ids
     mark = f"spec crossover ~{x.at:.3g} req/s"
-    for fig in LOAD_FIGURES:
+    for fig in LOAD_FIGURES - {"fig-latency-rate"}:  # on the offered load's axis; the latency figure's is achieved
         assert mark in _figure_text(html, fig), fig
     assert html.index('id="load-plots"') < html.index('id="summary"')  # with the crossover, before the tables
     goodput = _figure_text(html, "fig-goodput-rate")
@@ -38,6 +39,21 @@ def test_open_loop_under_an_slo_draws_all_three_with_the_crossover_marked() -> N
     assert "SIMULATED (orch&#x27;s simulator, not a measured server): " in goodput
     pareto = _figure_text(html, "fig-pareto")
     assert "The front, from the highest aggregate: base @ 8 req/s" in pareto and "spec @ 2 req/s" in pareto
+
+
+def test_the_latency_figure_states_its_crossover_on_its_own_axis_and_the_offered_rate_once() -> None:
+    # Its x axis is the achieved rate: once the legend read "crossover ~4.48 req/s (drawn at the 5.21 req/s it
+    # achieved there)", two rates on one axis.
+    result = _result("ttft_p99=100ms")
+    (x,) = [x for _, x in result.crossovers()]
+    assert x.at is not None
+    latency = _figure_text(ab_html(result), "fig-latency-rate")
+    (spec,) = [c for c in curves.curves(result, [curves.ACHIEVED]) if c.label == "spec"]
+    achieved = spec.at_level(curves.ACHIEVED, x.at)
+    assert achieved is not None and f"{achieved:.3g}" != f"{x.at:.3g}"
+    assert f"spec crossover ~{achieved:.3g} req/s achieved" in latency  # the legend, in the axis's terms
+    assert "drawn at the" not in latency and f"spec crossover ~{x.at:.3g} req/s" not in latency
+    assert latency.count(f"~{x.at:.3g} req/s offered") == 1  # the offered load, named once, in the caption
 
 
 def test_without_an_slo_there_is_no_goodput_figure_and_with_one_level_no_load_figures() -> None:

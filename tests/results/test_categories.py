@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.cli import main
 from orchestrator.config.workload import BenchConfig, request_items, run_categories
+from orchestrator.report.lines import category_rows, comparison_line
+from orchestrator.results.categories import ByCategory, CategoryArm, CategoryComparison
+from orchestrator.results.model import Comparison
+from orchestrator.stats.estimates import RatioEstimate
 from tests.faults.support import FAST
 
 CATEGORIES = ("code", "summarisation", "translation")
@@ -59,7 +64,9 @@ def test_ab_on_a_sharegpt_file_reports_by_category(
     assert all(a["tok_s"] and a["tok_s"] > 0 and a["requests"] > 0 for a in bc["arms"])
     assert len(bc["comparisons"]) == 3
     for c in bc["comparisons"]:
-        assert c["blocks"] == 2 and c["paired"] is True and c["ci95"] is not None
+        # One or two requests of a category per launch: its CI is printed, or said to be too wide to print.
+        assert c["blocks"] == 2 and c["paired"] is True and c["requests_per_launch"] >= 1
+        assert (c["ci95"] is None) == c.get("ci_note", "").startswith("too few requests in this category to bound")
         assert c["verdict"] in ("faster", "slower", "no difference", "inconclusive")
     assert bc["summary"] and bc["summary"][0].startswith("eagle3 vs baseline: ")
     # The stored experiment reads back the same breakdown (its per-request rows, its workload's categories).
@@ -104,3 +111,36 @@ def test_a_one_category_dataset_says_the_comparison_is_its_verdict(
     assert "by category @" not in out
     assert main(["export", "last", "--format", "md", "--db", db]) == 0
     assert "- by category: every prompt is code" in capsys.readouterr().out  # type: ignore[attr-defined]
+
+
+def test_a_category_ci_too_wide_to_use_is_said_in_words_not_printed() -> None:
+    # Two blocks of one noisy request per launch give intervals like [0.000, 1588779.420]: no number to print.
+    wide = RatioEstimate(ratio=1.4, lo=0.0001, hi=1588779.42, blocks=2, method="bootstrap over blocks", log_sd=1.1)
+    narrow = RatioEstimate(ratio=1.4, lo=1.3, hi=1.5, blocks=2, method="bootstrap over blocks", log_sd=0.01)
+    bc = ByCategory(
+        level=3,
+        categories=("code", "math"),
+        arms=tuple(CategoryArm(label, c, 10.0, None, 2) for c in ("code", "math") for label in ("base", "spec")),
+        comparisons=(
+            CategoryComparison("spec", "base", "code", wide, "inconclusive", True, 1),
+            CategoryComparison("spec", "base", "math", narrow, "faster", True, 4),
+        ),
+    )
+    code, math_row = category_rows(bc)[1:]
+    assert "too few requests in this category to bound: 1 per launch" in code
+    assert not any("1588779" in cell for cell in code)
+    assert "[1.300, 1.500]" in math_row
+    doc = bc.to_dict()["comparisons"]
+    assert doc[0]["ci95"] is None and doc[0]["ci_note"] == "too few requests in this category to bound: 1 per launch"
+    assert doc[1]["ci95"] == [1.3, 1.5] and "ci_note" not in doc[1]
+
+
+def test_a_minimal_detectable_effect_past_the_threshold_is_not_a_number() -> None:
+    est = RatioEstimate(ratio=1.1, lo=0.08, hi=5.2, blocks=2, method="bootstrap over blocks", log_sd=0.9)
+    absurd = Comparison("spec", "base", 1.1, 3, estimate=est, verdict="inconclusive", mde=684.494)
+    line = comparison_line(absurd)
+    assert "68449" not in line and "minimal detectable effect: cannot be bounded with 2 blocks" in line
+    doc = absurd.to_dict()
+    assert doc["mde"] is None and doc["mde_note"].startswith("cannot be bounded with 2 blocks")
+    usable = dataclasses.replace(absurd, mde=0.25)
+    assert "minimal detectable effect 25.0%" in comparison_line(usable) and usable.to_dict()["mde"] == 0.25

@@ -284,7 +284,8 @@ def test_blocks_interrupted_then_resumed_with_the_same_order(sim_profiles: SimPr
     ]
     (cmp,) = doc["comparisons"]
     assert cmp["verdict"] in ("slower", "inconclusive")  # eagle3 at accept length ~2 is ~25 % slower
-    assert cmp["ci95"][0] <= cmp["ratio"] <= cmp["ci95"][1] and cmp["mde"] is not None
+    # An effect these 2 blocks can detect, or (on a noisy machine) the words for one past any use, never both.
+    assert cmp["ci95"][0] <= cmp["ratio"] <= cmp["ci95"][1] and (cmp["mde"] is not None) != bool(cmp.get("mde_note"))
     assert any("1 launch(es) cut short are kept in the store but left out" in n for n in doc["notes"])
     # The resumed block ran in the recorded order: positions in the store follow the schedule.
     rows = c.execute(

@@ -108,7 +108,7 @@ def night(suite: Path, db: Path, date: str, *extra: str) -> tuple[int, str, str]
 
 def doc_nights(where: Path, min_history: int, keep: Callable[[str, str], None] = lambda _n, _t: None) -> None:
     """The nights the doc's samples come from: the first with `fail_on: slower` on the A/B (as the doc warns
-    against), then the doc's suite until its history is built, a 6 % slower box, an engine upgrade, a server that
+    against), then the doc's suite until its history is built, a 10 % slower box, an engine upgrade, a server that
     fails to start. `keep(name, text)` gets each output; the assertions hold for any min_history."""
     slow = where / "slowdown"
     ports = (free_port(), free_port())
@@ -141,7 +141,7 @@ def doc_nights(where: Path, min_history: int, keep: Callable[[str, str], None] =
     assert "- ok `eagle3-vs-baseline`" in out and "- ok `baseline-throughput`" in out, out
     keep("ok", out)
     day += 1
-    slow.write_text("1.06")
+    slow.write_text("1.10")
     rc, out, err = night(suite, db, f"2026-11-{day}")
     assert rc == 3 and "**REGRESSION** `baseline-throughput`" in out and "confirmed by a re-run" in out, out + err
     keep("regression", out)

@@ -50,9 +50,7 @@ def judged(est: RatioEstimate, min_effect: float) -> str:
     return verdict(est, min_effect) if bounded(est) else "inconclusive"
 
 
-def trial(
-    rng: random.Random, categories: int, blocks: int, args: argparse.Namespace
-) -> tuple[bool, bool]:
+def trial(rng: random.Random, categories: int, blocks: int, args: argparse.Namespace) -> tuple[bool, bool]:
     """One A/A experiment: whether any category's verdict was false, uncorrected and with Holm."""
     data = category_runs(rng, categories, blocks, args.runs, args.restart, args.noise)
     seed = rng.randrange(2**31)

@@ -55,6 +55,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "nightly_study.py": ("| threshold | confirmation re-run | false alarms", "| threshold | confirmation re-run |"),
     "paired_study.py": ("| scenario | blocks | true ratio | CI | coverage |", "| paired |", "| unpaired |"),
     "repro_study.py": ("| restart noise | blocks | same: reproduced |",),
+    "family_aa.py": ("| categories | blocks | any false verdict, uncorrected | any false verdict, Holm |", "| 8 | 3 |"),
     "crossover_study.py": ("true crossover 6", "| truth | restart noise | blocks | crosses | covers x* |"),
     "slo_capacity_study.py": ("true capacities: base 7, arm 4.5 (ratio 0.643)", "linear in log(load)", "covered"),
     "reference_clients.py": ("openai-sdk (completions)", "sglang.bench_serving --backend sglang"),

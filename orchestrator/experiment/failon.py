@@ -245,8 +245,8 @@ def cache_checks(result: ABResult, mode: str) -> list[Check]:
     return out
 
 
-def _ci(lo: float | None, hi: float | None, digits: int) -> str:
-    return f", 95% CI {lo:.{digits}f}-{hi:.{digits}f}" if lo is not None and hi is not None else ""
+def _ci(lo: float | None, hi: float | None, digits: int, name: str = "95% CI") -> str:
+    return f", {name} {lo:.{digits}f}-{hi:.{digits}f}" if lo is not None and hi is not None else ""
 
 
 def comparison_check(c: Comparison, mode: str, name_level: bool) -> Check:
@@ -266,7 +266,11 @@ def comparison_check(c: Comparison, mode: str, name_level: bool) -> Check:
             f"{who} vs {base}{at} is inconclusive: ratio {c.ratio:.3f} from one block, which has no confidence "
             "interval (use --blocks 3 or more)",
         )
-    numbers = ("" if c.metric == DEFAULT_METRIC else f"{c.metric} ") + f"ratio {c.ratio:.3f}{_ci(est.lo, est.hi, 3)}"
+    # One of a family of verdicts (several levels or arms): the interval is at its Holm level, not 95 %.
+    name = "95% CI" if c.adjustment is None else c.adjustment.describe()
+    numbers = (
+        "" if c.metric == DEFAULT_METRIC else f"{c.metric} "
+    ) + f"ratio {c.ratio:.3f}{_ci(est.lo, est.hi, 3, name)}"
     if c.held_back and c.cache_gap is not None:
         return Check(mode, INCONCLUSIVE, cache_gap_reason(c, who, base, at, numbers))
     if c.verdict == "slower":

@@ -13,6 +13,7 @@ from orchestrator.results.categories import ByCategory, only_category
 from orchestrator.results.model import ABResult, ArmResult, CapacityComparison, Comparison, EnergyComparison
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats.estimates import BreakEven
+from orchestrator.stats.family import Adjustment
 
 SIM_BANNER = "SIMULATED: these numbers come from orch's simulator (of SGLang or vLLM), not from a real server on a GPU."
 
@@ -189,10 +190,20 @@ def title(result: ABResult) -> str:
     return f"benchmark of {result.arms[0].label} ({result.experiment_id}, host {result.host_label})"
 
 
+def ci_name(adjustment: Adjustment | None) -> str:
+    """A verdict's interval by its level: "95% CI", or in a family of verdicts its Holm level ("99.2% CI")."""
+    return "95% CI" if adjustment is None else adjustment.ci_name()
+
+
+def family_note(adjustment: Adjustment | None) -> str:
+    """Beside a family member's interval: " (Holm over 3 levels)"; nothing for a verdict of its own."""
+    return "" if adjustment is None else f" ({adjustment.family_note()})"
+
+
 def comparison_line(c: Comparison) -> str:
-    """One arm against the baseline: the ratio, its 95 % CI over blocks, and what may be concluded from it. A
-    comparison on another metric than tok/s names it (and, for a latency, that lower is better: a ratio below 1 is
-    faster)."""
+    """One arm against the baseline: the ratio, its 95 % CI over blocks (in a family of verdicts, at its Holm level,
+    named), and what may be concluded from it. A comparison on another metric than tok/s names it (and, for a
+    latency, that lower is better: a ratio below 1 is faster)."""
     head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level_name(c.concurrency)}: "
     what = "" if c.metric == DEFAULT_METRIC else c.metric + ("" if c.higher_is_better else " (lower is better)")
     est = c.estimate
@@ -211,14 +222,16 @@ def comparison_line(c: Comparison) -> str:
         said = c.ci_verdict.upper() if c.ci_verdict in ("faster", "slower") else (c.ci_verdict or "nothing")
         line = head + f"{c.ratio:.3f}x"
         if est.blocks >= 2:
-            line += f", 95% CI [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks"
+            line += f", {ci_name(c.adjustment)} [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks"
+            line += family_note(c.adjustment)
         return line + f" -> inconclusive: {gap.reason}; the CI alone says {said}; {gap.advice}" + note
     if est.blocks < 2:
         return (
             head + f"{c.ratio:.3f}x ({pct:.1f}% {word} in one block) -> inconclusive: one launch per arm cannot "
             "separate restart noise from a real difference (use --blocks 3 or more)" + note
         )
-    line = head + f"{c.ratio:.3f}x, 95% CI [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks -> "
+    line = head + f"{c.ratio:.3f}x, {ci_name(c.adjustment)} [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks"
+    line += family_note(c.adjustment) + " -> "
     me = c.min_effect * 100
     if c.verdict in ("faster", "slower"):
         line += f"{c.verdict.upper()} by {pct:.1f}%"
@@ -632,9 +645,15 @@ def capacity_comparison_line(c: CapacityComparison) -> str:
 
 def category_heading(bc: ByCategory) -> str:
     """What the by-category table holds (one level: the one it is about)."""
+    held = next((c.adjustment for c in bc.comparisons if c.adjustment is not None), None)
+    ci = (
+        "95% CI over blocks"
+        if held is None
+        else f"CI over blocks at its Holm level (the level beside each; {held.family_note()}, family-wise 95%)"
+    )
     return (
         f"by category @ {level_name(bc.level)}: tok/s per stream from each category's requests (median of launch "
-        "medians; accept length: mean per request); ratio vs the first arm paired block by block, 95% CI over blocks"
+        f"medians; accept length: mean per request); ratio vs the first arm paired block by block, {ci}"
     )
 
 
@@ -643,8 +662,9 @@ def category_rows(bc: ByCategory) -> list[list[str]]:
     labels = list(dict.fromkeys(a.arm_label for a in bc.arms))
     vs = list(dict.fromkeys(c.arm_label for c in bc.comparisons))
     header = ["category", "requests/arm", *(f"{label} tok/s" for label in labels)]
+    held = next((c.adjustment for c in bc.comparisons if c.adjustment is not None), None)
     for label in vs:
-        header += [f"{label} ratio", "95% CI", "verdict"]
+        header += [f"{label} ratio", "95% CI" if held is None else "CI (Holm)", "verdict"]
     rows = [header]
     for category in bc.categories:
         arms = [bc.arm(label, category) for label in labels]
@@ -656,6 +676,8 @@ def category_rows(bc: ByCategory) -> list[list[str]]:
             c = next(c for c in bc.comparisons if c.arm_label == label and c.category == category)
             est = c.estimate
             ci = f"[{est.lo:.3f}, {est.hi:.3f}]" if est is not None and est.blocks >= 2 else "-"
+            if c.adjustment is not None and ci != "-":
+                ci += f" {c.adjustment.ci_name()}"
             ci = c.unbounded or ci
             cells += [
                 f"{c.ratio:.3f}x" if c.ratio is not None else "-",

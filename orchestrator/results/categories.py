@@ -4,8 +4,8 @@ per category with its CI and verdict, from the runs' per-request rows."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import datasets
@@ -15,6 +15,7 @@ from orchestrator.results.bundleformat import bench_config
 from orchestrator.results.model import same_requests
 from orchestrator.results.run import Level, Rate
 from orchestrator.stats.estimates import RatioEstimate, bounded, ratio_ci, verdict
+from orchestrator.stats.family import FAMILY_ALPHA, Adjustment, excludes_one, holm, t_crit
 
 if TYPE_CHECKING:
     from orchestrator.results.model import ABResult, ArmResult
@@ -79,6 +80,9 @@ class CategoryComparison:
     verdict: str | None
     paired: bool
     per_launch: int = 0  # the fewest of this category's requests any compared launch completed
+    # One of the family of category verdicts (every category, compared arm and level): its CI at Holm's level for it
+    # (stats/family); None for a family of one, whose CI is the plain 95 %.
+    adjustment: Adjustment | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -106,6 +110,7 @@ class CategoryComparison:
             **({"ci_note": self.unbounded} if self.unbounded else {}),
             "requests_per_launch": self.per_launch,
             "ci_method": est.method if est else None,
+            **({"adjustment": self.adjustment.to_dict()} if self.adjustment is not None else {}),
             "verdict": self.verdict,
             "paired": self.paired,
         }
@@ -146,7 +151,9 @@ class ByCategory:
             if said["inconclusive"]:
                 parts.append(f"undecided on {_and(said['inconclusive'])}")
             if parts:
-                out.append(f"{vs} vs {mine[0].vs_label}: " + "; ".join(parts))
+                held = next((c.adjustment for c in mine if c.adjustment is not None), None)
+                family = f" ({held.family_note()})" if held is not None else ""
+                out.append(f"{vs} vs {mine[0].vs_label}{family}: " + "; ".join(parts))
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,7 +205,14 @@ def _arm_summary(arm: ArmResult, level: Level, categories: Categories, category:
     )
 
 
-def _compare(result: ABResult, base: ArmResult, arm: ArmResult, level: Level, category: str) -> CategoryComparison:
+Estimator = Callable[[float], RatioEstimate]
+
+
+def _compare(
+    result: ABResult, base: ArmResult, arm: ArmResult, level: Level, category: str
+) -> tuple[CategoryComparison, Estimator | None, int]:
+    """The comparison in one category before its verdict, its estimate with the CI at a two-sided level 1 − alpha
+    (None without a paired block), and how many paired blocks it rests on."""
     categories = result.categories or {}
     base_by_block = {launch.block: launch for launch in base.launches}
     arm_by_block = {launch.block: launch for launch in arm.launches}
@@ -215,11 +229,65 @@ def _compare(result: ABResult, base: ArmResult, arm: ArmResult, level: Level, ca
             counts += [b_n, a_n]
             paired = paired and same_requests(b_launch, a_launch, level)
     if not b_runs:
-        return CategoryComparison(arm.label, base.label, category, None, None, paired=False)
-    est = ratio_ci(b_runs, a_runs, seed=result.design.seed, paired=paired)
+        return CategoryComparison(arm.label, base.label, category, None, None, paired=False), None, 0
+
+    def at(alpha: float) -> RatioEstimate:
+        crit = None if alpha == FAMILY_ALPHA else t_crit(alpha, len(b_runs) - 1)
+        return ratio_ci(b_runs, a_runs, seed=result.design.seed, paired=paired, alpha=alpha, t_crit=crit)
+
+    return CategoryComparison(arm.label, base.label, category, None, None, paired, min(counts)), at, len(b_runs)
+
+
+def _judged(
+    c: CategoryComparison, est: RatioEstimate, min_effect: float, adjustment: Adjustment | None
+) -> CategoryComparison:
     # An interval too wide to print decides nothing either: the verdict is held at inconclusive with it.
-    said = verdict(est, result.min_effect, higher_is_better=True) if bounded(est) else "inconclusive"
-    return CategoryComparison(arm.label, base.label, category, est, said, paired, min(counts))
+    said = verdict(est, min_effect, higher_is_better=True) if bounded(est) else "inconclusive"
+    return replace(c, estimate=est, verdict=said, adjustment=adjustment)
+
+
+def _decides(est: RatioEstimate) -> bool:
+    """What the family steps down on: a CI narrow enough to print that excludes 1."""
+    return bounded(est) and excludes_one(est)
+
+
+def _families(result: ABResult, names: tuple[str, ...]) -> dict[Level, ByCategory]:
+    """Every level's breakdown (those whose runs carry per-request rows), the category verdicts of all levels and
+    compared arms one family: those with two or more blocks stepped down together by Holm (stats/family)."""
+    levels = [lv for lv in result.levels if any(run.per_request for arm in result.arms for run in arm.timed_at(lv))]
+    categories = result.categories or {}
+    base = result.arms[0]
+    arms: dict[Level, tuple[CategoryArm, ...]] = {}
+    found: dict[Level, list[CategoryComparison]] = {}
+    members: list[tuple[Level, int, Estimator]] = []
+    for lv in levels:
+        arms[lv] = tuple(_arm_summary(arm, lv, categories, c) for c in names for arm in result.arms)
+        found[lv] = []
+        for c in names:
+            for arm in result.arms[1:]:
+                comparison, at, blocks = _compare(result, base, arm, lv, c)
+                if at is not None and blocks >= 2:
+                    members.append((lv, len(found[lv]), at))
+                elif at is not None:
+                    # One block: no CI that could carry a verdict, so no member of the family.
+                    comparison = _judged(comparison, at(FAMILY_ALPHA), result.min_effect, None)
+                found[lv].append(comparison)
+    stepped = holm([m[2] for m in members], _decides)
+    compared = {found[lv][j].arm_label for lv, j, _ in members}
+    counted = {found[lv][j].category for lv, j, _ in members}
+    over = _family_name(len(members), len(compared), len({lv for lv, _, _ in members}), len(counted))
+    for (lv, j, _), (est, alpha) in zip(members, stepped, strict=True):
+        adjustment = Adjustment(size=len(members), alpha=alpha, over=over) if len(members) > 1 else None
+        found[lv][j] = _judged(found[lv][j], est, result.min_effect, adjustment)
+    return {lv: ByCategory(lv, names, arms[lv], tuple(found[lv])) for lv in levels}
+
+
+def _family_name(size: int, arms: int, levels: int, categories: int) -> str:
+    """What the family of category verdicts is over: "8 categories"; "16 comparisons (2 arms × 8 categories)"."""
+    if arms == 1 and levels == 1:
+        return f"{size} categories"
+    groups = [f"{n} {word}" for n, word in ((arms, "arms"), (levels, "levels")) if n > 1]
+    return f"{size} comparisons ({' × '.join(groups)} × {categories} categories)"
 
 
 def by_category(result: ABResult, level: Level | None = None) -> ByCategory | None:
@@ -232,12 +300,10 @@ def by_category(result: ABResult, level: Level | None = None) -> ByCategory | No
     if len(names) < 2 or not result.levels:
         return None
     level = level if level is not None else result.levels[0]
-    if not any(run.per_request for arm in result.arms for run in arm.timed_at(level)):
-        return None
-    arms = tuple(_arm_summary(arm, level, categories, c) for c in names for arm in result.arms)
-    base = result.arms[0]
-    comparisons = tuple(_compare(result, base, arm, level, c) for c in names for arm in result.arms[1:])
-    return ByCategory(level, names, arms, comparisons)
+    if "by_category" not in result.derived:
+        result.derived["by_category"] = _families(result, names)
+    found: dict[Level, ByCategory] = result.derived["by_category"]
+    return found.get(level)
 
 
 def only_category(result: ABResult) -> str | None:

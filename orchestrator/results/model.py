@@ -7,7 +7,7 @@ import contextlib
 import dataclasses
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -52,6 +52,7 @@ from orchestrator.stats.estimates import (
     t_975,
     verdict,
 )
+from orchestrator.stats.family import FAMILY_ALPHA, Adjustment, excludes_one, holm, t_crit
 from orchestrator.stats.sequential import SequentialPlan
 
 if TYPE_CHECKING:
@@ -444,6 +445,9 @@ class Comparison:
     # (--cache-measured) the verdict is then "inconclusive" and ci_verdict keeps what the CI alone said.
     cache_gap: CacheGap | None = None
     ci_verdict: str | None = None
+    # One of a family of verdicts printed together (several levels or arms): its CI is at Holm's level for it
+    # (stats/family); None for a family of one, whose CI is the plain 95 %.
+    adjustment: Adjustment | None = None
 
     @property
     def held_back(self) -> bool:
@@ -500,6 +504,8 @@ class Comparison:
             # (trusting one launch per arm) that orch exists to prevent.
             "ci95": [est.lo, est.hi] if est and est.blocks >= 2 else None,
             "ci_method": est.method if est else None,
+            # In a family of verdicts ci95 is at the member's Holm level: the method, the family and that level.
+            **({"adjustment": self.adjustment.to_dict()} if self.adjustment is not None else {}),
             "verdict": self.verdict,
             "min_effect": self.min_effect,
             # An MDE past stats/estimates.MAX_MDE is no number a reader can use: null, and the reason beside it.
@@ -681,6 +687,12 @@ class ABResult:
         return list(dict.fromkeys(level for launch in self.launches for level in launch.levels))
 
     @cached_property
+    def derived(self) -> dict[str, Any]:
+        """What other modules compute from this result and keep once computed (results/categories: the breakdown by
+        category of every level, one family of verdicts); as safe as _comparisons, for the same reasons."""
+        return {}
+
+    @cached_property
     def _comparisons(self) -> dict[tuple[str, Level], tuple[Comparison, ...]]:
         """Each level's comparisons, once computed: the report's tables, verdict lines, advice and `--blocks auto`
         notes all ask for them, and every one is a bootstrap. Safe to keep: the result is frozen, and
@@ -694,67 +706,127 @@ class ABResult:
         return out
 
     def comparisons_at(self, concurrency: Level | None = None, metric: str | None = None) -> list[Comparison]:
-        """Each arm against the first at one level, on `metric` (default: the experiment's, --metric)."""
+        """Each arm against the first at one level, on `metric` (default: the experiment's, --metric). The
+        comparisons of every level and arm are one family of verdicts (printed together): computed together, their
+        CIs at Holm's levels (stats/family)."""
         level = concurrency if concurrency is not None else (self.levels[0] if self.levels else 1)
         key = (metric or self.metric, level)
         if key not in self._comparisons:
-            self._comparisons[key] = tuple(self._compare_at(level, key[0]))
+            levels = self.levels if level in self.levels else [level]
+            for lv, found in zip(levels, self._compare_family(levels, key[0]), strict=True):
+                self._comparisons[(key[0], lv)] = tuple(found)
         return list(self._comparisons[key])
 
-    def _compare_at(self, level: Level, metric: str = DEFAULT_METRIC) -> list[Comparison]:
+    def _compare_family(self, levels: Sequence[Level], metric: str) -> list[list[Comparison]]:
+        """Each level's comparisons on `metric`, the CIs of those with two or more blocks (the ones that can give a
+        verdict) stepped down together by Holm over all of them; a family of one is the plain 95 % comparison."""
         base = self.arms[0]
-        out = []
-        for index, arm in enumerate(self.arms[1:], start=1):
-            names: dict[str, Any] = {"arm_label": arm.label, "vs_label": base.label, "arm_index": index}
-            names |= {"metric": metric, "note": self.comparison_note(base, arm, level, metric)}
-            paired, shared = _paired(base, arm, level, (metric,), self.slo)
-            b_runs, a_runs = paired[metric]
-            if not b_runs:
-                out.append(Comparison(arm.profile, base.profile, None, level, min_effect=self.min_effect, **names))
-                continue
-            plan, n = self.design.auto, len(b_runs)
-            crit = plan.t_crit(n) if plan is not None else None
-            if plan is None:
-                est, sequential = ratio_ci(b_runs, a_runs, seed=self.design.seed, paired=shared), None
-            else:
-                # The interval the stopping rule used: a repeated CI at this look's nominal level, never a plain 95 %.
-                est = ratio_ci(
-                    b_runs, a_runs, seed=self.design.seed, alpha=plan.nominal_alpha(n), t_crit=crit, paired=shared
+        plan = self.design.auto
+        family = plan.alpha if plan is not None else FAMILY_ALPHA
+        out: list[list[Comparison]] = []
+        members: list[tuple[int, int, Callable[[float], tuple[RatioEstimate, dict[str, Any] | None, float | None]]]]
+        members = []
+        for level in levels:
+            mine: list[Comparison] = []
+            for index, arm in enumerate(self.arms[1:], start=1):
+                names: dict[str, Any] = {"arm_label": arm.label, "vs_label": base.label, "arm_index": index}
+                names |= {"metric": metric, "note": self.comparison_note(base, arm, level, metric)}
+                paired, shared = _paired(base, arm, level, (metric,), self.slo)
+                b_runs, a_runs = paired[metric]
+                if b_runs and len(b_runs) >= 2:
+                    members.append((len(out), len(mine), self._estimator(b_runs, a_runs, shared)))
+                # Paired apart from the verdict's metric: a short open-loop run can receive no token while requests
+                # are still arriving (aggregate 0), and that must not drop its block from the verdict.
+                agg = None
+                if b_runs:
+                    b_agg, a_agg = _paired(base, arm, level, ("aggregate_tok_s",), self.slo)[0]["aggregate_tok_s"]
+                    logs = [math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True)]
+                    agg = math.exp(statistics.fmean(logs)) if logs else None
+                comparison = Comparison(
+                    arm.profile, base.profile, None, level, aggregate_ratio=agg, min_effect=self.min_effect, **names
                 )
-                est = dataclasses.replace(est, method=f"{plan.describe()}; look at {n} blocks: {est.method}")
-                sequential = {**plan.to_dict(), "look_blocks": n, "nominal_alpha": plan.nominal_alpha(n), "t": crit}
-            # Paired apart from the verdict's metric: a short open-loop run can receive no token while requests are
-            # still arriving (aggregate 0), and that must not drop its block from the verdict.
-            b_agg, a_agg = _paired(base, arm, level, ("aggregate_tok_s",), self.slo)[0]["aggregate_tok_s"]
-            logs = [math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True)]
-            agg = math.exp(statistics.fmean(logs)) if logs else None
-            out.append(
-                Comparison(
-                    arm=arm.profile,
-                    vs=base.profile,
-                    ratio=est.ratio,
-                    concurrency=level,
-                    aggregate_ratio=agg,
-                    estimate=est,
-                    verdict=verdict(est, self.min_effect, higher_is_better=METRICS[metric].higher_is_better),
-                    mde=minimal_detectable_effect(est, crit),
-                    blocks_needed=blocks_needed(est, self.min_effect),
-                    min_effect=self.min_effect,
-                    sequential=sequential,
-                    **names,
-                )
-            )
-            gap = cache_gap(base, arm, level, measured=self.cache_measured)
-            if gap is not None:
-                # One rule (results/cache): arms the cache treated differently get no verdict, unless it is measured.
-                kept = out[-1].verdict
-                out[-1] = dataclasses.replace(
-                    out[-1],
-                    cache_gap=gap,
-                    verdict=kept if gap.measured else "inconclusive",
-                    ci_verdict=None if gap.measured else kept,
-                )
+                if b_runs and len(b_runs) < 2:
+                    # One block: no CI that could carry a verdict, so no member of the family.
+                    est, sequential, crit = self._estimator(b_runs, a_runs, shared)(family)
+                    comparison = self._judged(comparison, est, sequential, crit, None)
+                mine.append(comparison)
+            out.append(mine)
+        if members:
+            stepped = holm([m[2] for m in members], lambda found: excludes_one(found[0]), family)
+            over = self._family_name(members, out)
+            for (i, j, _), ((est, sequential, crit), alpha) in zip(members, stepped, strict=True):
+                adjustment = None if len(members) == 1 else Adjustment(size=len(members), alpha=alpha, over=over)
+                out[i][j] = self._judged(out[i][j], est, sequential, crit, adjustment)
+        for level, mine in zip(levels, out, strict=True):
+            for j, c in enumerate(mine):
+                gap = cache_gap(base, self.arms[c.arm_index], level, measured=self.cache_measured)
+                if gap is not None and c.estimate is not None:
+                    # One rule (results/cache): arms the cache treated differently get no verdict, unless measured.
+                    kept = c.verdict
+                    mine[j] = dataclasses.replace(
+                        c,
+                        cache_gap=gap,
+                        verdict=kept if gap.measured else "inconclusive",
+                        ci_verdict=None if gap.measured else kept,
+                    )
         return out
+
+    def _estimator(
+        self, b_runs: list[list[float]], a_runs: list[list[float]], shared: bool
+    ) -> Callable[[float], tuple[RatioEstimate, dict[str, Any] | None, float | None]]:
+        """The comparison's estimate with its CI at a two-sided level 1 − alpha (the family's step), the sequential
+        look it belongs to (--blocks auto) and the critical value its MDE uses (None: the 95 % table's)."""
+        plan, n = self.design.auto, len(b_runs)
+
+        def at(alpha: float) -> tuple[RatioEstimate, dict[str, Any] | None, float | None]:
+            if plan is None:
+                crit = None if alpha == FAMILY_ALPHA or n < 2 else t_crit(alpha, n - 1)
+                return (
+                    ratio_ci(b_runs, a_runs, seed=self.design.seed, paired=shared, alpha=alpha, t_crit=crit),
+                    None,
+                    crit,
+                )
+            # The interval the stopping rule used: a repeated CI at this look's nominal level, never a plain 95 %;
+            # in a family, the repeated CI of the plan spending the member's Holm level instead of the whole alpha.
+            look = plan if alpha == plan.alpha else dataclasses.replace(plan, alpha=alpha)
+            crit = look.t_crit(n)
+            est = ratio_ci(
+                b_runs, a_runs, seed=self.design.seed, alpha=look.nominal_alpha(n), t_crit=crit, paired=shared
+            )
+            est = dataclasses.replace(est, method=f"{look.describe()}; look at {n} blocks: {est.method}")
+            return est, {**look.to_dict(), "look_blocks": n, "nominal_alpha": look.nominal_alpha(n), "t": crit}, crit
+
+        return at
+
+    def _judged(
+        self,
+        c: Comparison,
+        est: RatioEstimate,
+        sequential: dict[str, Any] | None,
+        crit: float | None,
+        adjustment: Adjustment | None,
+    ) -> Comparison:
+        """The comparison with its estimate, verdict, MDE and blocks needed."""
+        return dataclasses.replace(
+            c,
+            ratio=est.ratio,
+            estimate=est,
+            verdict=verdict(est, self.min_effect, higher_is_better=METRICS[c.metric].higher_is_better),
+            mde=minimal_detectable_effect(est, crit),
+            blocks_needed=blocks_needed(est, self.min_effect),
+            sequential=sequential,
+            adjustment=adjustment,
+        )
+
+    def _family_name(self, members: Sequence[tuple[int, int, object]], out: Sequence[Sequence[Comparison]]) -> str:
+        """What the family of comparisons is over: "3 levels", "2 arms", "6 comparisons (2 arms × 3 levels)"."""
+        levels = {i for i, _, _ in members}
+        arms = {out[i][j].arm_index for i, j, _ in members}
+        if len(arms) == 1:
+            return f"{len(members)} levels"
+        if len(levels) == 1:
+            return f"{len(members)} arms"
+        return f"{len(members)} comparisons ({len(arms)} arms × {len(levels)} levels)"
 
     @cached_property
     def _crossings(self) -> dict[str, list[tuple[ArmResult, Crossover]]]:

@@ -68,18 +68,24 @@ def test_ab_on_a_sharegpt_file_reports_by_category(
         assert c["blocks"] == 2 and c["paired"] is True and c["requests_per_launch"] >= 1
         assert (c["ci95"] is None) == c.get("ci_note", "").startswith("too few requests in this category to bound")
         assert c["verdict"] in ("faster", "slower", "no difference", "inconclusive")
-    assert bc["summary"] and bc["summary"][0].startswith("eagle3 vs baseline: ")
+        # Three category verdicts printed together are one family: each CI at its Holm level, 1 - 0.05 / k for the
+        # k members still open at the step that decided it (docs/statistics.md, "Families of verdicts").
+        adj = c["adjustment"]
+        assert adj["method"] == "holm" and adj["family_size"] == 3 and adj["family"] == "3 categories"
+        assert any(abs(adj["ci_level"] - (1 - 0.05 / k)) < 1e-12 for k in (1, 2, 3)), adj
+    assert bc["summary"] and bc["summary"][0].startswith("eagle3 vs baseline (Holm over 3 categories): ")
     # The stored experiment reads back the same breakdown (its per-request rows, its workload's categories).
     assert main(["show", "last", "--db", db]) == 0
     text = capsys.readouterr().out  # type: ignore[attr-defined]
     assert "by category @ 3" in text and "translation" in text and "eagle3 ratio" in text
+    assert "Holm over 3 categories" in text and "CI (Holm)" in text
     assert main(["export", "last", "--format", "md", "--db", db]) == 0
     md = capsys.readouterr().out  # type: ignore[attr-defined]
-    assert "### By category at 3" in md and "| code |" in md
+    assert "### By category at 3" in md and "| code |" in md and "Holm over 3 categories" in md
     html = tmp_path / "r.html"
     assert main(["export", "last", "--format", "html", "-o", str(html), "--db", db]) == 0
     page = html.read_text()
-    assert '<section id="by-category">' in page and "eagle3 ratio" in page
+    assert '<section id="by-category">' in page and "eagle3 ratio" in page and "Holm over 3 categories" in page
 
 
 def test_a_prompts_output_len_caps_its_request(

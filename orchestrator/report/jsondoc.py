@@ -14,17 +14,11 @@ from orchestrator.results.goodput import run_attainment
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.run import Level, Rate
 from orchestrator.results.turns import arm_turns_at
+from orchestrator.stats.crossover import CAPACITY_METHOD
 
 if TYPE_CHECKING:
     from orchestrator.config.slo import SLO
     from orchestrator.results.run import RunResult
-
-# The crossover's method applied to each launch's margin to the SLO, not to ratios between arms.
-SLO_CAPACITY_METHOD = (
-    "the crossover's method on each launch's margin to the SLO (limit / pNN of the tightest percentile objective): "
-    "per-block quadratic interpolation of log margins, in log(level) and in the level; Student-t test inversion over "
-    "blocks"
-)
 
 
 def _run_json(run: RunResult, launch: LaunchResult | None = None, slo: SLO | None = None) -> dict[str, Any]:
@@ -224,9 +218,11 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "crossovers": [{"arm": arm.profile, "arm_label": arm.label, **x.to_dict()} for arm, x in result.crossovers()],
         # under --slo with a percentile objective: each arm's highest load within it (status "crosses": "at", "ci")
         "max_within_slo": [
-            {"arm": arm.profile, "arm_label": arm.label, **x.to_dict(), "method": SLO_CAPACITY_METHOD}
+            {"arm": arm.profile, "arm_label": arm.label, **x.to_dict(), "method": CAPACITY_METHOD}
             for arm, x in result.max_within_slo()
         ],
+        # blocks whose margin missed the SLO at one level and met it again higher up (capacity at the first miss)
+        "max_within_slo_notes": [r.to_dict() for r in result.slo_recoveries()],
         # the A/B on it: each arm's highest load within the SLO against the first arm's, with its CI and verdict
         "max_within_slo_comparisons": [c.to_dict() for c in result.capacity_comparisons()],
         "warnings": result.warnings(),

@@ -582,7 +582,8 @@ def rate_lines(result: ABResult, level: Level) -> list[str]:
 
 def slo_capacity_lines(result: ABResult) -> list[str]:
     """Each arm's highest load within the SLO's percentile objectives over the levels measured, with its 95 % CI
-    over blocks (the crossover's method on limit / pNN), or that the SLO held (or failed) at every level."""
+    over blocks (per block, where its margin limit / pNN first falls to 1: the A/B's number too), or that the SLO
+    held (or failed) at every level; a note for each block that missed the SLO and met it again higher up."""
     found = result.max_within_slo()
     if not found or result.slo is None:
         return []
@@ -592,24 +593,32 @@ def slo_capacity_lines(result: ABResult) -> list[str]:
     out = [f"highest load within the SLO ({objectives}), from each launch's percentiles at each level:"]
     for arm, x in found:
         span = f"{word}{x.levels[0]:g} to {x.levels[-1]:g}{unit}"
-        if x.status == "crosses" and x.at is not None and x.pays_below:
+        if x.status == "crosses" and x.at is not None:
             lo = f"below {x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
             hi = f"beyond {x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
             line = f"{word}~{x.at:.3g}{unit} (95% CI {lo} to {hi}{unit}, over {x.blocks} blocks)"
-        elif x.status == "crosses" and x.at is not None:
-            line = f"over the SLO below {word}~{x.at:.3g}{unit}, within it above (an unusual shape: check the runs)"
         elif x.status == "pays throughout":
             line = f"within the SLO at every level measured ({span}): the highest is beyond the range"
         elif x.status == "never pays":
             line = f"over the SLO at every level measured ({span})"
         else:
-            between = ""
-            if x.lo is not None or x.hi is not None:
-                lo = f"{x.levels[0]:g}" if x.lo is None else f"{x.lo:.3g}"
-                hi = f"{x.levels[-1]:g}" if x.hi is None else f"{x.hi:.3g}"
-                between = f"; leaving it between {word}{lo} and {hi}{unit} cannot be excluded"
-            line = f"not decided within the range measured ({span}){between}: more blocks or levels would say"
+            # Some blocks left the SLO within the range, others not at all (or already at the first level): no
+            # point estimate, only what counting those at the range's edge still bounds.
+            if x.lo is not None and x.hi is not None:
+                where = f"its 95% CI lies within {word}{x.lo:.3g} to {x.hi:.3g}{unit}"
+            elif x.lo is not None:
+                where = f"its 95% CI starts at {word}{x.lo:.3g}{unit}, with no upper end"
+            elif x.hi is not None:
+                where = f"its 95% CI ends at {word}{x.hi:.3g}{unit}, with no lower end"
+            else:
+                where = "the data bound it on neither side"
+            line = (
+                f"not decided within the range measured ({span}): in some of its {x.blocks} blocks the capacity lies "
+                f"outside the levels (past the last, or over the SLO at the first); {where}: more blocks or levels "
+                "would say"
+            )
         out.append(f"  {arm.label}: {line}")
+    out += [f"  note: {r.text()}" for r in result.slo_recoveries()]
     for c in result.capacity_comparisons():
         out.append(f"  {capacity_comparison_line(c)}")
     return out

@@ -19,12 +19,15 @@ from orchestrator.results.datasource import DataSource
 from orchestrator.results.goodput import Attainment, block_values, pooled, run_value
 from orchestrator.results.run import Level, Rate, level_name
 from orchestrator.stats.crossover import (
+    CAPACITY_METHOD,
     Crossover,
     bounded_ratio_end,
+    capacity,
     capacity_log_bounds,
     crossover,
     first_crossing,
     ratio_interval,
+    recovery,
 )
 from orchestrator.stats.estimates import (
     DEFAULT_MIN_EFFECT,
@@ -628,14 +631,44 @@ class CapacityComparison:
             "censored_blocks": self.censored,
             "verdict": self.verdict,
             "bound": self.bound,
-            "method": "per block: where each launch's margin to the SLO (limit / pNN) falls through 1, linear in "
-            "log(level) and log(margin); geometric mean of the per-block ratios, Student-t CI over those blocks"
+            "method": CAPACITY_METHOD
             + (
                 "; a capacity outside the levels measured is counted at the range's edge, which bounds its block's "
                 f"ratio on one side: ci95 has only its {self.bound} end, and the verdict is on it"
                 if self.bound
                 else ""
             ),
+        }
+
+
+@dataclass(frozen=True)
+class SloRecovery:
+    """A block whose margin to the SLO fell to 1 or below at one level and rose above 1 again at a higher one: its
+    capacity is taken at the first miss (stats/crossover.capacity), for the arm's own estimate and the A/B alike."""
+
+    arm: str
+    block: int  # 0-based, as stored
+    missed_at: float  # the first level at or over a percentile objective's limit
+    met_again_at: float  # the first higher level within every one again
+    rates: bool  # levels are req/s (open loop), not concurrencies
+
+    def text(self) -> str:
+        def load(x: float) -> str:
+            return f"{x:g} req/s" if self.rates else f"concurrency {x:g}"
+
+        return (
+            f"{self.arm} block {self.block + 1} missed the SLO at {load(self.missed_at)} and met it again at "
+            f"{load(self.met_again_at)}: capacity taken at the first miss"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "arm_label": self.arm,
+            "block": self.block,
+            "block_number": self.block + 1,
+            "missed_at": self.missed_at,
+            "met_again_at": self.met_again_at,
+            "text": self.text(),
         }
 
 
@@ -868,8 +901,9 @@ class ABResult:
 
     def max_within_slo(self) -> list[tuple[ArmResult, Crossover]]:
         """Each arm's highest load within every percentile objective of the SLO, over the levels measured (two or
-        more): where a launch's margin — limit / its pNN, the tightest objective — crosses 1 (stats/crossover: the
-        same interpolation and interval over blocks as the crossover). Empty without such an objective."""
+        more): per block, where its launch's margin — limit / its pNN, the tightest objective — first falls to 1
+        going up the levels (the per-block capacity capacity_comparisons takes its ratios of), and their geometric
+        mean with a Student-t CI over the blocks (stats/crossover.capacity). Empty without such an objective."""
         if "slo" not in self._crossings:
             self._crossings["slo"] = self._max_within_slo()
         return list(self._crossings["slo"])
@@ -881,9 +915,21 @@ class ABResult:
         out = []
         for arm in self.arms:
             margins = self.slo_margins(arm)
-            ratios = [[margins[block][i] for block in sorted(margins)] for i in range(len(self.levels))]
             with contextlib.suppress(ValueError):  # fewer than two blocks with every level: nothing to say
-                out.append((arm, crossover([float(v) for v in self.levels], ratios)))
+                out.append((arm, capacity([float(v) for v in self.levels], [margins[b] for b in sorted(margins)])))
+        return out
+
+    def slo_recoveries(self) -> list[SloRecovery]:
+        """Each block, of every arm, whose margin curve missed the SLO at one level and met it again at a higher one
+        (stats/crossover.recovery): its capacity is the first miss, which is worth saying beside the estimate."""
+        if len(self.levels) < 2:
+            return []
+        levels, rates = [float(v) for v in self.levels], isinstance(self.levels[0], Rate)
+        out = []
+        for arm in self.arms:
+            for block, row in sorted(self.slo_margins(arm).items()):
+                if (found := recovery(levels, row)) is not None:
+                    out.append(SloRecovery(arm.label, block, found[0], found[1], rates))
         return out
 
     def slo_margins(self, arm: ArmResult) -> dict[int, list[float | None]]:
@@ -905,11 +951,11 @@ class ABResult:
 
     def capacity_comparisons(self) -> list[CapacityComparison]:
         """Each arm's highest load within the SLO against the first arm's: per block, where each launch's margin
-        curve falls through 1 (stats/crossover.first_crossing), the ratio of the two, and its geometric mean with a
-        Student-t CI over the blocks where both crossed within the range measured (the others are counted as
-        censored: past the last level, or over the SLO already at the first). Where blocks are censored, each block's
-        ratio is also bounded with the censored capacity at the range's edge; when one end of the CI over all blocks
-        decides (below 1 or above 1), that end is the answer (`CapacityComparison.bound`)."""
+        curve first falls to 1 (stats/crossover.first_crossing, as max_within_slo takes it), the ratio of the two,
+        and its geometric mean with a Student-t CI over the blocks where both crossed within the range measured (the
+        others are counted as censored: past the last level, or over the SLO already at the first). Where blocks are
+        censored, each block's ratio is also bounded with the censored capacity at the range's edge; when one end of
+        the CI over all blocks decides (below 1 or above 1), that end is the answer (`CapacityComparison.bound`)."""
         if len(self.levels) < 2 or len(self.arms) < 2:
             return []
         levels = [float(v) for v in self.levels]

@@ -27,6 +27,14 @@ METHOD = (
     "over blocks (a load is in the CI when either interpolant cannot exclude a crossing there)"
 )
 
+# An SLO capacity, per arm (capacity) and in the A/B on it (results/model.CapacityComparison): one number per block.
+CAPACITY_METHOD = (
+    "per block: where the launch's margin to the SLO (limit / pNN of the tightest percentile objective) first falls "
+    "to 1 going up the levels, linear in log(level) and log(margin) (the highest load at or below which every level "
+    "measured met the SLO; a block that misses it and meets it again keeps its first miss); geometric mean over "
+    "blocks with a Student-t 95 % CI (for the A/B: of the per-block ratios of the two arms' capacities)"
+)
+
 
 @dataclass(frozen=True)
 class Crossover:
@@ -40,7 +48,9 @@ class Crossover:
     pays_below: bool | None  # True: the arm is faster below the crossover and slower above it
     levels: tuple[float, ...]
     blocks: int
-    crosses_again: bool = False  # the mean crosses 0 more than once in the range (only the first is reported)
+    # the mean crosses 0 more than once in the range (only the first is reported); for a capacity, a block's margin
+    # curve met the SLO again after its first miss
+    crosses_again: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -189,6 +199,55 @@ def first_crossing(levels: Sequence[float], values: Sequence[float | None]) -> t
             u0, u1 = math.log(levels[i - 1]), math.log(levels[i])
             return "crosses", math.exp(u0 + (u1 - u0) * m[i - 1] / (m[i - 1] - m[i]))
     return "above", None
+
+
+def recovery(levels: Sequence[float], values: Sequence[float | None]) -> tuple[float, float] | None:
+    """Where one block's margin curve is not monotone in the way a capacity reads it: (the first level at or below
+    1, the first later level above 1 again), or None when it never rises above 1 after its first miss (or a level
+    has no value). The capacity stays at the first miss: the load up to which every level measured met the SLO."""
+    if any(v is None or v <= 0 for v in values):
+        return None
+    miss = next((i for i, v in enumerate(values) if v is not None and v <= 1), None)
+    if miss is None:
+        return None
+    again = next((i for i in range(miss + 1, len(values)) if (v := values[i]) is not None and v > 1), None)
+    return None if again is None else (float(levels[miss]), float(levels[again]))
+
+
+def capacity(levels: Sequence[float], margins: Sequence[Sequence[float | None]]) -> Crossover:
+    """One arm's highest load within an SLO from `margins[b][i]`, block b's margin (above 1: within the objective)
+    at level i: each block's capacity is its first_crossing — the same per-block number the A/B on capacities takes
+    its ratios of — and the answer their geometric mean with a Student-t 95 % CI over the blocks ("crosses"; an end
+    past the levels measured is open, None). Every block within the SLO at every level: "pays throughout"; over it
+    at the first level in every block: "never pays"; some blocks censored either way: "undecided", with the CI's
+    ends that the censored blocks counted at the range's edge still bound (bounded_ratio_end), None where none.
+    Blocks missing a level are left out; needs two or more blocks. `crosses_again`: some block's curve met the SLO
+    again after its first miss (recovery)."""
+    found = [f for f in (first_crossing(levels, row) for row in margins) if f[0] != "missing"]
+    if len(found) < 2:
+        raise ValueError("a capacity needs two or more blocks with a margin at every level")
+    measured, blocks = tuple(float(v) for v in levels), len(found)
+    again = any(recovery(levels, row) is not None for row in margins)
+    statuses = {status for status, _ in found}
+    if statuses == {"above"}:
+        return Crossover("pays throughout", None, None, None, None, measured, blocks, crosses_again=again)
+    if statuses == {"below"}:
+        return Crossover("never pays", None, None, None, None, measured, blocks, crosses_again=again)
+    first, last = measured[0], measured[-1]
+    if statuses == {"crosses"}:
+        at, lo, hi = ratio_interval([math.log(a) for _, a in found if a is not None])
+        lo_, hi_ = (None if lo < first else lo), (None if hi > last else hi)
+        return Crossover("crosses", at, lo_, hi_, True, measured, blocks, crosses_again=again)
+    bounds = [capacity_log_bounds(levels, f) for f in found]
+    lower, upper = (
+        bounded_ratio_end([b[0] for b in bounds], "lower"),
+        bounded_ratio_end([b[1] for b in bounds], "upper"),
+    )
+    lower, upper = (
+        (None if lower is None or lower < first else lower),
+        (None if upper is None or upper > last else upper),
+    )
+    return Crossover("undecided", None, lower, upper, None, measured, blocks, crosses_again=again)
 
 
 def capacity_log_bounds(levels: Sequence[float], found: tuple[str, float | None]) -> tuple[float, float]:

@@ -108,8 +108,9 @@ def test_an_undecided_slo_capacity_names_where_leaving_it_cannot_be_excluded(mon
     monkeypatch.setattr(ABResult, "max_within_slo", lambda self: [(self.arms[0], undecided)])
     line = slo_capacity_lines(result)[1]
     assert line == (
-        "  base: not decided within the range measured (concurrency 1 to 16); leaving it between concurrency 4.2 and "
-        "6.23 cannot be excluded: more blocks or levels would say"
+        "  base: not decided within the range measured (concurrency 1 to 16): in some of its 3 blocks the capacity "
+        "lies outside the levels (past the last, or over the SLO at the first); its 95% CI lies within concurrency "
+        "4.2 to 6.23: more blocks or levels would say"
     )
 
 
@@ -226,3 +227,74 @@ def test_first_crossing_says_which_side_a_curve_stays_on() -> None:
     assert first_crossing([1, 10], [2.0, None]) == ("missing", None)
     mean, lo, hi = ratio_interval([math.log(0.5), math.log(0.5)])
     assert mean == pytest.approx(0.5) and lo == pytest.approx(0.5) and hi == pytest.approx(0.5)
+
+
+def _per_block_slo_result(base: list[dict[int, float]], spec: list[dict[int, float]]) -> ABResult:
+    """base and spec with each block's p99 TTFT at each level given exactly (no noise)."""
+    from orchestrator.config.slo import parse_slo
+
+    launches = []
+    for b, pair in enumerate(zip(base, spec, strict=True)):
+        for arm, p99_at in enumerate(pair):
+            runs = tuple(
+                RunResult(
+                    i, False, 256, 3.2, 80.0, 20, 0.02, concurrency=c, aggregate_tok_s=80.0 * c,
+                    metrics={"ttft": {"p50": p / 3, "p99": p}},
+                )
+                for c, p in p99_at.items()
+                for i in range(2)
+            )  # fmt: skip
+            name = ("base", "spec")[arm]
+            launches.append(LaunchResult(name, f"L{b}{arm}", runs, 1.0, {"ok": True}, {}, None, b, arm, arm))
+    return ABResult(
+        "exp", True, "local", ("base", "spec"), tuple(launches), {}, design=Design.make(2, len(base), "fixed", 1),
+        slo=parse_slo("ttft_p99=500ms"),
+    )  # fmt: skip
+
+
+def test_a_block_that_dips_below_the_slo_and_recovers_gives_one_capacity_to_the_arm_and_the_ab() -> None:
+    from orchestrator.report.html import ab_html
+    from orchestrator.report.lines import slo_capacity_lines
+    from orchestrator.stats.crossover import first_crossing
+
+    # base meets 500 ms up to ~12 in every block but block 2, which misses it at 4 and meets it again at 8; spec
+    # meets it up to ~6.6 everywhere
+    steady, dip = {1: 0.1, 4: 0.2, 8: 0.3, 16: 1.0}, {1: 0.1, 4: 0.6, 8: 0.3, 16: 1.0}
+    spec = {1: 0.1, 4: 0.25, 8: 0.7, 16: 2.0}
+    result = _per_block_slo_result([steady, dip, steady, steady], [spec] * 4)
+    levels = [1.0, 4.0, 8.0, 16.0]
+    ((_, b), (_, s)) = result.max_within_slo()
+    # the arm's own estimate is the geometric mean of each block's first crossing: the A/B's per-block number
+    firsts = [first_crossing(levels, [0.5 / p for p in row.values()])[1] for row in (steady, dip, steady, steady)]
+    assert b.status == "crosses" and b.at == pytest.approx(math.exp(sum(math.log(a or 0) for a in firsts) / 4))
+    assert b.crosses_again and not s.crosses_again and b.at is not None and s.at is not None
+    (c,) = result.capacity_comparisons()
+    assert c.blocks == 4 and c.censored == 0 and c.ratio == pytest.approx(s.at / b.at)
+    note = (
+        "base block 2 missed the SLO at concurrency 4 and met it again at concurrency 8: capacity taken at the first "
+        "miss"
+    )
+    assert f"  note: {note}" in slo_capacity_lines(result)
+    assert note in ab_text(result) and note in ab_markdown(result) and note in ab_html(result)
+    (doc,) = ab_json(result)["max_within_slo_notes"]
+    assert doc == {
+        "arm_label": "base", "block": 1, "block_number": 2, "missed_at": 4.0, "met_again_at": 8.0, "text": note,
+    }  # fmt: skip
+    # without a dip, no note
+    assert _per_block_slo_result([steady] * 2, [spec] * 2).slo_recoveries() == []
+
+
+def test_a_capacity_with_blocks_on_both_sides_of_the_range_is_undecided_with_what_bounds_it() -> None:
+    from orchestrator.stats.crossover import capacity, recovery
+
+    levels = [1.0, 4.0, 16.0]
+    # two blocks cross at ~8, one stays within the SLO past 16: only a lower end is known
+    x = capacity(levels, [[5.0, 2.0, 0.5], [5.0, 2.0, 0.5], [5.0, 3.0, 1.5]])
+    assert x.status == "undecided" and x.at is None and x.hi is None and x.lo is not None and x.blocks == 3
+    assert capacity(levels, [[5.0, 2.0, 1.5], [5.0, 3.0, 1.5]]).status == "pays throughout"
+    assert capacity(levels, [[0.5, 2.0, 0.5], [0.9, 0.5, 0.4]]).status == "never pays"
+    with pytest.raises(ValueError):
+        capacity(levels, [[5.0, 2.0, 0.5], [5.0, None, 0.5]])  # one complete block
+    assert recovery(levels, [5.0, 0.8, 1.2]) == (4.0, 16.0)
+    assert recovery(levels, [0.8, 1.2, 0.5]) == (1.0, 4.0)
+    assert recovery(levels, [5.0, 0.8, 0.5]) is None and recovery(levels, [5.0, None, 1.2]) is None

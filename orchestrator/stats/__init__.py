@@ -1,6 +1,7 @@
 """Statistics as pure functions (no I/O, no clocks): `estimates` (ratios and their CIs, verdicts, spreads, the
 speculative break-even), `sequential` (`--blocks auto`'s group-sequential boundaries), `reproduction` (does a
-result agree with a claim or an earlier run), `crossover` (the load where an arm stops paying, with its CI).
+result agree with a claim or an earlier run), `crossover` (the load where an arm stops paying, with its CI),
+`fisher` (Fisher's exact test on a 2×2 table of counts).
 """
 
-__all__ = ["crossover", "estimates", "reproduction", "sequential"]
+__all__ = ["crossover", "estimates", "fisher", "reproduction", "sequential"]

@@ -225,7 +225,7 @@ def test_the_lossless_check_holds_an_arms_divergences_against_the_baselines_own_
     p = 18564 / 593775  # C(18,6) / C(30,6): all 6 divergences in the arm's 18 prompts
     assert doc["verdict"] == "more" and doc["p"] == pytest.approx(p) and doc["test"] == "fisher exact, one-sided"
     assert (doc["diverged"], doc["compared"], doc["control_diverged"], doc["control_compared"]) == (6, 18, 0, 12)
-    line = f"against the control: 6/18 diverged vs 0/12 in the baseline's own repeat: diverges more than numerics "
+    line = "against the control: 6/18 diverged vs 0/12 in the baseline's own repeat: diverges more than numerics "
     line += f"explain (Fisher exact p={p:.3g}, one-sided)"
     from orchestrator.report.html import ab_html
 

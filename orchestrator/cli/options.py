@@ -240,7 +240,9 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             default=1,
             show_default=True,
             type=click.IntRange(1, 10000),
-            help="A run at concurrency c sends c x this many requests.",
+            help="A run at concurrency c sends c x this many requests. Default 1; for a dataset, enough that a run "
+            "at the lowest level sends the whole dataset (up to 100 prompts), fewer send a seeded subset covering "
+            "every category.",
         ),
         *open_loop_options(),
         click.option(

@@ -7,7 +7,7 @@ import csv
 import gzip
 import hashlib
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -260,13 +260,14 @@ def _shipped(name: str) -> list[PromptItem]:
     ]
 
 
-def _sample(path: str, read: Callable[[str], Iterator[PromptItem | None]], n: int, seed: int) -> list[PromptItem]:
-    """The first n prompts of request_sequence's order over a dataset file, holding only the chosen ones: a first
-    pass checks every record and counts the prompts, a second keeps those the order picks."""
-    pool = sum(1 for item in read(path) if item is not None)
+def _sample(path: str, read: Callable[[str], Iterator[PromptItem | None]], choose: prompts.Chooser) -> list[PromptItem]:
+    """The prompts `choose` picks from a dataset file, in its order, holding only the chosen ones: a first pass
+    checks every record and notes each prompt's category, a second keeps those the order picks."""
+    categories = [item.category for item in read(path) if item is not None]
+    pool = len(categories)
     if not pool:
         raise PromptFileError(f"{path}: no prompts in the file")
-    chosen = prompts.sample_order(pool, n, seed)
+    chosen = choose(categories)
     wanted = set(chosen)
     found: dict[int, PromptItem] = {}
     index = 0
@@ -282,6 +283,17 @@ def _sample(path: str, read: Callable[[str], Iterator[PromptItem | None]], n: in
 
 def request_sequence(source: str, n: int, *, seed: int, input_len: int | None = None) -> list[PromptItem]:
     """prompts.request_sequence, for datasets too: the n inputs of a benchmark, the same for every arm."""
+    check_name(source)
+    what = kind(source)
+    if what == "prompts" or n <= 0:
+        return prompts.request_sequence(source, n, seed=seed, input_len=input_len)
+    if input_len is not None:
+        raise PromptFileError("--input-len applies to --prompts random only (datasets have their own prompt lengths)")
+    return chosen(source, lambda categories: prompts.sample_order(len(categories), n, seed))
+
+
+def check_name(source: str) -> None:
+    """A --prompts value that names nothing (no set, no dataset, no file) refused, with the names there are."""
     what = kind(source)
     names = ("builtin", "random", *prompts.BUNDLED_SETS, *SHIPPED)
     if (
@@ -296,14 +308,50 @@ def request_sequence(source: str, n: int, *, seed: int, input_len: int | None = 
             f"file; names: {', '.join(names)}, {prompts.SHARED_PREFIX}GROUPSxPER_GROUP (generated), or a file: .jsonl, "
             ".json (ShareGPT) or .csv"
         )
-    if what == "prompts" or n <= 0:
-        return prompts.request_sequence(source, n, seed=seed, input_len=input_len)
-    if input_len is not None:
-        raise PromptFileError("--input-len applies to --prompts random only (datasets have their own prompt lengths)")
+
+
+def covers(source: str) -> bool:
+    """Whether a --prompts value is a dataset whose runs each cycle a category-covering order (covering_sequence):
+    a file or a shipped dataset, not orch's own or generated prompts."""
+    return categorised(source) and not prompts.generated(source)
+
+
+def chosen(source: str, choose: prompts.Chooser) -> list[PromptItem]:
+    """The prompts `choose` picks from a dataset (a file, or a shipped one), in its order."""
+    check_name(source)
+    what = kind(source)
     if what == "shipped":
         pool = _shipped(source)
-        return [pool[i] for i in prompts.sample_order(len(pool), n, seed)]
-    return _sample(source, _sharegpt if what == "sharegpt" else _csv, n, seed)
+        return [pool[i] for i in choose([item.category for item in pool])]
+    if what == "prompts":
+        return prompts.sample_jsonl(prompts.source_path(source), choose)
+    return _sample(source, _sharegpt if what == "sharegpt" else _csv, choose)
+
+
+def covering_sequence(
+    source: str, runs: Sequence[tuple[int, int]], *, seed: int, input_len: int | None = None
+) -> list[PromptItem]:
+    """The inputs of runs (run index, requests) one after another, each run its prompts.covering_order: every run
+    covers as many categories as it has requests for, and a run of as many requests as prompts sends the dataset."""
+    if input_len is not None:
+        raise PromptFileError("--input-len applies to --prompts random only (datasets have their own prompt lengths)")
+    if not sum(n for _, n in runs):
+        return []
+    return chosen(
+        source, lambda categories: [i for run, n in runs for i in prompts.covering_order(categories, n, seed, run)]
+    )
+
+
+def categories_of(source: str) -> list[str]:
+    """The category of every prompt of a dataset, in its order (the file read and checked once)."""
+    found: list[str] = []
+
+    def note(categories: list[str]) -> list[int]:
+        found.extend(categories)
+        return []
+
+    chosen(source, note)
+    return found
 
 
 def file_sha256(path: str) -> str:

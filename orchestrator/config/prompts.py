@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -375,13 +375,23 @@ def load_jsonl(path: str) -> list[PromptItem]:
     return items
 
 
-def _sample_jsonl(path: str, n: int, seed: int) -> list[PromptItem]:
-    """The first n prompts of request_sequence's order over a file, holding only each prompt's offset and the n
-    chosen ones in memory: every line is checked in a first pass, the chosen ones are read again in a second."""
-    offsets = [(k, off) for k, off, line in file_lines(path) if _parse(path, k, line) is not None]
+# Picks which prompts of a file to send, in order, from the categories of all of them (in file order).
+Chooser = Callable[[list[str]], list[int]]
+
+
+def sample_jsonl(path: str, choose: Chooser) -> list[PromptItem]:
+    """The prompts `choose` picks from a file, in its order, holding only each prompt's offset and category and the
+    chosen prompts in memory: every line is checked in a first pass, the chosen ones are read again in a second."""
+    offsets: list[tuple[int, int]] = []
+    categories: list[str] = []
+    for k, off, line in file_lines(path):
+        item = _parse(path, k, line)
+        if item is not None:
+            offsets.append((k, off))
+            categories.append(item.category)
     if not offsets:
         raise PromptFileError(f"{path}: no prompts in the file")
-    chosen = sample_order(len(offsets), n, seed)
+    chosen = choose(categories)
     wanted = {i: offsets[i] for i in sorted(set(chosen))}
     by_index: dict[int, PromptItem] = {}
     try:
@@ -408,6 +418,26 @@ def sample_order(pool: int, n: int, seed: int) -> list[int]:
         rng.shuffle(batch)
         order.extend(batch)
     return order[:n]
+
+
+def covering_order(categories: Sequence[str], n: int, seed: int, run: int) -> list[int]:
+    """Which of a dataset's prompts (their categories, in file order) the n requests of one run send, in order: each
+    category's prompts in a seeded shuffle, the categories taken in turn (in a seeded order; one whose prompts are
+    all taken is skipped), so the first k requests cover min(k, categories) categories and the first len(categories)
+    send every prompt once; past that the order starts again. Seeded by (seed, run): each run its own subset."""
+    rng = random.Random(f"cover:{seed}:{run}")
+    by_category: dict[str, list[int]] = {}
+    for i, category in enumerate(categories):
+        by_category.setdefault(category, []).append(i)
+    names = sorted(by_category)
+    rng.shuffle(names)
+    queues = [by_category[name] for name in names]
+    for queue in queues:
+        rng.shuffle(queue)
+    order = [
+        queue[depth] for depth in range(max(map(len, queues), default=0)) for queue in queues if depth < len(queue)
+    ]
+    return [order[k % len(order)] for k in range(n)] if order else []
 
 
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled_prompts"
@@ -441,6 +471,6 @@ def request_sequence(source: str, n: int, *, seed: int, input_len: int | None = 
             f"sets: {', '.join(names)}, {SHARED_PREFIX}GROUPSxPER_GROUP, or a JSONL file"
         )
     if source != "builtin":
-        return _sample_jsonl(source_path(source), n, seed)
+        return sample_jsonl(source_path(source), lambda categories: sample_order(len(categories), n, seed))
     pool = builtin_items()
     return [pool[i] for i in sample_order(len(pool), n, seed)]

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config import arrivals, datasets, sessions, traces
+from orchestrator.config.prompts import PromptItem
 from orchestrator.errors import PromptFileError
 
 CLIENT_PLACES = ("host", "local")
@@ -66,6 +67,10 @@ class BenchConfig:
     # --flush-cache: the prefix cache emptied before every timed run (engines/base.CacheFlush, per engine), so no run
     # finds prompts an earlier one left; it changes what the requests measure, so it is part of the workload.
     flush_cache: bool = False
+    # A dataset's runs each send prompts.covering_order (config/datasets.covering_sequence): every category a run has
+    # requests for, the whole dataset in a run of as many requests. False: the one seeded sequence of passes over
+    # the dataset that experiments stored before it followed (their digests and breakdowns stay what they were).
+    cover: bool = False
 
     def __post_init__(self) -> None:
         # Read back from JSON (a stored config, a bundle) the levels are a list; as a tuple the config stays hashable.
@@ -101,6 +106,8 @@ class BenchConfig:
             del d["check_outputs"]
         if not self.flush_cache:
             del d["flush_cache"]
+        if not self.cover:
+            del d["cover"]
         if self.trace is None:
             for name in ("trace", "speed", "trace_sha256"):
                 del d[name]
@@ -128,6 +135,10 @@ def request_stream(config: BenchConfig) -> Iterator[dict[str, Any]]:
                 raise PromptFileError("--input-len applies to --prompts random only, not to --turns sessions")
             yield from sessions.sequence(config.prompts, total // config.turns, config.turns, seed=config.seed)
             return
+        if covered(config):
+            sizes = [(run, config.requests_per_run(c)) for c in config.concurrency for run in range(config.runs)]
+            yield from (it.to_dict() for it in _covering(config, sizes))
+            return
         for it in datasets.request_sequence(config.prompts, total, seed=config.seed, input_len=config.input_len):
             yield it.to_dict()
         return
@@ -141,15 +152,34 @@ def request_stream(config: BenchConfig) -> Iterator[dict[str, Any]]:
             for it, at in zip(traces.items(replay), times, strict=True):
                 yield {**it.to_dict(), "scheduled_s": at}
         return
-    items = datasets.request_sequence(
-        config.prompts, config.warmup + sum(len(s) for s in schedules), seed=config.seed, input_len=config.input_len
-    )
+    if covered(config):
+        runs = [run for _ in config.rate for run in range(config.runs)]
+        items = _covering(config, [(run, len(times)) for run, times in zip(runs, schedules, strict=True)])
+    else:
+        items = datasets.request_sequence(
+            config.prompts, config.warmup + sum(len(s) for s in schedules), seed=config.seed, input_len=config.input_len
+        )
     yield from (it.to_dict() for it in items[: config.warmup])
     position = config.warmup
     for times in schedules:
         for at in times:
             yield {**items[position].to_dict(), "scheduled_s": at}
             position += 1
+
+
+# The run index a dataset's warmups draw their covering order with (timed runs: 0, 1, ...).
+WARMUP_RUN = -1
+
+
+def covered(config: BenchConfig) -> bool:
+    """Whether each run of this workload sends a category-covering order of its dataset (BenchConfig.cover)."""
+    return config.cover and config.turns is None and config.trace is None and datasets.covers(config.prompts)
+
+
+def _covering(config: BenchConfig, runs: list[tuple[int, int]]) -> list[PromptItem]:
+    """The warmups' inputs, then each timed run's (run index, requests): datasets.covering_sequence."""
+    warm = [(WARMUP_RUN, config.warmup * config.requests_per_warmup)]
+    return datasets.covering_sequence(config.prompts, warm + runs, seed=config.seed, input_len=config.input_len)
 
 
 def check_requests(config: BenchConfig) -> None:

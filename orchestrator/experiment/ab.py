@@ -26,6 +26,7 @@ from orchestrator.hosts.group import GroupHost
 from orchestrator.launch import attach, ports, single
 from orchestrator.launch import group as multinode
 from orchestrator.results import datasource
+from orchestrator.results.categories import dataset_counts
 from orchestrator.results.goodput import needs_rows
 from orchestrator.results.load import port_note, stored_launches
 from orchestrator.results.model import (
@@ -266,6 +267,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             sweep=recorded["sweep"] if isinstance(recorded.get("sweep"), dict) else None,
             cache_measured=config.cache_measured,
             categories=run_categories(config.bench) if datasets.categorised(config.bench.prompts) else None,
+            dataset_categories=dataset_counts(config.bench),
             dataset=datasource.recorded(recorded),
         )
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from orchestrator import engines
-from orchestrator.config import datasets, design, limits, traces
+from orchestrator.config import coverage, datasets, design, limits, traces
 from orchestrator.config import profile as profiles_mod
 from orchestrator.config.design import ABConfig
 from orchestrator.config.options import OptionError, RunOptions
@@ -110,13 +110,19 @@ def start(
     profiles = attach.apply_options(profiles, options.attach, names)
     attach.check_arms(profiles, allow_mixed=options.allow_mixed, strict_env=options.strict_env, simulate=options.sim)
     check_host_nodes(profiles, options.host_spec, options.inventory, port=options.port)
+    # A dataset's runs each send a category-covering order (config/coverage), by default the whole dataset.
+    cover = datasets.covers(options.prompt_source) and options.turns is None and options.trace is None
+    categories = datasets.categories_of(options.prompt_source) if cover else []
+    per_stream = options.requests_per_stream
+    if cover and not options.rate and options.sweep is None and not options.gave("requests_per_stream"):
+        per_stream = coverage.default_requests_per_stream(len(categories), options.concurrency)
     bench = BenchConfig(
         runs=options.runs,
         warmup=options.warmup,
         max_tokens=options.max_tokens,
         seed=options.seed,
         concurrency=options.concurrency,
-        requests_per_stream=options.requests_per_stream,
+        requests_per_stream=per_stream,
         endpoint=options.endpoint or engines.common_endpoint([p.engine for p in profiles]),
         prompts=options.prompt_source,
         input_len=options.input_len,
@@ -128,6 +134,7 @@ def start(
         check_outputs=options.check_outputs,
         turns=options.turns,
         flush_cache=options.flush_cache,
+        cover=cover,
     )
     engines.check_use(profiles, bench.endpoint, simulate=options.sim, flush_cache=bench.flush_cache)
     # The plan is arithmetic on the options: an absurd one is refused before the request sequence is built, with its
@@ -161,6 +168,8 @@ def start(
             rep.line(line)
         raise OptionError(str(e)) from None
     check_requests(bench)  # bad prompt files or options fail here, before the plan line and any server starts
+    if spec is None and (covering := coverage.coverage(bench, categories)) is not None:
+        said.append(covering.line())
     for line in said:
         rep.line(line)
     for warning in (work.too_short(), time_limit_warning(work, options.host_spec, options.inventory)):

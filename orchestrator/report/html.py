@@ -34,6 +34,7 @@ from orchestrator.report.lines import (
     slo_line,
     slo_rows,
     sweep_lines,
+    unsent_lines,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
 from orchestrator.results import curves
@@ -792,6 +793,7 @@ def _category_section(result: ABResult) -> str:
         parts.append(_table(category_rows(bc), f"table-category-{level_id(lv)}"))
         parts.append(f'<p class="note">{_e(category_heading(bc))}.</p>')
         parts.append("<ul>" + "".join(f"<li>{_e(line)}</li>" for line in category_lines(bc)) + "</ul>")
+    parts += [f'<p class="note" id="categories-unsent">{_e(line)}</p>' for line in unsent_lines(result)]
     return '<section id="by-category"><h2>By category</h2>' + "".join(parts) + "</section>" if parts else ""
 
 

@@ -9,7 +9,7 @@ from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.report.lines import energy_note
 from orchestrator.report.outputs import outputs_json
 from orchestrator.results.cache import arm_cache_at
-from orchestrator.results.categories import by_category
+from orchestrator.results.categories import by_category, unsent
 from orchestrator.results.goodput import run_attainment
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.run import Level, Rate
@@ -239,6 +239,13 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "energy_note": energy_note(result),
         # per prompt category (a dataset with two or more), per level: each arm's tok/s, each comparison's ratio
         "by_category": [bc.to_dict() for level in levels if (bc := by_category(result, level)) is not None],
+        # the dataset's categories no timed run sent, with their prompts ([] when every one was; null for orch's own
+        # prompts or a dataset that can no longer be read as it was)
+        "categories_unsent": (
+            [{"category": c, "prompts": n} for c, n in missing.items()]
+            if (missing := unsent(result)) is not None
+            else None
+        ),
     }
 
 

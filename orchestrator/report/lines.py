@@ -7,9 +7,10 @@ import statistics
 from collections.abc import Sequence
 
 from orchestrator.client.summary import lag_text
+from orchestrator.config.coverage import unsent_words
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.config.sweep import no_range_reason
-from orchestrator.results.categories import ByCategory, only_category
+from orchestrator.results.categories import ByCategory, only_category, unsent
 from orchestrator.results.model import ABResult, ArmResult, CapacityComparison, Comparison, EnergyComparison
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats.estimates import BreakEven
@@ -701,6 +702,18 @@ def one_category_line(result: ABResult) -> str | None:
     """Said where a categorised workload has a single category (HumanEval), in place of a one-row breakdown."""
     name = only_category(result)
     return None if name is None else f"by category: every prompt is {name}; the comparison above is its verdict"
+
+
+def unsent_lines(result: ABResult) -> list[str]:
+    """The dataset's categories no timed run sent, named (a breakdown shows only the categories sent); [] if none."""
+    missing = unsent(result)
+    if not missing:
+        return []
+    them = "it" if len(missing) == 1 else "them"
+    return [
+        f"categories not sent: {unsent_words(missing)}; no timed run sent a prompt of {them}, so nothing here speaks "
+        f"for {them}"
+    ]
 
 
 def category_lines(bc: ByCategory) -> list[str]:

@@ -32,6 +32,7 @@ from orchestrator.report.lines import (
     slo_line,
     slo_rows,
     sweep_lines,
+    unsent_lines,
     whatif_line,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
@@ -168,6 +169,8 @@ def ab_markdown(result: ABResult) -> str:
         lines += _category_md(result, level)
         if energy := energy_lines(result, level):
             lines += ["", f"### {t(energy[0][0].upper() + energy[0][1:])}", "", *_items(energy[1:])]
+    if unsent_said := unsent_lines(result):
+        lines += ["", *_items(unsent_said)]
     if crossings := crossover_lines(result):
         lines += ["", "## Where speculation stops paying", "", *_items(crossings)]
     if capacity := slo_capacity_lines(result):

@@ -42,6 +42,8 @@ def outputs_lines(result: ABResult) -> list[str]:
     for c in checks:
         out.append(check_line(c))
         out.append(f"  {c.reading()}")
+        if (versus := c.versus_control) is not None:
+            out.append(f"  against the control: {versus.sentence()}")
     return out
 
 

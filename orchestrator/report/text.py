@@ -32,6 +32,7 @@ from orchestrator.report.lines import (
     slo_rows,
     sweep_lines,
     title,
+    unsent_lines,
     whatif_line,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
@@ -121,6 +122,7 @@ def ab_text(result: ABResult) -> str:
         elif one := one_category_line(result):
             lines.append(f"  {one}")
         lines.append("")
+    lines += [f"  {line}" for line in unsent_lines(result)]
     for line in crossover_lines(result):
         lines.append(f"  {line}")
     lines += [f"  {line}" for line in slo_capacity_lines(result)]

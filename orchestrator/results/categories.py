@@ -4,12 +4,13 @@ per category with its CI and verdict, from the runs' per-request rows."""
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import datasets
-from orchestrator.config.workload import requests_digest, run_categories
+from orchestrator.config.workload import BenchConfig, requests_digest, run_categories
 from orchestrator.errors import InputError
 from orchestrator.results.bundleformat import bench_config
 from orchestrator.results.model import same_requests
@@ -327,3 +328,22 @@ def stored_categories(config: Mapping[str, Any]) -> Categories | None:
     if recorded is not None and requests_digest(bench) != recorded:
         return None
     return found
+
+
+def dataset_counts(bench: BenchConfig) -> dict[str, int] | None:
+    """The prompts per category of the dataset a workload draws from; None for orch's own or generated prompts, or
+    when the dataset cannot be read (a stored experiment's file gone)."""
+    if not datasets.covers(bench.prompts):
+        return None
+    try:
+        return dict(Counter(datasets.categories_of(bench.prompts)))
+    except (InputError, OSError):
+        return None
+
+
+def unsent(result: ABResult) -> dict[str, int] | None:
+    """The dataset's categories that no timed run sent, with their prompts (alphabetical); None where unknown."""
+    if result.dataset_categories is None or result.categories is None:
+        return None
+    sent = {c for slot in result.categories.values() for c in slot}
+    return {c: n for c, n in sorted(result.dataset_categories.items()) if c not in sent}

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.slo import SLO, check_metric, stored_judgement
 from orchestrator.results import datasource
-from orchestrator.results.categories import stored_categories
+from orchestrator.results.bundleformat import bench_config
+from orchestrator.results.categories import dataset_counts, stored_categories
 from orchestrator.results.goodput import needs_rows
 from orchestrator.results.model import ABResult, CutShort, Design, LaunchResult, spec_steps, with_auto_notes
 from orchestrator.stats.estimates import DEFAULT_MIN_EFFECT
@@ -150,6 +151,8 @@ def load_result(
         metric=metric,
         sweep=config.get("sweep") if isinstance(config.get("sweep"), dict) else None,
         categories=categories,
+        # Only where the stored workload still reads as it was (its categories were found by its digest).
+        dataset_categories=dataset_counts(bench_config(config)) if categories is not None else None,
         dataset=datasource.recorded(config),
         cache_measured=bool(config.get("cache_measured")),
     )

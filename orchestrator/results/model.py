@@ -692,6 +692,9 @@ class ABResult:
     # Each timed run's request categories (config/workload.run_categories) when the workload is a dataset: what
     # results/categories breaks the results down by; None for orch's own prompt sets.
     categories: Mapping[tuple[int, float, int], Sequence[str]] | None = None
+    # The dataset's prompts per category (results/categories.dataset_counts): what `categories not sent` is said
+    # against. None for orch's own prompt sets, or a dataset that can no longer be read as it was.
+    dataset_categories: Mapping[str, int] | None = None
     # What the requests were drawn from, by name and sha256 (results/datasource): `orch compare` and the nightly
     # history treat a change of it as an environment step. None where it is not known.
     dataset: DataSource | None = None

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.results.run import Level, level_name
+from orchestrator.stats.fisher import more_often_p
 
 if TYPE_CHECKING:
     from orchestrator.results.model import ABResult, ArmResult, LaunchResult
@@ -20,6 +22,78 @@ EXCERPT_AFTER = 28
 # Divergences this early (share of the output) in this many of the requests read as a broken drafter, not numerics.
 EARLY_SHARE = 0.25
 OFTEN_SHARE = 0.5
+# An arm diverging more often than the baseline's own repeat at this one-sided level (Fisher's exact test) diverges
+# more than numerics explain.
+CONTROL_ALPHA = 0.05
+
+
+@dataclass(frozen=True)
+class ControlComparison:
+    """An arm's divergences held against the control's (the baseline against its own repeat, same prompts): whether
+    the arm diverges more often than numerics alone make the same server diverge."""
+
+    diverged: int
+    compared: int
+    control_diverged: int | None  # None: no control (one block)
+    control_compared: int | None
+    p: float | None  # one-sided Fisher exact p-value: the arm diverges more often than the control
+
+    @property
+    def verdict(self) -> str:
+        """more | numerics | cannot tell | no control."""
+        if self.control_compared is None or self.control_diverged is None or not self.control_compared:
+            return "no control"
+        if self.p is not None and self.p < CONTROL_ALPHA:
+            return "more"
+        # The test can say "numerics" only if it could have said "more": had the arm diverged on half its prompts
+        # more than the control's share (a broken drafter's "often"), would it have been found? With too few prompts
+        # compared, or a control that diverges almost everywhere, it could not.
+        share = self.control_diverged / self.control_compared
+        could = math.ceil(self.compared * min(1.0, share + OFTEN_SHARE))
+        found = more_often_p(could, self.compared, self.control_diverged, self.control_compared)
+        return "numerics" if self.diverged == 0 or found < CONTROL_ALPHA else "cannot tell"
+
+    def sentence(self) -> str:
+        """The comparison in words: counts, p, and what they support."""
+        head = f"{self.diverged}/{self.compared} diverged"
+        verdict = self.verdict
+        if verdict == "no control":
+            return (
+                f"{head}, and no control to hold them against: the baseline ran one block, so nothing shows how often "
+                "numerics alone make it diverge from itself; --blocks 2 or more compares it with its own repeat"
+            )
+        head += f" vs {self.control_diverged}/{self.control_compared} in the baseline's own repeat"
+        p = f"Fisher exact p={self.p:.3g}"
+        if verdict == "more":
+            return f"{head}: diverges more than numerics explain ({p}, one-sided)"
+        if verdict == "numerics":
+            return f"{head}: no more often than the baseline against itself ({p}): numerics"
+        return (
+            f"{head}: cannot tell: too few prompts compared to tell the arm from numerics ({p}); more blocks or "
+            "--requests-per-stream compare more"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "diverged": self.diverged,
+            "compared": self.compared,
+            "control_diverged": self.control_diverged,
+            "control_compared": self.control_compared,
+            "test": "fisher exact, one-sided",
+            "p": self.p,
+            "alpha": CONTROL_ALPHA,
+            "verdict": self.verdict,
+        }
+
+
+def against_control(check: OutputsCheck, control: OutputsCheck | None) -> ControlComparison:
+    """An arm's check held against the control's (None: no control)."""
+    diverged = len(check.divergences)
+    if control is None or not control.compared:
+        return ControlComparison(diverged, check.compared, None, None, None)
+    c_diverged = len(control.divergences)
+    p = more_often_p(diverged, check.compared, c_diverged, control.compared)
+    return ControlComparison(diverged, check.compared, c_diverged, control.compared, p)
 
 
 @dataclass(frozen=True)
@@ -62,6 +136,8 @@ class OutputsCheck:
     identical: int
     divergences: tuple[Divergence, ...]  # every diverging request, in run order; the first is the first divergence
     temperatures: tuple[Any, ...] = ()  # what the compared requests' bodies asked for (0: greedy)
+    # kind "arm": its divergences against the control's (set by outputs_check); None for the control itself
+    control: ControlComparison | None = None
 
     @property
     def greedy(self) -> bool:
@@ -105,6 +181,8 @@ class OutputsCheck:
             return "identical on every prompt compared"
         if self.kind == "control":
             return "the baseline differs from itself across launches: numerics (thread scheduling, batch shapes)"
+        if self.control is not None and self.control.verdict == "more" and pattern != "early and often":
+            return "diverges more often than the baseline against itself (the control): more than numerics explain"
         if pattern == "early and often":
             return (
                 "most prompts diverge early: more likely a broken drafter or verifier than numerics (a correct "
@@ -116,8 +194,8 @@ class OutputsCheck:
                 "baseline-vs-baseline control (as often there: numerics)"
             )
         return (
-            "few prompts diverge: consistent with numerics (a different batch shape flips a near-tie, and the rest "
-            "of the output follows); compare with the baseline-vs-baseline control"
+            "few prompts diverge: the pattern numerics make (a different batch shape flips a near-tie, and the rest "
+            "of the output follows), if the baseline diverges from itself as often (the control)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,7 +213,15 @@ class OutputsCheck:
             "first_divergence": self.first.to_dict() if self.first else None,
             # the temperatures the compared requests were sent with, as the client sent them (greedy: [0.0])
             "temperatures": list(self.temperatures),
+            # kind "arm": its divergences against the baseline's own repeat (null for the control, and when nothing
+            # was compared or the requests were not greedy)
+            "against_control": self.versus_control.to_dict() if self.versus_control else None,
         }
+
+    @property
+    def versus_control(self) -> ControlComparison | None:
+        """The comparison with the control when it can say something: greedy requests compared on this arm."""
+        return self.control if self.control is not None and self.compared and self.greedy else None
 
 
 def kept(run: RunResult) -> dict[int, dict[str, Any]]:
@@ -225,16 +311,18 @@ def outputs_check(result: ABResult) -> list[OutputsCheck]:
         return []
     base = result.arms[0]
     by_block = {launch.block: launch for launch in base.launches}
-    out = []
-    for arm in result.arms[1:]:
-        pairs = [(by_block[la.block], la) for la in arm.launches if la.block in by_block]
-        out.append(compare_launches(pairs, arm.label, base.label, "arm"))
+    control = None
     blocks = sorted(by_block)
     if len(blocks) > 1:
         first = by_block[blocks[0]]
-        pairs = [(first, by_block[b]) for b in blocks[1:]]
-        out.append(compare_launches(pairs, f"{base.label} (blocks 2+)", f"{base.label} (block 1)", "control"))
-    return out
+        repeats = [(first, by_block[b]) for b in blocks[1:]]
+        control = compare_launches(repeats, f"{base.label} (blocks 2+)", f"{base.label} (block 1)", "control")
+    out = []
+    for arm in result.arms[1:]:
+        pairs = [(by_block[la.block], la) for la in arm.launches if la.block in by_block]
+        check = compare_launches(pairs, arm.label, base.label, "arm")
+        out.append(replace(check, control=against_control(check, control)))
+    return out + ([control] if control is not None else [])
 
 
 @dataclass(frozen=True)

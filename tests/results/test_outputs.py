@@ -189,3 +189,58 @@ def test_a_real_llama_cpp_ab_checks_its_outputs(
     assert check["compared"] == 1 and check["identical"] + check["diverged"] == 1
     assert check["first_divergence"] is None or check["first_divergence"]["unit"] == "chunk"
     children_gone(before)
+
+
+def _blocks(base: list[list[str]], spec: list[list[str]]) -> ABResult:
+    """An A/B whose baseline and arm generated these texts in each block (one run each)."""
+    launches = []
+    for b, (base_texts, spec_texts) in enumerate(zip(base, spec, strict=True)):
+        launches.append(LaunchResult("base", f"b{b}", (_run(0, base_texts),), 1.0, {"ok": True}, {}, None, b, 0, 0))
+        launches.append(LaunchResult("spec", f"s{b}", (_run(0, spec_texts),), 1.0, {"ok": True}, {}, 3, b, 1, 1))
+    return ABResult(
+        "exp", True, "local", ("base", "spec"), tuple(launches), {}, design=Design.make(2, len(base), "fixed", 1)
+    )
+
+
+def test_fishers_exact_test_matches_the_textbook_tables() -> None:
+    from orchestrator.stats.fisher import more_often_p
+
+    assert more_often_p(3, 4, 1, 4) == pytest.approx(17 / 70)  # the lady tasting tea, one-sided
+    assert more_often_p(4, 12, 0, 6) == pytest.approx(495 / 3060)
+    assert more_often_p(0, 12, 0, 6) == 1.0 and more_often_p(0, 0, 0, 0) == 1.0
+    with pytest.raises(ValueError):
+        more_often_p(5, 4, 0, 4)
+
+
+def test_the_lossless_check_holds_an_arms_divergences_against_the_baselines_own_repeat() -> None:
+    texts = [f"a|b|c|d|e|f|g|h|{i}" for i in range(6)]
+    late = [*texts[:4], "a|b|c|d|e|f|g|X|4", "a|b|c|d|e|f|g|X|5"]  # 2 of 6 prompts, late: "rare"
+    # The arm diverges on 6 of 18 prompts, the baseline never against itself (0 of 12): more than numerics.
+    result = _blocks([texts] * 3, [late] * 3)
+    check, control = outputs_check(result)
+    assert check.pattern == "rare" and control.kind == "control" and (control.compared, control.identical) == (12, 12)
+    assert check.control is not None and check.control.verdict == "more"
+    assert "numerics explain" in check.reading() and "consistent with numerics" not in check.reading()
+    doc = ab_json(result)["outputs_check"][0]["against_control"]
+    p = 18564 / 593775  # C(18,6) / C(30,6): all 6 divergences in the arm's 18 prompts
+    assert doc["verdict"] == "more" and doc["p"] == pytest.approx(p) and doc["test"] == "fisher exact, one-sided"
+    assert (doc["diverged"], doc["compared"], doc["control_diverged"], doc["control_compared"]) == (6, 18, 0, 12)
+    line = "against the control: 6/18 diverged vs 0/12 in the baseline's own repeat: diverges more than numerics "
+    line += f"explain (Fisher exact p={p:.3g}, one-sided)"
+    from orchestrator.report.html import ab_html
+
+    assert line in ab_text(result) and line in ab_markdown(result) and line.replace("'", "&#x27;") in ab_html(result)
+    # The baseline diverges from itself as often (4 of 12): numerics.
+    shaky = [*texts[:4], "a|b|c|d|e|f|g|Y|4", "a|b|c|d|e|f|g|Y|5"]
+    comparison = outputs_check(_blocks([texts, shaky, shaky], [late, late, late]))[0].control
+    assert comparison is not None and comparison.verdict == "numerics"
+    assert "no more often than the baseline against itself" in comparison.sentence()
+    # Two prompts against one: no split of so few could show more, so it cannot tell.
+    comparison = outputs_check(_blocks([texts[:1]] * 2, [texts[:1], ["a|X"]]))[0].control
+    assert comparison is not None and (comparison.diverged, comparison.compared) == (1, 2)
+    assert comparison.verdict == "cannot tell" and "too few prompts" in comparison.sentence()
+    # One block: no control, and the way to get one.
+    alone = _blocks([texts], [late])
+    (check,) = outputs_check(alone)
+    assert check.control is not None and check.control.verdict == "no control"
+    assert "--blocks 2 or more" in ab_text(alone) and ab_json(alone)["outputs_check"][0]["against_control"]["p"] is None

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from orchestrator.results.run import Level, level_name
+from orchestrator.stats.family import holm
 from orchestrator.stats.fisher import more_often_p
 
 if TYPE_CHECKING:
@@ -37,13 +38,17 @@ class ControlComparison:
     control_diverged: int | None  # None: no control (one block)
     control_compared: int | None
     p: float | None  # one-sided Fisher exact p-value: the arm diverges more often than the control
+    # The level p is held to: CONTROL_ALPHA for one arm; with several arms each held against the control, Holm's
+    # step-down over them (one "diverges more" verdict per arm, printed together: docs/statistics.md).
+    alpha: float = CONTROL_ALPHA
+    family: int = 1
 
     @property
     def verdict(self) -> str:
         """more | numerics | cannot tell | no control."""
         if self.control_compared is None or self.control_diverged is None or not self.control_compared:
             return "no control"
-        if self.p is not None and self.p < CONTROL_ALPHA:
+        if self.p is not None and self.p < self.alpha:
             return "more"
         # The test can say "numerics" only if it could have said "more": had the arm diverged on half its prompts
         # more than the control's share (a broken drafter's "often"), would it have been found? With too few prompts
@@ -51,7 +56,7 @@ class ControlComparison:
         share = self.control_diverged / self.control_compared
         could = math.ceil(self.compared * min(1.0, share + OFTEN_SHARE))
         found = more_often_p(could, self.compared, self.control_diverged, self.control_compared)
-        return "numerics" if self.diverged == 0 or found < CONTROL_ALPHA else "cannot tell"
+        return "numerics" if self.diverged == 0 or found < self.alpha else "cannot tell"
 
     def sentence(self) -> str:
         """The comparison in words: counts, p, and what they support."""
@@ -64,6 +69,8 @@ class ControlComparison:
             )
         head += f" vs {self.control_diverged}/{self.control_compared} in the baseline's own repeat"
         p = f"Fisher exact p={self.p:.3g}"
+        if self.family > 1:
+            p += f", held to {self.alpha:.3g} by Holm over {self.family} arms"
         if verdict == "more":
             return f"{head}: diverges more than numerics explain ({p}, one-sided)"
         if verdict == "numerics":
@@ -81,7 +88,9 @@ class ControlComparison:
             "control_compared": self.control_compared,
             "test": "fisher exact, one-sided",
             "p": self.p,
-            "alpha": CONTROL_ALPHA,
+            "alpha": self.alpha,
+            # several arms held against one control are one family: Holm's step-down over their p-values
+            "adjustment": {"method": "holm", "family_size": self.family} if self.family > 1 else None,
             "verdict": self.verdict,
         }
 
@@ -322,7 +331,26 @@ def outputs_check(result: ABResult) -> list[OutputsCheck]:
         pairs = [(by_block[la.block], la) for la in arm.launches if la.block in by_block]
         check = compare_launches(pairs, arm.label, base.label, "arm")
         out.append(replace(check, control=against_control(check, control)))
-    return out + ([control] if control is not None else [])
+    return held_together(out) + ([control] if control is not None else [])
+
+
+def held_together(checks: Sequence[OutputsCheck]) -> list[OutputsCheck]:
+    """The arms' comparisons with the control as one family: with two or more that can say "diverges more", each
+    p-value is held to its Holm level instead of CONTROL_ALPHA, so that one of several arms does not read as broken
+    by chance more often than one arm would."""
+    tested = [i for i, c in enumerate(checks) if (v := c.versus_control) is not None and v.p is not None]
+    if len(tested) < 2:
+        return list(checks)
+    comparisons = [cast("ControlComparison", checks[i].versus_control) for i in tested]
+
+    def member(c: ControlComparison) -> Callable[[float], ControlComparison]:
+        return lambda a: replace(c, alpha=a, family=len(tested))
+
+    held = holm([member(c) for c in comparisons], lambda c: c.p is not None and c.p < c.alpha, CONTROL_ALPHA)
+    out = list(checks)
+    for i, (comparison, _) in zip(tested, held, strict=True):
+        out[i] = replace(out[i], control=comparison)
+    return out
 
 
 @dataclass(frozen=True)

@@ -244,3 +244,33 @@ def test_the_lossless_check_holds_an_arms_divergences_against_the_baselines_own_
     (check,) = outputs_check(alone)
     assert check.control is not None and check.control.verdict == "no control"
     assert "--blocks 2 or more" in ab_text(alone) and ab_json(alone)["outputs_check"][0]["against_control"]["p"] is None
+
+
+def test_several_arms_held_against_one_control_are_one_holm_family() -> None:
+    """Two arms, each with its own "diverges more" verdict, printed together: one arm's p of 0.031 would read as a
+    broken drafter alone (below 0.05), but held with a second arm by Holm it is tested at 0.025 and is not."""
+    texts = [f"a|b|c|d|e|f|g|h|{i}" for i in range(6)]
+    late = [*texts[:4], "a|b|c|d|e|f|g|X|4", "a|b|c|d|e|f|g|X|5"]  # diverges on 2 of 6 prompts
+    labels = ("base", "spec", "other")
+    launches = []
+    for b in range(3):
+        for position, (label, generated) in enumerate(zip(labels, (texts, late, texts), strict=True)):
+            run = _run(0, generated)
+            accept = None if label == "base" else 3
+            launches.append(
+                LaunchResult(label, f"{label}{b}", (run,), 1.0, {"ok": True}, {}, accept, b, position, position)
+            )
+    result = ABResult("exp", True, "local", labels, tuple(launches), {}, design=Design.make(3, 3, "fixed", 1))
+    spec, other, control = outputs_check(result)
+    assert control.kind == "control" and spec.control is not None and other.control is not None
+    p = 18564 / 593775  # 6 of the arm's 18 prompts against 0 of the control's 12: 0.0313
+    assert spec.control.p == pytest.approx(p) and spec.control.family == 2 and spec.control.alpha == 0.025
+    assert spec.control.verdict != "more" and other.control.verdict == "numerics"
+    assert "held to 0.025 by Holm over 2 arms" in spec.control.sentence()
+    doc = ab_json(result)["outputs_check"][0]["against_control"]
+    assert doc["alpha"] == 0.025 and doc["adjustment"] == {"method": "holm", "family_size": 2}
+    # The same arm alone against the control: "more" at 0.05, no adjustment named.
+    alone = _blocks([texts] * 3, [late] * 3)
+    single = outputs_check(alone)[0].control
+    assert single is not None and single.verdict == "more" and single.family == 1 and "Holm" not in single.sentence()
+    assert ab_json(alone)["outputs_check"][0]["against_control"]["adjustment"] is None

@@ -13,34 +13,13 @@ from orchestrator.report.markdown import ab_markdown
 from orchestrator.report.text import ab_text
 from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import RunResult
+from tests.levelresults import gain_result
 
 LEVELS = (1, 4, 16)
 
 
-def _launch(arm: int, block: int, speeds: dict[int, float]) -> LaunchResult:
-    runs = tuple(
-        RunResult(i, False, 256, 256 / v, v, 20, 0.02, concurrency=c, aggregate_tok_s=v * c)
-        for c, v in speeds.items()
-        for i in range(2)
-    )
-    return LaunchResult(
-        "base" if arm == 0 else "spec", f"L{block}-{arm}", runs, 1.0, {"ok": True}, {}, None, block, arm, arm
-    )
-
-
-def _result(gain_at: dict[int, float], blocks: int = 4, seed: int = 1) -> ABResult:
-    rng = random.Random(seed)
-    launches = []
-    for b in range(blocks):
-        launches.append(_launch(0, b, {c: 80.0 * math.exp(rng.gauss(0, 0.01)) for c in LEVELS}))
-        launches.append(_launch(1, b, {c: 80.0 * gain_at[c] * math.exp(rng.gauss(0, 0.01)) for c in LEVELS}))
-    return ABResult(
-        "exp", True, "local", ("base", "spec"), tuple(launches), {}, design=Design.make(2, blocks, "fixed", 1)
-    )
-
-
 def test_an_arm_that_wins_alone_and_loses_under_load_crosses_between() -> None:
-    result = _result({1: 1.4, 4: 1.1, 16: 0.7})
+    result = gain_result({1: 1.4, 4: 1.1, 16: 0.7})
     ((arm, x),) = result.crossovers()
     assert arm.label == "spec" and x.status == "crosses" and x.pays_below and x.at is not None and 4 < x.at < 16
     (line,) = crossover_lines(result)
@@ -57,9 +36,9 @@ def test_an_arm_that_wins_alone_and_loses_under_load_crosses_between() -> None:
 
 
 def test_no_crossing_in_the_range_is_said_and_one_block_says_nothing() -> None:
-    (line,) = crossover_lines(_result({1: 1.4, 4: 1.3, 16: 1.2}))
+    (line,) = crossover_lines(gain_result({1: 1.4, 4: 1.3, 16: 1.2}))
     assert "does not cross in the range measured (concurrency 1 to concurrency 16): faster throughout" in line
-    assert crossover_lines(_result({1: 1.4, 4: 1.3, 16: 1.2}, blocks=1)) == []  # one block: no interval to give
+    assert crossover_lines(gain_result({1: 1.4, 4: 1.3, 16: 1.2}, blocks=1)) == []  # one block: no interval to give
 
 
 def _slo_result(p99_at: dict[int, float], blocks: int = 4) -> ABResult:

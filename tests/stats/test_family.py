@@ -14,9 +14,8 @@ from orchestrator.report.jsondoc import ab_json
 from orchestrator.report.lines import comparison_line
 from orchestrator.report.markdown import ab_markdown
 from orchestrator.report.text import ab_text
-from orchestrator.results.model import ABResult, Design, LaunchResult
-from orchestrator.results.run import RunResult
 from orchestrator.stats.family import holm, level_percent
+from tests.levelresults import gain_result
 
 LEVELS = (1, 4, 16)
 STUDY = Path(__file__).resolve().parents[2] / "benchmarks" / "family_aa.py"
@@ -51,30 +50,8 @@ def test_level_percent_tells_the_level_from_100() -> None:
     assert [level_percent(1 - 0.05 / m) for m in (2, 3, 8, 100)] == ["97.5%", "98.3%", "99.4%", "99.95%"]
 
 
-def _launch(arm: int, block: int, speeds: dict[int, float]) -> LaunchResult:
-    runs = tuple(
-        RunResult(i, False, 256, 256 / v, v, 20, 0.02, concurrency=c, aggregate_tok_s=v * c)
-        for c, v in speeds.items()
-        for i in range(2)
-    )
-    return LaunchResult(
-        "base" if arm == 0 else "spec", f"L{block}-{arm}", runs, 1.0, {"ok": True}, {}, None, block, arm, arm
-    )
-
-
-def _result(gain_at: dict[int, float], blocks: int = 4, seed: int = 1) -> ABResult:
-    rng = random.Random(seed)
-    launches = []
-    for b in range(blocks):
-        launches.append(_launch(0, b, {c: 80.0 * math.exp(rng.gauss(0, 0.01)) for c in gain_at}))
-        launches.append(_launch(1, b, {c: 80.0 * gain_at[c] * math.exp(rng.gauss(0, 0.01)) for c in gain_at}))
-    return ABResult(
-        "exp", True, "local", ("base", "spec"), tuple(launches), {}, design=Design.make(2, blocks, "fixed", 1)
-    )
-
-
 def test_the_verdicts_of_several_levels_are_one_family_named_in_every_format() -> None:
-    result = _result({1: 1.4, 4: 1.0, 16: 1.0})
+    result = gain_result({1: 1.4, 4: 1.0, 16: 1.0})
     first, *rest = (result.comparisons_at(level)[0] for level in LEVELS)
     # The clear 40 % gain is decided at the first step (0.05 / 3), the other two are tried at 0.05 / 2.
     assert first.verdict == "faster" and first.adjustment is not None
@@ -92,7 +69,7 @@ def test_the_verdicts_of_several_levels_are_one_family_named_in_every_format() -
 
 
 def test_a_family_of_one_is_the_plain_95_percent_verdict_as_before() -> None:
-    result = _result({1: 1.4})
+    result = gain_result({1: 1.4})
     (c,) = result.comparisons_at(1)
     assert c.adjustment is None and "adjustment" not in c.to_dict()
     assert ", 95% CI [" in comparison_line(c) and "Holm" not in ab_text(result)

@@ -1,0 +1,34 @@
+"""A/B results built in memory with one tok/s per arm, block and level: the reports' tests of several levels read them
+without launching anything."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from orchestrator.results.model import ABResult, Design, LaunchResult
+from orchestrator.results.run import RunResult
+
+
+def level_launch(arm: int, block: int, speeds: dict[int, float]) -> LaunchResult:
+    """Arm 0 ("base") or 1 ("spec") in a block: two runs at each concurrency level, at that level's tok/s."""
+    runs = tuple(
+        RunResult(i, False, 256, 256 / v, v, 20, 0.02, concurrency=c, aggregate_tok_s=v * c)
+        for c, v in speeds.items()
+        for i in range(2)
+    )
+    return LaunchResult(
+        "base" if arm == 0 else "spec", f"L{block}-{arm}", runs, 1.0, {"ok": True}, {}, None, block, arm, arm
+    )
+
+
+def gain_result(gain_at: dict[int, float], blocks: int = 4, seed: int = 1) -> ABResult:
+    """base at 80 tok/s and spec at 80 × gain_at[level] at each level (its keys), with 1 % lognormal launch noise."""
+    rng = random.Random(seed)
+    launches = []
+    for b in range(blocks):
+        launches.append(level_launch(0, b, {c: 80.0 * math.exp(rng.gauss(0, 0.01)) for c in gain_at}))
+        launches.append(level_launch(1, b, {c: 80.0 * gain_at[c] * math.exp(rng.gauss(0, 0.01)) for c in gain_at}))
+    return ABResult(
+        "exp", True, "local", ("base", "spec"), tuple(launches), {}, design=Design.make(2, blocks, "fixed", 1)
+    )

@@ -23,6 +23,12 @@ from tests import markers
 NAMESPACE = f"test-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 os.environ["ORCH_NAMESPACE"] = NAMESPACE
 
+# A suite started in the background of a non-interactive shell (`make test &` in a script, nohup, cron) inherits
+# SIGINT ignored, and so would every orch these tests start: the tests of Ctrl-C would fail and an orch they interrupt
+# would keep its host lock. Python's own handler here makes the children start with the default disposition again.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # Fast simulator defaults for tests: short load and warmup; real calibration of decode speed.
 FAST_SIM = {"load_s": 0.3, "warmup_s": 0.3, "drain_s": 0.2}
 

@@ -36,7 +36,8 @@ def test_goodput_verdicts_fail_on_and_rejudging_on_the_simulator(
     # (A request finishing alone at the end of a run may still make it: almost none of the speculative arm's do.)
     assert base[16]["attainment"] == 1.0 and fast[16]["attainment"] < 0.1 and fast[1]["attainment"] == 1.0
     assert base[16]["slo_met"] is True and fast[16]["slo_met"] is False
-    assert base[16]["median_req_s"] > 4 and fast[16]["median_req_s"] < 0.5
+    # Relative, not absolute: on a loaded machine one late request in a short run is already ~0.6 good req/s.
+    assert base[16]["median_req_s"] > 4 and fast[16]["median_req_s"] < 0.1 * base[16]["median_req_s"]
     (failed,) = [c for c in doc["fail_on"]["checks"] if c["status"] == "fail"]
     assert failed["reason"].startswith("sim-eagle3-fast is slower than baseline on goodput at concurrency 16")
 

@@ -265,7 +265,8 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
             "or .csv (prompt column; optional category, output_len). shared-prefix:GROUPSxPER_GROUP[:SYSTEM_LEN:"
             "QUESTION_LEN] generates GROUPS system prompts of random token ids, each followed by PER_GROUP questions "
             "(SGLang's generated-shared-prefix; lengths default to 2048 and 128 tokens; each group a category), "
-            "from --seed. --dataset is the same option; results break down by category (docs/data.md).",
+            "from --seed. --dataset is the same option; results break down by category, or by prompt for a set of "
+            "at most 20 prompts (docs/data.md).",
         ),
         click.option(
             "--turns",

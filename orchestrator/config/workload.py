@@ -6,9 +6,9 @@ import functools
 import hashlib
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.config import arrivals, datasets, sessions, traces
 from orchestrator.config.prompts import PromptItem
@@ -202,6 +202,8 @@ def requests_digest(config: BenchConfig) -> str:
     return digest.hexdigest()
 
 
+T = TypeVar("T")
+
 # A timed run, as its requests' categories are looked up: (concurrency, rate or 0.0, run index), as RunResult says.
 RunSlot = tuple[int, float, int]
 
@@ -209,8 +211,14 @@ RunSlot = tuple[int, float, int]
 def run_categories(config: BenchConfig) -> dict[RunSlot, tuple[str, ...]]:
     """Each timed run's requests' categories in request order, from the request sequence as launch/benchmark sends
     it (warmups first, then each level's runs in turn): a per-request row's `index` is its place in the run."""
+    return run_values(config, lambda it: str(it.get("category", "")))
+
+
+def run_values(config: BenchConfig, of: Callable[[dict[str, Any]], T]) -> dict[RunSlot, tuple[T, ...]]:
+    """Each timed run's requests, each as `of` reads its input (request_items' dict), in request order: what
+    run_categories gives for categories, results/byprompt for each request's prompt."""
     items = request_stream(config)
-    out: dict[RunSlot, tuple[str, ...]] = {}
+    out: dict[RunSlot, tuple[T, ...]] = {}
     for _ in itertools.islice(items, config.warmup * config.requests_per_warmup):
         pass
     if config.open_loop:
@@ -218,7 +226,7 @@ def run_categories(config: BenchConfig) -> dict[RunSlot, tuple[str, ...]]:
     else:
         sizes = [((c, 0.0, i), config.requests_per_run(c)) for c in config.concurrency for i in range(config.runs)]
     for slot, n in sizes:
-        out[slot] = tuple(str(it.get("category", "")) for it in itertools.islice(items, n))
+        out[slot] = tuple(of(it) for it in itertools.islice(items, n))
     return out
 
 

@@ -26,6 +26,7 @@ from orchestrator.hosts.group import GroupHost
 from orchestrator.launch import attach, ports, single
 from orchestrator.launch import group as multinode
 from orchestrator.results import datasource
+from orchestrator.results.byprompt import workload_prompts
 from orchestrator.results.categories import dataset_counts
 from orchestrator.results.goodput import needs_rows
 from orchestrator.results.load import port_note, stored_launches
@@ -269,5 +270,6 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
             categories=run_categories(config.bench) if datasets.categorised(config.bench.prompts) else None,
             dataset_categories=dataset_counts(config.bench),
             dataset=datasource.recorded(recorded),
+            prompts=workload_prompts(config.bench),
         )
     )

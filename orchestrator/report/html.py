@@ -28,6 +28,9 @@ from orchestrator.report.lines import (
     metric_heading,
     metric_line,
     metric_rows,
+    prompt_heading,
+    prompt_lines,
+    prompt_rows,
     rate_lines,
     slo_capacity_lines,
     slo_heading,
@@ -38,6 +41,7 @@ from orchestrator.report.lines import (
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
 from orchestrator.results import curves
+from orchestrator.results.byprompt import by_prompt
 from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
@@ -797,6 +801,23 @@ def _category_section(result: ABResult) -> str:
     return '<section id="by-category"><h2>By category</h2>' + "".join(parts) + "</section>" if parts else ""
 
 
+def _prompt_section(result: ABResult) -> str:
+    """Each level's results by prompt, for a small prompt set (report/lines.prompt_rows); nothing otherwise."""
+    parts = []
+    for lv in result.levels or [1]:
+        bp = by_prompt(result, lv)
+        if bp is None:
+            continue
+        parts.append(f"<h3>{_e(level_heading(lv))}</h3>")
+        parts.append(_table(prompt_rows(bp), f"table-prompt-{level_id(lv)}"))
+        parts.append(f'<p class="note">{_e(prompt_heading(bp))}.</p>')
+        if bp.notes:
+            parts.append(
+                '<ul class="prompt-notes">' + "".join(f"<li>{_e(line)}</li>" for line in prompt_lines(bp)) + "</ul>"
+            )
+    return '<section id="by-prompt"><h2>By prompt</h2>' + "".join(parts) + "</section>" if parts else ""
+
+
 def _turn_section(result: ABResult) -> str:
     """A multi-turn workload's numbers by turn per arm (results/turns); nothing without sessions."""
     rows = [["arm", "turn", "requests", "TTFT p50 ms", "tok/s per stream", "prefix cache"]]
@@ -901,7 +922,13 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         '<p class="note">median: of launch values (each the median of its runs); min/max over runs; CV within and '
         "across launches; vs: mean per-block ratio.</p></section>"
     )
-    body += [_energy_section(result), _category_section(result), _turn_section(result), _cache_section(result)]
+    body += [
+        _energy_section(result),
+        _category_section(result),
+        _prompt_section(result),
+        _turn_section(result),
+        _cache_section(result),
+    ]
     body.append('<section id="plots"><h2>Throughput</h2>')
     body += [_tok_s_figure(result, lv) for lv in result.levels or [1]]
     if len(result.arms) > 1:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.report.lines import energy_note
 from orchestrator.report.outputs import outputs_json
+from orchestrator.results.byprompt import by_prompt
 from orchestrator.results.cache import arm_cache_at
 from orchestrator.results.categories import by_category, unsent
 from orchestrator.results.goodput import run_attainment
@@ -239,6 +240,9 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "energy_note": energy_note(result),
         # per prompt category (a dataset with two or more), per level: each arm's tok/s, each comparison's ratio
         "by_category": [bc.to_dict() for level in levels if (bc := by_category(result, level)) is not None],
+        # per prompt, for a prompt set of at most 20 prompts that no breakdown by category covers (results/byprompt),
+        # per level: each arm's tok/s and accept length, each comparison's ratio, and the prompts against the verdict
+        "by_prompt": [bp.to_dict() for level in levels if (bp := by_prompt(result, level)) is not None],
         # the dataset's categories no timed run sent, with their prompts ([] when every one was; null for orch's own
         # prompts or a dataset that can no longer be read as it was)
         "categories_unsent": (

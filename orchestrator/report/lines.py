@@ -4,12 +4,13 @@ break-even lines, the design in words."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from orchestrator.client.summary import lag_text
 from orchestrator.config.coverage import unsent_words
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.config.sweep import no_range_reason
+from orchestrator.results.byprompt import ByPrompt
 from orchestrator.results.categories import ByCategory, only_category, unsent
 from orchestrator.results.model import ABResult, ArmResult, CapacityComparison, Comparison, EnergyComparison
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
@@ -653,8 +654,8 @@ def capacity_comparison_line(c: CapacityComparison) -> str:
     return f"{head}{c.ratio:.3f}x, 95% CI [{c.lo:.3f}, {c.hi:.3f}] over {c.blocks} blocks -> {verdict}{censored}"
 
 
-def category_heading(bc: ByCategory) -> str:
-    """What the by-category table holds (one level: the one it is about)."""
+def category_heading(bc: ByCategory, noun: str = "category") -> str:
+    """What the by-category table holds (one level: the one it is about); by prompt, with noun "prompt"."""
     held = next((c.adjustment for c in bc.comparisons if c.adjustment is not None), None)
     ci = (
         "95% CI over blocks"
@@ -662,23 +663,24 @@ def category_heading(bc: ByCategory) -> str:
         else f"CI over blocks at its Holm level (the level beside each; {held.family_note()}, family-wise 95%)"
     )
     return (
-        f"by category @ {level_name(bc.level)}: tok/s per stream from each category's requests (median of launch "
+        f"by {noun} @ {level_name(bc.level)}: tok/s per stream from each {noun}'s requests (median of launch "
         f"medians; accept length: mean per request); ratio vs the first arm paired block by block, {ci}"
     )
 
 
-def category_rows(bc: ByCategory) -> list[list[str]]:
-    """One row per category: requests, each arm's tok/s (and accept length), each comparison's ratio, CI and verdict."""
+def category_rows(bc: ByCategory, column: str = "category", name: Callable[[str], str] = str) -> list[list[str]]:
+    """One row per category: requests, each arm's tok/s (and accept length), each comparison's ratio, CI and verdict;
+    by prompt, the column "prompt" and each row named by `name`."""
     labels = list(dict.fromkeys(a.arm_label for a in bc.arms))
     vs = list(dict.fromkeys(c.arm_label for c in bc.comparisons))
-    header = ["category", "requests/arm", *(f"{label} tok/s" for label in labels)]
+    header = [column, "requests/arm", *(f"{label} tok/s" for label in labels)]
     held = next((c.adjustment for c in bc.comparisons if c.adjustment is not None), None)
     for label in vs:
         header += [f"{label} ratio", "95% CI" if held is None else "CI (Holm)", "verdict"]
     rows = [header]
     for category in bc.categories:
         arms = [bc.arm(label, category) for label in labels]
-        cells = [category, str(arms[0].requests if arms and arms[0] is not None else 0)]
+        cells = [name(category), str(arms[0].requests if arms and arms[0] is not None else 0)]
         for a in arms:
             value = number(a.tok_s if a else None)
             cells.append(value + (f" (al {a.accept_length:.2f})" if a and a.accept_length is not None else ""))
@@ -696,6 +698,21 @@ def category_rows(bc: ByCategory) -> list[list[str]]:
             ]
         rows.append(cells)
     return rows
+
+
+def prompt_heading(bp: ByPrompt) -> str:
+    """What the by-prompt table holds: category_heading's words, by prompt."""
+    return category_heading(bp.table, "prompt") + "; each prompt by its number in the set and its first characters"
+
+
+def prompt_rows(bp: ByPrompt) -> list[list[str]]:
+    """One row per prompt sent, as category_rows."""
+    return category_rows(bp.table, "prompt", bp.label)
+
+
+def prompt_lines(bp: ByPrompt) -> list[str]:
+    """The prompts whose ratio lies on the other side of 1 from the verdict (results/byprompt.opposite_notes)."""
+    return list(bp.notes)
 
 
 def one_category_line(result: ABResult) -> str | None:

@@ -26,6 +26,9 @@ from orchestrator.report.lines import (
     node_mismatch_lines,
     one_category_line,
     order_text,
+    prompt_heading,
+    prompt_lines,
+    prompt_rows,
     rate_lines,
     slo_capacity_lines,
     slo_heading,
@@ -36,6 +39,7 @@ from orchestrator.report.lines import (
     whatif_line,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
+from orchestrator.results.byprompt import by_prompt
 from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
@@ -128,6 +132,17 @@ def _category_md(result: ABResult, level: Level) -> list[str]:
     return _items([one]) if (one := one_category_line(result)) else []
 
 
+def _prompt_md(result: ABResult, level: Level) -> list[str]:
+    """The level's results by prompt, for a small prompt set (results/byprompt); nothing otherwise."""
+    if (bp := by_prompt(result, level)) is None:
+        return []
+    return [
+        *("", f"### By prompt at {md_text(level_name(bp.level))}", "", md_text(prompt_heading(bp) + "."), ""),
+        *md_table(prompt_rows(bp)),
+        *(["", *_items(prompt_lines(bp))] if bp.notes else []),
+    ]
+
+
 def ab_markdown(result: ABResult) -> str:
     """The report as Markdown, for a ticket or a pull request. Every sentence is orch's text with names, categories,
     notes and reasons in it (from files, bundles and servers): each is escaped whole (md_text), and the markup is
@@ -167,6 +182,7 @@ def ab_markdown(result: ABResult) -> str:
         if method := ci_method_line(result.comparisons_at(level)):
             lines += _items([method])
         lines += _category_md(result, level)
+        lines += _prompt_md(result, level)
         if energy := energy_lines(result, level):
             lines += ["", f"### {t(energy[0][0].upper() + energy[0][1:])}", "", *_items(energy[1:])]
     if unsent_said := unsent_lines(result):

@@ -25,6 +25,9 @@ from orchestrator.report.lines import (
     number,
     one_category_line,
     order_text,
+    prompt_heading,
+    prompt_lines,
+    prompt_rows,
     rate_lines,
     slo_capacity_lines,
     slo_heading,
@@ -36,10 +39,11 @@ from orchestrator.report.lines import (
     whatif_line,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
+from orchestrator.results.byprompt import by_prompt
 from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
-from orchestrator.results.run import level_name, level_phrase
+from orchestrator.results.run import Level, level_name, level_phrase
 from orchestrator.results.turns import turn_lines
 
 
@@ -82,6 +86,22 @@ def _design_lines(result: ABResult) -> list[str]:
     return lines
 
 
+def _breakdown_lines(result: ABResult, level: Level) -> list[str]:
+    """The level's results by category (or the one-category sentence), and by prompt for a small prompt set."""
+    lines = []
+    if (bc := by_category(result, level)) is not None:
+        lines.append(f"  {category_heading(bc)}")
+        lines += text_table(category_rows(bc))
+        lines += [f"  {line}" for line in category_lines(bc)]
+    elif one := one_category_line(result):
+        lines.append(f"  {one}")
+    if (bp := by_prompt(result, level)) is not None:
+        lines.append(f"  {prompt_heading(bp)}")
+        lines += text_table(prompt_rows(bp))
+        lines += [f"  {line}" for line in prompt_lines(bp)]
+    return lines
+
+
 def ab_text(result: ABResult) -> str:
     lines = ["", f"========== {title(result)} =========="]
     if result.simulated:
@@ -115,12 +135,7 @@ def ab_text(result: ABResult) -> str:
             lines.append(f"    {method}")
         energy = energy_lines(result, level)
         lines += [f"  {line}" if i == 0 else f"    {line}" for i, line in enumerate(energy)]
-        if (bc := by_category(result, level)) is not None:
-            lines.append(f"  {category_heading(bc)}")
-            lines += text_table(category_rows(bc))
-            lines += [f"  {line}" for line in category_lines(bc)]
-        elif one := one_category_line(result):
-            lines.append(f"  {one}")
+        lines += _breakdown_lines(result, level)
         lines.append("")
     lines += [f"  {line}" for line in unsent_lines(result)]
     for line in crossover_lines(result):

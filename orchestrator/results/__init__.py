@@ -6,7 +6,8 @@ experiments, or a claim, side by side), `goodput` (a run's value of any metric a
 SLO from its per-request rows), `curves` (each arm's numbers over the levels with CIs over launches, and the Pareto
 front: what the load plots draw), `outputs` (the lossless check: each arm's generated outputs against the baseline's,
 prompt by prompt; accept length per request as a distribution); `categories` (each arm's tok/s and each comparison's
-paired ratio per prompt category); `cache` (prefix-cache attestation: each arm's cached share of prompt tokens, and the
+paired ratio per prompt category); `byprompt` (the same per prompt, for a set of at most 20, and the prompts whose
+ratio goes against the verdict); `cache` (prefix-cache attestation: each arm's cached share of prompt tokens, and the
 warning when arms differ); `turns` (multi-turn sessions' TTFT, tok/s and prefix-cache share by turn); `datasource` (what
 an experiment's requests were drawn from, by name and sha256: a change of it is an environment step).
 """
@@ -15,6 +16,7 @@ __all__ = [
     "bundle",
     "bundlefields",
     "bundleformat",
+    "byprompt",
     "cache",
     "categories",
     "compare",

@@ -84,6 +84,7 @@ class CategoryComparison:
     # One of the family of category verdicts (every category, compared arm and level): its CI at Holm's level for it
     # (stats/family); None for a family of one, whose CI is the plain 95 %.
     adjustment: Adjustment | None = None
+    noun: str = "category"  # what `category` names: a category, or a prompt (results/byprompt)
 
     @property
     def ratio(self) -> float | None:
@@ -95,7 +96,7 @@ class CategoryComparison:
         est = self.estimate
         if est is None or est.blocks < 2 or bounded(est):
             return None
-        return f"too few requests in this category to bound: {self.per_launch} per launch"
+        return f"too few requests in this {self.noun} to bound: {self.per_launch} per launch"
 
     def to_dict(self) -> dict[str, Any]:
         est = self.estimate
@@ -210,11 +211,10 @@ Estimator = Callable[[float], RatioEstimate]
 
 
 def _compare(
-    result: ABResult, base: ArmResult, arm: ArmResult, level: Level, category: str
+    result: ABResult, base: ArmResult, arm: ArmResult, level: Level, category: str, categories: Categories, noun: str
 ) -> tuple[CategoryComparison, Estimator | None, int]:
     """The comparison in one category before its verdict, its estimate with the CI at a two-sided level 1 − alpha
     (None without a paired block), and how many paired blocks it rests on."""
-    categories = result.categories or {}
     base_by_block = {launch.block: launch for launch in base.launches}
     arm_by_block = {launch.block: launch for launch in arm.launches}
     b_runs, a_runs, paired, counts = [], [], True, []
@@ -230,13 +230,14 @@ def _compare(
             counts += [b_n, a_n]
             paired = paired and same_requests(b_launch, a_launch, level)
     if not b_runs:
-        return CategoryComparison(arm.label, base.label, category, None, None, paired=False), None, 0
+        return CategoryComparison(arm.label, base.label, category, None, None, paired=False, noun=noun), None, 0
 
     def at(alpha: float) -> RatioEstimate:
         crit = None if alpha == FAMILY_ALPHA else t_crit(alpha, len(b_runs) - 1)
         return ratio_ci(b_runs, a_runs, seed=result.design.seed, paired=paired, alpha=alpha, t_crit=crit)
 
-    return CategoryComparison(arm.label, base.label, category, None, None, paired, min(counts)), at, len(b_runs)
+    found = CategoryComparison(arm.label, base.label, category, None, None, paired, min(counts), noun=noun)
+    return found, at, len(b_runs)
 
 
 def _judged(
@@ -252,11 +253,13 @@ def _decides(est: RatioEstimate) -> bool:
     return bounded(est) and excludes_one(est)
 
 
-def _families(result: ABResult, names: tuple[str, ...]) -> dict[Level, ByCategory]:
-    """Every level's breakdown (those whose runs carry per-request rows), the category verdicts of all levels and
+def families(
+    result: ABResult, names: tuple[str, ...], categories: Categories, noun: str = "category", nouns: str = "categories"
+) -> dict[Level, ByCategory]:
+    """Every level's breakdown by the groups `categories` puts each run's requests in (categories; prompts, for
+    results/byprompt), of the levels whose runs carry per-request rows, the group verdicts of all levels and
     compared arms one family: those with two or more blocks stepped down together by Holm (stats/family)."""
     levels = [lv for lv in result.levels if any(run.per_request for arm in result.arms for run in arm.timed_at(lv))]
-    categories = result.categories or {}
     base = result.arms[0]
     arms: dict[Level, tuple[CategoryArm, ...]] = {}
     found: dict[Level, list[CategoryComparison]] = {}
@@ -266,7 +269,7 @@ def _families(result: ABResult, names: tuple[str, ...]) -> dict[Level, ByCategor
         found[lv] = []
         for c in names:
             for arm in result.arms[1:]:
-                comparison, at, blocks = _compare(result, base, arm, lv, c)
+                comparison, at, blocks = _compare(result, base, arm, lv, c, categories, noun)
                 if at is not None and blocks >= 2:
                     members.append((lv, len(found[lv]), at))
                 elif at is not None:
@@ -276,19 +279,19 @@ def _families(result: ABResult, names: tuple[str, ...]) -> dict[Level, ByCategor
     stepped = holm([m[2] for m in members], _decides)
     compared = {found[lv][j].arm_label for lv, j, _ in members}
     counted = {found[lv][j].category for lv, j, _ in members}
-    over = _family_name(len(members), len(compared), len({lv for lv, _, _ in members}), len(counted))
+    over = _family_name(len(members), len(compared), len({lv for lv, _, _ in members}), len(counted), nouns)
     for (lv, j, _), (est, alpha) in zip(members, stepped, strict=True):
         adjustment = Adjustment(size=len(members), alpha=alpha, over=over) if len(members) > 1 else None
         found[lv][j] = _judged(found[lv][j], est, result.min_effect, adjustment)
     return {lv: ByCategory(lv, names, arms[lv], tuple(found[lv])) for lv in levels}
 
 
-def _family_name(size: int, arms: int, levels: int, categories: int) -> str:
+def _family_name(size: int, arms: int, levels: int, categories: int, nouns: str) -> str:
     """What the family of category verdicts is over: "8 categories"; "16 comparisons (2 arms × 8 categories)"."""
     if arms == 1 and levels == 1:
-        return f"{size} categories"
+        return f"{size} {nouns}"
     groups = [f"{n} {word}" for n, word in ((arms, "arms"), (levels, "levels")) if n > 1]
-    return f"{size} comparisons ({' × '.join(groups)} × {categories} categories)"
+    return f"{size} comparisons ({' × '.join(groups)} × {categories} {nouns})"
 
 
 def by_category(result: ABResult, level: Level | None = None) -> ByCategory | None:
@@ -302,7 +305,7 @@ def by_category(result: ABResult, level: Level | None = None) -> ByCategory | No
         return None
     level = level if level is not None else result.levels[0]
     if "by_category" not in result.derived:
-        result.derived["by_category"] = _families(result, names)
+        result.derived["by_category"] = families(result, names, categories)
     found: dict[Level, ByCategory] = result.derived["by_category"]
     return found.get(level)
 

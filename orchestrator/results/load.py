@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.slo import SLO, check_metric, stored_judgement
 from orchestrator.results import datasource
 from orchestrator.results.bundleformat import bench_config
+from orchestrator.results.byprompt import stored_prompts
 from orchestrator.results.categories import dataset_counts, stored_categories
 from orchestrator.results.goodput import needs_rows
 from orchestrator.results.model import ABResult, CutShort, Design, LaunchResult, spec_steps, with_auto_notes
@@ -116,7 +117,9 @@ def load_result(
     metric = metric or own_metric
     check_metric(metric, slo, "--metric" if metric != own_metric else f"experiment {exp['id']}: metric")
     categories = stored_categories(config)
-    launches, cut = stored_launches(store, exp["id"], requests=needs_rows(slo, metric) or categories is not None)
+    prompts = stored_prompts(config)
+    rows = needs_rows(slo, metric) or categories is not None or prompts is not None
+    launches, cut = stored_launches(store, exp["id"], requests=rows)
     design = (
         Design.from_dict(json.loads(exp["design_json"]))
         if exp.get("design_json")
@@ -153,6 +156,7 @@ def load_result(
         categories=categories,
         # Only where the stored workload still reads as it was (its categories were found by its digest).
         dataset_categories=dataset_counts(bench_config(config)) if categories is not None else None,
+        prompts=prompts,
         dataset=datasource.recorded(config),
         cache_measured=bool(config.get("cache_measured")),
     )

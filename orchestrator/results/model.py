@@ -59,6 +59,8 @@ from orchestrator.stats.family import FAMILY_ALPHA, Adjustment, excludes_one, ho
 from orchestrator.stats.sequential import SequentialPlan
 
 if TYPE_CHECKING:
+    from orchestrator.results.byprompt import PromptSet
+
     # Imported where runs are read back (results/load): the results model itself needs none of the run loop.
     from orchestrator.results.run import RunResult
 
@@ -695,6 +697,9 @@ class ABResult:
     # The dataset's prompts per category (results/categories.dataset_counts): what `categories not sent` is said
     # against. None for orch's own prompt sets, or a dataset that can no longer be read as it was.
     dataset_categories: Mapping[str, int] | None = None
+    # Each timed run's requests as their prompts (results/byprompt.workload_prompts) when the prompt set is small
+    # (at most 20 prompts) and no breakdown by category covers it: what results/byprompt breaks the results down by.
+    prompts: PromptSet | None = None
     # What the requests were drawn from, by name and sha256 (results/datasource): `orch compare` and the nightly
     # history treat a change of it as an environment step. None where it is not known.
     dataset: DataSource | None = None

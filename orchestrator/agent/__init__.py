@@ -5,4 +5,4 @@
 package it imports (hosts.agentlink.SHIPPED_PACKAGES: agent, client, common, sim), use only the stdlib and psutil.
 """
 
-__all__ = ["facts", "lock", "ops", "power", "processes", "teardown", "waits"]
+__all__ = ["cpu", "facts", "lock", "ops", "power", "processes", "teardown", "waits"]

@@ -17,6 +17,7 @@ from typing import Any
 
 import psutil
 
+from orchestrator.agent import cpu
 from orchestrator.agent.processes import MARKER, HostSideError, boot_id, masked_cmdline, read_environ
 
 # Run by the host's Python: what `import NAME` gives (its __version__, or why the import failed) and what the
@@ -314,9 +315,12 @@ def op_fingerprint(
     python: str | None = None,
     packages: list[str] | None = None,
     nvidia_smi: str = "nvidia-smi",
+    build_probe: str | None = None,
 ) -> dict[str, Any]:
     """The host's part of a launch fingerprint: host, GPU settings, and the server's software as `python` (the
-    server's interpreter) imports it. Each field that could not be read is listed under "unreadable" with why."""
+    server's interpreter) imports it; with build_probe (an engine's own script, engines.Engine.build_probe), how
+    the engine was built as that interpreter reads it. Each field that could not be read is listed under
+    "unreadable" with why."""
     unreadable: list[dict[str, str]] = []
     container, why = _container_id()
     if why:
@@ -328,6 +332,7 @@ def op_fingerprint(
         "container_id": container,
         "cpu_model": _cpu_model(),
         "cpu_governor": _read_first_line("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor"),
+        "cpu": cpu.facts(),
     }
     for key in ("boot_id", "cpu_model", "cpu_governor"):
         if host[key] is None:
@@ -343,6 +348,11 @@ def op_fingerprint(
         if probe and software[name] is None:
             reason = found.get("error") or "imports without a version"
             unreadable.append({"field": f"software.{name}", "why": str(reason)})
+    if build_probe is not None:
+        build = _import_probe((), python=python, script=build_probe).get("build")
+        software["engine_build"] = build
+        if build is None:
+            unreadable.append({"field": "software.engine_build", "why": "the engine's build probe gave nothing"})
     return {
         "host": host,
         "gpus": _fingerprint_gpus(nvidia_smi, unreadable),

@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 import psutil
 
-from orchestrator.agent import waits
+from orchestrator.agent import cpu, waits
 from orchestrator.agent.facts import op_check, op_facts, op_fingerprint, op_gpus
 from orchestrator.agent.lock import keep_for_successor, op_lock, op_unlock
 from orchestrator.agent.processes import (
@@ -227,7 +227,7 @@ def op_wait_ready(
 
     then: what orch needs next, done here without another round trip — "fingerprint" (op_fingerprint's arguments:
     run while the server loads, since importing the engine's packages can take seconds), and once ready
-    "launch_state" (op_launch_state's arguments) and "server_info" (GET /server_info)."""
+    "launch_state" (op_launch_state's arguments), "cpu_speed" (agent/cpu's probe) and "server_info"."""
     import threading
 
     then = then or {}
@@ -248,6 +248,9 @@ def op_wait_ready(
     )  # fmt: skip
     if not result["ready"]:
         return result  # a failed start is reported at once; the probe thread's answer is not needed
+    if then.get("cpu_speed"):
+        # Now, with the server loaded and idle and before any run: the speed its threads will get from this CPU.
+        result["cpu_speed"] = cpu.op_cpu_speed()
     if "launch_state" in then:
         result["launch_state"] = op_launch_state(**then["launch_state"])
     if then.get("server_info"):
@@ -471,6 +474,7 @@ OPS: dict[str, Callable[..., Any]] = {
     "kill_port_owner": op_kill_port_owner,
     "check": op_check,
     "fingerprint": op_fingerprint,
+    "cpu_speed": cpu.op_cpu_speed,
     "lock": op_lock,
     "unlock": op_unlock,
 }

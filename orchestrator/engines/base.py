@@ -130,6 +130,10 @@ class Engine(ABC):
     packages: tuple[str, ...]
     # The package whose version is the engine's version (None: only the server itself can say).
     version_package: str | None
+    # A script the server's interpreter runs for the fingerprint that prints one line `ORCH_PROBE {"build": {...}}`:
+    # how the engine was built (for a CPU engine, the instruction sets its kernels were compiled for). None: nothing
+    # to read beyond the packages' versions.
+    build_probe: str | None = None
     # Which of OPTIONAL_FIELDS a profile of this engine may set, and which of them it must.
     fields: frozenset[str] = frozenset()
     required: tuple[str, ...] = ()

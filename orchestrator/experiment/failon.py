@@ -9,7 +9,7 @@ from typing import Any
 from orchestrator.config.profile import Expect
 from orchestrator.config.slo import DEFAULT_METRIC
 from orchestrator.errors import InputError
-from orchestrator.launch.fingerprint import Difference, diff
+from orchestrator.launch.fingerprint import STATE, Difference, diff
 from orchestrator.results.compare import claim_verdict
 from orchestrator.results.model import ABResult, ArmResult, Comparison, LaunchResult
 from orchestrator.results.run import Rate, level_phrase
@@ -416,8 +416,8 @@ def env_differences(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
     one side could not read are no evidence either way."""
     out = []
     for d in diff(a, b):
-        if d.weight < ENV_MIN_WEIGHT:
-            continue
+        if d.weight < ENV_MIN_WEIGHT or d.category == STATE:
+            continue  # (a slower CPU at one launch is noise to report, not a setting that changed)
         if (d.before is None and _unreadable(a, d.field)) or (d.after is None and _unreadable(b, d.field)):
             continue
         out.append(d)

@@ -85,7 +85,8 @@ def check_plan(
 
 def likely_causes(recorded: ABResult, new: ABResult, arm_map: Mapping[str, str] | None = None) -> list[str]:
     """What differs between the two experiments' fingerprints, most likely to move the numbers first. Each arm's
-    first fingerprinted launch on each side is compared (a multi-node one with every node's facts; arms paired by
+    first fingerprinted launch on each side is compared, its measured CPU speed the median over the arm's launches
+    (fingerprint.steadied; a multi-node one with every node's facts; arms paired by
     name, or by arm_map: new's name -> recorded's); a difference seen in several arms is said once. Other data (a
     dataset or trace of another sha256) comes first: it changes what is measured, not only how fast."""
     ranked: dict[str, int] = {}
@@ -97,8 +98,8 @@ def likely_causes(recorded: ABResult, new: ABResult, arm_map: Mapping[str, str] 
         other = next((b for b in new.arms if names.get(b.label, b.label) == arm.label), None)
         if other is None:
             continue
-        before = next((launch.fingerprint for launch in arm.launches if launch.fingerprint), None)
-        after = next((launch.fingerprint for launch in other.launches if launch.fingerprint), None)
+        before = fingerprint.steadied([launch.fingerprint for launch in arm.launches if launch.fingerprint])
+        after = fingerprint.steadied([launch.fingerprint for launch in other.launches if launch.fingerprint])
         pair = fingerprint.with_nodes(before, recorded.host_facts), fingerprint.with_nodes(after, new.host_facts)
         for d in fingerprint.diff(*pair):
             line = d.describe()

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import re
+import statistics
 import subprocess
 import time
 from collections.abc import Callable
@@ -97,7 +98,10 @@ def host_probe(host: Host, launch: Launch, profile: Profile) -> dict[str, Any]:
     # The simulator's interpreter has no engine worth importing (and importing a real one would cost seconds).
     packages = [p for p in engine.packages if not (launch.simulated and p == engine.version_package)]
     python = launch.argv[0] if launch.argv else host.python
-    return {"python": python, "packages": packages, "nvidia_smi": host.config.nvidia_smi}
+    probe: dict[str, Any] = {"python": python, "packages": packages, "nvidia_smi": host.config.nvidia_smi}
+    if engine.build_probe is not None and not launch.simulated:
+        probe["build_probe"] = engine.build_probe
+    return probe
 
 
 def worker_env(report: EnvReport, expected: dict[str, str]) -> dict[str, str]:
@@ -190,9 +194,18 @@ def _collect(
         env["sim_knobs"] = knobs
         if knobs is None:
             unreadable.append({"field": "env.sim_knobs", "why": "GET /server_info did not report the knobs"})
+    host_part = part.get("host")
+    if host_part is not None and not launch.simulated:
+        speed = srv.prefetched.get("cpu_speed")
+        if speed is None:  # not measured in the readiness call (a node of a group): now, still before any run
+            try:
+                speed = host.call("cpu_speed", call_timeout=HOST_CALL_TIMEOUT_S)
+            except OrchError as e:
+                unreadable.append({"field": "host.speed", "why": str(e)[:300]})
+        host_part = {**host_part, "speed": speed}
     stored_profile = profile.to_dict(redaction_key=redaction_key)
     return {
-        "host": part.get("host"),
+        "host": host_part,
         "gpus": part.get("gpus"),
         "software": software,
         "env": env,
@@ -220,11 +233,18 @@ class Difference:
 
     def describe(self) -> str:
         """One line, e.g. `engine version: 0.5.9 -> 0.5.10`; of two lists only what differs, e.g. `server argv:
-        --tp-size 2 -> 4` or `server argv: added --enable-torch-compile`."""
+        --tp-size 2 -> 4` or `server argv: added --enable-torch-compile`; of the speed probe, by how much."""
         if isinstance(self.before, list) and isinstance(self.after, list):
             return f"{_label(self.field)}: {_list_change(self.before, self.after, self.field == 'argv')}"
+        if self.field == "host.speed.probe_ms" and _positive(self.before) and _positive(self.after):
+            r = self.after / self.before
+            how = f"{r:.2f}x slower" if r > 1 else f"{1 / r:.2f}x faster"
+            return f"{_label(self.field)}: {_show(self.before)} -> {_show(self.after)} (this CPU ran {how})"
         return f"{_label(self.field)}: {_show(self.before)} -> {_show(self.after)}"
 
+
+# The category of what was measured about the machine's state rather than read from its configuration.
+STATE = "machine state"
 
 # (field or field prefix, category, weight, label): the longest matching prefix wins. Weights order
 # the causes: what changes the code that runs (engine, torch, NCCL) and the environment its workers get first; then
@@ -245,6 +265,15 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("env.inherited", "worker env", 91, "inherited env"),
     ("env.sim_knobs", "worker env", 90, "simulator knob"),
     ("env.processes", "worker env", 89, "server processes"),
+    # How fast the CPU ran when the launch was ready (agent/cpu): measured, so compared with a tolerance (MEASURED),
+    # and never an "environment" of its own (a nightly's or --fail-on env's): a busy neighbour is not a setting.
+    # For a CPU engine it is the likeliest cause after the code itself: two VMs of one "model" ran 1.6x apart.
+    ("host.speed.probe_ms", STATE, 88, "CPU speed probe, ms (lower is faster)"),
+    ("host.speed.steal_pct", STATE, 87, "CPU time stolen by the hypervisor, %"),
+    ("host.speed.others_busy_pct", STATE, 86, "other processes' CPU use while idle, %"),
+    ("host.speed.probe", STATE, 4, "CPU speed probe"),
+    ("host.speed", STATE, 4, "CPU speed"),
+    ("software.engine_build", "engine", 93, "engine build"),
     ("software.python", "engine", 85, "server Python"),
     ("gpus.model", "gpu", 80, "GPU model"),
     ("gpus.count", "gpu", 79, "GPU count"),
@@ -272,6 +301,12 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("orch.git_sha", "orch", 44, "orch commit"),
     ("host.cpu_model", "host", 40, "CPU model"),
     ("host.cpu_governor", "host", 39, "CPU governor"),
+    # The vendor's family/model/stepping and the instruction sets an inference kernel uses: under a VM's one model
+    # name ("AMD EPYC") they tell two generations of silicon apart when the hypervisor passes them through.
+    ("host.cpu.inference_flags", "host", 42, "CPU instruction sets"),
+    ("host.cpu.logical_cpus", "host", 42, "logical CPUs"),
+    ("host.cpu", "host", 41, "cpuinfo"),
+    ("host.cpu.hypervisor", "host", 36, "hypervisor"),
     ("host.kernel", "host", 35, "kernel"),
     # Which of the node's GPUs the launch was given (its inherited CUDA_VISIBLE_DEVICES; compared as a count above).
     ("host.visible_devices", "host", 16, "GPUs used (inherited CUDA_VISIBLE_DEVICES)"),
@@ -285,6 +320,26 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("host.hostname", "host", 2, "hostname"),
     ("host.boot_id", "host", 1, "boot id"),
 )
+# Measured, not read: a difference within the tolerance is noise. A ratio for the probe's time (its repeats agree
+# within a few %), points for the shares of CPU time; probe_ms only between the same probe (`host.speed.probe`).
+MEASURED: dict[str, tuple[str, float]] = {
+    "host.speed.probe_ms": ("ratio", 1.2),
+    "host.speed.steal_pct": ("points", 5.0),
+    "host.speed.others_busy_pct": ("points", 25.0),
+}
+
+
+def _within(path: str, x: Any, y: Any, before: dict[str, Any], after: dict[str, Any]) -> bool:
+    kind, bound = MEASURED[path]
+    if not (isinstance(x, (int, float)) and isinstance(y, (int, float))):
+        return x is None or y is None  # not measured on one side: no evidence either way
+    if kind == "points":
+        return abs(x - y) < bound
+    if before.get("host.speed.probe") != after.get("host.speed.probe") or min(x, y) <= 0:
+        return True  # another interpreter or loop: the times are not comparable (the probe's own line says so)
+    return max(x, y) / min(x, y) < bound
+
+
 # Never differences of the state measured: the format version, when it was collected, what could not be read or
 # went wrong while reading (a field that could not be read shows as its own value, None), the profile's digest
 # (its fields are compared one by one), where the profile file lives and its description, argv[0] (the
@@ -299,6 +354,31 @@ _SKIPPED = {
     "profile.source",
     "profile.description",
 }
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and value > 0
+
+
+def steadied(fps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The first of one arm's fingerprints, with each measured host.speed value replaced by its median over all of
+    them that measured it: one launch's probe is one sample of a noisy quantity, the arm's launches several."""
+    if not fps:
+        return None
+    speeds = [((fp.get("host") or {}).get("speed") or {}) for fp in fps]
+    first = dict(fps[0])
+    host = first.get("host")
+    if not isinstance(host, dict) or not isinstance(host.get("speed"), dict):
+        return first
+    speed = dict(host["speed"])
+    for key in (p.rsplit(".", 1)[1] for p in MEASURED):
+        values = [
+            s[key] for s in speeds if isinstance(s.get(key), (int, float)) and s.get("probe") == speed.get("probe")
+        ]
+        if values:
+            speed[key] = round(statistics.median(values), 2)
+    first["host"] = {**host, "speed": speed}
+    return first
 
 
 def _match(path: str) -> tuple[str, str, int, str] | None:
@@ -502,6 +582,8 @@ def diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[Difference]
             continue  # the same GPUs: the same machine, whatever name its container got this time
         if path in (WORKLOAD_KEY, LEGACY_WORKLOAD_KEY) and (x is None or y is None):
             continue  # one side has the other scheme (or none): the two cannot be compared
+        if path in MEASURED and _within(path, x, y, before, after):
+            continue
         category, weight, _ = _rule(path)
         out.append(Difference(path, x, y, category, weight))
     out.sort(key=lambda d: (-d.weight, d.field))

@@ -209,6 +209,8 @@ class _Single:
         self.state_args, self.expected = single.state_args(srv.launch, profile, self.settings.redaction_key)
         probe = fingerprint.host_probe(host, srv.launch, profile)
         then = {"launch_state": self.state_args, "fingerprint": probe, "server_info": True}
+        if not srv.launch.simulated:
+            then["cpu_speed"] = True  # the simulator's speed is its model's, not this CPU's
         timeout = self.settings.ready_timeout(profile)
         srv.ready_s = single.wait_ready(
             host, srv.launch, profile, timeout_s=timeout, events=self.events, then=then, extras=self.extras
@@ -221,7 +223,7 @@ class _Single:
         srv.env_report, srv.processes = single.from_state(
             state, self.expected, srv.launch, self.profile, self.state_args["digest_key"]
         )
-        srv.prefetched = {k: extras[k] for k in ("fingerprint", "server_info") if k in extras}
+        srv.prefetched = {k: extras[k] for k in ("fingerprint", "server_info", "cpu_speed") if k in extras}
 
     def stop(self, failed: bool) -> OrchError | None:
         srv, profile, s = self._srv(), self.profile, self.settings

@@ -281,7 +281,9 @@ def wait_ready(
     )
     if result["ready"]:
         if extras is not None:  # what `then` asked for, done by the agent in the same call
-            extras.update({k: result[k] for k in ("launch_state", "server_info", "fingerprint") if k in result})
+            extras.update(
+                {k: result[k] for k in ("launch_state", "server_info", "fingerprint", "cpu_speed") if k in result}
+            )
         return time.monotonic() - t0
     # The server's own startup dump (`server_args=ServerArgs(... api_key='…')`) is in its log: scrub. Its lines stay
     # lines; anything else a terminal would obey (colour, a title, a carriage return over the line) is shown.

@@ -160,11 +160,14 @@ def check_lines(value: Any, at: str, *, limit: int = MAX_NAME) -> None:
 
 def check_texts(value: Any, at: str, *, limit: int = MAX_NAME, but: Mapping[str, str] | None = None) -> dict[str, Any]:
     """An object of facts (a fingerprint's host, its software) each printable text on one line, or null; `but`: the
-    keys that hold something else, and what ("path": longer text, "paths": a list of those, "bool", "count")."""
+    keys that hold something else, and what ("path": longer text, "paths": a list of those, "bool", "count",
+    "facts": an object of such facts and numbers, at any depth)."""
     found = check_object(value, at)
     for key, item in found.items():
         kind = (but or {}).get(key, "text")
-        if kind in ("text", "path"):
+        if kind == "facts":
+            check_lines(check_object(item, f"{at}.{key}"), f"{at}.{key}")
+        elif kind in ("text", "path"):
             check_line(item, f"{at}.{key}", "a recorded fact", limit=limit if kind == "text" else MAX_LINE)
         elif kind == "bool":
             check_bool(item, f"{at}.{key}")
@@ -330,9 +333,11 @@ def check_fingerprint(fp: Any, profile: str, at: str) -> None:
     check_text(fp.get("error"), f"{at}.error")
     for key in ("profile_sha256", "workload_sha256", "workload_digest"):
         check_sha256(fp.get(key), f"{at}.{key}")
-    check_texts(fp.get("host"), f"{at}.host")
+    # The CPU's facts and its measured speed (agent/cpu) are objects of names and numbers.
+    check_texts(fp.get("host"), f"{at}.host", but={"cpu": "facts", "speed": "facts"})
     # The server's Python and the models it serves may be paths; the rest are names and versions.
     software = {"python_executable": "path", "served_models": "paths", "reports_orch_simulator": "bool"}
+    software["engine_build"] = "facts"
     check_texts(fp.get("software"), f"{at}.software", but=software)
     gpus = check_object(fp.get("gpus"), f"{at}.gpus")
     check_int(gpus.get("count"), f"{at}.gpus.count", optional=True)

@@ -58,7 +58,15 @@ def test_collect_on_sim_launches_and_diff_names_what_changed(
     before = _launch_fingerprint(host, sim_profiles()["baseline"])
 
     assert before["version"] == fingerprint.FINGERPRINT_VERSION and before["error"] is None
-    assert set(before["host"]) == {"hostname", "kernel", "boot_id", "container_id", "cpu_model", "cpu_governor"}
+    assert set(before["host"]) == {
+        "hostname",
+        "kernel",
+        "boot_id",
+        "container_id",
+        "cpu_model",
+        "cpu_governor",
+        "cpu",
+    }  # no "speed": simulated
     gpus = before["gpus"]
     assert gpus["model"] == fake_nvidia_smi.NAME and gpus["count"] == fake_nvidia_smi.DEFAULT_GPUS
     assert gpus["driver"] == fake_nvidia_smi.DRIVER and gpus["cuda"] == fake_nvidia_smi.CUDA

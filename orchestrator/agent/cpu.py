@@ -34,6 +34,11 @@ INFERENCE_FLAGS = (
 # sets (those are compared above): two VMs that report the same model can run it 1.6x apart.
 PROBE_LOOP = 200_000
 PROBE_REPS = 9
+# And memory: one buffer copied into another, both past any CPU's last-level cache and touched first (a VM's first
+# touch of a page costs more than the copy). A CPU engine's decode reads every weight once per token, so its speed
+# follows this bandwidth: on this project's VM, 1.3 GB/s on a day its llama-server decoded at 27 tok/s.
+COPY_BYTES = 64 << 20
+COPY_REPS = 5
 
 
 def facts() -> dict[str, Any]:
@@ -85,6 +90,19 @@ def _loop(n: int) -> int:
     return x
 
 
+def _copy_gb_s(size: int, reps: int) -> float:
+    src, dst = bytearray(size), bytearray(size)
+    for i in range(0, size, 4096):  # fault every page in before timing
+        src[i] = dst[i] = 1
+    view = memoryview(src)
+    rates = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        dst[:] = view
+        rates.append(size / max(time.perf_counter() - t, 1e-9) / 1e9)
+    return statistics.median(rates)
+
+
 def _cpu_times() -> tuple[float, float, float]:
     """(busy, steal, total) seconds over all CPUs since boot."""
     t = psutil.cpu_times()
@@ -94,9 +112,12 @@ def _cpu_times() -> tuple[float, float, float]:
     return total - idle - steal, steal, total
 
 
-def op_cpu_speed(loop: int = PROBE_LOOP, reps: int = PROBE_REPS) -> dict[str, Any]:
-    """How fast this CPU runs now: the speed probe's median ms, and over the probe's window the share of CPU time
-    the hypervisor stole and the share other processes used (of the CPUs the probe did not use)."""
+def op_cpu_speed(
+    loop: int = PROBE_LOOP, reps: int = PROBE_REPS, copy_bytes: int = COPY_BYTES, copy_reps: int = COPY_REPS
+) -> dict[str, Any]:
+    """How fast this CPU runs now: the loop's median ms and the memory copy's median GB/s, and over the probe's
+    window the share of CPU time the hypervisor stole and the share other processes used (of the CPUs the probe
+    did not use)."""
     own0 = os.times()
     busy0, steal0, total0 = _cpu_times()
     times = []
@@ -104,6 +125,7 @@ def op_cpu_speed(loop: int = PROBE_LOOP, reps: int = PROBE_REPS) -> dict[str, An
         t = time.perf_counter()
         _loop(loop)
         times.append((time.perf_counter() - t) * 1000)
+    copy = _copy_gb_s(copy_bytes, copy_reps)
     own1 = os.times()
     busy1, steal1, total1 = _cpu_times()
     span = total1 - total0
@@ -115,8 +137,9 @@ def op_cpu_speed(loop: int = PROBE_LOOP, reps: int = PROBE_REPS) -> dict[str, An
         others = max(0.0, (busy1 - busy0) - own) / (span * (ncpu - 1) / ncpu)
     return {
         # Another interpreter runs the loop at another speed: probe_ms compares only under the same `probe`.
-        "probe": f"python {platform.python_version()}, loop {loop}, median of {reps}",
+        "probe": f"python {platform.python_version()}, loop {loop}, median of {reps}; copy {copy_bytes >> 20} MiB",
         "probe_ms": round(statistics.median(times), 2),
+        "mem_copy_gb_s": round(copy, 2),
         "steal_pct": round(100 * (steal1 - steal0) / span, 1) if span > 0 else None,
         "others_busy_pct": None if others is None else round(min(100.0, 100 * others), 1),
     }

@@ -236,8 +236,8 @@ class Difference:
         --tp-size 2 -> 4` or `server argv: added --enable-torch-compile`; of the speed probe, by how much."""
         if isinstance(self.before, list) and isinstance(self.after, list):
             return f"{_label(self.field)}: {_list_change(self.before, self.after, self.field == 'argv')}"
-        if self.field == "host.speed.probe_ms" and _positive(self.before) and _positive(self.after):
-            r = self.after / self.before
+        if self.field in SPEEDS and _positive(self.before) and _positive(self.after):
+            r = self.after / self.before if SPEEDS[self.field] < 0 else self.before / self.after
             how = f"{r:.2f}x slower" if r > 1 else f"{1 / r:.2f}x faster"
             return f"{_label(self.field)}: {_show(self.before)} -> {_show(self.after)} (this CPU ran {how})"
         return f"{_label(self.field)}: {_show(self.before)} -> {_show(self.after)}"
@@ -268,9 +268,10 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     # How fast the CPU ran when the launch was ready (agent/cpu): measured, so compared with a tolerance (MEASURED),
     # and never an "environment" of its own (a nightly's or --fail-on env's): a busy neighbour is not a setting.
     # For a CPU engine it is the likeliest cause after the code itself: two VMs of one "model" ran 1.6x apart.
-    ("host.speed.probe_ms", STATE, 88, "CPU speed probe, ms (lower is faster)"),
-    ("host.speed.steal_pct", STATE, 87, "CPU time stolen by the hypervisor, %"),
-    ("host.speed.others_busy_pct", STATE, 86, "other processes' CPU use while idle, %"),
+    ("host.speed.mem_copy_gb_s", STATE, 88, "memory copy speed, GB/s (higher is faster)"),
+    ("host.speed.probe_ms", STATE, 87, "CPU speed probe, ms (lower is faster)"),
+    ("host.speed.steal_pct", STATE, 86, "CPU time stolen by the hypervisor, %"),
+    ("host.speed.others_busy_pct", STATE, 85, "other processes' CPU use while idle, %"),
     ("host.speed.probe", STATE, 4, "CPU speed probe"),
     ("host.speed", STATE, 4, "CPU speed"),
     ("software.engine_build", "engine", 93, "engine build"),
@@ -323,10 +324,15 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
 # Measured, not read: a difference within the tolerance is noise. A ratio for the probe's time (its repeats agree
 # within a few %), points for the shares of CPU time; probe_ms only between the same probe (`host.speed.probe`).
 MEASURED: dict[str, tuple[str, float]] = {
+    "host.speed.mem_copy_gb_s": ("ratio", 1.25),
     "host.speed.probe_ms": ("ratio", 1.2),
     "host.speed.steal_pct": ("points", 5.0),
     "host.speed.others_busy_pct": ("points", 25.0),
 }
+
+
+# The measured speeds and which way is faster (-1: a time, lower is faster; +1: a rate).
+SPEEDS = {"host.speed.probe_ms": -1, "host.speed.mem_copy_gb_s": 1}
 
 
 def _within(path: str, x: Any, y: Any, before: dict[str, Any], after: dict[str, Any]) -> bool:

@@ -16,11 +16,13 @@ from orchestrator.launch import fingerprint
 from orchestrator.launch.fingerprint import STATE, diff, environment
 from orchestrator.results.bundlefields import check_fingerprint
 
-PROBE = "python 3.11.7, loop 200000, median of 9"
+PROBE = "python 3.11.7, loop 200000, median of 9; copy 64 MiB"
 
 
-def fp(probe_ms: float | None = 20.0, steal: float = 0.0, others: float = 3.0, **host: Any) -> dict[str, Any]:
-    speed = {"probe": PROBE, "probe_ms": probe_ms, "steal_pct": steal, "others_busy_pct": others}
+def fp(
+    probe_ms: float | None = 20.0, steal: float = 0.0, others: float = 3.0, copy: float = 1.4, **host: Any
+) -> dict[str, Any]:
+    speed = {"probe": PROBE, "probe_ms": probe_ms, "mem_copy_gb_s": copy, "steal_pct": steal, "others_busy_pct": others}
     cpu_facts = {"family": "23", "model": "1", "stepping": "2", "inference_flags": ["avx", "avx2", "fma"]}
     return {
         "host": {"hostname": "box", "cpu_model": "AMD EPYC", "cpu": {**cpu_facts, **host}, "speed": speed},
@@ -34,7 +36,7 @@ def test_the_agent_reads_the_cpu_and_its_speed_on_this_machine() -> None:
     if sys.platform == "linux" and found["inference_flags"] is not None:
         assert found["family"] is not None
     speed = cpu.op_cpu_speed()
-    assert speed["probe_ms"] > 0 and speed["probe"].startswith("python ")
+    assert speed["probe_ms"] > 0 and speed["mem_copy_gb_s"] > 0 and speed["probe"].startswith("python ")
     assert speed["steal_pct"] is None or 0 <= speed["steal_pct"] <= 100
     # ... and the host part of every fingerprint carries the CPU's facts.
     assert facts.op_fingerprint(packages=[])["host"]["cpu"] == found
@@ -78,6 +80,13 @@ def test_a_slower_cpu_is_a_likely_cause_with_by_how_much_and_noise_is_not() -> N
         "other processes' CPU use while idle, %: 2.0 -> 60.0",
     ]
     assert diff(fp(steal=0.0, others=2.0), fp(steal=3.0, others=20.0)) == []
+    # Memory bandwidth is what a CPU engine's decode follows: a rate, so lower is slower, and first.
+    lines = [d.describe() for d in diff(fp(20.0, copy=2.2), fp(33.0, copy=1.3))]
+    assert lines == [
+        "memory copy speed, GB/s (higher is faster): 2.2 -> 1.3 (this CPU ran 1.69x slower)",
+        "CPU speed probe, ms (lower is faster): 20.0 -> 33.0 (this CPU ran 1.65x slower)",
+    ]
+    assert diff(fp(copy=1.3), fp(copy=1.5)) == []
 
 
 def test_another_interpreter_runs_the_probe_at_its_own_speed() -> None:
@@ -107,10 +116,11 @@ def test_the_machines_state_is_no_environment_of_a_night_or_an_experiment() -> N
 
 
 def test_an_arms_speed_is_the_median_over_its_launches() -> None:
-    launches = [fp(20.0, others=0.0), fp(60.0, others=90.0), fp(21.0, others=2.0)]
+    launches = [fp(20.0, others=0.0, copy=1.4), fp(60.0, others=90.0, copy=0.5), fp(21.0, others=2.0, copy=1.3)]
     steady = fingerprint.steadied(launches)
     assert steady is not None
     assert steady["host"]["speed"]["probe_ms"] == 21.0 and steady["host"]["speed"]["others_busy_pct"] == 2.0
+    assert steady["host"]["speed"]["mem_copy_gb_s"] == 1.3
     assert launches[0]["host"]["speed"]["probe_ms"] == 20.0  # the stored fingerprints are not changed
     assert fingerprint.steadied([]) is None
 

@@ -425,6 +425,7 @@ def load(name_or_path: str, cwd: Path | None = None) -> Profile:
 
 # What Profile.to_dict() writes besides the fields a profile file has.
 _RESOLVED_ONLY = ("name", "source", "extends_chain")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Profile) if f.default is not dataclasses.MISSING}
 
 
 def from_resolved(data: Mapping[str, Any], source: str) -> Profile:
@@ -443,8 +444,15 @@ def from_resolved(data: Mapping[str, Any], source: str) -> Profile:
     chain = data.get("extends_chain", [name])
     if not isinstance(chain, list) or not all(isinstance(c, str) for c in chain):
         raise ProfileError(f"{source}: extends_chain: expected a list of profile names, got {show(chain)}")
-    # to_dict() writes every field, unset ones as null: a file would leave them out.
+    # to_dict() writes every field, unset ones as null or (tp_size, trust_remote_code) as their defaults, even for
+    # an engine that takes no such field: a file would leave them out.
     raw = {k: v for k, v in data.items() if k not in _RESOLVED_ONLY and v is not None}
+    engine_name = raw.get("engine")
+    if isinstance(engine_name, str) and engine_name in engines.names():
+        takes = engines.get(engine_name).fields
+        for key in OPTIONAL_FIELDS:
+            if key in raw and key not in takes and raw[key] == _DEFAULTS.get(key):
+                del raw[key]
     if isinstance(raw.get("speculative"), Mapping):
         raw["speculative"] = {k: v for k, v in raw["speculative"].items() if v is not None}
     _check_raw_keys(where, raw)

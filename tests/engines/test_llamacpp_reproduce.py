@@ -8,6 +8,8 @@ from pathlib import Path
 
 import psutil
 
+from orchestrator.results.bundle import result_from_bundle
+from orchestrator.results.bundleformat import read_bundle
 from orchestrator.results.store import Store
 from tests.conftest import finish, free_port, run_orch
 from tests.engines.test_llamacpp import children_gone, real
@@ -25,6 +27,25 @@ EXPLAIN_NOTHING = (
     "server Python path",
     "engine version read from",
 )
+
+
+def test_every_shipped_real_result_reads_back_and_is_pointed_to_from_the_docs() -> None:
+    """docs/examples/*.orch.json: real llama.cpp experiments (never simulated) with a fingerprint on every launch,
+    each named in README.md or docs/ beside the numbers it holds; the README's own carries the CPU's speed."""
+    bundles = sorted((REPO / "docs" / "examples").glob("*.orch.json"))
+    assert README_BUNDLE in bundles
+    docs = (REPO / "README.md").read_text() + "".join(p.read_text() for p in (REPO / "docs").glob("*.md"))
+    for path in bundles:
+        result = result_from_bundle(read_bundle(path))
+        assert not result.simulated, path
+        assert all(launch.fingerprint for arm in result.arms for launch in arm.launches), path
+        assert {launch.fingerprint["software"]["engine"] for arm in result.arms for launch in arm.launches} == {
+            "llamacpp"
+        }
+        assert path.name in docs, f"{path.name} is shipped but no doc points to it"
+    readme = result_from_bundle(read_bundle(README_BUNDLE))
+    speeds = [launch.fingerprint["host"]["speed"] for arm in readme.arms for launch in arm.launches]
+    assert all(s["probe_ms"] > 0 and s["mem_copy_gb_s"] > 0 for s in speeds)
 
 
 @real

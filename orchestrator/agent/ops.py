@@ -250,7 +250,9 @@ def op_wait_ready(
         return result  # a failed start is reported at once; the probe thread's answer is not needed
     if then.get("cpu_speed"):
         # Now, with the server loaded and idle and before any run: the speed its threads will get from this CPU.
+        t = time.monotonic()
         result["cpu_speed"] = cpu.op_cpu_speed()
+        result["cpu_speed_s"] = time.monotonic() - t  # not part of the server's time to ready
     if "launch_state" in then:
         result["launch_state"] = op_launch_state(**then["launch_state"])
     if then.get("server_info"):

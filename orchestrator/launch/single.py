@@ -284,7 +284,8 @@ def wait_ready(
             extras.update(
                 {k: result[k] for k in ("launch_state", "server_info", "fingerprint", "cpu_speed") if k in result}
             )
-        return time.monotonic() - t0
+        # The CPU probe ran after the server was ready: its half second is not the server's.
+        return time.monotonic() - t0 - float(result.get("cpu_speed_s") or 0.0)
     # The server's own startup dump (`server_args=ServerArgs(... api_key='…')`) is in its log: scrub. Its lines stay
     # lines; anything else a terminal would obey (colour, a title, a carriage return over the line) is shown.
     tail = visible(scrub(str(result.get("log_tail", "")), secrets), lines=True)

@@ -47,6 +47,8 @@ def test_launches_of_one_multi_node_profile_have_equal_fingerprints(
     assert len({json.dumps(fingerprint.environment(fp), sort_keys=True) for fp in fps}) == 1
     code = main(["compare", ids[0], ids[1], "--db", str(db), "--json"])
     out, err = capsys.readouterr()
-    assert code in (0, 4), out + err
+    # Any verdict (a loaded CI machine moved the simulator's tok/s by 3.1 % once): what is checked is that the
+    # rendezvous port each launch drew is no cause.
+    assert code in (0, 3, 4), out + err
     assert json.loads(out)["causes"] == [], out
     _nothing_left()

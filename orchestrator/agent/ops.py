@@ -251,7 +251,9 @@ def op_wait_ready(
     if then.get("cpu_speed"):
         # Now, with the server loaded and idle and before any run: the speed its threads will get from this CPU.
         t = time.monotonic()
-        result["cpu_speed"] = cpu.op_cpu_speed()
+        # Evidence only, never the launch's failure: without it orch asks again and records why not.
+        with contextlib.suppress(Exception):
+            result["cpu_speed"] = cpu.op_cpu_speed()
         result["cpu_speed_s"] = time.monotonic() - t  # not part of the server's time to ready
     if "launch_state" in then:
         result["launch_state"] = op_launch_state(**then["launch_state"])

@@ -211,3 +211,21 @@ def test_local_progress_reaches_the_caller_as_json(stub: Stub, tmp_path: Path) -
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_cpu_probe_comes_with_the_ready_answer_and_its_failure_never_fails_the_wait(
+    stub: Stub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "server.log"
+    log.write_text("ready\n")
+    stub.script["/generate"] = [(200, {"text": "x"})]
+    me = os.getpid()  # the stub listens in this process
+    result = ops.op_wait_ready(me, stub.port, GENERATE, str(log), 10, then={"cpu_speed": True})
+    assert result["ready"] and result["cpu_speed"]["probe_ms"] > 0 and result["cpu_speed_s"] > 0
+
+    def broken(**_: Any) -> dict[str, Any]:
+        raise MemoryError("no room for the copy")
+
+    monkeypatch.setattr(ops.cpu, "op_cpu_speed", broken)
+    result = ops.op_wait_ready(me, stub.port, GENERATE, str(log), 10, then={"cpu_speed": True})
+    assert result["ready"] and "cpu_speed" not in result  # orch asks again and records why it could not

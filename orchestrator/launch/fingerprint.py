@@ -236,8 +236,9 @@ class Difference:
         --tp-size 2 -> 4` or `server argv: added --enable-torch-compile`; of the speed probe, by how much."""
         if isinstance(self.before, list) and isinstance(self.after, list):
             return f"{_label(self.field)}: {_list_change(self.before, self.after, self.field == 'argv')}"
-        if self.field in SPEEDS and _positive(self.before) and _positive(self.after):
-            r = self.after / self.before if SPEEDS[self.field] < 0 else self.before / self.after
+        faster = MEASURED[self.field][2] if self.field in MEASURED else 0
+        if faster and _positive(self.before) and _positive(self.after):
+            r = self.after / self.before if faster < 0 else self.before / self.after
             how = f"{r:.2f}x slower" if r > 1 else f"{1 / r:.2f}x faster"
             return f"{_label(self.field)}: {_show(self.before)} -> {_show(self.after)} (this CPU ran {how})"
         return f"{_label(self.field)}: {_show(self.before)} -> {_show(self.after)}"
@@ -321,22 +322,19 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("host.hostname", "host", 2, "hostname"),
     ("host.boot_id", "host", 1, "boot id"),
 )
-# Measured, not read: a difference within the tolerance is noise. A ratio for the probe's time (its repeats agree
-# within a few %), points for the shares of CPU time; probe_ms only between the same probe (`host.speed.probe`).
-MEASURED: dict[str, tuple[str, float]] = {
-    "host.speed.mem_copy_gb_s": ("ratio", 1.25),
-    "host.speed.probe_ms": ("ratio", 1.2),
-    "host.speed.steal_pct": ("points", 5.0),
-    "host.speed.others_busy_pct": ("points", 25.0),
+# Measured, not read: a difference within the tolerance is noise. A ratio for the speeds (their repeats agree
+# within a few %), points for the shares of CPU time; the speeds only between the same probe (`host.speed.probe`).
+# (kind, tolerance, which way is faster: -1 a time, lower is faster; +1 a rate; 0 not a speed)
+MEASURED: dict[str, tuple[str, float, int]] = {
+    "host.speed.mem_copy_gb_s": ("ratio", 1.25, 1),
+    "host.speed.probe_ms": ("ratio", 1.2, -1),
+    "host.speed.steal_pct": ("points", 5.0, 0),
+    "host.speed.others_busy_pct": ("points", 25.0, 0),
 }
 
 
-# The measured speeds and which way is faster (-1: a time, lower is faster; +1: a rate).
-SPEEDS = {"host.speed.probe_ms": -1, "host.speed.mem_copy_gb_s": 1}
-
-
 def _within(path: str, x: Any, y: Any, before: dict[str, Any], after: dict[str, Any]) -> bool:
-    kind, bound = MEASURED[path]
+    kind, bound, _ = MEASURED[path]
     if not (isinstance(x, (int, float)) and isinstance(y, (int, float))):
         return x is None or y is None  # not measured on one side: no evidence either way
     if kind == "points":

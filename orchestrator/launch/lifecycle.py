@@ -223,7 +223,7 @@ class _Single:
         srv.env_report, srv.processes = single.from_state(
             state, self.expected, srv.launch, self.profile, self.state_args["digest_key"]
         )
-        srv.prefetched = {k: extras[k] for k in ("fingerprint", "server_info", "cpu_speed") if k in extras}
+        srv.prefetched = {k: extras[k] for k in single.PREFETCHED if k in extras}
 
     def stop(self, failed: bool) -> OrchError | None:
         srv, profile, s = self._srv(), self.profile, self.settings

@@ -232,6 +232,8 @@ LOG_TAIL_EVERY_S = 1.0  # while a server loads, its log's last line is read this
 # it bounds how late orch notices that the server is ready.
 READY_POLL_S = 0.02
 PROBE_TIMEOUT_S = 10.0
+# What the readiness call reads beside the server, kept as RunningServer.prefetched for the fingerprint.
+PREFETCHED = ("fingerprint", "server_info", "cpu_speed")
 
 
 def wait_ready(
@@ -281,9 +283,7 @@ def wait_ready(
     )
     if result["ready"]:
         if extras is not None:  # what `then` asked for, done by the agent in the same call
-            extras.update(
-                {k: result[k] for k in ("launch_state", "server_info", "fingerprint", "cpu_speed") if k in result}
-            )
+            extras.update({k: result[k] for k in ("launch_state", *PREFETCHED) if k in result})
         # The CPU probe ran after the server was ready: its half second is not the server's.
         return time.monotonic() - t0 - float(result.get("cpu_speed_s") or 0.0)
     # The server's own startup dump (`server_args=ServerArgs(... api_key='…')`) is in its log: scrub. Its lines stay
@@ -441,7 +441,8 @@ class RunningServer:
     # teardown that also finds members which dropped the marker.
     processes: list[dict[str, Any]] = field(default_factory=list)
     # Read by the agent while waiting for readiness (fingerprint.collect uses them instead of asking again):
-    # "fingerprint" ({"value": op_fingerprint's answer} or {"error": …}) and "server_info" (GET /server_info).
+    # "fingerprint" ({"value": op_fingerprint's answer} or {"error": …}), "server_info" (GET /server_info) and
+    # "cpu_speed" (agent/cpu, for a real engine).
     prefetched: dict[str, Any] = field(default_factory=dict)
     probes_gpus: ClassVar[bool] = True  # its host's GPUs are its own: the runs read them
 

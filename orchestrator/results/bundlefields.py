@@ -336,8 +336,12 @@ def check_fingerprint(fp: Any, profile: str, at: str) -> None:
     # The CPU's facts and its measured speed (agent/cpu) are objects of names and numbers.
     check_texts(fp.get("host"), f"{at}.host", but={"cpu": "facts", "speed": "facts"})
     # The server's Python and the models it serves may be paths; the rest are names and versions.
-    software = {"python_executable": "path", "served_models": "paths", "reports_orch_simulator": "bool"}
-    software["engine_build"] = "facts"
+    software = {
+        "python_executable": "path",
+        "served_models": "paths",
+        "reports_orch_simulator": "bool",
+        "engine_build": "facts",  # how the engine was built: names at any depth (Engine.build_probe)
+    }
     check_texts(fp.get("software"), f"{at}.software", but=software)
     gpus = check_object(fp.get("gpus"), f"{at}.gpus")
     check_int(gpus.get("count"), f"{at}.gpus.count", optional=True)

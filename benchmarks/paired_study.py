@@ -11,6 +11,12 @@ resamples blocks only and the two coincide, so the study looks at 2 to 4 blocks.
 docs/statistics.md. About two minutes on one core with the defaults:
 
     python benchmarks/paired_study.py --experiments 400 --seed 1
+
+`--bundle FILE` computes both intervals on a real recording instead (a result bundle of a two-arm A/B, its first
+level): the per-run tok/s by run position, the block ratios, and the CI paired and unpaired at the default 4000
+resamples, the interval orch reports being the paired one:
+
+    python benchmarks/paired_study.py --bundle docs/examples/llamacpp-lookup-friendly.orch.json
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from orchestrator.results.bundleformat import read_bundle
 from orchestrator.stats.estimates import ratio_ci, verdict
 
 
@@ -92,6 +99,54 @@ def cell(rng: random.Random, sc: Scenario, blocks: int, args: argparse.Namespace
     return tallies
 
 
+def recorded(path: str) -> tuple[list[str], list[list[float]], list[list[float]]]:
+    """A bundle's two arms as the study's blocks: the timed runs' tok/s in run order, at the first level."""
+    content = read_bundle(path)["content"]
+    launches = content["launches"]
+    arms = sorted({int(launch["arm_index"]) for launch in launches})
+    if arms != [0, 1]:
+        sys.exit(f"{path}: a two-arm A/B is needed (arms {arms})")
+    names = ["", ""]
+    blocks: dict[int, dict[int, list[float]]] = {}
+    for launch in launches:
+        runs = [r for r in launch["runs"] if not r["warmup"] and r["valid"]]
+        if not runs:
+            continue
+        level = min(r["concurrency"] for r in runs)
+        values = [float(r["tok_s"]) for r in sorted(runs, key=lambda r: r["idx"]) if r["concurrency"] == level]
+        names[launch["arm_index"]] = launch["profile"]
+        blocks.setdefault(int(launch["block"]), {})[int(launch["arm_index"])] = values
+    whole = [b for _, b in sorted(blocks.items()) if len(b) == 2]
+    return names, [b[0] for b in whole], [b[1] for b in whole]
+
+
+def on_bundle(path: str, min_effect: float, seed: int) -> None:
+    names, base, arm = recorded(path)
+    print(f"{path}: {names[1]} vs {names[0]}, {len(base)} blocks, tok/s per run (run i sent prompt i)")
+    print()
+    print(
+        "| block | "
+        + " | ".join(f"{names[0]} run {i + 1}" for i in range(len(base[0])))
+        + " | "
+        + " | ".join(f"{names[1]} run {i + 1}" for i in range(len(arm[0])))
+        + " |"
+    )
+    print("|---" * (1 + len(base[0]) + len(arm[0])) + "|")
+    for k, (b, a) in enumerate(zip(base, arm, strict=True)):
+        print(f"| {k + 1} | " + " | ".join(f"{v:.1f}" for v in b + a) + " |")
+    print()
+    block_ratios = ", ".join(
+        f"{statistics.median(a) / statistics.median(b):.3f}" for b, a in zip(base, arm, strict=True)
+    )
+    print(f"block ratios (median run over median run): {block_ratios}")
+    for paired in (True, False):
+        est = ratio_ci(base, arm, seed=seed, paired=paired)
+        print(
+            f"{'paired' if paired else 'unpaired'}: {est.ratio:.3f}x, 95% CI [{est.lo:.3f}, {est.hi:.3f}] "
+            f"(width {pct(est.hi / est.lo - 1.0)}) -> {verdict(est, min_effect)}"
+        )
+
+
 def pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -106,7 +161,11 @@ def main() -> None:
     ap.add_argument("--boot", type=int, default=1000, help="bootstrap resamples per CI (orch uses 4000)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--smoke", action="store_true", help="a few experiments per cell: that it runs, not its figures")
+    ap.add_argument("--bundle", metavar="FILE", help="both intervals on a recorded two-arm A/B instead of the study")
     args = ap.parse_args()
+    if args.bundle:
+        on_bundle(args.bundle, args.min_effect, args.seed)
+        return
     if args.smoke:
         args.experiments, args.blocks, args.boot = 3, [3], 100
     rng = random.Random(args.seed)

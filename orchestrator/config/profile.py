@@ -72,6 +72,24 @@ class Speculative:
     num_steps: int | None = None
     eagle_topk: int | None = None
     num_draft_tokens: int | None = None
+    prompt_lookup_min: int | None = None  # the n-gram window (vLLM's ngram)
+    prompt_lookup_max: int | None = None
+    # Any other key of the engine's own speculative config, passed as it is (vLLM: --speculative-config), sorted.
+    engine_config: tuple[tuple[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """As stored with an experiment: the first five fields always, the later ones only when set, so experiments
+        stored before they existed still compare equal on resume and keep their workload digest."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in FIRST_SPEC_FIELDS}
+        for key in ("prompt_lookup_min", "prompt_lookup_max"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.engine_config:
+            out["engine_config"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.engine_config}
+        return out
+
+
+FIRST_SPEC_FIELDS = ("algorithm", "draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens")
 
 
 @dataclass(frozen=True)
@@ -149,7 +167,7 @@ class Profile:
             "port": self.port,
             "trust_remote_code": self.trust_remote_code,
             "mem_fraction_static": self.mem_fraction_static,
-            "speculative": None if spec is None else dict(spec.__dict__),
+            "speculative": None if spec is None else spec.to_dict(),
             "server_args": redact_argv(list(self.server_args), redaction_key),
             "env": {k: redact(k, v, redaction_key) for k, v in self.env},
             "sim": dict(self.sim),
@@ -193,12 +211,40 @@ TOP_FIELDS: dict[str, Any] = {
     "ready_timeout_s": float_range(1.0, 86400.0),
     "attach": _attach_url,
 }
+
+
+def _config_value(v: Any) -> Any:
+    if isinstance(v, (str, bool, int, float)) and not (isinstance(v, float) and not math.isfinite(v)):
+        return v
+    if isinstance(v, list) and all(isinstance(x, (str, bool, int, float, list)) for x in v):
+        return tuple(_config_value(x) for x in v)
+    raise FieldError(f"expected a string, number, true/false or a list of them, got {show(v)}")
+
+
+def _engine_config(v: Any) -> tuple[tuple[str, Any], ...]:
+    """speculative.engine_config: {key: value} for the engine's own speculative config (checked by the engine)."""
+    if not isinstance(v, dict):
+        raise FieldError(f"expected a mapping of the engine's speculative-config keys to values, got {show(v)}")
+    out = []
+    for key, value in v.items():
+        if not isinstance(key, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", key):
+            raise FieldError(f"{key_name(key)}: expected a key name (letters, digits, '_')")
+        try:
+            out.append((key, _config_value(value)))
+        except FieldError as e:
+            raise FieldError(f"{key}: {e}") from None
+    return tuple(sorted(out))
+
+
 SPEC_FIELDS: dict[str, Any] = {
     "algorithm": nonempty_str,
     "draft_model_path": nonempty_str,
     "num_steps": int_range(1, 32),
     "eagle_topk": int_range(1, 64),
     "num_draft_tokens": int_range(1, 512),
+    "prompt_lookup_min": int_range(1, 1024),
+    "prompt_lookup_max": int_range(1, 1024),
+    "engine_config": _engine_config,
 }
 EXPECT_FIELDS: dict[str, Any] = {
     "tok_s": float_range(0.0, 1e7, lo_open=True),

@@ -22,6 +22,12 @@ class SpecSettings(Protocol):
     def eagle_topk(self) -> int | None: ...
     @property
     def num_draft_tokens(self) -> int | None: ...
+    @property
+    def prompt_lookup_min(self) -> int | None: ...
+    @property
+    def prompt_lookup_max(self) -> int | None: ...
+    @property
+    def engine_config(self) -> tuple[tuple[str, Any], ...]: ...
 
 
 class ServerProfile(Protocol):
@@ -61,7 +67,15 @@ class ServerProfile(Protocol):
 # Top-level profile fields only some engines take; every engine takes the rest (model_path, host, port, env...).
 OPTIONAL_FIELDS = ("served_model_name", "tp_size", "trust_remote_code", "mem_fraction_static", "nnodes")
 # speculative.* fields only some engines take (algorithm is always there).
-OPTIONAL_SPEC_FIELDS = ("draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens")
+OPTIONAL_SPEC_FIELDS = (
+    "draft_model_path",
+    "num_steps",
+    "eagle_topk",
+    "num_draft_tokens",
+    "prompt_lookup_min",
+    "prompt_lookup_max",
+    "engine_config",
+)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ from types import MappingProxyType
 
 from orchestrator.engines.base import (
     OPTIONAL_FIELDS,
-    OPTIONAL_SPEC_FIELDS,
     CacheFlush,
     Engine,
     Probe,
@@ -44,7 +43,7 @@ class SGLang(Engine):
     fields = frozenset(OPTIONAL_FIELDS)
     required = ("tp_size",)
     spec_algorithms = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-    spec_fields = frozenset(OPTIONAL_SPEC_FIELDS)
+    spec_fields = frozenset({"draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens"})
     # SGLang picks (num_steps, topk, draft tokens) = (3, 1, 4) when num_steps is unset.
     default_spec_steps = 3
     managed_flags: Mapping[str, str] = MappingProxyType(

@@ -20,9 +20,21 @@ from orchestrator.engines.base import (
     SpecSettings,
     spec_decode_counters,
 )
+from orchestrator.fields import did_you_mean
+from orchestrator.sim.vllm_args import SPEC_FIELDS as SPECULATIVE_CONFIG_KEYS
 
 # speculative.algorithm is vLLM's `method`, spelt as vLLM spells it (lowercase).
 NEEDS_DRAFT_MODEL = ("eagle", "eagle3", "draft_model")
+# --speculative-config keys a profile field writes: speculative.engine_config may not write them a second time.
+OWNED_CONFIG_KEYS: Mapping[str, str] = MappingProxyType(
+    {
+        "method": "algorithm",
+        "model": "draft_model_path",
+        "num_speculative_tokens": "num_steps",
+        "prompt_lookup_min": "prompt_lookup_min",
+        "prompt_lookup_max": "prompt_lookup_max",
+    }
+)
 
 
 class VLLM(Engine):
@@ -45,9 +57,12 @@ class VLLM(Engine):
     # GPU memory is --gpu-memory-utilization in server_args (SGLang's mem_fraction_static means something else).
     fields = frozenset({"served_model_name", "tp_size", "trust_remote_code"})
     spec_algorithms = ("eagle3", "eagle", "mtp", "draft_model", "ngram")
-    # draft_model_path is speculative_config.model, num_steps its num_speculative_tokens; vLLM has no topk or
-    # separate verify width for a chain.
-    spec_fields = frozenset({"draft_model_path", "num_steps"})
+    # draft_model_path is speculative_config.model, num_steps its num_speculative_tokens, prompt_lookup_min/max the
+    # n-gram window; vLLM has no topk or separate verify width for a chain. engine_config: any other key of vLLM's
+    # SpeculativeConfig, passed as it is.
+    spec_fields = frozenset(
+        {"draft_model_path", "num_steps", "prompt_lookup_min", "prompt_lookup_max", "engine_config"}
+    )
     # Only mtp may leave num_speculative_tokens unset (vLLM reads n_predict from the model); MTP models have 1.
     default_spec_steps = 1
     managed_flags: Mapping[str, str] = MappingProxyType(
@@ -93,6 +108,20 @@ class VLLM(Engine):
             return "num_steps", (
                 f"required for {spec.algorithm} (vLLM's num_speculative_tokens; only mtp reads it from the model)"
             )
+        for bound in ("prompt_lookup_min", "prompt_lookup_max"):
+            if getattr(spec, bound) is not None and spec.algorithm != "ngram":
+                return bound, f"the n-gram window: only for ngram, not {spec.algorithm}"
+        low, high = spec.prompt_lookup_min, spec.prompt_lookup_max
+        if low is not None and high is not None and low > high:
+            return "prompt_lookup_min", f"{low} is above prompt_lookup_max {high} (vLLM refuses min > max)"
+        for key, _ in spec.engine_config:
+            if key in OWNED_CONFIG_KEYS:
+                return f"engine_config.{key}", f"set it with speculative.{OWNED_CONFIG_KEYS[key]}, not here"
+            if key not in SPECULATIVE_CONFIG_KEYS:
+                takes = sorted(set(SPECULATIVE_CONFIG_KEYS) - set(OWNED_CONFIG_KEYS))
+                return f"engine_config.{key}", (
+                    f"not a key of vLLM's speculative config{did_you_mean(key, takes)}; it takes: {', '.join(takes)}"
+                )
         return None
 
     def spec_from_counters(self, deltas: Mapping[str, float]) -> SpecCounters | None:
@@ -104,6 +133,12 @@ class VLLM(Engine):
             config["model"] = spec.draft_model_path
         if spec.num_steps is not None:
             config["num_speculative_tokens"] = spec.num_steps
+        if spec.prompt_lookup_min is not None:
+            config["prompt_lookup_min"] = spec.prompt_lookup_min
+        if spec.prompt_lookup_max is not None:
+            config["prompt_lookup_max"] = spec.prompt_lookup_max
+        for key, value in spec.engine_config:
+            config[key] = list(value) if isinstance(value, tuple) else value
         return config
 
     def server_flags(self, profile: ServerProfile) -> list[str]:

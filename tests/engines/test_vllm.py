@@ -20,7 +20,7 @@ import pytest
 from orchestrator import engines
 from orchestrator.agent import ops
 from orchestrator.config.design import ABConfig
-from orchestrator.config.profile import load
+from orchestrator.config.profile import from_resolved, load
 from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import ProfileError
 from orchestrator.experiment.ab import run_ab
@@ -65,6 +65,20 @@ def test_bundled_profiles_render_vllms_command_line() -> None:
         ({"mem_fraction_static": 0.8}, r"mem_fraction_static: not a field of vllm profiles"),
         ({"server_args": ["--speculative-config", "{}"]},
          r"server_args\[0\]: --speculative-config is set by the field 'speculative'"),
+        ({"speculative": {"algorithm": "eagle3", "draft_model_path": "/d", "num_steps": 3, "prompt_lookup_max": 4}},
+         r"speculative.prompt_lookup_max: the n-gram window: only for ngram, not eagle3"),
+        ({"speculative": {"algorithm": "ngram", "num_steps": 3, "prompt_lookup_min": 5, "prompt_lookup_max": 4}},
+         r"speculative.prompt_lookup_min: 5 is above prompt_lookup_max 4"),
+        ({"speculative": {"algorithm": "ngram", "num_steps": 3, "prompt_lookup_min": 0}},
+         r"speculative.prompt_lookup_min: .*1"),
+        ({"speculative": {"algorithm": "ngram", "num_steps": 3, "engine_config": {"prompt_lookup_maxx": 4}}},
+         r"speculative.engine_config.prompt_lookup_maxx: not a key of vLLM's speculative config.*it takes: "),
+        ({"speculative": {"algorithm": "ngram", "num_steps": 3, "engine_config": {"num_speculative_tokens": 4}}},
+         r"speculative.engine_config.num_speculative_tokens: set it with speculative.num_steps, not here"),
+        ({"speculative": {"algorithm": "ngram", "num_steps": 3, "engine_config": {"draft_load_config": {"a": 1}}}},
+         r"speculative.engine_config: draft_load_config: expected a string, number, true/false or a list"),
+        ({"speculative": {"algorithm": "ngram", "num_steps": 3, "engine_config": ["enforce_eager"]}},
+         r"speculative.engine_config: expected a mapping of the engine's speculative-config keys"),
     ],
 )  # fmt: skip
 def test_bad_vllm_profiles_are_refused_naming_the_field(
@@ -82,6 +96,51 @@ def test_mtp_and_ngram_profiles(write_profile: WriteProfile) -> None:
         "ng", engine="vllm", model_path="/m", port=1, speculative={"algorithm": "ngram", "num_steps": 4}
     )
     assert json.loads(load(str(ngram)).server_flags()[-1]) == {"method": "ngram", "num_speculative_tokens": 4}
+
+
+def test_ngram_window_and_other_config_keys_reach_vllms_speculative_config(write_profile: WriteProfile) -> None:
+    """prompt_lookup_min/max and engine_config keys land in --speculative-config as vLLM spells them; the stored
+    profile reads back the same; another engine refuses them, naming the field."""
+    spec = {
+        "algorithm": "ngram",
+        "num_steps": 3,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+        "engine_config": {"enforce_eager": True, "synthetic_acceptance_rates": [0.9, 0.5, 0.1]},
+    }
+    prof = load(str(write_profile("ng", engine="vllm", model_path="/m", port=1, speculative=spec)))
+    assert json.loads(prof.server_flags()[prof.server_flags().index("--speculative-config") + 1]) == {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+        "enforce_eager": True,
+        "synthetic_acceptance_rates": [0.9, 0.5, 0.1],
+    }
+    stored = prof.to_dict()["speculative"]
+    assert stored == {**spec, "draft_model_path": None, "eagle_topk": None, "num_draft_tokens": None}
+    assert from_resolved(json.loads(json.dumps(prof.to_dict())), "bundle.json").speculative == prof.speculative
+    # A profile without them stores what it stored before they existed (resume and digests compare it).
+    plain = load(
+        str(
+            write_profile(
+                "p", engine="vllm", model_path="/m", port=1, speculative={"algorithm": "ngram", "num_steps": 3}
+            )
+        )
+    )
+    assert set(plain.to_dict()["speculative"]) == {
+        "algorithm",
+        "draft_model_path",
+        "num_steps",
+        "eagle_topk",
+        "num_draft_tokens",
+    }
+    sglang = write_profile("s", engine="sglang", model_path="/m", port=1, speculative={**spec, "algorithm": "NGRAM"})
+    with pytest.raises(ProfileError, match=r"speculative.prompt_lookup_min: not a field of sglang's speculative"):
+        load(str(sglang))
+    # The simulator's vLLM mode takes what orch renders (vLLM's own key list), noting the keys it does not model.
+    cfg = parse_vllm_args(prof.server_flags()[1:])
+    assert cfg.spec is not None and any("prompt_lookup_max=4 is accepted but ignored" in w for w in cfg.warnings)
 
 
 def test_sim_resolves_vllms_speculative_config() -> None:

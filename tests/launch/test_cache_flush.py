@@ -15,13 +15,14 @@ import pytest
 
 from orchestrator import engines
 from orchestrator.cli import main
+from orchestrator.client import cacheflush
 from orchestrator.client.cacheflush import flush_cache
 from orchestrator.client.request import Record
 from orchestrator.client.summary import summarize_run
 from orchestrator.config.workload import BenchConfig
 from orchestrator.engines.base import Probe
 from orchestrator.errors import BenchError, InputError
-from orchestrator.launch.benchmark import RunCall, run_benchmark
+from orchestrator.launch.benchmark import RunCall, flush_refusal, run_benchmark
 from orchestrator.results.store import Store
 from tests.conftest import FAST_SIM, WriteProfile, free_port
 
@@ -125,18 +126,20 @@ def test_a_vllm_profile_without_dev_mode_is_refused_before_anything_starts() -> 
 
 
 @contextmanager
-def answering(statuses: list[int]) -> Iterator[tuple[int, list[str]]]:
-    """A server answering each POST with the next status (the last one repeated); yields its port and the paths."""
+def answering(statuses: list[int], bodies: list[bytes] | None = None) -> Iterator[tuple[int, list[str]]]:
+    """A server answering each POST with the next status (the last one repeated) and body (default: "busy", or
+    "done" with a 200); yields its port and the paths."""
     seen: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             seen.append(self.path)
             status = statuses[min(len(seen), len(statuses)) - 1]
+            body = bodies[min(len(seen), len(bodies)) - 1] if bodies else b"busy" if status != 200 else b"done"
             self.send_response(status)
-            self.send_header("Content-Length", "4")
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(b"busy" if status != 200 else b"done")
+            self.wfile.write(body)
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -160,6 +163,25 @@ def test_the_client_asks_again_while_busy_and_never_after_a_404() -> None:
         assert failed == {"method": "POST", "path": "/flush_cache", "status": 404, "body": "busy"} and len(seen) == 1
     failed = flush_cache("127.0.0.1", free_port(), request)
     assert failed is not None and failed["status"] is None and "ConnectionRefusedError" in failed["body"]
+
+
+def test_a_200_that_says_the_reset_failed_is_a_failure_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's POST /reset_prefix_cache can answer 200 with {"success": false} (the engine could not reset): the body
+    is read, the request asked again while the patience lasts, then the run refused with what the server said."""
+    monkeypatch.setattr(cacheflush, "FLUSH_PATIENCE_S", 0.6)
+    request = {"method": "POST", "path": "/reset_prefix_cache"}
+    with answering([200], [b'{"success": false}', b'{"success": false}', b'{"success": true}']) as (port, seen):
+        assert flush_cache("127.0.0.1", port, request) is None and len(seen) == 3
+    with answering([200], [b'{"success": false}']) as (port, seen):
+        failed = flush_cache("127.0.0.1", port, request)
+    assert failed == {"method": "POST", "path": "/reset_prefix_cache", "status": 200, "body": '{"success": false}'}
+    assert len(seen) >= 2
+    message = flush_refusal(failed, None, "run 1 at 1 stream")
+    assert 'answered 200 before run 1 at 1 stream ({"success": false})' in message and "not sent" in message
+    # Bodies that say nothing of success (vLLM's empty 200, SGLang's text, a JSON list) are successes.
+    for body in (b"", b"Cache flushed.", b"[false]", b'{"success": true}', b'{"ok": false}'):
+        with answering([200], [body]) as (port, seen):
+            assert flush_cache("127.0.0.1", port, request) is None and len(seen) == 1
 
 
 def _cache_profiles(write_profile: WriteProfile) -> tuple[str, str]:

@@ -31,7 +31,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from orchestrator.results.bundle import result_from_bundle
 from orchestrator.results.bundleformat import read_bundle
+from orchestrator.results.model import paired_blocks
 from orchestrator.stats.estimates import ratio_ci, verdict
 
 
@@ -100,24 +102,14 @@ def cell(rng: random.Random, sc: Scenario, blocks: int, args: argparse.Namespace
 
 
 def recorded(path: str) -> tuple[list[str], list[list[float]], list[list[float]]]:
-    """A bundle's two arms as the study's blocks: the timed runs' tok/s in run order, at the first level."""
-    content = read_bundle(path)["content"]
-    launches = content["launches"]
-    arms = sorted({int(launch["arm_index"]) for launch in launches})
-    if arms != [0, 1]:
-        sys.exit(f"{path}: a two-arm A/B is needed (arms {arms})")
-    names = ["", ""]
-    blocks: dict[int, dict[int, list[float]]] = {}
-    for launch in launches:
-        runs = [r for r in launch["runs"] if not r["warmup"] and r["valid"]]
-        if not runs:
-            continue
-        level = min(r["concurrency"] for r in runs)
-        values = [float(r["tok_s"]) for r in sorted(runs, key=lambda r: r["idx"]) if r["concurrency"] == level]
-        names[launch["arm_index"]] = launch["profile"]
-        blocks.setdefault(int(launch["block"]), {})[int(launch["arm_index"])] = values
-    whole = [b for _, b in sorted(blocks.items()) if len(b) == 2]
-    return names, [b[0] for b in whole], [b[1] for b in whole]
+    """A bundle's two arms as the study's blocks: each launch's timed tok/s in run order at the first level, paired
+    block by block as orch pairs them for its verdict (results/model.paired_blocks)."""
+    result = result_from_bundle(read_bundle(path))
+    if len(result.arms) != 2:
+        sys.exit(f"{path}: a two-arm A/B is needed ({len(result.arms)} arms)")
+    base, arm = result.arms
+    values, _ = paired_blocks(base, arm, result.levels[0], ("tok_s",))
+    return [base.label or base.profile, arm.label or arm.profile], *values["tok_s"]
 
 
 def on_bundle(path: str, min_effect: float, seed: int) -> None:

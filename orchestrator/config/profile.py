@@ -216,7 +216,7 @@ TOP_FIELDS: dict[str, Any] = {
 def _config_value(v: Any) -> Any:
     if isinstance(v, (str, bool, int, float)) and not (isinstance(v, float) and not math.isfinite(v)):
         return v
-    if isinstance(v, list) and all(isinstance(x, (str, bool, int, float, list)) for x in v):
+    if isinstance(v, list):
         return tuple(_config_value(x) for x in v)
     raise FieldError(f"expected a string, number, true/false or a list of them, got {show(v)}")
 

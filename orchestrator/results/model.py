@@ -559,7 +559,7 @@ def same_requests(base: LaunchResult, arm: LaunchResult, level: Level) -> bool:
     return [r.index for r in base.timed_at(level)] == [r.index for r in arm.timed_at(level)]
 
 
-def _paired(
+def paired_blocks(
     base: ArmResult, arm: ArmResult, level: Level, metrics: Sequence[str], slo: SLO | None = None
 ) -> tuple[Paired, bool]:
     """Per metric, the run values of the two arms' launches block by block, over the same blocks for every metric:
@@ -772,7 +772,7 @@ class ABResult:
             for index, arm in enumerate(self.arms[1:], start=1):
                 names: dict[str, Any] = {"arm_label": arm.label, "vs_label": base.label, "arm_index": index}
                 names |= {"metric": metric, "note": self.comparison_note(base, arm, level, metric)}
-                paired, shared = _paired(base, arm, level, (metric,), self.slo)
+                paired, shared = paired_blocks(base, arm, level, (metric,), self.slo)
                 b_runs, a_runs = paired[metric]
                 if b_runs and len(b_runs) >= 2:
                     members.append((len(out), len(mine), self._estimator(b_runs, a_runs, shared)))
@@ -780,7 +780,7 @@ class ABResult:
                 # are still arriving (aggregate 0), and that must not drop its block from the verdict.
                 agg = None
                 if b_runs:
-                    b_agg, a_agg = _paired(base, arm, level, ("aggregate_tok_s",), self.slo)[0]["aggregate_tok_s"]
+                    b_agg, a_agg = paired_blocks(base, arm, level, ("aggregate_tok_s",), self.slo)[0]["aggregate_tok_s"]
                     logs = [math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True)]
                     agg = math.exp(statistics.fmean(logs)) if logs else None
                 comparison = Comparison(

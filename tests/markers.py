@@ -1,4 +1,4 @@
-"""The resource markers kept true: a test that starts sshd, Slurm, Chromium or llama-server must carry its marker."""
+"""The resource markers kept true: a test that starts sshd, Slurm, Chromium, llama-server or vLLM carries its marker."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ RESOURCES = {
     "slurm": "a private one-node Slurm cluster (tests/slurmcluster.py)",
     "browser": "headless Chromium",
     "llamacpp": "a real llama-server (the [llamacpp] extra)",
+    "vllm": "a real vLLM (its CPU build, make vllm)",
 }
 
 # The test being set up or run (conftest.py's pytest_runtest_setup sets it): a module-scoped fixture starts its

@@ -21,6 +21,7 @@ STARTERS = {
     "slurm": {"slurmcluster", "needs_cluster"},
     "browser": {"needs_chromium"},
     "llamacpp": {"HAVE_LLAMA"},
+    "vllm": {"HAVE_VLLM"},
 }
 
 

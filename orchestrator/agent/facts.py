@@ -47,6 +47,11 @@ sys.stdout.write("\\nORCH_PROBE " + json.dumps(out) + "\\n")
 IMPORT_PROBE_TIMEOUT_S = 30.0
 
 
+def home_path(arg: str) -> str:
+    """arg with a leading ~/ as the home of this host's user, as a shell reads it; any other arg as it is."""
+    return os.path.expanduser(arg) if arg.startswith("~/") else arg
+
+
 def _import_probe(
     names: tuple[str, ...], *, python: str | None = None, script: str = _IMPORT_PROBE
 ) -> dict[str, dict[str, Any]]:
@@ -56,7 +61,7 @@ def _import_probe(
         # A separate process: importing torch/sglang into the agent would cost memory for the whole session and
         # could initialise CUDA in a process that must stay light. Not cached: it runs once per experiment.
         done = subprocess.run(
-            [python or sys.executable, "-c", script, *names],
+            [home_path(python or sys.executable), "-c", script, *names],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 import psutil
 
 from orchestrator.agent import cpu, waits
-from orchestrator.agent.facts import op_check, op_facts, op_fingerprint, op_gpus
+from orchestrator.agent.facts import home_path, op_check, op_facts, op_fingerprint, op_gpus
 from orchestrator.agent.lock import keep_for_successor, op_lock, op_unlock
 from orchestrator.agent.processes import (
     MARKER,
@@ -158,6 +158,11 @@ def op_launch(argv: list[str], env: dict[str, str], log_path: str, cwd: str | No
     """Start argv detached in a new session, logging to log_path; return its PID (= PGID)."""
     if not argv:
         raise HostSideError("empty command line")
+    # No shell reads argv: a leading ~/ (a profile's python or model_path under the home of the host's user) is
+    # expanded here, on the host, as a shell would.
+    argv = [home_path(a) for a in argv]
+    if os.sep in argv[0] and not os.access(argv[0], os.X_OK):
+        raise HostSideError(f"could not start {argv[0]}: no such executable on this host")
     os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
     _private_file(log_path)
     pidfile = log_path + ".pid"

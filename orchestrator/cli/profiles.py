@@ -119,7 +119,9 @@ def profiles_show(name: str, sim: bool, python: str, as_json: bool) -> None:
     click.echo(text)
     click.echo("\n# launch command" + (" (SIMULATOR)" if sim else "") + ":")
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-    command = (prefix + " " if prefix else "") + shlex.join(argv)
+    # A leading ~/ stays unquoted: orch expands it on the host (agent.facts.home_path), as this shell line would.
+    shown = ["~/" + shlex.quote(a[2:]) if a.startswith("~/") else shlex.quote(a) for a in argv]
+    command = (prefix + " " if prefix else "") + " ".join(shown)
     # A launcher script inside the command (llama.cpp's) spans lines: each stays a comment.
     click.echo("\n".join("#   " + line for line in command.splitlines()))
 

@@ -128,6 +128,10 @@ class Profile:
     ready_timeout_s: float = 900.0
     description: str = ""
     attach: str | None = None  # a running server's URL: benchmarked as it is, never launched or stopped
+    # The interpreter that runs the server on the host, when it is not the host's own (an engine in a venv of its
+    # own, beside orch's agent); a leading ~/ is the home of the host's user. The simulator always runs under the
+    # host's Python.
+    python: str | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     expect: Expect | None = field(default=None, compare=False)
 
@@ -143,7 +147,10 @@ class Profile:
         return engines.get(self.engine).server_flags(self)
 
     def launch_argv(self, python: str, *, simulate: bool) -> list[str]:
-        return engines.get(self.engine).launch_argv(self, python, simulate=simulate)
+        """The server's command line on a host whose Python is `python` (the profile's own python, if it names one,
+        runs a real server)."""
+        interpreter = python if simulate or self.python is None else self.python
+        return engines.get(self.engine).launch_argv(self, interpreter, simulate=simulate)
 
     def with_port(self, port: int) -> Profile:
         """This profile serving on `port` instead of its own (--port, a nightly item's `port:`). Every engine adapter
@@ -176,6 +183,7 @@ class Profile:
             "attach": self.attach,
             # Only when set: experiments stored before the field existed still compare equal on resume.
             **({"nnodes": self.nnodes} if self.nnodes != 1 else {}),
+            **({"python": self.python} if self.python is not None else {}),
         }
 
 
@@ -196,6 +204,16 @@ def _attach_url(v: Any) -> str:
     return url.rstrip("/")
 
 
+def _interpreter(v: Any) -> str:
+    path = nonempty_str(v)
+    if not (path.startswith("/") or path.startswith("~/")) or "\0" in path:
+        raise FieldError(
+            f"expected the interpreter's absolute path on the host (or one under ~/, the host user's home), got "
+            f"{show(path)}"
+        )
+    return path
+
+
 TOP_FIELDS: dict[str, Any] = {
     "description": text,
     "engine": lambda v: _engine(v),
@@ -210,6 +228,7 @@ TOP_FIELDS: dict[str, Any] = {
     "server_args": str_list,
     "ready_timeout_s": float_range(1.0, 86400.0),
     "attach": _attach_url,
+    "python": _interpreter,
 }
 
 

@@ -134,6 +134,8 @@ def loads_code(profile: Profile, simulated: bool) -> list[str]:
             "trust_remote_code: the server runs Python code shipped in its model directories (model_path "
             f"{_shown(profile.model_path)}, a draft model, a --tokenizer)"
         )
+    if profile.python is not None:
+        out.append(f"python {_shown(profile.python)}: the server runs under that interpreter, not the host's own")
     if profile.model_path.startswith("package:"):
         out.append(f"model_path {_shown(profile.model_path)}: imports that Python package in the server's interpreter")
     for arg in profile.server_args:

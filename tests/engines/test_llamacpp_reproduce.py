@@ -31,9 +31,10 @@ EXPLAIN_NOTHING = (
 
 
 def test_every_shipped_real_result_reads_back_and_is_pointed_to_from_the_docs() -> None:
-    """docs/examples/*.orch.json: real llama.cpp experiments (never simulated) with a fingerprint on every launch,
-    each named in README.md or docs/ beside the numbers it holds, each launch's fingerprint carrying what the CPU
-    was (model, instruction sets, cores), how fast it ran and how llama-server was built."""
+    """docs/examples/*.orch.json: real llama.cpp or vLLM experiments (never simulated) with a fingerprint on every
+    launch, each named in README.md or docs/ beside the numbers it holds, each launch's fingerprint carrying what the
+    CPU was (model, instruction sets, cores), how fast it ran, and how llama-server was built or which vLLM and torch
+    served."""
     bundles = sorted((REPO / "docs" / "examples").glob("*.orch.json"))
     assert README_BUNDLE in bundles
     docs = (REPO / "README.md").read_text() + "".join(p.read_text() for p in (REPO / "docs").glob("*.md"))
@@ -41,9 +42,8 @@ def test_every_shipped_real_result_reads_back_and_is_pointed_to_from_the_docs() 
         result = result_from_bundle(read_bundle(path))
         assert not result.simulated, path
         assert all(launch.fingerprint for arm in result.arms for launch in arm.launches), path
-        assert {launch.fingerprint["software"]["engine"] for arm in result.arms for launch in arm.launches} == {
-            "llamacpp"
-        }
+        engines = {launch.fingerprint["software"]["engine"] for arm in result.arms for launch in arm.launches}
+        assert engines in ({"llamacpp"}, {"vllm"}), (path, engines)
         assert path.name in docs, f"{path.name} is shipped but no doc points to it"
         for fingerprint in (launch.fingerprint for arm in result.arms for launch in arm.launches):
             assert fingerprint is not None
@@ -51,14 +51,17 @@ def test_every_shipped_real_result_reads_back_and_is_pointed_to_from_the_docs() 
             assert fingerprint["host"].get("cpu_model"), path
             assert cpu and cpu["family"] and cpu["logical_cpus"] >= 1 and cpu["inference_flags"], path
             assert speed and speed["probe_ms"] > 0 and speed["mem_copy_gb_s"] > 0, path
-            assert fingerprint["software"].get("engine_build"), path
+            if engines == {"llamacpp"}:
+                assert fingerprint["software"].get("engine_build"), path
+            else:
+                assert fingerprint["software"].get("engine_version") and fingerprint["software"].get("torch"), path
 
 
-# A real llama.cpp result in a capture: cpu-baseline and cpu-pld are the llama.cpp profiles (the simulator's have
-# other names), and these are lines only a run's report prints.
+# A real result in a capture: cpu-baseline and cpu-pld are the llama.cpp profiles, cpu-vllm-* vLLM's CPU build's (the
+# simulator's have other names), and these are lines only a run's report prints.
 REAL_RESULT = re.compile(
     r"vs cpu-baseline @|cpu-(?:baseline|pld): prefix cache|cpu-pld vs cpu-baseline: \d|cpu-(?:baseline|pld) by turn"
-    r"|^ *cpu-(?:baseline|pld) +\d+ +\d+ ",
+    r"|^ *cpu-(?:baseline|pld) +\d+ +\d+ |vs cpu-vllm-baseline @|^ *cpu-vllm-(?:baseline|ngram) +\d+ +\d+ ",
     re.MULTILINE,
 )
 
@@ -84,7 +87,7 @@ def real_captures(text: str) -> list[tuple[int, str]]:
 
 
 def test_every_real_capture_in_the_docs_names_a_shipped_bundle() -> None:
-    """A real llama.cpp report quoted in README.md or docs/ points, beside it, to the bundle it came from, and that
+    """A real engine's report quoted in README.md or docs/ points, beside it, to the bundle it came from, and that
     bundle ships: a number nobody can check is not published as a result."""
     examples = REPO / "docs" / "examples"
     seen = 0
@@ -92,7 +95,7 @@ def test_every_real_capture_in_the_docs_names_a_shipped_bundle() -> None:
         for line, context in real_captures(doc.read_text()):
             seen += 1
             names = BUNDLE_NAME.findall(context)
-            assert names, f"{doc.name}:{line}: a real llama.cpp capture with no bundle named beside it"
+            assert names, f"{doc.name}:{line}: a real engine's capture with no bundle named beside it"
             missing = [n for n in names if not (examples / n).is_file()]
             assert not missing, f"{doc.name}:{line}: names {missing}, not shipped in docs/examples/"
     assert seen >= 10  # the captures this test was written against; fewer means the pattern stopped matching

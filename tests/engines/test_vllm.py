@@ -19,11 +19,14 @@ import pytest
 
 from orchestrator import engines
 from orchestrator.agent import ops
+from orchestrator.agent.facts import home_path
+from orchestrator.agent.processes import HostSideError
 from orchestrator.config.design import ABConfig
 from orchestrator.config.profile import from_resolved, load
 from orchestrator.config.workload import BenchConfig
 from orchestrator.errors import ProfileError
 from orchestrator.experiment.ab import run_ab
+from orchestrator.experiment.trust import loads_code
 from orchestrator.hosts.local import LocalHost
 from orchestrator.report.text import ab_text
 from orchestrator.results.load import load_result
@@ -271,3 +274,39 @@ def test_ab_on_simulated_vllm_reads_accept_length_from_metrics(write_profile: Wr
     assert "break-even accept length" in text and "measured accept length" in text
     fingerprint = loaded.launches[0].fingerprint
     assert fingerprint is not None and fingerprint["software"]["engine"] == "vllm (simulated)"
+
+
+def test_a_profiles_python_runs_the_real_server_and_the_agent_expands_its_home(
+    write_profile: WriteProfile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python:` (the bundled cpu-vllm profiles' venv) runs a real launch, never the simulator; a leading ~/ is the
+    host user's home, expanded by the agent on the host; a missing interpreter is named before anything starts."""
+    vllm_python = "~/.cache/orch/vllm-0.32.0/venv/bin/python"
+    bundled = load("cpu-vllm-ngram")
+    assert bundled.python == vllm_python and bundled.to_dict()["python"] == vllm_python
+    assert bundled.launch_argv("/usr/bin/python3", simulate=False)[:3] == [
+        vllm_python,
+        "-m",
+        "vllm.entrypoints.cli.main",
+    ]
+    assert bundled.launch_argv("/usr/bin/python3", simulate=True)[:3] == ["/usr/bin/python3", "-m", "orchestrator.sim"]
+    assert "python" not in load("vllm-baseline").to_dict()  # unset: stored as before the field existed
+    assert any(line.startswith("python ") for line in loads_code(bundled, simulated=False))
+    assert not any(line.startswith("python ") for line in loads_code(bundled, simulated=True))
+    relative = write_profile("rel", engine="vllm", model_path="/m", port=1, python="venv/bin/python")
+    with pytest.raises(ProfileError, match=r"python: expected the interpreter's absolute path"):
+        load(str(relative))
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert home_path("~/x/python") == f"{tmp_path}/x/python" and home_path("a~/b") == "a~/b"
+    with pytest.raises(HostSideError, match=rf"could not start {tmp_path}/nope/python: no such executable"):
+        ops.op_launch(["~/nope/python", "-V"], {}, str(tmp_path / "logs" / "l.log"))
+    script = tmp_path / "bin" / "tell"
+    script.parent.mkdir()
+    script.write_text('#!/bin/sh\necho "$0 $1"\n')
+    script.chmod(0o755)
+    started = ops.op_launch(["~/bin/tell", "~/model"], {}, str(tmp_path / "logs" / "t.log"))
+    deadline = time.monotonic() + 10
+    while "tell" not in (tmp_path / "logs" / "t.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "logs" / "t.log").read_text().split() == [str(script), f"{tmp_path}/model"], started

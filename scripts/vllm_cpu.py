@@ -98,6 +98,15 @@ def build(home: Path, python: str) -> None:
     tmp_venv = home / "venv.partial"
     shutil.rmtree(tmp_venv, ignore_errors=True)
     _run(
+        "python",
+        [
+            python,
+            "-c",
+            "import platform, sys; sys.exit(sys.version_info[:2] != (3, 11) or platform.machine() != 'x86_64')",
+        ],
+        "the pinned wheels are for CPython 3.11 on x86_64 (torch 2.13.0+cpu, cp311): `make vllm PYTHON=python3.11`",
+    )
+    _run(
         "venv",
         [python, "-m", "venv", str(tmp_venv)],
         f"`{python} -m venv` must work (Debian: apt-get install python3-venv)",
@@ -114,9 +123,9 @@ def build(home: Path, python: str) -> None:
             "-r",
             str(REQUIREMENTS),
         ],
-        "pip needs PyPI (about 1.5 GB) and torch 2.13.0+cpu for this Python (a wheel for CPython 3.11); "
-        "a hash mismatch means a file changed upstream: look at the line pip names in "
-        f"{REQUIREMENTS.name}",
+        "pip needs PyPI (about 1.5 GB) and torch 2.13.0+cpu, which PyPI does not carry: pip takes it from a wheel "
+        "directory it is configured with, or from PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu; a hash "
+        f"mismatch means a file changed upstream: look at the line pip names in {REQUIREMENTS.name}",
     )
     site = next((tmp_venv / "lib").glob("python3*/site-packages"))
     shim = site / SHIM

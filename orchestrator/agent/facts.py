@@ -45,6 +45,10 @@ sys.stdout.write("\\nORCH_PROBE " + json.dumps(out) + "\\n")
 # Importing sglang pulls in torch (seconds, more on a cold disk); it must stay well inside the agent call's
 # own 60 s deadline.
 IMPORT_PROBE_TIMEOUT_S = 30.0
+# A launch's fingerprint imports the engine while the server it describes loads beside it (ops.op_wait_ready):
+# vLLM's CPU build takes 13 s on an idle 2-core VM and over 30 s (seen) beside its own loading server. Still bounded
+# (a hung import must end), inside the host call's deadline for a fingerprint (launch/fingerprint's 150 s).
+FINGERPRINT_PROBE_TIMEOUT_S = 120.0
 
 
 def home_path(arg: str) -> str:
@@ -53,7 +57,11 @@ def home_path(arg: str) -> str:
 
 
 def _import_probe(
-    names: tuple[str, ...], *, python: str | None = None, script: str = _IMPORT_PROBE
+    names: tuple[str, ...],
+    *,
+    python: str | None = None,
+    script: str = _IMPORT_PROBE,
+    timeout_s: float = IMPORT_PROBE_TIMEOUT_S,
 ) -> dict[str, dict[str, Any]]:
     """{name: {"version", "error", "metadata"}} as a child of `python` (default: this one) sees them; {} if the
     child failed."""
@@ -66,7 +74,7 @@ def _import_probe(
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,
-            timeout=IMPORT_PROBE_TIMEOUT_S,
+            timeout=timeout_s,
         )
     except (OSError, subprocess.SubprocessError):
         return {}
@@ -343,7 +351,7 @@ def op_fingerprint(
         if host[key] is None:
             unreadable.append({"field": f"host.{key}", "why": "not exposed on this host (VM or container?)"})
     names = tuple(packages if packages is not None else ("sglang", "torch", "flashinfer", "sgl_kernel", "triton"))
-    probe = _import_probe(names, python=python, script=_FINGERPRINT_PROBE)
+    probe = _import_probe(names, python=python, script=_FINGERPRINT_PROBE, timeout_s=FINGERPRINT_PROBE_TIMEOUT_S)
     software: dict[str, Any] = {"python_executable": python or sys.executable}
     if not probe:
         unreadable.append({"field": "software", "why": f"the import probe in {python or sys.executable} failed"})
@@ -354,7 +362,7 @@ def op_fingerprint(
             reason = found.get("error") or "imports without a version"
             unreadable.append({"field": f"software.{name}", "why": str(reason)})
     if build_probe is not None:
-        build = _import_probe((), python=python, script=build_probe).get("build")
+        build = _import_probe((), python=python, script=build_probe, timeout_s=FINGERPRINT_PROBE_TIMEOUT_S).get("build")
         software["engine_build"] = build
         if build is None:
             unreadable.append({"field": "software.engine_build", "why": "the engine's build probe gave nothing"})

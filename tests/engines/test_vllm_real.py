@@ -20,8 +20,8 @@ import httpx
 import psutil
 import pytest
 
-from orchestrator import engines
 from orchestrator.agent import ops
+from orchestrator.agent.facts import home_path
 from orchestrator.config.profile import load
 from orchestrator.results.load import load_result
 from orchestrator.results.store import Store
@@ -39,7 +39,6 @@ pytestmark = [
     pytest.mark.xdist_group("vllm"),
     pytest.mark.skipif(not HAVE_VLLM and not os.environ.get("CI"), reason="no vLLM CPU build here (make vllm)"),
 ]
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
 LOAD_S = 600  # a vLLM start here: ~100 s eager on an idle 2-core machine, several times that beside the suite
 
 
@@ -53,37 +52,44 @@ def counters(url: str) -> dict[str, float]:
     return out
 
 
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], within_s: float) -> bool:
+    """True once url's /health answers 200; False when proc exits or within_s passes first."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return True
+        time.sleep(0.5)
+    return False
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def served() -> Iterator[str]:
-    """A vLLM (n-gram speculation, dev routes on) this module starts itself, in a session of its own, for --attach."""
+    """The bundled cpu-vllm-ngram as orch renders it, with dev routes on, started by this module in a session of its
+    own, for --attach."""
     port = free_port()
     log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-attach-{port}.log", "w")  # noqa: SIM115
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_SERVER_DEV_MODE": "1"}
-    argv = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.cli.main", "serve", str(MODEL), "--served-model-name"]
-    argv += ["gemma-3-270m", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024"]
-    argv += ["--enforce-eager", "--seed", "0", "--speculative-config", json.dumps(NGRAM)]
+    profile = load("cpu-vllm-ngram").with_port(port)
+    env = {**os.environ, **profile.env_dict(), "VLLM_SERVER_DEV_MODE": "1"}
+    argv = [home_path(a) for a in profile.launch_argv(sys.executable, simulate=False)]
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + LOAD_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        else:
+        if not wait_healthy(url, proc, LOAD_S):
             pytest.fail(f"vLLM did not come up: {Path(log.name).read_text()[-3000:]}")
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        stop_group(proc)
         log.close()
 
 
@@ -143,22 +149,14 @@ def test_the_converted_model_says_what_llama_cpp_says(served: str) -> None:
     body = {"model": "gemma-3-270m", "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0}
     theirs = httpx.post(f"{served}/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
     port = free_port()
-    llama = load("cpu-baseline").with_port(port)
-    argv = engines.get("llamacpp").launch_argv(llama, sys.executable, simulate=False)
+    argv = load("cpu-baseline").with_port(port).launch_argv(sys.executable, simulate=False)
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            time.sleep(0.2)
+        assert wait_healthy(f"http://127.0.0.1:{port}", proc, 120), "llama-server did not come up"
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=120).json()
         ours = reply["choices"][0]["text"]
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
+        stop_group(proc)
     # Q4_K_M arithmetic against bf16: the first words agree; far into a text, a near-tie may go the other way.
     assert theirs.split()[:5] == ours.split()[:5], (theirs, ours)
 

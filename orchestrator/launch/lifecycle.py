@@ -199,9 +199,11 @@ class _Single:
             host, profile, simulate=s.simulate, namespace=s.namespace, redaction_key=s.redaction_key
         )
         self.events.line(f"{profile.name}: launched PID {launched.pid} ({launched.launch_id}), log {launched.log_path}")
-        url = host.url(profile.port, connect_address(profile.host))
-        self.srv = srv = single.RunningServer(launch=launched, base_url=url, preflight=self.pre)
+        # Held and recorded before the URL is asked for: an SSH or Slurm tunnel that fails to open must still leave
+        # a launch for `running` to stop (left running, it would make the next arm's preflight refuse the port).
+        self.srv = srv = single.RunningServer(launch=launched, base_url="", preflight=self.pre)
         on_launch(srv)
+        srv.base_url = host.url(profile.port, connect_address(profile.host))
         return srv
 
     def wait_ready(self) -> None:
@@ -296,11 +298,11 @@ class _Group:
                 f"{profile.name}: {rank.label} launched PID {rank.launch.pid} ({rank.launch.launch_id}), "
                 f"log {rank.launch.log_path}"
             )
-            if rank.index == 0:
-                url = self.host.url(profile.port, connect_address(profile.host))
-                self.srv = group.GroupServer(launch=rank.launch, base_url=url, preflight=rank.preflight, ranks=ranks)
+            if rank.index == 0:  # held before anything else can fail, as in _Single.start
+                self.srv = group.GroupServer(launch=rank.launch, base_url="", preflight=rank.preflight, ranks=ranks)
                 on_launch(self.srv)
         srv = self._srv()
+        srv.base_url = self.host.url(profile.port, connect_address(profile.host))
         srv.preflight = {**ranks[0].preflight, "nodes": [{**r.to_dict(), "preflight": r.preflight} for r in ranks]}
         self.events.line(f"{profile.name}: {len(ranks)} nodes rendezvous at {self.init}")
         return srv

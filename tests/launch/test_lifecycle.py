@@ -14,7 +14,7 @@ from orchestrator.agent import ops
 from orchestrator.config.design import ABConfig
 from orchestrator.config.profile import Profile, load
 from orchestrator.config.workload import BenchConfig
-from orchestrator.errors import BenchError, ServerError, was_interrupted
+from orchestrator.errors import BenchError, HostError, ServerError, was_interrupted
 from orchestrator.experiment.ab import run_ab
 from orchestrator.hosts.local import LocalHost
 from orchestrator.launch import lifecycle, single
@@ -78,6 +78,28 @@ def test_hang_during_load_times_out_and_leaves_nothing(sim_profiles: SimProfiles
         _running(LocalHost(), prof, ready_timeout_s=2.0),
     ):
         pass
+    _nothing_left()
+
+
+class TunnelFails(LocalHost):
+    """A host whose way to the server (an SSH or Slurm tunnel) cannot be opened once the server is launched."""
+
+    def url(self, port: int, address: str = "127.0.0.1") -> str:
+        raise HostError(f"could not open a tunnel to {address}:{port}")
+
+
+def test_a_tunnel_that_fails_after_the_launch_still_stops_the_server(sim_profiles: SimProfiles) -> None:
+    prof = load(str(sim_profiles()["baseline"]))
+    launched: list[lifecycle.Server] = []
+    settings = lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2)
+    with (
+        pytest.raises(HostError, match="could not open a tunnel"),
+        lifecycle.running(TunnelFails(), prof, settings, on_launch=launched.append),
+    ):
+        pytest.fail("the block must not run without a URL")
+    # Recorded as launched (so the experiment marks the launch failed), then torn down: nothing left on its port.
+    (srv,) = launched
+    assert srv.teardown is not None and srv.teardown["port_free"] and not srv.teardown["remaining"]
     _nothing_left()
 
 

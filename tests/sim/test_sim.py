@@ -729,11 +729,12 @@ def test_calibration_baseline_82_tok_s(tmp_path: Path) -> None:
     with sim(tmp_path, "--skip-server-warmup", knobs={"seed": "11"}) as s:
         _wait_port(s)
         speed = httpx.get(s.url("/server_info"), timeout=5).json()["orch_sim"]["speed_factor"]
-        rate, _ = _single_stream_rate(s, 256)
+        rate, meta = _single_stream_rate(s, 256)
     assert rate == pytest.approx(82.0, rel=0.03)
-    # The client-side rate matches the model for this launch's speed factor (prefill included) within 1.5 %.
+    # The server's own rate matches the model for this launch's speed factor (prefill included) within 1.5 %. The
+    # client's rate also carries HTTP and scheduling delays, which a loaded CI machine stretches by ~2 %.
     expected = 256 / ((15 + 0.05 * 3) / 1000 * speed + 255 * 0.0122 * speed)
-    assert rate == pytest.approx(expected, rel=0.015)
+    assert 256 / meta["e2e_latency"] == pytest.approx(expected, rel=0.015)
 
 
 def test_calibration_eagle3_3step_60_tok_s(tmp_path: Path) -> None:

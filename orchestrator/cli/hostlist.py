@@ -9,17 +9,13 @@ from orchestrator.hosts.base import HostConfig
 from orchestrator.hosts.inventory import HostGroup
 
 
-def kind_of(config: HostConfig) -> str:
-    return "slurm" if config.scheduler == "slurm" else "local" if config.is_local else "ssh"
-
-
 def host_entry(config: HostConfig) -> dict[str, Any]:
     """One host as JSON. identity_file is left out: a key's path is nobody else's business (and the key no one's)."""
-    kind = kind_of(config)
+    kind = config.kind
     doc: dict[str, Any] = {"name": config.name, "kind": kind}
     if kind == "ssh":
         doc |= {"address": config.address, "user": config.user, "port": config.port} | _endpoint(config)
-    elif kind == "slurm":
+    elif config.capabilities.allocates_nodes:
         from orchestrator.hosts.slurm import request_for  # only when the inventory has a Slurm entry
 
         req = request_for(config)

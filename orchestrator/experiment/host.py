@@ -59,10 +59,10 @@ def check_nodes(host: Host, profiles: Sequence[Profile]) -> None:
     check_nodes_for(profiles, len(host.nodes) if isinstance(host, GroupHost) else 1, host.name)
 
 
-def check_nodes_for(profiles: Sequence[Profile], nodes: int, host_name: str, is_slurm: bool = False) -> None:
+def check_nodes_for(profiles: Sequence[Profile], nodes: int, host_name: str, allocates: bool = False) -> None:
     """check_nodes before connecting (the CLI, from the inventory alone): `nodes` hosts under --host `host_name`; a
-    Slurm host asks Slurm for as many nodes as the profiles need, so it always has enough."""
-    if is_slurm:
+    host that allocates nodes (Slurm) asks for as many as the profiles need, so it always has enough."""
+    if allocates:
         return
     for p in profiles:
         if p.nnodes == 1 or attach.url_of(p) is not None:

@@ -94,13 +94,15 @@ def check_arms(exp_id: str, arms: list[str], profiles: Sequence[Profile]) -> Non
 
 
 def same_slurm_partition(before: str, after: str, inventory: str | None) -> bool:
-    """Both --host values are Slurm hosts of one partition (so a resume may move from one to the other)."""
+    """Both --host values allocate nodes from one pool, as Slurm hosts of one partition (so a resume may move from
+    one to the other)."""
     try:
         a, b = lookup(before, inventory)[0], lookup(after, inventory)[0]
     except OrchError:
         return False
-    slurm = [t for t in (a, b) if isinstance(t, HostConfig) and t.scheduler == "slurm"]
-    return len(slurm) == 2 and slurm[0].partition == slurm[1].partition
+    if not (isinstance(a, HostConfig) and isinstance(b, HostConfig)):
+        return False
+    return a.allocation_pool is not None and a.allocation_pool == b.allocation_pool
 
 
 def resumed_host(exp: dict[str, Any], stored: dict[str, Any], options: RunOptions) -> str:

@@ -229,7 +229,9 @@ def time_limit_warning(work: Plan, host_spec: str, inventory: str | None) -> str
         config = lookup(host_spec, inventory)[0]
     except OrchError:
         return None  # opening the host says what is wrong, in its place
-    if not isinstance(config, HostConfig) or config.scheduler != "slurm" or work.seconds <= config.time_limit_min * 60:
+    if not isinstance(config, HostConfig) or not config.capabilities.allocates_nodes:
+        return None
+    if work.seconds <= config.time_limit_min * 60:
         return None
     where = (
         f"time_limit_min of {config.name} in {config.source}"
@@ -263,7 +265,7 @@ def check_host_nodes(
     if isinstance(target, HostGroup):
         experiment_host.check_nodes_for(list(profiles), len(target.nodes), host_spec)
     else:
-        experiment_host.check_nodes_for(list(profiles), 1, target.name, is_slurm=target.scheduler == "slurm")
+        experiment_host.check_nodes_for(list(profiles), 1, target.name, allocates=target.capabilities.allocates_nodes)
 
 
 def resume_experiment(store: Store, ref: str, options: RunOptions, rep: PlainReporter) -> model.ABResult:

@@ -24,6 +24,27 @@ def default_namespace() -> str:
     return ns
 
 
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """What a kind of host does. Code outside hosts/ asks these instead of naming a kind, so a new kind of host (a
+    `k8s:NAMESPACE`, say) is a row of KINDS plus its Host class, not an edit wherever Slurm is special."""
+
+    kind: str  # what `orch hosts list` and the nightly's --check call it
+    # Each session asks a scheduler for nodes of its own: as many as the profiles need (so one entry holds a
+    # multi-node launch, whose node ranks may share a machine: port_stride), for a time limit (a plan may outlast
+    # it), from a pool that a resumed experiment may move within (a new allocation lands on other nodes), and
+    # a nightly may fan such items out, each in its own allocation.
+    allocates_nodes: bool = False
+    scheduler: str | None = None  # who allocates, as users name it in messages ("Slurm")
+
+
+KINDS: dict[str, Capabilities] = {
+    "local": Capabilities(kind="local"),
+    "ssh": Capabilities(kind="ssh"),
+    "slurm": Capabilities(kind="slurm", allocates_nodes=True, scheduler="Slurm"),
+}
+
+
 @dataclass(frozen=True)
 class HostConfig:
     """One host of the inventory (or a `user@addr[:port]` given on the command line)."""
@@ -54,6 +75,21 @@ class HostConfig:
     @property
     def is_local(self) -> bool:
         return self.address is None and self.scheduler is None
+
+    @property
+    def kind(self) -> str:
+        """local, ssh, or the scheduler's name: its row of KINDS."""
+        return self.scheduler or ("local" if self.address is None else "ssh")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return KINDS[self.kind]
+
+    @property
+    def allocation_pool(self) -> tuple[str, str | None] | None:
+        """Where a host that allocates nodes gets them (its kind and partition; None: not such a host). Two entries
+        of one pool are one host to a resumed experiment."""
+        return (self.kind, self.partition) if self.capabilities.allocates_nodes else None
 
 
 @dataclass

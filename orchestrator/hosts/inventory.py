@@ -23,7 +23,7 @@ from orchestrator.fields import (
     show,
     str_list,
 )
-from orchestrator.hosts.base import HostConfig
+from orchestrator.hosts.base import KINDS, HostConfig
 
 FOREIGN_PORT_POLICIES = ("refuse", "kill-with-force")
 HOST_FIELDS = {
@@ -40,7 +40,7 @@ HOST_FIELDS = {
     "connect_timeout_s": float_range(1.0, 600.0),
     "reconnect_s": float_range(0.0, 3600.0),
     # A host that is a Slurm allocation (hosts/slurm.py): what orch asks Slurm for.
-    "scheduler": choice(("slurm",)),
+    "scheduler": choice(tuple(k for k, c in KINDS.items() if c.allocates_nodes)),
     "partition": nonempty_str,
     "account": nonempty_str,
     "gres": nonempty_str,

@@ -71,11 +71,11 @@ def port_clash(group: GroupHost, facts: dict[str, dict[str, Any]], nnodes: int) 
             seen[machine] = node.name
             continue
         config = node.config
-        if config.scheduler == "slurm" and not config.source:
+        if config.capabilities.allocates_nodes and not config.source:
             where = (
                 "--host slurm:PARTITION has no inventory entry: write one with `scheduler: slurm`, the partition and"
             )
-        elif config.scheduler == "slurm":
+        elif config.capabilities.allocates_nodes:
             where = f"in {config.source}, give the Slurm entry {config.name}"
         else:
             where = f"in {group.group.source or 'the inventory'}, give the group {group.name}"

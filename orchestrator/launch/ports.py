@@ -99,7 +99,7 @@ def check(port: int | None, profiles: Sequence[Profile], target: HostConfig | Ho
         return
     local = isinstance(target, HostConfig) and target.is_local
     stride: int | None = target.port_stride
-    if isinstance(target, HostConfig) and target.scheduler != "slurm":
+    if isinstance(target, HostConfig) and not target.capabilities.allocates_nodes:
         stride = None  # one machine: no node ranks
     problem = clash(port, profiles, local=local, stride=stride, where=where)
     if problem:

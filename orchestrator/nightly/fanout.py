@@ -33,10 +33,11 @@ STOP_WAIT_S = 60.0
 
 
 def fanned(suite: Suite, items: list[Item], inventory: dict[str, Any]) -> list[Item]:
-    """The items that run as their own allocations tonight: those on Slurm hosts, when the suite fans out."""
+    """The items that run as their own allocations tonight: those on hosts that allocate nodes (Slurm), when the
+    suite fans out."""
     if not suite.fan_out:
         return []
-    return [i for i in items if parse_target(i.host, inventory).scheduler == "slurm"]
+    return [i for i in items if parse_target(i.host, inventory).capabilities.allocates_nodes]
 
 
 def warnings(suite: Suite, inventory: dict[str, Any]) -> list[str]:
@@ -45,7 +46,7 @@ def warnings(suite: Suite, inventory: dict[str, Any]) -> list[str]:
     if not suite.fan_out:
         return []
     config = {i.name: parse_target(i.host, inventory) for i in suite.items}
-    on_slurm = [i for i in suite.items if config[i.name].scheduler == "slurm"]
+    on_slurm = [i for i in suite.items if config[i.name].capabilities.allocates_nodes]
     others = ", ".join(f"{i.name} (on {i.host})" for i in suite.items if i not in on_slurm)
     out = []
     if not on_slurm:

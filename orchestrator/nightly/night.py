@@ -112,7 +112,7 @@ def check_hosts(suite: Suite) -> None:
         except OrchError as e:
             raise InputError(f"{where}: {e}") from None
         ports.check(item.port, item.profiles, config, where=port_where)
-        if nodes > 1 and config.scheduler != "slurm":
+        if nodes > 1 and not config.capabilities.allocates_nodes:
             raise InputError(
                 f"{where}: {item.host!r} is one host, but a profile has nnodes: {nodes}; name an inventory group of "
                 f"at least {nodes} hosts or a Slurm host"
@@ -192,7 +192,7 @@ def describe_hosts(suite: Suite) -> str:
         config = parse_target(spec, inventory)
         if config.is_local:
             out.append(f"{spec} (this machine)")
-        elif config.scheduler == "slurm":
+        elif config.capabilities.allocates_nodes:
             where = f"partition {config.partition}" if config.partition else "the default partition"
             nodes = _slurm_nodes(sorted(nodes_asked[spec]), config.exclusive)
             source = f", from {config.source}" if spec in inventory else ""

@@ -335,10 +335,11 @@ def test_nodes_are_one_machine_by_their_boot_id_whatever_the_clock_did() -> None
     from orchestrator.hosts.group import GroupHost
     from orchestrator.launch.group import port_clash
 
-    config = {"scheduler": None, "source": ""}
     nodes = [
-        SimpleNamespace(name=n, config=SimpleNamespace(**config, name=n), python="python3", workdir="/w", stats=None)
-        for n in ("a", "b")
+        SimpleNamespace(
+            name=n, config=HostConfig(name=n, address=f"10.0.0.{i}"), python="python3", workdir="/w", stats=None
+        )
+        for i, n in enumerate(("a", "b"))
     ]
     group = GroupHost(HostGroup("pair", ("a", "b")), nodes)  # type: ignore[arg-type]
     box = {"hostname": "box", "boot_time": 1000.0, "boot_id": "b-1"}

@@ -613,15 +613,13 @@ class CapacityComparison:
         if len(logs) < 2:
             return cls(arm, base, None, None, None, len(logs), censored, None)
         ratio, lo, hi = ratio_interval(logs)
-        if lo > 1:
-            verdict = "higher"
-        elif hi < 1:
-            verdict = "lower"
-        elif lo >= 1 - min_effect and hi <= 1 + min_effect:
-            verdict = "no difference"
-        else:
-            verdict = "inconclusive"
-        return cls(arm, base, ratio, lo, hi, len(logs), censored, verdict)
+        est = RatioEstimate(ratio, lo, hi, len(logs), CAPACITY_METHOD, statistics.stdev(logs))
+        # The rule every comparison follows (a CI past 1 is not enough: the effect must reach min_effect too), in
+        # a capacity's words.
+        said = verdict(est, min_effect)
+        return cls(
+            arm, base, ratio, lo, hi, len(logs), censored, {"faster": "higher", "slower": "lower"}.get(said, said)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

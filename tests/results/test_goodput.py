@@ -295,3 +295,14 @@ def test_blocks_auto_looks_decide_on_the_metric() -> None:
     assert auto_look(result) == (True, "look after block 3: every comparison is decided; stopping (--blocks auto)")
     stop, line = auto_look(_with(result, metric="goodput"))
     assert not stop and line.startswith("look after block 3: undecided: candidate @ 1; adding block 4")
+
+
+def test_a_capacity_comparison_follows_the_verdict_rule_of_every_comparison() -> None:
+    """A CI above 1 is not enough to call a capacity higher: the effect must reach --min-effect, as for tok/s."""
+    from orchestrator.results.model import CapacityComparison
+
+    small = CapacityComparison.of("b", "a", [math.log(r) for r in (1.010, 1.012, 1.011)], 0, 0.02)
+    assert small.lo is not None and small.lo > 1 and small.verdict == "no difference"  # was "higher"
+    large = CapacityComparison.of("b", "a", [math.log(r) for r in (1.30, 1.32, 1.31)], 0, 0.02)
+    assert large.verdict == "higher"
+    assert CapacityComparison.of("b", "a", [math.log(r) for r in (0.70, 0.72, 0.71)], 0, 0.02).verdict == "lower"

@@ -30,6 +30,20 @@ class AllocationEnded(HostError):
         self.state = state
 
 
+class HostBusy(HostError):
+    """Another live orch session holds the host's lock. Its message says how to queue behind it in the terms of the
+    command that met it (`--wait SECONDS`; a nightly suite's `wait:`), which a caller may change (waiting_by)."""
+
+    # Keyword defaults keep it constructible from its message alone, as pickle and copy rebuild exceptions.
+    def __init__(self, busy: str, *, how_to_wait: str = "", after: str = "") -> None:
+        super().__init__(" ".join(part for part in (busy, how_to_wait, after) if part))
+        self.busy, self.how_to_wait, self.after = busy, how_to_wait, after
+
+    def waiting_by(self, how_to_wait: str) -> HostBusy:
+        """The same refusal, telling how to queue in another command's terms."""
+        return HostBusy(self.busy, how_to_wait=how_to_wait, after=self.after)
+
+
 class InventoryError(HostError, InputError):
     """The host inventory file (hosts.yaml) is missing, malformed or invalid; still a HostError for old callers."""
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.agent.lock import op_lock, op_unlock
 from orchestrator.agent.processes import HostSideError
-from orchestrator.errors import HostError
+from orchestrator.errors import HostBusy, HostError
 from orchestrator.hosts.base import Host, default_namespace
 from orchestrator.hosts.group import GroupHost
 from orchestrator.ui.events import QUIET, Events
@@ -84,10 +84,10 @@ def acquire_host_lock(
                 f"{host.name} is in use by a live orch session ({describe_holder(got['holder'])}); orch down "
                 "leaves its servers alone. Wait for it to finish, or pass --force to stop its servers anyway."
             )
-        raise HostError(
-            f"{host.name} is busy: another orch session holds it ({describe_holder(got['holder'])}). "
-            "Use --wait SECONDS to queue behind it. (The lock goes away by itself when that session ends or "
-            "its connection drops.)"
+        raise HostBusy(
+            f"{host.name} is busy: another orch session holds it ({describe_holder(got['holder'])}).",
+            how_to_wait="Use --wait SECONDS to queue behind it.",
+            after="(The lock goes away by itself when that session ends or its connection drops.)",
         )
     return True
 

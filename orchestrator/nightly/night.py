@@ -15,7 +15,7 @@ from typing import Any
 from orchestrator.common import stopsignals
 from orchestrator.config.design import ABConfig
 from orchestrator.config.secretpatterns import scrub
-from orchestrator.errors import InputError, OrchError
+from orchestrator.errors import HostBusy, InputError, OrchError
 from orchestrator.experiment import ab, failon
 from orchestrator.experiment import host as experiment_host
 from orchestrator.hosts import lock as locks
@@ -32,6 +32,9 @@ from orchestrator.results.store import Store
 from orchestrator.ui import progress
 from orchestrator.ui.events import QUIET, Events, Lines
 from orchestrator.ui.progress import run_line
+
+# How a night queues for a busy host: its suite's `wait:`, not --wait (which `orch nightly` does not take).
+WAIT_HINT = "The suite's wait: sets how long a night queues."
 
 
 class NightBusyError(OrchError):
@@ -446,6 +449,8 @@ class NightRunner:
                 raise
             queued = " while queued for its allocation" if self._allocation == "queued" else ""
             return self._failed(item, "timeout", f"stopped by {self._alarm.fired}{queued}", began)
+        except HostBusy as e:
+            return self._failed(item, "failed", str(e.waiting_by(WAIT_HINT)), began)
         except OrchError as e:
             return self._failed(item, "failed", str(e), began)
         except Exception as e:  # a bug in orch must not cost the rest of the night
@@ -547,9 +552,6 @@ class NightRunner:
     def _failed(self, item: Item, status: str, error: str, began: float) -> ItemReport:
         # Stored and posted: a server's log tail in the error must not carry the profile's secrets.
         error = scrub(error, [v for p in item.profiles for v in server.profile_secrets(p)])
-        error = error.replace(
-            "Use --wait SECONDS to queue behind it.", "The suite's wait: sets how long a night queues."
-        )
         self.events.line(f"[{item.name}] {status}: {error}")
         experiments = tuple(history.night_experiments(self.store, self.night_id, item.name))
         if experiments and status in ("interrupted", "timeout"):

@@ -4,6 +4,7 @@ item, the deadline, an overlapping night and Ctrl-C, each with its exit code; th
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 import yaml
 
 from orchestrator.agent import lock as hostlock
-from orchestrator.hosts.lock import night_lock_path
+from orchestrator.hosts.lock import host_lock_path, night_lock_path
 from tests.conftest import FAST_SIM, NAMESPACE, WriteProfile, free_port
 from tests.faults.support import assert_nothing_left, assert_plain, run, start, stored
 
@@ -198,3 +199,21 @@ def test_an_interrupted_night_tears_down_and_says_what_ran(
     assert "**INTERRUPTED** `slow`" in text and "**SKIPPED** `next`" in text, text
     assert stored(db, "SELECT status, exit_code FROM nights") == [("interrupted", 130)]
     assert_nothing_left()
+
+
+def test_a_busy_host_fails_the_item_saying_how_a_night_queues(write_profile: WriteProfile, tmp_path: Path) -> None:
+    """Another session holds the host: the item fails (after the suite's wait), told in a night's terms (its
+    `wait:`), not the `--wait` of the command line, and the night goes on."""
+    sim_profile(write_profile, "fine")
+    suite = write_suite(tmp_path, [{"name": "a", "bench": "fine"}], wait="1s")
+    holder = {"session": "another", "pid": os.getpid(), "user": "me", "machine": "box", "since": "02:00"}
+    lock = host_lock_path(NAMESPACE)
+    assert hostlock.op_lock(lock, holder)["acquired"]
+    try:
+        rc, out, err = night(suite, tmp_path / "n.db", "2026-11-01")
+    finally:
+        hostlock.op_unlock(lock)
+    assert rc == 1, out + err
+    assert "local is busy: another orch session holds it" in out, out
+    assert "The suite's wait: sets how long a night queues. (The lock goes away" in out and "--wait" not in out, out
+    assert stored(tmp_path / "n.db", "SELECT item, status FROM night_items") == [("a", "failed")]

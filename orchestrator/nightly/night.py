@@ -366,7 +366,9 @@ class NightRunner:
             self.store, self.night_id, item, status="skipped", experiments=(), error=why, series=(), envs={},
             simulated=item.sim,
         )  # fmt: skip
-        return ItemReport(item.name, item.host, item.kind, item.sim, "skipped", error=why)
+        return ItemReport(
+            item=item.name, host=item.host, kind=item.kind, simulated=item.sim, status="skipped", error=why
+        )
 
     def _measure_once(self, item: Item, deadline: float) -> ABResult:
         """One experiment of the item, stopped at its timeout or the night's deadline, whichever comes first."""
@@ -471,8 +473,10 @@ class NightRunner:
         comparisons = tuple(c.to_dict() for level in result.levels for c in result.comparisons_at(level))
         mismatch = result.node_mismatch()  # allow_node_mismatch: true let nodes that differ launch
         report = ItemReport(
-            item.name, item.host, item.kind, item.sim, status, tuple(experiments), None, tuple(verdicts), comparisons,
-            relative.to_dict() if relative else None, time.monotonic() - began, (mismatch,) if mismatch else (),
+            item=item.name, host=item.host, kind=item.kind, simulated=item.sim, status=status,
+            experiments=tuple(experiments), series=tuple(verdicts), comparisons=comparisons,
+            fail_on=relative.to_dict() if relative else None, seconds=time.monotonic() - began,
+            warnings=(mismatch,) if mismatch else (),
         )  # fmt: skip
         # `orch history` says a night that paged under fail_on as such, on every series of the item.
         hit = {"fail_on": text} if (text := report.fail_on_text()) else {}
@@ -512,8 +516,9 @@ class NightRunner:
                     decisions={v.value.series: v.decision() for v in noted},
                 )  # fmt: skip
                 self._cut = ItemReport(
-                    item.name, item.host, item.kind, item.sim, "interrupted", tuple(experiments), why, tuple(noted)
-                )
+                    item=item.name, host=item.host, kind=item.kind, simulated=item.sim, status="interrupted",
+                    experiments=tuple(experiments), error=why, series=tuple(noted),
+                )  # fmt: skip
                 raise
             second = None
             why = f"the confirmation re-run was stopped by {self._alarm.fired}"
@@ -561,5 +566,6 @@ class NightRunner:
             simulated=item.sim,
         )  # fmt: skip
         return ItemReport(
-            item.name, item.host, item.kind, item.sim, status, experiments, error, seconds=time.monotonic() - began
-        )
+            item=item.name, host=item.host, kind=item.kind, simulated=item.sim, status=status,
+            experiments=experiments, error=error, seconds=time.monotonic() - began,
+        )  # fmt: skip

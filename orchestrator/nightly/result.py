@@ -59,7 +59,7 @@ class SeriesVerdict:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ItemReport:
     """One item's night: what ran, what it measured, and the verdicts."""
 

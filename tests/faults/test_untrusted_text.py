@@ -187,7 +187,12 @@ def test_compare_and_nightly_markdown_are_inert_too() -> None:
     _assert_inert(compare_markdown(c))
     _assert_shown_not_obeyed(compare_text(c))
     item = night_result.ItemReport(
-        "item`<img src=x onerror=alert(1)>", "gpu<script>", "bench", False, "failed", error=HOSTILE
+        item="item`<img src=x onerror=alert(1)>",
+        host="gpu<script>",
+        kind="bench",
+        simulated=False,
+        status="failed",
+        error=HOSTILE,
     )
     line = night_report.item_line(item)
     _assert_inert(line)

@@ -335,9 +335,9 @@ def test_a_censored_night_is_said_on_the_item_s_line_only_when_it_decides_someth
     assert (
         series_text(same) == "eagle3/baseline crossover load >8: does not cross up to 8: better at every level measured"
     )
-    item = ItemReport("load", "local", "ab", True, "ok", series=(same,))
+    item = ItemReport(item="load", host="local", kind="ab", simulated=True, status="ok", series=(same,))
     assert item_line(item).startswith("- ok `load` (local, SIMULATED): eagle3/baseline crossover load >8")
-    paged = ItemReport("load", "local", "ab", True, "regression", series=(same, down))
+    paged = ItemReport(item="load", host="local", kind="ab", simulated=True, status="regression", series=(same, down))
     assert "**REGRESSION** `load` (local, SIMULATED): eagle3/baseline crossover load <1:" in item_line(paged)
 
 
@@ -349,7 +349,9 @@ def test_an_undecided_bound_is_said_on_the_item_s_line() -> None:
         {"mode": "slower", "status": "inconclusive", "exit_code": 4, "reason": "the A/B's own words"},
         {"mode": "max-rate-slo-below=2", "status": "ok", "exit_code": 0, "reason": "held"},
     ]
-    item = ItemReport("load", "local", "ab", True, "ok", series=(same,), fail_on={"checks": checks})
+    item = ItemReport(
+        item="load", host="local", kind="ab", simulated=True, status="ok", series=(same,), fail_on={"checks": checks}
+    )
     line = item_line(item)
     assert line.endswith(f"; fail_on crossover-below=3 undecided: {reason}: straddles 3"), line
     assert "fail_on slower" not in line and "max-rate-slo-below" not in line  # said elsewhere / held: silent

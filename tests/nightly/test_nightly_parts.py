@@ -133,7 +133,7 @@ def test_an_environment_is_what_moves_numbers_not_names() -> None:
 
 
 def _report(status: str, **kw: Any) -> result.ItemReport:
-    return result.ItemReport("check", "gpu-box", "bench", False, status, **kw)
+    return result.ItemReport(item="check", host="gpu-box", kind="bench", simulated=False, status=status, **kw)
 
 
 def test_markdown_lines() -> None:
@@ -222,7 +222,7 @@ def test_a_fail_on_hit_is_labelled_fail_on_not_regression() -> None:
                                 ("baseline",))  # fmt: skip
     first = changepoint.Assessment("building", (), None, None, None, None, (), 1, 6)
     r = result.ItemReport(
-        "eagle3-vs-baseline", "gpu-box", "ab", False, "fail_on",
+        item="eagle3-vs-baseline", host="gpu-box", kind="ab", simulated=False, status="fail_on",
         series=(result.SeriesVerdict(value, first, "building"),), fail_on=SLOWER,
     )  # fmt: skip
     line = report.item_line(r)

@@ -10,6 +10,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.client.headroom import Headroom, headroom
@@ -269,6 +270,20 @@ class Sender:
             await asyncio.wait(set(self.tasks))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ScheduleResult:
+    """What an open-loop run brings back."""
+
+    records: list[Record]
+    window: float  # the last request's due time: tokens received within it measure throughput while requests came
+    deltas: dict[str, Any]  # the server's counters over the run
+    aborted: str | None  # why the run was aborted (None: it was not)
+    peak: int  # the most requests in flight
+    # Where and why it stopped sending early (None if it did not): "limited" says where the backlog was ("server" or
+    # "client"), and "capacity" (the room) is there when the client could hold no more.
+    stopped: dict[str, Any] | None
+
+
 async def run_schedule(
     host: str,
     port: int,
@@ -285,7 +300,7 @@ async def run_schedule(
     watchdog_every_s: float = 1.0,
     stop_oversaturated: bool = False,
     descriptors_each: int = 1,
-) -> tuple[list[Record], float, dict[str, Any], str | None, int, dict[str, Any] | None]:
+) -> ScheduleResult:
     """Open loop: request i is sent schedule[i] seconds after the start (Sender): a slow answer delays no later
     send, and a request a --max-concurrency cap holds back still has its latency counted from when it was due (vLLM
     issue 54101: time queued in the client must count).
@@ -296,10 +311,6 @@ async def run_schedule(
     requests in flight its open files and memory can hold, each request taking `descriptors_each` descriptors): the
     client is the limit, and the run says so.
 
-    Returns the records, the window (the last request's due time: tokens received within it measure throughput
-    while requests were arriving), the metric deltas, why the run was aborted, the most requests in flight, and
-    where and why a run stopped sending early (None if it did not): "limited" says where the backlog was ("server"
-    or "client"), and "capacity" (the room) is there when the client could hold no more.
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     if len(schedule) != len(bodies) or any(b < a for a, b in itertools.pairwise(schedule)):
@@ -359,4 +370,6 @@ async def run_schedule(
             **({"capacity": sender.room.requests, "cut": len(sender.cut)} if sender.full else {}),
         }
         records, window = [r for r in sent if r.index not in sender.cut], sender.saturated_at
-    return records, window, deltas, sender.aborted, sender.peak, stopped
+    return ScheduleResult(
+        records=records, window=window, deltas=deltas, aborted=sender.aborted, peak=sender.peak, stopped=stopped
+    )

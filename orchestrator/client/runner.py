@@ -151,7 +151,7 @@ def run(
         if any(session_turn(b) is not None for b in bodies):
             raise ValueError("multi-turn sessions run on closed-loop streams, not on an open-loop schedule")
         cap = open_loop.get("max_concurrency")
-        records, window, deltas, aborted, peak, stopped = _run_interruptibly(
+        done = _run_interruptibly(
             lambda: run_schedule(
                 host,
                 port,
@@ -169,8 +169,8 @@ def run(
                 descriptors_each=descriptors_each,
             )
         )
-        info = {**open_loop, "peak_in_flight": peak, **({"stopped": stopped} if stopped else {})}
-        return summarize_run(records, window, 0, deltas, min_duration_s, aborted, open_loop=info)
+        info = {**open_loop, "peak_in_flight": done.peak, **({"stopped": done.stopped} if done.stopped else {})}
+        return summarize_run(done.records, done.window, 0, done.deltas, min_duration_s, done.aborted, open_loop=info)
     room = closed_loop_room(concurrency, max(max_tokens, default=1), descriptors_each)
     if concurrency > room.requests and bodies:
         # Sending would end in "Too many open files" halfway through the level and look like the server failing:

@@ -52,7 +52,6 @@ from orchestrator.stats.estimates import (
     slow_first_run,
     spec_from_run,
     summarize,
-    t_975,
     verdict,
 )
 from orchestrator.stats.family import FAMILY_ALPHA, Adjustment, excludes_one, holm, t_crit
@@ -1409,20 +1408,15 @@ ENERGY_CI_METHOD = "geometric mean of launch values; Student's t on their logs"
 
 def energy_estimate(launch_values: Sequence[float], runs: Sequence[RunResult]) -> EnergyEstimate:
     """EnergyEstimate from the launch values (joules per token, > 0) and the runs behind them."""
-    logs = [math.log(v) for v in launch_values]
-    n, mean = len(logs), statistics.fmean(logs)
-    lo = hi = None
-    if n >= 2:
-        half = t_975(n - 1) * statistics.stdev(logs) / math.sqrt(n)
-        lo, hi = math.exp(mean - half), math.exp(mean + half)
+    mean = launch_mean(launch_values)  # geometric, with its interval over launches, like every arm's value
     watts = [float(w) for r in runs if isinstance(w := (r.energy or {}).get("mean_w"), (int, float))]
     gpus = [len(g) for r in runs if isinstance(g := (r.energy or {}).get("gpus"), list)]
     fields = sorted({str(f) for r in runs if (f := (r.energy or {}).get("field"))})
     return EnergyEstimate(
-        j_per_token=math.exp(mean),
-        lo=lo,
-        hi=hi,
-        launches=n,
+        j_per_token=mean.value,
+        lo=mean.lo,
+        hi=mean.hi,
+        launches=mean.launches,
         runs=len(runs),
         mean_w=statistics.median(watts) if watts else None,
         gpus=max(gpus) if gpus else None,

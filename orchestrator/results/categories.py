@@ -13,7 +13,7 @@ from orchestrator.config import datasets
 from orchestrator.config.workload import BenchConfig, requests_digest, run_categories
 from orchestrator.errors import InputError
 from orchestrator.results.bundleformat import bench_config
-from orchestrator.results.model import same_requests
+from orchestrator.results.model import block_pairs, same_requests
 from orchestrator.results.run import Level, Rate
 from orchestrator.stats.estimates import RatioEstimate, bounded, ratio_ci, verdict
 from orchestrator.stats.family import FAMILY_ALPHA, Adjustment, excludes_one, holm, t_crit
@@ -215,11 +215,8 @@ def _compare(
 ) -> tuple[CategoryComparison, Estimator | None, int]:
     """The comparison in one category before its verdict, its estimate with the CI at a two-sided level 1 − alpha
     (None without a paired block), and how many paired blocks it rests on."""
-    base_by_block = {launch.block: launch for launch in base.launches}
-    arm_by_block = {launch.block: launch for launch in arm.launches}
     b_runs, a_runs, paired, counts = [], [], True, []
-    for block in sorted(set(base_by_block) & set(arm_by_block)):
-        b_launch, a_launch = base_by_block[block], arm_by_block[block]
+    for b_launch, a_launch in block_pairs(base, arm):
         # Only runs valid in both launches: run i of both sent the same prompts, so each pair meets the same prompts.
         both = {r.index for r in b_launch.timed_at(level)} & {r.index for r in a_launch.timed_at(level)}
         b, b_n = _launch_values([r for r in b_launch.timed_at(level) if r.index in both], categories, category)

@@ -558,6 +558,14 @@ def same_requests(base: LaunchResult, arm: LaunchResult, level: Level) -> bool:
     return [r.index for r in base.timed_at(level)] == [r.index for r in arm.timed_at(level)]
 
 
+def block_pairs(base: ArmResult, arm: ArmResult) -> list[tuple[LaunchResult, LaunchResult]]:
+    """The two arms' launches block by block, in block order: the blocks where both launched (each block holds one
+    launch of every arm, in a random order; a block cut short may hold only some)."""
+    base_by = {launch.block: launch for launch in base.launches}
+    arm_by = {launch.block: launch for launch in arm.launches}
+    return [(base_by[block], arm_by[block]) for block in sorted(base_by.keys() & arm_by.keys())]
+
+
 def paired_blocks(
     base: ArmResult, arm: ArmResult, level: Level, metrics: Sequence[str], slo: SLO | None = None
 ) -> tuple[Paired, bool]:
@@ -565,20 +573,18 @@ def paired_blocks(
     those where both launches have valid runs with positive values (goodput: `goodput.block_values`), each launch's
     runs in run order; and whether every such block's two launches sent the same requests run by run
     (`same_requests`)."""
-    base_by_block = {launch.block: launch for launch in base.launches}
-    arm_by_block = {launch.block: launch for launch in arm.launches}
     out: Paired = {m: ([], []) for m in metrics}
     shared = True
-    for block in sorted(set(base_by_block) & set(arm_by_block)):
-        b_timed = sorted(base_by_block[block].timed_at(level), key=lambda r: r.index)
-        a_timed = sorted(arm_by_block[block].timed_at(level), key=lambda r: r.index)
+    for b_launch, a_launch in block_pairs(base, arm):
+        b_timed = sorted(b_launch.timed_at(level), key=lambda r: r.index)
+        a_timed = sorted(a_launch.timed_at(level), key=lambda r: r.index)
         found = {m: block_values(b_timed, a_timed, m, slo) for m in metrics}
         values = {m: v for m, v in found.items() if v is not None}
         if b_timed and a_timed and len(values) == len(found):
             for m, (b, a) in values.items():
                 out[m][0].append(b)
                 out[m][1].append(a)
-            shared = shared and same_requests(base_by_block[block], arm_by_block[block], level)
+            shared = shared and same_requests(b_launch, a_launch, level)
     return out, shared
 
 
@@ -1464,13 +1470,10 @@ def _energy_paired(base: ArmResult, arm: ArmResult, level: Level) -> tuple[list[
     """The joules per token of the measured runs of both arms' launches block by block (blocks where both have
     some, runs in run order), and whether every such block's runs correspond one to one (same requests, same runs
     measured)."""
-    base_by_block = {launch.block: launch for launch in base.launches}
-    arm_by_block = {launch.block: launch for launch in arm.launches}
     b_out: list[list[float]] = []
     a_out: list[list[float]] = []
     paired = True
-    for block in sorted(set(base_by_block) & set(arm_by_block)):
-        b_launch, a_launch = base_by_block[block], arm_by_block[block]
+    for b_launch, a_launch in block_pairs(base, arm):
         b_runs = sorted(b_launch.energy_runs_at(level), key=lambda r: r.index)
         a_runs = sorted(a_launch.energy_runs_at(level), key=lambda r: r.index)
         if not b_runs or not a_runs:
@@ -1491,13 +1494,10 @@ def _spec_paired(
     """For the break-even's interval, block by block (blocks where both launches have such runs): the baseline's
     runs' tok/s and the speculative arm's runs' (tok/s, accept length), runs in run order; and whether every such
     block's runs correspond one to one (same requests, same runs)."""
-    base_by_block = {launch.block: launch for launch in base.launches}
-    arm_by_block = {launch.block: launch for launch in arm.launches}
     b_out: list[list[float]] = []
     a_out: list[list[tuple[float, float]]] = []
     paired = True
-    for block in sorted(set(base_by_block) & set(arm_by_block)):
-        b_launch, a_launch = base_by_block[block], arm_by_block[block]
+    for b_launch, a_launch in block_pairs(base, arm):
         b_runs = sorted((r for r in b_launch.timed_at(level) if r.tok_s > 0), key=lambda r: r.index)
         a_runs = sorted(
             (r for r in a_launch.timed_at(level) if r.tok_s > 0 and (r.spec_accept_length or 0) > 0),

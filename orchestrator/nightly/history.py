@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator.errors import StoreError
 from orchestrator.launch import fingerprint
-from orchestrator.nightly.suite import ACROSS_LEVELS, METRICS, Item, Metric
+from orchestrator.nightly.suite import ACROSS_LEVELS, AS_METRIC, METRICS, Item, Metric
 from orchestrator.results.goodput import comparable
 from orchestrator.results.model import ABResult, ArmResult
 from orchestrator.results.run import Level
@@ -63,7 +63,7 @@ def env_key(envs: dict[str, dict[str, Any]], arms: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _run_values(arm: ArmResult, metric: Metric, level: Level) -> list[list[float]]:
+def run_values(arm: ArmResult, metric: Metric, level: Level) -> list[list[float]]:
     """Per launch, the valid timed runs' values of the metric (runs without one left out). Goodput counts half a
     request more in every run (results/goodput.CONTINUITY): a night in which no request met the SLO is a value on
     the log scale (and a regression), not a gap in the series."""
@@ -71,16 +71,8 @@ def _run_values(arm: ArmResult, metric: Metric, level: Level) -> list[list[float
     for launch in arm.launches:
         values: list[float] = []
         for run in launch.timed_at(level):
-            if metric.name == "goodput":
-                v: Any = comparable(run, "goodput", arm.slo)
-            elif metric.name == "tok_s":
-                v = run.tok_s
-            elif metric.name == "agg_tok_s":
-                v = run.aggregate_tok_s
-            elif metric.name == "ttft_p99":
-                v = (run.metrics.get("ttft") or {}).get("p99")
-            else:
-                v = run.spec_accept_length
+            name = AS_METRIC.get(metric.name)
+            v: Any = comparable(run, name, arm.slo) if name is not None else run.spec_accept_length
             if isinstance(v, int | float) and math.isfinite(v) and v > 0:
                 values.append(float(v))
         out.append(values)
@@ -118,7 +110,7 @@ def measure(item: Item, result: ABResult, min_history: int = 5) -> tuple[list[Se
         level = metric.concurrency if metric.concurrency is not None else first_level
         higher = METRICS[metric.name][1]
         for arm in result.arms:
-            per_launch = [v for v in _run_values(arm, metric, level) if v]
+            per_launch = [v for v in run_values(arm, metric, level) if v]
             if not per_launch:
                 continue
             est = arm_estimate(per_launch, seed=result.design.seed)

@@ -55,6 +55,9 @@ METRICS: dict[str, tuple[str, bool]] = {
     "crossover": ("the load where an arm's tok/s ratio to the baseline crosses 1 (req/s or concurrency)", True),
     "max_rate_slo": ("each arm's highest load within every percentile objective of the item's slo", True),
 }
+# The nightly's metrics that `--metric` also has (config/slo.METRICS), under --metric's name: a night takes their
+# values with the same function as a comparison (results/goodput.comparable), so both say the same of one run.
+AS_METRIC = {"tok_s": "tok_s", "agg_tok_s": "aggregate_tok_s", "ttft_p99": "ttft_p99", "goodput": "goodput"}
 # The metrics taken over every level of the workload rather than at one (no `@`).
 ACROSS_LEVELS = ("crossover", "max_rate_slo")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")

@@ -378,3 +378,27 @@ def test_history_metric_takes_a_level_as_the_suite_wrote_it_and_a_whole_series_n
     )
     assert not metric_matches("spec:goodput@4", "baseline:goodput@4")
     assert metric_matches("spec/baseline:crossover", "spec/baseline:crossover")
+
+
+def test_the_nightly_and_metric_take_one_value_of_a_run_for_every_name_they_share() -> None:
+    """ttft_p99 was the client's stored p99 in a night and the per-request rows' in `--metric ttft_p99`: one run,
+    two values. Now every shared name goes through results/goodput.comparable."""
+    from orchestrator.config.slo import METRICS as AB_METRICS
+    from orchestrator.results.goodput import comparable
+
+    res = load_result(CROSSES, P99)
+    rows = tuple({"index": i, "tokens": 10, "ttft_s": 0.5 + 0.01 * i, "e2e_s": 0.9, "error": None} for i in range(4))
+    launches = tuple(
+        dataclasses.replace(la, runs=tuple(dataclasses.replace(r, per_request=rows) for r in la.runs))
+        for la in res.launches
+    )
+    res = dataclasses.replace(res, launches=launches)
+    arm, level = res.arms[1], Rate(2.0)
+    assert set(suite_mod.AS_METRIC.values()) <= set(AB_METRICS)
+    for name, as_metric in suite_mod.AS_METRIC.items():
+        assert suite_mod.METRICS[name][1] == AB_METRICS[as_metric].higher_is_better, name
+        nightly = history.run_values(arm, Metric(name, 2.0, 0.03), level)
+        ab = [[v for r in la.timed_at(level) if (v := comparable(r, as_metric, res.slo))] for la in arm.launches]
+        assert nightly == ab, name
+    ttft = history.run_values(arm, Metric("ttft_p99", 2.0, 0.03), level)
+    assert all(v > 0.5 for launch in ttft for v in launch)  # the rows' p99, not the stored one (P99 at 2 req/s: 0.2)

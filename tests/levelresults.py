@@ -18,7 +18,16 @@ def level_launch(arm: int, block: int, speeds: dict[int, float]) -> LaunchResult
         for i in range(2)
     )
     return LaunchResult(
-        "base" if arm == 0 else "spec", f"L{block}-{arm}", runs, 1.0, {"ok": True}, {}, None, block, arm, arm
+        profile="base" if arm == 0 else "spec",
+        launch_id=f"L{block}-{arm}",
+        runs=runs,
+        ready_s=1.0,
+        env_report={"ok": True},
+        teardown={},
+        spec_steps=None,
+        block=block,
+        position=arm,
+        arm_index=arm,
     )
 
 
@@ -30,5 +39,11 @@ def gain_result(gain_at: dict[int, float], blocks: int = 4, seed: int = 1) -> AB
         launches.append(level_launch(0, b, {c: 80.0 * math.exp(rng.gauss(0, 0.01)) for c in gain_at}))
         launches.append(level_launch(1, b, {c: 80.0 * gain_at[c] * math.exp(rng.gauss(0, 0.01)) for c in gain_at}))
     return ABResult(
-        "exp", True, "local", ("base", "spec"), tuple(launches), {}, design=Design.make(2, blocks, "fixed", 1)
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("base", "spec"),
+        launches=tuple(launches),
+        host_facts={},
+        design=Design.make(2, blocks, "fixed", 1),
     )

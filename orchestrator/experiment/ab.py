@@ -203,7 +203,14 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
                 if design.auto is None:
                     break
                 events.phase("look")
-                now = ABResult(exp_id, config.simulate, host.name, tuple(names), tuple(launches), facts)
+                now = ABResult(
+                    experiment_id=exp_id,
+                    simulated=config.simulate,
+                    host=host.name,
+                    profiles=tuple(names),
+                    launches=tuple(launches),
+                    host_facts=facts,
+                )
                 # The looks decide on what the verdicts are on (--metric, --slo).
                 now = dataclasses.replace(
                     now, slo=config.slo, metric=config.metric, cache_measured=config.cache_measured
@@ -252,15 +259,15 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
     recorded = json.loads(store.find_experiment(exp_id)["config_json"])
     return with_auto_notes(
         ABResult(
-            exp_id,
-            config.simulate,
-            host.name,
-            tuple(names),
-            tuple(launches),
-            facts,
-            config.target_tps,
-            design,
-            config.min_effect,
+            experiment_id=exp_id,
+            simulated=config.simulate,
+            host=host.name,
+            profiles=tuple(names),
+            launches=tuple(launches),
+            host_facts=facts,
+            target_tps=config.target_tps,
+            design=design,
+            min_effect=config.min_effect,
             notes=tuple(notes),
             slo=config.slo,
             metric=config.metric,

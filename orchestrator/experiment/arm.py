@@ -131,12 +131,12 @@ def run_launch(slot: LaunchSlot, profile: Profile, ctx: ArmContext) -> LaunchRes
         raise
     store.update_launch(srv.launch_id, status="complete")
     return LaunchResult(
-        profile.name,
-        srv.launch_id,
-        tuple(runs),
-        srv.ready_s or 0.0,
-        env,
-        srv.teardown or {},
+        profile=profile.name,
+        launch_id=srv.launch_id,
+        runs=tuple(runs),
+        ready_s=srv.ready_s or 0.0,
+        env_report=env,
+        teardown=srv.teardown or {},
         spec_steps=spec_steps(profile.to_dict()),
         block=slot.block,
         position=slot.position,

@@ -69,7 +69,7 @@ def has_valid_run(launches: Sequence[LaunchResult], arm_index: int) -> bool:
     return any(launch.timed_at(level) for launch in mine for level in launch.levels)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchResult:
     """One launch of one arm (in one block) and its runs, with what was verified about it."""
 
@@ -677,7 +677,7 @@ class SloRecovery:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ABResult:
     experiment_id: str
     simulated: bool

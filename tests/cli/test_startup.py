@@ -361,9 +361,28 @@ def _three_level_result() -> ABResult:
                           aggregate_tok_s=speed)
                 for c in (1, 4, 16) for i in range(3)
             )  # fmt: skip
-            launches.append(LaunchResult(f"p{arm}", f"L{block}{arm}", runs, 1.0, {}, {}, block=block, arm_index=arm))
+            launches.append(
+                LaunchResult(
+                    profile=f"p{arm}",
+                    launch_id=f"L{block}{arm}",
+                    runs=runs,
+                    ready_s=1.0,
+                    env_report={},
+                    teardown={},
+                    block=block,
+                    arm_index=arm,
+                )
+            )
     design = Design.make(3, 3, "random", 5, SequentialPlan())
-    result = ABResult("e", True, "local", ("p0", "p1", "p2"), tuple(launches), {}, design=design)
+    result = ABResult(
+        experiment_id="e",
+        simulated=True,
+        host="local",
+        profiles=("p0", "p1", "p2"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+    )
     return model.with_auto_notes(result)  # as load_result makes it: the notes ask for the comparisons too
 
 

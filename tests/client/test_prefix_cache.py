@@ -81,9 +81,27 @@ def _result(rates: dict[str, float | None]) -> ABResult:
             cache = None if rate is None else {"cached_tokens": round(100 * rate), "prompt_tokens": 100}
             runs = tuple(_run(k, cache and {**cache, "hit_rate": rate, "source": "responses"}) for k in range(3))
             launches.append(
-                LaunchResult(name, f"L-{b}-{i}", runs, 4.0, {"ok": True}, {}, block=b, position=i, arm_index=i)
+                LaunchResult(
+                    profile=name,
+                    launch_id=f"L-{b}-{i}",
+                    runs=runs,
+                    ready_s=4.0,
+                    env_report={"ok": True},
+                    teardown={},
+                    block=b,
+                    position=i,
+                    arm_index=i,
+                )
             )
-    return ABResult("E", True, "local", names, tuple(launches), {}, design=Design.make(len(names), 3, "fixed", 0))
+    return ABResult(
+        experiment_id="E",
+        simulated=True,
+        host="local",
+        profiles=names,
+        launches=tuple(launches),
+        host_facts={},
+        design=Design.make(len(names), 3, "fixed", 0),
+    )
 
 
 def test_an_arms_rate_pools_its_runs() -> None:

@@ -108,7 +108,13 @@ def _launch(arm: int, block: int, tok_s: float, aggregate: float) -> LaunchResul
 
 def _comparisons(launches: list[LaunchResult]) -> list[Comparison]:
     result = ABResult(
-        "e", False, "local", ("cpu-baseline", "cpu-pld"), tuple(launches), {}, design=Design.make(2, 2, "fixed", 0)
+        experiment_id="e",
+        simulated=False,
+        host="local",
+        profiles=("cpu-baseline", "cpu-pld"),
+        launches=tuple(launches),
+        host_facts={},
+        design=Design.make(2, 2, "fixed", 0),
     )
     return result.comparisons_at(result.levels[0])
 

@@ -111,7 +111,15 @@ def result(
                     fingerprint=fps[(name, b)] if (name, b) in fps else fingerprint(profile__name=name),
                 )
             )
-    return ABResult("E", True, "local", names, tuple(launches), {}, design=Design.make(len(names), blocks, "fixed", 0))
+    return ABResult(
+        experiment_id="E",
+        simulated=True,
+        host="local",
+        profiles=names,
+        launches=tuple(launches),
+        host_facts={},
+        design=Design.make(len(names), blocks, "fixed", 0),
+    )
 
 
 SLOWER = {"baseline": 83.0, "eagle3-3step": 60.8}
@@ -189,12 +197,12 @@ def test_one_slower_arm_among_several_fails_even_beside_an_undecided_one() -> No
 
 def test_an_a_a_test_names_the_arms_by_label() -> None:
     r = ABResult(
-        "E",
-        True,
-        "local",
-        ("baseline", "baseline"),
-        result(SAME).launches,
-        {},
+        experiment_id="E",
+        simulated=True,
+        host="local",
+        profiles=("baseline", "baseline"),
+        launches=result(SAME).launches,
+        host_facts={},
         design=Design.make(2, 5, "fixed", 0),
     )
     assert "baseline#2 and baseline#1: no difference" in fail_on_verdict(r, ["slower"]).reasons[0]

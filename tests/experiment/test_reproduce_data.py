@@ -68,7 +68,9 @@ def make_bundle(bench: BenchConfig) -> dict[str, Any]:
 
 
 def recorded(exp_id: str = "20261201-000000-abcdef") -> ABResult:
-    return ABResult(exp_id, True, "local", ("baseline",), (), {})
+    return ABResult(
+        experiment_id=exp_id, simulated=True, host="local", profiles=("baseline",), launches=(), host_facts={}
+    )
 
 
 def rerun(bundle: dict[str, Any], tmp_path: Path, data: reproduce.BundleData | None = None) -> BenchConfig:

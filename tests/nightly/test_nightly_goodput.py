@@ -74,12 +74,32 @@ def _run(i: int, good: int, level: int = 4) -> RunResult:
 
 def test_a_night_records_each_arm_s_goodput_and_the_ratio() -> None:
     launches = [
-        LaunchResult(name, f"l{b}{arm}", (_run(0, good), _run(1, good)), 1.0, {"ok": True}, {}, None, b, arm, arm)
+        LaunchResult(
+            profile=name,
+            launch_id=f"l{b}{arm}",
+            runs=(_run(0, good), _run(1, good)),
+            ready_s=1.0,
+            env_report={"ok": True},
+            teardown={},
+            spec_steps=None,
+            block=b,
+            position=arm,
+            arm_index=arm,
+        )
         for b in range(3)
         for arm, (name, good) in enumerate((("baseline", 8), ("eagle3", 0)))
     ]
     design = Design(3, "fixed", 0, tuple((0, 1) for _ in range(3)))
-    result = ABResult("e", True, "local", ("baseline", "eagle3"), tuple(launches), {}, design=design, slo=SLO)
+    result = ABResult(
+        experiment_id="e",
+        simulated=True,
+        host="local",
+        profiles=("baseline", "eagle3"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+        slo=SLO,
+    )
     item = dataclasses.replace(_item(Metric("goodput", 4, 0.05)), slo=SLO)
     by = {s.series: s for s in history.measure(item, result)[0]}
     assert set(by) == {"baseline:goodput@4", "eagle3:goodput@4", "eagle3/baseline:goodput@4"}

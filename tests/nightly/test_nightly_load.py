@@ -154,9 +154,31 @@ def load_result(gain: dict[float, float], p99: dict[float, float], blocks: int =
                 for k, r in enumerate(RATES)
                 for i in range(2)
             )  # fmt: skip
-            launches.append(LaunchResult(name, f"l{b}{arm}", runs, 1.0, {"ok": True}, {}, None, b, arm, arm))
+            launches.append(
+                LaunchResult(
+                    profile=name,
+                    launch_id=f"l{b}{arm}",
+                    runs=runs,
+                    ready_s=1.0,
+                    env_report={"ok": True},
+                    teardown={},
+                    spec_steps=None,
+                    block=b,
+                    position=arm,
+                    arm_index=arm,
+                )
+            )
     design = Design(blocks, "fixed", 0, tuple((0, 1) for _ in range(blocks)))
-    return ABResult("e", True, "local", ("baseline", "eagle3"), tuple(launches), {}, design=design, slo=SLO)
+    return ABResult(
+        experiment_id="e",
+        simulated=True,
+        host="local",
+        profiles=("baseline", "eagle3"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+        slo=SLO,
+    )
 
 
 CROSSES = {1.0: 1.3, 2.0: 1.15, 4.0: 0.9, 8.0: 0.7}

@@ -73,11 +73,30 @@ def _result(base: float, spec: float, blocks: int = 3, seed: int = 7) -> ABResul
             runs = tuple(_run(i, speed * f * (1 + 0.001 * i), 0.05 + 0.01 * arm, accept) for i in range(3))
             fp = make_fingerprint(profile__name=name)
             launches.append(
-                LaunchResult(name, f"l{b}{arm}", runs, 1.0, {"ok": True}, {}, 3 if arm else None, b, arm, arm,
-                             fingerprint=fp)
-            )  # fmt: skip
+                LaunchResult(
+                    profile=name,
+                    launch_id=f"l{b}{arm}",
+                    runs=runs,
+                    ready_s=1.0,
+                    env_report={"ok": True},
+                    teardown={},
+                    spec_steps=3 if arm else None,
+                    block=b,
+                    position=arm,
+                    arm_index=arm,
+                    fingerprint=fp,
+                )
+            )
     design = Design(blocks, "fixed", seed, tuple((0, 1) for _ in range(blocks)))
-    return ABResult("e1", True, "local", ("baseline", "eagle3"), tuple(launches), {}, design=design)
+    return ABResult(
+        experiment_id="e1",
+        simulated=True,
+        host="local",
+        profiles=("baseline", "eagle3"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+    )
 
 
 def _item(*metrics: Metric) -> Item:

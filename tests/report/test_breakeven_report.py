@@ -34,13 +34,40 @@ def _result(base: list[float], spec: list[float], accept: list[float]) -> ABResu
         b_runs = tuple(_run(k, bv * j, None) for k, j in enumerate(jitter))
         s_runs = tuple(_run(k, sv * j, av * j) for k, j in enumerate(jitter))
         launches += [
-            LaunchResult("plain", f"L{b}-0", b_runs, 4.0, {"ok": True}, {}, block=b, position=0, arm_index=0),
             LaunchResult(
-                "lookup", f"L{b}-1", s_runs, 4.0, {"ok": True}, {}, spec_steps=8, block=b, position=1, arm_index=1
+                profile="plain",
+                launch_id=f"L{b}-0",
+                runs=b_runs,
+                ready_s=4.0,
+                env_report={"ok": True},
+                teardown={},
+                block=b,
+                position=0,
+                arm_index=0,
+            ),
+            LaunchResult(
+                profile="lookup",
+                launch_id=f"L{b}-1",
+                runs=s_runs,
+                ready_s=4.0,
+                env_report={"ok": True},
+                teardown={},
+                spec_steps=8,
+                block=b,
+                position=1,
+                arm_index=1,
             ),
         ]
     design = Design.make(2, len(base), "fixed", 0)
-    return ABResult("E", False, "local", ("plain", "lookup"), tuple(launches), {}, design=design)
+    return ABResult(
+        experiment_id="E",
+        simulated=False,
+        host="local",
+        profiles=("plain", "lookup"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+    )
 
 
 def _every_format(result: ABResult) -> tuple[str, str, str, dict[str, Any]]:

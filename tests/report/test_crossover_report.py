@@ -56,10 +56,30 @@ def _slo_result(p99_at: dict[int, float], blocks: int = 4) -> ABResult:
             for c, p in p99_at.items()
             for i in range(2)
         )  # fmt: skip
-        launches.append(LaunchResult("base", f"L{b}", runs, 1.0, {"ok": True}, {}, None, b, 0, 0))
+        launches.append(
+            LaunchResult(
+                profile="base",
+                launch_id=f"L{b}",
+                runs=runs,
+                ready_s=1.0,
+                env_report={"ok": True},
+                teardown={},
+                spec_steps=None,
+                block=b,
+                position=0,
+                arm_index=0,
+            )
+        )
     design = Design.make(1, blocks, "fixed", 1)
     return ABResult(
-        "exp", True, "local", ("base",), tuple(launches), {}, design=design, slo=parse_slo("ttft_p99=500ms")
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("base",),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+        slo=parse_slo("ttft_p99=500ms"),
     )
 
 
@@ -110,11 +130,30 @@ def _two_arm_slo_result(base_p99: dict[int, float], arm_p99: dict[int, float], b
                 for i in range(2)
             )  # fmt: skip
             name = ("base", "spec")[arm]
-            launches.append(LaunchResult(name, f"L{b}{arm}", runs, 1.0, {"ok": True}, {}, None, b, arm, arm))
+            launches.append(
+                LaunchResult(
+                    profile=name,
+                    launch_id=f"L{b}{arm}",
+                    runs=runs,
+                    ready_s=1.0,
+                    env_report={"ok": True},
+                    teardown={},
+                    spec_steps=None,
+                    block=b,
+                    position=arm,
+                    arm_index=arm,
+                )
+            )
     return ABResult(
-        "exp", True, "local", ("base", "spec"), tuple(launches), {}, design=Design.make(2, blocks, "fixed", 1),
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("base", "spec"),
+        launches=tuple(launches),
+        host_facts={},
+        design=Design.make(2, blocks, "fixed", 1),
         slo=parse_slo("ttft_p99=500ms"),
-    )  # fmt: skip
+    )
 
 
 def test_the_ab_on_the_highest_load_within_the_slo_gives_a_ratio_with_its_ci_and_verdict() -> None:
@@ -224,11 +263,30 @@ def _per_block_slo_result(base: list[dict[int, float]], spec: list[dict[int, flo
                 for i in range(2)
             )  # fmt: skip
             name = ("base", "spec")[arm]
-            launches.append(LaunchResult(name, f"L{b}{arm}", runs, 1.0, {"ok": True}, {}, None, b, arm, arm))
+            launches.append(
+                LaunchResult(
+                    profile=name,
+                    launch_id=f"L{b}{arm}",
+                    runs=runs,
+                    ready_s=1.0,
+                    env_report={"ok": True},
+                    teardown={},
+                    spec_steps=None,
+                    block=b,
+                    position=arm,
+                    arm_index=arm,
+                )
+            )
     return ABResult(
-        "exp", True, "local", ("base", "spec"), tuple(launches), {}, design=Design.make(2, len(base), "fixed", 1),
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("base", "spec"),
+        launches=tuple(launches),
+        host_facts={},
+        design=Design.make(2, len(base), "fixed", 1),
         slo=parse_slo("ttft_p99=500ms"),
-    )  # fmt: skip
+    )
 
 
 def test_a_block_that_dips_below_the_slo_and_recovers_gives_one_capacity_to_the_arm_and_the_ab() -> None:

@@ -53,13 +53,32 @@ def test_nothing_measured_leaves_the_new_columns_empty_and_the_old_ones_as_they_
 def test_goodput_columns_count_requests_within_the_slo() -> None:
     good = {(0, 0): 8, (0, 1): 6, (1, 0): 8, (1, 1): 4, (2, 0): 7, (2, 1): 0}  # (block, arm) -> requests within
     launches = [
-        LaunchResult(name, f"l{b}{arm}", (goodput_run(0, good[b, arm]), goodput_run(1, good[b, arm])), 1.0,
-                     {"ok": True}, {}, None, b, arm, arm)
+        LaunchResult(
+            profile=name,
+            launch_id=f"l{b}{arm}",
+            runs=(goodput_run(0, good[b, arm]), goodput_run(1, good[b, arm])),
+            ready_s=1.0,
+            env_report={"ok": True},
+            teardown={},
+            spec_steps=None,
+            block=b,
+            position=arm,
+            arm_index=arm,
+        )
         for b in range(3)
         for arm, name in enumerate(("baseline", "eagle3"))
-    ]  # fmt: skip
+    ]
     design = Design(3, "fixed", 0, tuple((0, 1) for _ in range(3)))
-    result = ABResult("e", True, "local", ("baseline", "eagle3"), tuple(launches), {}, design=design, slo=SLO)
+    result = ABResult(
+        experiment_id="e",
+        simulated=True,
+        host="local",
+        profiles=("baseline", "eagle3"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+        slo=SLO,
+    )
     got = rows(ab_csv(result))
     first = got[0]
     at = run_attainment(launches[0].runs[0], SLO)

@@ -65,9 +65,27 @@ def _result(energies: dict[str, tuple[float, ...] | str | None]) -> ABResult:
                 else:
                     runs.append(_run(k, {"source": "nvidia-smi", "error": what} if what else None))
             launches.append(
-                LaunchResult(name, f"L-{b}-{i}", tuple(runs), 4.0, {"ok": True}, {}, block=b, position=i, arm_index=i)
+                LaunchResult(
+                    profile=name,
+                    launch_id=f"L-{b}-{i}",
+                    runs=tuple(runs),
+                    ready_s=4.0,
+                    env_report={"ok": True},
+                    teardown={},
+                    block=b,
+                    position=i,
+                    arm_index=i,
+                )
             )
-    return ABResult("E", True, "local", names, tuple(launches), {}, design=Design.make(len(names), 3, "fixed", 0))
+    return ABResult(
+        experiment_id="E",
+        simulated=True,
+        host="local",
+        profiles=names,
+        launches=tuple(launches),
+        host_facts={},
+        design=Design.make(len(names), 3, "fixed", 0),
+    )
 
 
 def test_an_arms_energy_is_the_geometric_mean_of_its_launch_values_with_a_t_interval() -> None:

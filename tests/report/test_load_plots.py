@@ -90,11 +90,29 @@ def test_closed_loop_levels_plot_against_concurrency_and_completed_requests_per_
                 )
                 for c in (1, 8)
             )  # fmt: skip
-            launches.append(LaunchResult(name, f"{name}-{b}", runs, 1.0, {}, {}, block=b, position=k, arm_index=k))
+            launches.append(
+                LaunchResult(
+                    profile=name,
+                    launch_id=f"{name}-{b}",
+                    runs=runs,
+                    ready_s=1.0,
+                    env_report={},
+                    teardown={},
+                    block=b,
+                    position=k,
+                    arm_index=k,
+                )
+            )
     result = ABResult(
-        "e", False, "box", ("base", "spec"), tuple(launches), {}, design=Design.make(2, 2, "fixed", 0),
+        experiment_id="e",
+        simulated=False,
+        host="box",
+        profiles=("base", "spec"),
+        launches=tuple(launches),
+        host_facts={},
+        design=Design.make(2, 2, "fixed", 0),
         slo=parse_slo("ttft_p99=100ms"),
-    )  # fmt: skip
+    )
     html = ab_html(result)
     assert set(parse(html).figures) >= LOAD_FIGURES
     goodput = _figure_text(html, "fig-goodput-rate")

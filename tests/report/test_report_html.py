@@ -212,10 +212,29 @@ def _hand_built(
             url = (attached or {}).get(k)
             fp = {"attached": {"url": url}} if url else None
             launches.append(
-                LaunchResult(name, f"{name}-{b}", runs, 1.0, {}, {}, block=b, position=k, arm_index=k, fingerprint=fp)
+                LaunchResult(
+                    profile=name,
+                    launch_id=f"{name}-{b}",
+                    runs=runs,
+                    ready_s=1.0,
+                    env_report={},
+                    teardown={},
+                    block=b,
+                    position=k,
+                    arm_index=k,
+                    fingerprint=fp,
+                )
             )
     design = Design.make(len(names), blocks, "fixed", 0)
-    return ABResult("e-1", False, "box", names, tuple(launches), {"hostname": "box", "gpus": []}, design=design)
+    return ABResult(
+        experiment_id="e-1",
+        simulated=False,
+        host="box",
+        profiles=names,
+        launches=tuple(launches),
+        host_facts={"hostname": "box", "gpus": []},
+        design=design,
+    )
 
 
 def test_what_is_not_stored_is_said_not_drawn() -> None:

@@ -40,7 +40,20 @@ def _launch(arm: int, block: int, rng: random.Random) -> LaunchResult:
         runs.append(RunResult(i, False, 128, 128 / v, v, 20, 0.02, per_request=(row,)))
     label = "base" if arm == 0 else "spec"
     fp = {"workload_sha256": "same"}
-    return LaunchResult(label, f"L{block}-{arm}", tuple(runs), 1.0, {"ok": True}, {}, None, block, arm, arm, None, fp)
+    return LaunchResult(
+        profile=label,
+        launch_id=f"L{block}-{arm}",
+        runs=tuple(runs),
+        ready_s=1.0,
+        env_report={"ok": True},
+        teardown={},
+        spec_steps=None,
+        block=block,
+        position=arm,
+        arm_index=arm,
+        gpus=None,
+        fingerprint=fp,
+    )
 
 
 def _result(blocks: int = 6) -> ABResult:
@@ -48,12 +61,12 @@ def _result(blocks: int = 6) -> ABResult:
     launches = tuple(_launch(arm, b, rng) for b in range(blocks) for arm in (0, 1))
     prompts = PromptSet(runs={(1, 0.0, i): (p,) for i, p in enumerate(GAIN)}, excerpts=EXCERPTS)
     return ABResult(
-        "exp",
-        True,
-        "local",
-        ("base", "spec"),
-        launches,
-        {},
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("base", "spec"),
+        launches=launches,
+        host_facts={},
         design=Design.make(2, blocks, "fixed", 1),
         prompts=prompts,
     )

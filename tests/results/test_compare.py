@@ -54,7 +54,15 @@ def _result(exp_id: str, speeds: dict[str, float], *, blocks: int = 5, factors: 
                 )
             )
     design = Design.make(len(names), blocks, "fixed", 0)
-    return ABResult(exp_id, True, "local", names, tuple(launches), {}, design=design)
+    return ABResult(
+        experiment_id=exp_id,
+        simulated=True,
+        host="local",
+        profiles=names,
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+    )
 
 
 SPEEDS = {"baseline": 83.0, "eagle3-3step": 60.8}
@@ -227,8 +235,29 @@ def _levels(exp_id: str, at: dict[int, dict[str, float]], blocks: int = 5) -> AB
                 for level, speeds in at.items()
                 for k in range(3)
             )
-            launches.append(LaunchResult(name, f"{exp_id}-{b}-{i}", runs, 4.0, {"ok": True}, {}, None, b, i, i))
-    return ABResult(exp_id, True, "local", names, tuple(launches), {}, design=Design.make(2, blocks, "fixed", 0))
+            launches.append(
+                LaunchResult(
+                    profile=name,
+                    launch_id=f"{exp_id}-{b}-{i}",
+                    runs=runs,
+                    ready_s=4.0,
+                    env_report={"ok": True},
+                    teardown={},
+                    spec_steps=None,
+                    block=b,
+                    position=i,
+                    arm_index=i,
+                )
+            )
+    return ABResult(
+        experiment_id=exp_id,
+        simulated=True,
+        host="local",
+        profiles=names,
+        launches=tuple(launches),
+        host_facts={},
+        design=Design.make(2, blocks, "fixed", 0),
+    )
 
 
 def test_every_level_both_measured_is_judged_and_the_worst_decides() -> None:

@@ -61,12 +61,30 @@ def _result(slo: str | None = None) -> ABResult:
                 _run(2.0, 80.0 + 40 * k + b, 160.0 + 10 * k, 0.02 * (b + 1), 1.9 + 0.1 * b),
                 _run(8.0, 60.0 - 20 * k + b, 480.0 - 80 * k, 0.5 * (k + 1), 7.5 + 0.1 * b),
             )
-            launches.append(LaunchResult(name, f"{name}-{b}", runs, 1.0, {}, {}, block=b, position=k, arm_index=k))
+            launches.append(
+                LaunchResult(
+                    profile=name,
+                    launch_id=f"{name}-{b}",
+                    runs=runs,
+                    ready_s=1.0,
+                    env_report={},
+                    teardown={},
+                    block=b,
+                    position=k,
+                    arm_index=k,
+                )
+            )
     design = Design.make(2, 2, "fixed", 0)
     return ABResult(
-        "e", True, "box", ("base", "spec"), tuple(launches), {}, design=design,
+        experiment_id="e",
+        simulated=True,
+        host="box",
+        profiles=("base", "spec"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
         slo=parse_slo(slo) if slo else None,
-    )  # fmt: skip
+    )
 
 
 def test_curves_give_each_arm_each_number_over_launches_at_every_level() -> None:

@@ -155,7 +155,16 @@ def _result(arms: list[dict[int, tuple[float, float, int]]], blocks: int = 4, **
             launches.append(_launch(a, b, runs))
     design = Design.make(len(arms), blocks, "fixed", 0)
     names = ("baseline", "candidate", "third")[: len(arms)]
-    return ABResult("exp", True, "local", names, tuple(launches), {}, design=design, **kw)
+    return ABResult(
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=names,
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+        **kw,
+    )
 
 
 def test_goodput_comparison_has_a_launch_level_ci_and_a_verdict_per_level() -> None:
@@ -291,7 +300,16 @@ def test_blocks_auto_looks_decide_on_the_metric() -> None:
         for arm, good in enumerate(pair)
     ]
     design = Design.make(2, 3, "fixed", 0, SequentialPlan(max_blocks=8))
-    result = ABResult("exp", True, "local", ("baseline", "candidate"), tuple(launches), {}, design=design, slo=SLO)
+    result = ABResult(
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("baseline", "candidate"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+        slo=SLO,
+    )
     assert auto_look(result) == (True, "look after block 3: every comparison is decided; stopping (--blocks auto)")
     stop, line = auto_look(_with(result, metric="goodput"))
     assert not stop and line.startswith("look after block 3: undecided: candidate @ 1; adding block 4")

@@ -70,11 +70,45 @@ def _run(index: int, texts: list[str], accepts: list[tuple[float, int]] | None =
 def _result(base: list[str], spec: list[str], *, blocks: int = 2, accepts: Any = None) -> ABResult:
     launches = []
     for b in range(blocks):
-        launches.append(LaunchResult("base", f"b{b}", (_run(0, base),), 1.0, {"ok": True}, {}, None, b, 0, 0))
+        launches.append(
+            LaunchResult(
+                profile="base",
+                launch_id=f"b{b}",
+                runs=(_run(0, base),),
+                ready_s=1.0,
+                env_report={"ok": True},
+                teardown={},
+                spec_steps=None,
+                block=b,
+                position=0,
+                arm_index=0,
+            )
+        )
         spec_runs = (_run(0, spec, accepts),)
-        launches.append(LaunchResult("spec", f"s{b}", spec_runs, 1.0, {"ok": True}, {}, 3, b, 1, 1))
+        launches.append(
+            LaunchResult(
+                profile="spec",
+                launch_id=f"s{b}",
+                runs=spec_runs,
+                ready_s=1.0,
+                env_report={"ok": True},
+                teardown={},
+                spec_steps=3,
+                block=b,
+                position=1,
+                arm_index=1,
+            )
+        )
     design = Design.make(2, blocks, "fixed", 1)
-    return ABResult("exp", True, "local", ("base", "spec"), tuple(launches), {}, design=design)
+    return ABResult(
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("base", "spec"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+    )
 
 
 def test_identical_arms_pass_and_a_late_rare_divergence_reads_as_numerics() -> None:
@@ -119,7 +153,7 @@ def test_every_format_reports_the_check_and_the_accept_length_distribution() -> 
     page = ab_html(result)
     assert '<section id="lossless-check">' in page and '<figure id="fig-accept">' in page
     # Without kept outputs the check says nothing anywhere.
-    plain = ABResult("exp", True, "local", ("base",), (), {})
+    plain = ABResult(experiment_id="exp", simulated=True, host="local", profiles=("base",), launches=(), host_facts={})
     assert ab_json(plain)["outputs_check"] is None and "lossless" not in ab_text(plain)
 
 
@@ -195,10 +229,42 @@ def _blocks(base: list[list[str]], spec: list[list[str]]) -> ABResult:
     """An A/B whose baseline and arm generated these texts in each block (one run each)."""
     launches = []
     for b, (base_texts, spec_texts) in enumerate(zip(base, spec, strict=True)):
-        launches.append(LaunchResult("base", f"b{b}", (_run(0, base_texts),), 1.0, {"ok": True}, {}, None, b, 0, 0))
-        launches.append(LaunchResult("spec", f"s{b}", (_run(0, spec_texts),), 1.0, {"ok": True}, {}, 3, b, 1, 1))
+        launches.append(
+            LaunchResult(
+                profile="base",
+                launch_id=f"b{b}",
+                runs=(_run(0, base_texts),),
+                ready_s=1.0,
+                env_report={"ok": True},
+                teardown={},
+                spec_steps=None,
+                block=b,
+                position=0,
+                arm_index=0,
+            )
+        )
+        launches.append(
+            LaunchResult(
+                profile="spec",
+                launch_id=f"s{b}",
+                runs=(_run(0, spec_texts),),
+                ready_s=1.0,
+                env_report={"ok": True},
+                teardown={},
+                spec_steps=3,
+                block=b,
+                position=1,
+                arm_index=1,
+            )
+        )
     return ABResult(
-        "exp", True, "local", ("base", "spec"), tuple(launches), {}, design=Design.make(2, len(base), "fixed", 1)
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("base", "spec"),
+        launches=tuple(launches),
+        host_facts={},
+        design=Design.make(2, len(base), "fixed", 1),
     )
 
 
@@ -258,9 +324,28 @@ def test_several_arms_held_against_one_control_are_one_holm_family() -> None:
             run = _run(0, generated)
             accept = None if label == "base" else 3
             launches.append(
-                LaunchResult(label, f"{label}{b}", (run,), 1.0, {"ok": True}, {}, accept, b, position, position)
+                LaunchResult(
+                    profile=label,
+                    launch_id=f"{label}{b}",
+                    runs=(run,),
+                    ready_s=1.0,
+                    env_report={"ok": True},
+                    teardown={},
+                    spec_steps=accept,
+                    block=b,
+                    position=position,
+                    arm_index=position,
+                )
             )
-    result = ABResult("exp", True, "local", labels, tuple(launches), {}, design=Design.make(3, 3, "fixed", 1))
+    result = ABResult(
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=labels,
+        launches=tuple(launches),
+        host_facts={},
+        design=Design.make(3, 3, "fixed", 1),
+    )
     spec, other, control = outputs_check(result)
     assert control.kind == "control" and spec.control is not None and other.control is not None
     p = 18564 / 593775  # 6 of the arm's 18 prompts against 0 of the control's 12: 0.0313

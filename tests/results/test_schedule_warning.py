@@ -29,8 +29,12 @@ def _run(schedule: list[float], sent: int, stopped: bool) -> RunResult:
 
 
 def _warnings(run: RunResult) -> list[str]:
-    launch = LaunchResult("baseline", "l0", (run,), 1.0, {"ok": True}, {})
-    return ABResult("e", True, "local", ("baseline",), (launch,), {}).schedule_warnings()
+    launch = LaunchResult(
+        profile="baseline", launch_id="l0", runs=(run,), ready_s=1.0, env_report={"ok": True}, teardown={}
+    )
+    return ABResult(
+        experiment_id="e", simulated=True, host="local", profiles=("baseline",), launches=(launch,), host_facts={}
+    ).schedule_warnings()
 
 
 def test_a_run_stopped_early_is_not_taken_for_a_stray_schedule() -> None:

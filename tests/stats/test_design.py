@@ -124,7 +124,16 @@ def _result(blocks: list[tuple[list[float], list[float]]], **kw: Any) -> ABResul
     for b, (base, cand) in enumerate(blocks):
         launches += [_launch(0, b, base), _launch(1, b, cand)]
     design = Design.make(2, len(blocks), "fixed", 0)
-    return ABResult("exp", True, "local", ("baseline", "candidate"), tuple(launches), {}, design=design, **kw)
+    return ABResult(
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("baseline", "candidate"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+        **kw,
+    )
 
 
 def _noisy(rng: random.Random, mean: float, restart_sd: float, n: int = 5) -> list[float]:
@@ -180,12 +189,12 @@ def test_only_complete_blocks_are_paired() -> None:
     base_only = _launch(0, 2, [82.0] * 3)
     result = _result([([82.0] * 3, [80.0] * 3), ([82.5] * 3, [80.4] * 3)])
     partial = ABResult(
-        "exp",
-        True,
-        "local",
-        result.profiles,
-        (*result.launches, base_only),
-        {},
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=result.profiles,
+        launches=(*result.launches, base_only),
+        host_facts={},
         design=Design.make(2, 3, "fixed", 0),
     )
     assert partial.blocks == 2
@@ -211,8 +220,24 @@ def test_warnings_outlier_slow_first_far_launch_gpu_drift() -> None:
 
     steady = [_launch(i % 2, i // 2, [82.0] * 3, gpus=gpus(2430, 61)) for i in range(4)]
     drift = [*steady[:3], _launch(1, 1, [82.0] * 3, gpus=gpus(1980, 83))]
-    ok = ABResult("e", True, "h", ("baseline", "candidate"), tuple(steady), {}, design=Design.make(2, 2, "fixed", 0))
-    bad = ABResult("e", True, "h", ("baseline", "candidate"), tuple(drift), {}, design=Design.make(2, 2, "fixed", 0))
+    ok = ABResult(
+        experiment_id="e",
+        simulated=True,
+        host="h",
+        profiles=("baseline", "candidate"),
+        launches=tuple(steady),
+        host_facts={},
+        design=Design.make(2, 2, "fixed", 0),
+    )
+    bad = ABResult(
+        experiment_id="e",
+        simulated=True,
+        host="h",
+        profiles=("baseline", "candidate"),
+        launches=tuple(drift),
+        host_facts={},
+        design=Design.make(2, 2, "fixed", 0),
+    )
     assert not [w for w in ok.warnings() if "GPU" in w]
     text = "\n".join(bad.warnings())
     assert "GPU 0 SM clock under load changed between launches (MHz: baseline/block 1 2430" in text
@@ -230,11 +255,31 @@ def test_warnings_outlier_slow_first_far_launch_gpu_drift() -> None:
 
     idle_gpu_moves = tuple(on_gpu1(la, 1410 if i else 210) for i, la in enumerate(steady))
     assert not [
-        w for w in ABResult("e", True, "h", ok.profiles, idle_gpu_moves, {}, design=ok.design).warnings() if "GPU" in w
+        w
+        for w in ABResult(
+            experiment_id="e",
+            simulated=True,
+            host="h",
+            profiles=ok.profiles,
+            launches=idle_gpu_moves,
+            host_facts={},
+            design=ok.design,
+        ).warnings()
+        if "GPU" in w
     ]
     no_apps = tuple(dataclasses.replace(la, gpus={**(la.gpus or {}), "apps": []}) for la in idle_gpu_moves)
     assert not [
-        w for w in ABResult("e", True, "h", ok.profiles, no_apps, {}, design=ok.design).warnings() if "GPU" in w
+        w
+        for w in ABResult(
+            experiment_id="e",
+            simulated=True,
+            host="h",
+            profiles=ok.profiles,
+            launches=no_apps,
+            host_facts={},
+            design=ok.design,
+        ).warnings()
+        if "GPU" in w
     ]
 
 
@@ -412,11 +457,26 @@ def test_resume_must_run_on_the_same_machine() -> None:
 def test_levels_keep_their_run_order_and_partial_experiments_say_so(tmp_path: Path) -> None:
     def launch(arm: int, block: int, levels: tuple[int, ...]) -> LaunchResult:
         runs = tuple(_run(i, 50.0 * c if c > 1 else 80.0 + i, level=c) for c in levels for i in range(2))
-        return LaunchResult(f"p{arm}", f"L{block}{arm}", runs, 1.0, {"ok": True}, {}, block=block, arm_index=arm)
+        return LaunchResult(
+            profile=f"p{arm}",
+            launch_id=f"L{block}{arm}",
+            runs=runs,
+            ready_s=1.0,
+            env_report={"ok": True},
+            teardown={},
+            block=block,
+            arm_index=arm,
+        )
 
     # Interrupted after one launch, which was the second arm's: the levels still come from what ran.
     partial = ABResult(
-        "exp", True, "local", ("p0", "p1"), (launch(1, 0, (8, 1)),), {}, design=Design.make(2, 3, "random", 0)
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("p0", "p1"),
+        launches=(launch(1, 0, (8, 1)),),
+        host_facts={},
+        design=Design.make(2, 3, "random", 0),
     )
     assert partial.levels == [8, 1]
     assert any(

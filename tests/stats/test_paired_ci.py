@@ -97,7 +97,15 @@ def _launch(
 
 def _result(launches: list[LaunchResult], blocks: int) -> ABResult:
     design = Design.make(2, blocks, "fixed", 0)
-    return ABResult("e", False, "h", ("baseline", "candidate"), tuple(launches), {}, design=design)
+    return ABResult(
+        experiment_id="e",
+        simulated=False,
+        host="h",
+        profiles=("baseline", "candidate"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+    )
 
 
 def _heterogeneous(

@@ -29,13 +29,32 @@ def _run(i: int, tok_s: float) -> RunResult:
 
 def _launch(arm: int, block: int, values: list[float]) -> LaunchResult:
     runs = tuple(_run(i, v) for i, v in enumerate(values))
-    return LaunchResult("b" if arm == 0 else "c", f"L{block}-{arm}", runs, 1.0, {"ok": True}, {}, None, block, arm, arm)
+    return LaunchResult(
+        profile="b" if arm == 0 else "c",
+        launch_id=f"L{block}-{arm}",
+        runs=runs,
+        ready_s=1.0,
+        env_report={"ok": True},
+        teardown={},
+        spec_steps=None,
+        block=block,
+        position=arm,
+        arm_index=arm,
+    )
 
 
 def _auto_result(pairs: list[tuple[float, float]], max_blocks: int = 8) -> ABResult:
     launches = [la for b, (x, y) in enumerate(pairs) for la in (_launch(0, b, [x] * 3), _launch(1, b, [y] * 3))]
     design = Design.make(2, len(pairs), "random", 5, SequentialPlan(3, max_blocks))
-    return ABResult("exp", True, "local", ("b", "c"), tuple(launches), {}, design=design)
+    return ABResult(
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("b", "c"),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+    )
 
 
 def test_pocock_like_spending_matches_published_boundaries() -> None:
@@ -112,7 +131,15 @@ def test_auto_uses_repeated_cis_and_says_why_it_stopped() -> None:
     assert auto_look(big) == (True, "look after block 3: every comparison is decided; stopping (--blocks auto)")
     assert any("stopped after 3 blocks: every comparison is decided" in n for n in auto_notes(big))
     # The repeated CI is wider than the fixed design's 95 % CI on the same blocks.
-    fixed = ABResult("exp", True, "local", ("b", "c"), big.launches, {}, design=Design.make(2, 3, "random", 5))
+    fixed = ABResult(
+        experiment_id="exp",
+        simulated=True,
+        host="local",
+        profiles=("b", "c"),
+        launches=big.launches,
+        host_facts={},
+        design=Design.make(2, 3, "random", 5),
+    )
     (f,) = fixed.comparisons
     assert c.estimate and f.estimate and c.estimate.hi - c.estimate.lo > f.estimate.hi - f.estimate.lo
 

@@ -84,12 +84,12 @@ def experiment(
                 runs.append(RunResult(r, False, 256, 256 / tok_s, tok_s, 10, 0.02, tau, metrics=metrics))
             launches.append(
                 LaunchResult(
-                    name,
-                    f"l{b}-{i}",
-                    tuple(runs),
-                    1.0,
-                    {},
-                    {},
+                    profile=name,
+                    launch_id=f"l{b}-{i}",
+                    runs=tuple(runs),
+                    ready_s=1.0,
+                    env_report={},
+                    teardown={},
                     spec_steps=k,
                     block=b,
                     arm_index=i,
@@ -97,7 +97,15 @@ def experiment(
                 )
             )
     design = Design.make(len(arms), blocks, "fixed", 0)
-    return ABResult("exp-1", True, "local", tuple(n for n, _ in arms), tuple(launches), {}, design=design)
+    return ABResult(
+        experiment_id="exp-1",
+        simulated=True,
+        host="local",
+        profiles=tuple(n for n, _ in arms),
+        launches=tuple(launches),
+        host_facts={},
+        design=design,
+    )
 
 
 def store_experiment(path: Path, result: ABResult, exp_id: str = "20261201-000000-abcdef") -> None:
@@ -262,10 +270,26 @@ def noisy_experiment(
             prof = {"profile": profile(name, k)}
             launches.append(
                 LaunchResult(
-                    name, f"l{b}-{i}", tuple(out), 1.0, {}, {}, spec_steps=k, block=b, arm_index=i, fingerprint=prof
+                    profile=name,
+                    launch_id=f"l{b}-{i}",
+                    runs=tuple(out),
+                    ready_s=1.0,
+                    env_report={},
+                    teardown={},
+                    spec_steps=k,
+                    block=b,
+                    arm_index=i,
+                    fingerprint=prof,
                 )
             )
-    return ABResult("x", True, "local", tuple(n for n, _ in arms), tuple(launches), {})
+    return ABResult(
+        experiment_id="x",
+        simulated=True,
+        host="local",
+        profiles=tuple(n for n, _ in arms),
+        launches=tuple(launches),
+        host_facts={},
+    )
 
 
 def true_tok_s(alpha: float, k: int) -> float:

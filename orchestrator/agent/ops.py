@@ -263,7 +263,7 @@ def op_wait_ready(
     if "launch_state" in then:
         result["launch_state"] = op_launch_state(**then["launch_state"])
     if then.get("server_info"):
-        result["server_info"] = waits.server_info(address, port)
+        result["server_info"] = waits.server_info(address, port, [str(p) for p in then["server_info"]])
     if worker is not None:
         worker.join()
         result["fingerprint"] = fingerprint

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import psutil
@@ -85,11 +85,12 @@ def _foreign_listener(port: int, pid: int) -> dict[str, Any] | None:
     return {"pid": other, "cmdline": cmdline}
 
 
-def server_info(address: str, port: int, timeout_s: float = 5.0) -> dict[str, Any]:
-    """GET /server_info (older SGLang: /get_server_info) as a JSON object; {} when neither answers one."""
+def server_info(address: str, port: int, paths: Sequence[str], timeout_s: float = 5.0) -> dict[str, Any]:
+    """The first of the engine's info paths (engines/base.Engine.info_paths) that answers a JSON object, GET; {}
+    when none does."""
     import http.client
 
-    for path in ("/server_info", "/get_server_info"):
+    for path in paths:
         try:
             status, data = _request(address, port, "GET", path, None, timeout_s)
             doc = json.loads(data) if status == 200 else None

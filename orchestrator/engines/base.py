@@ -164,6 +164,11 @@ class Engine(ABC):
     simulated: bool = False
     # How --flush-cache empties its prefix cache before each timed run (None: it cannot, and --flush-cache is refused).
     cache_flush: CacheFlush | None = None
+    # Where the server reports its settings (and maybe its version) as one JSON object, tried in order (GET): the
+    # fingerprint's server_info, and the simulator's knobs. (): it has no such endpoint, and orch asks nothing.
+    info_paths: tuple[str, ...] = ()
+    # Where it answers {"version": ...} (GET), asked of an attached server whose info did not say (None: nowhere).
+    version_path: str | None = None
 
     def ready_probe(self, profile: ServerProfile) -> Probe:
         """What says a server orch launched is ready. Default: its health endpoint answers 200; engines that can

@@ -93,6 +93,9 @@ class VLLM(Engine):
         means="POST /reset_prefix_cache before each timed run",
         needs_env=("VLLM_SERVER_DEV_MODE", "1"),
     )
+    # Real vLLM serves /server_info only with VLLM_SERVER_DEV_MODE=1 (the simulator always, with its knobs).
+    info_paths = ("/server_info",)
+    version_path = "/version"
 
     def ready_probe(self, profile: ServerProfile) -> Probe:
         # The model as served: --served-model-name, else the --model value as given (vLLM's default).

@@ -154,16 +154,19 @@ def _models(base_url: str) -> list[str] | None:
     return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
 
 
-def _version(base_url: str, info: dict[str, Any]) -> tuple[str | None, str | None]:
-    """The version the server reports, and where: its info endpoint (SGLang), else GET /version (vLLM's)."""
+def _version(base_url: str, info: dict[str, Any], path: str | None) -> tuple[str | None, str | None]:
+    """The version the server reports, and where: its info endpoint (SGLang), else the engine's version path
+    (vLLM's GET /version)."""
     if isinstance(info.get("version"), str):
         return info["version"], "server_info"
+    if path is None:
+        return None, None
     try:
-        r = httpx.get(base_url + "/version", timeout=MODELS_TIMEOUT_S)
+        r = httpx.get(base_url + path, timeout=MODELS_TIMEOUT_S)
         version = r.json().get("version") if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
         return None, None
-    return (version, "GET /version") if isinstance(version, str) else (None, None)
+    return (version, f"GET {path}") if isinstance(version, str) else (None, None)
 
 
 def collect_fingerprint(
@@ -180,8 +183,8 @@ def collect_fingerprint(
     why = "attached: orch cannot read the machine of a server it did not launch"
     unreadable = [{"field": "host", "why": why}, {"field": "gpus", "why": why}, {"field": "env", "why": NOT_VERIFIED}]
     try:
-        info = fingerprint.fetch_server_info(base_url)
-        version, source = _version(base_url, info)
+        info = fingerprint.fetch_server_info(base_url, profile.engine)
+        version, source = _version(base_url, info, engines.get(profile.engine).version_path)
         software: dict[str, Any] = {
             "engine": f"{profile.engine} (attached)",
             "engine_version": version,

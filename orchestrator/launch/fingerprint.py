@@ -77,9 +77,10 @@ def orch_git_sha() -> str | None:
     return sha if done.returncode == 0 and sha else None
 
 
-def fetch_server_info(base_url: str) -> dict[str, Any]:
-    """GET /server_info (older SGLang: /get_server_info); {} when neither answers."""
-    for path in ("/server_info", "/get_server_info"):
+def fetch_server_info(base_url: str, engine: str) -> dict[str, Any]:
+    """The first of the engine's info paths (engines/base.Engine.info_paths) that answers a JSON object; {} when
+    none does."""
+    for path in engines.get(engine).info_paths:
         try:
             r = httpx.get(base_url + path, timeout=SERVER_INFO_TIMEOUT_S)
             if r.status_code == 200:
@@ -169,7 +170,8 @@ def _collect(
             part = {"host": None, "gpus": None, "software": None, "unreadable": [{"field": "host", "why": str(e)}]}
     unreadable += part.get("unreadable") or []
     software: dict[str, Any] = dict(part.get("software") or {})
-    info = srv.prefetched["server_info"] if "server_info" in srv.prefetched else fetch_server_info(srv.base_url)
+    prefetched = srv.prefetched.get("server_info")
+    info = prefetched if prefetched is not None else fetch_server_info(srv.base_url, profile.engine)
     reported = info.get("version")
     if launch.simulated:
         # The simulator's "engine" is what it says it is: its reported version stands in for an import.

@@ -210,7 +210,8 @@ class _Single:
         srv, host, profile = self._srv(), self.host, self.profile
         self.state_args, self.expected = single.state_args(srv.launch, profile, self.settings.redaction_key)
         probe = fingerprint.host_probe(host, srv.launch, profile)
-        then = {"launch_state": self.state_args, "fingerprint": probe, "server_info": True}
+        info_paths = list(engines.get(profile.engine).info_paths)
+        then: dict[str, Any] = {"launch_state": self.state_args, "fingerprint": probe, "server_info": info_paths}
         if not srv.launch.simulated:
             then["cpu_speed"] = True  # the simulator's speed is its model's, not this CPU's
         timeout = self.settings.ready_timeout(profile)

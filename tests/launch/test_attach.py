@@ -250,7 +250,7 @@ def test_an_attached_vllm_server_is_read_from_outside(
     write_profile: WriteProfile, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Real vLLM serves /server_info only in its dev mode: its version comes from GET /version.
-    monkeypatch.setattr(fingerprint, "fetch_server_info", lambda _url: {})
+    monkeypatch.setattr(fingerprint, "fetch_server_info", lambda _url, _engine: {})
     path = write_profile("vl", engine="vllm", model_path="/models/test-model", tp_size=1, port=free_port())
     with started(tmp_path, "serve", "/models/test-model", health="/health") as url:
         assert main(["bench", str(path), "--attach", url, *QUICK, "--db", str(tmp_path / "r.db"), "--json"]) == 0

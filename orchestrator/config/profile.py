@@ -543,8 +543,9 @@ def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
     for key in OPTIONAL_FIELDS:
         if key == "nnodes" and key not in engine.fields:
             if values.get(key, 1) != 1:
+                multi = [name for name in engines.names() if "nnodes" in engines.get(name).fields]
                 problems.append(
-                    f"{path}: nnodes: multi-node launches are supported for SGLang profiles only (engine: sglang), "
+                    f"{path}: nnodes: multi-node launches are supported only by engine: {' or '.join(multi) or '-'}, "
                     f"not {engine.name}; remove the field or set it to 1"
                 )
         elif key in values and key not in engine.fields:

@@ -473,7 +473,7 @@ def test_hosts_check_help_names_groups_and_slurm_hosts() -> None:
 
 def test_multi_node_profiles_need_a_group_and_sglang(write_profile: WriteProfile, profile_dir: Path) -> None:
     write_profile("v", engine="vllm", model_path="/m", port=8000, nnodes=2)
-    with pytest.raises(ProfileError, match="nnodes: multi-node launches are supported for SGLang profiles only"):
+    with pytest.raises(ProfileError, match="nnodes: multi-node launches are supported only by engine: sglang, not "):
         _load("v", profile_dir)
     write_profile("s", engine="sglang", model_path="/m", port=8000, tp_size=2, nnodes=2, server_args=["--node-rank=1"])
     with pytest.raises(ProfileError, match="--node-rank is set by the field 'nnodes'"):

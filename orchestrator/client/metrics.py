@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.client.request import MAX_EVENT_BYTES
@@ -92,26 +93,24 @@ def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[st
     return {k: after[k] - before[k] for k in after if (k.endswith("_total") or "_total[" in k) and k in before}
 
 
-# The engines' prefix-cache counters (cached prompt tokens, prompt tokens), both read as deltas across the run.
-# vLLM counts tokens looked up in / found in its prefix cache; SGLang counts cached and all prompt tokens (its
-# cached_tokens_total carries a cache_source label, summed here like every label).
-CACHE_COUNTERS = (
-    ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
-    ("sglang:cached_tokens_total", "sglang:prompt_tokens_total"),
-)
+def prefix_cache(cached: list[int | None], prompt: list[int]) -> dict[str, Any] | None:
+    """A run's prefix-cache use from the responses: cached prompt tokens / prompt tokens, when every request said
+    how many of its prompt tokens came from the cache; None when one did not (the engine's own counters may say:
+    counted_prefix_cache, orch side). `cached` and `prompt`: per successful request."""
+    if not cached or any(c is None for c in cached):
+        return None
+    return _cache_use(sum(c or 0 for c in cached), sum(prompt), "responses")
 
 
-def prefix_cache(cached: list[int | None], prompt: list[int], deltas: dict[str, float]) -> dict[str, Any] | None:
-    """A run's prefix-cache use: cached prompt tokens / prompt tokens, from the responses when every request said
-    how many of its prompt tokens came from the cache, else from the /metrics counters; None when neither did.
-    `cached` and `prompt`: per successful request."""
-    if cached and all(c is not None for c in cached):
-        hit, total, source = sum(c or 0 for c in cached), sum(prompt), "responses"
-    else:
-        pair = next(((h, q) for h, q in CACHE_COUNTERS if h in deltas and q in deltas), None)
-        if pair is None:
-            return None
-        hit, total, source = round(deltas[pair[0]]), round(deltas[pair[1]]), f"metrics ({pair[0]} / {pair[1]})"
+def counted_prefix_cache(deltas: Mapping[str, float], hits: str, queries: str) -> dict[str, Any] | None:
+    """A run's prefix-cache use from an engine's /metrics counters across the run (engines/base.Engine.
+    cache_counters): cached prompt tokens / prompt tokens; None when either counter is missing."""
+    if hits not in deltas or queries not in deltas:
+        return None
+    return _cache_use(round(deltas[hits]), round(deltas[queries]), f"metrics ({hits} / {queries})")
+
+
+def _cache_use(hit: int, total: int, source: str) -> dict[str, Any]:
     return {
         "cached_tokens": hit,
         "prompt_tokens": total,

@@ -169,6 +169,9 @@ class Engine(ABC):
     info_paths: tuple[str, ...] = ()
     # Where it answers {"version": ...} (GET), asked of an attached server whose info did not say (None: nowhere).
     version_path: str | None = None
+    # Its /metrics counters of (cached prompt tokens, prompt tokens), read as deltas across a run for its prefix
+    # cache's hit rate where the responses did not say (None: it has none).
+    cache_counters: tuple[str, str] | None = None
 
     def ready_probe(self, profile: ServerProfile) -> Probe:
         """What says a server orch launched is ready. Default: its health endpoint answers 200; engines that can

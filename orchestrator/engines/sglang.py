@@ -75,6 +75,8 @@ class SGLang(Engine):
     # GET or POST, always mounted; 400 "Cache not flushed" while any request runs or waits (http_server.py).
     cache_flush = CacheFlush(Probe("POST", "/flush_cache"), means="POST /flush_cache before each timed run")
     info_paths = ("/server_info", "/get_server_info")  # older SGLang: /get_server_info
+    # Cached and all prompt tokens (cached_tokens_total carries a cache_source label, summed like every label).
+    cache_counters = ("sglang:cached_tokens_total", "sglang:prompt_tokens_total")
 
     def ready_probe(self, profile: ServerProfile) -> Probe:
         # The port refuses connections until the workers are loaded; from then on a generation is served (SGLang's

@@ -96,6 +96,8 @@ class VLLM(Engine):
     # Real vLLM serves /server_info only with VLLM_SERVER_DEV_MODE=1 (the simulator always, with its knobs).
     info_paths = ("/server_info",)
     version_path = "/version"
+    # Prompt tokens found in / looked up in its prefix cache.
+    cache_counters = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 
     def ready_probe(self, profile: ServerProfile) -> Probe:
         # The model as served: --served-model-name, else the --model value as given (vLLM's default).

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from orchestrator.client.metrics import counted_prefix_cache
 from orchestrator.config.workload import BenchConfig, request_stream
 from orchestrator.engines import CacheFlush, Engine
 from orchestrator.errors import BenchError
@@ -206,11 +207,16 @@ def _without_energy(runner: Runner, why: str) -> Runner:
 
 
 def with_engine_counters(runner: Runner, engine: Engine) -> Runner:
-    """A runner whose runs take their speculative statistics from the engine's own /metrics counters when the
-    responses carried none (vLLM reports them only there; SGLang there too without per-request meta_info)."""
+    """A runner whose runs take their speculative statistics and prefix-cache use from the engine's own /metrics
+    counters when the responses carried none (vLLM reports them only there; SGLang there too without per-request
+    meta_info)."""
 
     def run(call: RunCall) -> dict[str, Any]:
         summary = runner(call)
+        if summary.get("prefix_cache") is None and engine.cache_counters is not None:
+            cache = counted_prefix_cache(summary.get("counter_deltas") or {}, *engine.cache_counters)
+            if cache is not None:
+                summary["prefix_cache"] = cache
         if summary.get("spec_accept_length") is None:
             counted = engine.spec_from_counters(summary.get("counter_deltas") or {})
             if counted is not None:

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from orchestrator import engines
 from orchestrator.client.metrics import prefix_cache
 from orchestrator.client.request import BadAnswer, Record, count_openai_chunk
 from orchestrator.client.summary import summarize_run
 from orchestrator.experiment import failon
+from orchestrator.launch.benchmark import RunCall, with_engine_counters
 from orchestrator.report import html, jsondoc, markdown, text
 from orchestrator.results.cache import arm_prefix_cache, cache_warnings
 from orchestrator.results.model import ABResult, Design, LaunchResult
@@ -30,19 +32,32 @@ def test_llamacpp_timings_cache_n_and_openai_cached_tokens_are_read() -> None:
         count_openai_chunk({"choices": [], "timings": {"cache_n": -1}}, Record(0, 0.0, 8), [])
 
 
-def test_a_runs_hit_rate_comes_from_responses_else_from_the_counters() -> None:
-    assert prefix_cache([30, 0], [40, 40], {}) == {
+def test_a_runs_hit_rate_comes_from_responses_else_from_the_engines_counters() -> None:
+    assert prefix_cache([30, 0], [40, 40]) == {
         "cached_tokens": 30,
         "prompt_tokens": 80,
         "hit_rate": 0.375,
         "source": "responses",
     }
+    assert prefix_cache([None, 30], [40, 40]) is None  # one response did not say: the counters may
+
+    def counted(engine: str, deltas: dict[str, float]) -> dict[str, Any] | None:
+        """What a run whose responses said nothing about the cache records, through the engine's adapter."""
+        summary = {"prefix_cache": prefix_cache([None], [40]), "counter_deltas": deltas}
+        return with_engine_counters(lambda _call: dict(summary), engines.get(engine))(RunCall([], [], 1, False))[
+            "prefix_cache"
+        ]
+
     vllm = {"vllm:prefix_cache_hits_total": 48.0, "vllm:prefix_cache_queries_total": 64.0}
-    got = prefix_cache([None, None], [40, 40], vllm)
+    got = counted("vllm", vllm)
     assert got is not None and got["hit_rate"] == 0.75 and got["source"].startswith("metrics (vllm:prefix_cache_hits")
     sgl = {"sglang:cached_tokens_total": 10.0, "sglang:prompt_tokens_total": 40.0}
-    assert (prefix_cache([None], [40], sgl) or {})["hit_rate"] == 0.25
-    assert prefix_cache([None], [40], {}) is None  # an engine that says nothing: no attestation, not 0 %
+    assert (counted("sglang", sgl) or {})["hit_rate"] == 0.25
+    assert counted("sglang", vllm) is None  # another engine's counters are not this one's
+    assert counted("vllm", {}) is None  # an engine that says nothing: no attestation, not 0 %
+    assert counted("llamacpp", vllm) is None  # it has no such counters (its responses say, timings.cache_n)
+    zero = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 64.0}
+    assert (counted("vllm", zero) or {})["hit_rate"] == 0.0
 
 
 def test_the_run_summary_keeps_the_cache_counters_and_the_rate() -> None:
@@ -55,6 +70,9 @@ def test_the_run_summary_keeps_the_cache_counters_and_the_rate() -> None:
     s = summarize_run(recs, 0.2, 1, deltas, 0.0)
     assert s["prefix_cache"]["hit_rate"] == pytest.approx(39 / 80) and s["prefix_cache"]["source"] == "responses"
     assert "vllm:prefix_cache_hits_total" in s["counter_deltas"] and "other_total" not in s["counter_deltas"]
+    # A counter that did not move is kept: no cache hit in a run is a count the engine's adapter reads.
+    flushed = summarize_run(recs, 0.2, 1, {**deltas, "vllm:prefix_cache_hits_total": 0.0}, 0.0)
+    assert flushed["counter_deltas"]["vllm:prefix_cache_hits_total"] == 0.0
     assert RunResult.from_summary(0, False, s).metrics["prefix_cache"] == s["prefix_cache"]
 
 

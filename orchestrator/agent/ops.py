@@ -232,7 +232,8 @@ def op_wait_ready(
 
     then: what orch needs next, done here without another round trip — "fingerprint" (op_fingerprint's arguments:
     run while the server loads, since importing the engine's packages can take seconds), and once ready
-    "launch_state" (op_launch_state's arguments), "cpu_speed" (agent/cpu's probe) and "server_info"."""
+    "launch_state" (op_launch_state's arguments), "cpu_speed" (agent/cpu's probe) and "server_info" (the engine's
+    info paths, tried in order: engines/base.Engine.info_paths_of)."""
     import threading
 
     then = then or {}

@@ -309,9 +309,7 @@ async def run_schedule(
     waiting in the client is: the requests in flight finish and are measured, the rest are left out, and the window
     ends where sending stopped. Whatever the flag, sending stops once the client is full (headroom.headroom: the
     requests in flight its open files and memory can hold, each request taking `descriptors_each` descriptors): the
-    client is the limit, and the run says so.
-
-    """
+    client is the limit, and the run says so."""
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
     if len(schedule) != len(bodies) or any(b < a for a, b in itertools.pairwise(schedule)):
         raise ValueError("the schedule must give one time per request, in order")

@@ -313,9 +313,10 @@ def summarize_run(
             "acceptance_rate": accepted / drafted if drafted else None,
         },
         # Deltas of the server's /metrics counters across the run ({} without /metrics): the engine adapter reads
-        # its own speculative and prefix-cache counters from them when the responses did not say. Zeros too: no
-        # cache hit in a run, or a draft position a run never reached, is a count.
-        "counter_deltas": {k: v for k, v in deltas.items() if "spec" in k or "token" in k or "prefix_cache" in k},
+        # its own speculative and prefix-cache counters from them when the responses did not say. Every counter,
+        # whatever its name (which only the adapter knows), zeros too: no cache hit in a run, or a draft position a
+        # run never reached, is a count.
+        "counter_deltas": dict(deltas),
         # How much of the prompts the server took from its prefix cache (client.metrics.prefix_cache): a cache
         # warmed by earlier runs makes prefill cheaper, and arms with different hit rates are not like for like.
         "prefix_cache": prefix_cache([r.cached_tokens for r in ok], [r.prompt_tokens for r in ok]),

@@ -545,8 +545,10 @@ def _build(path: Path, data: dict[str, Any], chain: list[Path]) -> Profile:
             if values.get(key, 1) != 1:
                 multi = [name for name in engines.names() if "nnodes" in engines.get(name).fields]
                 problems.append(
-                    f"{path}: nnodes: multi-node launches are supported only by engine: {' or '.join(multi) or '-'}, "
-                    f"not {engine.name}; remove the field or set it to 1"
+                    f"{path}: nnodes: multi-node launches are supported only by engine: {' or '.join(multi)}, not "
+                    f"{engine.name}; remove the field or set it to 1"
+                    if multi
+                    else f"{path}: nnodes: no engine here supports multi-node launches; remove the field or set it to 1"
                 )
         elif key in values and key not in engine.fields:
             takes = ", ".join(sorted(engine.fields)) or "none of " + ", ".join(OPTIONAL_FIELDS)

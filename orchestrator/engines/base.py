@@ -64,6 +64,9 @@ class ServerProfile(Protocol):
     def env(self) -> tuple[tuple[str, str], ...]: ...
 
 
+# Where orch's simulator answers its version and knobs as JSON, whatever engine it plays (the fingerprint's sim_knobs).
+SIMULATOR_INFO_PATH = "/server_info"
+
 # Top-level profile fields only some engines take; every engine takes the rest (model_path, host, port, env...).
 OPTIONAL_FIELDS = ("served_model_name", "tp_size", "trust_remote_code", "mem_fraction_static", "nnodes")
 # speculative.* fields only some engines take (algorithm is always there).
@@ -169,6 +172,14 @@ class Engine(ABC):
     info_paths: tuple[str, ...] = ()
     # Where it answers {"version": ...} (GET), asked of an attached server whose info did not say (None: nowhere).
     version_path: str | None = None
+
+    def info_paths_of(self, simulated: bool) -> tuple[str, ...]:
+        """Where a launch reports its settings: the engine's info paths, and for orch's simulator of it also the
+        simulator's own (SIMULATOR_INFO_PATH), which always answers with its version and knobs."""
+        if simulated and SIMULATOR_INFO_PATH not in self.info_paths:
+            return (*self.info_paths, SIMULATOR_INFO_PATH)
+        return self.info_paths
+
     # Its /metrics counters of (cached prompt tokens, prompt tokens), read as deltas across a run for its prefix
     # cache's hit rate where the responses did not say (None: it has none).
     cache_counters: tuple[str, str] | None = None

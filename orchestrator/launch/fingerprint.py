@@ -77,10 +77,10 @@ def orch_git_sha() -> str | None:
     return sha if done.returncode == 0 and sha else None
 
 
-def fetch_server_info(base_url: str, engine: str) -> dict[str, Any]:
-    """The first of the engine's info paths (engines/base.Engine.info_paths) that answers a JSON object; {} when
+def fetch_server_info(base_url: str, engine: str, *, simulated: bool = False) -> dict[str, Any]:
+    """The first of the engine's info paths (engines/base.Engine.info_paths_of) that answers a JSON object; {} when
     none does."""
-    for path in engines.get(engine).info_paths:
+    for path in engines.get(engine).info_paths_of(simulated):
         try:
             r = httpx.get(base_url + path, timeout=SERVER_INFO_TIMEOUT_S)
             if r.status_code == 200:
@@ -171,7 +171,12 @@ def _collect(
     unreadable += part.get("unreadable") or []
     software: dict[str, Any] = dict(part.get("software") or {})
     prefetched = srv.prefetched.get("server_info")
-    info = prefetched if prefetched is not None else fetch_server_info(srv.base_url, profile.engine)
+    info = (
+        prefetched
+        if prefetched is not None
+        else fetch_server_info(srv.base_url, profile.engine, simulated=launch.simulated)
+    )
+    asked = " or ".join(f"GET {p}" for p in engine.info_paths_of(launch.simulated)) or "no info endpoint (it has none)"
     reported = info.get("version")
     if launch.simulated:
         # The simulator's "engine" is what it says it is: its reported version stands in for an import.
@@ -183,7 +188,7 @@ def _collect(
     software["engine"] = profile.engine + (" (simulated)" if launch.simulated else "")
     software["engine_version_source"] = source
     if software["engine_version"] is None:
-        unreadable.append({"field": "software.engine_version", "why": "neither importable nor in GET /server_info"})
+        unreadable.append({"field": "software.engine_version", "why": f"neither importable nor in {asked}"})
     report = srv.env_report
     env: dict[str, Any] = {"processes": None, "workers": None, "inherited": None, "sim_knobs": None}
     if report is None:
@@ -195,7 +200,7 @@ def _collect(
         knobs = (info.get("orch_sim") or {}).get("knobs")
         env["sim_knobs"] = knobs
         if knobs is None:
-            unreadable.append({"field": "env.sim_knobs", "why": "GET /server_info did not report the knobs"})
+            unreadable.append({"field": "env.sim_knobs", "why": f"{asked} did not report the knobs"})
     host_part = part.get("host")
     if host_part is not None and not launch.simulated:
         speed = srv.prefetched.get("cpu_speed")

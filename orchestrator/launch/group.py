@@ -73,10 +73,11 @@ def port_clash(group: GroupHost, facts: dict[str, dict[str, Any]], nnodes: int) 
         config = node.config
         if config.capabilities.allocates_nodes and not config.source:
             where = (
-                "--host slurm:PARTITION has no inventory entry: write one with `scheduler: slurm`, the partition and"
+                f"--host {config.kind}:PARTITION has no inventory entry: write one with `scheduler: {config.kind}`, "
+                "the partition and"
             )
         elif config.capabilities.allocates_nodes:
-            where = f"in {config.source}, give the Slurm entry {config.name}"
+            where = f"in {config.source}, give the {config.capabilities.scheduler} entry {config.name}"
         else:
             where = f"in {group.group.source or 'the inventory'}, give the group {group.name}"
         return (

@@ -210,7 +210,7 @@ class _Single:
         srv, host, profile = self._srv(), self.host, self.profile
         self.state_args, self.expected = single.state_args(srv.launch, profile, self.settings.redaction_key)
         probe = fingerprint.host_probe(host, srv.launch, profile)
-        info_paths = list(engines.get(profile.engine).info_paths)
+        info_paths = list(engines.get(profile.engine).info_paths_of(srv.launch.simulated))
         then: dict[str, Any] = {"launch_state": self.state_args, "fingerprint": probe, "server_info": info_paths}
         if not srv.launch.simulated:
             then["cpu_speed"] = True  # the simulator's speed is its model's, not this CPU's

@@ -441,8 +441,8 @@ class RunningServer:
     # teardown that also finds members which dropped the marker.
     processes: list[dict[str, Any]] = field(default_factory=list)
     # Read by the agent while waiting for readiness (fingerprint.collect uses them instead of asking again):
-    # "fingerprint" ({"value": op_fingerprint's answer} or {"error": …}), "server_info" (GET /server_info) and
-    # "cpu_speed" (agent/cpu, for a real engine).
+    # "fingerprint" ({"value": op_fingerprint's answer} or {"error": …}), "server_info" (GET the engine's info
+    # paths) and "cpu_speed" (agent/cpu, for a real engine).
     prefetched: dict[str, Any] = field(default_factory=dict)
     probes_gpus: ClassVar[bool] = True  # its host's GPUs are its own: the runs read them
 

@@ -20,7 +20,7 @@ from orchestrator.experiment import ab, failon
 from orchestrator.experiment import host as experiment_host
 from orchestrator.hosts import lock as locks
 from orchestrator.hosts import open_host, resolve_host
-from orchestrator.hosts.base import HostConfig, default_namespace
+from orchestrator.hosts.base import KINDS, HostConfig, default_namespace
 from orchestrator.hosts.inventory import HostGroup, load_groups, load_inventory, parse_target
 from orchestrator.launch import ports
 from orchestrator.launch import single as server
@@ -116,9 +116,10 @@ def check_hosts(suite: Suite) -> None:
             raise InputError(f"{where}: {e}") from None
         ports.check(item.port, item.profiles, config, where=port_where)
         if nodes > 1 and not config.capabilities.allocates_nodes:
+            schedulers = " or ".join(c.scheduler for c in KINDS.values() if c.allocates_nodes and c.scheduler)
             raise InputError(
                 f"{where}: {item.host!r} is one host, but a profile has nnodes: {nodes}; name an inventory group of "
-                f"at least {nodes} hosts or a Slurm host"
+                f"at least {nodes} hosts or a {schedulers} host"
             )
 
 
@@ -523,7 +524,8 @@ class NightRunner:
             second = None
             why = f"the confirmation re-run was stopped by {self._alarm.fired}"
         except Exception as e:  # an OrchError, or a bug: either way the first measurement stands
-            second, why = None, f"the confirmation re-run failed: {e}"
+            said = e.waiting_by(WAIT_HINT) if isinstance(e, HostBusy) else e
+            second, why = None, f"the confirmation re-run failed: {said}"
         if second is None:
             # Unconfirmed is still reported: a regression that also breaks the re-run must not go quiet.
             self.events.line(f"[{item.name}] {why}; reporting the first measurement")

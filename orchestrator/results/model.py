@@ -891,14 +891,13 @@ class ABResult:
         flip = not METRICS[metric].higher_is_better
         base, out = self.arms[0], []
         for arm in self.arms[1:]:
-            b_by, a_by = {la.block: la for la in base.launches}, {la.block: la for la in arm.launches}
-            blocks = sorted(set(b_by) & set(a_by))
+            pairs = block_pairs(base, arm)
             ratios: list[list[float | None]] = []
             for level in self.levels:
                 row: list[float | None] = []
-                for block in blocks:
-                    b_runs = sorted(b_by[block].timed_at(level), key=lambda r: r.index)
-                    a_runs = sorted(a_by[block].timed_at(level), key=lambda r: r.index)
+                for b_launch, a_launch in pairs:
+                    b_runs = sorted(b_launch.timed_at(level), key=lambda r: r.index)
+                    a_runs = sorted(a_launch.timed_at(level), key=lambda r: r.index)
                     values = block_values(b_runs, a_runs, metric, self.slo) if b_runs and a_runs else None
                     if values is None or not values[0] or not values[1]:
                         row.append(None)
@@ -966,7 +965,8 @@ class ABResult:
         and its geometric mean with a Student-t CI over the blocks where both crossed within the range measured (the
         others are counted as censored: past the last level, or over the SLO already at the first). Where blocks are
         censored, each block's ratio is also bounded with the censored capacity at the range's edge; when one end of
-        the CI over all blocks decides (below 1 or above 1), that end is the answer (`CapacityComparison.bound`)."""
+        the CI over all blocks decides (beyond 1 by the minimum effect), that end is the answer
+        (`CapacityComparison.bound`)."""
         if len(self.levels) < 2 or len(self.arms) < 2:
             return []
         levels = [float(v) for v in self.levels]
@@ -992,10 +992,12 @@ class ABResult:
                 logs.append(x_lo - b_lo)
             decided = None
             if censored:  # a bound over every block says more than the blocks that crossed alone, when it decides
+                # The verdict rule of every comparison on the one end known: past 1 by at least the minimum effect
+                # (the ratio lies beyond its end, so it is at least that far from 1 too).
                 upper, lower = bounded_ratio_end(highs, "upper"), bounded_ratio_end(lows, "lower")
-                if upper is not None and upper < 1:
+                if upper is not None and upper <= 1 - self.min_effect:
                     decided = CapacityComparison.bounded(arm.label, base.label, "upper", upper, len(highs), censored)
-                elif lower is not None and lower > 1:
+                elif lower is not None and lower >= 1 + self.min_effect:
                     decided = CapacityComparison.bounded(arm.label, base.label, "lower", lower, len(lows), censored)
             out.append(decided or CapacityComparison.of(arm.label, base.label, logs, censored, self.min_effect))
         return out

@@ -64,6 +64,9 @@ def test_an_engine_registered_in_a_test_runs_end_to_end(
     (launch,) = result.launches
     assert len(launch.timed_at()) == 2 and launch.fingerprint is not None
     assert launch.fingerprint["software"]["engine"] == "toy (simulated)"
+    # An engine with no info endpoint of its own: its simulator still reports its version and knobs.
+    assert launch.fingerprint["software"]["engine_version"] is not None
+    assert launch.fingerprint["env"]["sim_knobs"] is not None
     assert load_result(store, result.experiment_id).arms[0].median_at() is not None
     assert ops.op_find(NAMESPACE) == []
 

@@ -191,6 +191,12 @@ def test_a_capacity_past_the_range_bounds_the_ratio_from_below_and_decides_highe
     assert "can only understate the ratio) -> HIGHER" in line
     (doc,) = ab_json(result)["max_within_slo_comparisons"]
     assert doc["ratio"] is None and doc["ci95"] == [c.lo, None] and doc["bound"] == "lower"
+    # The bound decides only past the minimum effect, the rule of every verdict: a lower end of 1.5-2x does not
+    # show a 100 % gain, and no block crossed within the range to say more.
+    import dataclasses
+
+    (strict,) = dataclasses.replace(result, min_effect=1.0).capacity_comparisons()
+    assert strict.bound is None and strict.verdict is None and strict.censored == 4
 
 
 def test_a_capacity_past_the_range_of_the_baseline_bounds_the_ratio_from_above_and_decides_lower() -> None:

@@ -116,8 +116,9 @@ def test_the_readmes_real_result_is_reproduced_or_its_difference_named(tmp_path:
     CPU or memory, other load, another build...). A NOT REPRODUCED it cannot explain fails: a fingerprint gap."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     db = tmp_path / "r.db"
-    # In 2 blocks of the recording's 3: under a loaded CI machine the 6 launches took 15 minutes. Fewer new blocks
-    # only widen the new side's interval; the verdict's rules are the same.
+    # In 2 blocks of the recording's 3: about a minute in make test's pass of real engines alone (beside the rest of
+    # the suite, 4 launches once took 20 minutes). Fewer new blocks only widen the new side's interval; the verdict's
+    # rules are the same.
     args = ["reproduce", str(README_BUNDLE), "--blocks", "2", "--port", str(free_port()), "--json", "--db", str(db)]
     proc = run_orch(*args, cwd=tmp_path)  # the bundle's profiles are orch's own bundled cpu-baseline and cpu-pld
     out, err = finish(proc, 1200)

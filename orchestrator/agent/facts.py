@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import psutil
@@ -98,9 +99,10 @@ def _version(name: str, probe: dict[str, dict[str, Any]] | None = None) -> str |
         return None
 
 
-def _engine_versions() -> dict[str, Any]:
-    probe = _import_probe(("sglang", "torch"))
-    out: dict[str, Any] = {"sglang": _version("sglang", probe), "torch": _version("torch", probe)}
+def _engine_versions(names: Sequence[str] = ("sglang", "torch")) -> dict[str, Any]:
+    """{name: version or None} for each package, and "import_errors": the installed ones that fail to import."""
+    probe = _import_probe(tuple(names))
+    out: dict[str, Any] = {name: _version(name, probe) for name in names}
     # Installed but not importable is worth saying: the server would fail the same way.
     out["import_errors"] = {n: r["error"] for n, r in probe.items() if r.get("error") and out.get(n)}
     return out
@@ -193,8 +195,12 @@ def op_gpus(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
     return {"available": True, "error": None, "gpus": gpus, "apps": apps}
 
 
-def op_check(workdir: str, nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
-    """What `orch hosts check` reports: interpreter, packages, GPUs, disk, logind's process killing."""
+def op_check(
+    workdir: str, nvidia_smi: str = "nvidia-smi", packages: Sequence[str] = ("sglang", "torch")
+) -> dict[str, Any]:
+    """What `orch hosts check` reports: interpreter, packages (orch sends the engines' and torch: "packages", each
+    version or None), GPUs, disk, logind's process killing."""
+    versions = _engine_versions(packages)
     target = workdir
     while target and not os.path.exists(target):
         target = os.path.dirname(target)
@@ -203,7 +209,8 @@ def op_check(workdir: str, nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "psutil": psutil.__version__,
-        **_engine_versions(),
+        "packages": {name: versions[name] for name in packages},
+        "import_errors": versions["import_errors"],
         "gpus": op_gpus(nvidia_smi),
         "workdir": workdir,
         "disk_free_bytes": disk.free,

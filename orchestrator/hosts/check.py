@@ -2,27 +2,35 @@
 
 from __future__ import annotations
 
+from orchestrator import engines
 from orchestrator.hosts.base import Host
 
 
 def check_host(host: Host, namespace: str) -> list[tuple[str, str]]:
     """`orch hosts check`: one (ok|warn|fail, text) per fact that matters before benchmarking on this host."""
     cfg = host.config
-    r = host.call("check", workdir=host.workdir, nvidia_smi=cfg.nvidia_smi)
+    # Each engine's own package (its version is the engine's), and torch, which every GPU engine runs on.
+    kinds = [engines.get(name) for name in engines.names()]
+    wanted = {e.version_package: e for e in kinds if e.version_package}
+    r = host.call("check", workdir=host.workdir, nvidia_smi=cfg.nvidia_smi, packages=[*wanted, "torch"])
     out: list[tuple[str, str]] = [("ok", f"connected to {host.name} ({getattr(host, 'display', 'this machine')})")]
     py = tuple(int(x) for x in r["python"].split(".")[:2])
     out.append(("ok" if py >= (3, 8) else "fail", f"python {r['python']} at {r['python_executable']}"))
     out.append(("ok", f"psutil {r['psutil']}"))
-    out.append(
-        ("ok", f"sglang {r['sglang']}")
-        if r["sglang"]
-        else (
-            "warn",
-            f"sglang is not installed for {r['python_executable']} (SGLang profiles can only run with --sim; "
-            "vLLM and llama.cpp profiles need their own packages)",
+    found = r["packages"]
+    for package, engine in wanted.items():
+        if found.get(package):
+            out.append(("ok", f"{package} {found[package]}"))
+            continue
+        runs = "can only run with --sim" if engine.simulated else "cannot run with it"
+        out.append(
+            (
+                "warn",
+                f"{package} is not installed for {r['python_executable']} ({engine.name} profiles {runs}, unless a "
+                "profile's python: names another interpreter)",
+            )
         )
-    )
-    out.append(("ok", f"torch {r['torch']}") if r["torch"] else ("warn", "torch is not installed"))
+    out.append(("ok", f"torch {found['torch']}") if found.get("torch") else ("warn", "torch is not installed"))
     # An older agent does not send import_errors.
     for name, error in (r.get("import_errors") or {}).items():
         out.append(("warn", f"{name} is installed but `import {name}` fails with {r['python_executable']}: {error}"))

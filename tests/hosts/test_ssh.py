@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator import engines
 from orchestrator.agent import lock, ops
 from orchestrator.config.design import ABConfig
 from orchestrator.config.profile import load
@@ -530,6 +531,10 @@ def test_hosts_check_finds_sglang_by_import(
     assert main(["hosts", "check", "local"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"ok\s+sglang 0\.5\.9\n", out) and re.search(r"ok\s+torch 2\.9\.1\+cu128\n", out), out
+    # One line for each registered engine's package: vLLM's CPU build lives in a venv of its own, not this one.
+    assert all(f" {engines.get(n).version_package} " in out for n in engines.names()), out
+    vllm = r"warn\s+vllm is not installed for \S+ \(vllm profiles can only run with --sim, unless a profile's python: "
+    assert re.search(vllm + "names another interpreter", out), out
     facts = ops.op_facts()
     assert facts["sglang"] == "0.5.9" and facts["torch"] == "2.9.1+cu128"
     assert "sglang" not in sys.modules, "the agent must not import sglang itself"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 from collections.abc import Callable, Sequence
@@ -77,6 +76,35 @@ def experiment_config(
         **({"cache_measured": True} if config.cache_measured else {}),
         **(provenance or {}),
     }
+
+
+def judged(
+    exp_id: str,
+    config: ABConfig,
+    host: str,
+    names: Sequence[str],
+    launches: Sequence[LaunchResult],
+    facts: dict[str, Any],
+    design: Design,
+    **more: Any,
+) -> ABResult:
+    """The experiment's launches so far as a result judged as configured (its design, minimum effect, metric, SLO,
+    --cache-measured): what each look of --blocks auto decides on, and, with `more` (notes, workload facts), the
+    result run_ab returns. One place, so a look and the end never judge by different rules."""
+    return ABResult(
+        experiment_id=exp_id,
+        simulated=config.simulate,
+        host=host,
+        profiles=tuple(names),
+        launches=tuple(launches),
+        host_facts=facts,
+        design=design,
+        min_effect=config.min_effect,
+        slo=config.slo,
+        metric=config.metric,
+        cache_measured=config.cache_measured,
+        **more,
+    )
 
 
 def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
@@ -203,19 +231,8 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
                 if design.auto is None:
                     break
                 events.phase("look")
-                now = ABResult(
-                    experiment_id=exp_id,
-                    simulated=config.simulate,
-                    host=host.name,
-                    profiles=tuple(names),
-                    launches=tuple(launches),
-                    host_facts=facts,
-                )
-                # The looks decide on what the verdicts are on (--metric, --slo).
-                now = dataclasses.replace(
-                    now, slo=config.slo, metric=config.metric, cache_measured=config.cache_measured
-                )
-                stop, line = auto_look(dataclasses.replace(now, design=design, min_effect=config.min_effect))
+                now = judged(exp_id, config, host.name, names, launches, facts, design)
+                stop, line = auto_look(now)
                 events.line(line)
                 if stop:
                     break
@@ -258,22 +275,18 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
         locks.release_quietly(reversed(locked))
     recorded = json.loads(store.find_experiment(exp_id)["config_json"])
     return with_auto_notes(
-        ABResult(
-            experiment_id=exp_id,
-            simulated=config.simulate,
-            host=host.name,
-            profiles=tuple(names),
-            launches=tuple(launches),
-            host_facts=facts,
+        judged(
+            exp_id,
+            config,
+            host.name,
+            names,
+            launches,
+            facts,
+            design,
             target_tps=config.target_tps,
-            design=design,
-            min_effect=config.min_effect,
             notes=tuple(notes),
-            slo=config.slo,
-            metric=config.metric,
             # From the stored config, a resumed experiment's too (a resumed sweep's levels name their probe and rates).
             sweep=recorded["sweep"] if isinstance(recorded.get("sweep"), dict) else None,
-            cache_measured=config.cache_measured,
             categories=run_categories(config.bench) if datasets.categorised(config.bench.prompts) else None,
             dataset_categories=dataset_counts(config.bench),
             dataset=datasource.recorded(recorded),

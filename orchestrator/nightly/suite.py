@@ -19,6 +19,7 @@ from orchestrator.config.profile import Profile
 from orchestrator.config.prompts import BUNDLED_SETS, generated
 from orchestrator.config.sessions import MAX_TURNS
 from orchestrator.config.slo import EXAMPLE as SLO_EXAMPLE
+from orchestrator.config.slo import METRICS as AB_METRICS
 from orchestrator.config.slo import SLO, parse_slo
 from orchestrator.config.workload import CLIENT_PLACES, DEFAULT_DURATION_S, BenchConfig, check_requests
 from orchestrator.errors import InputError, OrchError
@@ -42,22 +43,29 @@ class SuiteError(InputError):
     """A suite file is missing, malformed or invalid: the message names the file, the item and the field."""
 
 
+# The nightly's metrics that `--metric` also has (config/slo.METRICS), under --metric's name: a night takes their
+# values with the same function as a comparison (results/goodput.comparable) and their direction from there, so both
+# say the same of one run.
+AS_METRIC = {"tok_s": "tok_s", "agg_tok_s": "aggregate_tok_s", "ttft_p99": "ttft_p99", "goodput": "goodput"}
+
+
+def _higher(name: str) -> bool:
+    return AB_METRICS[AS_METRIC[name]].higher_is_better
+
+
 # What a metric measures and which way is worse. A/B items also track each arm's ratio to the baseline.
 METRICS: dict[str, tuple[str, bool]] = {
-    "tok_s": ("per-stream output tok/s", True),
-    "agg_tok_s": ("aggregate output tok/s over all streams", True),
-    "ttft_p99": ("time to first token, p99 (s)", False),
+    "tok_s": ("per-stream output tok/s", _higher("tok_s")),
+    "agg_tok_s": ("aggregate output tok/s over all streams", _higher("agg_tok_s")),
+    "ttft_p99": ("time to first token, p99 (s)", _higher("ttft_p99")),
     "accept_length": ("speculative accept length", True),
-    "goodput": ("requests within every limit of the item's slo: per second", True),
+    "goodput": ("requests within every limit of the item's slo: per second", _higher("goodput")),
     # Across the levels (no @): where an arm's ratio to the baseline crosses 1, and each arm's highest load within
     # the item's slo (stats/crossover). A night that does not cross in the range measured is censored, not a number
     # (history.measure, result.judge).
     "crossover": ("the load where an arm's tok/s ratio to the baseline crosses 1 (req/s or concurrency)", True),
     "max_rate_slo": ("each arm's highest load within every percentile objective of the item's slo", True),
 }
-# The nightly's metrics that `--metric` also has (config/slo.METRICS), under --metric's name: a night takes their
-# values with the same function as a comparison (results/goodput.comparable), so both say the same of one run.
-AS_METRIC = {"tok_s": "tok_s", "agg_tok_s": "aggregate_tok_s", "ttft_p99": "ttft_p99", "goodput": "goodput"}
 # The metrics taken over every level of the workload rather than at one (no `@`).
 ACROSS_LEVELS = ("crossover", "max_rate_slo")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")

@@ -67,7 +67,7 @@ def entry_line(doc: dict[str, Any]) -> str:
         alias = f" (ssh_config Host {doc['ssh_config_host']})" if doc["ssh_config_host"] else ""
         where = f"{doc['address']} ({doc['endpoint_error']})" if doc["endpoint"] is None else doc["endpoint"] + alias
     else:
-        where = f"{KINDS[doc['kind']].scheduler}: " + ", ".join(_slurm_parts(doc))
+        where = f"{KINDS[doc['kind']].allocator}: " + ", ".join(_slurm_parts(doc))
     gpus = f"  gpus={doc['gpus']}" if doc["gpus"] is not None else ""
     workdir = f"  workdir={doc['workdir']}" if doc["workdir"] else ""
     return f"{doc['name']}  {where}  python={doc['python'] or 'default'}{gpus}{workdir}  [{doc['source']}]"

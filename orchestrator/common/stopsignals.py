@@ -141,9 +141,27 @@ def settle() -> None:
     """orch has done all it had to (torn down, stored, printed) and exits: a stop signal from here on is ignored, so
     that the exit status stands. Python puts the default action back while it shuts down, and a signal of a flood
     arriving then would kill the process by that signal instead of letting it exit 130 (or 0)."""
+    # A signal that arrived just before its handler became SIG_IGN is still pending; when Python then runs it, it
+    # finds no handler and prints "OSError: Signal 2 ignored due to race condition" with a traceback (CPython
+    # bpo-43406; seen under a `kill -INT` flood). Ignoring it is what this function asks for: nothing to print.
+    sys.unraisablehook = _without_ignored_signals(sys.unraisablehook)
     for sig in STOP_SIGNALS:
         if raises(signal.getsignal(sig)):
             signal.signal(sig, signal.SIG_IGN)
+
+
+def _without_ignored_signals(hook: Callable[[Any], object]) -> Callable[[Any], object]:
+    if getattr(hook, "drops_ignored_signals", False):
+        return hook
+
+    def quiet(unraisable: Any) -> object:
+        error = unraisable.exc_value
+        if isinstance(error, OSError) and "ignored due to race condition" in str(error):
+            return None
+        return hook(unraisable)
+
+    quiet.drops_ignored_signals = True  # type: ignore[attr-defined]
+    return quiet
 
 
 class _Forgiving(io.RawIOBase):

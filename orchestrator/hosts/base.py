@@ -35,13 +35,13 @@ class Capabilities:
     # it), from a pool that a resumed experiment may move within (a new allocation lands on other nodes), and
     # a nightly may fan such items out, each in its own allocation.
     allocates_nodes: bool = False
-    scheduler: str | None = None  # who allocates, as users name it in messages ("Slurm")
+    allocator: str | None = None  # who allocates, as users name it in messages ("Slurm")
 
 
 KINDS: dict[str, Capabilities] = {
     "local": Capabilities(kind="local"),
     "ssh": Capabilities(kind="ssh"),
-    "slurm": Capabilities(kind="slurm", allocates_nodes=True, scheduler="Slurm"),
+    "slurm": Capabilities(kind="slurm", allocates_nodes=True, allocator="Slurm"),
 }
 
 

@@ -77,7 +77,7 @@ def port_clash(group: GroupHost, facts: dict[str, dict[str, Any]], nnodes: int) 
                 "the partition and"
             )
         elif config.capabilities.allocates_nodes:
-            where = f"in {config.source}, give the {config.capabilities.scheduler} entry {config.name}"
+            where = f"in {config.source}, give the {config.capabilities.allocator} entry {config.name}"
         else:
             where = f"in {group.group.source or 'the inventory'}, give the group {group.name}"
         return (

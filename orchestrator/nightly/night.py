@@ -116,7 +116,7 @@ def check_hosts(suite: Suite) -> None:
             raise InputError(f"{where}: {e}") from None
         ports.check(item.port, item.profiles, config, where=port_where)
         if nodes > 1 and not config.capabilities.allocates_nodes:
-            schedulers = " or ".join(c.scheduler for c in KINDS.values() if c.allocates_nodes and c.scheduler)
+            schedulers = " or ".join(c.allocator for c in KINDS.values() if c.allocates_nodes and c.allocator)
             raise InputError(
                 f"{where}: {item.host!r} is one host, but a profile has nnodes: {nodes}; name an inventory group of "
                 f"at least {nodes} hosts or a {schedulers} host"

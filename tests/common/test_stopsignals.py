@@ -124,3 +124,28 @@ def test_a_flood_during_a_benchmark_run_ends_it_with_one_keyboard_interrupt(orch
         for t in threads:
             t.join(10)
         srv.close()
+
+
+def test_a_signal_that_races_settling_is_ignored_without_a_traceback() -> None:
+    """A stop signal pending as settle() sets SIG_IGN reaches Python with no handler, which prints "OSError: Signal 2
+    ignored due to race condition" and a traceback (seen under a `kill -INT` flood): settle's hook drops exactly
+    that, and passes anything else on."""
+    import sys
+    import types
+
+    handlers = {sig: signal.getsignal(sig) for sig in stopsignals.STOP_SIGNALS}
+    hook = sys.unraisablehook
+    passed: list[BaseException | None] = []
+    sys.unraisablehook = lambda u: passed.append(u.exc_value)
+    try:
+        stopsignals.settle()
+        stopsignals.settle()  # again (orch settles once; a second wrapper must not drop more)
+        race = OSError("Signal 2 ignored due to race condition")
+        other = OSError("something else")
+        for error in (race, other):
+            sys.unraisablehook(types.SimpleNamespace(exc_value=error, exc_type=OSError, exc_traceback=None))
+        assert passed == [other]
+    finally:
+        sys.unraisablehook = hook
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

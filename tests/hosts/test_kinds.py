@@ -52,7 +52,7 @@ def test_the_check_finds_each_way_of_asking() -> None:
 @pytest.fixture
 def k8s(monkeypatch: pytest.MonkeyPatch) -> HostConfig:
     """A kind that exists only in this test: one row of KINDS."""
-    monkeypatch.setitem(base.KINDS, "k8s", Capabilities(kind="k8s", allocates_nodes=True, scheduler="Kubernetes"))
+    monkeypatch.setitem(base.KINDS, "k8s", Capabilities(kind="k8s", allocates_nodes=True, allocator="Kubernetes"))
     return HostConfig(name="k8s:bench", scheduler="k8s", partition="bench", port_stride=1)
 
 

@@ -88,18 +88,18 @@ def fill(store: Store, nights: int, n_items: int, seed: int = 1) -> None:
                     x = {"tok_s": v, "agg_tok_s": v * 20, "accept_length": 2.1 * math.exp(rng.gauss(0, 0.01))}[m.name]
                     series.append(
                         history.SeriesValue(
-                            history.series_name(arm, m.key),
-                            arm,
-                            m.key,
-                            x,
-                            x * 0.99,
-                            x * 1.01,
-                            3,
-                            m.threshold,
-                            True,
-                            env,
-                            (arm,),
-                            5,
+                            series=history.series_name(arm, m.key),
+                            arm=arm,
+                            metric=m.key,
+                            value=x,
+                            lo=x * 0.99,
+                            hi=x * 1.01,
+                            n=3,
+                            threshold=m.threshold,
+                            higher_is_better=True,
+                            env=env,
+                            env_arms=(arm,),
+                            min_history=5,
                         )
                     )
             if len(arms) == 2:
@@ -107,18 +107,18 @@ def fill(store: Store, nights: int, n_items: int, seed: int = 1) -> None:
                 env = history.env_key(envs, arms)
                 series.append(
                     history.SeriesValue(
-                        "eagle3/baseline:tok_s",
-                        "eagle3/baseline",
-                        "tok_s",
-                        r,
-                        r * 0.98,
-                        r * 1.02,
-                        3,
-                        0.03,
-                        True,
-                        env,
-                        tuple(arms),
-                        5,
+                        series="eagle3/baseline:tok_s",
+                        arm="eagle3/baseline",
+                        metric="tok_s",
+                        value=r,
+                        lo=r * 0.98,
+                        hi=r * 1.02,
+                        n=3,
+                        threshold=0.03,
+                        higher_is_better=True,
+                        env=env,
+                        env_arms=tuple(arms),
+                        min_history=5,
                     )
                 )
             history.record_item(

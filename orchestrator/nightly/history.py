@@ -21,7 +21,7 @@ from orchestrator.stats.crossover import Crossover
 from orchestrator.stats.reproduction import arm_estimate
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SeriesValue:
     """Tonight's value of one series: an arm's metric (`baseline:tok_s`) or an A/B ratio (`eagle3/baseline:tok_s`)."""
 
@@ -116,10 +116,20 @@ def measure(item: Item, result: ABResult, min_history: int = 5) -> tuple[list[Se
             est = arm_estimate(per_launch, seed=result.design.seed)
             out.append(
                 SeriesValue(
-                    series_name(arm.label, metric.key), arm.label, metric.key, est.value, est.lo, est.hi,
-                    est.launches, metric.threshold, higher, env_key(envs, [arm.label]), (arm.label,), min_history,
+                    series=series_name(arm.label, metric.key),
+                    arm=arm.label,
+                    metric=metric.key,
+                    value=est.value,
+                    lo=est.lo,
+                    hi=est.hi,
+                    n=est.launches,
+                    threshold=metric.threshold,
+                    higher_is_better=higher,
+                    env=env_key(envs, [arm.label]),
+                    env_arms=(arm.label,),
+                    min_history=min_history,
                 )
-            )  # fmt: skip
+            )
         if metric.name not in ("tok_s", "agg_tok_s", "goodput") or len(result.arms) < 2:
             continue
         # The ratio to the baseline, measured within the night, block by block: host drift cancels out of it.
@@ -136,10 +146,20 @@ def measure(item: Item, result: ABResult, min_history: int = 5) -> tuple[list[Se
             arms = (c.arm_label or c.arm, c.vs_label or c.vs)
             out.append(
                 SeriesValue(
-                    series_name(label, metric.key), label, metric.key, ratio, ci[0], ci[1], ratio_est.blocks,
-                    metric.threshold, True, env_key(envs, arms), arms, min_history,
+                    series=series_name(label, metric.key),
+                    arm=label,
+                    metric=metric.key,
+                    value=ratio,
+                    lo=ci[0],
+                    hi=ci[1],
+                    n=ratio_est.blocks,
+                    threshold=metric.threshold,
+                    higher_is_better=True,
+                    env=env_key(envs, arms),
+                    env_arms=arms,
+                    min_history=min_history,
                 )
-            )  # fmt: skip
+            )
     return out, envs
 
 
@@ -160,10 +180,21 @@ def across_levels(
         value, lo, hi, censored, higher = censored_value(c)
         out.append(
             SeriesValue(
-                series_name(label, metric.key), label, metric.key, value, lo, hi, c.blocks, metric.threshold, higher,
-                env_key(envs, list(arms)), arms, min_history, censored,
+                series=series_name(label, metric.key),
+                arm=label,
+                metric=metric.key,
+                value=value,
+                lo=lo,
+                hi=hi,
+                n=c.blocks,
+                threshold=metric.threshold,
+                higher_is_better=higher,
+                env=env_key(envs, list(arms)),
+                env_arms=arms,
+                min_history=min_history,
+                censored=censored,
             )
-        )  # fmt: skip
+        )
     return out
 
 

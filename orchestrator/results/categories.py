@@ -69,7 +69,7 @@ class CategoryArm:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CategoryComparison:
     """An arm against the first in one category: paired block by block (both launches of a block sent the same
     prompts in the same runs), the ratio of launch medians with its CI over blocks, and its verdict."""
@@ -227,13 +227,34 @@ def _compare(
             counts += [b_n, a_n]
             paired = paired and same_requests(b_launch, a_launch, level)
     if not b_runs:
-        return CategoryComparison(arm.label, base.label, category, None, None, paired=False, noun=noun), None, 0
+        return (
+            CategoryComparison(
+                arm_label=arm.label,
+                vs_label=base.label,
+                category=category,
+                estimate=None,
+                verdict=None,
+                paired=False,
+                noun=noun,
+            ),
+            None,
+            0,
+        )
 
     def at(alpha: float) -> RatioEstimate:
         crit = None if alpha == FAMILY_ALPHA else t_crit(alpha, len(b_runs) - 1)
         return ratio_ci(b_runs, a_runs, seed=result.design.seed, paired=paired, alpha=alpha, t_crit=crit)
 
-    found = CategoryComparison(arm.label, base.label, category, None, None, paired, min(counts), noun=noun)
+    found = CategoryComparison(
+        arm_label=arm.label,
+        vs_label=base.label,
+        category=category,
+        estimate=None,
+        verdict=None,
+        paired=paired,
+        per_launch=min(counts),
+        noun=noun,
+    )
     return found, at, len(b_runs)
 
 

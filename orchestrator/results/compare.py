@@ -57,7 +57,7 @@ class ArmRow:
         return self.label if self.b_label is None else f"{self.label} (B: {self.b_label})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RatioRow:
     arm: str  # A's names (as ArmRow.label)
     vs: str
@@ -133,7 +133,7 @@ def rates_apart(a: float, b: float) -> tuple[str, str]:
     return repr(a), repr(b)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExperimentComparison:
     """b (the new result) judged against a (the recorded one)."""
 
@@ -363,7 +363,16 @@ def compare(
         eb, cb = b_cmp.get(key, (None, None))
         rv = reproduction_verdict(ea, eb, tolerance) if ea is not None and eb is not None else None
         b_name = f"{cb.arm_label} / {cb.vs_label}" if cb is not None else None
-        ratios.append(RatioRow(key[0], key[1], ea, eb, rv, b_name if b_name != f"{key[0]} / {key[1]}" else None))
+        ratios.append(
+            RatioRow(
+                arm=key[0],
+                vs=key[1],
+                a=ea,
+                b=eb,
+                verdict=rv,
+                b_name=b_name if b_name != f"{key[0]} / {key[1]}" else None,
+            )
+        )
     items = [(_item_name("arm", r.label), r.verdict) for r in rows if r.a and r.b]
     items += [
         (_item_name("ratio", f"{r.arm}/{r.vs}"), r.verdict) for r in ratios if r.arm in a_arms and r.arm in b_arms
@@ -425,7 +434,7 @@ def compare_levels(
 # ---------------------------------------------------------------- a claim ("94 tok/s on our box")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClaimVerdict:
     """One arm's measurement against a colleague's claimed tok/s (and claimed ratio vs a baseline)."""
 

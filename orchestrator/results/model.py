@@ -158,7 +158,7 @@ def schedule_drawn(part: Mapping[str, Any]) -> tuple[float, int] | None:
     return float(rate), requests
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RateLevel:
     """One arm at one open-loop level (docs/load.md): medians over its valid timed runs of the rates offered,
     scheduled, sent and achieved, of latency percentiles counted from the scheduled send time, and whether it kept
@@ -427,7 +427,7 @@ class Design:
         return [(b, pos, arm) for b, order in enumerate(self.schedule) for pos, arm in enumerate(order)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Comparison:
     arm: str  # profile names (the JSON contract); labels tell two arms of one profile apart
     vs: str
@@ -588,7 +588,7 @@ def paired_blocks(
     return out, shared
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CapacityComparison:
     """An arm's highest load within the SLO against the baseline's: the geometric mean of the per-block ratios with
     its 95 % CI (None with fewer than two blocks where both crossed in the range), and a verdict on it."""
@@ -611,20 +611,23 @@ class CapacityComparison:
         them counted at the range's edge."""
         verdict = "lower" if side == "upper" else "higher"
         lo, hi = (None, end) if side == "upper" else (end, None)
-        return cls(arm, base, None, lo, hi, blocks, censored, verdict, side)
+        return cls(
+            arm=arm, base=base, ratio=None, lo=lo, hi=hi, blocks=blocks, censored=censored, verdict=verdict, bound=side
+        )
 
     @classmethod
     def of(cls, arm: str, base: str, logs: Sequence[float], censored: int, min_effect: float) -> CapacityComparison:
         if len(logs) < 2:
-            return cls(arm, base, None, None, None, len(logs), censored, None)
+            return cls(
+                arm=arm, base=base, ratio=None, lo=None, hi=None, blocks=len(logs), censored=censored, verdict=None
+            )
         ratio, lo, hi = ratio_interval(logs)
         est = RatioEstimate(ratio, lo, hi, len(logs), CAPACITY_METHOD, statistics.stdev(logs))
         # The rule every comparison follows (a CI past 1 is not enough: the effect must reach min_effect too), in
         # a capacity's words.
         said = verdict(est, min_effect)
-        return cls(
-            arm, base, ratio, lo, hi, len(logs), censored, {"faster": "higher", "slower": "lower"}.get(said, said)
-        )
+        word = {"faster": "higher", "slower": "lower"}.get(said, said)
+        return cls(arm=arm, base=base, ratio=ratio, lo=lo, hi=hi, blocks=len(logs), censored=censored, verdict=word)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -787,7 +790,13 @@ class ABResult:
                     logs = [math.log(launch_value(a) / launch_value(b)) for b, a in zip(b_agg, a_agg, strict=True)]
                     agg = math.exp(statistics.fmean(logs)) if logs else None
                 comparison = Comparison(
-                    arm.profile, base.profile, None, level, aggregate_ratio=agg, min_effect=self.min_effect, **names
+                    arm=arm.profile,
+                    vs=base.profile,
+                    ratio=None,
+                    concurrency=level,
+                    aggregate_ratio=agg,
+                    min_effect=self.min_effect,
+                    **names,
                 )
                 if b_runs and len(b_runs) < 2:
                     # One block: no CI that could carry a verdict, so no member of the family.
@@ -1044,7 +1053,16 @@ class ABResult:
         for index, arm in enumerate(self.arms[1:], start=1):
             b_runs, a_runs, paired = _energy_paired(base, arm, level)
             est = ratio_ci(b_runs, a_runs, seed=self.design.seed, paired=paired) if b_runs else None
-            out.append(EnergyComparison(arm.label, base.label, level, index, est, self.min_effect))
+            out.append(
+                EnergyComparison(
+                    arm_label=arm.label,
+                    vs_label=base.label,
+                    concurrency=level,
+                    arm_index=index,
+                    estimate=est,
+                    min_effect=self.min_effect,
+                )
+            )
         return [c for c in out if c.estimate is not None]
 
     def speculation(self) -> list[tuple[ArmResult, BreakEven]]:
@@ -1383,7 +1401,7 @@ def with_auto_notes(result: ABResult) -> ABResult:
     return result.with_notes(*notes) if notes else result
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EnergyEstimate:
     """One arm's joules per output token at one level: the geometric mean of its launch values (each the median of
     its measured runs), with a 95 % Student's t interval on their logs from two launches on (restart to restart
@@ -1432,7 +1450,7 @@ def energy_estimate(launch_values: Sequence[float], runs: Sequence[RunResult]) -
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EnergyComparison:
     """An arm's joules per output token against the baseline's: below 1 the arm spends less energy per token."""
 

@@ -28,7 +28,7 @@ OFTEN_SHARE = 0.5
 CONTROL_ALPHA = 0.05
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ControlComparison:
     """An arm's divergences held against the control's (the baseline against its own repeat, same prompts): whether
     the arm diverges more often than numerics alone make the same server diverge."""
@@ -99,13 +99,17 @@ def against_control(check: OutputsCheck, control: OutputsCheck | None) -> Contro
     """An arm's check held against the control's (None: no control)."""
     diverged = len(check.divergences)
     if control is None or not control.compared:
-        return ControlComparison(diverged, check.compared, None, None, None)
+        return ControlComparison(
+            diverged=diverged, compared=check.compared, control_diverged=None, control_compared=None, p=None
+        )
     c_diverged = len(control.divergences)
     p = more_often_p(diverged, check.compared, c_diverged, control.compared)
-    return ControlComparison(diverged, check.compared, c_diverged, control.compared, p)
+    return ControlComparison(
+        diverged=diverged, compared=check.compared, control_diverged=c_diverged, control_compared=control.compared, p=p
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Divergence:
     """Where one request's output first differs between two launches."""
 
@@ -133,7 +137,7 @@ class Divergence:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OutputsCheck:
     """One arm's outputs against the baseline's (kind "arm"), or the baseline's against its own first block's (kind
     "control": the same server twice, so whatever differs there is numerics, never a drafter)."""
@@ -307,10 +311,22 @@ def compare_launches(pairs: Sequence[tuple[LaunchResult, LaunchResult]], arm: st
                     continue
                 position, unit, length, b_text, a_text = where
                 found.append(
-                    Divergence(other.block, b_run.level, b_run.index, index, position, unit, length, b_text, a_text)
+                    Divergence(
+                        block=other.block,
+                        level=b_run.level,
+                        run=b_run.index,
+                        request=index,
+                        position=position,
+                        unit=unit,
+                        length=length,
+                        base=b_text,
+                        arm=a_text,
+                    )
                 )
     shown = tuple(sorted(temperatures, key=str))
-    return OutputsCheck(arm, vs, kind, compared, identical, tuple(found), shown)
+    return OutputsCheck(
+        arm=arm, vs=vs, kind=kind, compared=compared, identical=identical, divergences=tuple(found), temperatures=shown
+    )
 
 
 def outputs_check(result: ABResult) -> list[OutputsCheck]:

@@ -36,7 +36,7 @@ CAPACITY_METHOD = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Crossover:
     """The answer: `status` is "crosses" (with `at` and its CI), "pays throughout", "never pays" (the whole measured
     range decided one way) or "undecided" (no crossing seen, but the data cannot exclude one within [lo, hi])."""
@@ -101,10 +101,18 @@ def crossover(
     if not crossing:
         if not any(any(f[3]) for f in found):
             positive = statistics.fmean(curves[0][0]) > 0
-            return Crossover("pays throughout" if positive else "never pays", None, None, None, None, measured, blocks)
+            return Crossover(
+                status="pays throughout" if positive else "never pays",
+                at=None,
+                lo=None,
+                hi=None,
+                pays_below=None,
+                levels=measured,
+                blocks=blocks,
+            )
         spans = [_span(grid, f[3], f[3].index(True)) for f in found if any(f[3])]
         lo, hi = _hull(spans)
-        return Crossover("undecided", None, lo, hi, None, measured, blocks)
+        return Crossover(status="undecided", at=None, lo=lo, hi=hi, pays_below=None, levels=measured, blocks=blocks)
     # The interpolants' crossings, and the accepted run around each: the answer spans them all.
     at = math.exp(statistics.fmean(f[0] for f in crossing if f[0] is not None))
     spans = []
@@ -115,7 +123,16 @@ def crossover(
         spans.append((math.exp(root), math.exp(root)))
     lo, hi = _hull(spans)
     again = any(f[1] for f in crossing)
-    return Crossover("crosses", at, lo, hi, crossing[0][2], measured, blocks, crosses_again=again)
+    return Crossover(
+        status="crosses",
+        at=at,
+        lo=lo,
+        hi=hi,
+        pays_below=crossing[0][2],
+        levels=measured,
+        blocks=blocks,
+        crosses_again=again,
+    )
 
 
 def _one(grid: list[float], curve: list[list[float]], t: float) -> tuple[float | None, bool, bool, list[bool]]:
@@ -230,14 +247,41 @@ def capacity(levels: Sequence[float], margins: Sequence[Sequence[float | None]])
     again = any(recovery(levels, row) is not None for row in margins)
     statuses = {status for status, _ in found}
     if statuses == {"above"}:
-        return Crossover("pays throughout", None, None, None, None, measured, blocks, crosses_again=again)
+        return Crossover(
+            status="pays throughout",
+            at=None,
+            lo=None,
+            hi=None,
+            pays_below=None,
+            levels=measured,
+            blocks=blocks,
+            crosses_again=again,
+        )
     if statuses == {"below"}:
-        return Crossover("never pays", None, None, None, None, measured, blocks, crosses_again=again)
+        return Crossover(
+            status="never pays",
+            at=None,
+            lo=None,
+            hi=None,
+            pays_below=None,
+            levels=measured,
+            blocks=blocks,
+            crosses_again=again,
+        )
     first, last = measured[0], measured[-1]
     if statuses == {"crosses"}:
         at, lo, hi = ratio_interval([math.log(a) for _, a in found if a is not None])
         lo_, hi_ = (None if lo < first else lo), (None if hi > last else hi)
-        return Crossover("crosses", at, lo_, hi_, True, measured, blocks, crosses_again=again)
+        return Crossover(
+            status="crosses",
+            at=at,
+            lo=lo_,
+            hi=hi_,
+            pays_below=True,
+            levels=measured,
+            blocks=blocks,
+            crosses_again=again,
+        )
     bounds = [capacity_log_bounds(levels, f) for f in found]
     lower, upper = (
         bounded_ratio_end([b[0] for b in bounds], "lower"),
@@ -247,7 +291,16 @@ def capacity(levels: Sequence[float], margins: Sequence[Sequence[float | None]])
         (None if lower is None or lower < first else lower),
         (None if upper is None or upper > last else upper),
     )
-    return Crossover("undecided", None, lower, upper, None, measured, blocks, crosses_again=again)
+    return Crossover(
+        status="undecided",
+        at=None,
+        lo=lower,
+        hi=upper,
+        pays_below=None,
+        levels=measured,
+        blocks=blocks,
+        crosses_again=again,
+    )
 
 
 def capacity_log_bounds(levels: Sequence[float], found: tuple[str, float | None]) -> tuple[float, float]:

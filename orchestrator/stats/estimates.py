@@ -57,7 +57,7 @@ def ratio(value: float, reference: float) -> float:
 # ---------------------------------------------------------------- speculative decoding arithmetic
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BreakEven:
     """Why a speculative arm is as fast as it is, and what it would need. From an A/B the inputs are estimates, and
     the intervals (over blocks and launches, `breakeven_interval`) say how far the explanation can be trusted."""
@@ -437,7 +437,7 @@ def mad_outliers(values: Sequence[float], threshold: float = 3.5) -> list[int]:
 # ---------------------------------------------------------------- per-arm spread and warnings
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArmSpread:
     """One arm across its launches: the launch is the unit, runs within a launch are its measurement error."""
 

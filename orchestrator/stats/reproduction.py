@@ -56,7 +56,7 @@ def t_95(df: int) -> float:
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArmEstimate:
     """One arm's absolute value (e.g. tok/s): the geometric mean of its launch values, with a 95 % CI across
     launches (None with one launch: a single launch says nothing about restart noise)."""
@@ -90,7 +90,9 @@ def arm_estimate(
     logs = [math.log(launch_value(v)) for v in launches]
     mean = statistics.fmean(logs)
     if n < 2:
-        return ArmEstimate(math.exp(mean), None, None, 1, "one launch: no interval", None)
+        return ArmEstimate(
+            value=math.exp(mean), lo=None, hi=None, launches=1, method="one launch: no interval", log_sd=None
+        )
     hier = n < 5 if hierarchical is None else hierarchical
     rng = random.Random(seed)
     draws = []
@@ -108,7 +110,7 @@ def arm_estimate(
     if mean - half < lo or mean + half > hi:
         lo, hi = min(lo, mean - half), max(hi, mean + half)
         method += ", widened to Student's t on launches"
-    return ArmEstimate(math.exp(mean), math.exp(lo), math.exp(hi), n, method, sd)
+    return ArmEstimate(value=math.exp(mean), lo=math.exp(lo), hi=math.exp(hi), launches=n, method=method, log_sd=sd)
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ def _welch_df(parts: Sequence[tuple[float, int]]) -> int:
     return max(1, math.floor(round(num / den, 9))) if den > 0 else max(df for _, df in parts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReproVerdict:
     """Whether a new estimate agrees with a recorded one within a relative tolerance (log scale, symmetric)."""
 
@@ -267,7 +269,7 @@ def reproduction_verdict(recorded: Estimate, new: Estimate, tolerance: float = D
         need = _blocks_to_decide(diff, rec, sd, band) if sd else None
         why, recording = _undecidable(diff, rec, sd, band, tol, unit) if sd and not need else ("", None)
         return ReproVerdict(
-            INCONCLUSIVE,
+            status=INCONCLUSIVE,
             **base,
             ci=None,
             ci90=None,
@@ -284,7 +286,7 @@ def reproduction_verdict(recorded: Estimate, new: Estimate, tolerance: float = D
     show95 = f"95% CI [{ci95[0]:.3f}, {ci95[1]:.3f}]"
     if math.exp(-band) <= ci90[0] and ci90[1] <= math.exp(band):
         return ReproVerdict(
-            REPRODUCED,
+            status=REPRODUCED,
             **base,
             ci=ci95,
             ci90=ci90,
@@ -294,7 +296,7 @@ def reproduction_verdict(recorded: Estimate, new: Estimate, tolerance: float = D
         )
     if (ci95[0] > 1 or ci95[1] < 1) and abs(diff) > band:
         return ReproVerdict(
-            NOT_REPRODUCED,
+            status=NOT_REPRODUCED,
             **base,
             ci=ci95,
             ci90=ci90,
@@ -308,7 +310,7 @@ def reproduction_verdict(recorded: Estimate, new: Estimate, tolerance: float = D
         (f"about {need} blocks would likely decide", None) if need else _undecidable(diff, rec, sd_new, band, tol, unit)
     )
     return ReproVerdict(
-        INCONCLUSIVE,
+        status=INCONCLUSIVE,
         **base,
         ci=ci95,
         ci90=ci90,

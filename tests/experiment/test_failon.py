@@ -487,7 +487,15 @@ def test_bound_modes_parse_with_their_load_and_refuse_a_missing_or_bad_one() -> 
 
 def _cross(status: str, at: float | None = None, lo: float | None = None, hi: float | None = None,
            pays_below: bool | None = True) -> Crossover:  # fmt: skip
-    return Crossover(status, at, lo, hi, pays_below if status == "crosses" else None, (1.0, 2.0, 4.0, 8.0), 3)
+    return Crossover(
+        status=status,
+        at=at,
+        lo=lo,
+        hi=hi,
+        pays_below=pays_below if status == "crosses" else None,
+        levels=(1.0, 2.0, 4.0, 8.0),
+        blocks=3,
+    )
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,17 @@ def test_an_old_fingerprints_digest_is_no_difference_but_a_new_one_is() -> None:
 def _night(i: int, fp: dict[str, Any], value: float) -> history.ItemNight:
     env = fingerprint.environment(fp)
     series = history.SeriesValue(
-        "a:tok_s", "a", "tok_s", value, None, None, 3, 0.05, True, history.env_key({"a": env}, ["a"]), ("a",)
+        series="a:tok_s",
+        arm="a",
+        metric="tok_s",
+        value=value,
+        lo=None,
+        hi=None,
+        n=3,
+        threshold=0.05,
+        higher_is_better=True,
+        env=history.env_key({"a": env}, ["a"]),
+        env_arms=("a",),
     )
     return history.ItemNight(f"n{i}", float(i), "s", "complete", None, (), (series,), {"a": env}, True)
 

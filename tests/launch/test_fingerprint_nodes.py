@@ -68,7 +68,20 @@ def test_nightly_judges_another_nodes_gpu_change_an_environment_change() -> None
 
     def night(n: int, value: float, envs: dict[str, dict[str, Any]]) -> history.ItemNight:
         key = history.env_key(envs, ("a",))
-        v = history.SeriesValue("a:tok_s", "a", "tok_s", value, None, None, 1, 0.03, True, key, ("a",), 3)
+        v = history.SeriesValue(
+            series="a:tok_s",
+            arm="a",
+            metric="tok_s",
+            value=value,
+            lo=None,
+            hi=None,
+            n=1,
+            threshold=0.03,
+            higher_is_better=True,
+            env=key,
+            env_arms=("a",),
+            min_history=3,
+        )
         return history.ItemNight(f"n{n}", float(n), "s", "complete", None, (), (v,), envs, True)
 
     past = [night(n, 80.0 + 0.1 * n, envs) for n, envs in enumerate(item_envs)]

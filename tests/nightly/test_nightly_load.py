@@ -225,9 +225,20 @@ def test_a_night_that_does_not_cross_is_censored_at_the_end_of_the_range() -> No
 
 def _value(v: float, censored: str | None = None, env: str = "e") -> history.SeriesValue:
     return history.SeriesValue(
-        "eagle3/baseline:crossover", "eagle3/baseline", "crossover", v, None, None, 3, 0.1, True, env,
-        ("eagle3", "baseline"), 5, censored,
-    )  # fmt: skip
+        series="eagle3/baseline:crossover",
+        arm="eagle3/baseline",
+        metric="crossover",
+        value=v,
+        lo=None,
+        hi=None,
+        n=3,
+        threshold=0.1,
+        higher_is_better=True,
+        env=env,
+        env_arms=("eagle3", "baseline"),
+        min_history=5,
+        censored=censored,
+    )
 
 
 def _night(i: int, v: history.SeriesValue | None) -> history.ItemNight:

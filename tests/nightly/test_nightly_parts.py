@@ -38,7 +38,19 @@ def test_night_exit_codes(status: str, items: list[str], code: int) -> None:
 
 
 def _verdict(status: str) -> result.SeriesVerdict:
-    value = history.SeriesValue("a:tok_s", "a", "tok_s", 1.0, None, None, 1, 0.03, True, "e", ("a",))
+    value = history.SeriesValue(
+        series="a:tok_s",
+        arm="a",
+        metric="tok_s",
+        value=1.0,
+        lo=None,
+        hi=None,
+        n=1,
+        threshold=0.03,
+        higher_is_better=True,
+        env="e",
+        env_arms=("a",),
+    )
     a = changepoint.Assessment(status, (), None, None, None, None, (), 1, 6)
     return result.SeriesVerdict(value, a, status)
 
@@ -159,7 +171,19 @@ def test_markdown_lines() -> None:
     assert report.item_line(_report("failed", error="server exited 1")) == (
         "- **FAILED** `check` (gpu-box): server exited 1"
     )
-    value = history.SeriesValue("check:tok_s", "check", "tok_s", 77.2, 76.9, 77.5, 2, 0.03, True, "e", ("check",))
+    value = history.SeriesValue(
+        series="check:tok_s",
+        arm="check",
+        metric="tok_s",
+        value=77.2,
+        lo=76.9,
+        hi=77.5,
+        n=2,
+        threshold=0.03,
+        higher_is_better=True,
+        env="e",
+        env_arms=("check",),
+    )
     a = changepoint.Assessment("regression", (), None, 82.1, 77.2 / 82.1 - 1, 0.01, (), 9, 6)
     line = report.item_line(_report("regression", series=(result.SeriesVerdict(value, a, "regression"),)))
     assert line == "- **REGRESSION** `check` (gpu-box): check tok/s 77.2 [76.9, 77.5]: -6.0 % vs 82.1 (threshold 3 %)"
@@ -173,7 +197,19 @@ def test_markdown_lines() -> None:
 
 
 def test_a_series_too_noisy_for_its_threshold_is_said_on_its_line() -> None:
-    value = history.SeriesValue("spec:tok_s", "spec", "tok_s", 57.7, None, None, 2, 0.03, True, "e", ("spec",))
+    value = history.SeriesValue(
+        series="spec:tok_s",
+        arm="spec",
+        metric="tok_s",
+        value=57.7,
+        lo=None,
+        hi=None,
+        n=2,
+        threshold=0.03,
+        higher_is_better=True,
+        env="e",
+        env_arms=("spec",),
+    )
     steady = changepoint.Assessment("ok", (), None, 57.7, 0.0, 0.01, (), 9, 6)
     noisy = dataclasses.replace(steady, noise=0.1)
     assert not result.SeriesVerdict(value, steady, "ok").too_noisy
@@ -214,7 +250,20 @@ def test_multi_node_nights_share_one_environment_whatever_port_each_drew() -> No
 
     def night(n: int, value: float, env: dict[str, Any]) -> history.ItemNight:
         key = history.env_key({"a": env}, ("a",))
-        v = history.SeriesValue("a:tok_s", "a", "tok_s", value, None, None, 1, 0.03, True, key, ("a",), 3)
+        v = history.SeriesValue(
+            series="a:tok_s",
+            arm="a",
+            metric="tok_s",
+            value=value,
+            lo=None,
+            hi=None,
+            n=1,
+            threshold=0.03,
+            higher_is_better=True,
+            env=key,
+            env_arms=("a",),
+            min_history=3,
+        )
         return history.ItemNight(f"n{n}", float(n), "s", "complete", None, (), (v,), {"a": env}, True)
 
     tonight_env = fingerprint.environment(make_fingerprint(argv=["/py", *argv(31000)]))
@@ -237,8 +286,19 @@ SLOWER = {
 
 
 def test_a_fail_on_hit_is_labelled_fail_on_not_regression() -> None:
-    value = history.SeriesValue("baseline:tok_s", "baseline", "tok_s", 82.2, 82.0, 82.4, 3, 0.03, True, "e",
-                                ("baseline",))  # fmt: skip
+    value = history.SeriesValue(
+        series="baseline:tok_s",
+        arm="baseline",
+        metric="tok_s",
+        value=82.2,
+        lo=82.0,
+        hi=82.4,
+        n=3,
+        threshold=0.03,
+        higher_is_better=True,
+        env="e",
+        env_arms=("baseline",),
+    )
     first = changepoint.Assessment("building", (), None, None, None, None, (), 1, 6)
     r = result.ItemReport(
         item="eagle3-vs-baseline", host="gpu-box", kind="ab", simulated=False, status="fail_on",
@@ -264,7 +324,20 @@ def test_a_fail_on_hit_is_labelled_fail_on_not_regression() -> None:
 
 def test_history_says_a_night_that_paged_under_fail_on() -> None:
     def night(n: int, decision: dict[str, Any]) -> history.ItemNight:
-        v = history.SeriesValue("a:tok_s", "a", "tok_s", 80.0 + 0.1 * n, None, None, 1, 0.03, True, "k", ("a",), 3)
+        v = history.SeriesValue(
+            series="a:tok_s",
+            arm="a",
+            metric="tok_s",
+            value=80.0 + 0.1 * n,
+            lo=None,
+            hi=None,
+            n=1,
+            threshold=0.03,
+            higher_is_better=True,
+            env="k",
+            env_arms=("a",),
+            min_history=3,
+        )
         return history.ItemNight(f"n{n}", float(n), "s", "complete", None, (), (v,), {"a": {}}, True,
                                  {"a:tok_s": decision})  # fmt: skip
 
@@ -279,7 +352,19 @@ def test_history_says_a_night_that_paged_under_fail_on() -> None:
 
 def test_an_environment_step_says_each_difference_once() -> None:
     def verdict(series: str, arms: tuple[str, ...], change: float) -> result.SeriesVerdict:
-        value = history.SeriesValue(series, "/".join(arms), "tok_s", 61.3, 61.0, 61.6, 3, 0.03, True, "e", arms)
+        value = history.SeriesValue(
+            series=series,
+            arm="/".join(arms),
+            metric="tok_s",
+            value=61.3,
+            lo=61.0,
+            hi=61.6,
+            n=3,
+            threshold=0.03,
+            higher_is_better=True,
+            env="e",
+            env_arms=arms,
+        )
         a = changepoint.Assessment("environment", (), None, 64.0, change, 0.01, (), 1, 6)
         changes = tuple((arm, d) for arm in arms for d in ("engine version: 0.5.9 -> 0.5.10", "sglang: 0.5.9 -> "
                                                                  "0.5.10"))  # fmt: skip
@@ -300,7 +385,19 @@ def test_an_environment_step_says_each_difference_once() -> None:
 
 
 def test_a_re_run_that_does_not_confirm_says_what_it_measured_and_why() -> None:
-    value = history.SeriesValue("b:tok_s", "b", "tok_s", 77.0, None, None, 3, 0.03, True, "e", ("b",))
+    value = history.SeriesValue(
+        series="b:tok_s",
+        arm="b",
+        metric="tok_s",
+        value=77.0,
+        lo=None,
+        hi=None,
+        n=3,
+        threshold=0.03,
+        higher_is_better=True,
+        env="e",
+        env_arms=("b",),
+    )
 
     def verdict(status: str, change: float, noise: float) -> result.SeriesVerdict:
         return result.SeriesVerdict(

@@ -103,7 +103,9 @@ def test_an_undecided_slo_capacity_names_where_leaving_it_cannot_be_excluded(mon
     from orchestrator.stats.crossover import Crossover
 
     result = _slo_result({1: 0.1, 4: 0.2, 16: 0.3})
-    undecided = Crossover("undecided", None, 4.2, 6.2345, None, (1.0, 4.0, 16.0), 3)
+    undecided = Crossover(
+        status="undecided", at=None, lo=4.2, hi=6.2345, pays_below=None, levels=(1.0, 4.0, 16.0), blocks=3
+    )
     monkeypatch.setattr(ABResult, "max_within_slo", lambda self: [(self.arms[0], undecided)])
     line = slo_capacity_lines(result)[1]
     assert line == (

@@ -119,36 +119,36 @@ def fill(store: Store, nights: int = 14) -> None:
                 values[arm] = v
                 series.append(
                     history.SeriesValue(
-                        f"{arm}:tok_s",
-                        arm,
-                        "tok_s",
-                        v,
-                        v * 0.99,
-                        v * 1.01,
-                        3,
-                        item.threshold,
-                        True,
-                        history.env_key(envs, [arm]),
-                        (arm,),
-                        3,
+                        series=f"{arm}:tok_s",
+                        arm=arm,
+                        metric="tok_s",
+                        value=v,
+                        lo=v * 0.99,
+                        hi=v * 1.01,
+                        n=3,
+                        threshold=item.threshold,
+                        higher_is_better=True,
+                        env=history.env_key(envs, [arm]),
+                        env_arms=(arm,),
+                        min_history=3,
                     )
                 )
             if len(arms) == 2:
                 r = values["spec"] / values["base"]
                 series.append(
                     history.SeriesValue(
-                        "spec/base:tok_s",
-                        "spec/base",
-                        "tok_s",
-                        r,
-                        r * 0.98,
-                        r * 1.02,
-                        3,
-                        0.03,
-                        True,
-                        history.env_key(envs, list(arms)),
-                        arms,
-                        3,
+                        series="spec/base:tok_s",
+                        arm="spec/base",
+                        metric="tok_s",
+                        value=r,
+                        lo=r * 0.98,
+                        hi=r * 1.02,
+                        n=3,
+                        threshold=0.03,
+                        higher_is_better=True,
+                        env=history.env_key(envs, list(arms)),
+                        env_arms=arms,
+                        min_history=3,
                     )
                 )
             history.record_item(

@@ -175,13 +175,31 @@ def test_censored_nights_from_the_store_to_the_page(tmp_path: Path) -> None:
         history.start_night(store, f"n{k}", "s", "s.yaml", "0" * 64, START + k * DAY)
         envs = {arm: {"engine.version": "0.5.9"} for arm in ("baseline", "eagle3")}
         v = history.SeriesValue(
-            "eagle3/baseline:crossover", "eagle3/baseline", "crossover", value, lo, hi, 2, 0.15, True,
-            history.env_key(envs, ["eagle3", "baseline"]), ("eagle3", "baseline"), 3, censored,
-        )  # fmt: skip
+            series="eagle3/baseline:crossover",
+            arm="eagle3/baseline",
+            metric="crossover",
+            value=value,
+            lo=lo,
+            hi=hi,
+            n=2,
+            threshold=0.15,
+            higher_is_better=True,
+            env=history.env_key(envs, ["eagle3", "baseline"]),
+            env_arms=("eagle3", "baseline"),
+            min_history=3,
+            censored=censored,
+        )
         history.record_item(
-            store, f"n{k}", item, status="complete", experiments=(f"e{k}",), error=None, series=(v,), envs=envs,
+            store,
+            f"n{k}",
+            item,
+            status="complete",
+            experiments=(f"e{k}",),
+            error=None,
+            series=(v,),
+            envs=envs,
             simulated=True,
-        )  # fmt: skip
+        )
         history.finish_night(store, f"n{k}", "complete", 0, {})
     model = page.build(store, page.suite_items(store, "s"), suite="s")
     (s,) = model.items[0].series

@@ -130,8 +130,24 @@ def test_a_category_ci_too_wide_to_use_is_said_in_words_not_printed() -> None:
         categories=("code", "math"),
         arms=tuple(CategoryArm(label, c, 10.0, None, 2) for c in ("code", "math") for label in ("base", "spec")),
         comparisons=(
-            CategoryComparison("spec", "base", "code", wide, "inconclusive", True, 1),
-            CategoryComparison("spec", "base", "math", narrow, "faster", True, 4),
+            CategoryComparison(
+                arm_label="spec",
+                vs_label="base",
+                category="code",
+                estimate=wide,
+                verdict="inconclusive",
+                paired=True,
+                per_launch=1,
+            ),
+            CategoryComparison(
+                arm_label="spec",
+                vs_label="base",
+                category="math",
+                estimate=narrow,
+                verdict="faster",
+                paired=True,
+                per_launch=4,
+            ),
         ),
     )
     code, math_row = category_rows(bc)[1:]
@@ -145,7 +161,9 @@ def test_a_category_ci_too_wide_to_use_is_said_in_words_not_printed() -> None:
 
 def test_a_minimal_detectable_effect_past_the_threshold_is_not_a_number() -> None:
     est = RatioEstimate(ratio=1.1, lo=0.08, hi=5.2, blocks=2, method="bootstrap over blocks", log_sd=0.9)
-    absurd = Comparison("spec", "base", 1.1, 3, estimate=est, verdict="inconclusive", mde=684.494)
+    absurd = Comparison(
+        arm="spec", vs="base", ratio=1.1, concurrency=3, estimate=est, verdict="inconclusive", mde=684.494
+    )
     line = comparison_line(absurd)
     assert "68449" not in line and "minimal detectable effect: cannot be bounded with 2 blocks" in line
     doc = absurd.to_dict()

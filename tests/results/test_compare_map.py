@@ -112,7 +112,7 @@ def test_a_map_that_would_leave_a_name_compared_twice_is_refused() -> None:
 
 def _est(value: float, lo: float, hi: float, n: int) -> ArmEstimate:
     se = math.log(hi / lo) / (2 * t_975(n - 1))
-    return ArmEstimate(value, lo, hi, n, "t", se * math.sqrt(n))
+    return ArmEstimate(value=value, lo=lo, hi=hi, launches=n, method="t", log_sd=se * math.sqrt(n))
 
 
 # docs/reproduce.md's walk-through, on the simulator: 3 blocks recorded, 3 re-run.
@@ -145,11 +145,32 @@ def test_the_recording_too_uncertain_says_so_and_how_many_blocks_it_needs() -> N
     def half(sd: float) -> float:
         return t_975(n - 1) * sd / math.sqrt(n)
 
-    rec = ArmEstimate(60.2, 60.2 * math.exp(-half(sd_rec)), 60.2 * math.exp(half(sd_rec)), n, "t", sd_rec)
-    new = ArmEstimate(60.1, 60.1 * math.exp(-half(sd_new)), 60.1 * math.exp(half(sd_new)), n, "t", sd_new)
+    rec = ArmEstimate(
+        value=60.2,
+        lo=60.2 * math.exp(-half(sd_rec)),
+        hi=60.2 * math.exp(half(sd_rec)),
+        launches=n,
+        method="t",
+        log_sd=sd_rec,
+    )
+    new = ArmEstimate(
+        value=60.1,
+        lo=60.1 * math.exp(-half(sd_new)),
+        hi=60.1 * math.exp(half(sd_new)),
+        launches=n,
+        method="t",
+        log_sd=sd_new,
+    )
     assert reproduction_verdict(rec, new, 0.03).status == "reproduced"
     # More blocks of the new side alone never get there: the recorded side's own interval is wider than ±3%.
-    many = ArmEstimate(60.1, 60.1 * math.exp(-half(sd_new) / 10), 60.1 * math.exp(half(sd_new) / 10), 1000, "t", 0.0)
+    many = ArmEstimate(
+        value=60.1,
+        lo=60.1 * math.exp(-half(sd_new) / 10),
+        hi=60.1 * math.exp(half(sd_new) / 10),
+        launches=1000,
+        method="t",
+        log_sd=0.0,
+    )
     assert reproduction_verdict(REC_EAGLE, many, 0.03).status == "inconclusive"
 
 

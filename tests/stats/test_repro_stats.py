@@ -14,7 +14,14 @@ from orchestrator.stats.reproduction import ArmEstimate, arm_estimate, reproduct
 def _arm(value: float, se: float, n: int) -> ArmEstimate:
     """An estimate whose log standard error is exactly se (its 95 % CI is value·exp(±t·se))."""
     half = t_975(n - 1) * se
-    return ArmEstimate(value, value * math.exp(-half), value * math.exp(half), n, "test", se * math.sqrt(n))
+    return ArmEstimate(
+        value=value,
+        lo=value * math.exp(-half),
+        hi=value * math.exp(half),
+        launches=n,
+        method="test",
+        log_sd=se * math.sqrt(n),
+    )
 
 
 def test_arm_estimate_is_the_geometric_mean_with_a_t_floor() -> None:
@@ -100,7 +107,7 @@ def test_both_sides_noise_counts_with_welch_degrees_of_freedom_and_the_verdict_i
 
 def test_one_launch_or_one_block() -> None:
     recorded = _arm(100.0, 0.01, 4)
-    single = ArmEstimate(110.0, None, None, 1, "one launch", None)
+    single = ArmEstimate(value=110.0, lo=None, hi=None, launches=1, method="one launch", log_sd=None)
     v = reproduction_verdict(recorded, single, 0.03)
     assert v.status == "inconclusive" and v.ci is None and "one launch" in v.reason
     assert v.blocks_needed is not None  # judged at the recorded side's launch-to-launch noise
@@ -153,7 +160,14 @@ def test_three_launches_against_a_claim_have_two_degrees_of_freedom_whatever_the
     gave 1.999… for some spreads, floored to 1: a 95 % CI three times too wide, and a clear 34 % shortfall called
     inconclusive (seen in CI with EAGLE-3's 61.9 tok/s against the claimed 94)."""
     half = t_975(2) * spread
-    est = ArmEstimate(61.9, 61.9 * math.exp(-half), 61.9 * math.exp(half), 3, "t", spread * math.sqrt(3))
+    est = ArmEstimate(
+        value=61.9,
+        lo=61.9 * math.exp(-half),
+        hi=61.9 * math.exp(half),
+        launches=3,
+        method="t",
+        log_sd=spread * math.sqrt(3),
+    )
     v = reproduction_verdict(94.0, est, 0.03)
     assert v.ci is not None
     assert math.log(v.ci[1] / v.ci[0]) / 2 == pytest.approx(half, rel=1e-6)

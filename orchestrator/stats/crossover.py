@@ -42,12 +42,12 @@ class Crossover:
     range decided one way) or "undecided" (no crossing seen, but the data cannot exclude one within [lo, hi])."""
 
     status: str
-    at: float | None  # the level where the mean log ratio is 0
-    lo: float | None  # the CI's ends; None where it reaches past the measured range on that side
-    hi: float | None
-    pays_below: bool | None  # True: the arm is faster below the crossover and slower above it
     levels: tuple[float, ...]
     blocks: int
+    at: float | None = None  # the level where the mean log ratio is 0
+    lo: float | None = None  # the CI's ends; None where it reaches past the measured range on that side
+    hi: float | None = None
+    pays_below: bool | None = None  # True: the arm is faster below the crossover and slower above it
     # the mean crosses 0 more than once in the range (only the first is reported); for a capacity, a block's margin
     # curve met the SLO again after its first miss
     crosses_again: bool = False
@@ -101,18 +101,10 @@ def crossover(
     if not crossing:
         if not any(any(f[3]) for f in found):
             positive = statistics.fmean(curves[0][0]) > 0
-            return Crossover(
-                status="pays throughout" if positive else "never pays",
-                at=None,
-                lo=None,
-                hi=None,
-                pays_below=None,
-                levels=measured,
-                blocks=blocks,
-            )
+            return Crossover(status="pays throughout" if positive else "never pays", levels=measured, blocks=blocks)
         spans = [_span(grid, f[3], f[3].index(True)) for f in found if any(f[3])]
         lo, hi = _hull(spans)
-        return Crossover(status="undecided", at=None, lo=lo, hi=hi, pays_below=None, levels=measured, blocks=blocks)
+        return Crossover(status="undecided", lo=lo, hi=hi, levels=measured, blocks=blocks)
     # The interpolants' crossings, and the accepted run around each: the answer spans them all.
     at = math.exp(statistics.fmean(f[0] for f in crossing if f[0] is not None))
     spans = []
@@ -246,28 +238,9 @@ def capacity(levels: Sequence[float], margins: Sequence[Sequence[float | None]])
     measured, blocks = tuple(float(v) for v in levels), len(found)
     again = any(recovery(levels, row) is not None for row in margins)
     statuses = {status for status, _ in found}
-    if statuses == {"above"}:
-        return Crossover(
-            status="pays throughout",
-            at=None,
-            lo=None,
-            hi=None,
-            pays_below=None,
-            levels=measured,
-            blocks=blocks,
-            crosses_again=again,
-        )
-    if statuses == {"below"}:
-        return Crossover(
-            status="never pays",
-            at=None,
-            lo=None,
-            hi=None,
-            pays_below=None,
-            levels=measured,
-            blocks=blocks,
-            crosses_again=again,
-        )
+    if statuses in ({"above"}, {"below"}):
+        status = "pays throughout" if statuses == {"above"} else "never pays"
+        return Crossover(status=status, levels=measured, blocks=blocks, crosses_again=again)
     first, last = measured[0], measured[-1]
     if statuses == {"crosses"}:
         at, lo, hi = ratio_interval([math.log(a) for _, a in found if a is not None])

@@ -135,7 +135,8 @@ def series_text(s: SeriesVerdict) -> str:
 
 def comparison_text(c: dict[str, Any]) -> str:
     ci = c.get("ci95")
-    interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+    # An interval spanning an order of magnitude is said in words (results/model.Comparison.ci_note).
+    interval = f", CI {c['ci_note']}" if c.get("ci_note") else f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
     ratio = c.get("ratio")
     shown = f"{ratio:.3f}x" if isinstance(ratio, (int, float)) else "n/a"
     # An open-loop level is its rate (its concurrency is null): "@2 req/s".

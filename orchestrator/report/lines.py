@@ -232,7 +232,10 @@ def comparison_line(c: Comparison) -> str:
             head + f"{c.ratio:.3f}x ({pct:.1f}% {word} in one block) -> inconclusive: one launch per arm cannot "
             "separate restart noise from a real difference (use --blocks 3 or more)" + note
         )
-    line = head + f"{c.ratio:.3f}x, {ci_name(c.adjustment)} [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks"
+    if c.ci_note is not None:  # an interval spanning an order of magnitude says nothing: in words, not numbers
+        line = head + f"{c.ratio:.3f}x, {ci_name(c.adjustment)} {c.ci_note}"
+    else:
+        line = head + f"{c.ratio:.3f}x, {ci_name(c.adjustment)} [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks"
     line += family_note(c.adjustment) + " -> "
     me = c.min_effect * 100
     if c.verdict in ("faster", "slower"):

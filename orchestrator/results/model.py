@@ -31,6 +31,7 @@ from orchestrator.stats.crossover import (
 )
 from orchestrator.stats.estimates import (
     DEFAULT_MIN_EFFECT,
+    MAX_CI_SPAN,
     MAX_MDE,
     ArmSpread,
     BreakEven,
@@ -38,6 +39,7 @@ from orchestrator.stats.estimates import (
     Summary,
     arm_spread,
     blocks_needed,
+    bounded,
     breakeven_interval,
     launch_mean,
     launch_value,
@@ -490,6 +492,14 @@ class Comparison:
             return None
         return f"cannot be bounded with {self.estimate.blocks} blocks at this noise (over {MAX_MDE * 100:.0f}%)"
 
+    @property
+    def ci_note(self) -> str | None:
+        """Said instead of a CI too wide to mean anything (stats/estimates.bounded): ends over MAX_CI_SPAN apart."""
+        est = self.estimate
+        if est is None or est.blocks < 2 or bounded(est):
+            return None
+        return f"too wide to bound with {est.blocks} blocks at this noise (its ends over {MAX_CI_SPAN:g}x apart)"
+
     def to_dict(self) -> dict[str, Any]:
         est = self.estimate
         return {
@@ -508,6 +518,8 @@ class Comparison:
             # (trusting one launch per arm) that orch exists to prevent.
             "ci95": [est.lo, est.hi] if est and est.blocks >= 2 else None,
             "ci_method": est.method if est else None,
+            # ci95 stays for programs that recompute from it; a reader is told the interval is too wide to use.
+            **({"ci_note": self.ci_note} if self.ci_note else {}),
             # In a family of verdicts ci95 is at the member's Holm level: the method, the family and that level.
             **({"adjustment": self.adjustment.to_dict()} if self.adjustment is not None else {}),
             "verdict": self.verdict,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from orchestrator.cli import main
 from orchestrator.config.workload import BenchConfig, request_items, run_categories
+from orchestrator.nightly.report import comparison_text
 from orchestrator.report.lines import category_rows, comparison_line
 from orchestrator.results.categories import ByCategory, CategoryArm, CategoryComparison
 from orchestrator.results.model import Comparison
@@ -170,3 +171,17 @@ def test_a_minimal_detectable_effect_past_the_threshold_is_not_a_number() -> Non
     assert doc["mde"] is None and doc["mde_note"].startswith("cannot be bounded with 2 blocks")
     usable = dataclasses.replace(absurd, mde=0.25)
     assert "minimal detectable effect 25.0%" in comparison_line(usable) and usable.to_dict()["mde"] == 0.25
+
+
+def test_a_whole_comparisons_interval_spanning_an_order_of_magnitude_is_said_in_words() -> None:
+    # A real noisy llama.cpp A/B (issue 35): 0.648x, CI [0.080, 5.227] over 3 blocks.
+    wide = RatioEstimate(ratio=0.648, lo=0.080, hi=5.227, blocks=3, method="bootstrap over blocks", log_sd=0.9)
+    c = Comparison(arm="spec", vs="base", ratio=0.648, concurrency=1, estimate=wide, verdict="inconclusive")
+    line = comparison_line(c)
+    assert "5.227" not in line and "0.080" not in line
+    assert "95% CI too wide to bound with 3 blocks at this noise (its ends over 10x apart) -> inconclusive" in line
+    doc = c.to_dict()
+    assert doc["ci95"] == [0.08, 5.227] and doc["ci_note"].startswith("too wide to bound with 3 blocks")
+    assert "5.227" not in comparison_text(doc) and "too wide to bound" in comparison_text(doc)
+    narrow = dataclasses.replace(c, estimate=dataclasses.replace(wide, lo=0.5, hi=0.9), verdict="slower")
+    assert "[0.500, 0.900] over 3 blocks" in comparison_line(narrow) and "ci_note" not in narrow.to_dict()

@@ -26,9 +26,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reference_clients as rc
 
+from orchestrator import engines
 from orchestrator.client import openloop, runner
 from orchestrator.client.summary import percentile
 from orchestrator.config.arrivals import schedule
+
+SGLANG = engines.get("sglang")  # whose native generate the client speaks here
 
 GOAL_P99_MS = 1.0
 DECODE_MS = 2.0  # 500 tok/s per stream
@@ -41,12 +44,12 @@ def measure(base_url: str, rate: float, seconds: float, seed: int) -> dict[str, 
     host, port = base_url.removeprefix("http://").split(":")
     times = schedule(rate, "poisson", seed=seed, run=0, duration_s=seconds)
     item = {"input_ids": [1000 + i % 500 for i in range(16)]}
-    bodies = [runner.build_body("generate", item, OUTPUT_TOKENS, "/m") for _ in times]
+    bodies = [SGLANG.request_body("generate", item, OUTPUT_TOKENS, "/m") for _ in times]
     cpu0 = time.process_time()
     s = runner.run(
         host,
         int(port),
-        "generate",
+        SGLANG.wire("generate"),
         bodies,
         [OUTPUT_TOKENS] * len(bodies),
         0,

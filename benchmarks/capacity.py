@@ -39,9 +39,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reference_clients as rc
 
+from orchestrator import engines
 from orchestrator.client import runner
 from orchestrator.client.summary import fitted_rate, percentile
 from orchestrator.config.arrivals import schedule
+
+SGLANG = engines.get("sglang")  # whose native generate the client speaks here
 
 KEEP_UP = 0.97  # achieved >= 0.97 x scheduled: the tool kept up at that rate
 INPUT_TOKENS = 16
@@ -86,12 +89,12 @@ def run_orch(url: str, case: Case, rate: float, n: int, seed: int) -> dict[str, 
     host, port = url.removeprefix("http://").split(":")
     times = schedule(rate, "poisson", seed=0, run=seed, requests=n)
     item = {"input_ids": [1000 + i % 500 for i in range(INPUT_TOKENS)]}
-    bodies = [runner.build_body("generate", item, case.output_tokens, "/m") for _ in times]
+    bodies = [SGLANG.request_body("generate", item, case.output_tokens, "/m") for _ in times]
     cpu0 = time.process_time()
     s = runner.run(
         host,
         int(port),
-        "generate",
+        SGLANG.wire("generate"),
         bodies,
         [case.output_tokens] * n,
         0,

@@ -51,10 +51,17 @@ except ImportError:  # a tree from before the packages
 assert client.__file__.startswith(args["tree"]), client.__file__
 item = {"input_ids": [1000 + i % 500 for i in range(args["input_len"])]}
 n, out_len, conc = args["num_requests"], args["output_len"], args["concurrency"]
-bodies = [client.build_body(args["endpoint"], item, out_len, "/m") for _ in range(n)]
+try:  # engines speak their own protocol: SGLang's native generate, vLLM's OpenAI API
+    from orchestrator import engines
+    speaker = engines.get("sglang" if args["endpoint"] == "generate" else "vllm")
+    target = speaker.wire(args["endpoint"])
+    bodies = [speaker.request_body(args["endpoint"], item, out_len, "/m") for _ in range(n)]
+except AttributeError:  # a tree from before: the client built the body and knew the paths
+    target = args["endpoint"]
+    bodies = [client.build_body(args["endpoint"], item, out_len, "/m") for _ in range(n)]
 cpu0, t0 = time.process_time(), time.perf_counter()
 records, window, deltas, aborted = client._run_interruptibly(
-    lambda: client.run_requests(args["host"], args["port"], args["endpoint"], bodies, [out_len] * n, conc, 600.0)
+    lambda: client.run_requests(args["host"], args["port"], target, bodies, [out_len] * n, conc, 600.0)
 )
 cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
 s = client.summarize_run(records, window, conc, deltas, 0.0, aborted)

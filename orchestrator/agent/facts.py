@@ -99,7 +99,7 @@ def _version(name: str, probe: dict[str, dict[str, Any]] | None = None) -> str |
         return None
 
 
-def _engine_versions(names: Sequence[str] = ("sglang", "torch")) -> dict[str, Any]:
+def _engine_versions(names: Sequence[str]) -> dict[str, Any]:
     """{name: version or None} for each package, and "import_errors": the installed ones that fail to import."""
     probe = _import_probe(tuple(names))
     out: dict[str, Any] = {name: _version(name, probe) for name in names}
@@ -108,8 +108,9 @@ def _engine_versions(names: Sequence[str] = ("sglang", "torch")) -> dict[str, An
     return out
 
 
-def op_facts(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
-    """Host facts for the fingerprint: what could make two sessions' numbers differ."""
+def op_facts(nvidia_smi: str = "nvidia-smi", packages: Sequence[str] = ()) -> dict[str, Any]:
+    """Host facts for the fingerprint: what could make two sessions' numbers differ (`packages`: the versions orch
+    asks for, the experiment's engines' own and what they run on: engines.fact_packages)."""
     vm = psutil.virtual_memory()
     gpus = op_gpus(nvidia_smi)
     return {
@@ -120,7 +121,7 @@ def op_facts(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
         "psutil": psutil.__version__,
-        **{k: v for k, v in _engine_versions().items() if k != "import_errors"},
+        **{k: v for k, v in _engine_versions(packages).items() if k != "import_errors"},
         "cpu_count": psutil.cpu_count(),
         "mem_total_bytes": vm.total,
         "boot_time": psutil.boot_time(),
@@ -195,11 +196,9 @@ def op_gpus(nvidia_smi: str = "nvidia-smi") -> dict[str, Any]:
     return {"available": True, "error": None, "gpus": gpus, "apps": apps}
 
 
-def op_check(
-    workdir: str, nvidia_smi: str = "nvidia-smi", packages: Sequence[str] = ("sglang", "torch")
-) -> dict[str, Any]:
-    """What `orch hosts check` reports: interpreter, packages (orch sends the engines' and torch: "packages", each
-    version or None), GPUs, disk, logind's process killing."""
+def op_check(workdir: str, nvidia_smi: str = "nvidia-smi", packages: Sequence[str] = ()) -> dict[str, Any]:
+    """What `orch hosts check` reports: interpreter, packages (orch sends every engine's: engines.fact_packages;
+    "packages", each version or None), GPUs, disk, logind's process killing."""
     versions = _engine_versions(packages)
     target = workdir
     while target and not os.path.exists(target):
@@ -357,7 +356,7 @@ def op_fingerprint(
     for key in ("boot_id", "cpu_model", "cpu_governor"):
         if host[key] is None:
             unreadable.append({"field": f"host.{key}", "why": "not exposed on this host (VM or container?)"})
-    names = tuple(packages if packages is not None else ("sglang", "torch", "flashinfer", "sgl_kernel", "triton"))
+    names = tuple(packages or ())  # the engine adapter's (launch/fingerprint.host_probe)
     probe = _import_probe(names, python=python, script=_FINGERPRINT_PROBE, timeout_s=FINGERPRINT_PROBE_TIMEOUT_S)
     software: dict[str, Any] = {"python_executable": python or sys.executable}
     if not probe:

@@ -23,7 +23,7 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import psutil
@@ -49,7 +49,9 @@ from orchestrator.agent.teardown import op_kill_port_owner, op_port_owner, recor
 from orchestrator.common.redaction import redact
 
 # Variables that change what an inference server does even when no profile set them.
-RELEVANT_PREFIXES = ("NCCL_", "CUDA_", "SGLANG_", "TORCH_", "PYTORCH_", "NVIDIA_", "OMP_", "HF_", "TRITON_")
+# Variables of the runtimes every engine sits on, reported from every worker beside the profile's own; the engine's
+# own prefixes come with each call (engines/base.Engine.env_prefixes).
+RUNTIME_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "NVIDIA_", "OMP_", "HF_", "TRITON_")
 
 # Launch detached: a new session (so the whole tree is one process group we can signal), stdin from /dev/null,
 # output to the log, and the PID written from inside before exec so it is the server's own PID.
@@ -71,8 +73,10 @@ __all__ = [
     "serve",
 ]
 
-# 2: request ids echoed, heartbeats while a request runs; 3: progress heartbeats, combined ops; 4: ABANDON
-PROTOCOL_VERSION = 4
+# 2: request ids echoed, heartbeats while a request runs; 3: progress heartbeats, combined ops; 4: ABANDON;
+# 5: bench_run's endpoint is the engine's wire (client.request.Wire as JSON); launch_state takes the engine's env
+# prefixes; facts and check take the packages to read
+PROTOCOL_VERSION = 5
 # What orch writes before closing the channel of an agent it abandons on purpose (Ctrl-C mid-request), so the agent
 # hands its locks to a keeper for the session's next agent (agent/lock.keep_for_successor) instead of releasing them.
 ABANDON = b'{"abandon": true}'
@@ -271,20 +275,24 @@ def op_wait_ready(
     return result
 
 
-def op_environ(launch_id: str, keys: list[str], digest_key: str | None = None) -> list[dict[str, Any]]:
-    """For each process of the launch: the requested variables (None when missing) and other relevant ones.
+def op_environ(
+    launch_id: str, keys: list[str], digest_key: str | None = None, prefixes: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """For each process of the launch: the requested variables (None when missing) and other relevant ones (the
+    runtimes' RUNTIME_PREFIXES and the engine's `prefixes`).
 
     Secret-looking values are digested here, on the host, with digest_key (hex; the caller's store key) so they
     never cross the wire in clear and still compare equal to the caller's own digests of the profile's values.
     """
     key = bytes.fromhex(digest_key) if digest_key else None
     out = []
+    relevant = (*RUNTIME_PREFIXES, *prefixes)
     for proc, _ in marked_processes(lambda v: v == launch_id):
         env = read_environ(proc)
         if env is None:
             continue
         wanted = {k: (redact(k, env[k], key) if k in env else None) for k in keys}
-        extra = {k: redact(k, v, key) for k, v in env.items() if k not in wanted and k.startswith(RELEVANT_PREFIXES)}
+        extra = {k: redact(k, v, key) for k, v in env.items() if k not in wanted and k.startswith(relevant)}
         out.append({**describe_process(proc, launch_id), "env": wanted, "other_env": extra})
     out.sort(key=lambda d: d["pid"])
     return out
@@ -308,10 +316,12 @@ def op_launch_procs(launch_id: str, pid: int) -> list[dict[str, Any]]:
     return sorted(out, key=lambda d: d["pid"])
 
 
-def op_launch_state(launch_id: str, pid: int, keys: list[str], digest_key: str | None = None) -> dict[str, Any]:
+def op_launch_state(
+    launch_id: str, pid: int, keys: list[str], digest_key: str | None = None, prefixes: Sequence[str] = ()
+) -> dict[str, Any]:
     """Once ready, in one round trip: every process's environment (op_environ) and the launch's processes
     (op_launch_procs)."""
-    return {"environ": op_environ(launch_id, keys, digest_key), "procs": op_launch_procs(launch_id, pid)}
+    return {"environ": op_environ(launch_id, keys, digest_key, prefixes), "procs": op_launch_procs(launch_id, pid)}
 
 
 def launch_problem(procs: list[dict[str, Any]]) -> str | None:
@@ -375,7 +385,7 @@ GPU_PROBE_AFTER_S = 0.2  # into the run: the GPUs are busy, and even short test 
 
 def op_bench_run(
     port: int,
-    endpoint: str,
+    endpoint: dict[str, Any],
     bodies: list[dict[str, Any]],
     max_tokens: list[int],
     concurrency: int,
@@ -391,7 +401,8 @@ def op_bench_run(
     flush: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One benchmark run against address:port, measured here next to the server (open_loop: its requests sent at
-    their scheduled times, client.runner.run).
+    their scheduled times, client.runner.run). `endpoint`: how the engine is spoken to (client.request.Wire as
+    JSON: path, stream format, metrics path and counters).
 
     With gpu_probe (the nvidia-smi to run), GPU clocks and temperatures are read once, GPU_PROBE_AFTER_S into the
     run: while the GPUs work. Read after the run they would already be falling back to idle.

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from orchestrator import engines
 from orchestrator.cli.base import Seconds, units
 from orchestrator.cli.hostlist import entry_line, group_entry, host_entry
 from orchestrator.cli.jsonout import JsonCommand, emit, json_option
@@ -295,7 +296,7 @@ def hosts_check(host_spec: str, inventory: str | None, accept_new_host_key: bool
 
 def group_checks(group: GroupHost) -> list[tuple[str, str]]:
     """The nodes compared: one fail per field that differs between them (what `orch ab` refuses to launch on)."""
-    facts, mismatches = multinode.node_facts(group, allow_mismatch=True)
+    facts, mismatches = multinode.node_facts(group, engines.fact_packages(), allow_mismatch=True)
     out = [
         ("fail", f"nodes differ in {m} (a multi-node launch is refused unless --allow-node-mismatch)")
         for m in mismatches

@@ -186,7 +186,8 @@ def fixed_bench_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
-    from orchestrator.client import runner
+    from orchestrator import engines
+    from orchestrator.client.request import ENDPOINT_NAMES
     from orchestrator.config.plan import MAX_OUTPUT_TOKENS_PER_LAUNCH, MAX_REQUESTS_PER_LAUNCH
     from orchestrator.config.workload import CLIENT_PLACES
     from orchestrator.stats import estimates
@@ -202,8 +203,8 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
         click.option(
             "--sim",
             is_flag=True,
-            help="Run orch's simulator of the profile's engine (SGLang or vLLM: same flags and endpoints) instead "
-            "of the real server.",
+            help=f"Run orch's simulator of the profile's engine ({' or '.join(engines.simulated())}: same flags and "
+            "endpoints) instead of the real server.",
         ),
         click.option(
             "--runs",
@@ -248,9 +249,8 @@ def _bench_options(fn: Callable[..., Any], *, auto: bool) -> Callable[..., Any]:
         click.option(
             "--endpoint",
             default=None,
-            type=click.Choice(list(runner.ENDPOINTS)),
-            help="SGLang native /generate, or OpenAI /v1/completions or /v1/chat/completions. Default: the first "
-            "one every arm's engine serves (sglang: generate; llamacpp and vllm: completions).",
+            type=click.Choice(list(ENDPOINT_NAMES)),
+            help=engines.endpoint_help(),
         ),
         click.option(
             "--prompts",
@@ -664,13 +664,14 @@ def check_outputs_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def flush_cache_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """orch ab/bench --flush-cache (engines/base.CacheFlush): every timed run starts from an empty prefix cache."""
+    from orchestrator import engines
+
     return click.option(
         "--flush-cache",
         "flush_cache",
         is_flag=True,
         help="Empty the server's prefix cache before every timed run (after the warmups), so no run finds prompts an "
-        "earlier run left: SGLang POST /flush_cache, vLLM POST /reset_prefix_cache (needs VLLM_SERVER_DEV_MODE=1 in "
-        "the server's env; a 404 stops the experiment), llama.cpp cache_prompt: false in every timed request. "
+        f"earlier run left ({engines.flush_help()}; a request that fails, a 404 included, stops the experiment). "
         "Recorded with the workload (docs/data.md#prefix-cache-attestation).",
     )(fn)
 

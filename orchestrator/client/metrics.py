@@ -1,4 +1,4 @@
-"""The server's /metrics counters, read before and after a run: Prometheus text summed per metric name."""
+"""The server's counters (its wire's metrics path), read before and after a run: Prometheus text summed per name."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.client.request import MAX_EVENT_BYTES
+from orchestrator.client.request import MAX_EVENT_BYTES, Wire
 
 
-async def scrape_metrics(host: str, port: int) -> dict[str, float] | None:
-    """Counters from /metrics (only with --enable-metrics); None when there is no such endpoint or it is not
-    Prometheus text (garbage there must not end a run: the counters only add an accept-length source)."""
+async def scrape_metrics(host: str, port: int, wire: Wire) -> dict[str, float] | None:
+    """Counters from the wire's metrics path (SGLang serves it only with --enable-metrics); None when the engine
+    has none, there is no such endpoint or it is not Prometheus text (garbage there must not end a run: the
+    counters only add an accept-length source)."""
+    if wire.metrics_path is None:
+        return None
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout=5)
         try:
-            writer.write(f"GET /metrics HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            writer.write(f"GET {wire.metrics_path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
             raw = await asyncio.wait_for(_read_to_eof(reader, MAX_EVENT_BYTES), timeout=10)
         finally:
             writer.close()
@@ -65,8 +68,9 @@ def _parse_metrics(raw: bytes) -> dict[str, float] | None:
             continue
         if math.isfinite(value):
             name = words[0]
-            if name.endswith("_per_pos_total") and (pos := _POSITION.search(line)):
-                # Per draft position (vLLM, llama.cpp): kept apart, as NAME[i], for the acceptance per position.
+            if pos := _POSITION.search(line):
+                # Per draft position (vLLM's and llama.cpp's acceptance counters label it so): kept apart, as
+                # NAME[i], for the acceptance per position.
                 name = f"{name}[{pos.group(1)}]"
             out[name] = out.get(name, 0.0) + value
     return out
@@ -87,10 +91,15 @@ def _dechunk(data: bytes) -> bytes:
     return out
 
 
-def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """Every counter's change across a run: the engine adapter decides which ones describe speculative decoding (orch
-    side). Only counters in both scrapes: one that appears mid-run has no known starting value."""
-    return {k: after[k] - before[k] for k in after if (k.endswith("_total") or "_total[" in k) and k in before}
+def counter_deltas(before: dict[str, float], after: dict[str, float], wire: Wire) -> dict[str, float]:
+    """The change across a run of every counter the wire keeps (its `counters`, or every `*_total` one): the engine
+    adapter decides which describe speculative decoding or the prefix cache (orch side). Only counters in both
+    scrapes: one that appears mid-run has no known starting value."""
+    return {k: after[k] - before[k] for k in after if k in before and _kept(k.partition("[")[0], wire.counters)}
+
+
+def _kept(name: str, counters: tuple[str, ...] | None) -> bool:
+    return name.endswith("_total") if counters is None else name in counters
 
 
 def prefix_cache(cached: list[int | None], prompt: list[int]) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.client.headroom import Headroom, headroom
 from orchestrator.client.metrics import counter_deltas, scrape_metrics
-from orchestrator.client.request import ENDPOINTS, Record
+from orchestrator.client.request import Record, Wire
 from orchestrator.client.stream import Guard, check_bounds, fetch, live_begin, live_end
 from orchestrator.client.watchdog import watch
 
@@ -92,7 +92,7 @@ class Sender:
         self,
         host: str,
         port: int,
-        path: str,
+        wire: Wire,
         bodies: list[dict[str, Any]],
         records: list[Record],
         limits: tuple[float, float, float],
@@ -100,7 +100,7 @@ class Sender:
         stop_oversaturated: bool = False,
         room: Headroom | None = None,
     ) -> None:
-        self.host, self.port, self.path, self.bodies, self.records = host, port, path, bodies, records
+        self.host, self.port, self.wire, self.bodies, self.records = host, port, wire, bodies, records
         self.stop_oversaturated = stop_oversaturated
         self.room = room or Headroom(requests=len(records) + 1, why="not bounded")
         self.saturated: str | None = None  # why sending stopped early (over-saturation, a full client), if it did
@@ -165,7 +165,7 @@ class Sender:
             await fetch(
                 self.host,
                 self.port,
-                self.path,
+                self.wire,
                 self.bodies[i],
                 rec,
                 self.t0,
@@ -287,7 +287,7 @@ class ScheduleResult:
 async def run_schedule(
     host: str,
     port: int,
-    endpoint: str,
+    endpoint: Wire | dict[str, Any],
     bodies: list[dict[str, Any]],
     max_tokens: list[int],
     schedule: list[float],
@@ -315,12 +315,13 @@ async def run_schedule(
         raise ValueError("the schedule must give one time per request, in order")
     # Before anything of the run opens a descriptor: what is open now is the rest of the process's share.
     room = headroom(max(max_tokens, default=1), descriptors_each)
-    before = await scrape_metrics(host, port)
+    wire = Wire.of(endpoint)
+    before = await scrape_metrics(host, port, wire)
     records = [Record(index=i, start=at, max_tokens=max_tokens[i]) for i, at in enumerate(schedule)]
     sender = Sender(
         host,
         port,
-        ENDPOINTS[endpoint],
+        wire,
         bodies,
         records,
         (timeout, stall_s, first_token_s),
@@ -353,8 +354,8 @@ async def run_schedule(
     # Not after an abort (the server may be the reason) nor once the client was full (the run is not used, and a
     # flooded server may take seconds to answer): do not wait on its /metrics.
     scrape = before is not None and sender.aborted is None and not sender.full
-    after = await scrape_metrics(host, port) if scrape else None
-    deltas = counter_deltas(before, after) if before is not None and after is not None else {}
+    after = await scrape_metrics(host, port, wire) if scrape else None
+    deltas = counter_deltas(before, after, wire) if before is not None and after is not None else {}
     window = schedule[-1] if schedule and sender.aborted is None else time.perf_counter() - sender.t0
     stopped = None
     sent = [r for r in records if r.sent is not None]

@@ -8,7 +8,53 @@ from typing import Any
 
 from orchestrator.client.streamparse import BadAnswer
 
-ENDPOINTS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# The kinds of benchmark endpoint (--endpoint): generate, the engine's native API; completions and chat, the OpenAI
+# API's. Where each is and how it is spoken is the engine's to say (engines/base.Engine.wire, request_body).
+ENDPOINT_NAMES = ("generate", "completions", "chat")
+# How the answer streams: OpenAI chunks (choices, usage; llama.cpp's timings beside them), or one cumulative JSON
+# object per event carrying its counts in meta_info (SGLang's native /generate).
+STREAM_FORMATS = ("openai", "cumulative")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Wire:
+    """How the client speaks to one server on one benchmark endpoint, as its engine says (engines/base.Engine.wire):
+    where requests go, how their answers stream, and where its counters are. JSON-able: it travels to the host with
+    every run."""
+
+    path: str
+    stream: str = "openai"  # one of STREAM_FORMATS
+    metrics_path: str | None = None  # Prometheus text, read before and after a run; None: it has none
+    # Which metric names to keep the deltas of (any name, labels summed; a `position` label kept apart as NAME[i]);
+    # None: every counter named as Prometheus names counters (`*_total`).
+    counters: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.stream not in STREAM_FORMATS:
+            raise ValueError(f"unknown stream format {self.stream!r}; expected one of {', '.join(STREAM_FORMATS)}")
+        if not self.path.startswith("/") or (self.metrics_path is not None and not self.metrics_path.startswith("/")):
+            raise ValueError(f"a wire's paths start with '/': {self.path!r}, {self.metrics_path!r}")
+
+    @classmethod
+    def of(cls, spec: Wire | dict[str, Any]) -> Wire:
+        """A wire from what a run was given: itself, or its JSON form (to_dict)."""
+        if isinstance(spec, Wire):
+            return spec
+        counters = spec.get("counters")
+        return cls(
+            path=str(spec["path"]),
+            stream=str(spec.get("stream", "openai")),
+            metrics_path=None if spec.get("metrics_path") is None else str(spec["metrics_path"]),
+            counters=None if counters is None else tuple(str(c) for c in counters),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "stream": self.stream,
+            "metrics_path": self.metrics_path,
+            "counters": None if self.counters is None else list(self.counters),
+        }
 
 
 # A server's numbers are checked before they are used: a token count drives per-token lists, so a lying server
@@ -60,12 +106,10 @@ def completion_tokens(value: Any, rec: Record) -> int:
     return whole_count(value, "completion_tokens", token_limit(rec.max_tokens))
 
 
-def build_body(
-    endpoint: str, item: dict[str, Any], max_tokens: int, model: str, *, keep_output: bool = False
-) -> dict[str, Any]:
-    """The JSON body of one streamed request with ignore_eos, so every request yields exactly max_tokens; greedy
-    (temperature 0) on every endpoint. keep_output: the client keeps what the request generated (KEEP_OUTPUT)."""
-    body = _body(endpoint, item, max_tokens, model)
+def with_markers(body: dict[str, Any], item: dict[str, Any], *, keep_output: bool = False) -> dict[str, Any]:
+    """An engine's request body (engines/base.Engine.request_body) with the client's own keys, never sent:
+    keep_output (KEEP_OUTPUT: keep what the request generated) and a multi-turn session's turn (SESSION_TURN)."""
+    body = dict(body)
     if isinstance(item.get("turn_index"), int):  # config/sessions.TURN_KEY: a multi-turn session's turn, from 0
         body[SESSION_TURN] = {"turn": item["turn_index"], "messages": list(item.get("messages") or [])}
     return {**body, KEEP_OUTPUT: True} if keep_output else body
@@ -87,50 +131,19 @@ def session_body(body: dict[str, Any], history: list[dict[str, Any]]) -> tuple[d
     if "messages" in out:
         out["messages"] = conversation
     elif "prompt" in out:
-        out["prompt"] = _flatten(conversation)
+        out["prompt"] = flatten(conversation)
     else:
-        out["text"] = _flatten(conversation)
+        out["text"] = flatten(conversation)
     return out, conversation
 
 
-def _body(endpoint: str, item: dict[str, Any], max_tokens: int, model: str) -> dict[str, Any]:
-    if endpoint == "generate":
-        body: dict[str, Any] = {
-            "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0},
-            "stream": True,
-        }
-        if item.get("input_ids") is not None:
-            body["input_ids"] = item["input_ids"]
-        else:
-            body["text"] = item.get("text") or _flatten(item.get("messages") or [])
-        return body
-    common = {
-        "model": model,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": True,
-        # continuous_usage_stats: cumulative usage in every chunk, so multi-token chunks are counted exactly.
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }
-    if endpoint == "completions":
-        prompt: Any = (
-            item["input_ids"]
-            if item.get("input_ids") is not None
-            else (item.get("text") or _flatten(item.get("messages") or []))
-        )
-        return {**common, "prompt": prompt}
-    if endpoint == "chat":
-        messages = item.get("messages") or [{"role": "user", "content": item.get("text") or _ids_text(item)}]
-        return {**common, "messages": messages}
-    raise ValueError(f"unknown endpoint {endpoint!r}; expected one of {', '.join(ENDPOINTS)}")
-
-
-def _flatten(messages: list[dict[str, Any]]) -> str:
+def flatten(messages: list[dict[str, Any]]) -> str:
+    """Chat messages as one prompt text, for an endpoint that takes text (a conversation on a text endpoint)."""
     return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in messages)
 
 
-def _ids_text(item: dict[str, Any]) -> str:
+def ids_text(item: dict[str, Any]) -> str:
+    """A token-id prompt as text, for an endpoint that takes no token ids (chat)."""
     return " ".join(f"t{i}" for i in item.get("input_ids") or [])
 
 

@@ -24,20 +24,26 @@ from typing import Any, TypeVar
 from orchestrator.client.headroom import Headroom, closed_loop_room
 from orchestrator.client.metrics import counter_deltas, scrape_metrics
 from orchestrator.client.openloop import run_schedule
-from orchestrator.client.request import ENDPOINTS, KEEP_OUTPUT, Record, build_body, session_body, session_turn
+from orchestrator.client.request import (
+    KEEP_OUTPUT,
+    Record,
+    Wire,
+    session_body,
+    session_turn,
+)
 from orchestrator.client.stream import Guard, check_bounds, fetch, live, live_begin, live_end
 from orchestrator.client.summary import summarize_run
 from orchestrator.client.watchdog import watch
 from orchestrator.common import stopsignals
 
 # What the rest of orch (bench, progress, the agent) and benchmarks/client_fidelity.py use through this module.
-__all__ = ["ENDPOINTS", "build_body", "live", "run", "run_requests", "summarize_run"]
+__all__ = ["Wire", "live", "run", "run_requests", "summarize_run"]
 
 
 async def run_requests(
     host: str,
     port: int,
-    endpoint: str,
+    endpoint: Wire | dict[str, Any],
     bodies: list[dict[str, Any]],
     max_tokens: list[int],
     concurrency: int,
@@ -57,8 +63,8 @@ async def run_requests(
     in flight or queued, each recorded with that reason.
     """
     check_bounds(timeout=timeout, stall_s=stall_s, first_token_s=first_token_s, watchdog_every_s=watchdog_every_s)
-    path = ENDPOINTS[endpoint]
-    before = await scrape_metrics(host, port)
+    wire = Wire.of(endpoint)
+    before = await scrape_metrics(host, port, wire)
     live_begin()
     t0 = time.perf_counter()
     records = [Record(index=i, start=0.0, max_tokens=max_tokens[i]) for i in range(len(bodies))]
@@ -89,7 +95,7 @@ async def run_requests(
     async def send(body: dict[str, Any], rec: Record) -> None:
         rec.start = time.perf_counter() - t0
         await fetch(
-            host, port, path, body, rec, t0, timeout, stall_s=stall_s, first_token_s=first_token_s, guards=guards
+            host, port, wire, body, rec, t0, timeout, stall_s=stall_s, first_token_s=first_token_s, guards=guards
         )
         if rec.error is not None:
             rec.failed = time.perf_counter() - t0
@@ -111,17 +117,17 @@ async def run_requests(
             if not sent[rec.index]:
                 rec.error = f"aborted: {aborted} (not sent)"
     # After an abort the server may be the reason: do not wait on its /metrics.
-    after = await scrape_metrics(host, port) if before is not None and aborted is None else None
+    after = await scrape_metrics(host, port, wire) if before is not None and aborted is None else None
     deltas: dict[str, Any] = {}
     if before is not None and after is not None:
-        deltas = counter_deltas(before, after)
+        deltas = counter_deltas(before, after, wire)
     return records, window_end if window_end is not None else time.perf_counter() - t0, deltas, aborted
 
 
 def run(
     host: str,
     port: int,
-    endpoint: str,
+    endpoint: Wire | dict[str, Any],
     bodies: list[dict[str, Any]],
     max_tokens: list[int],
     concurrency: int,

@@ -14,6 +14,7 @@ from orchestrator.client.request import (
     MAX_EVENT_BYTES,
     MAX_PROMPT_TOKENS,
     Record,
+    Wire,
     body_temperature,
     chunk_text,
     completion_tokens,
@@ -129,7 +130,7 @@ def check_bounds(**bounds: float) -> None:
 async def fetch(
     host: str,
     port: int,
-    path: str,
+    wire: Wire,
     body: dict[str, Any],
     rec: Record,
     t0: float,
@@ -151,7 +152,7 @@ async def fetch(
         rec.output, rec.temperature = [], body_temperature(body)
     text_chunks: list[int] = []
     streams: list[asyncio.BaseTransport] = []
-    inner = asyncio.get_running_loop().create_task(_stream(host, port, path, body, rec, t0, streams, text_chunks))
+    inner = asyncio.get_running_loop().create_task(_stream(host, port, wire, body, rec, t0, streams, text_chunks))
     guard = Guard(inner, rec, t0, timeout=timeout, stall_s=stall_s, first_token_s=first_token_s)
     if guards is not None:
         guards.add(guard)
@@ -191,7 +192,7 @@ async def fetch(
 async def _stream(
     host: str,
     port: int,
-    path: str,
+    wire: Wire,
     body: dict[str, Any],
     rec: Record,
     t0: float,
@@ -200,12 +201,12 @@ async def _stream(
 ) -> None:
     payload = json.dumps(body).encode()
     request = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"POST {wire.path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
         f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
         + payload
     )
     loop = asyncio.get_running_loop()
-    exchange = _Exchange(request, rec, t0, path != "/generate", text_chunks, loop.create_future())
+    exchange = _Exchange(request, rec, t0, wire.stream == "openai", text_chunks, loop.create_future())
     transport, _ = await loop.create_connection(lambda: exchange, host, port)
     streams.append(transport)
     await exchange.finished

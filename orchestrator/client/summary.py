@@ -275,8 +275,8 @@ def summarize_run(
         reasons.append(f"{len(errors)} of {len(records)} requests failed (first: {errors[0].error})")
     if short:
         reasons.append(
-            f"{len(short)} requests stopped early ({short[0].tokens} of {short[0].max_tokens} tokens "
-            "despite ignore_eos)"
+            f"{len(short)} requests stopped early ({short[0].tokens} of {short[0].max_tokens} tokens, though its "
+            "engine's request body asks for exactly that many)"
         )
     full = (open_loop or {}).get("stopped") or {}
     if full.get("capacity"):

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from orchestrator.client.request import ENDPOINTS
+from orchestrator.client.request import ENDPOINT_NAMES
 from orchestrator.config import arrivals
 from orchestrator.config.plan import OPTIONS, Plan, assumed_speed, claimed_speed, plan, sim_speed
 from orchestrator.config.plan import SUITE_NAMES as SUITE_NAMES  # the names a suite's refusals use, for its callers
@@ -75,7 +75,7 @@ def check_workload(bench: BenchConfig, where: str = "", names: Mapping[str, str]
             raise PlanError(f"{field(name)}: expected seconds from {flo:g} to {fhi:g}, got {_shown(value)}")
     if not (isinstance(bench.seed, int) and not isinstance(bench.seed, bool)):
         raise PlanError(f"{field('seed')}: expected a whole number, got {_shown(bench.seed)}")
-    for name, valid in (("endpoint", tuple(ENDPOINTS)), ("client", CLIENT_PLACES)):
+    for name, valid in (("endpoint", ENDPOINT_NAMES), ("client", CLIENT_PLACES)):
         if getattr(bench, name) not in valid:
             raise PlanError(f"{field(name)}: expected one of {', '.join(valid)}, got {_shown(getattr(bench, name))}")
     if not isinstance(bench.prompts, str) or not bench.prompts:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
+from orchestrator.client.request import ENDPOINT_NAMES
 from orchestrator.engines.base import CacheFlush, Engine, Probe, ServerProfile
 from orchestrator.engines.llamacpp import LlamaCpp
 from orchestrator.engines.sglang import SGLang
@@ -31,6 +32,45 @@ def get(name: str) -> Engine:
         raise ProfileError(
             f"unknown engine {name!r}{did_you_mean(name, _REGISTRY)}; known: {', '.join(_REGISTRY)}"
         ) from None
+
+
+def fact_packages(engine_names: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The packages the host facts record for these engines (every registered one by default): each engine's own,
+    then what it runs on, each once, in that order."""
+    out: dict[str, None] = {}
+    for name in names() if engine_names is None else engine_names:
+        out.update(dict.fromkeys(get(name).fact_packages))
+    return tuple(out)
+
+
+def endpoint_help() -> str:
+    """--endpoint's help, from the registry: what each endpoint is on each engine that serves it, and its default."""
+    ways = []
+    for endpoint in ENDPOINT_NAMES:
+        paths: dict[str, list[str]] = {}
+        for name in names():
+            if endpoint in get(name).endpoints:
+                paths.setdefault(get(name).wire(endpoint).path, []).append(name)
+        if paths:
+            ways.append(f"{endpoint} (" + "; ".join(f"POST {p} on {', '.join(n)}" for p, n in paths.items()) + ")")
+    defaults = "; ".join(f"{name}: {get(name).endpoints[0]}" for name in names())
+    return f"{', '.join(ways)}. Default: the first one every arm's engine serves ({defaults})."
+
+
+def simulated() -> tuple[str, ...]:
+    """The engines orch ships a simulator of (`--sim`)."""
+    return tuple(name for name in names() if get(name).simulated)
+
+
+def flush_help() -> str:
+    """How --flush-cache empties each engine's prefix cache, from the registry (engines/base.CacheFlush)."""
+    ways = []
+    for name in names():
+        flush = get(name).cache_flush
+        if flush is not None:
+            needs = f" (needs {flush.needs_env[0]}={flush.needs_env[1]} in the server's env)" if flush.needs_env else ""
+            ways.append(f"{name}: {flush.means}{needs}")
+    return "; ".join(ways)
 
 
 def common_endpoint(engine_names: Sequence[str]) -> str:
@@ -75,4 +115,17 @@ register(SGLang())
 register(VLLM())
 register(LlamaCpp())
 
-__all__ = ["CacheFlush", "Engine", "Probe", "check_use", "common_endpoint", "get", "names", "register"]
+__all__ = [
+    "CacheFlush",
+    "Engine",
+    "Probe",
+    "check_use",
+    "common_endpoint",
+    "endpoint_help",
+    "fact_packages",
+    "flush_help",
+    "get",
+    "names",
+    "register",
+    "simulated",
+]

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from orchestrator.client.request import Wire, flatten, ids_text
+
 
 class SpecSettings(Protocol):
     """What an engine reads of a profile's speculative settings (config.profile.Speculative)."""
@@ -62,6 +64,35 @@ class ServerProfile(Protocol):
     def attach(self) -> str | None: ...
     @property
     def env(self) -> tuple[tuple[str, str], ...]: ...
+
+
+# The OpenAI API's endpoints, which every engine here serves (Engine.wire's default).
+OPENAI_PATHS = MappingProxyType({"completions": "/v1/completions", "chat": "/v1/chat/completions"})
+
+
+def openai_body(endpoint: str, item: Mapping[str, Any], max_tokens: int, model: str) -> dict[str, Any]:
+    """One streamed OpenAI-API request (Engine.request_body's default): exactly max_tokens (ignore_eos, which vLLM,
+    SGLang and llama.cpp all take), greedy; cumulative usage in every chunk (continuous_usage_stats), so multi-token
+    chunks are counted exactly. A token-id prompt goes as ids to completions, as text to chat."""
+    common = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if endpoint == "completions":
+        prompt: Any = (
+            item["input_ids"]
+            if item.get("input_ids") is not None
+            else (item.get("text") or flatten(list(item.get("messages") or [])))
+        )
+        return {**common, "prompt": prompt}
+    if endpoint == "chat":
+        messages = item.get("messages") or [{"role": "user", "content": item.get("text") or ids_text(dict(item))}]
+        return {**common, "messages": messages}
+    raise ValueError(f"{endpoint!r} is no OpenAI API endpoint; expected one of {', '.join(OPENAI_PATHS)}")
 
 
 # Where orch's simulator answers its version and knobs as JSON, whatever engine it plays (the fingerprint's sim_knobs).
@@ -143,10 +174,16 @@ class Engine(ABC):
     # Variables the engine rewrites in its workers, so a profile value for them is not what the workers get: the
     # env read-back explains such a mismatch instead of calling it a failure of the profile.
     env_overrides: Mapping[str, str]
+    # Prefixes of the variables it reads (SGLANG_...): the env read-back reports them from every worker beside the
+    # profile's own, as it does the runtime's (agent/ops.RUNTIME_PREFIXES: NCCL_, CUDA_, ...).
+    env_prefixes: tuple[str, ...] = ()
     # Packages whose versions decide the server's speed, as the server's interpreter imports them (fingerprint).
     packages: tuple[str, ...]
     # The package whose version is the engine's version (None: only the server itself can say).
     version_package: str | None
+    # What it runs on whose version the host facts and `orch hosts check` record beside version_package (torch for
+    # a GPU engine): read from package metadata, cheap, and something two sessions' numbers may differ by.
+    runtime_packages: tuple[str, ...] = ()
     # A script the server's interpreter runs for the fingerprint that prints one line `ORCH_PROBE {"build": {...}}`:
     # how the engine was built (for a CPU engine, the instruction sets its kernels were compiled for). None: nothing
     # to read beyond the packages' versions.
@@ -161,7 +198,7 @@ class Engine(ABC):
     default_spec_steps: int = 3
     # Flags a profile field owns: repeating them in server_args would make two sources of truth.
     managed_flags: Mapping[str, str] = MappingProxyType({})
-    # The benchmark endpoints (client.ENDPOINTS keys) the engine serves; the first is the default.
+    # The benchmark endpoints (client.request.ENDPOINT_NAMES) the engine serves; the first is the default.
     endpoints: tuple[str, ...] = ("completions", "chat")
     # Whether orch ships a simulator of this engine (`--sim`).
     simulated: bool = False
@@ -173,6 +210,16 @@ class Engine(ABC):
     # Where it answers {"version": ...} (GET), asked of an attached server whose info did not say (None: nowhere).
     version_path: str | None = None
 
+    @property
+    def fact_packages(self) -> tuple[str, ...]:
+        """The packages whose versions the host facts record for it: its own, then what it runs on."""
+        return (*((self.version_package,) if self.version_package else ()), *self.runtime_packages)
+
+    def version_of(self, info: Mapping[str, Any]) -> str | None:
+        """The version in what its info or version path answered (a JSON object): by default its "version"."""
+        version = info.get("version")
+        return version if isinstance(version, str) else None
+
     def info_paths_of(self, simulated: bool) -> tuple[str, ...]:
         """Where a launch reports its settings: the engine's info paths, and for orch's simulator of it also the
         simulator's own (SIMULATOR_INFO_PATH), which always answers with its version and knobs."""
@@ -183,6 +230,23 @@ class Engine(ABC):
     # Its /metrics counters of (cached prompt tokens, prompt tokens), read as deltas across a run for its prefix
     # cache's hit rate where the responses did not say (None: it has none).
     cache_counters: tuple[str, str] | None = None
+    # Where it serves its counters as Prometheus text, read before and after every run (None: it has none), and
+    # which metric names a run keeps the deltas of (None: every counter named `*_total`, as Prometheus names them).
+    metrics_path: str | None = "/metrics"
+    counters: tuple[str, ...] | None = None
+
+    def wire(self, endpoint: str) -> Wire:
+        """How the client speaks to this engine on one of its endpoints (client.request.ENDPOINT_NAMES): by default
+        the OpenAI API's path and chunk stream, and this engine's counters. An engine with a native endpoint says
+        how it is spoken."""
+        if endpoint not in OPENAI_PATHS:
+            raise ValueError(f"{self.name} has no {endpoint!r} endpoint; it serves {', '.join(self.endpoints)}")
+        return Wire(path=OPENAI_PATHS[endpoint], metrics_path=self.metrics_path, counters=self.counters)
+
+    def request_body(self, endpoint: str, item: Mapping[str, Any], max_tokens: int, model: str) -> dict[str, Any]:
+        """One streamed benchmark request: exactly max_tokens generated (never stopping early at EOS), greedy; the
+        prompt is the item's `text`, `messages` or `input_ids`. By default the OpenAI API's (openai_body)."""
+        return openai_body(endpoint, item, max_tokens, model)
 
     def ready_probe(self, profile: ServerProfile) -> Probe:
         """What says a server orch launched is ready. Default: its health endpoint answers 200; engines that can

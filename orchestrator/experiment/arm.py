@@ -110,7 +110,7 @@ def run_launch(slot: LaunchSlot, profile: Profile, ctx: ArmContext) -> LaunchRes
                 on_run=record,
                 recover=lambda err: srv.recover(host, profile, events, err),
                 events=events,
-                cache_flush=engines.get(profile.engine).cache_flush,
+                engine=engines.get(profile.engine),
             )
             # Read during the first timed run: clocks and temperatures that drift between launches make them unequal.
             gpus = next((r.gpus for r in runs if r.gpus and r.gpus.get("available")), None)

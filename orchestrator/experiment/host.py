@@ -34,17 +34,20 @@ def nodes_needed(profiles: Sequence[Profile]) -> int:
     return max((p.nnodes for p in profiles if attach.url_of(p) is None), default=1)
 
 
-def host_facts(host: Host, config: ABConfig, resumed: dict[str, Any] | None, events: Events) -> dict[str, Any]:
-    """The host facts stored with the experiment. A group's: every node's, compared before anything starts; rank
-    0's stand for the experiment (its API is measured), every node's under `nodes`, and how they differ under
-    `node_mismatches` when --allow-node-mismatch (or the resumed experiment's own) let them launch anyway."""
+def host_facts(
+    host: Host, config: ABConfig, resumed: dict[str, Any] | None, events: Events, packages: Sequence[str]
+) -> dict[str, Any]:
+    """The host facts stored with the experiment (`packages`: the versions to record, its engines'
+    engines.fact_packages). A group's: every node's, compared before anything starts; rank 0's stand for the
+    experiment (its API is measured), every node's under `nodes`, and how they differ under `node_mismatches` when
+    --allow-node-mismatch (or the resumed experiment's own) let them launch anyway."""
     if not isinstance(host, GroupHost):
-        facts: dict[str, Any] = host.call("facts", nvidia_smi=host.config.nvidia_smi)
+        facts: dict[str, Any] = host.call("facts", nvidia_smi=host.config.nvidia_smi, packages=list(packages))
         return facts
     allowed = config.allow_node_mismatch or (
         resumed is not None and bool(json.loads(resumed["config_json"]).get("allow_node_mismatch"))
     )
-    per_node, mismatches = multinode.node_facts(host, allow_mismatch=allowed)
+    per_node, mismatches = multinode.node_facts(host, packages, allow_mismatch=allowed)
     if not mismatches:
         return {**per_node[host.nodes[0].name], "nodes": per_node}
     events.line(

@@ -9,10 +9,11 @@ from orchestrator.hosts.base import Host
 def check_host(host: Host, namespace: str) -> list[tuple[str, str]]:
     """`orch hosts check`: one (ok|warn|fail, text) per fact that matters before benchmarking on this host."""
     cfg = host.config
-    # Each engine's own package (its version is the engine's), and torch, which every GPU engine runs on.
+    # Each engine's own package (its version is the engine's), and what the engines run on (torch).
     kinds = [engines.get(name) for name in engines.names()]
     wanted = {e.version_package: e for e in kinds if e.version_package}
-    r = host.call("check", workdir=host.workdir, nvidia_smi=cfg.nvidia_smi, packages=[*wanted, "torch"])
+    runtime = [p for p in engines.fact_packages() if p not in wanted]
+    r = host.call("check", workdir=host.workdir, nvidia_smi=cfg.nvidia_smi, packages=[*wanted, *runtime])
     out: list[tuple[str, str]] = [("ok", f"connected to {host.name} ({getattr(host, 'display', 'this machine')})")]
     py = tuple(int(x) for x in r["python"].split(".")[:2])
     out.append(("ok" if py >= (3, 8) else "fail", f"python {r['python']} at {r['python_executable']}"))
@@ -30,7 +31,10 @@ def check_host(host: Host, namespace: str) -> list[tuple[str, str]]:
                 "profile's python: names another interpreter)",
             )
         )
-    out.append(("ok", f"torch {found['torch']}") if found.get("torch") else ("warn", "torch is not installed"))
+    for package in runtime:
+        out.append(
+            ("ok", f"{package} {found[package]}") if found.get(package) else ("warn", f"{package} is not installed")
+        )
     # An older agent does not send import_errors.
     for name, error in (r.get("import_errors") or {}).items():
         out.append(("warn", f"{name} is installed but `import {name}` fails with {r['python_executable']}: {error}"))

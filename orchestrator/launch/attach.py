@@ -16,6 +16,7 @@ from orchestrator import __version__, engines
 from orchestrator.common.printable import visible
 from orchestrator.config.profile import Profile
 from orchestrator.config.workload import BenchConfig
+from orchestrator.engines import Engine
 from orchestrator.errors import InputError, ServerError
 from orchestrator.hosts.base import Host
 from orchestrator.launch import fingerprint, single
@@ -154,19 +155,21 @@ def _models(base_url: str) -> list[str] | None:
     return [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
 
 
-def _version(base_url: str, info: dict[str, Any], path: str | None) -> tuple[str | None, str | None]:
-    """The version the server reports, and where: its info endpoint (SGLang), else the engine's version path
-    (vLLM's GET /version)."""
-    if isinstance(info.get("version"), str):
-        return info["version"], "server_info"
-    if path is None:
+def _version(base_url: str, info: dict[str, Any], engine: Engine) -> tuple[str | None, str | None]:
+    """The version the server reports, and where, as its engine reads it: its info endpoint (SGLang's), else the
+    engine's version path (vLLM's GET /version)."""
+    version = engine.version_of(info) if info else None
+    if version is not None:
+        return version, "server_info"
+    if engine.version_path is None:
         return None, None
     try:
-        r = httpx.get(base_url + path, timeout=MODELS_TIMEOUT_S)
-        version = r.json().get("version") if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
+        r = httpx.get(base_url + engine.version_path, timeout=MODELS_TIMEOUT_S)
+        answer = r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
         return None, None
-    return (version, f"GET {path}") if isinstance(version, str) else (None, None)
+    version = engine.version_of(answer) if isinstance(answer, dict) else None
+    return (version, f"GET {engine.version_path}") if version is not None else (None, None)
 
 
 def collect_fingerprint(
@@ -184,7 +187,7 @@ def collect_fingerprint(
     unreadable = [{"field": "host", "why": why}, {"field": "gpus", "why": why}, {"field": "env", "why": NOT_VERIFIED}]
     try:
         info = fingerprint.fetch_server_info(base_url, profile.engine)
-        version, source = _version(base_url, info, engines.get(profile.engine).version_path)
+        version, source = _version(base_url, info, engines.get(profile.engine))
         software: dict[str, Any] = {
             "engine": f"{profile.engine} (attached)",
             "engine_version": version,

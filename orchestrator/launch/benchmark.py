@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from orchestrator.client.metrics import counted_prefix_cache
+from orchestrator.client.request import Wire, with_markers
 from orchestrator.config.workload import BenchConfig, request_stream
 from orchestrator.engines import CacheFlush, Engine
 from orchestrator.errors import BenchError
@@ -66,8 +67,11 @@ def host_runner(
     config: BenchConfig,
     watch: list[dict[str, Any]] | None = None,
     power: bool = False,
+    *,
+    wire: Wire,
 ) -> Runner:
     """The client runs on the host, through the host-side agent: no laptop network jitter in the numbers.
+    `wire`: how the engine is spoken to on config.endpoint (engines/base.Engine.wire).
     `watch` (the launch's recorded processes) is checked there once a second: a run stops the moment one exits.
     With `power`, the agent samples the GPUs' power during every run, in the same call (summary["energy"])."""
 
@@ -88,7 +92,7 @@ def host_runner(
             call_timeout=60 + wait + (POWER_CALL_EXTRA_S if power else 0.0),
             address=address,
             port=port,
-            endpoint=config.endpoint,
+            endpoint=wire.to_dict(),
             bodies=call.bodies,
             max_tokens=call.max_tokens,
             concurrency=call.concurrency,
@@ -112,6 +116,7 @@ def local_runner(
     power: bool = False,
     *,
     relayed: bool = False,
+    wire: Wire,
 ) -> Runner:
     """The client runs in this process against base_url (for a remote host: the SSH tunnel's local end).
     GPU probes and the liveness checks of `watch` go to `host` from other threads (the agent is idle meanwhile).
@@ -169,7 +174,7 @@ def local_runner(
             result = client.run(
                 address,
                 port,
-                config.endpoint,
+                wire,
                 call.bodies,
                 call.max_tokens,
                 call.concurrency,
@@ -255,11 +260,18 @@ def runner_for(
     it has none."""
     multinode = len(host.members()) > 1
     power = probe_gpus and not multinode
+    wire = engine.wire(config.endpoint)
     inner = (
-        host_runner(host, address, port, config, watch, power)
+        host_runner(host, address, port, config, watch, power, wire=wire)
         if config.client == "host"
         else local_runner(
-            base_url, config, host if probe_gpus or watch else None, watch, power, relayed=not host.config.is_local
+            base_url,
+            config,
+            host if probe_gpus or watch else None,
+            watch,
+            power,
+            relayed=not host.config.is_local,
+            wire=wire,
         )
     )
     if probe_gpus and multinode:
@@ -282,7 +294,7 @@ def run_benchmark(
     on_run: Callable[[RunResult], None] | None = None,
     recover: Callable[[str], bool] | None = None,
     events: Events = QUIET,
-    cache_flush: CacheFlush | None = None,
+    engine: Engine,
 ) -> list[RunResult]:
     """Warmups, then timed runs at each concurrency level, or at each rate (open loop: each run sends its requests
     at the times its schedule gives); `on_run` sees each run the moment it finishes, `events` each one's start (a
@@ -296,14 +308,14 @@ def run_benchmark(
     same requests would be refused again.
 
     With config.flush_cache every timed run (never a warmup) starts from an empty prefix cache, the engine's way
-    (`cache_flush`: a request sent first in the run's own call, or fields in every timed request); a flush that
-    fails is a BenchError naming what the server said (and, for a 404, what enables the route).
+    (its `cache_flush`: a request sent first in the run's own call, or fields in every timed request); a flush that
+    fails is a BenchError naming what the server said (and, for a 404, what enables the route). Request bodies are
+    the engine's own (Engine.request_body).
     """
-    from orchestrator.client import runner as client
-
     # Each run takes its requests from the sequence as it starts: a run's bodies are built then, never the whole
     # launch's at once (a trace's long prompts are generated as they are taken).
     items = request_stream(config)
+    cache_flush = engine.cache_flush
     flushing = cache_flush if config.flush_cache else None
     if config.flush_cache and cache_flush is None:
         raise BenchError("--flush-cache: this server's engine has no way for orch to empty its prefix cache")
@@ -323,7 +335,7 @@ def run_benchmark(
         lengths = [max_tokens if warm else min(max_tokens, int(it.get("output_len") or max_tokens)) for it in chunk]
         keep = config.check_outputs and not warm
         bodies = [
-            client.build_body(config.endpoint, it, k, model, keep_output=keep)
+            with_markers(engine.request_body(config.endpoint, it, k, model), it, keep_output=keep)
             for it, k in zip(chunk, lengths, strict=True)
         ]
         bodies, flush_request = with_flush(bodies, None if warm else flushing)

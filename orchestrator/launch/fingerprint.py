@@ -177,7 +177,7 @@ def _collect(
         else fetch_server_info(srv.base_url, profile.engine, simulated=launch.simulated)
     )
     asked = " or ".join(f"GET {p}" for p in engine.info_paths_of(launch.simulated)) or "no info endpoint (it has none)"
-    reported = info.get("version")
+    reported = engine.version_of(info) if info else None
     if launch.simulated:
         # The simulator's "engine" is what it says it is: its reported version stands in for an import.
         software["engine_version"], source = reported, "server_info"

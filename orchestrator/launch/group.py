@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,11 +30,17 @@ class NodeMismatchError(OrchError):
     """The nodes of a group differ in something that must be equal on every node of one server."""
 
 
-def node_facts(group: GroupHost, *, allow_mismatch: bool = False) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """Every node's host facts, and how the nodes differ (GPU model, driver, engine package versions: one line per
-    field). Nodes that differ are refused (NodeMismatchError, exit 1) before anything is launched, unless
-    allow_mismatch (--allow-node-mismatch; `orch hosts check` only reports them)."""
-    facts = {node.name: node.call("facts", nvidia_smi=node.config.nvidia_smi) for node in group.nodes}
+def node_facts(
+    group: GroupHost, packages: Sequence[str], *, allow_mismatch: bool = False
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """Every node's host facts (with the versions of `packages`: engines.fact_packages), and how the nodes differ
+    (GPU model, driver, engine package versions: one line per field). Nodes that differ are refused
+    (NodeMismatchError, exit 1) before anything is launched, unless allow_mismatch (--allow-node-mismatch; `orch
+    hosts check` only reports them)."""
+    facts = {
+        node.name: node.call("facts", nvidia_smi=node.config.nvidia_smi, packages=list(packages))
+        for node in group.nodes
+    }
     problems = fingerprint.node_mismatches(facts)
     if problems and not allow_mismatch:
         # The remedy first: a nightly summary shows an error's first 300 characters, and the fields can be long.

@@ -350,7 +350,13 @@ def state_args(launch_: Launch, profile: Profile, redaction_key: bytes | None) -
     # The host digests with the same key, so equal values compare equal without leaving the host in clear.
     key = redaction_key or os.urandom(32)
     expected = {k: redact(k, v, key) for k, v in profile.env_dict().items()}
-    args = {"launch_id": launch_.launch_id, "pid": launch_.pid, "keys": sorted(expected), "digest_key": key.hex()}
+    args = {
+        "launch_id": launch_.launch_id,
+        "pid": launch_.pid,
+        "keys": sorted(expected),
+        "digest_key": key.hex(),
+        "prefixes": list(engines.get(profile.engine).env_prefixes),
+    }
     return args, expected
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import engines, yamlfile
-from orchestrator.client.request import ENDPOINTS
+from orchestrator.client.request import ENDPOINT_NAMES
 from orchestrator.config import arrivals as arrivals_mod
 from orchestrator.config import limits
 from orchestrator.config import profile as profiles_mod
@@ -264,7 +264,7 @@ WORKLOAD_FIELDS: dict[str, Callable[[Any], Any]] = {
     "seed": int_range(-(2**63), 2**63 - 1),
     "concurrency": _levels,
     "requests_per_stream": int_range(*limits.INT_RANGES["requests_per_stream"]),
-    "endpoint": choice(tuple(ENDPOINTS)),
+    "endpoint": choice(ENDPOINT_NAMES),
     "prompts": nonempty_str,
     "input_len": int_range(*limits.INT_RANGES["input_len"]),
     "client": choice(tuple(CLIENT_PLACES)),

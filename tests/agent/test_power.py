@@ -19,6 +19,7 @@ from orchestrator.agent import ops, power
 from orchestrator.agent.power import Sample
 from tests import fake_nvidia_smi
 from tests.client.test_client_stream import Server, generate_answer
+from tests.wires import wire
 
 INSTANT = "power.draw.instant"
 FIELDS = ("timestamp", "index", "uuid", "power.draw", "power.draw.instant", "clocks.sm")
@@ -218,7 +219,7 @@ def gpu_user() -> Iterator[subprocess.Popen[bytes]]:
 
 
 def _bench(server: SlowServer, **args: object) -> dict[str, object]:
-    return ops.op_bench_run(server.port, "generate", [{"text": "x"}] * 2, [30] * 2, 1, 30.0, **args)  # type: ignore[arg-type]
+    return ops.op_bench_run(server.port, wire("generate").to_dict(), [{"text": "x"}] * 2, [30] * 2, 1, 30.0, **args)  # type: ignore[arg-type]
 
 
 def test_bench_run_samples_the_launchs_gpu_during_the_run_and_stops_nvidia_smi_after(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from orchestrator.client import runner, stream
+from tests.wires import wire
 
 OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 ADVERSARIAL = [
@@ -119,7 +120,15 @@ def generate_answer(
 
 def run(srv: Server, n: int, max_tokens: int, endpoint: str = "generate", concurrency: int = 1) -> dict[str, Any]:
     return runner.run(
-        "127.0.0.1", srv.port, endpoint, [{"text": "x"}] * n, [max_tokens] * n, concurrency, 30.0, 0.0, stall_s=10.0
+        "127.0.0.1",
+        srv.port,
+        wire(endpoint),
+        [{"text": "x"}] * n,
+        [max_tokens] * n,
+        concurrency,
+        30.0,
+        0.0,
+        stall_s=10.0,
     )
 
 

@@ -17,6 +17,7 @@ from orchestrator.client import openloop, runner
 from orchestrator.client.headroom import RELAYED_FDS, REQUEST_BYTES, RESERVE_FDS, TOKEN_BYTES, Headroom, room
 from orchestrator.client.summary import fitted_rate, limit_of
 from tests.client.test_client_stream import Server, generate_answer
+from tests.wires import wire
 
 
 class SlowServer(Server):
@@ -61,7 +62,7 @@ def run(
     return runner.run(
         "127.0.0.1",
         srv.port,
-        "generate",
+        wire("generate"),
         [{"text": "x"}] * n,
         [4] * n,
         0,
@@ -225,7 +226,9 @@ def test_a_local_client_relayed_to_a_remote_host_counts_the_relays_descriptors(
     monkeypatch.setattr(openloop, "headroom", seen)
     call = RunCall([{"text": "x"}], [4], 0, False, {"schedule": [0.0], "rate": 1.0, "arrivals": "constant"})
     for relayed in (False, True):
-        summary = local_runner(f"http://127.0.0.1:{slow.port}", BenchConfig(endpoint="generate"), relayed=relayed)(call)
+        summary = local_runner(
+            f"http://127.0.0.1:{slow.port}", BenchConfig(endpoint="generate"), relayed=relayed, wire=wire("generate")
+        )(call)
         assert summary["valid"] and summary["errors"] == 0
     assert each == [1, RELAYED_FDS]  # the relay's socket and pipes are this process's descriptors too
 
@@ -234,13 +237,15 @@ CLOSED_LOOP_CHILD = """
 import json, resource, socket, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[1]), int(sys.argv[2])))
 from orchestrator.client import runner
+from tests.wires import wire
 listener = socket.socket()
 listener.bind(("127.0.0.1", 0))
 listener.listen(4096)  # a server that accepts and never answers: a request sent would be seen here
 listener.setblocking(False)
 c = int(sys.argv[3])
-summary = runner.run("127.0.0.1", listener.getsockname()[1], "generate", [{"text": "x"}] * c, [4] * c, c, timeout=5,
-                     stall_s=1, first_token_s=1)
+port = listener.getsockname()[1]
+summary = runner.run("127.0.0.1", port, wire("generate"), [{"text": "x"}] * c, [4] * c, c, timeout=5, stall_s=1,
+                     first_token_s=1)
 try:
     listener.accept()
     sent = True

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from orchestrator.common import stopsignals
+from tests.wires import wire
 
 
 @pytest.fixture
@@ -115,7 +116,7 @@ def test_a_flood_during_a_benchmark_run_ends_it_with_one_keyboard_interrupt(orch
         t.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            client.run("127.0.0.1", port, "generate", [{"text": "x", "stream": True}], [8], 1, timeout=30)
+            client.run("127.0.0.1", port, wire("generate"), [{"text": "x", "stream": True}], [8], 1, timeout=30)
         assert signal.getsignal(signal.SIGINT) is stopsignals.raise_interrupt
         for _ in range(100):  # still flooded: nothing raises once the stop was taken
             os.kill(os.getpid(), signal.SIGINT)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator import engines
 from orchestrator.config import arrivals, prompts, traces, workload
 from orchestrator.config.workload import BenchConfig, request_items
 from orchestrator.errors import PromptFileError
@@ -225,7 +226,7 @@ def test_each_run_takes_its_prompts_as_it_starts(tmp_path: Path, monkeypatch: py
         records = [Record(i, 0.0, 2, first=0.1, end=1.5, tokens=2, prompt_tokens=10) for i in range(len(call.bodies))]
         return summarize_run(records, 1.5, call.concurrency, {}, 0.0)
 
-    run_benchmark(runner, bench, model="m")
+    run_benchmark(runner, bench, model="m", engine=engines.get("sglang"))
     assert seen == [(1, 1), (3, 4), (3, 7)]  # (requests sent, prompts made so far) at each run
 
 

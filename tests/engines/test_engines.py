@@ -34,7 +34,7 @@ class Toy(Engine):
     env_overrides: Mapping[str, str] = MappingProxyType({"TOY_THREADS": "toy sets it from the core count"})
     packages = ("json",)
     version_package = None
-    endpoints = ("generate",)
+    endpoints = ("completions",)  # the OpenAI API, which the simulator serves as SGLang does
     simulated = True
 
     def server_flags(self, profile: Profile) -> list[str]:
@@ -58,7 +58,8 @@ def test_an_engine_registered_in_a_test_runs_end_to_end(
     prof = load(str(path))
     assert prof.launch_argv("py", simulate=True)[:4] == ["py", "-m", "orchestrator.sim", "--port"]
     store = Store(tmp_path / "r.db")
-    cfg = ABConfig(bench=BenchConfig(min_run_s=0, runs=2, warmup=0, max_tokens=16), simulate=True,
+    bench = BenchConfig(min_run_s=0, runs=2, warmup=0, max_tokens=16, endpoint="completions")
+    cfg = ABConfig(bench=bench, simulate=True,
                    namespace=NAMESPACE, grace_s=2, gpu_wait_s=0)  # fmt: skip
     result = run_ab(LocalHost(), [prof], cfg, store)
     (launch,) = result.launches

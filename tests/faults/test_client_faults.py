@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from orchestrator.client import request as client_requests
 from orchestrator.client import runner
+from tests.wires import wire
 
 # A handler gets the connection and the request line, and answers however it likes.
 Handler = Callable[[socket.socket, bytes], None]
@@ -103,7 +104,9 @@ def good_stream(n: int) -> Handler:
 def run(srv: Loopback, endpoint: str = "generate", n: int = 1, max_tokens: int = 4, **kw: Any) -> dict[str, Any]:
     kw.setdefault("timeout", 10.0)
     timeout = kw.pop("timeout")
-    return runner.run("127.0.0.1", srv.port, endpoint, [{"text": "x"}] * n, [max_tokens] * n, 1, timeout, 0.0, **kw)
+    return runner.run(
+        "127.0.0.1", srv.port, wire(endpoint), [{"text": "x"}] * n, [max_tokens] * n, 1, timeout, 0.0, **kw
+    )
 
 
 # ------------------------------------------------------------------ /metrics garbage
@@ -326,7 +329,7 @@ def test_watchdog_aborts_every_request_promptly(server: Loopback) -> None:
     s = runner.run(
         "127.0.0.1",
         server.port,
-        "generate",
+        wire("generate"),
         [{"text": "x"}] * 6,
         [2000] * 6,
         2,

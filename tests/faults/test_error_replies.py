@@ -80,8 +80,9 @@ def _serving(reply: bytes) -> Iterator[HoldingServer]:
 CLIENT = """
 import json, sys
 from orchestrator.client import runner as client
+from tests.wires import wire
 port, endpoint, first_token_s = int(sys.argv[1]), sys.argv[2], float(sys.argv[3])
-s = client.run("127.0.0.1", port, endpoint, [{"text": "x"}], [4], 1, 600.0, 0.0, first_token_s=first_token_s)
+s = client.run("127.0.0.1", port, wire(endpoint), [{"text": "x"}], [4], 1, 600.0, 0.0, first_token_s=first_token_s)
 print(json.dumps({"valid": s["valid"], "errors": s["errors"], "error": s["per_request"][0]["error"]}))
 """
 

@@ -18,6 +18,7 @@ import psutil
 import pytest
 import yaml
 
+from orchestrator import engines
 from orchestrator.agent import ops, teardown
 from orchestrator.config.profile import load
 from orchestrator.config.workload import BenchConfig
@@ -34,6 +35,7 @@ from tests.faults.support import (
     start,
     stored,
 )
+from tests.wires import wire
 
 SimProfiles = Callable[..., dict[str, Path]]
 
@@ -278,9 +280,10 @@ def test_a_stall_alone_is_bounded_and_never_retried(sim_profiles: SimProfiles) -
         t0 = time.monotonic()
         with pytest.raises(BenchError, match="the server failed during run 3") as failure:
             run_benchmark(
-                local_runner(srv.base_url, cfg),
+                local_runner(srv.base_url, cfg, wire=wire("generate")),
                 cfg,
                 model="m",
+                engine=engines.get("sglang"),
                 recover=lambda err: single.server_problem(host, srv, prof) is None,
             )
         # The stall ended it (and no repeat): not the request timeout. A generous bound: it is no speed test.

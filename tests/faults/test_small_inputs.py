@@ -34,6 +34,7 @@ from orchestrator.ui.events import Lines
 from tests.conftest import NAMESPACE, WriteProfile
 from tests.faults.test_client_faults import OK_HEAD, Loopback, gen_event
 from tests.nightly.test_nightly import sim_profile, write_suite
+from tests.wires import wire
 
 Capsys = pytest.CaptureFixture[str]
 
@@ -176,7 +177,9 @@ def test_a_stalled_run_says_it_failed_and_how_long_it_really_took() -> None:
     try:
         for n in (1, 2):
             calls[0] = 0
-            summary = runner.run("127.0.0.1", srv.port, "generate", [{"text": "x"}] * n, [2] * n, n, 30.0, stall_s=1.0)
+            summary = runner.run(
+                "127.0.0.1", srv.port, wire("generate"), [{"text": "x"}] * n, [2] * n, n, 30.0, stall_s=1.0
+            )
             # The run lasted until the stalled request was given up, not until its last token.
             assert summary["seconds"] >= 1.0, summary
             run = RunResult.from_summary(0, False, summary)

@@ -535,7 +535,7 @@ def test_hosts_check_finds_sglang_by_import(
     assert all(f" {engines.get(n).version_package} " in out for n in engines.names()), out
     vllm = r"warn\s+vllm is not installed for \S+ \(vllm profiles can only run with --sim, unless a profile's python: "
     assert re.search(vllm + "names another interpreter", out), out
-    facts = ops.op_facts()
+    facts = ops.op_facts(packages=engines.fact_packages())
     assert facts["sglang"] == "0.5.9" and facts["torch"] == "2.9.1+cu128"
     assert "sglang" not in sys.modules, "the agent must not import sglang itself"
     # Installed per metadata but broken on import: still reported, with a warning saying why.

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator import engines
 from orchestrator.client.request import Record
 from orchestrator.client.summary import summarize_run
 from orchestrator.config.workload import BenchConfig
@@ -42,6 +43,7 @@ def _bench(errors: list[str | None]) -> tuple[FailingRunner, list[str], list[str
         runner,
         config,
         model="m",
+        engine=engines.get("sglang"),
         on_run=stored.append,
         recover=lambda what: checked.append(what) or True,
         events=Lines(said.append),

@@ -60,31 +60,42 @@ class FakeRunner:
 def test_timed_runs_are_flushed_and_warmups_are_not() -> None:
     config = BenchConfig(runs=2, warmup=1, max_tokens=8, endpoint="completions", flush_cache=True)
     runner = FakeRunner()
-    run_benchmark(runner, config, model="m", cache_flush=engines.get("sglang").cache_flush)
+    run_benchmark(runner, config, model="m", engine=engines.get("sglang"))
     assert [flush for _, flush in runner.calls] == [None, *[{"method": "POST", "path": "/flush_cache"}] * 2]
     # llama.cpp: no request first; every timed request says not to reuse the slot's cache.
     runner = FakeRunner()
-    run_benchmark(runner, config, model="m", cache_flush=engines.get("llamacpp").cache_flush)
+    run_benchmark(runner, config, model="m", engine=engines.get("llamacpp"))
     assert [flush for _, flush in runner.calls] == [None, None, None]
     assert ["cache_prompt" in b for bodies, _ in runner.calls for b in bodies] == [False, True, True]
     assert runner.calls[1][0][0]["cache_prompt"] is False
     # Without --flush-cache nothing changes.
     runner = FakeRunner()
-    run_benchmark(runner, BenchConfig(runs=1, warmup=0, max_tokens=8, endpoint="completions"), model="m")
+    run_benchmark(
+        runner,
+        BenchConfig(runs=1, warmup=0, max_tokens=8, endpoint="completions"),
+        model="m",
+        engine=engines.get("llamacpp"),
+    )
     assert runner.calls[0][1] is None and "cache_prompt" not in runner.calls[0][0][0]
+
+
+class NoFlush(type(engines.get("vllm"))):  # type: ignore[misc]
+    """vLLM as if it had no way to empty its prefix cache."""
+
+    cache_flush = None
 
 
 def test_a_flush_the_server_refuses_stops_the_benchmark_naming_what_enables_it() -> None:
     config = BenchConfig(runs=2, warmup=1, max_tokens=8, endpoint="completions", flush_cache=True)
     said = {"method": "POST", "path": "/reset_prefix_cache", "status": 404, "body": '{"detail":"Not Found"}'}
     with pytest.raises(BenchError) as caught:
-        run_benchmark(FakeRunner(said), config, model="m", cache_flush=engines.get("vllm").cache_flush)
+        run_benchmark(FakeRunner(said), config, model="m", engine=engines.get("vllm"))
     assert str(caught.value).startswith(
         '--flush-cache: POST /reset_prefix_cache answered 404 before run 1 at concurrency 1 ({"detail":"Not Found"}); '
         "vLLM serves POST /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1 in its environment"
     )
     with pytest.raises(BenchError, match="no way for orch to empty its prefix cache"):
-        run_benchmark(FakeRunner(), config, model="m", cache_flush=None)
+        run_benchmark(FakeRunner(), config, model="m", engine=NoFlush())
 
 
 def test_an_engine_without_a_flush_is_refused_before_anything_starts() -> None:

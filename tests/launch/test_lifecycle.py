@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from orchestrator import engines
 from orchestrator.agent import ops
 from orchestrator.config.design import ABConfig
 from orchestrator.config.profile import Profile, load
@@ -24,6 +25,7 @@ from orchestrator.results.load import load_result
 from orchestrator.results.store import Store
 from orchestrator.ui.events import QUIET, Lines
 from tests.conftest import NAMESPACE
+from tests.wires import wire
 
 SimProfiles = Callable[..., dict[str, Path]]
 
@@ -51,7 +53,9 @@ def test_full_lifecycle_with_env_check_and_clean_teardown(sim_profiles: SimProfi
         one = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1}}
         assert httpx.post(srv.base_url + "/generate", json=one).json()["meta_info"]["completion_tokens"] == 1
         cfg = BenchConfig(min_run_s=0, runs=1, warmup=1, max_tokens=16, warmup_max_tokens=4)
-        runs = run_benchmark(local_runner(srv.base_url, cfg), cfg, model="m")
+        runs = run_benchmark(
+            local_runner(srv.base_url, cfg, wire=wire("generate")), cfg, model="m", engine=engines.get("sglang")
+        )
         assert [r.tokens for r in runs] == [4, 16]
     assert srv.teardown is not None and srv.teardown["port_free"] and not srv.teardown["remaining"]
     assert all(not ops.op_alive(p)["alive"] for p in pids)

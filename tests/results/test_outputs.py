@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.client.request import KEEP_OUTPUT, Record, build_body, count_openai_chunk, kept_output
+from orchestrator.client.request import KEEP_OUTPUT, Record, count_openai_chunk, kept_output
 from orchestrator.report.jsondoc import ab_json
 from orchestrator.report.markdown import ab_markdown
 from orchestrator.report.text import ab_text
@@ -20,6 +20,7 @@ from orchestrator.sim.engine import greedy_token
 from orchestrator.sim.requests import generate_body, openai_body
 from tests.conftest import FAST_SIM, WriteProfile, free_port
 from tests.engines.test_llamacpp import children_gone, cpu_profiles, real  # noqa: F401 (fixture)
+from tests.wires import body
 
 Capsys = pytest.CaptureFixture[str]
 
@@ -27,11 +28,11 @@ Capsys = pytest.CaptureFixture[str]
 def test_the_body_asks_for_greedy_output_and_the_client_keeps_it_only_when_told() -> None:
     item = {"text": "say something"}
     for endpoint in ("generate", "completions", "chat"):
-        body = build_body(endpoint, item, 8, "m")
-        assert KEEP_OUTPUT not in body
-        temperature = body["sampling_params"]["temperature"] if endpoint == "generate" else body["temperature"]
+        built = body(endpoint, item, 8, "m")
+        assert KEEP_OUTPUT not in built
+        temperature = built["sampling_params"]["temperature"] if endpoint == "generate" else built["temperature"]
         assert temperature == 0.0
-        assert build_body(endpoint, item, 8, "m", keep_output=True)[KEEP_OUTPUT] is True
+        assert body(endpoint, item, 8, "m", keep_output=True)[KEEP_OUTPUT] is True
     rec = Record(index=3, start=0.0, max_tokens=8, output=[])
     for piece in ("Hel", "lo", " world"):
         count_openai_chunk({"choices": [{"text": piece}]}, rec, [])

@@ -50,7 +50,7 @@ def endpoint_help() -> str:
         paths: dict[str, list[str]] = {}
         for name in names():
             if endpoint in get(name).endpoints:
-                paths.setdefault(get(name).wire(endpoint).path, []).append(name)
+                paths.setdefault(get(name).wire(endpoint).path, []).append(get(name).title or name)
         if paths:
             ways.append(f"{endpoint} (" + "; ".join(f"POST {p} on {', '.join(n)}" for p, n in paths.items()) + ")")
     defaults = "; ".join(f"{name}: {get(name).endpoints[0]}" for name in names())
@@ -58,8 +58,8 @@ def endpoint_help() -> str:
 
 
 def simulated() -> tuple[str, ...]:
-    """The engines orch ships a simulator of (`--sim`)."""
-    return tuple(name for name in names() if get(name).simulated)
+    """The engines orch ships a simulator of (`--sim`), by title ("SGLang")."""
+    return tuple(get(name).title or name for name in names() if get(name).simulated)
 
 
 def flush_help() -> str:
@@ -69,7 +69,7 @@ def flush_help() -> str:
         flush = get(name).cache_flush
         if flush is not None:
             needs = f" (needs {flush.needs_env[0]}={flush.needs_env[1]} in the server's env)" if flush.needs_env else ""
-            ways.append(f"{name}: {flush.means}{needs}")
+            ways.append(f"{get(name).title or name}: {flush.means}{needs}")
     return "; ".join(ways)
 
 

@@ -169,6 +169,8 @@ class Engine(ABC):
     and the reports ask the adapter."""
 
     name: str
+    # How its makers write its name, for the reader (a profile says `engine: NAME`); the name when unset.
+    title: str = ""
     # The endpoint whose 200 means "ready to serve" (not merely "the port is open").
     health_path: str
     # Variables the engine rewrites in its workers, so a profile value for them is not what the workers get: the

@@ -85,6 +85,7 @@ _DEFAULT_LENGTH = {"ngram-mod": 64}
 
 class LlamaCpp(Engine):
     name = "llamacpp"
+    title = "llama.cpp"
     # 503 "Loading model" on every route until the model is loaded, then 200.
     health_path = "/health"
     env_overrides: Mapping[str, str] = MappingProxyType({})

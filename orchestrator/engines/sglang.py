@@ -29,6 +29,7 @@ NEEDS_DRAFT_MODEL = ("EAGLE", "EAGLE3", "STANDALONE")
 
 class SGLang(Engine):
     name = "sglang"
+    title = "SGLang"
     # /health and /health_generate share one handler in 0.5.x; /model_info and /v1/models answer during warmup
     # and so are not readiness signals. Readiness and health checks use GENERATE_ONE instead (no 1 s wait).
     health_path = "/health_generate"

@@ -39,6 +39,7 @@ OWNED_CONFIG_KEYS: Mapping[str, str] = MappingProxyType(
 
 class VLLM(Engine):
     name = "vllm"
+    title = "vLLM"
     # 200 once the engine core answers (the port refuses connections until then); 503 once the engine is dead. It
     # reads a flag, generates nothing: the health check of attached servers and before a repeat; readiness of a
     # launch is a real 1-token completion (ready_probe).

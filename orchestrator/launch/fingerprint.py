@@ -262,10 +262,8 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("software.engine_version", "engine", 100, "engine version"),
     ("software.engine", "engine", 100, "engine"),
     ("software.engine_version_source", "engine", 5, "engine version read from"),
-    ("software.sglang", "engine", 99, "sglang (import)"),
     ("software.torch", "engine", 98, "torch"),
     ("software.nccl", "engine", 97, "NCCL"),
-    ("software.sgl_kernel", "engine", 96, "sgl-kernel"),
     ("software.flashinfer", "engine", 95, "flashinfer"),
     ("software.triton", "engine", 94, "triton"),
     ("software.served_models", "engine", 93, "served models"),
@@ -395,8 +393,23 @@ def steadied(fps: list[dict[str, Any]]) -> dict[str, Any] | None:
 def _match(path: str) -> tuple[str, str, int, str] | None:
     # The longest prefix wins: gpus.uuids is a fact about the box (host, 15), not a GPU setting like the rest of
     # gpus (70), whatever the order of the rules.
-    found = [r for r in _RULES if path == r[0] or path.startswith(r[0] + ".")]
+    found = [r for r in (*_RULES, *_package_rules()) if path == r[0] or path.startswith(r[0] + ".")]
     return max(found, key=lambda r: len(r[0])) if found else None
+
+
+def _package_rules() -> list[tuple[str, str, int, str]]:
+    """The registered engines' packages (engines/base.Engine.packages): each engine's own version first after the
+    engine version itself (`sglang (import)`), the rest it names beside the runtime's (NODE_PACKAGES_WEIGHT)."""
+    rules, fixed = [], {r[0] for r in _RULES}
+    for name in engines.names():
+        engine = engines.get(name)
+        for package in engine.packages:
+            if f"software.{package}" in fixed:
+                continue
+            own = package == engine.version_package
+            weight, label = (99, f"{package} (import)") if own else (NODE_PACKAGES_WEIGHT, package)
+            rules.append((f"software.{package}", "engine", weight, label))
+    return rules
 
 
 def _rule(path: str) -> tuple[str, int, str]:

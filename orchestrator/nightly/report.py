@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.common.printable import visible
+from orchestrator.config.slo import METRICS
 from orchestrator.experiment import failon
 from orchestrator.nightly import changepoint, history
 from orchestrator.nightly.result import (
@@ -20,7 +21,7 @@ from orchestrator.nightly.result import (
     pct,
     series_env_ids,
 )
-from orchestrator.nightly.suite import ACROSS_LEVELS
+from orchestrator.nightly.suite import ACROSS_LEVELS, as_metric
 from orchestrator.report.lines import SIM_BANNER
 from orchestrator.report.markdown import md_code, md_text
 
@@ -86,9 +87,11 @@ def fmt_value(v: float | None, metric: str, ratio: bool = False) -> str:
         return f"{v:.3g}"
     if ratio:
         return f"{v:.3f}x"
-    if name == "ttft_p99":
-        return f"{v * 1000:.0f} ms"
-    if name in ("accept_length", "goodput"):
+    shared = as_metric(name)
+    spec = METRICS[shared] if shared is not None else None
+    if spec is not None and spec.unit == "ms":  # a latency, stored in seconds (config/slo.MetricSpec.scale)
+        return f"{v * spec.scale:.0f} ms"
+    if name == "accept_length" or (spec is not None and spec.unit == "req/s"):
         return f"{v:.2f}"
     return f"{v:.1f}"
 

@@ -43,29 +43,33 @@ class SuiteError(InputError):
     """A suite file is missing, malformed or invalid: the message names the file, the item and the field."""
 
 
-# The nightly's metrics that `--metric` also has (config/slo.METRICS), under --metric's name: a night takes their
-# values with the same function as a comparison (results/goodput.comparable) and their direction from there, so both
-# say the same of one run.
-AS_METRIC = {"tok_s": "tok_s", "agg_tok_s": "aggregate_tok_s", "ttft_p99": "ttft_p99", "goodput": "goodput"}
-
-
-def _higher(name: str) -> bool:
-    return AB_METRICS[AS_METRIC[name]].higher_is_better
-
-
-# What a metric measures and which way is worse. A/B items also track each arm's ratio to the baseline.
-METRICS: dict[str, tuple[str, bool]] = {
-    "tok_s": ("per-stream output tok/s", _higher("tok_s")),
-    "agg_tok_s": ("aggregate output tok/s over all streams", _higher("agg_tok_s")),
-    "ttft_p99": ("time to first token, p99 (s)", _higher("ttft_p99")),
+# The series a night tracks that no comparison is on: what each measures and whether higher is better. Every metric
+# of the one registry (config/slo.METRICS) is a nightly metric too, under its suite name (metrics()). A/B items also
+# track each arm's ratio to the baseline.
+NIGHTLY_ONLY: dict[str, tuple[str, bool]] = {
     "accept_length": ("speculative accept length", True),
-    "goodput": ("requests within every limit of the item's slo: per second", _higher("goodput")),
     # Across the levels (no @): where an arm's ratio to the baseline crosses 1, and each arm's highest load within
     # the item's slo (stats/crossover). A night that does not cross in the range measured is censored, not a number
     # (history.measure, result.judge).
     "crossover": ("the load where an arm's tok/s ratio to the baseline crosses 1 (req/s or concurrency)", True),
     "max_rate_slo": ("each arm's highest load within every percentile objective of the item's slo", True),
 }
+
+
+def metrics() -> dict[str, tuple[str, bool]]:
+    """Every metric a suite may track, (what it measures, whether higher is better): each of the registry's (under
+    its suite name: agg_tok_s for aggregate_tok_s) and the nightly's own series. Read when asked, so a metric
+    registered later (config/slo.register_metric) is tracked too."""
+    shared = {s.suite_name: (s.label, s.higher_is_better) for s in AB_METRICS.values()}
+    return {**shared, **NIGHTLY_ONLY}
+
+
+def as_metric(name: str) -> str | None:
+    """The registry's (`--metric`'s) name of a nightly metric: a night takes its values with the same function as a
+    comparison (results/goodput.comparable), so both say the same of one run; None for the nightly's own series."""
+    return next((s.name for s in AB_METRICS.values() if s.suite_name == name), None)
+
+
 # The metrics taken over every level of the workload rather than at one (no `@`).
 ACROSS_LEVELS = ("crossover", "max_rate_slo")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
@@ -85,7 +89,7 @@ class Metric:
 
     @property
     def higher_is_better(self) -> bool:
-        return METRICS[self.name][1]
+        return metrics()[self.name][1]
 
     @property
     def key(self) -> str:
@@ -234,9 +238,9 @@ def _metric(spec: Any, threshold: float) -> Metric:
     if not isinstance(spec, str):
         raise FieldError(f"expected a metric name such as tok_s or agg_tok_s@32, got {show(spec)}")
     name, sep, at = spec.partition("@")
-    if name not in METRICS:
-        valid = ", ".join(f"{k} ({v[0]})" for k, v in METRICS.items())
-        raise FieldError(f"unknown metric {show(name)}{did_you_mean(name, METRICS)}; valid: {valid}")
+    known = metrics()
+    if name not in known:
+        raise FieldError(f"unknown metric {show(name)}{did_you_mean(name, known)}; valid: {', '.join(known)}")
     if sep and name in ACROSS_LEVELS:
         raise FieldError(f"{show(spec)}: {name} is taken across every level of the workload; write {name} alone")
     level: float | None = None
@@ -564,7 +568,7 @@ def _metrics(raw: Any, threshold: float, levels: tuple[Level, ...], label: str) 
     else:
         raise SuiteError(f"{where}: expected a list such as [tok_s, ttft_p99] or a mapping such as {{tok_s: 3%}}")
     if not pairs:
-        raise SuiteError(f"{where}: empty; name at least one of {', '.join(METRICS)}")
+        raise SuiteError(f"{where}: empty; name at least one of {', '.join(metrics())}")
     out: list[Metric] = []
     for spec, th in pairs:
         try:

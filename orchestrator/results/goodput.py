@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.slo import METRICS, SLO
+from orchestrator.config.slo import METRICS, QUANTITIES, SLO
 from orchestrator.stats.estimates import quantile
 
 if TYPE_CHECKING:
@@ -22,8 +22,12 @@ CONTINUITY = 0.5
 
 def needs_rows(slo: SLO | None, metric: str) -> bool:
     """Whether judging needs the runs' per-request rows (a stored experiment reads them only then): an SLO counts
-    requests, and a p95 is not among the percentiles the client stores with each run."""
-    return slo is not None or metric.endswith("_p95")
+    requests, a quantity's percentile the client does not store with each run (a p95) is computed from them, and a
+    metric with a value function of its own may read them."""
+    if slo is not None or (METRICS[metric].value is not None if metric in METRICS else False):
+        return True
+    quantity, _, p = metric.rpartition("_p")
+    return quantity in QUANTITIES and p.isdigit() and int(p) not in QUANTITIES[quantity].stored
 
 
 def completed(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -31,24 +35,9 @@ def completed(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [r for r in rows if not r.get("error") and r.get("e2e_s") is not None]
 
 
-def request_tpot(row: Mapping[str, Any]) -> float | None:
-    """(e2e - TTFT) / (tokens - 1), as the client computes TPOT; None for a request of one token or none."""
-    ttft, e2e, tokens = row.get("ttft_s"), row.get("e2e_s"), int(row.get("tokens") or 0)
-    if ttft is None or e2e is None or tokens <= 1:
-        return None
-    return (float(e2e) - float(ttft)) / (tokens - 1)
-
-
 def request_latencies(row: Mapping[str, Any]) -> dict[str, float | None]:
-    """One completed request's latencies as an SLO checks them. A request of at most one token has no time per output
-    token; like vLLM's goodput it counts as 0 there (it cannot break a TPOT limit)."""
-    tokens = int(row.get("tokens") or 0)
-    ttft, e2e = row.get("ttft_s"), row.get("e2e_s")
-    return {
-        "ttft": None if ttft is None else float(ttft),
-        "tpot": request_tpot(row) if tokens > 1 else 0.0,
-        "e2e": None if e2e is None else float(e2e),
-    }
+    """One completed request's latencies as an SLO checks them (config/slo.Quantity.under_slo), by quantity."""
+    return {name: q.under_slo(row) for name, q in QUANTITIES.items()}
 
 
 @dataclass(frozen=True)
@@ -136,18 +125,18 @@ def goodput_seconds(run: RunResult) -> float:
 
 
 def _quantity_samples(rows: Sequence[Mapping[str, Any]], quantity: str) -> list[float]:
-    """One value per completed request, as the client's own percentiles take them (TPOT: two tokens or more)."""
-    done = completed(rows)
-    if quantity == "tpot":
-        return [v for r in done if (v := request_tpot(r)) is not None]
-    key = f"{quantity}_s"
-    return [float(r[key]) for r in done if r.get(key) is not None]
+    """One value per completed request that has one (config/slo.Quantity.sample), as the client's own percentiles
+    take them (TPOT: two tokens or more)."""
+    sample = QUANTITIES[quantity].sample
+    return [v for r in completed(rows) if (v := sample(r)) is not None]
 
 
 def run_value(run: RunResult, metric: str, slo: SLO | None = None) -> float | None:
     """The run's value of a metric (METRICS, or a RunResult field such as ttft_s); None where it cannot be had: a
     goodput without an SLO or per-request rows, a percentile without samples."""
     spec = METRICS.get(metric)
+    if spec is not None and spec.value is not None:
+        return spec.value(run, slo)
     if spec is None or metric in ("tok_s", "aggregate_tok_s"):
         value = getattr(run, metric, None)
         return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
@@ -157,7 +146,7 @@ def run_value(run: RunResult, metric: str, slo: SLO | None = None) -> float | No
             return None
         return got.req_s if metric == "goodput" else got.tok_s
     quantity, _, p = metric.rpartition("_p")
-    if quantity != "itl" and run.per_request:
+    if quantity in QUANTITIES and run.per_request:
         samples = sorted(_quantity_samples(run.per_request, quantity))
         return quantile(samples, int(p) / 100) if samples else None
     # ITL, and runs without their per-request rows: the percentiles the client stored (p50, p90 and p99).

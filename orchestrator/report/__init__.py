@@ -1,7 +1,8 @@
 """Results rendered, no measuring: one module per format behind `formats.FORMATS` (`text`, `jsondoc`, `csvrows`,
-`markdown`, `html` with its `plots`, `jsonl`), what every format says in `lines` (and in `outputs`: the lossless
-check and accept length per request), comparisons or a claim's verdict in `compare`, and the nightly history page
-(`nightly_page` its model as plain data, `nightly_html` its rendering).
+`markdown`, `html` with its `plots`, `jsonl`), the sections every format renders from one model (`sections`), what
+every format says in `lines` (and in `outputs`: the lossless check and accept length per request), comparisons or a
+claim's verdict in `compare`, and the nightly history page (`nightly_page` its model as plain data, `nightly_html`
+its rendering).
 """
 
 __all__ = [
@@ -17,5 +18,6 @@ __all__ = [
     "nightly_page",
     "outputs",
     "plots",
+    "sections",
     "text",
 ]

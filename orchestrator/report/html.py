@@ -40,9 +40,9 @@ from orchestrator.report.lines import (
     unsent_lines,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
+from orchestrator.report.sections import Section, sections
 from orchestrator.results import curves
 from orchestrator.results.byprompt import by_prompt
-from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.outputs import accept_distributions
@@ -851,13 +851,16 @@ def _sweep_note(result: ABResult) -> list[str]:
     return [f'<p class="note" id="sweep">{_e(said)}</p>'] if said else []
 
 
-def _cache_section(result: ABResult) -> str:
-    """Each arm's prefix-cache hit rate (results/cache), as text and Markdown print it; nothing when none reported."""
-    said = cache_lines(result)
-    if not said:
-        return ""
-    items = "".join(f"<li>{_e(line)}</li>" for line in said)
-    return f'<section id="prefix-cache"><h2>Prefix cache</h2><ul>{items}</ul></section>'
+def section_html(section: Section) -> str:
+    """A report section (report/sections) as HTML: its heading, table, list and note."""
+    parts = [f'<section id="{section.html_id}"><h2>{_e(section.title)}</h2>']
+    if section.table:
+        parts.append(_table(section.table, f"table-{section.html_id}"))
+    if section.items:
+        parts.append("<ul>" + "".join(f"<li>{_e(item)}</li>" for item in section.items) + "</ul>")
+    if section.note:
+        parts.append(f'<p class="note">{_e(section.note)}</p>')
+    return "".join(parts) + "</section>"
 
 
 def ab_html(result: ABResult, requests: Requests | None = None) -> str:
@@ -927,7 +930,7 @@ def ab_html(result: ABResult, requests: Requests | None = None) -> str:
         _category_section(result),
         _prompt_section(result),
         _turn_section(result),
-        _cache_section(result),
+        *(section_html(section) for section in sections(result)),
     ]
     body.append('<section id="plots"><h2>Throughput</h2>')
     body += [_tok_s_figure(result, lv) for lv in result.levels or [1]]

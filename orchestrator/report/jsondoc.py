@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.report.lines import energy_note
 from orchestrator.report.outputs import outputs_json
+from orchestrator.report.sections import NO_JSON, sections
 from orchestrator.results.byprompt import by_prompt
 from orchestrator.results.cache import arm_cache_at
 from orchestrator.results.categories import by_category, unsent
@@ -190,6 +191,11 @@ def _launch_json(result: ABResult, launch: LaunchResult) -> dict[str, Any]:
     }
 
 
+def section_json(result: ABResult) -> dict[str, Any]:
+    """The registered report sections (report/sections) that have a JSON value, by key."""
+    return {s.key: s.data for s in sections(result) if s.data is not NO_JSON}
+
+
 def ab_json(result: ABResult) -> dict[str, Any]:
     """The `--json` document. Field names are a contract with cron users: add, never rename."""
     levels = result.levels or [1]
@@ -228,6 +234,8 @@ def ab_json(result: ABResult) -> dict[str, Any]:
         "max_within_slo_comparisons": [c.to_dict() for c in result.capacity_comparisons()],
         "warnings": result.warnings(),
         "notes": list(result.notes),
+        # Every registered section with a JSON value of its own (report/sections), under its key.
+        **section_json(result),
         # --check-outputs: each arm's outputs against the baseline's (and the baseline's across blocks); accept
         # length per request: the mean of per-request values beside the token-weighted one (report/outputs)
         **outputs_json(result),

@@ -39,8 +39,8 @@ from orchestrator.report.lines import (
     whatif_line,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
+from orchestrator.report.sections import Section, sections
 from orchestrator.results.byprompt import by_prompt
-from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import Level, level_name, level_phrase
@@ -118,6 +118,20 @@ def md_table(rows: list[list[str]]) -> list[str]:
 def _items(lines: list[str]) -> list[str]:
     """Plain lines as a Markdown list, each item's text escaped."""
     return [f"- {md_text(line)}" for line in lines]
+
+
+def section_md(section: Section) -> list[str]:
+    """A report section (report/sections) in Markdown: a heading, then its table, list and note."""
+    parts = [
+        md_table([list(row) for row in section.table]) if section.table else [],
+        _items(list(section.items)),
+        [f"_{md_text(section.note)}_"] if section.note else [],
+    ]
+    lines = ["", f"## {md_text(section.title)}"]
+    for part in parts:
+        if part:  # a blank line between blocks: a list or a note right under a table would be read into it
+            lines += ["", *part]
+    return lines
 
 
 def _category_md(result: ABResult, level: Level) -> list[str]:
@@ -206,8 +220,8 @@ def ab_markdown(result: ABResult) -> str:
         lines += [f"- {t(line)}" if not line.startswith("  ") else f"  - {t(line.strip())}" for line in checked[1:]]
     if note := energy_note(result):
         lines += ["", f"_{t(note)}_"]
-    if cached := cache_lines(result):
-        lines += ["", "## Prefix cache", "", *_items(cached)]
+    for section in sections(result):
+        lines += section_md(section)
     if by_turn := turn_lines(result):
         lines += ["", "## By turn", "", *_items(by_turn)]
     warnings = result.warnings()

@@ -391,7 +391,9 @@ def breakeven_chart(fig_id: str, be: BreakEven, label: str, base_label: str, ind
                 ax.errorbar(
                     [be.measured_tau],
                     [be.measured_tau * per_ms],
-                    xerr=[[be.measured_tau - mci[0]], [mci[1] - be.measured_tau]],
+                    # An interval as narrow as the point (every launch alike) can sit a rounding error beside it:
+                    # matplotlib refuses a negative error bar.
+                    xerr=[[max(0.0, be.measured_tau - mci[0])], [max(0.0, mci[1] - be.measured_tau)]],
                     fmt="none",
                     ecolor="black",
                     capsize=3,

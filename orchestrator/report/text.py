@@ -39,8 +39,8 @@ from orchestrator.report.lines import (
     whatif_line,
 )
 from orchestrator.report.outputs import accept_lines, outputs_lines
+from orchestrator.report.sections import Section, sections
 from orchestrator.results.byprompt import by_prompt
-from orchestrator.results.cache import cache_lines
 from orchestrator.results.categories import by_category
 from orchestrator.results.model import ABResult
 from orchestrator.results.run import Level, level_name, level_phrase
@@ -60,6 +60,15 @@ def text_table(rows: list[list[str]]) -> list[str]:
         if n == 0:
             out.append("  " + "  ".join("-" * w for w in widths))
     return out
+
+
+def section_lines(section: Section) -> list[str]:
+    """A report section (report/sections) in the terminal report: its heading, table, sentences and note."""
+    lines = [f"  {section.title}:"] if section.text_heading else []
+    if section.table:
+        lines += text_table([list(row) for row in section.table])
+    lines += [f"  {item}" for item in section.items]
+    return lines + ([f"  {section.note}"] if section.note else [])
 
 
 def _design_lines(result: ABResult) -> list[str]:
@@ -164,7 +173,8 @@ def ab_text(result: ABResult) -> str:
             lines.append(f"  {arm.label}: accept length from {', '.join(sorted(sources))}")
     if said := energy_note(result):
         lines.append(f"  {said}")
-    lines += [f"  {line}" for line in cache_lines(result)]
+    for section in sections(result):
+        lines += section_lines(section)
     lines += [f"  {line}" for line in turn_lines(result)]
     for warning in result.warnings():
         lines.append(f"  WARNING: {warning}")

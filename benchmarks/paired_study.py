@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from orchestrator.results.bundle import result_from_bundle
 from orchestrator.results.bundleformat import read_bundle
-from orchestrator.results.model import paired_blocks
+from orchestrator.results.pairing import paired_blocks
 from orchestrator.stats.estimates import ratio_ci, verdict
 
 

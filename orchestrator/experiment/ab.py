@@ -25,19 +25,12 @@ from orchestrator.hosts.group import GroupHost
 from orchestrator.launch import attach, ports, single
 from orchestrator.launch import group as multinode
 from orchestrator.results import datasource
+from orchestrator.results.autostop import auto_look, with_auto_notes
 from orchestrator.results.byprompt import workload_prompts
 from orchestrator.results.categories import dataset_counts
 from orchestrator.results.goodput import needs_rows
 from orchestrator.results.load import port_note, stored_launches
-from orchestrator.results.model import (
-    ABResult,
-    Design,
-    LaunchResult,
-    arm_label,
-    auto_look,
-    has_valid_run,
-    with_auto_notes,
-)
+from orchestrator.results.model import ABResult, Design, LaunchResult, arm_label, has_valid_run
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store
 from orchestrator.ui.events import QUIET, Events, Scrubbed

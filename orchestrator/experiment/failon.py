@@ -11,7 +11,8 @@ from orchestrator.config.slo import DEFAULT_METRIC
 from orchestrator.errors import InputError
 from orchestrator.launch.fingerprint import STATE, Difference, diff
 from orchestrator.results.compare import claim_verdict
-from orchestrator.results.model import ABResult, ArmResult, Comparison, LaunchResult
+from orchestrator.results.comparison import Comparison
+from orchestrator.results.model import ABResult, ArmResult, LaunchResult
 from orchestrator.results.run import Rate, level_phrase
 from orchestrator.stats.crossover import Crossover
 from orchestrator.stats.reproduction import DEFAULT_TOLERANCE, NOT_REPRODUCED, REPRODUCED

@@ -12,8 +12,11 @@ from orchestrator.config.coverage import unsent_words
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS
 from orchestrator.config.sweep import no_range_reason
 from orchestrator.results.byprompt import ByPrompt
+from orchestrator.results.capacity import CapacityComparison
 from orchestrator.results.categories import ByCategory, only_category, unsent
-from orchestrator.results.model import ABResult, ArmResult, CapacityComparison, Comparison, EnergyComparison
+from orchestrator.results.comparison import Comparison
+from orchestrator.results.energy import EnergyComparison
+from orchestrator.results.model import ABResult, ArmResult
 from orchestrator.results.run import Level, Rate, level_name, level_phrase
 from orchestrator.stats.estimates import BreakEven
 from orchestrator.stats.family import Adjustment

@@ -13,7 +13,7 @@ from orchestrator.config import datasets
 from orchestrator.config.workload import BenchConfig, requests_digest, run_categories
 from orchestrator.errors import InputError
 from orchestrator.results.bundleformat import bench_config
-from orchestrator.results.model import block_pairs, same_requests
+from orchestrator.results.pairing import block_pairs, same_requests
 from orchestrator.results.run import Level, Rate
 from orchestrator.stats.estimates import RatioEstimate, bounded, ratio_ci, verdict
 from orchestrator.stats.family import FAMILY_ALPHA, Adjustment, excludes_one, holm, t_crit

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.slo import SLO, check_metric, stored_judgement
 from orchestrator.results import datasource
+from orchestrator.results.autostop import with_auto_notes
 from orchestrator.results.bundleformat import bench_config
 from orchestrator.results.byprompt import stored_prompts
 from orchestrator.results.categories import dataset_counts, stored_categories
 from orchestrator.results.goodput import needs_rows
-from orchestrator.results.model import ABResult, CutShort, Design, LaunchResult, spec_steps, with_auto_notes
+from orchestrator.results.model import ABResult, CutShort, Design, LaunchResult, spec_steps
 from orchestrator.stats.estimates import DEFAULT_MIN_EFFECT
 
 if TYPE_CHECKING:

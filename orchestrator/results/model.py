@@ -14,42 +14,38 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import engines
 from orchestrator.config.slo import DEFAULT_METRIC, METRICS, SLO, Objective
-from orchestrator.results.cache import CacheGap, cache_gap, cache_warnings
+from orchestrator.results.cache import cache_gap, cache_warnings
+from orchestrator.results.capacity import CapacityComparison, SloRecovery
+from orchestrator.results.comparison import Comparison
 from orchestrator.results.datasource import DataSource
+from orchestrator.results.energy import EnergyComparison, EnergyEstimate, energy_estimate
 from orchestrator.results.goodput import Attainment, block_values, pooled, run_value
+from orchestrator.results.pairing import block_pairs, energy_paired, paired_blocks, spec_paired
 from orchestrator.results.run import Level, Rate, level_name
+from orchestrator.results.warnings import attached_warnings, gpu_drift_warnings, host_noise_warning
 from orchestrator.stats.crossover import (
-    CAPACITY_METHOD,
     Crossover,
     bounded_ratio_end,
     capacity,
     capacity_log_bounds,
     crossover,
     first_crossing,
-    ratio_interval,
     recovery,
 )
 from orchestrator.stats.estimates import (
     DEFAULT_MIN_EFFECT,
-    MAX_CI_SPAN,
-    MAX_MDE,
     ArmSpread,
     BreakEven,
     RatioEstimate,
     Summary,
     arm_spread,
     blocks_needed,
-    bounded,
     breakeven_interval,
     launch_mean,
     launch_value,
-    mde_meaningful,
     minimal_detectable_effect,
-    noisy_host,
-    open_question,
     outliers,
     ratio_ci,
-    relative_range,
     schedule,
     slow_first_run,
     spec_from_run,
@@ -429,120 +425,6 @@ class Design:
         return [(b, pos, arm) for b, order in enumerate(self.schedule) for pos, arm in enumerate(order)]
 
 
-@dataclass(frozen=True, kw_only=True)
-class Comparison:
-    arm: str  # profile names (the JSON contract); labels tell two arms of one profile apart
-    vs: str
-    ratio: float | None  # geometric mean over blocks of the launch-value ratios
-    concurrency: Level = 1  # the level: a concurrency, or a Rate (open loop)
-    aggregate_ratio: float | None = None
-    estimate: RatioEstimate | None = None
-    verdict: str | None = None  # faster | slower | no difference | inconclusive; None without paired launches
-    mde: float | None = None
-    blocks_needed: int | None = None
-    min_effect: float = DEFAULT_MIN_EFFECT
-    arm_label: str = ""
-    vs_label: str = ""
-    arm_index: int = 1
-    sequential: dict[str, Any] | None = None  # --blocks auto: the look this interval belongs to
-    metric: str = DEFAULT_METRIC  # what the ratio and the verdict are on (config/slo.METRICS)
-    note: str | None = None  # what a reader must know about this comparison's numbers
-    # The arms' prefix-cache hit rates, when more than results/cache.CACHE_GAP_POINTS apart; unless measured
-    # (--cache-measured) the verdict is then "inconclusive" and ci_verdict keeps what the CI alone said.
-    cache_gap: CacheGap | None = None
-    ci_verdict: str | None = None
-    # One of a family of verdicts printed together (several levels or arms): its CI is at Holm's level for it
-    # (stats/family); None for a family of one, whose CI is the plain 95 %.
-    adjustment: Adjustment | None = None
-
-    @property
-    def held_back(self) -> bool:
-        """Whether a prefix-cache gap between the arms holds back the verdict the CI gave (results/cache)."""
-        return self.cache_gap is not None and not self.cache_gap.measured
-
-    @property
-    def higher_is_better(self) -> bool:
-        """Whether a ratio above 1 is the arm doing better: throughput and goodput; not latency (faster is lower)."""
-        return METRICS[self.metric].higher_is_better
-
-    @property
-    def advice(self) -> str | None:
-        """For an inconclusive comparison, what would decide it, phrased for the question it asks."""
-        est = self.estimate
-        if self.held_back and self.cache_gap is not None:
-            return self.cache_gap.advice
-        if self.verdict != "inconclusive" or est is None or est.blocks < 2 or self.ratio is None:
-            return None
-        pct, me = abs(self.ratio - 1) * 100, self.min_effect * 100
-        if open_question(est, self.min_effect) == "sign":
-            gain = self.ratio >= 1 if self.higher_is_better else self.ratio <= 1
-            what = f"whether the observed {pct:.1f}% {'gain' if gain else 'loss'} is real"
-        else:
-            what = f"whether the difference (observed {pct:.1f}%) lies within ±{me:.1f}%"
-        if self.blocks_needed is None:
-            return f"at this noise no practical number of blocks would show {what}"
-        if self.blocks_needed <= est.blocks:  # the bootstrap or a sequential look's wider interval held it back
-            return f"a few more blocks would likely show {what}"
-        return f"about {self.blocks_needed} blocks would likely show {what} (at this noise, 80% power)"
-
-    @property
-    def mde_note(self) -> str | None:
-        """Said instead of a minimal detectable effect too large to mean anything (stats/estimates.MAX_MDE)."""
-        if self.mde is None or mde_meaningful(self.mde) or self.estimate is None:
-            return None
-        return f"cannot be bounded with {self.estimate.blocks} blocks at this noise (over {MAX_MDE * 100:.0f}%)"
-
-    @property
-    def ci_note(self) -> str | None:
-        """Said instead of a CI too wide to mean anything (stats/estimates.bounded): ends over MAX_CI_SPAN apart."""
-        est = self.estimate
-        if est is None or est.blocks < 2 or bounded(est):
-            return None
-        return f"too wide to bound with {est.blocks} blocks at this noise (its ends over {MAX_CI_SPAN:g}x apart)"
-
-    def to_dict(self) -> dict[str, Any]:
-        est = self.estimate
-        return {
-            "arm": self.arm,
-            "vs": self.vs,
-            "arm_label": self.arm_label or self.arm,
-            "vs_label": self.vs_label or self.vs,
-            "arm_index": self.arm_index,
-            # An open-loop level has no concurrency: "rate" says which level it is (the key only appears there).
-            "concurrency": None if isinstance(self.concurrency, Rate) else self.concurrency,
-            **({"rate": float(self.concurrency)} if isinstance(self.concurrency, Rate) else {}),
-            "ratio": self.ratio,
-            "aggregate_ratio": self.aggregate_ratio,
-            "blocks": est.blocks if est else 0,
-            # One block's interval holds only run-to-run noise: publishing it would invite the very mistake
-            # (trusting one launch per arm) that orch exists to prevent.
-            "ci95": [est.lo, est.hi] if est and est.blocks >= 2 else None,
-            "ci_method": est.method if est else None,
-            # ci95 stays for programs that recompute from it; a reader is told the interval is too wide to use.
-            **({"ci_note": self.ci_note} if self.ci_note else {}),
-            # In a family of verdicts ci95 is at the member's Holm level: the method, the family and that level.
-            **({"adjustment": self.adjustment.to_dict()} if self.adjustment is not None else {}),
-            "verdict": self.verdict,
-            "min_effect": self.min_effect,
-            # An MDE past stats/estimates.MAX_MDE is no number a reader can use: null, and the reason beside it.
-            "mde": self.mde if mde_meaningful(self.mde) else None,
-            **({"mde_note": self.mde_note} if self.mde_note else {}),
-            "blocks_needed": self.blocks_needed,
-            "advice": self.advice,
-            **({"sequential": self.sequential} if self.sequential is not None else {}),
-            "metric": self.metric,
-            "higher_is_better": self.higher_is_better,
-            **({"note": self.note} if self.note else {}),
-            # Only where the arms' prefix-cache hit rates differ (results/cache): the gap, whether it held the verdict
-            # back ("verdict" is then inconclusive) and what the CI alone said.
-            **(
-                {"cache_gap": self.cache_gap.to_dict(), "held_back": self.held_back, "ci_verdict": self.ci_verdict}
-                if self.cache_gap is not None
-                else {}
-            ),
-        }
-
-
 @dataclass(frozen=True)
 class CutShort:
     """A launch that started but did not complete: kept in the store, left out of the statistics."""
@@ -550,146 +432,6 @@ class CutShort:
     block: int
     arm_index: int
     status: str  # interrupted | failed | running (an older orch killed mid-launch)
-
-
-Paired = dict[str, tuple[list[list[float]], list[list[float]]]]
-# The fingerprint fields that digest a launch's workload, newest first (fingerprint.WORKLOAD_KEY and the key used before
-# it): the model reads stored fingerprints without importing the code that collects them.
-WORKLOAD_KEYS = ("workload_sha256", "workload_digest")
-
-
-def same_requests(base: LaunchResult, arm: LaunchResult, level: Level) -> bool:
-    """Run i of both launches sent the same requests: the same workload digest (settings and every request, recorded
-    in each launch's fingerprint) and the same valid timed runs at this level. A launch without a digest (an older
-    orch, a hand-made bundle) or a run invalid in only one of them breaks the correspondence."""
-    fps = [launch.fingerprint or {} for launch in (base, arm)]
-    # fingerprint.WORKLOAD_KEY, else LEGACY_WORKLOAD_KEY in launches stored before it (both launches the same kind).
-    key = next((k for k in WORKLOAD_KEYS if all(isinstance(fp.get(k), str) for fp in fps)), None)
-    if key is None or fps[0][key] != fps[1][key]:
-        return False
-    return [r.index for r in base.timed_at(level)] == [r.index for r in arm.timed_at(level)]
-
-
-def block_pairs(base: ArmResult, arm: ArmResult) -> list[tuple[LaunchResult, LaunchResult]]:
-    """The two arms' launches block by block, in block order: the blocks where both launched (each block holds one
-    launch of every arm, in a random order; a block cut short may hold only some)."""
-    base_by = {launch.block: launch for launch in base.launches}
-    arm_by = {launch.block: launch for launch in arm.launches}
-    return [(base_by[block], arm_by[block]) for block in sorted(base_by.keys() & arm_by.keys())]
-
-
-def paired_blocks(
-    base: ArmResult, arm: ArmResult, level: Level, metrics: Sequence[str], slo: SLO | None = None
-) -> tuple[Paired, bool]:
-    """Per metric, the run values of the two arms' launches block by block, over the same blocks for every metric:
-    those where both launches have valid runs with positive values (goodput: `goodput.block_values`), each launch's
-    runs in run order; and whether every such block's two launches sent the same requests run by run
-    (`same_requests`)."""
-    out: Paired = {m: ([], []) for m in metrics}
-    shared = True
-    for b_launch, a_launch in block_pairs(base, arm):
-        b_timed = sorted(b_launch.timed_at(level), key=lambda r: r.index)
-        a_timed = sorted(a_launch.timed_at(level), key=lambda r: r.index)
-        found = {m: block_values(b_timed, a_timed, m, slo) for m in metrics}
-        values = {m: v for m, v in found.items() if v is not None}
-        if b_timed and a_timed and len(values) == len(found):
-            for m, (b, a) in values.items():
-                out[m][0].append(b)
-                out[m][1].append(a)
-            shared = shared and same_requests(b_launch, a_launch, level)
-    return out, shared
-
-
-@dataclass(frozen=True, kw_only=True)
-class CapacityComparison:
-    """An arm's highest load within the SLO against the baseline's: the geometric mean of the per-block ratios with
-    its 95 % CI (None with fewer than two blocks where both crossed in the range), and a verdict on it."""
-
-    arm: str
-    base: str
-    ratio: float | None
-    lo: float | None
-    hi: float | None
-    blocks: int  # blocks where both arms' capacities lay within the levels measured (with a bound: every block)
-    censored: int  # blocks where one of them did not (past the last level, or over the SLO at the first)
-    verdict: str | None  # higher | lower | no difference | inconclusive; None: not enough blocks
-    # "upper"/"lower": censored blocks were counted at the range's edge, which bounds the ratio on one side only, so
-    # only that end of the CI is known (ratio None) and it alone decided the verdict
-    bound: str | None = None
-
-    @classmethod
-    def bounded(cls, arm: str, base: str, side: str, end: float, blocks: int, censored: int) -> CapacityComparison:
-        """A verdict from one end of the CI (stats/crossover.bounded_ratio_end) over `blocks` blocks, `censored` of
-        them counted at the range's edge."""
-        verdict = "lower" if side == "upper" else "higher"
-        lo, hi = (None, end) if side == "upper" else (end, None)
-        return cls(
-            arm=arm, base=base, ratio=None, lo=lo, hi=hi, blocks=blocks, censored=censored, verdict=verdict, bound=side
-        )
-
-    @classmethod
-    def of(cls, arm: str, base: str, logs: Sequence[float], censored: int, min_effect: float) -> CapacityComparison:
-        if len(logs) < 2:
-            return cls(
-                arm=arm, base=base, ratio=None, lo=None, hi=None, blocks=len(logs), censored=censored, verdict=None
-            )
-        ratio, lo, hi = ratio_interval(logs)
-        est = RatioEstimate(ratio, lo, hi, len(logs), CAPACITY_METHOD, statistics.stdev(logs))
-        # The rule every comparison follows (a CI past 1 is not enough: the effect must reach min_effect too), in
-        # a capacity's words.
-        said = verdict(est, min_effect)
-        word = {"faster": "higher", "slower": "lower"}.get(said, said)
-        return cls(arm=arm, base=base, ratio=ratio, lo=lo, hi=hi, blocks=len(logs), censored=censored, verdict=word)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "arm": self.arm,
-            "base": self.base,
-            "ratio": self.ratio,
-            "ci95": None if self.lo is None and self.hi is None else [self.lo, self.hi],
-            "blocks": self.blocks,
-            "censored_blocks": self.censored,
-            "verdict": self.verdict,
-            "bound": self.bound,
-            "method": CAPACITY_METHOD
-            + (
-                "; a capacity outside the levels measured is counted at the range's edge, which bounds its block's "
-                f"ratio on one side: ci95 has only its {self.bound} end, and the verdict is on it"
-                if self.bound
-                else ""
-            ),
-        }
-
-
-@dataclass(frozen=True)
-class SloRecovery:
-    """A block whose margin to the SLO fell to 1 or below at one level and rose above 1 again at a higher one: its
-    capacity is taken at the first miss (stats/crossover.capacity), for the arm's own estimate and the A/B alike."""
-
-    arm: str
-    block: int  # 0-based, as stored
-    missed_at: float  # the first level at or over a percentile objective's limit
-    met_again_at: float  # the first higher level within every one again
-    rates: bool  # levels are req/s (open loop), not concurrencies
-
-    def text(self) -> str:
-        def load(x: float) -> str:
-            return f"{x:g} req/s" if self.rates else f"concurrency {x:g}"
-
-        return (
-            f"{self.arm} block {self.block + 1} missed the SLO at {load(self.missed_at)} and met it again at "
-            f"{load(self.met_again_at)}: capacity taken at the first miss"
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "arm_label": self.arm,
-            "block": self.block,
-            "block_number": self.block + 1,
-            "missed_at": self.missed_at,
-            "met_again_at": self.met_again_at,
-            "text": self.text(),
-        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1063,7 +805,7 @@ class ABResult:
         base = self.arms[0]
         out = []
         for index, arm in enumerate(self.arms[1:], start=1):
-            b_runs, a_runs, paired = _energy_paired(base, arm, level)
+            b_runs, a_runs, paired = energy_paired(base, arm, level)
             est = ratio_ci(b_runs, a_runs, seed=self.design.seed, paired=paired) if b_runs else None
             out.append(
                 EnergyComparison(
@@ -1092,7 +834,7 @@ class ABResult:
             tps, tau = arm.median_at(), arm.accept_length
             if arm.spec_steps is None or tps is None or tau is None:
                 continue
-            b_runs, a_runs, paired = _spec_paired(base, arm, level)
+            b_runs, a_runs, paired = spec_paired(base, arm, level)
             interval = breakeven_interval(b_runs, a_runs, seed=self.design.seed, paired=paired) if b_runs else None
             accepts = [a for launch in arm.launches if (a := mean_accept_length(launch.timed_at(level))) is not None]
             measured = launch_mean(accepts) if accepts else None
@@ -1248,157 +990,6 @@ class ABResult:
         return out
 
 
-def host_noise_warning(label: str, spread: ArmSpread) -> str | None:
-    """One arm's launches swing far more than a quiet host's do (`noisy_host`): the numbers and what to do."""
-    if not noisy_host(spread) or spread.cv_across is None:
-        return None
-    within = (
-        f"{spread.cv_within * 100:.1f}% between runs within a launch"
-        if spread.cv_within is not None
-        else "one run per launch, so no run-to-run noise to compare"
-    )
-    return (
-        f"noisy host: {label}: its {spread.launches} launches ranged {spread.launch_min:.1f}-{spread.launch_max:.1f} "
-        f"tok/s (CV {spread.cv_across * 100:.0f}% across launches, {within}): the same configuration should give "
-        "about the same number each launch, so something else on the host moved it (other jobs, CPU or GPU "
-        "clocks, memory pressure); the CIs are wide and a verdict needs many blocks: quiet the host (stop other "
-        "work, check `uptime`/`top`, nvidia-smi) and run again, or run more blocks"
-    )
-
-
-def why_undecided(c: Comparison) -> str:
-    """One undecided comparison: its numbers, what keeps it open, and what would decide it."""
-    head = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level_name(c.concurrency)}"
-    est = c.estimate
-    if c.held_back and c.cache_gap is not None:
-        return f"{head}: {c.cache_gap.reason}; {c.cache_gap.advice}"
-    if est is None or c.ratio is None:
-        return f"{head}: no block in which both have valid runs"
-    if est.blocks < 2:
-        return f"{head}: one paired block, which cannot separate restart noise from a real difference"
-    numbers = f"{c.ratio:.3f}x, CI [{est.lo:.3f}, {est.hi:.3f}] over {est.blocks} blocks"
-    noise = f"block-to-block spread {est.log_sd * 100:.1f}%" if est.log_sd is not None else "no spread estimate"
-    if open_question(est, c.min_effect) == "sign":
-        why = f"the CI still includes 1 ({noise})"
-    else:
-        why = f"the CI reaches beyond ±{c.min_effect * 100:.1f}% ({noise})"
-    return f"{head}: {numbers}: {why}" + (f"; {c.advice}" if c.advice else "")
-
-
-def auto_look(result: ABResult) -> tuple[bool, str]:
-    """The stopping rule of `--blocks auto`, after every scheduled block ran: stop once every comparison is decided
-    (faster, slower or no difference by its repeated CI), at the maximum, or when an arm has no valid run at all
-    (more blocks would not give it one); the line says which."""
-    plan = result.design.auto
-    if plan is None:
-        return True, "fixed design"
-    blocks = result.design.blocks
-    empty = [arm.label for i, arm in enumerate(result.arms) if not has_valid_run(result.launches, i)]
-    if empty:
-        return True, f"look after block {blocks}: no valid run in {', '.join(empty)}; stopping"
-    # A verdict held back by a prefix-cache gap (results/cache) is not noise: more blocks would not decide it.
-    open_ = [c for c in result.undecided() if not (c.held_back and c.ci_verdict not in (None, "inconclusive"))]
-    if not open_:
-        held = sum(1 for c in result.undecided() if c.held_back)
-        if held:
-            return True, (
-                f"look after block {blocks}: every comparison is decided by its CI, {held} held back by a "
-                "prefix-cache gap that more blocks would not close; stopping (--blocks auto)"
-            )
-        return True, f"look after block {blocks}: every comparison is decided; stopping (--blocks auto)"
-    if blocks >= plan.max_blocks:
-        return True, f"look after block {blocks}: {len(open_)} comparison(s) undecided at the maximum; stopping"
-    names = ", ".join(f"{c.arm_label or c.arm} @ {level_name(c.concurrency)}" for c in open_)
-    return (
-        False,
-        f"look after block {blocks}: undecided: {names}; adding block {blocks + 1} of at most {plan.max_blocks}",
-    )
-
-
-def auto_notes(result: ABResult) -> list[str]:
-    """What `--blocks auto` did and why it stopped, for the report (nothing for a fixed design)."""
-    plan = result.design.auto
-    if plan is None:
-        return []
-    out = [
-        f"--blocks auto ({plan.min_blocks} to {plan.max_blocks} blocks): the CIs are {plan.describe()}, valid at "
-        "whichever block the experiment stopped (a plain 95% CI after looking at every block would be too narrow)"
-    ]
-    if result.status != "complete":
-        return out
-    open_ = result.undecided()
-    if not open_:
-        out.append(f"--blocks auto stopped after {result.design.blocks} blocks: every comparison is decided")
-    else:
-        out.append(
-            f"--blocks auto stopped after {result.design.blocks} blocks with {len(open_)} comparison(s) "
-            "inconclusive: " + "; ".join(why_undecided(c) for c in open_)
-        )
-    return out
-
-
-def attached_warnings(arms: Sequence[ArmResult]) -> list[str]:
-    """Arms measured on servers orch did not launch (`--attach`), and a comparison mixing them with launched arms."""
-    attached = [arm for arm in arms if arm.attached_url]
-    launched = [arm.label for arm in arms if not arm.attached_url and arm.launches]
-    out = []
-    if attached and launched:
-        out.append(
-            f"MIXED COMPARISON (--allow-mixed): attached {', '.join(a.label for a in attached)} against launched "
-            f"{', '.join(launched)}: the difference may come from how each server was set up and what it did before, "
-            "not only from its configuration"
-        )
-    for arm in attached:
-        out.append(
-            f"{arm.label} was measured on {arm.attached_url}, a server orch did not launch (attached): "
-            "its state was not fresh (each block was another benchmark session on the same running server, not a "
-            "restart) and its environment was not verified (orch cannot read its processes, env or host)"
-        )
-        if any(
-            ((launch.fingerprint or {}).get("software") or {}).get("reports_orch_simulator") for launch in arm.launches
-        ):
-            out.append(
-                f"SIMULATED: the server {arm.label} is attached to reports itself as orch's simulator: its numbers "
-                "are simulated, not measured on real hardware"
-            )
-    return out
-
-
-def gpu_drift_warnings(
-    launches: Sequence[LaunchResult], labels: Sequence[str], clock_rel: float = 0.05, temp_c: float = 10.0
-) -> list[str]:
-    """GPU SM clocks or temperatures under load that moved between launches: throttling makes launches unequal."""
-    per_gpu: dict[Any, list[tuple[str, float | None, float | None]]] = {}
-    for launch in launches:
-        state = launch.gpus or {}
-        # Only the GPUs this launch used (an idle GPU's clock says nothing): by its processes when nvidia-smi can name
-        # them (in a container it reports host PIDs), else the GPUs that were busy at the reading.
-        used = {a.get("gpu_index") for a in state.get("apps") or [] if a.get("launch_id") == launch.launch_id}
-        for g in state.get("gpus") or []:
-            util = g.get("utilization.gpu")
-            if (used and g.get("index") not in used) or (not used and isinstance(util, (int, float)) and util <= 0):
-                continue
-            clock, temp = g.get("clocks.sm"), g.get("temperature.gpu")
-            per_gpu.setdefault(g.get("index"), []).append(
-                (
-                    f"{labels[launch.arm_index]}/block {launch.block + 1}",
-                    float(clock) if isinstance(clock, (int, float)) else None,
-                    float(temp) if isinstance(temp, (int, float)) else None,
-                )
-            )
-    out = []
-    for index, readings in sorted(per_gpu.items(), key=lambda kv: str(kv[0])):
-        clocks = [c for _, c, _ in readings if c is not None]
-        temps = [t for _, _, t in readings if t is not None]
-        if clocks and relative_range(clocks) > clock_rel:
-            detail = ", ".join(f"{w} {c:.0f}" for w, c, _ in readings if c is not None)
-            out.append(f"GPU {index} SM clock under load changed between launches (MHz: {detail})")
-        if temps and max(temps) - min(temps) > temp_c:
-            detail = ", ".join(f"{w} {t:.0f}" for w, _, t in readings if t is not None)
-            out.append(f"GPU {index} temperature under load changed between launches (°C: {detail})")
-    return out
-
-
 def spec_steps(profile_dict: dict[str, Any]) -> int | None:
     spec = profile_dict.get("speculative")
     if not spec:
@@ -1406,142 +997,3 @@ def spec_steps(profile_dict: dict[str, Any]) -> int | None:
     name = profile_dict.get("engine")
     # An engine this orch no longer knows (an old bundle) falls back to SGLang's default of 3 steps.
     return engines.get(name).spec_steps(spec) if name in engines.names() else int(spec.get("num_steps") or 3)
-
-
-def with_auto_notes(result: ABResult) -> ABResult:
-    notes = auto_notes(result)
-    return result.with_notes(*notes) if notes else result
-
-
-@dataclass(frozen=True, kw_only=True)
-class EnergyEstimate:
-    """One arm's joules per output token at one level: the geometric mean of its launch values (each the median of
-    its measured runs), with a 95 % Student's t interval on their logs from two launches on (restart to restart
-    is the noise that matters, as for tok/s; one launch has no interval)."""
-
-    j_per_token: float
-    lo: float | None
-    hi: float | None
-    launches: int
-    runs: int
-    mean_w: float | None  # median over the runs of the mean power, summed over the GPUs
-    gpus: int | None  # GPUs summed (the most any run summed)
-    fields: tuple[str, ...]  # the nvidia-smi power field(s) the samples came from
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "j_per_token": self.j_per_token,
-            "ci95": [self.lo, self.hi] if self.lo is not None and self.hi is not None else None,
-            "ci_method": ENERGY_CI_METHOD if self.lo is not None else None,
-            "launches": self.launches,
-            "runs": self.runs,
-            "mean_w": self.mean_w,
-            "gpus": self.gpus,
-            "power_fields": list(self.fields),
-        }
-
-
-ENERGY_CI_METHOD = "geometric mean of launch values; Student's t on their logs"
-
-
-def energy_estimate(launch_values: Sequence[float], runs: Sequence[RunResult]) -> EnergyEstimate:
-    """EnergyEstimate from the launch values (joules per token, > 0) and the runs behind them."""
-    mean = launch_mean(launch_values)  # geometric, with its interval over launches, like every arm's value
-    watts = [float(w) for r in runs if isinstance(w := (r.energy or {}).get("mean_w"), (int, float))]
-    gpus = [len(g) for r in runs if isinstance(g := (r.energy or {}).get("gpus"), list)]
-    fields = sorted({str(f) for r in runs if (f := (r.energy or {}).get("field"))})
-    return EnergyEstimate(
-        j_per_token=mean.value,
-        lo=mean.lo,
-        hi=mean.hi,
-        launches=mean.launches,
-        runs=len(runs),
-        mean_w=statistics.median(watts) if watts else None,
-        gpus=max(gpus) if gpus else None,
-        fields=tuple(fields),
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class EnergyComparison:
-    """An arm's joules per output token against the baseline's: below 1 the arm spends less energy per token."""
-
-    arm_label: str
-    vs_label: str
-    concurrency: Level
-    arm_index: int
-    estimate: RatioEstimate | None
-    min_effect: float = DEFAULT_MIN_EFFECT
-
-    @property
-    def verdict(self) -> str | None:
-        """less / more energy per token, no difference or inconclusive, by the same rule as tok/s's verdicts."""
-        if self.estimate is None:
-            return None
-        said = verdict(self.estimate, self.min_effect)
-        return {"faster": "more", "slower": "less"}.get(said, said)
-
-    def to_dict(self) -> dict[str, Any]:
-        est = self.estimate
-        return {
-            "arm_label": self.arm_label,
-            "vs_label": self.vs_label,
-            "arm_index": self.arm_index,
-            # An open-loop level has no concurrency: "rate" says which level it is, as in the comparisons.
-            "concurrency": None if isinstance(self.concurrency, Rate) else self.concurrency,
-            **({"rate": float(self.concurrency)} if isinstance(self.concurrency, Rate) else {}),
-            "ratio": est.ratio if est else None,
-            "blocks": est.blocks if est else 0,
-            "ci95": [est.lo, est.hi] if est and est.blocks >= 2 else None,
-            "ci_method": est.method if est else None,
-            "verdict": self.verdict,
-        }
-
-
-def _energy_paired(base: ArmResult, arm: ArmResult, level: Level) -> tuple[list[list[float]], list[list[float]], bool]:
-    """The joules per token of the measured runs of both arms' launches block by block (blocks where both have
-    some, runs in run order), and whether every such block's runs correspond one to one (same requests, same runs
-    measured)."""
-    b_out: list[list[float]] = []
-    a_out: list[list[float]] = []
-    paired = True
-    for b_launch, a_launch in block_pairs(base, arm):
-        b_runs = sorted(b_launch.energy_runs_at(level), key=lambda r: r.index)
-        a_runs = sorted(a_launch.energy_runs_at(level), key=lambda r: r.index)
-        if not b_runs or not a_runs:
-            continue
-        b_out.append([float(r.j_per_token or 0.0) for r in b_runs])
-        a_out.append([float(r.j_per_token or 0.0) for r in a_runs])
-        paired = (
-            paired
-            and same_requests(b_launch, a_launch, level)
-            and [r.index for r in b_runs] == [r.index for r in a_runs]
-        )
-    return b_out, a_out, paired
-
-
-def _spec_paired(
-    base: ArmResult, arm: ArmResult, level: Level
-) -> tuple[list[list[float]], list[list[tuple[float, float]]], bool]:
-    """For the break-even's interval, block by block (blocks where both launches have such runs): the baseline's
-    runs' tok/s and the speculative arm's runs' (tok/s, accept length), runs in run order; and whether every such
-    block's runs correspond one to one (same requests, same runs)."""
-    b_out: list[list[float]] = []
-    a_out: list[list[tuple[float, float]]] = []
-    paired = True
-    for b_launch, a_launch in block_pairs(base, arm):
-        b_runs = sorted((r for r in b_launch.timed_at(level) if r.tok_s > 0), key=lambda r: r.index)
-        a_runs = sorted(
-            (r for r in a_launch.timed_at(level) if r.tok_s > 0 and (r.spec_accept_length or 0) > 0),
-            key=lambda r: r.index,
-        )
-        if not b_runs or not a_runs:
-            continue
-        b_out.append([r.tok_s for r in b_runs])
-        a_out.append([(r.tok_s, float(r.spec_accept_length or 0.0)) for r in a_runs])
-        paired = (
-            paired
-            and same_requests(b_launch, a_launch, level)
-            and [r.index for r in b_runs] == [r.index for r in a_runs]
-        )
-    return b_out, a_out, paired

@@ -23,7 +23,7 @@ from orchestrator.cli.lazy import COMMANDS, load_all
 from orchestrator.report.jsondoc import ab_json
 from orchestrator.report.markdown import ab_markdown
 from orchestrator.report.text import ab_text
-from orchestrator.results import model
+from orchestrator.results import autostop, model
 from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import RunResult
 from orchestrator.results.schema import INDEXES, MIGRATIONS, SCHEMA_VERSION
@@ -383,7 +383,7 @@ def _three_level_result() -> ABResult:
         host_facts={},
         design=design,
     )
-    return model.with_auto_notes(result)  # as load_result makes it: the notes ask for the comparisons too
+    return autostop.with_auto_notes(result)  # as load_result makes it: the notes ask for the comparisons too
 
 
 def test_every_comparison_is_bootstrapped_once_per_report(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from orchestrator.results.model import ABResult, Comparison, Design, LaunchResult
+from orchestrator.results.comparison import Comparison
+from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import RunResult
 from orchestrator.results.store import Store
 from tests.conftest import finish, run_orch

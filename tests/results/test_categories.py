@@ -12,7 +12,7 @@ from orchestrator.config.workload import BenchConfig, request_items, run_categor
 from orchestrator.nightly.report import comparison_text
 from orchestrator.report.lines import category_rows, comparison_line
 from orchestrator.results.categories import ByCategory, CategoryArm, CategoryComparison
-from orchestrator.results.model import Comparison
+from orchestrator.results.comparison import Comparison
 from orchestrator.stats.estimates import RatioEstimate
 from tests.faults.support import FAST
 

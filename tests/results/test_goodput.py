@@ -16,6 +16,7 @@ from orchestrator.report.jsondoc import ab_json
 from orchestrator.report.lines import comparison_line
 from orchestrator.report.markdown import ab_markdown
 from orchestrator.report.text import ab_text
+from orchestrator.results.autostop import auto_look
 from orchestrator.results.goodput import (
     CONTINUITY,
     attainment,
@@ -25,7 +26,7 @@ from orchestrator.results.goodput import (
     run_attainment,
     run_value,
 )
-from orchestrator.results.model import ABResult, Design, LaunchResult, auto_look
+from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import RunResult
 from orchestrator.stats.estimates import RatioEstimate, verdict
 from orchestrator.stats.sequential import SequentialPlan
@@ -317,7 +318,7 @@ def test_blocks_auto_looks_decide_on_the_metric() -> None:
 
 def test_a_capacity_comparison_follows_the_verdict_rule_of_every_comparison() -> None:
     """A CI above 1 is not enough to call a capacity higher: the effect must reach --min-effect, as for tok/s."""
-    from orchestrator.results.model import CapacityComparison
+    from orchestrator.results.capacity import CapacityComparison
 
     small = CapacityComparison.of("b", "a", [math.log(r) for r in (1.010, 1.012, 1.011)], 0, 0.02)
     assert small.lo is not None and small.lo > 1 and small.verdict == "no difference"  # was "higher"

@@ -10,7 +10,9 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from orchestrator.results.model import ABResult, Design, LaunchResult, auto_look, auto_notes, why_undecided
+from orchestrator.results.autostop import auto_look, auto_notes
+from orchestrator.results.comparison import why_undecided
+from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import RunResult
 from orchestrator.stats.estimates import T_975, RatioEstimate, blocks_needed, open_question, schedule
 from orchestrator.stats.sequential import (

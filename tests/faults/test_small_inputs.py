@@ -379,7 +379,7 @@ def test_every_duration_an_options_help_or_refusal_shows_is_one_that_option_take
     import click
 
     from orchestrator.cli.base import Seconds
-    from orchestrator.cli.options import SLO_HELP
+    from orchestrator.cli.options import slo_help
     from orchestrator.config.slo import LIMIT, parse_slo
     from orchestrator.errors import InputError
 
@@ -397,9 +397,9 @@ def test_every_duration_an_options_help_or_refusal_shows_is_one_that_option_take
                 checked += 1
     assert checked > 100
     # --slo: its help's objectives and limits, and those its refusal shows.
-    slos = re.findall(r"\b(?:ttft|tpot|e2e)_p\d+=[^ ,;)]+(?:,(?:ttft|tpot|e2e)_p\d+=[^ ,;)]+)*", SLO_HELP)
+    slos = re.findall(r"\b(?:ttft|tpot|e2e)_p\d+=[^ ,;)]+(?:,(?:ttft|tpot|e2e)_p\d+=[^ ,;)]+)*", slo_help())
     assert slos and all(parse_slo(s) for s in slos)
-    limits = re.findall(r"with its unit: ([^;]*);", SLO_HELP)[0].split(", ")
+    limits = re.findall(r"with its unit: ([^;]*);", slo_help())[0].split(", ")
     assert limits and all(LIMIT(v) for v in limits)
     with pytest.raises(InputError) as refused:
         parse_slo("ttft=soon")

@@ -407,7 +407,7 @@ def test_allow_node_mismatch_launches_and_every_report_says_so(
     assert f'id="banner-nodes">WARNING: {html.escape(line)}</div>' in page
     assert page.count(html.escape(line)) == 2  # the banner, and among the warnings
     with resolve_host(pair) as host:  # resuming such an experiment needs no flag: it was allowed when it started
-        facts = host_facts(host, _config(), {"config_json": exp["config_json"]}, QUIET)
+        facts = host_facts(host, _config(), {"config_json": exp["config_json"]}, QUIET, ("sglang", "torch"))
     assert facts["node_mismatches"] == [mismatch]
     _nothing_left()
 

@@ -47,7 +47,18 @@ def items(n: int) -> list[tuple[Item, list[str]]]:
             if ab
             else (Metric("tok_s", None, 0.02), Metric("agg_tok_s", 32, 0.03))
         )
-        item = Item(f"item-{k}", (), "gpu-box", True, BenchConfig(), 3 if ab else 1, "random", metrics, 0.03, 3600.0)
+        item = Item(
+            name=f"item-{k}",
+            profiles=(),
+            host="gpu-box",
+            sim=True,
+            bench=BenchConfig(),
+            blocks=3 if ab else 1,
+            order="random",
+            metrics=metrics,
+            threshold=0.03,
+            timeout_s=3600.0,
+        )
         out.append((item, ["baseline", "eagle3"] if ab else ["baseline"]))
     return out
 

@@ -13,7 +13,17 @@ from orchestrator.results.run import RunResult
 def level_launch(arm: int, block: int, speeds: dict[int, float]) -> LaunchResult:
     """Arm 0 ("base") or 1 ("spec") in a block: two runs at each concurrency level, at that level's tok/s."""
     runs = tuple(
-        RunResult(i, False, 256, 256 / v, v, 20, 0.02, concurrency=c, aggregate_tok_s=v * c)
+        RunResult(
+            index=i,
+            warmup=False,
+            tokens=256,
+            seconds=256 / v,
+            tok_s=v,
+            prompt_tokens=20,
+            ttft_s=0.02,
+            concurrency=c,
+            aggregate_tok_s=v * c,
+        )
         for c, v in speeds.items()
         for i in range(2)
     )

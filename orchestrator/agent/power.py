@@ -53,7 +53,7 @@ def power_fields(nvidia_smi: str) -> tuple[str, ...]:
     return _FIELDS_BY_SMI[nvidia_smi]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sample:
     """One GPU's row of one loop of nvidia-smi: when it was read (wall clock), which GPU, its power and SM clock."""
 

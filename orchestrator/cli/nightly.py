@@ -165,7 +165,7 @@ def nightly_cmd(
         click.echo(stamp(msg) if stamped else msg, err=True)
 
     night_at = now if now is not None else datetime.now().timestamp()
-    runner = night.NightRunner(suite, store, night_at, Lines(event), only=only)
+    runner = night.NightRunner(suite=suite, store=store, night_at=night_at, events=Lines(event), only=only)
     try:
         try:
             report = runner.run()

@@ -147,7 +147,7 @@ def ids_text(item: dict[str, Any]) -> str:
     return " ".join(f"t{i}" for i in item.get("input_ids") or [])
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Record:
     """One request as the client saw it; times are seconds from the start of the run. TTFT and E2E count from
     `start`: when the request began (closed loop), or when it was due (open loop)."""

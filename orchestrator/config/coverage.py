@@ -29,7 +29,7 @@ def run_sizes(config: BenchConfig) -> list[tuple[int, int]]:
     return [(run, config.requests_per_run(c)) for c in config.concurrency for run in range(config.runs)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Coverage:
     """What of a dataset a launch's timed runs send: its prompts and categories, and which of them the runs send."""
 
@@ -73,4 +73,10 @@ def coverage(config: BenchConfig, categories: Sequence[str]) -> Coverage | None:
         sent |= set(prompts.covering_order(categories, n, config.seed, run))
     name = Path(config.prompts).name if Path(config.prompts).suffix else config.prompts
     # The warmups' prompts are sent but not measured: only the timed runs' count.
-    return Coverage(name, len(categories), dict(Counter(categories)), len(sent), frozenset(categories[i] for i in sent))
+    return Coverage(
+        name=name,
+        prompts=len(categories),
+        categories=dict(Counter(categories)),
+        sent=len(sent),
+        sent_categories=frozenset(categories[i] for i in sent),
+    )

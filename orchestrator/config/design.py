@@ -13,7 +13,7 @@ from orchestrator.stats.estimates import DEFAULT_MIN_EFFECT
 from orchestrator.stats.sequential import SequentialPlan
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ABConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     simulate: bool = False

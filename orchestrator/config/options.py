@@ -28,7 +28,7 @@ OPEN_LOOP_OPTIONS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunOptions:
     """Every option of a run command, typed. The defaults are `orch ab`'s, so a test builds one with the few fields
     it cares about. `given` names the options the user gave (not left at their defaults): `--resume` and a bundle

@@ -58,7 +58,7 @@ SUITE_NAMES: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """The work an experiment will do, computed from the options alone (nothing generated, nothing launched)."""
 

@@ -63,7 +63,7 @@ def search_dirs(cwd: Path | None = None) -> list[Path]:
     return [(cwd or Path.cwd()) / "profiles", user_profile_dir(), BUNDLED_DIR]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Speculative:
     """Speculative-decoding settings; the engine adapter maps them onto its flags (SGLang's --speculative-*)."""
 
@@ -92,7 +92,7 @@ class Speculative:
 FIRST_SPEC_FIELDS = ("algorithm", "draft_model_path", "num_steps", "eagle_topk", "num_draft_tokens")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Expect:
     """A claim that comes with a profile ("this gives 94 tok/s on our box"): what `orch reproduce PROFILE` judges.
     Never inherited through `extends`: a claim is about one file's configuration."""
@@ -105,7 +105,7 @@ class Expect:
     note: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Profile:
     """A resolved profile: every `extends` applied, every value validated."""
 

@@ -91,7 +91,7 @@ BUILTIN: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PromptItem:
     """One request's input: text, token ids (random prompts) or chat messages (from a file)."""
 

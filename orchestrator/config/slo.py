@@ -224,7 +224,7 @@ def parse_slo(text: str, where: str = "--slo") -> SLO:
 # ---------------------------------------------------------------- what a verdict is on
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MetricSpec:
     """One metric a comparison may be on: per run, then a launch's value is the median of its runs, as for tok/s.
     The nightly tracks it too, under `nightly_name` where its suites spell it otherwise (agg_tok_s)."""
@@ -246,15 +246,36 @@ class MetricSpec:
 
 
 def _percentile_metrics(name: str, words: str, percentiles: tuple[int, ...]) -> list[MetricSpec]:
-    return [MetricSpec(f"{name}_p{p}", f"{words}, p{p}", "ms", False, scale=1000.0) for p in percentiles]
+    return [
+        MetricSpec(name=f"{name}_p{p}", label=f"{words}, p{p}", unit="ms", higher_is_better=False, scale=1000.0)
+        for p in percentiles
+    ]
 
 
 def _metrics() -> dict[str, MetricSpec]:
     specs = [
-        MetricSpec("tok_s", "tok/s per stream", "tok/s", True),
-        MetricSpec("aggregate_tok_s", "aggregate tok/s (all streams)", "tok/s", True, nightly_name="agg_tok_s"),
-        MetricSpec("goodput", "requests within every SLO limit per second", "req/s", True, True),
-        MetricSpec("goodput_tok_s", "output tok/s of the requests within every SLO limit", "tok/s", True, True),
+        MetricSpec(name="tok_s", label="tok/s per stream", unit="tok/s", higher_is_better=True),
+        MetricSpec(
+            name="aggregate_tok_s",
+            label="aggregate tok/s (all streams)",
+            unit="tok/s",
+            higher_is_better=True,
+            nightly_name="agg_tok_s",
+        ),
+        MetricSpec(
+            name="goodput",
+            label="requests within every SLO limit per second",
+            unit="req/s",
+            higher_is_better=True,
+            needs_slo=True,
+        ),
+        MetricSpec(
+            name="goodput_tok_s",
+            label="output tok/s of the requests within every SLO limit",
+            unit="tok/s",
+            higher_is_better=True,
+            needs_slo=True,
+        ),
     ]
     for q in QUANTITIES.values():
         specs += _percentile_metrics(q.name, q.words, PERCENTILES)

@@ -59,7 +59,7 @@ def no_range_reason(concurrency: int, synchronous: Mapping[str, float], saturate
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sweep:
     """What --sweep auto was asked for: how many rates, and the open-loop settings every rate level runs with."""
 

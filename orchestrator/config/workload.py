@@ -22,7 +22,7 @@ DEFAULT_DURATION_S = 30.0
 OPEN_LOOP_FIELDS = ("rate", "arrivals", "duration_s", "requests_per_level", "max_concurrency")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BenchConfig:
     """How to benchmark one server: by default the seed's (2 warmups, 5 timed runs of 2048 tokens, 1 stream)."""
 

@@ -133,7 +133,7 @@ class Probe:
         return {"method": self.method, "path": self.path, "body": dict(self.body or {}) or None, "gate": self.gate}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SpecCounters:
     """Speculative decoding over one run, read from an engine's own counters (deltas across the run)."""
 
@@ -146,7 +146,7 @@ class SpecCounters:
     per_position: tuple[float, ...] | None = None  # accepted tokens at draft position 1, 2, … (where reported)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CacheFlush:
     """How `--flush-cache` keeps one timed run from finding prompts an earlier run left in the prefix cache.
 

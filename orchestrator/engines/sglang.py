@@ -78,7 +78,7 @@ class SGLang(Engine):
     endpoints = ("generate", "completions", "chat")
     simulated = True
     # GET or POST, always mounted; 400 "Cache not flushed" while any request runs or waits (http_server.py).
-    cache_flush = CacheFlush(Probe("POST", "/flush_cache"), means="POST /flush_cache before each timed run")
+    cache_flush = CacheFlush(request=Probe("POST", "/flush_cache"), means="POST /flush_cache before each timed run")
     info_paths = ("/server_info", "/get_server_info")  # older SGLang: /get_server_info
     # Cached and all prompt tokens (cached_tokens_total carries a cache_source label, summed like every label).
     cache_counters = ("sglang:cached_tokens_total", "sglang:prompt_tokens_total")

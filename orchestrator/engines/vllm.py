@@ -90,7 +90,7 @@ class VLLM(Engine):
     # A dev route: mounted only with VLLM_SERVER_DEV_MODE=1 in the server's environment, else 404
     # (entrypoints/serve: register_vllm_dev_api_routers).
     cache_flush = CacheFlush(
-        Probe("POST", "/reset_prefix_cache"),
+        request=Probe("POST", "/reset_prefix_cache"),
         enable="vLLM serves POST /reset_prefix_cache only with VLLM_SERVER_DEV_MODE=1 in its environment: add "
         '`VLLM_SERVER_DEV_MODE: "1"` to the profile\'s env (for an attached server, start it so)',
         means="POST /reset_prefix_cache before each timed run",

@@ -185,7 +185,7 @@ def run_ab(  # noqa: PLR0915 (known debt: docs/architecture.md#known-debt)
                 design=design.to_dict(),
             )
         names = [p.name for p in profiles]
-        context = ArmContext(host, config, store, events, on_run, key)
+        context = ArmContext(host=host, config=config, store=store, events=events, on_run=on_run, redaction_key=key)
         try:  # from here on the stored experiment ends interrupted, failed or complete, whatever happens
             events.phase("experiment", id=exp_id, arms=names, simulated=config.simulate)
             auto = f"blocks auto ({design.auto.min_blocks} to {design.auto.max_blocks})" if design.auto else ""

@@ -37,7 +37,7 @@ def _no_run(_name: str, _run: RunResult) -> None:
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArmContext:
     """What every launch of an experiment shares: where it runs, how, where it is stored and shown."""
 

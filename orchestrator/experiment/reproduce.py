@@ -356,7 +356,7 @@ class Claim:
         return self.tok_s is not None or self.ratio is not None or self.vs is not None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BundlePlan:
     """A bundle to re-run, read and checked: its profiles, the blocks this run asks for (None: the bundle's own), and
     the options it runs with (the port its experiment was given, unless this run gives another)."""
@@ -459,7 +459,9 @@ def plan_bundle(path: str, options: RunOptions, ask: trust_mod.Ask | None = None
     )
     review = trust_mod.review(path, ports.override(profiles, options.port), simulated)
     trust = trust_mod.decide(review, signature=signature, trust_bundle=options.trust_bundle, ask=ask)
-    return BundlePlan(path, bundle, profiles, blocks, options, data, trust)
+    return BundlePlan(
+        path=path, bundle=bundle, profiles=profiles, blocks=blocks, options=options, data=data, trust=trust
+    )
 
 
 def run_bundle(plan: BundlePlan, tolerance: float) -> tuple[ABResult, ExperimentComparison]:

@@ -216,7 +216,13 @@ def sweep_of(options: RunOptions) -> Sweep | None:
     duration = options.duration
     if duration is None and options.requests_per_level is None:
         duration = DEFAULT_DURATION_S
-    return Sweep(options.sweep, options.arrivals, duration, options.requests_per_level, options.max_concurrency)
+    return Sweep(
+        levels=options.sweep,
+        arrivals=options.arrivals,
+        duration_s=duration,
+        requests_per_level=options.requests_per_level,
+        max_concurrency=options.max_concurrency,
+    )
 
 
 def blocks_of(options: RunOptions) -> int:

@@ -27,7 +27,7 @@ from orchestrator.results.store import Store
 from orchestrator.ui.events import Events
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Probe:
     """The probe's finding: each arm's synchronous and saturated request rate, and the rates they give."""
 
@@ -97,7 +97,14 @@ def finding(result: ABResult, sweep: Sweep, bench: BenchConfig) -> Probe:
     no_range = no_range_reason(sweep.concurrency, sync, sat)
     # Without a range, a level above an arm's own synchronous rate would only measure its client's limit.
     rates = (min(sync.values()),) if no_range else rates_between(min(sync.values()), max(sat.values()), sweep.levels)
-    return Probe(result.experiment_id, sweep.concurrency, sync, sat, rates, no_range)
+    return Probe(
+        experiment=result.experiment_id,
+        concurrency=sweep.concurrency,
+        synchronous=sync,
+        saturated=sat,
+        rates=rates,
+        no_range=no_range,
+    )
 
 
 def asked(config: ABConfig, sweep: Sweep) -> dict[str, Any]:

@@ -45,7 +45,7 @@ KINDS: dict[str, Capabilities] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HostConfig:
     """One host of the inventory (or a `user@addr[:port]` given on the command line)."""
 
@@ -92,7 +92,7 @@ class HostConfig:
         return (self.kind, self.partition) if self.capabilities.allocates_nodes else None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CallStats:
     """Round trips to the host-side agent, and SSH channels opened (one per tunnelled HTTP connection, the agent's
     session, SFTP); orchestration overhead is dominated by these over SSH."""

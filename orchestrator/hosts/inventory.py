@@ -149,7 +149,7 @@ def parse_target(spec: str, inventory: dict[str, HostConfig]) -> HostConfig:
 GROUP_FIELDS = {"nodes": str_list, "port_stride": int_range(0, 1000), "init_address": nonempty_str}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HostGroup:
     """An inventory group (`gpu-pair: {nodes: [gpu-a, gpu-b]}`): the hosts one multi-node launch spreads over,
     node rank i on nodes[i]."""

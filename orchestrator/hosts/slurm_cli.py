@@ -209,7 +209,7 @@ def parse_name(name: str) -> JobName | None:
 # ---- requesting and waiting ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AllocationRequest:
     """What orch asks Slurm for: `salloc --no-shell -N nodes -p partition --time --exclusive --gres [-A]`."""
 

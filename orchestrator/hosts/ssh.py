@@ -137,7 +137,7 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         log.warning("accepted new host key for %s: %s %s (saved to %s)", hostname, key.get_name(), fp, self.known_hosts)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Endpoint:
     """Where and how to connect, after applying ~/.ssh/config (paramiko parses it but never applies it)."""
 

@@ -217,7 +217,7 @@ def collect_fingerprint(
     return fp
 
 
-@dataclass
+@dataclass(kw_only=True)
 class AttachedServer:
     """A server someone else runs, as an arm's session on it is measured: reached from --host's side (the client
     runs there by default; for --client local, through it). Its health check stood for readiness; it is neither

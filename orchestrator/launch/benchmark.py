@@ -40,7 +40,7 @@ NO_ENERGY_REMOTE_LOCAL_CLIENT = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunCall:
     """One run asked of a runner: the request bodies, their max tokens, the concurrency (0 for open loop). With
     `probe_gpus` the runner also reads the GPUs' state during the run (summary["gpus"]; None if the run was too
@@ -366,7 +366,16 @@ def run_benchmark(
                 concurrency=concurrency,
                 **({"rate": rate} if rate is not None else {}),
             )
-            summary = runner(RunCall(bodies, lengths, concurrency, probe, open_loop, flush_request))
+            summary = runner(
+                RunCall(
+                    bodies=bodies,
+                    max_tokens=lengths,
+                    concurrency=concurrency,
+                    probe_gpus=probe,
+                    open_loop=open_loop,
+                    flush=flush_request,
+                )
+            )
             if summary.get("cache_flush_failed"):
                 raise BenchError(flush_refusal(summary["cache_flush_failed"], flushing, f"run {index + 1} at {at}"))
             if summary.get("aborted"):

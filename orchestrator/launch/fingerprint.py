@@ -228,7 +228,7 @@ def _collect(
 # ---------------------------------------------------------------- diff
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Difference:
     """One field whose value differs between two fingerprints, with how likely it is to move the number."""
 
@@ -609,7 +609,7 @@ def diff(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[Difference]
         if path in MEASURED and _within(path, x, y, before, after):
             continue
         category, weight, _ = _rule(path)
-        out.append(Difference(path, x, y, category, weight))
+        out.append(Difference(field=path, before=x, after=y, category=category, weight=weight))
     out.sort(key=lambda d: (-d.weight, d.field))
     return out
 
@@ -645,7 +645,7 @@ def environment_diff(before: dict[str, Any], after: dict[str, Any]) -> list[Diff
         x, y = before.get(path), after.get(path)
         if x != y:
             category, weight, _ = _rule(path)
-            out.append(Difference(path, x, y, category, weight))
+            out.append(Difference(field=path, before=x, after=y, category=category, weight=weight))
     out.sort(key=lambda d: (-d.weight, d.field))
     return out
 

@@ -95,7 +95,7 @@ def port_clash(group: GroupHost, facts: dict[str, dict[str, Any]], nnodes: int) 
     return None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Rank:
     """One node's part of the launch."""
 

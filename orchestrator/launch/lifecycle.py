@@ -20,7 +20,7 @@ from orchestrator.launch.benchmark import Runner
 from orchestrator.ui.events import QUIET, Events
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     """How every launch of an experiment is made and stopped."""
 
@@ -264,7 +264,10 @@ class _Group:
             raise OrchError(f"{profile.name} has nnodes: {n} but group {host.name} has {len(host.nodes)} hosts")
         self.host, self.profile, self.settings, self.events = host, profile, settings, events
         stride = host.group.port_stride
-        self.ranks = [group.Rank(i, host.nodes[i], replace(profile, port=profile.port + i * stride)) for i in range(n)]
+        self.ranks = [
+            group.Rank(index=i, host=host.nodes[i], profile=replace(profile, port=profile.port + i * stride))
+            for i in range(n)
+        ]
         self.srv: group.GroupServer | None = None
         self.init = self.base_id = ""
 
@@ -366,8 +369,10 @@ class _Attached:
             f"{self.profile.name}: attached to {self.url}: orch did not launch it and will not stop it; this block is "
             "another benchmark session on the same running server (state NOT fresh, environment NOT verified)"
         )
-        record = single.LaunchRecord(single.new_launch_id(self.settings.namespace), time.time())
-        self.srv = srv = attach.AttachedServer(self.url, self.address, self.port, self.base_url, record)
+        record = single.LaunchRecord(launch_id=single.new_launch_id(self.settings.namespace), started_at=time.time())
+        self.srv = srv = attach.AttachedServer(
+            url=self.url, address=self.address, port=self.port, base_url=self.base_url, record=record
+        )
         on_launch(srv)
         return srv
 

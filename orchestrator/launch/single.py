@@ -31,7 +31,7 @@ def new_launch_id(namespace: str) -> str:
     return f"{namespace}:{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Launch:
     """A started server: how to find it again and what it was started with."""
 
@@ -47,7 +47,7 @@ class Launch:
     started_at: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchRecord:
     """What is stored of a launch as it starts (an attached server's has no argv, env or PID)."""
 
@@ -58,7 +58,7 @@ class LaunchRecord:
     pid: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EnvMismatch:
     pid: int
     cmdline: str
@@ -384,7 +384,14 @@ def _env_report(procs: list[dict[str, Any]], expected: dict[str, str], launch_: 
             got = proc["env"].get(var)
             if got != want:
                 mismatches.append(
-                    EnvMismatch(proc["pid"], proc["cmdline"], var, want, got, engine.env_overrides.get(var, ""))
+                    EnvMismatch(
+                        pid=proc["pid"],
+                        cmdline=proc["cmdline"],
+                        var=var,
+                        expected=want,
+                        actual=got,
+                        note=engine.env_overrides.get(var, ""),
+                    )
                 )
     # What the launching environment leaked into the server without the profile saying so.
     main = next((p for p in procs if p["pid"] == launch_.pid), procs[0])
@@ -432,7 +439,7 @@ def teardown(
 HEALTH_TIMEOUT_S = 5.0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunningServer:
     """A ready server orch launched, everything recorded on the way, and how it is measured; teardown fills in at
     the end."""
@@ -459,7 +466,7 @@ class RunningServer:
     @property
     def record(self) -> LaunchRecord:
         la = self.launch
-        return LaunchRecord(la.launch_id, la.started_at, argv=la.argv, env=la.env, pid=la.pid)
+        return LaunchRecord(launch_id=la.launch_id, started_at=la.started_at, argv=la.argv, env=la.env, pid=la.pid)
 
     @property
     def env_ok(self) -> bool | None:

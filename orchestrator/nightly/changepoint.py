@@ -25,7 +25,7 @@ class Night:
     env: str  # environment key; differs from the previous night's => an environment step at this night
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Step:
     index: int  # the first night of the new level (index into the given history)
     kind: str  # "regression" | "improvement" | "environment"
@@ -35,7 +35,7 @@ class Step:
     nights_after: int  # nights in the new segment (from index to the next step or the end)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Assessment:
     status: str  # "ok" | "regression" | "improvement" | "environment" | "building"
     steps: tuple[Step, ...]  # every step over the whole history, in order (env steps and retained change points)
@@ -112,7 +112,14 @@ def assess_cached(
             before = _level(values, prev_start, prev_end, prev, len(prev.cuts), last=True)
             after = _level(values, start, end, lv, 0)
             steps.append(
-                Step(start, "environment", before, after, after / before - 1, _level_end(start, end, lv, 0) - start)
+                Step(
+                    index=start,
+                    kind="environment",
+                    before=before,
+                    after=after,
+                    change=after / before - 1,
+                    nights_after=_level_end(start, end, lv, 0) - start,
+                )
             )
         steps.extend(_cut_steps(values, start, end, lv, higher_is_better))
         outliers.extend(_outliers(values, start, end, lv, threshold))
@@ -124,7 +131,17 @@ def assess_cached(
 
     def verdict(status: str, new: Step | None, baseline: float | None) -> Assessment:
         change = tonight / baseline - 1 if baseline else None
-        return Assessment(status, tuple(steps), new, baseline, change, cur.sigma, tuple(outliers), in_env, needed)
+        return Assessment(
+            status=status,
+            steps=tuple(steps),
+            new=new,
+            baseline=baseline,
+            change=change,
+            noise=cur.sigma,
+            outliers=tuple(outliers),
+            nights=in_env,
+            needed=needed,
+        )
 
     if in_env == 1 and cur_start > 0:
         env_step = next(s for s in steps if s.index == cur_start and s.kind == "environment")
@@ -278,7 +295,16 @@ def _cut_steps(values: Sequence[float], start: int, end: int, lv: _Levels, highe
         after = _level(values, start, end, lv, j)
         change = after / before - 1
         kind = "regression" if (change < 0) == higher_is_better else "improvement"
-        steps.append(Step(start + c, kind, before, after, change, _level_end(start, end, lv, j) - start - c))
+        steps.append(
+            Step(
+                index=start + c,
+                kind=kind,
+                before=before,
+                after=after,
+                change=change,
+                nights_after=_level_end(start, end, lv, j) - start - c,
+            )
+        )
     return steps
 
 

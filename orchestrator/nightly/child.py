@@ -48,7 +48,11 @@ def main(spec: dict[str, Any]) -> int:
     item = next(i for i in suite.items if i.name == spec["item"])
     store = Store(spec["db"])
     runner = night.NightRunner(
-        suite, store, float(spec["night_at"]), Lines(lambda msg: print(msg, flush=True)), night_id=spec["night_id"]
+        suite=suite,
+        store=store,
+        night_at=float(spec["night_at"]),
+        events=Lines(lambda msg: print(msg, flush=True)),
+        night_id=spec["night_id"],
     )
     code = 0
     report: ItemReport | None = None

@@ -90,7 +90,7 @@ def interrupted_why(state: str | None) -> str:
     return "interrupted while it ran" if state == "granted" else "interrupted"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Child:
     item: Item
     proc: subprocess.Popen[str]
@@ -140,7 +140,14 @@ class FanOut:
             text=True,
             start_new_session=True,  # Ctrl-C reaches it once, from us, so its teardown is not interrupted twice
         )
-        child = _Child(item, proc, out, time.monotonic(), min(item.timeout_s, remaining), threading.Thread())
+        child = _Child(
+            item=item,
+            proc=proc,
+            out=out,
+            began=time.monotonic(),
+            budget=min(item.timeout_s, remaining),
+            reader=threading.Thread(),
+        )
         child.reader = threading.Thread(target=self._forward, args=(child, proc.stdout), daemon=True)
         child.reader.start()
         self.children.append(child)

@@ -261,7 +261,7 @@ def record_item(
         )  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ItemNight:
     """One night of one item, as stored: what it measured, or why it could not."""
 
@@ -305,10 +305,18 @@ def item_nights(
             raise StoreError(f"{store.path}: nightly item {item} of night {row['night_id']} is unreadable: {e}") from e
         out.append(
             ItemNight(
-                row["night_id"], float(row["night_at"]), row["suite"], row["status"], row["error"], experiments,
-                series, envs, bool(row["simulated"]), decisions,
+                night_id=row["night_id"],
+                night_at=float(row["night_at"]),
+                suite=row["suite"],
+                status=row["status"],
+                error=row["error"],
+                experiments=experiments,
+                series=series,
+                envs=envs,
+                simulated=bool(row["simulated"]),
+                decisions=decisions,
             )
-        )  # fmt: skip
+        )
     return out
 
 

@@ -255,15 +255,15 @@ def _merge(first: ABResult, second: ABResult) -> ABResult:
     offset = first.design.blocks
     shifted = tuple(dataclasses.replace(launch, block=launch.block + offset) for launch in second.launches)
     design = Design(
-        first.design.blocks + second.design.blocks,
-        first.design.order,
-        first.design.seed,
-        first.design.schedule + second.design.schedule,
+        blocks=first.design.blocks + second.design.blocks,
+        order=first.design.order,
+        seed=first.design.seed,
+        schedule=first.design.schedule + second.design.schedule,
     )
     return dataclasses.replace(first, launches=first.launches + shifted, design=design)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class NightRunner:
     """Runs one night of a suite against one store; `events` gets the progress lines."""
 
@@ -295,7 +295,15 @@ class NightRunner:
             now = time.time()
             # Said like any other night (stdout, --markdown-out): a night that silently did not run is a night lost.
             self.last = NightReport(
-                self.night_id, self.suite.name, str(self.suite.path), self.night_at, now, now, "busy", (), error
+                night_id=self.night_id,
+                suite=self.suite.name,
+                suite_path=str(self.suite.path),
+                night_at=self.night_at,
+                started_at=now,
+                finished_at=now,
+                status="busy",
+                items=(),
+                error=error,
             )
             raise NightBusyError(error)
         try:
@@ -349,14 +357,14 @@ class NightRunner:
             order = {i.name: n for n, i in enumerate(items)}
             reports.sort(key=lambda r: order[r.item])
             report_obj = NightReport(
-                self.night_id,
-                suite.name,
-                str(suite.path),
-                self.night_at,
-                started,
-                time.time(),
-                status,
-                tuple(reports),
+                night_id=self.night_id,
+                suite=suite.name,
+                suite_path=str(suite.path),
+                night_at=self.night_at,
+                started_at=started,
+                finished_at=time.time(),
+                status=status,
+                items=tuple(reports),
             )
             history.finish_night(self.store, self.night_id, status, report_obj.exit_code, report_obj.to_dict())
             self.last = report_obj
@@ -461,7 +469,15 @@ class NightRunner:
         experiments = [result.experiment_id]
         series, envs = history.measure(item, result, self.suite.min_history)
         tonight = history.ItemNight(
-            self.night_id, self.night_at, self.suite.name, "complete", None, (), (), envs, item.sim
+            night_id=self.night_id,
+            night_at=self.night_at,
+            suite=self.suite.name,
+            status="complete",
+            error=None,
+            experiments=(),
+            series=(),
+            envs=envs,
+            simulated=item.sim,
         )
         verdicts = [judge(v, past, tonight, self.suite.min_history) for v in series]
         if self.suite.confirm and any(v.status == "regression" for v in verdicts):
@@ -534,13 +550,29 @@ class NightRunner:
         experiments.append(second.experiment_id)
         again, envs2 = history.measure(item, second, self.suite.min_history)
         tonight2 = history.ItemNight(
-            self.night_id, self.night_at, self.suite.name, "complete", None, (), (), envs2, item.sim
+            night_id=self.night_id,
+            night_at=self.night_at,
+            suite=self.suite.name,
+            status="complete",
+            error=None,
+            experiments=(),
+            series=(),
+            envs=envs2,
+            simulated=item.sim,
         )
         rerun = {v.series: judge(v, past, tonight2, self.suite.min_history) for v in again}
         pooled = _merge(first, second)
         series, envs = history.measure(item, pooled, self.suite.min_history)
         tonight = history.ItemNight(
-            self.night_id, self.night_at, self.suite.name, "complete", None, (), (), envs, item.sim
+            night_id=self.night_id,
+            night_at=self.night_at,
+            suite=self.suite.name,
+            status="complete",
+            error=None,
+            experiments=(),
+            series=(),
+            envs=envs,
+            simulated=item.sim,
         )
         out = []
         for v in series:

@@ -81,17 +81,24 @@ def build(
     ]
     name = title or (f"orch nightly: {suite}" if suite else f"orch history: {', '.join(i.item for i in items)}")
     return model.Page(
-        name,
-        when(tonight) if tonight is not None else "no night stored",
-        tuple(items),
-        any(i.simulated for i in items),
-        tuple(attached),
-        dict(reports or {}),
+        title=name,
+        night=when(tonight) if tonight is not None else "no night stored",
+        items=tuple(items),
+        simulated=any(i.simulated for i in items),
+        attached=tuple(attached),
+        reports=dict(reports or {}),
     )
 
 
 def with_reports(page: model.Page, reports: Mapping[str, str]) -> model.Page:
-    return model.Page(page.title, page.night, page.items, page.simulated, page.attached, dict(reports))
+    return model.Page(
+        title=page.title,
+        night=page.night,
+        items=page.items,
+        simulated=page.simulated,
+        attached=page.attached,
+        reports=dict(reports),
+    )
 
 
 def anchor(*parts: str) -> str:
@@ -126,9 +133,21 @@ def _item(
     else:  # the noise is estimated from night-to-night differences within one environment
         noise = "not yet known (too few nights in this environment)" if series else "—"
     return model.Item(
-        item, host, anchor("item", item, host), state, label, last.night, noise, warning, env_nights,
-        nights[-1].experiments, any(n.simulated for n in nights), _attached(store, nights), series, rows,
-    )  # fmt: skip
+        item=item,
+        host=host,
+        anchor=anchor("item", item, host),
+        state=state,
+        label=label,
+        night=last.night,
+        noise=noise,
+        noise_warning=warning,
+        env_nights=env_nights,
+        experiments=nights[-1].experiments,
+        simulated=any(n.simulated for n in nights),
+        attached=_attached(store, nights),
+        series=series,
+        nights=rows,
+    )
 
 
 def _night_row(k: int, nights: Sequence[history.ItemNight], shown: Sequence[SeriesHistory]) -> model.NightRow:
@@ -137,7 +156,13 @@ def _night_row(k: int, nights: Sequence[history.ItemNight], shown: Sequence[Seri
     stamp = when(night.night_at)
     if night.status in STORED_STATUS:
         state = STORED_STATUS[night.status]
-        return model.NightRow(stamp, state, LABELS[state].strip("*"), night.experiments, first_line(night.error, 200))
+        return model.NightRow(
+            night=stamp,
+            state=state,
+            label=LABELS[state].strip("*"),
+            experiments=night.experiments,
+            note=first_line(night.error, 200),
+        )
     verdicts = [(s, s.rows[k]) for s in shown if s.rows[k].verdict is not None]
     statuses = {r.verdict.status for _, r in verdicts if r.verdict is not None}
     hits = list(dict.fromkeys(r.fail_on for _, r in verdicts if r.fail_on))
@@ -162,7 +187,7 @@ def _night_row(k: int, nights: Sequence[history.ItemNight], shown: Sequence[Seri
     modes = [h.split(":", 1)[0] for hit in hits for h in hit.split("; ")]
     label = f"FAIL-ON {','.join(dict.fromkeys(modes))}" if state == "fail_on" else LABELS[state].strip("*")
     note = "; ".join([*(e for e in envs if e), *notes, *(f"FAIL-ON {h}" for h in hits)])
-    return model.NightRow(stamp, state, label, night.experiments, note)
+    return model.NightRow(night=stamp, state=state, label=label, experiments=night.experiments, note=note)
 
 
 def _series(
@@ -203,7 +228,7 @@ def _series(
         cur = levels[-1]
         band = (cur.first, cur.last, cur.value * (1 - latest.threshold), cur.value * (1 + latest.threshold))
     changes = tuple(
-        model.Change(assessed[st.index], st.kind, st.before, st.after, st.change)
+        model.Change(x=assessed[st.index], kind=st.kind, before=st.before, after=st.after, change=st.change)
         for st in steps
         if st.kind != "environment"
     )
@@ -227,15 +252,29 @@ def _series(
             f"{latest.threshold * 100:g} % threshold: expect false alarms (raise the threshold, or blocks and runs)"
         )
     return model.Series(
-        s.series, anchor("series", item, host, s.series),
-        series_label(latest), metric_label(latest.metric) + (" ratio" if ratio else ""), latest.threshold,
-        latest.higher_is_better, tuple(when(n.night_at) for n in nights), tuple(points), tuple(levels), band, changes,
-        tuple(env_steps), gaps, tuple(outliers), noise, warning, any(n.simulated for n in nights), ratio,
-    )  # fmt: skip
+        series=s.series,
+        anchor=anchor("series", item, host, s.series),
+        title=series_label(latest),
+        unit=metric_label(latest.metric) + (" ratio" if ratio else ""),
+        threshold=latest.threshold,
+        higher_is_better=latest.higher_is_better,
+        nights=tuple(when(n.night_at) for n in nights),
+        points=tuple(points),
+        levels=tuple(levels),
+        band=band,
+        changes=changes,
+        env_steps=tuple(env_steps),
+        gaps=gaps,
+        outliers=tuple(outliers),
+        noise=noise,
+        noise_warning=warning,
+        simulated=any(n.simulated for n in nights),
+        ratio=ratio,
+    )
 
 
 def _point(x: float, v: history.SeriesValue, kind: str) -> model.Point:
-    return model.Point(x, v.value, v.lo, v.hi, kind, v.censored)
+    return model.Point(x=x, value=v.value, lo=v.lo, hi=v.hi, kind=kind, censored=v.censored)
 
 
 def _env_note(row: Any) -> str | None:

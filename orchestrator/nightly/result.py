@@ -22,7 +22,7 @@ ITEM_STATUSES = (
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SeriesVerdict:
     """One series of an item tonight: its value, what history says about it, and why."""
 
@@ -105,7 +105,7 @@ class ItemReport:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NightReport:
     night_id: str
     suite: str
@@ -254,14 +254,23 @@ def judge(
     )
     if a.status == "environment" and points:
         changes = env_changes(points[-1][0], tonight, value.env_arms)
-        return SeriesVerdict(value, a, a.status, describe_changes(changes, value.env_arms), tuple(changes))
+        return SeriesVerdict(
+            value=value,
+            assessment=a,
+            status=a.status,
+            note=describe_changes(changes, value.env_arms),
+            changes=tuple(changes),
+        )
     if value.censored is not None:
         return censored_verdict(value, a)
     if censored and past and (last := past[-1].value(value.series)) is not None and last.censored is not None:
         return SeriesVerdict(
-            value, a, a.status, f"crosses in the range again (the night before: {censored_text(last)})"
+            value=value,
+            assessment=a,
+            status=a.status,
+            note=f"crosses in the range again (the night before: {censored_text(last)})",
         )
-    return SeriesVerdict(value, a, a.status)
+    return SeriesVerdict(value=value, assessment=a, status=a.status)
 
 
 def censored_text(v: history.SeriesValue) -> str:
@@ -289,10 +298,12 @@ def censored_verdict(value: history.SeriesValue, a: changepoint.Assessment) -> S
     improvement. Undecided is never judged. Nothing else is said as a change: a censored night's status is ok."""
     note = censored_text(value)
     if value.censored == "below" and a.status == "regression":
-        return SeriesVerdict(value, a, "regression", f"{note}: {pct(a.change)} or worse")
+        return SeriesVerdict(value=value, assessment=a, status="regression", note=f"{note}: {pct(a.change)} or worse")
     if value.censored == "above" and a.status == "improvement":
-        return SeriesVerdict(value, a, "improvement", note)
-    return SeriesVerdict(value, a, "ok", note + ("; not judged" if value.censored == "undecided" else ""))
+        return SeriesVerdict(value=value, assessment=a, status="improvement", note=note)
+    return SeriesVerdict(
+        value=value, assessment=a, status="ok", note=note + ("; not judged" if value.censored == "undecided" else "")
+    )
 
 
 def rerun_note(first: SeriesVerdict, rerun: SeriesVerdict | None) -> tuple[str, str]:

@@ -97,7 +97,7 @@ class Metric:
         return self.name + (f"@{self.concurrency:g}" if self.concurrency is not None else "")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Item:
     """One thing measured every night: an A/B (two or more profiles, the first the baseline) or one profile."""
 
@@ -131,7 +131,7 @@ class Item:
         return tuple(Rate(r) for r in self.bench.rate) if self.bench.open_loop else self.bench.concurrency
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Suite:
     name: str
     path: Path

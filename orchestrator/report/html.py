@@ -172,11 +172,11 @@ def _ratio_figure(result: ABResult) -> str:
             label = f"{c.arm_label or c.arm} vs {c.vs_label or c.vs} @ {level_name(level)}"
             rows.append(
                 plots.RatioBar(
-                    label,
-                    c.ratio,
-                    est.lo if ci and est else None,
-                    est.hi if ci and est else None,
-                    c.verdict if ci else "inconclusive",
+                    label=label,
+                    ratio=c.ratio,
+                    lo=est.lo if ci and est else None,
+                    hi=est.hi if ci and est else None,
+                    verdict=c.verdict if ci else "inconclusive",
                 )
             )
     svg = plots.ratio_intervals("fig-ratios", rows, result.min_effect)
@@ -234,11 +234,11 @@ def _ci_text(m: LaunchMean | None, scale: float = 1.0, digits: int = 1) -> str:
 
 def _point(x: LaunchMean, y: LaunchMean, y_scale: float = 1.0, tag: str = "") -> plots.Point:
     return plots.Point(
-        x.value,
-        y.value * y_scale,
-        (x.lo, x.hi) if x.lo is not None and x.hi is not None else None,
-        (y.lo * y_scale, y.hi * y_scale) if y.lo is not None and y.hi is not None else None,
-        tag,
+        x=x.value,
+        y=y.value * y_scale,
+        x_ci=(x.lo, x.hi) if x.lo is not None and x.hi is not None else None,
+        y_ci=(y.lo * y_scale, y.hi * y_scale) if y.lo is not None and y.hi is not None else None,
+        tag=tag,
     )
 
 
@@ -276,7 +276,7 @@ def _crossing_marks(result: ABResult, place: Callable[[int, float], float | None
         # In the figure's own axis only: on an achieved-rate axis, the rate achieved there (the caption names the
         # offered load it corresponds to, once: _achieved_crossing_words).
         where = f"{at:.3g} req/s achieved" if place is not None else _load_name(rates, x.at)
-        out.append(plots.Mark(at, lo, hi, f"{arm.label} crossover{on} ~{where}", i))
+        out.append(plots.Mark(at=at, lo=lo, hi=hi, text=f"{arm.label} crossover{on} ~{where}", index=i))
     return out
 
 
@@ -413,7 +413,10 @@ def _goodput_rate_figure(result: ABResult, arms: Sequence[curves.ArmCurve], slo:
             if g is not None:
                 pts.append(
                     plots.Point(
-                        float(pt.level), g.value, None, (g.lo, g.hi) if g.lo is not None and g.hi is not None else None
+                        x=float(pt.level),
+                        y=g.value,
+                        x_ci=None,
+                        y_ci=(g.lo, g.hi) if g.lo is not None and g.hi is not None else None,
                     )
                 )
         if pts:
@@ -429,7 +432,14 @@ def _goodput_rate_figure(result: ABResult, arms: Sequence[curves.ArmCurve], slo:
         if x.status == "crosses" and x.at is not None and x.pays_below:
             i = result.arms.index(who)
             marks.append(
-                plots.Mark(x.at, x.lo, x.hi, f"{who.label} within SLO up to ~{_load_name(rates, x.at)}", i, dotted=True)
+                plots.Mark(
+                    at=x.at,
+                    lo=x.lo,
+                    hi=x.hi,
+                    text=f"{who.label} within SLO up to ~{_load_name(rates, x.at)}",
+                    index=i,
+                    dotted=True,
+                )
             )
             capacity.append(f"{who.label} up to ~{_load_name(rates, x.at)}")
     levels = sorted(float(lv) for lv in result.levels)

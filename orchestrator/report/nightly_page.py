@@ -21,7 +21,7 @@ STATE_CLASSES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Point:
     """One measurement of a night: `x` the night's index (a confirmation's two measurements sit either side of
     it), its value and 95 % CI; `censored` "above"/"below" for a bound (a crossing beyond the range measured), or
@@ -45,7 +45,7 @@ class Level:
     value: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Change:
     """A change point in hindsight: the night its new level starts, regression or improvement, and its size."""
 
@@ -72,7 +72,7 @@ class Gap:
     label: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Series:
     """One series of an item (an arm's metric, or a ratio measured within the night) over every night of the item."""
 
@@ -96,7 +96,7 @@ class Series:
     ratio: bool = False  # values are ratios (0.912x)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NightRow:
     """One night of an item, as its nights table shows it."""
 
@@ -107,7 +107,7 @@ class NightRow:
     note: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Item:
     """One item of the page: its state tonight, how noisy it is, and its series."""
 
@@ -127,7 +127,7 @@ class Item:
     nights: tuple[NightRow, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Page:
     """The whole page: what it covers, the night it is as of, its items; `reports` maps an experiment id to the
     A/B report file written beside the page (relative), for the ids to link to."""

@@ -164,7 +164,7 @@ def launch_points(fig_id: str, arms: Sequence[ArmLaunches], ylabel: str) -> str:
     return _render(fig_id, (8.0, 3.6), draw)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RatioBar:
     """One comparison's bar in the ratio-interval plot: its ratio, 95 % interval and verdict."""
 
@@ -422,7 +422,7 @@ def breakeven_chart(fig_id: str, be: BreakEven, label: str, base_label: str, ind
 SIM_MARK = "SIMULATED (orch's simulator, not a measured server)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Point:
     """One arm at one level: x and y, each with its 95 % CI ends (None: no interval, one launch); `tag` names the
     level beside the point where a plot labels its points."""
@@ -445,7 +445,7 @@ class Curve:
     dashed: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Mark:
     """A load marked on the x axis with its 95 % CI band (an end None: open, the band runs to the axis' edge): a
     crossover (dashed) or an arm's highest load within the SLO (dotted)."""

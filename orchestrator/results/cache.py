@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 CACHE_GAP_POINTS = 5.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CacheGap:
     """Two compared arms' prefix-cache hit rates at one level, more than CACHE_GAP_POINTS apart. Unless `measured`
     (--cache-measured: the cache is part of what is compared), the comparison's verdict is held back: inconclusive,
@@ -70,7 +70,9 @@ def cache_gap(base: ArmResult, arm: ArmResult, level: Level, *, measured: bool =
         return None
     if 100 * abs(float(rates[1]) - float(rates[0])) <= CACHE_GAP_POINTS:
         return None
-    return CacheGap(base.label, arm.label, float(rates[0]), float(rates[1]), measured)
+    return CacheGap(
+        vs_label=base.label, arm_label=arm.label, vs_rate=float(rates[0]), arm_rate=float(rates[1]), measured=measured
+    )
 
 
 def arm_prefix_cache(runs: Sequence[RunResult]) -> dict[str, Any] | None:

@@ -48,7 +48,9 @@ class CapacityComparison:
                 arm=arm, base=base, ratio=None, lo=None, hi=None, blocks=len(logs), censored=censored, verdict=None
             )
         ratio, lo, hi = ratio_interval(logs)
-        est = RatioEstimate(ratio, lo, hi, len(logs), CAPACITY_METHOD, statistics.stdev(logs))
+        est = RatioEstimate(
+            ratio=ratio, lo=lo, hi=hi, blocks=len(logs), method=CAPACITY_METHOD, log_sd=statistics.stdev(logs)
+        )
         # The rule every comparison follows (a CI past 1 is not enough: the effect must reach min_effect too), in
         # a capacity's words.
         said = verdict(est, min_effect)
@@ -75,7 +77,7 @@ class CapacityComparison:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SloRecovery:
     """A block whose margin to the SLO fell to 1 or below at one level and rose above 1 again at a higher one: its
     capacity is taken at the first miss (stats/crossover.capacity), for the arm's own estimate and the A/B alike."""

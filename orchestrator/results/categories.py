@@ -48,7 +48,7 @@ def run_category_values(run: RunResult, categories: Categories) -> dict[str, tup
     }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CategoryArm:
     """One arm in one category: the median over its launches of each launch's median run value (as the headline
     tok/s), the mean per-request accept length, and how many requests it rests on."""
@@ -199,11 +199,11 @@ def _arm_summary(arm: ArmResult, level: Level, categories: Categories, category:
         if values:
             medians.append(statistics.median(values))
     return CategoryArm(
-        arm.label,
-        category,
-        statistics.median(medians) if medians else None,
-        statistics.fmean(accepts) if accepts else None,
-        requests,
+        arm_label=arm.label,
+        category=category,
+        tok_s=statistics.median(medians) if medians else None,
+        accept_length=statistics.fmean(accepts) if accepts else None,
+        requests=requests,
     )
 
 

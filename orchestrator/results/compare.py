@@ -33,7 +33,7 @@ from orchestrator.stats.reproduction import (
 EXIT_CODES = {REPRODUCED: 0, NOT_REPRODUCED: 3, INCONCLUSIVE: 4}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArmSide:
     """One arm in one experiment, at one concurrency level."""
 
@@ -44,7 +44,7 @@ class ArmSide:
     accept_length: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArmRow:
     label: str  # A's name of the arm (B's where only B has it)
     a: ArmSide | None  # None: the arm exists in b only
@@ -72,7 +72,7 @@ class RatioRow:
         return name if self.b_name is None else f"{name} (B: {self.b_name})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Side:
     experiment_id: str
     host: str
@@ -351,7 +351,7 @@ def compare(
             else None
         )
         b_own = b_arms[label].label if label in b_arms else None
-        rows.append(ArmRow(label, sa, sb, v, b_own if b_own != label else None))
+        rows.append(ArmRow(label=label, a=sa, b=sb, verdict=v, b_label=b_own if b_own != label else None))
     a_cmp = {(c.arm_label, c.vs_label): c.estimate for c in a.comparisons_at(level, "tok_s")}
     b_cmp = {
         (arm_map.get(c.arm_label, c.arm_label), arm_map.get(c.vs_label, c.vs_label)): (c.estimate, c)
@@ -380,8 +380,8 @@ def compare(
     missing = [r.label for r in rows if r.a is None or r.b is None]
     status, reason = overall(items, missing, tolerance)
     return ExperimentComparison(
-        a=Side(a.experiment_id, a.host, a.simulated, a.blocks, a.dataset),
-        b=Side(b.experiment_id, b.host, b.simulated, b.blocks, b.dataset),
+        a=Side(experiment_id=a.experiment_id, host=a.host, simulated=a.simulated, blocks=a.blocks, dataset=a.dataset),
+        b=Side(experiment_id=b.experiment_id, host=b.host, simulated=b.simulated, blocks=b.blocks, dataset=b.dataset),
         concurrency=level,
         tolerance=tolerance,
         arms=tuple(rows),

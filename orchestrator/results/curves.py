@@ -88,7 +88,7 @@ def curves(result: ABResult, names: Sequence[str]) -> list[ArmCurve]:
     return [arm_curve(arm, i, result.levels, names) for i, arm in enumerate(result.arms)]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FrontPoint:
     """A point of the Pareto front of tok/s per user against aggregate tok/s: which arm at which level."""
 
@@ -103,7 +103,7 @@ def front(arms: Sequence[ArmCurve]) -> list[FrontPoint]:
     """The points (every arm at every level) no other beats on both tok/s per user and aggregate tok/s, from the
     highest aggregate tok/s down (the order the front's trade-off reads in)."""
     pts = [
-        FrontPoint(a.label, a.index, p.level, agg.value, user.value)
+        FrontPoint(label=a.label, index=a.index, level=p.level, aggregate=agg.value, per_user=user.value)
         for a in arms
         for p in a.points
         if (agg := p.get("aggregate_tok_s")) is not None and (user := p.get("tok_s")) is not None

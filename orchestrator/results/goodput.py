@@ -40,7 +40,7 @@ def request_latencies(row: Mapping[str, Any]) -> dict[str, float | None]:
     return {name: q.under_slo(row) for name, q in QUANTITIES.items()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Attainment:
     """One run (or several pooled) under an SLO: how many requests were sent, completed and good (met every limit),
     the good requests' output tokens, and the seconds goodput is per (goodput_seconds)."""
@@ -77,11 +77,11 @@ class Attainment:
 
     def __add__(self, other: Attainment) -> Attainment:
         return Attainment(
-            self.requests + other.requests,
-            self.completed + other.completed,
-            self.good + other.good,
-            self.good_tokens + other.good_tokens,
-            self.seconds + other.seconds,
+            requests=self.requests + other.requests,
+            completed=self.completed + other.completed,
+            good=self.good + other.good,
+            good_tokens=self.good_tokens + other.good_tokens,
+            seconds=self.seconds + other.seconds,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,7 +101,13 @@ def attainment(rows: Sequence[Mapping[str, Any]], seconds: float, slo: SLO) -> A
     """Per-request attainment: a request is good when it completed and meets every limit of the SLO."""
     done = completed(rows)
     good = [r for r in done if slo.meets(request_latencies(r))]
-    return Attainment(len(rows), len(done), len(good), sum(int(r.get("tokens") or 0) for r in good), seconds)
+    return Attainment(
+        requests=len(rows),
+        completed=len(done),
+        good=len(good),
+        good_tokens=sum(int(r.get("tokens") or 0) for r in good),
+        seconds=seconds,
+    )
 
 
 def run_attainment(run: RunResult, slo: SLO) -> Attainment | None:

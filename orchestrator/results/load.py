@@ -124,7 +124,7 @@ def load_result(
     design = (
         Design.from_dict(json.loads(exp["design_json"]))
         if exp.get("design_json")
-        else Design(1, "fixed", 0, (tuple(range(len(json.loads(exp["arms_json"])))),))
+        else Design(blocks=1, order="fixed", seed=0, schedule=(tuple(range(len(json.loads(exp["arms_json"])))),))
     )
     notes = []
     if exp["status"] != "complete":

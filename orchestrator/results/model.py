@@ -253,7 +253,7 @@ class RateLevel:
         return dataclasses.asdict(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArmResult:
     """One arm (profile) across all its launches; the launch, not the run, is the unit of replication."""
 
@@ -382,7 +382,7 @@ class ArmResult:
         return "; ".join(reasons) if reasons else None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Design:
     """How the launches of an experiment are arranged: every block launches every arm once, in a recorded order.
     With `auto` (`--blocks auto`) `blocks` is how many are scheduled so far: one more after each undecided look."""
@@ -395,7 +395,13 @@ class Design:
 
     @classmethod
     def make(cls, arms: int, blocks: int, order: str, seed: int, auto: SequentialPlan | None = None) -> Design:
-        return cls(blocks, order, seed, tuple(tuple(b) for b in schedule(arms, blocks, order, seed)), auto)
+        return cls(
+            blocks=blocks,
+            order=order,
+            seed=seed,
+            schedule=tuple(tuple(b) for b in schedule(arms, blocks, order, seed)),
+            auto=auto,
+        )
 
     def extended(self, blocks: int) -> Design:
         """The same design with more blocks: the seeded schedule of the longer design starts with this one's."""
@@ -413,11 +419,11 @@ class Design:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Design:
         return cls(
-            int(d["blocks"]),
-            str(d["order"]),
-            int(d["seed"]),
-            tuple(tuple(int(i) for i in b) for b in d["schedule"]),
-            SequentialPlan.from_dict(d["auto"]) if d.get("auto") else None,
+            blocks=int(d["blocks"]),
+            order=str(d["order"]),
+            seed=int(d["seed"]),
+            schedule=tuple(tuple(int(i) for i in b) for b in d["schedule"]),
+            auto=SequentialPlan.from_dict(d["auto"]) if d.get("auto") else None,
         )
 
     def slots(self) -> list[tuple[int, int, int]]:
@@ -472,7 +478,11 @@ class ABResult:
         for i, name in enumerate(self.profiles):
             mine = tuple(launch for launch in self.launches if launch.arm_index == i)
             steps = next((launch.spec_steps for launch in mine), None)
-            out.append(ArmResult(name, mine, steps, arm_label(self.profiles, i), self.slo))
+            out.append(
+                ArmResult(
+                    profile=name, launches=mine, spec_steps=steps, label=arm_label(self.profiles, i), slo=self.slo
+                )
+            )
         return tuple(out)
 
     @property
@@ -702,7 +712,9 @@ class ABResult:
         for arm in self.arms:
             for block, row in sorted(self.slo_margins(arm).items()):
                 if (found := recovery(levels, row)) is not None:
-                    out.append(SloRecovery(arm.label, block, found[0], found[1], rates))
+                    out.append(
+                        SloRecovery(arm=arm.label, block=block, missed_at=found[0], met_again_at=found[1], rates=rates)
+                    )
         return out
 
     def slo_margins(self, arm: ArmResult) -> dict[int, list[float | None]]:

@@ -369,7 +369,7 @@ def held_together(checks: Sequence[OutputsCheck]) -> list[OutputsCheck]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AcceptDistribution:
     """One arm's accept length per request (vLLM issue 42690: averaged over tokens, long completions weigh more)."""
 
@@ -410,7 +410,14 @@ def accept_distribution(arm: ArmResult, level: Level | None = None) -> AcceptDis
             passes += n / accept
     if not values:
         return None
-    return AcceptDistribution(arm.label, at, len(values), statistics.fmean(values), tokens / passes, tuple(values))
+    return AcceptDistribution(
+        arm=arm.label,
+        level=at,
+        requests=len(values),
+        per_request_mean=statistics.fmean(values),
+        token_weighted=tokens / passes,
+        values=tuple(values),
+    )
 
 
 def _accepts(run: RunResult) -> Iterator[tuple[float, int]]:

@@ -28,7 +28,7 @@ def level_phrase(level: Level) -> str:
     return level_name(level) if isinstance(level, Rate) else f"concurrency {level}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunResult:
     """One run (warmups included, never in statistics). At concurrency 1 the first six fields are the seed's."""
 

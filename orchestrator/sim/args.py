@@ -27,7 +27,7 @@ class SimArgError(Exception):
     """A flag combination SGLang rejects after parsing (SGLang exits 1 on these)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Flag:
     names: tuple[str, ...]
     kind: str  # str | int | float | bool | list
@@ -42,7 +42,7 @@ class Flag:
 
 
 def _f(names: str, kind: str, default: Any, modelled: bool, help: str, choices: tuple[str, ...] | None = None) -> Flag:
-    return Flag(tuple(names.split()), kind, default, modelled, help, choices)
+    return Flag(names=tuple(names.split()), kind=kind, default=default, modelled=modelled, help=help, choices=choices)
 
 
 # The first name is SGLang's canonical flag (its dest is the ServerArgs field name).
@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ServerConfig:
     """Resolved server settings, after defaults and SGLang's speculative rules."""
 

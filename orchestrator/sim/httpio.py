@@ -35,7 +35,7 @@ class HttpError(Exception):
         self.message = message
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Request:
     method: str
     path: str
@@ -91,7 +91,7 @@ async def read_request(
             raise HttpError(400, f"malformed header line {line!r}")
         headers[name.strip().lower()] = value.strip()
     path, _, query = target.partition("?")
-    req = Request(method.upper(), unquote(path), query, version, headers)
+    req = Request(method=method.upper(), path=unquote(path), query=query, version=version, headers=headers)
     if writer is not None and headers.get("expect", "").lower() == "100-continue":
         # curl waits a second for this before sending a large body.
         writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")

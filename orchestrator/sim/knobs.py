@@ -14,7 +14,7 @@ ENV_PREFIX = "ORCH_SIM_"
 ALPHA_TAU2_K3 = 0.5436890126920764
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Knob:
     """One simulator knob: its profile key, type, default, help text and inclusive bounds."""
 
@@ -47,99 +47,203 @@ def _fmt(x: float) -> str:
 
 
 _KNOB_LIST: tuple[Knob, ...] = (
-    Knob("load_s", float, 2.0, "seconds the workers take to 'load weights' (port closed meanwhile)", 0.0, 3600.0),
-    Knob("warmup_s", float, 1.0, "seconds of warmup after the port opens (health 503 meanwhile)", 0.0, 3600.0),
-    Knob("decode_ms", float, 12.2, "per-iteration decode time at batch 1 without speculation", 0.01, 10000.0),
-    Knob("draft_ms", float, 1.0, "time of one draft step under speculation", 0.0, 10000.0),
-    Knob("verify_base_ms", float, 26.0, "fixed part of one verify pass", 0.0, 10000.0),
-    Knob("verify_per_token_ms", float, 1.0, "verify cost per draft token (x num_draft_tokens)", 0.0, 10000.0),
     Knob(
-        "accept_alpha",
-        float,
-        ALPHA_TAU2_K3,
-        "per-draft-token acceptance probability (chain model); default gives accept length 2.0 at 3 steps",
-        0.0,
-        1.0,
+        name="load_s",
+        type=float,
+        default=2.0,
+        help="seconds the workers take to 'load weights' (port closed meanwhile)",
+        minimum=0.0,
+        maximum=3600.0,
     ),
-    Knob("batch_slope", float, 0.02, "iteration time grows by this fraction per extra running request", 0.0, 10.0),
     Knob(
-        "verify_batch_ms",
-        float,
-        0.75,
-        "under speculation, verify time added per draft token of each running request beyond the first (the "
+        name="warmup_s",
+        type=float,
+        default=1.0,
+        help="seconds of warmup after the port opens (health 503 meanwhile)",
+        minimum=0.0,
+        maximum=3600.0,
+    ),
+    Knob(
+        name="decode_ms",
+        type=float,
+        default=12.2,
+        help="per-iteration decode time at batch 1 without speculation",
+        minimum=0.01,
+        maximum=10000.0,
+    ),
+    Knob(
+        name="draft_ms",
+        type=float,
+        default=1.0,
+        help="time of one draft step under speculation",
+        minimum=0.0,
+        maximum=10000.0,
+    ),
+    Knob(
+        name="verify_base_ms",
+        type=float,
+        default=26.0,
+        help="fixed part of one verify pass",
+        minimum=0.0,
+        maximum=10000.0,
+    ),
+    Knob(
+        name="verify_per_token_ms",
+        type=float,
+        default=1.0,
+        help="verify cost per draft token (x num_draft_tokens)",
+        minimum=0.0,
+        maximum=10000.0,
+    ),
+    Knob(
+        name="accept_alpha",
+        type=float,
+        default=ALPHA_TAU2_K3,
+        help="per-draft-token acceptance probability (chain model); default gives accept length 2.0 at 3 steps",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Knob(
+        name="batch_slope",
+        type=float,
+        default=0.02,
+        help="iteration time grows by this fraction per extra running request",
+        minimum=0.0,
+        maximum=10.0,
+    ),
+    Knob(
+        name="verify_batch_ms",
+        type=float,
+        default=0.75,
+        help="under speculation, verify time added per draft token of each running request beyond the first (the "
         "compute batched drafts take); 0: speculation batches like the baseline",
-        0.0,
-        10000.0,
-    ),
-    Knob("prefill_ms", float, 15.0, "fixed cost of one prefill iteration (per chunk)", 0.0, 100000.0),
-    Knob("prefill_per_token_ms", float, 0.05, "prefill cost per prompt token", 0.0, 1000.0),
-    Knob("launch_noise", float, 0.01, "sigma of the lognormal speed factor drawn once per launch", 0.0, 1.0),
-    Knob(
-        "slowdown",
-        float,
-        1.0,
-        "every simulated time is multiplied by this (1.06: the whole server 6 % slower)",
-        0.1,
-        10.0,
-    ),
-    Knob("jitter", float, 0.002, "sigma of the per-iteration time noise", 0.0, 0.5),
-    Knob("eos_prob", float, 0.002, "per-token EOS probability when ignore_eos is false", 0.0, 1.0),
-    Knob("drain_s", float, 2.0, "on SIGTERM, how long in-flight requests may finish before being aborted", 0.0, 3600.0),
-    Knob("seed", int, None, "seeds every random draw; unset: drawn at random and logged", 0.0, float(2**63 - 1)),
-    Knob("fault", str, None, "comma-separated faults to inject (see FAULTS)"),
-    Knob(
-        "fault_node_rank",
-        int,
-        None,
-        "multi-node: inject `fault` on this node rank only (unset: on every rank)",
-        0.0,
-        1023.0,
-    ),
-    Knob("drop_env", str, None, "comma-separated env var names removed from the workers' environment"),
-    Knob("version", str, None, "the engine version the server reports (GET /server_info); unset: the simulated 0.5.9"),
-    Knob(
-        "gpu_slowdown",
-        str,
-        None,
-        "per GPU model, 'SUBSTRING=FACTOR,...': the server is FACTOR slower on a GPU whose nvidia-smi name contains it",
+        minimum=0.0,
+        maximum=10000.0,
     ),
     Knob(
-        "slowdown_file",
-        str,
-        None,
-        "a file holding a factor read at startup, like slowdown (missing: 1.0); the knob is fingerprinted, the "
+        name="prefill_ms",
+        type=float,
+        default=15.0,
+        help="fixed cost of one prefill iteration (per chunk)",
+        minimum=0.0,
+        maximum=100000.0,
+    ),
+    Knob(
+        name="prefill_per_token_ms",
+        type=float,
+        default=0.05,
+        help="prefill cost per prompt token",
+        minimum=0.0,
+        maximum=1000.0,
+    ),
+    Knob(
+        name="launch_noise",
+        type=float,
+        default=0.01,
+        help="sigma of the lognormal speed factor drawn once per launch",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Knob(
+        name="slowdown",
+        type=float,
+        default=1.0,
+        help="every simulated time is multiplied by this (1.06: the whole server 6 % slower)",
+        minimum=0.1,
+        maximum=10.0,
+    ),
+    Knob(
+        name="jitter", type=float, default=0.002, help="sigma of the per-iteration time noise", minimum=0.0, maximum=0.5
+    ),
+    Knob(
+        name="eos_prob",
+        type=float,
+        default=0.002,
+        help="per-token EOS probability when ignore_eos is false",
+        minimum=0.0,
+        maximum=1.0,
+    ),
+    Knob(
+        name="drain_s",
+        type=float,
+        default=2.0,
+        help="on SIGTERM, how long in-flight requests may finish before being aborted",
+        minimum=0.0,
+        maximum=3600.0,
+    ),
+    Knob(
+        name="seed",
+        type=int,
+        default=None,
+        help="seeds every random draw; unset: drawn at random and logged",
+        minimum=0.0,
+        maximum=float(2**63 - 1),
+    ),
+    Knob(name="fault", type=str, default=None, help="comma-separated faults to inject (see FAULTS)"),
+    Knob(
+        name="fault_node_rank",
+        type=int,
+        default=None,
+        help="multi-node: inject `fault` on this node rank only (unset: on every rank)",
+        minimum=0.0,
+        maximum=1023.0,
+    ),
+    Knob(
+        name="drop_env",
+        type=str,
+        default=None,
+        help="comma-separated env var names removed from the workers' environment",
+    ),
+    Knob(
+        name="version",
+        type=str,
+        default=None,
+        help="the engine version the server reports (GET /server_info); unset: the simulated 0.5.9",
+    ),
+    Knob(
+        name="gpu_slowdown",
+        type=str,
+        default=None,
+        help="per GPU model, 'SUBSTRING=FACTOR,...': the server is FACTOR slower on a GPU whose nvidia-smi name "
+        "contains it",
+    ),
+    Knob(
+        name="slowdown_file",
+        type=str,
+        default=None,
+        help="a file holding a factor read at startup, like slowdown (missing: 1.0); the knob is fingerprinted, the "
         "file's content is not: a change no fingerprint can see (a degraded GPU, a busy neighbour)",
     ),
     Knob(
-        "diverge_after",
-        int,
-        None,
-        "under speculation, every greedy (temperature 0) request's tokens from this position on differ from the "
+        name="diverge_after",
+        type=int,
+        default=None,
+        help="under speculation, every greedy (temperature 0) request's tokens from this position on differ from the "
         "baseline's (a broken drafter, for orch ab --check-outputs); unset: speculation is lossless",
-        0.0,
-        float(2**31),
+        minimum=0.0,
+        maximum=float(2**31),
     ),
     Knob(
-        "prefix_cache_entries",
-        int,
-        0,
-        "prompts kept in a simulated prefix cache (least recently used evicted; 0: off): a repeated prompt prefills "
-        "only its last token, a prompt sharing leading 64-character blocks with a cached one skips that share, as "
-        "does the longest prefix held at a message (chat) or line (text) boundary (a chat's reply is kept with its "
-        "conversation once generated: a next turn that sends it back finds it); both count as cached_tokens "
-        "(meta_info, sglang:cached_tokens_total; vLLM mode: vllm:prefix_cache_hits_total of "
-        "vllm:prefix_cache_queries_total); emptied by POST /flush_cache (vLLM mode: /reset_prefix_cache with "
-        "VLLM_SERVER_DEV_MODE=1)",
-        0.0,
-        1e6,
+        name="prefix_cache_entries",
+        type=int,
+        default=0,
+        help="prompts kept in a simulated prefix cache (least recently used evicted; 0: off): a repeated prompt "
+        "prefills only its last token, a prompt sharing leading 64-character blocks with a cached one skips "
+        "that share, as does the longest prefix held at a message (chat) or line (text) boundary (a chat's "
+        "reply is kept with its conversation once generated: a next turn that sends it back finds it); both "
+        "count as cached_tokens (meta_info, sglang:cached_tokens_total; vLLM mode: "
+        "vllm:prefix_cache_hits_total of vllm:prefix_cache_queries_total); emptied by POST /flush_cache (vLLM "
+        "mode: /reset_prefix_cache with VLLM_SERVER_DEV_MODE=1)",
+        minimum=0.0,
+        maximum=1e6,
     ),
     Knob(
-        "escape_linger_s",
-        float,
-        600.0,
-        "max lifetime of a process escaped by the escape-setsid, escape-double-fork or reexec-no-marker fault",
-        0.0,
-        86400.0,
+        name="escape_linger_s",
+        type=float,
+        default=600.0,
+        help="max lifetime of a process escaped by the escape-setsid, escape-double-fork or reexec-no-marker fault",
+        minimum=0.0,
+        maximum=86400.0,
     ),
 )
 

@@ -12,7 +12,7 @@ from orchestrator.sim.engine import PrefixHit, count_chat_tokens, count_text_tok
 from orchestrator.sim.httpio import HttpError
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Body:
     """One generation request, checked: what the engine's Req and the response writer are built from."""
 
@@ -136,9 +136,9 @@ def generate_body(body: Any, context_length: int) -> Body:
     min_new = opt_int(sp, "min_new_tokens", 0) or 0
     max_new = check_budget(context_length, prompt, max_new)
     return Body(
-        prompt,
-        max_new,
-        min_new,
+        prompt=prompt,
+        max_new=max_new,
+        min_new=min_new,
         ignore_eos=bool(sp.get("ignore_eos", False)),
         stop=stops(sp.get("stop")),
         stream=bool(body.get("stream", False)),
@@ -183,8 +183,8 @@ def openai_body(body: Any, context_length: int, *, chat: bool) -> Body:
     include_usage = bool(opts.get("include_usage")) if isinstance(opts, dict) else False
     continuous = bool(opts.get("continuous_usage_stats")) if isinstance(opts, dict) else False
     return Body(
-        prompt,
-        max_new,
+        prompt=prompt,
+        max_new=max_new,
         min_new=opt_int(body, "min_tokens", 0) or 0,
         ignore_eos=bool(body.get("ignore_eos", False)),
         stop=stops(body.get("stop")),

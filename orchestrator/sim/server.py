@@ -309,8 +309,8 @@ class SimServer:
         first, last = ranks[0], ranks[-1]
         specs = [
             WorkerSpec(
-                "scheduler",
-                rank,
+                role="scheduler",
+                rank=rank,
                 fault_exit=rank == first and "exit-during-load" in self.faults,
                 fault_hang=rank == first and "hang-during-load" in self.faults,
                 escape=rank == last and "escape-setsid" in self.faults,
@@ -320,7 +320,7 @@ class SimServer:
             for rank in ranks
         ]
         if self.cfg.node_rank == 0:  # ranks >= 1 run no tokenizer or detokenizer
-            specs.append(WorkerSpec("detokenizer", 0, reexec="reexec-no-marker" in self.faults, **common))
+            specs.append(WorkerSpec(role="detokenizer", rank=0, reexec="reexec-no-marker" in self.faults, **common))
         return specs
 
     def _local_tp_ranks(self) -> list[int]:

@@ -95,7 +95,7 @@ class SpecConfig:
         return 0 if self.algorithm == "NGRAM" else self.num_steps
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TimingModel:
     """The knobs that shape timing, bound to one launch's speculative config and speed factor."""
 

@@ -16,7 +16,7 @@ from orchestrator.sim.workers import WorkerSpec, run_worker
 WORKER_STOP_S = 3.0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Worker:
     spec: WorkerSpec
     proc: BaseProcess
@@ -50,7 +50,7 @@ def spawn_workers(specs: list[WorkerSpec], workers: list[Worker], on_readable: C
         proc = ctx.Process(target=run_worker, args=(spec, child_conn), name=spec.title, daemon=False)
         proc.start()
         child_conn.close()
-        worker = Worker(spec, proc, parent_conn)
+        worker = Worker(spec=spec, proc=proc, conn=parent_conn)
         workers.append(worker)
         loop.add_reader(parent_conn.fileno(), on_readable, worker)
     pids = ", ".join(f"{w.spec.title}={w.proc.pid}" for w in workers)

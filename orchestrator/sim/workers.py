@@ -31,7 +31,7 @@ sys.stderr.write("[orch-sim] FAULT reexec-no-marker: pid %d reached escape_linge
 """
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerSpec:
     """Everything a worker needs; pickled to the spawned child."""
 

@@ -12,7 +12,7 @@ from typing import Any
 from orchestrator.common.acceptance import alpha_for_accept_length, alpha_needed
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Summary:
     """Descriptive statistics of one sample (e.g. the tok/s of an arm's timed runs)."""
 
@@ -256,7 +256,7 @@ Z_80 = 0.8416212335729143  # 80 % power
 DEFAULT_MIN_EFFECT = 0.02  # differences smaller than 2 % are "no difference" unless the user says otherwise
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RatioEstimate:
     """An arm against the baseline: geometric-mean ratio over blocks with a bootstrap 95 % CI."""
 
@@ -557,7 +557,7 @@ LAUNCH_MEAN_METHODS = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchMean:
     """One arm's value at one level over its launches (each launch one value, the median of its runs): the mean with
     a 95 % Student's t interval over launches (restart to restart is the noise that matters); no interval from one
@@ -585,15 +585,23 @@ def launch_mean(values: Sequence[float], *, geometric: bool = True) -> LaunchMea
         raise ValueError("no launch values")
     n = len(values)
     if n == 1:
-        return LaunchMean(values[0], None, None, 1, "geometric" if geometric and values[0] > 0 else "arithmetic")
+        return LaunchMean(
+            value=values[0],
+            lo=None,
+            hi=None,
+            launches=1,
+            method="geometric" if geometric and values[0] > 0 else "arithmetic",
+        )
     if geometric and all(v > 0 for v in values):
         logs = [math.log(v) for v in values]
         mean = statistics.fmean(logs)
         half = t_975(n - 1) * statistics.stdev(logs) / math.sqrt(n)
-        return LaunchMean(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n, "geometric")
+        return LaunchMean(
+            value=math.exp(mean), lo=math.exp(mean - half), hi=math.exp(mean + half), launches=n, method="geometric"
+        )
     mean = statistics.fmean(values)
     half = t_975(n - 1) * statistics.stdev(values) / math.sqrt(n)
-    return LaunchMean(mean, max(mean - half, 0.0), mean + half, n, "arithmetic")
+    return LaunchMean(value=mean, lo=max(mean - half, 0.0), hi=mean + half, launches=n, method="arithmetic")
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:

@@ -81,7 +81,7 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Tracker:
     """The experiment's position and phase, from the core's phases; the ETA once one launch has been timed."""
 

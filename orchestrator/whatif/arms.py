@@ -16,7 +16,7 @@ class WhatIfError(InputError):
     """The experiment cannot support a what-if: no speculative arm, arms of several drafters, one step count."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SpecArm:
     """A speculative arm with what the model needs from each of its launches."""
 
@@ -54,7 +54,13 @@ def launch_point(launch: LaunchResult, steps: int, verified: int, level: int) ->
     if not tps or tps <= 0 or not taus:
         return None
     tau = statistics.fmean(taus)
-    return ArmPoint(steps, verified, 1000.0 * tau / tps, tau, _per_position(timed))
+    return ArmPoint(
+        steps=steps,
+        verified=verified,
+        cycle_ms=1000.0 * tau / tps,
+        accept_length=tau,
+        per_position=_per_position(timed),
+    )
 
 
 def _per_position(runs: Sequence[Any]) -> tuple[float, ...] | None:
@@ -77,11 +83,11 @@ def mean_point(points: Sequence[ArmPoint]) -> ArmPoint:
     if all(pos) and len({len(p or ()) for p in pos}) == 1:
         per_pos = tuple(statistics.fmean(col) for col in zip(*(p or () for p in pos), strict=True))
     return ArmPoint(
-        points[0].steps,
-        points[0].verified,
-        statistics.fmean(p.cycle_ms for p in points),
-        statistics.fmean(p.accept_length for p in points),
-        per_pos,
+        steps=points[0].steps,
+        verified=points[0].verified,
+        cycle_ms=statistics.fmean(p.cycle_ms for p in points),
+        accept_length=statistics.fmean(p.accept_length for p in points),
+        per_position=per_pos,
     )
 
 
@@ -113,7 +119,7 @@ def _spec_arms(result: ABResult, profiles: Sequence[Mapping[str, Any] | None], l
         spec = prof["speculative"]
         verified = int(spec.get("num_draft_tokens") or steps + 1)
         points = {la.block: p for la in arm.launches if (p := launch_point(la, steps, verified, level))}
-        out.append(SpecArm(arm, prof, steps, verified, points))
+        out.append(SpecArm(arm=arm, profile=prof, steps=steps, verified=verified, per_block=points))
     return out
 
 

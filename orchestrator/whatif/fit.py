@@ -11,7 +11,7 @@ from orchestrator.common.acceptance import alpha_for_accept_length, chain_accept
 from orchestrator.stats.estimates import t_975
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ArmPoint:
     """One speculative configuration's measurements (an arm's means, or its launch in one block)."""
 

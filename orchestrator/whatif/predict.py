@@ -46,7 +46,7 @@ def fit_points(points: Sequence[ArmPoint]) -> Fit:
     return Fit(fit_cost(points), fit_accept(points))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Row:
     """One step count: predicted from the fit, and measured where an arm ran it."""
 
@@ -68,7 +68,7 @@ class Row:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TargetRow:
     steps: int
     cycle_ms: float
@@ -84,7 +84,7 @@ class TargetRow:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WhatIf:
     """The fitted models, one row per step count, the best one and what a target would need."""
 
@@ -235,7 +235,13 @@ def _target_row(k: int, target_tps: float, pooled: Fit, per_block: Sequence[Fit]
     cycle = pooled.cost.cycle_ms(k)
     band = t_band(cycle, [f.cost.cycle_ms(k) for f in per_block])
     rng = (alpha_needed(target_tps, band[0], k), alpha_needed(target_tps, band[1], k)) if band else None
-    return TargetRow(k, cycle, target_tps * cycle / 1000.0, alpha_needed(target_tps, cycle, k), rng)
+    return TargetRow(
+        steps=k,
+        cycle_ms=cycle,
+        accept_length_needed=target_tps * cycle / 1000.0,
+        alpha_needed=alpha_needed(target_tps, cycle, k),
+        alpha_needed_range=rng,
+    )
 
 
 def recommendation_line(result: ABResult, profiles: Sequence[Mapping[str, Any] | None] | None = None) -> str | None:

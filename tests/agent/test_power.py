@@ -69,7 +69,12 @@ def test_the_trapezoid_interpolates_at_the_window_edges_and_holds_beyond_the_sam
 
 
 def _samples(index: int, watts: list[float], every: float = 0.1, t0: float = 0.0) -> list[Sample]:
-    return [Sample(t0 + i * every, index, f"GPU-{index}", w, "power.draw.instant", 1980.0) for i, w in enumerate(watts)]
+    return [
+        Sample(
+            t=t0 + i * every, index=index, uuid=f"GPU-{index}", watts=w, field="power.draw.instant", clock_mhz=1980.0
+        )
+        for i, w in enumerate(watts)
+    ]
 
 
 def test_energy_sums_the_servers_gpus_over_the_steady_window_only() -> None:
@@ -77,7 +82,10 @@ def test_energy_sums_the_servers_gpus_over_the_steady_window_only() -> None:
     samples = _samples(0, [300.0] * 31) + _samples(1, [200.0] * 31) + _samples(2, [60.0] * 31)
     # Before the window (ramp-up) GPU 0 drew far more: the steady window [1, 2] s must not see it.
     samples = [
-        Sample(s.t, s.index, s.uuid, 900.0 if s.index == 0 and s.t < 0.85 else s.watts, s.field) for s in samples
+        Sample(
+            t=s.t, index=s.index, uuid=s.uuid, watts=900.0 if s.index == 0 and s.t < 0.85 else s.watts, field=s.field
+        )
+        for s in samples
     ]
     e = power.energy(samples, [0, 1], 1.0, 2.0, tokens=250)
     assert e["joules"] == pytest.approx(500.0) and e["mean_w"] == pytest.approx(500.0)

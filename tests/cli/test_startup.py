@@ -357,10 +357,20 @@ def _three_level_result() -> ABResult:
     for block in range(3):
         for arm, speed in enumerate((82.0, 90.0, 83.0)):
             runs = tuple(
-                RunResult(i, False, 256, 3.0, speed * rng.gauss(1, 0.01) / c, 20, 0.02, concurrency=c,
-                          aggregate_tok_s=speed)
-                for c in (1, 4, 16) for i in range(3)
-            )  # fmt: skip
+                RunResult(
+                    index=i,
+                    warmup=False,
+                    tokens=256,
+                    seconds=3.0,
+                    tok_s=speed * rng.gauss(1, 0.01) / c,
+                    prompt_tokens=20,
+                    ttft_s=0.02,
+                    concurrency=c,
+                    aggregate_tok_s=speed,
+                )
+                for c in (1, 4, 16)
+                for i in range(3)
+            )
             launches.append(
                 LaunchResult(
                     profile=f"p{arm}",

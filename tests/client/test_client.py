@@ -107,7 +107,7 @@ def test_accept_length_comes_from_this_run_and_says_where_from() -> None:
     # The client passes the deltas on; the engine adapter reads its own counters from them (orch side).
     assert m["spec_accept_length"] is None and m["counter_deltas"] == deltas
     runner = with_engine_counters(lambda _call: dict(m), engines.get("sglang"))
-    read = runner(RunCall([], [], 1, False))
+    read = runner(RunCall(bodies=[], max_tokens=[], concurrency=1, probe_gpus=False))
     assert read["spec_accept_length"] == pytest.approx(2.5) and read["accept_source"].startswith("metrics")
     none = summarize_run(plain, window=0.2, concurrency=1, deltas={}, min_duration_s=0)
     assert none["spec_accept_length"] is None and none["accept_source"] is None

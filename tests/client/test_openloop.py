@@ -224,7 +224,13 @@ def test_a_local_client_relayed_to_a_remote_host_counts_the_relays_descriptors(
         return Headroom(requests=100, why="plenty")
 
     monkeypatch.setattr(openloop, "headroom", seen)
-    call = RunCall([{"text": "x"}], [4], 0, False, {"schedule": [0.0], "rate": 1.0, "arrivals": "constant"})
+    call = RunCall(
+        bodies=[{"text": "x"}],
+        max_tokens=[4],
+        concurrency=0,
+        probe_gpus=False,
+        open_loop={"schedule": [0.0], "rate": 1.0, "arrivals": "constant"},
+    )
     for relayed in (False, True):
         summary = local_runner(
             f"http://127.0.0.1:{slow.port}", BenchConfig(endpoint="generate"), relayed=relayed, wire=wire("generate")

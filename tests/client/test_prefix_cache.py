@@ -21,15 +21,15 @@ from orchestrator.results.run import RunResult
 
 
 def test_llamacpp_timings_cache_n_and_openai_cached_tokens_are_read() -> None:
-    rec = Record(0, 0.0, 8)
+    rec = Record(index=0, start=0.0, max_tokens=8)
     count_openai_chunk({"choices": [], "timings": {"cache_n": 12, "prompt_n": 3}}, rec, [])
     assert rec.cached_tokens == 12
-    rec = Record(0, 0.0, 8)
+    rec = Record(index=0, start=0.0, max_tokens=8)
     usage = {"completion_tokens": 4, "prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 32}}
     count_openai_chunk({"choices": [], "usage": usage}, rec, [])
     assert (rec.cached_tokens, rec.prompt_tokens) == (32, 40)
     with pytest.raises(BadAnswer, match=r"timings\.cache_n=-1"):
-        count_openai_chunk({"choices": [], "timings": {"cache_n": -1}}, Record(0, 0.0, 8), [])
+        count_openai_chunk({"choices": [], "timings": {"cache_n": -1}}, Record(index=0, start=0.0, max_tokens=8), [])
 
 
 def test_a_runs_hit_rate_comes_from_responses_else_from_the_engines_counters() -> None:
@@ -44,9 +44,9 @@ def test_a_runs_hit_rate_comes_from_responses_else_from_the_engines_counters() -
     def counted(engine: str, deltas: dict[str, float]) -> dict[str, Any] | None:
         """What a run whose responses said nothing about the cache records, through the engine's adapter."""
         summary = {"prefix_cache": prefix_cache([None], [40]), "counter_deltas": deltas}
-        return with_engine_counters(lambda _call: dict(summary), engines.get(engine))(RunCall([], [], 1, False))[
-            "prefix_cache"
-        ]
+        return with_engine_counters(lambda _call: dict(summary), engines.get(engine))(
+            RunCall(bodies=[], max_tokens=[], concurrency=1, probe_gpus=False)
+        )["prefix_cache"]
 
     vllm = {"vllm:prefix_cache_hits_total": 48.0, "vllm:prefix_cache_queries_total": 64.0}
     got = counted("vllm", vllm)
@@ -63,7 +63,9 @@ def test_a_runs_hit_rate_comes_from_responses_else_from_the_engines_counters() -
 def test_the_run_summary_keeps_the_cache_counters_and_the_rate() -> None:
     recs = []
     for i, cached in enumerate((0, 39)):
-        r = Record(i, 0.0, 2, first=0.1, end=0.2, tokens=2, prompt_tokens=40, cached_tokens=cached)
+        r = Record(
+            index=i, start=0.0, max_tokens=2, first=0.1, end=0.2, tokens=2, prompt_tokens=40, cached_tokens=cached
+        )
         r.arrivals = [(0.1, 1), (0.2, 1)]
         recs.append(r)
     deltas = {"vllm:prefix_cache_hits_total": 39.0, "vllm:prefix_cache_queries_total": 80.0, "other_total": 1.0}

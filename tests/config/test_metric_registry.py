@@ -36,7 +36,11 @@ def registered() -> Iterator[None]:
     """A test-only latency (decode: a request's time from its first token to its last) and a test-only run-level
     metric (prompt tokens per second), each added in one place."""
     slo.register_quantity(slo.Quantity(name="decode", words="time from first token to last", sample=_decode))
-    slo.register_metric(slo.MetricSpec("prompt_tok_s", "prompt tok/s", "tok/s", True, value=_prompt_tok_s))
+    slo.register_metric(
+        slo.MetricSpec(
+            name="prompt_tok_s", label="prompt tok/s", unit="tok/s", higher_is_better=True, value=_prompt_tok_s
+        )
+    )
     yield
     slo.unregister("decode")
     slo.unregister("prompt_tok_s")

@@ -26,7 +26,9 @@ def test_bundled_profiles_resolve_to_the_seed_configuration() -> None:
         "NCCL_NTHREADS": "512",
     }
     three = P.load(str(REPO / "profiles" / "eagle3-3step.yaml"))
-    assert three.speculative == P.Speculative("EAGLE3", "/models/Kimi-K25-eagle3", 3, 1, 4)
+    assert three.speculative == P.Speculative(
+        algorithm="EAGLE3", draft_model_path="/models/Kimi-K25-eagle3", num_steps=3, eagle_topk=1, num_draft_tokens=4
+    )
     two = P.load(str(REPO / "profiles" / "eagle3-2step.yaml"))
     assert two.speculative is not None and (two.speculative.num_steps, two.speculative.num_draft_tokens) == (2, 3)
     assert two.chain == ("eagle3-2step", "eagle3-3step", "kimi-k25-int4-tp8")

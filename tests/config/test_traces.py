@@ -223,7 +223,10 @@ def test_each_run_takes_its_prompts_as_it_starts(tmp_path: Path, monkeypatch: py
 
     def runner(call: RunCall) -> dict[str, object]:
         seen.append((len(call.bodies), len(made)))
-        records = [Record(i, 0.0, 2, first=0.1, end=1.5, tokens=2, prompt_tokens=10) for i in range(len(call.bodies))]
+        records = [
+            Record(index=i, start=0.0, max_tokens=2, first=0.1, end=1.5, tokens=2, prompt_tokens=10)
+            for i in range(len(call.bodies))
+        ]
         return summarize_run(records, 1.5, call.concurrency, {}, 0.0)
 
     run_benchmark(runner, bench, model="m", engine=engines.get("sglang"))

@@ -164,7 +164,13 @@ def test_a_plan_not_made_by_plan_bundle_never_runs(sent: dict[str, Any], tmp_pat
     bundle = bundle_mod.read_bundle(sent["path"])
     db = tmp_path / "r.db"
     options = RunOptions(command="reproduce", blocks=None, db=str(db))
-    plan = reproduce_mod.BundlePlan(str(sent["path"]), bundle, bundle_mod.profiles_from_bundle(bundle), None, options)
+    plan = reproduce_mod.BundlePlan(
+        path=str(sent["path"]),
+        bundle=bundle,
+        profiles=bundle_mod.profiles_from_bundle(bundle),
+        blocks=None,
+        options=options,
+    )
     with pytest.raises(UntrustedBundle, match="nothing decided that it may run here"):
         reproduce_mod.run_bundle(plan, 0.03)
     assert not db.exists()

@@ -139,7 +139,7 @@ class _Host:
     """Just what the runners ask of a host: its config, its members, and calls answered by the agent in-process."""
 
     def __init__(self, local: bool, nodes: int = 1) -> None:
-        self.config = HostConfig("h", address=None if local else "10.0.0.9", nvidia_smi="nvidia-smi")
+        self.config = HostConfig(name="h", address=None if local else "10.0.0.9", nvidia_smi="nvidia-smi")
         self.nodes = nodes
 
     def members(self) -> list[_Host]:
@@ -166,7 +166,9 @@ def test_where_no_call_carries_the_run_the_energy_says_why(tmp_path: Path, monke
 
         def energy(host: _Host, cfg: BenchConfig = config) -> Any:
             runner = benchmark.runner_for(host, "127.0.0.1", srv.port, url, cfg, get("sglang"))  # type: ignore[arg-type]
-            return runner(benchmark.RunCall([{"text": "x"}], [8], 1, False))["energy"]
+            return runner(benchmark.RunCall(bodies=[{"text": "x"}], max_tokens=[8], concurrency=1, probe_gpus=False))[
+                "energy"
+            ]
 
         assert energy(_Host(local=False)) == {"source": "nvidia-smi", "error": benchmark.NO_ENERGY_REMOTE_LOCAL_CLIENT}
         host_client = dataclasses.replace(config, client="host")

@@ -63,8 +63,18 @@ def test_the_probe_measures_closed_loop_and_the_levels_run_open_loop_with_the_st
 
 
 def _run(requests: int, seconds: float, aggregate: float, valid: bool = True) -> RunResult:
-    return RunResult(0, False, requests * 64, seconds, 0.0, 10, 0.1, requests=requests, aggregate_tok_s=aggregate,
-                     valid=valid)  # fmt: skip
+    return RunResult(
+        index=0,
+        warmup=False,
+        tokens=requests * 64,
+        seconds=seconds,
+        tok_s=0.0,
+        prompt_tokens=10,
+        ttft_s=0.1,
+        requests=requests,
+        aggregate_tok_s=aggregate,
+        valid=valid,
+    )
 
 
 def test_synchronous_and_saturated_rates_from_runs() -> None:

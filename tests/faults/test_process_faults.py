@@ -274,7 +274,9 @@ def test_a_stall_alone_is_bounded_and_never_retried(sim_profiles: SimProfiles) -
     prof = load(str(sim_profiles(sim={"fault": "worker-hang-after-tokens:40"})["baseline"]))
     host = LocalHost()
     cfg = BenchConfig(min_run_s=0, runs=5, warmup=0, max_tokens=16, stall_timeout_s=2.0)
-    with lifecycle.running(host, prof, lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2, gpu_wait_s=0)) as srv:
+    with lifecycle.running(
+        host, prof, lifecycle.Settings(namespace=NAMESPACE, simulate=True, grace_s=2, gpu_wait_s=0)
+    ) as srv:
         assert isinstance(srv, single.RunningServer)
         srv.processes = []  # as if the dead worker had never been recorded
         t0 = time.monotonic()

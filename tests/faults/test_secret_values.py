@@ -147,7 +147,7 @@ def test_a_failed_launch_log_tail_is_scrubbed_of_url_userinfo(write_profile: Wri
 def test_status_masks_userinfo_in_a_server_command_line(write_profile: WriteProfile, tmp_path: Path) -> None:
     pw = _passwords()
     prof = load(str(_profile(write_profile, pw)))
-    with lifecycle.running(LocalHost(), prof, lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2)) as srv:
+    with lifecycle.running(LocalHost(), prof, lifecycle.Settings(namespace=NAMESPACE, simulate=True, grace_s=2)) as srv:
         assert isinstance(srv, single.RunningServer)
         code, text = _orch("status", "-v", cwd=tmp_path)
         log = Path(srv.launch.log_path)

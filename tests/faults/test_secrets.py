@@ -135,7 +135,7 @@ def test_a_successful_run_and_status_leak_no_secret(write_profile: WriteProfile,
     api_key, hf_token = _secrets()
     path = _secret_profile(write_profile, api_key, hf_token)
     # `orch status` from another process while a server launched with the secrets runs.
-    settings = lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2)
+    settings = lifecycle.Settings(namespace=NAMESPACE, simulate=True, grace_s=2)
     with lifecycle.running(LocalHost(), load(str(path)), settings) as srv:
         assert isinstance(srv, single.RunningServer)
         code, status_out, status_err = _orch("status", "-v", cwd=tmp_path)

@@ -148,7 +148,13 @@ def test_a_short_deadline_is_said_in_seconds_not_as_zero_minutes(write_profile: 
     events: list[str] = []
     store = Store(tmp_path / "n.db")
     try:
-        night.NightRunner(suite_mod.load(str(path)), store, time.time(), Lines(events.append), only=("none",)).run()
+        night.NightRunner(
+            suite=suite_mod.load(str(path)),
+            store=store,
+            night_at=time.time(),
+            events=Lines(events.append),
+            only=("none",),
+        ).run()
     finally:
         store.close()
     line = next(e for e in events if "deadline" in e)

@@ -61,7 +61,17 @@ def _night(i: int, fp: dict[str, Any], value: float) -> history.ItemNight:
         env=history.env_key({"a": env}, ["a"]),
         env_arms=("a",),
     )
-    return history.ItemNight(f"n{i}", float(i), "s", "complete", None, (), (series,), {"a": env}, True)
+    return history.ItemNight(
+        night_id=f"n{i}",
+        night_at=float(i),
+        suite="s",
+        status="complete",
+        error=None,
+        experiments=(),
+        series=(series,),
+        envs={"a": env},
+        simulated=True,
+    )
 
 
 def test_a_nightly_history_stored_with_the_old_digest_goes_on_in_one_environment() -> None:

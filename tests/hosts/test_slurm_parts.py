@@ -135,7 +135,15 @@ def test_a_plan_longer_than_the_slurm_time_limit_is_warned_about_before_asking(t
     from orchestrator.experiment.run import time_limit_warning
 
     def plan(seconds: float, calibrated: bool = True) -> Plan:
-        return Plan(2, 3, 3, 300, 0, seconds, calibrated)
+        return Plan(
+            launches=2,
+            runs_per_launch=3,
+            requests_per_launch=3,
+            output_tokens_per_launch=300,
+            prompt_token_ids_per_launch=0,
+            seconds=seconds,
+            calibrated=calibrated,
+        )
 
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text("hosts:\n  h100: {scheduler: slurm, time_limit_min: 5}\n  box: {address: 10.0.0.1}\n")
@@ -143,7 +151,19 @@ def test_a_plan_longer_than_the_slurm_time_limit_is_warned_about_before_asking(t
     assert said is not None and said.startswith("the plan takes about 5 min")
     assert f"the 5 min time limit orch asks Slurm for (time_limit_min of h100 in {inventory})" in said
     assert said.endswith("`orch ab --resume ID` continues in a new allocation")
-    said = time_limit_warning(Plan(1, 3, 3, 300, 0, 301, True), "h100", str(inventory))
+    said = time_limit_warning(
+        Plan(
+            launches=1,
+            runs_per_launch=3,
+            requests_per_launch=3,
+            output_tokens_per_launch=300,
+            prompt_token_ids_per_launch=0,
+            seconds=301,
+            calibrated=True,
+        ),
+        "h100",
+        str(inventory),
+    )
     assert said is not None and said.endswith("so there would be no result: raise the time limit, or lower --runs")
     assert time_limit_warning(plan(300), "h100", str(inventory)) is None  # fits exactly
     assert time_limit_warning(plan(10_000), "box", str(inventory)) is None  # not Slurm: no limit
@@ -180,7 +200,7 @@ def test_a_groups_slurm_node_logs_its_lines_and_its_phases_reach_the_view(
     lines: list[str] = []
     phases: list[tuple[str, dict[str, Any]]] = []
     view = Lines(lines.append, lambda name, **info: phases.append((name, info)))
-    group = HostGroup("pair", ("a", "b"))
+    group = HostGroup(name="pair", nodes=("a", "b"))
     hosts = {n: HostConfig(name=n, scheduler="slurm") for n in group.nodes}
     with caplog.at_level(logging.WARNING, "orch.slurm"), pytest.raises(HostError, match="not granted"):
         open_group(group, hosts, workdir=None, accept_new_host_key=False, events=view)

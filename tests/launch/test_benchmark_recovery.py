@@ -30,7 +30,11 @@ class FailingRunner:
         records = []
         for i in range(len(call.bodies)):
             error = self.errors[i % len(self.errors)]
-            r = Record(i, 0.0, 2, error=error) if error else Record(i, 0.0, 2, first=0.1, end=1.5, tokens=2)
+            r = (
+                Record(index=i, start=0.0, max_tokens=2, error=error)
+                if error
+                else Record(index=i, start=0.0, max_tokens=2, first=0.1, end=1.5, tokens=2)
+            )
             r.arrivals = [] if error else [(0.1, 1), (1.5, 1)]
             records.append(r)
         return summarize_run(records, 1.5, call.concurrency, {}, 0.0)

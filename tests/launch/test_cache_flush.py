@@ -51,7 +51,9 @@ class FakeRunner:
             return {"cache_flush_failed": self.fail}
         records = []
         for i in range(len(bodies)):
-            r = Record(i, 0.0, 2, first=0.1, end=1.5, tokens=2, prompt_tokens=10, cached_tokens=0)
+            r = Record(
+                index=i, start=0.0, max_tokens=2, first=0.1, end=1.5, tokens=2, prompt_tokens=10, cached_tokens=0
+            )
             r.arrivals = [(0.1, 1), (1.5, 1)]
             records.append(r)
         return summarize_run(records, 1.5, call.concurrency, {}, 0.0)

@@ -38,7 +38,7 @@ def fake_smi(tmp_path: Path) -> tuple[Path, Path]:
 
 def _launch_fingerprint(host: LocalHost, profile_path: Path) -> dict[str, Any]:
     prof = load(str(profile_path))
-    with lifecycle.running(host, prof, lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2)) as srv:
+    with lifecycle.running(host, prof, lifecycle.Settings(namespace=NAMESPACE, simulate=True, grace_s=2)) as srv:
         assert isinstance(srv, single.RunningServer)
         return collect(
             host,
@@ -149,7 +149,9 @@ def test_diff_ranks_engine_above_gpu_clocks_above_hostname() -> None:
         "host.hostname",
         "host.boot_id",
     ]
-    assert got[0] == Difference("software.engine_version", "0.5.9", "0.5.10", "engine", 100)
+    assert got[0] == Difference(
+        field="software.engine_version", before="0.5.9", after="0.5.10", category="engine", weight=100
+    )
     assert got[1].describe() == "GPU application clock, graphics (MHz): 1980 -> 1755"
     assert got[3].describe() == "hostname: a -> b"
 
@@ -175,7 +177,18 @@ def test_diff_leaves_out_what_does_not_move_the_number() -> None:
 
 
 def test_collect_never_fails_the_launch(monkeypatch: pytest.MonkeyPatch) -> None:
-    launch = single.Launch("ns:x", "p", 1, 1, 1, "/nonexistent.log", ("python3", "-m", "x"), {}, True, 0.0)
+    launch = single.Launch(
+        launch_id="ns:x",
+        profile="p",
+        pid=1,
+        pgid=1,
+        port=1,
+        log_path="/nonexistent.log",
+        argv=("python3", "-m", "x"),
+        env={},
+        simulated=True,
+        started_at=0.0,
+    )
     srv = single.RunningServer(launch=launch, base_url="http://127.0.0.1:1", preflight={})
     host = LocalHost(HostConfig(name="local", nvidia_smi="/nonexistent/nvidia-smi"))
     prof = load("baseline")
@@ -285,14 +298,25 @@ def test_a_list_difference_shows_only_what_differs(before: list[str], after: lis
 
 def test_other_list_differences_show_items_added_and_removed() -> None:
     # As orch compare showed a multi-node launch's argv before its init address was left out of the comparison.
-    shown = Difference("argv", _ranks("127.0.0.1:25109")[1:], _ranks("127.0.0.1:25801")[1:], "profile", 59).describe()
+    shown = Difference(
+        field="argv",
+        before=_ranks("127.0.0.1:25109")[1:],
+        after=_ranks("127.0.0.1:25801")[1:],
+        category="profile",
+        weight=59,
+    ).describe()
     assert shown == "server argv: --dist-init-addr 127.0.0.1:25109 -> 127.0.0.1:25801"
-    d = Difference("software.served_models", ["m1", "m2"], ["m1", "m3"], "engine", 93)
-    assert d.describe() == "served models: m2 -> m3"
-    assert Difference("software.served_models", ["m1"], ["m1", "m2"], "engine", 93).describe() == (
-        "served models: added m2"
+    d = Difference(
+        field="software.served_models", before=["m1", "m2"], after=["m1", "m3"], category="engine", weight=93
     )
-    assert Difference("software.served_models", None, ["m1"], "engine", 93).describe() == "served models: none -> [m1]"
+    assert d.describe() == "served models: m2 -> m3"
+    assert Difference(
+        field="software.served_models", before=["m1"], after=["m1", "m2"], category="engine", weight=93
+    ).describe() == ("served models: added m2")
+    assert (
+        Difference(field="software.served_models", before=None, after=["m1"], category="engine", weight=93).describe()
+        == "served models: none -> [m1]"
+    )
 
 
 def test_gpu_uuids_are_a_fact_about_the_box_not_a_gpu_setting() -> None:

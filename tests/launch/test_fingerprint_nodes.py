@@ -82,7 +82,17 @@ def test_nightly_judges_another_nodes_gpu_change_an_environment_change() -> None
             env_arms=("a",),
             min_history=3,
         )
-        return history.ItemNight(f"n{n}", float(n), "s", "complete", None, (), (v,), envs, True)
+        return history.ItemNight(
+            night_id=f"n{n}",
+            night_at=float(n),
+            suite="s",
+            status="complete",
+            error=None,
+            experiments=(),
+            series=(v,),
+            envs=envs,
+            simulated=True,
+        )
 
     past = [night(n, 80.0 + 0.1 * n, envs) for n, envs in enumerate(item_envs)]
     tonight = night(9, 70.0, tonight_envs)

@@ -35,7 +35,7 @@ def _nothing_left() -> None:
 
 
 def _running(host: LocalHost, prof: Profile, *, events: list[str] | None = None, **kw: object) -> object:
-    settings = lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2, **kw)  # type: ignore[arg-type]
+    settings = lifecycle.Settings(namespace=NAMESPACE, simulate=True, grace_s=2, **kw)  # type: ignore[arg-type]
     return lifecycle.running(host, prof, settings, QUIET if events is None else Lines(events.append))
 
 
@@ -43,7 +43,9 @@ def test_full_lifecycle_with_env_check_and_clean_teardown(sim_profiles: SimProfi
     prof = load(str(sim_profiles()["baseline"]))
     host = LocalHost()
     events: list[str] = []
-    with lifecycle.running(host, prof, lifecycle.Settings(NAMESPACE, simulate=True), Lines(events.append)) as srv:
+    with lifecycle.running(
+        host, prof, lifecycle.Settings(namespace=NAMESPACE, simulate=True), Lines(events.append)
+    ) as srv:
         assert srv.env_report is not None and srv.env_report.ok
         assert srv.env_report.processes >= prof.tp_size + 2  # main + tp schedulers + detokenizer
         pids = [p["pid"] for p in ops.op_find(NAMESPACE)]
@@ -95,7 +97,7 @@ class TunnelFails(LocalHost):
 def test_a_tunnel_that_fails_after_the_launch_still_stops_the_server(sim_profiles: SimProfiles) -> None:
     prof = load(str(sim_profiles()["baseline"]))
     launched: list[lifecycle.Server] = []
-    settings = lifecycle.Settings(NAMESPACE, simulate=True, grace_s=2)
+    settings = lifecycle.Settings(namespace=NAMESPACE, simulate=True, grace_s=2)
     with (
         pytest.raises(HostError, match="could not open a tunnel"),
         lifecycle.running(TunnelFails(), prof, settings, on_launch=launched.append),

@@ -112,13 +112,13 @@ def test_an_attached_arms_port_or_only_attached_arms_are_refused(write_profile: 
 def test_the_host_decides_what_is_checked(write_profile: WriteProfile, not_root: None) -> None:
     wide = [_profile(write_profile, "wide", nnodes=2)]
     with pytest.raises(InputError, match="not root"):
-        ports.check(80, wide, HostConfig("local"))
-    ports.check(80, wide, HostConfig("gpu", address="10.0.0.9"))  # root or not there: the launch says
+        ports.check(80, wide, HostConfig(name="local"))
+    ports.check(80, wide, HostConfig(name="gpu", address="10.0.0.9"))  # root or not there: the launch says
     with pytest.raises(InputError, match="rank 1 would need port 65536"):
-        ports.check(65535, wide, HostGroup("pair", ("a", "b"), port_stride=1))
+        ports.check(65535, wide, HostGroup(name="pair", nodes=("a", "b"), port_stride=1))
     with pytest.raises(InputError, match="rank 1 would need port 65536"):
-        ports.check(65535, wide, HostConfig("slurm:gpu", scheduler="slurm", port_stride=1))
-    ports.check(None, wide, HostConfig("local"))  # no port given: nothing to check
+        ports.check(65535, wide, HostConfig(name="slurm:gpu", scheduler="slurm", port_stride=1))
+    ports.check(None, wide, HostConfig(name="local"))  # no port given: nothing to check
 
 
 def test_the_cli_refuses_a_clashing_port_before_anything_starts(
@@ -341,7 +341,7 @@ def test_nodes_are_one_machine_by_their_boot_id_whatever_the_clock_did() -> None
         )
         for i, n in enumerate(("a", "b"))
     ]
-    group = GroupHost(HostGroup("pair", ("a", "b")), nodes)  # type: ignore[arg-type]
+    group = GroupHost(HostGroup(name="pair", nodes=("a", "b")), nodes)  # type: ignore[arg-type]
     box = {"hostname": "box", "boot_time": 1000.0, "boot_id": "b-1"}
     stepped = {**box, "boot_time": 1000.0 + 3600}
     assert "a and b of pair are one machine (box)" in str(port_clash(group, {"a": box, "b": stepped}, 2))

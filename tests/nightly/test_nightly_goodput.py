@@ -89,7 +89,7 @@ def test_a_night_records_each_arm_s_goodput_and_the_ratio() -> None:
         for b in range(3)
         for arm, (name, good) in enumerate((("baseline", 8), ("eagle3", 0)))
     ]
-    design = Design(3, "fixed", 0, tuple((0, 1) for _ in range(3)))
+    design = Design(blocks=3, order="fixed", seed=0, schedule=tuple((0, 1) for _ in range(3)))
     result = ABResult(
         experiment_id="e",
         simulated=True,

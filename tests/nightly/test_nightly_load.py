@@ -168,7 +168,7 @@ def load_result(gain: dict[float, float], p99: dict[float, float], blocks: int =
                     arm_index=arm,
                 )
             )
-    design = Design(blocks, "fixed", 0, tuple((0, 1) for _ in range(blocks)))
+    design = Design(blocks=blocks, order="fixed", seed=0, schedule=tuple((0, 1) for _ in range(blocks)))
     return ABResult(
         experiment_id="e",
         simulated=True,
@@ -243,7 +243,17 @@ def _value(v: float, censored: str | None = None, env: str = "e") -> history.Ser
 
 def _night(i: int, v: history.SeriesValue | None) -> history.ItemNight:
     envs = {arm: {"engine version": v.env if v else "e"} for arm in ("eagle3", "baseline")}
-    return history.ItemNight(f"n{i}", float(i), "s", "complete", None, (), (v,) if v else (), envs, True)
+    return history.ItemNight(
+        night_id=f"n{i}",
+        night_at=float(i),
+        suite="s",
+        status="complete",
+        error=None,
+        experiments=(),
+        series=(v,) if v else (),
+        envs=envs,
+        simulated=True,
+    )
 
 
 def _judge(values: list[history.SeriesValue], tonight: history.SeriesValue) -> result.SeriesVerdict:

@@ -25,7 +25,7 @@ GRANTED = "slurm:p: Slurm granted allocation 12 in partition p after 3s (time li
 def _runner(write_profile: WriteProfile, tmp_path: Path, host: str) -> tuple[night.NightRunner, suite_mod.Item]:
     sim_profile(write_profile, "check")
     suite = suite_mod.load(str(write_suite(tmp_path, [{"name": "check", "bench": "check", "host": host}])))
-    runner = night.NightRunner(suite, Store(tmp_path / "n.db"), time.time())
+    runner = night.NightRunner(suite=suite, store=Store(tmp_path / "n.db"), night_at=time.time())
     history.start_night(runner.store, runner.night_id, suite.name, str(suite.path), suite.sha256, runner.night_at)
     return runner, suite.items[0]
 

@@ -51,8 +51,10 @@ def _verdict(status: str) -> result.SeriesVerdict:
         env="e",
         env_arms=("a",),
     )
-    a = changepoint.Assessment(status, (), None, None, None, None, (), 1, 6)
-    return result.SeriesVerdict(value, a, status)
+    a = changepoint.Assessment(
+        status=status, steps=(), new=None, baseline=None, change=None, noise=None, outliers=(), nights=1, needed=6
+    )
+    return result.SeriesVerdict(value=value, assessment=a, status=status)
 
 
 def test_an_items_status_is_its_worst_series() -> None:
@@ -99,7 +101,7 @@ def _result(base: float, spec: float, blocks: int = 3, seed: int = 7) -> ABResul
                     fingerprint=fp,
                 )
             )
-    design = Design(blocks, "fixed", seed, tuple((0, 1) for _ in range(blocks)))
+    design = Design(blocks=blocks, order="fixed", seed=seed, schedule=tuple((0, 1) for _ in range(blocks)))
     return ABResult(
         experiment_id="e1",
         simulated=True,
@@ -116,7 +118,18 @@ def _item(*metrics: Metric) -> Item:
         name="baseline", source="x", chain=("baseline",), engine="sglang", model_path="/m", tp_size=1, port=30000
     )
     spec = dataclasses.replace(plain, name="eagle3", speculative=Speculative(algorithm="EAGLE3"))
-    return Item("ab", (plain, spec), "local", True, BenchConfig(), 3, "fixed", metrics, 0.03, 60.0)
+    return Item(
+        name="ab",
+        profiles=(plain, spec),
+        host="local",
+        sim=True,
+        bench=BenchConfig(),
+        blocks=3,
+        order="fixed",
+        metrics=metrics,
+        threshold=0.03,
+        timeout_s=60.0,
+    )
 
 
 def test_series_of_an_ab_item() -> None:
@@ -184,10 +197,27 @@ def test_markdown_lines() -> None:
         env="e",
         env_arms=("check",),
     )
-    a = changepoint.Assessment("regression", (), None, 82.1, 77.2 / 82.1 - 1, 0.01, (), 9, 6)
-    line = report.item_line(_report("regression", series=(result.SeriesVerdict(value, a, "regression"),)))
+    a = changepoint.Assessment(
+        status="regression",
+        steps=(),
+        new=None,
+        baseline=82.1,
+        change=77.2 / 82.1 - 1,
+        noise=0.01,
+        outliers=(),
+        nights=9,
+        needed=6,
+    )
+    line = report.item_line(
+        _report("regression", series=(result.SeriesVerdict(value=value, assessment=a, status="regression"),))
+    )
     assert line == "- **REGRESSION** `check` (gpu-box): check tok/s 77.2 [76.9, 77.5]: -6.0 % vs 82.1 (threshold 3 %)"
-    env = result.SeriesVerdict(value, dataclasses.replace(a, status="environment"), "environment", "engine: a -> b")
+    env = result.SeriesVerdict(
+        value=value,
+        assessment=dataclasses.replace(a, status="environment"),
+        status="environment",
+        note="engine: a -> b",
+    )
     line = report.item_line(_report("environment", series=(env,)))
     assert (
         line
@@ -210,13 +240,17 @@ def test_a_series_too_noisy_for_its_threshold_is_said_on_its_line() -> None:
         env="e",
         env_arms=("spec",),
     )
-    steady = changepoint.Assessment("ok", (), None, 57.7, 0.0, 0.01, (), 9, 6)
+    steady = changepoint.Assessment(
+        status="ok", steps=(), new=None, baseline=57.7, change=0.0, noise=0.01, outliers=(), nights=9, needed=6
+    )
     noisy = dataclasses.replace(steady, noise=0.1)
-    assert not result.SeriesVerdict(value, steady, "ok").too_noisy
-    assert result.SeriesVerdict(value, noisy, "ok").too_noisy
+    assert not result.SeriesVerdict(value=value, assessment=steady, status="ok").too_noisy
+    assert result.SeriesVerdict(value=value, assessment=noisy, status="ok").too_noisy
     # Building nights have too few differences to say anything about the noise yet.
-    assert not result.SeriesVerdict(value, dataclasses.replace(noisy, status="building"), "building").too_noisy
-    line = report.item_line(_report("ok", series=(result.SeriesVerdict(value, noisy, "ok"),)))
+    assert not result.SeriesVerdict(
+        value=value, assessment=dataclasses.replace(noisy, status="building"), status="building"
+    ).too_noisy
+    line = report.item_line(_report("ok", series=(result.SeriesVerdict(value=value, assessment=noisy, status="ok"),)))
     assert "warning: spec tok/s varies 10.0 % night to night, more than half its 3 % threshold" in line
 
 
@@ -264,7 +298,17 @@ def test_multi_node_nights_share_one_environment_whatever_port_each_drew() -> No
             env_arms=("a",),
             min_history=3,
         )
-        return history.ItemNight(f"n{n}", float(n), "s", "complete", None, (), (v,), {"a": env}, True)
+        return history.ItemNight(
+            night_id=f"n{n}",
+            night_at=float(n),
+            suite="s",
+            status="complete",
+            error=None,
+            experiments=(),
+            series=(v,),
+            envs={"a": env},
+            simulated=True,
+        )
 
     tonight_env = fingerprint.environment(make_fingerprint(argv=["/py", *argv(31000)]))
     assert tonight_env["argv"][-1] == "<rank 0>:<port>"
@@ -299,10 +343,12 @@ def test_a_fail_on_hit_is_labelled_fail_on_not_regression() -> None:
         env="e",
         env_arms=("baseline",),
     )
-    first = changepoint.Assessment("building", (), None, None, None, None, (), 1, 6)
+    first = changepoint.Assessment(
+        status="building", steps=(), new=None, baseline=None, change=None, noise=None, outliers=(), nights=1, needed=6
+    )
     r = result.ItemReport(
         item="eagle3-vs-baseline", host="gpu-box", kind="ab", simulated=False, status="fail_on",
-        series=(result.SeriesVerdict(value, first, "building"),), fail_on=SLOWER,
+        series=(result.SeriesVerdict(value=value, assessment=first, status="building"),), fail_on=SLOWER,
     )  # fmt: skip
     line = report.item_line(r)
     assert line.startswith(
@@ -312,12 +358,33 @@ def test_a_fail_on_hit_is_labelled_fail_on_not_regression() -> None:
     assert "REGRESSION" not in line
     doc = r.to_dict()
     assert doc["status"] == "fail_on" and doc["fail_on_hit"] == ["slower"]
-    night = result.NightReport("n1", "s", "s.yaml", 0.0, 0.0, 1.0, "complete", (r,))
+    night = result.NightReport(
+        night_id="n1",
+        suite="s",
+        suite_path="s.yaml",
+        night_at=0.0,
+        started_at=0.0,
+        finished_at=1.0,
+        status="complete",
+        items=(r,),
+    )
     assert night.exit_code == 3 and night.to_dict()["counts"] == {"fail_on": 1}
     assert "1 item(s): 1 FAIL-ON; exit 3" in report.night_markdown(night)
     # A regression against history and a fail_on hit on one item: REGRESSION, and the line says the hit as well.
-    a = changepoint.Assessment("regression", (), None, 82.1, -0.06, 0.01, (), 9, 6)
-    both = dataclasses.replace(r, status="regression", series=(result.SeriesVerdict(value, a, "regression"),))
+    a = changepoint.Assessment(
+        status="regression",
+        steps=(),
+        new=None,
+        baseline=82.1,
+        change=-0.06,
+        noise=0.01,
+        outliers=(),
+        nights=9,
+        needed=6,
+    )
+    both = dataclasses.replace(
+        r, status="regression", series=(result.SeriesVerdict(value=value, assessment=a, status="regression"),)
+    )
     line = report.item_line(both)
     assert line.startswith("- **REGRESSION** ") and "FAIL-ON slower, tonight's A/B: eagle3 is slower" in line
 
@@ -338,8 +405,18 @@ def test_history_says_a_night_that_paged_under_fail_on() -> None:
             env_arms=("a",),
             min_history=3,
         )
-        return history.ItemNight(f"n{n}", float(n), "s", "complete", None, (), (v,), {"a": {}}, True,
-                                 {"a:tok_s": decision})  # fmt: skip
+        return history.ItemNight(
+            night_id=f"n{n}",
+            night_at=float(n),
+            suite="s",
+            status="complete",
+            error=None,
+            experiments=(),
+            series=(v,),
+            envs={"a": {}},
+            simulated=True,
+            decisions={"a:tok_s": decision},
+        )
 
     hit = "slower: eagle3 is slower than baseline (ratio 0.730, 95% CI 0.722-0.738)"
     nights = [night(0, {"status": "building", "fail_on": hit}), night(1, {"status": "building"})]
@@ -365,11 +442,21 @@ def test_an_environment_step_says_each_difference_once() -> None:
             env="e",
             env_arms=arms,
         )
-        a = changepoint.Assessment("environment", (), None, 64.0, change, 0.01, (), 1, 6)
+        a = changepoint.Assessment(
+            status="environment",
+            steps=(),
+            new=None,
+            baseline=64.0,
+            change=change,
+            noise=0.01,
+            outliers=(),
+            nights=1,
+            needed=6,
+        )
         changes = tuple((arm, d) for arm in arms for d in ("engine version: 0.5.9 -> 0.5.10", "sglang: 0.5.9 -> "
                                                                  "0.5.10"))  # fmt: skip
         note = result.describe_changes(changes, arms)
-        return result.SeriesVerdict(value, a, "environment", note, changes)
+        return result.SeriesVerdict(value=value, assessment=a, status="environment", note=note, changes=changes)
 
     series = (verdict("b:tok_s", ("b",), -0.042), verdict("e:tok_s", ("e",), -0.04),
               verdict("e/b:tok_s", ("e", "b"), 0.002))  # fmt: skip
@@ -401,7 +488,19 @@ def test_a_re_run_that_does_not_confirm_says_what_it_measured_and_why() -> None:
 
     def verdict(status: str, change: float, noise: float) -> result.SeriesVerdict:
         return result.SeriesVerdict(
-            value, changepoint.Assessment(status, (), None, 80.0, change, noise, (), 10, 6), status
+            value=value,
+            assessment=changepoint.Assessment(
+                status=status,
+                steps=(),
+                new=None,
+                baseline=80.0,
+                change=change,
+                noise=noise,
+                outliers=(),
+                nights=10,
+                needed=6,
+            ),
+            status=status,
         )
 
     first = verdict("regression", -0.061, 0.016)

@@ -50,12 +50,20 @@ def _slo_result(p99_at: dict[int, float], blocks: int = 4) -> ABResult:
     for b in range(blocks):
         runs = tuple(
             RunResult(
-                i, False, 256, 3.2, 80.0, 20, 0.02, concurrency=c, aggregate_tok_s=80.0 * c,
+                index=i,
+                warmup=False,
+                tokens=256,
+                seconds=3.2,
+                tok_s=80.0,
+                prompt_tokens=20,
+                ttft_s=0.02,
+                concurrency=c,
+                aggregate_tok_s=80.0 * c,
                 metrics={"ttft": {"p50": p / 3, "p90": p / 2, "p99": p * math.exp(rng.gauss(0, 0.02))}},
             )
             for c, p in p99_at.items()
             for i in range(2)
-        )  # fmt: skip
+        )
         launches.append(
             LaunchResult(
                 profile="base",
@@ -125,12 +133,20 @@ def _two_arm_slo_result(base_p99: dict[int, float], arm_p99: dict[int, float], b
         for arm, p99_at in enumerate((base_p99, arm_p99)):
             runs = tuple(
                 RunResult(
-                    i, False, 256, 3.2, 80.0, 20, 0.02, concurrency=c, aggregate_tok_s=80.0 * c,
+                    index=i,
+                    warmup=False,
+                    tokens=256,
+                    seconds=3.2,
+                    tok_s=80.0,
+                    prompt_tokens=20,
+                    ttft_s=0.02,
+                    concurrency=c,
+                    aggregate_tok_s=80.0 * c,
                     metrics={"ttft": {"p50": p / 3, "p99": p * math.exp(rng.gauss(0, 0.03))}},
                 )
                 for c, p in p99_at.items()
                 for i in range(2)
-            )  # fmt: skip
+            )
             name = ("base", "spec")[arm]
             launches.append(
                 LaunchResult(
@@ -264,12 +280,20 @@ def _per_block_slo_result(base: list[dict[int, float]], spec: list[dict[int, flo
         for arm, p99_at in enumerate(pair):
             runs = tuple(
                 RunResult(
-                    i, False, 256, 3.2, 80.0, 20, 0.02, concurrency=c, aggregate_tok_s=80.0 * c,
+                    index=i,
+                    warmup=False,
+                    tokens=256,
+                    seconds=3.2,
+                    tok_s=80.0,
+                    prompt_tokens=20,
+                    ttft_s=0.02,
+                    concurrency=c,
+                    aggregate_tok_s=80.0 * c,
                     metrics={"ttft": {"p50": p / 3, "p99": p}},
                 )
                 for c, p in p99_at.items()
                 for i in range(2)
-            )  # fmt: skip
+            )
             name = ("base", "spec")[arm]
             launches.append(
                 LaunchResult(

@@ -68,7 +68,7 @@ def test_goodput_columns_count_requests_within_the_slo() -> None:
         for b in range(3)
         for arm, name in enumerate(("baseline", "eagle3"))
     ]
-    design = Design(3, "fixed", 0, tuple((0, 1) for _ in range(3)))
+    design = Design(blocks=3, order="fixed", seed=0, schedule=tuple((0, 1) for _ in range(3)))
     result = ABResult(
         experiment_id="e",
         simulated=True,

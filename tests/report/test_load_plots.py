@@ -83,13 +83,21 @@ def test_closed_loop_levels_plot_against_concurrency_and_completed_requests_per_
         for k, name in enumerate(("base", "spec")):
             runs = tuple(
                 RunResult(
-                    0, False, 512, 4.0, (90.0 + 40 * k if c == 1 else 60.0 - 20 * k) + b, 10, 0.02,
-                    concurrency=c, aggregate_tok_s=(90.0 + 40 * k) if c == 1 else 400.0 - 80 * k, requests=4 * c,
+                    index=0,
+                    warmup=False,
+                    tokens=512,
+                    seconds=4.0,
+                    tok_s=(90.0 + 40 * k if c == 1 else 60.0 - 20 * k) + b,
+                    prompt_tokens=10,
+                    ttft_s=0.02,
+                    concurrency=c,
+                    aggregate_tok_s=(90.0 + 40 * k) if c == 1 else 400.0 - 80 * k,
+                    requests=4 * c,
                     metrics={"ttft": {"p50": 0.02 * c, "p99": 0.03 * c}},
                     per_request=tuple({"index": j, "tokens": 64, "ttft_s": 0.02 * c, "e2e_s": 1} for j in range(4 * c)),
                 )
                 for c in (1, 8)
-            )  # fmt: skip
+            )
             launches.append(
                 LaunchResult(
                     profile=name,

@@ -89,8 +89,30 @@ def fill(store: Store, nights: int = 14) -> None:
     night 5; an engine upgrade on night 9 (both); the bench item fails on night 12 and times out on night 13
     (tonight)."""
     rng = random.Random(3)
-    ab = Item("ab", (), "box", True, BenchConfig(), 3, "random", (Metric("tok_s", None, 0.03),), 0.03, 3600.0)
-    bench = Item("one", (), "box", True, BenchConfig(), 1, "random", (Metric("tok_s", None, 0.02),), 0.02, 3600.0)
+    ab = Item(
+        name="ab",
+        profiles=(),
+        host="box",
+        sim=True,
+        bench=BenchConfig(),
+        blocks=3,
+        order="random",
+        metrics=(Metric("tok_s", None, 0.03),),
+        threshold=0.03,
+        timeout_s=3600.0,
+    )
+    bench = Item(
+        name="one",
+        profiles=(),
+        host="box",
+        sim=True,
+        bench=BenchConfig(),
+        blocks=1,
+        order="random",
+        metrics=(Metric("tok_s", None, 0.02),),
+        threshold=0.02,
+        timeout_s=3600.0,
+    )
     for k in range(nights):
         night_id = f"n{k:03d}"
         history.start_night(store, night_id, "s", "s.yaml", "0" * 64, START + k * DAY)

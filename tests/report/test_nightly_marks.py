@@ -31,9 +31,23 @@ def series(
     band: tuple[int, int, float, float] | None = None,
 ) -> Series:
     return Series(
-        f"eagle3/baseline:{metric}", f"series-load-box-{metric}", f"eagle3/baseline {metric}", "req/s", 0.15, True,
-        NIGHTS[: max(round(p.x) for p in points) + 1], tuple(points), tuple(levels), band, (), (), (), (), None, None,
-    )  # fmt: skip
+        series=f"eagle3/baseline:{metric}",
+        anchor=f"series-load-box-{metric}",
+        title=f"eagle3/baseline {metric}",
+        unit="req/s",
+        threshold=0.15,
+        higher_is_better=True,
+        nights=NIGHTS[: max(round(p.x) for p in points) + 1],
+        points=tuple(points),
+        levels=tuple(levels),
+        band=band,
+        changes=(),
+        env_steps=(),
+        gaps=(),
+        outliers=(),
+        noise=None,
+        noise_warning=None,
+    )
 
 
 def draw(monkeypatch: pytest.MonkeyPatch, s: Series) -> tuple[Any, str]:
@@ -86,12 +100,14 @@ def legend(ax: Any) -> list[str]:
 
 
 MIXED = [
-    Point(0, 4.4, 4.1, 4.7),
-    Point(1, 4.5, 4.2, 4.8),
-    Point(2, 8.0, 8.0, None, censored="above"),  # better at every level, up to the highest (8): at least 8
-    Point(3, 1.0, None, 1.0, censored="below"),  # worse at every level, down to the lowest (1): at most 1
-    Point(4, 4.0, 2.0, 8.0, censored="undecided"),  # sqrt(2 * 8): where a crossing may lie, a placeholder
-    Point(5, 4.6, 4.13, None),  # crossed, its CI open above (it reaches the highest level)
+    Point(x=0, value=4.4, lo=4.1, hi=4.7),
+    Point(x=1, value=4.5, lo=4.2, hi=4.8),
+    Point(
+        x=2, value=8.0, lo=8.0, hi=None, censored="above"
+    ),  # better at every level, up to the highest (8): at least 8
+    Point(x=3, value=1.0, lo=None, hi=1.0, censored="below"),  # worse at every level, down to the lowest (1): at most 1
+    Point(x=4, value=4.0, lo=2.0, hi=8.0, censored="undecided"),  # sqrt(2 * 8): where a crossing may lie, a placeholder
+    Point(x=5, value=4.6, lo=4.13, hi=None),  # crossed, its CI open above (it reaches the highest level)
 ]
 
 
@@ -120,7 +136,12 @@ def test_each_censored_night_has_its_own_mark_and_legend(monkeypatch: pytest.Mon
 
 
 def test_a_one_sided_ci_is_a_bar_and_an_arrow_to_the_edge(monkeypatch: pytest.MonkeyPatch) -> None:
-    points = [Point(0, 4.4, 4.1, 4.7), Point(1, 4.6, 4.13, None), Point(2, 2.0, None, 2.8), Point(3, 4.5, 4.2, 4.8)]
+    points = [
+        Point(x=0, value=4.4, lo=4.1, hi=4.7),
+        Point(x=1, value=4.6, lo=4.13, hi=None),
+        Point(x=2, value=2.0, lo=None, hi=2.8),
+        Point(x=3, value=4.5, lo=4.2, hi=4.8),
+    ]
     ax, _ = draw(monkeypatch, series(points, levels=(Level(0, 3, 4.45),), band=(0, 3, 3.8, 5.1)))
     drawn = marks(ax)
     assert drawn[1][2] == pytest.approx((4.13, 4.6)) and drawn[2][2] == pytest.approx((2.0, 2.8))
@@ -130,16 +151,18 @@ def test_a_one_sided_ci_is_a_bar_and_an_arrow_to_the_edge(monkeypatch: pytest.Mo
 def test_open_ends_of_a_crossing_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """A throughput series' night without a CI (one launch) is no open interval; a crossing's CI open on both sides,
     and an undecided night whose interval reaches both ends of the range, are."""
-    tok_s = series([Point(0, 80.0, None, None), Point(1, 81.0, 80.0, 82.0)], metric="tok_s")
+    tok_s = series([Point(x=0, value=80.0, lo=None, hi=None), Point(x=1, value=81.0, lo=80.0, hi=82.0)], metric="tok_s")
     assert not plots.open_ends(tok_s)
     ax, _ = draw(monkeypatch, tok_s)
     assert not arrows(ax)
-    load = series([Point(0, 3.0, None, None), Point(1, 2.8, None, None, censored="undecided")])
+    load = series(
+        [Point(x=0, value=3.0, lo=None, hi=None), Point(x=1, value=2.8, lo=None, hi=None, censored="undecided")]
+    )
     assert sorted(arrows(draw(monkeypatch, load)[0])) == [(0, 3.0, 0.0), (0, 3.0, 1.0), (1, 2.8, 0.0), (1, 2.8, 1.0)]
 
 
 def test_a_series_of_bounds_has_an_axis_around_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    s = series([Point(k, 8.0, 8.0, None, censored="above") for k in range(5)])
+    s = series([Point(x=k, value=8.0, lo=8.0, hi=None, censored="above") for k in range(5)])
     ax, _ = draw(monkeypatch, s)
     lo, hi = ax.get_ylim()
     assert lo <= 8.0 * 0.85 and hi >= 8.0 * 1.15 and lo > 0, (lo, hi)
@@ -147,7 +170,7 @@ def test_a_series_of_bounds_has_an_axis_around_them(monkeypatch: pytest.MonkeyPa
 
 
 def test_the_caption_says_only_what_is_drawn() -> None:
-    bounds = nightly_html._caption(series([Point(k, 8.0, 8.0, None, censored="above") for k in range(3)]))
+    bounds = nightly_html._caption(series([Point(x=k, value=8.0, lo=8.0, hi=None, censored="above") for k in range(3)]))
     for absent in ("95% CI", "black lines", "grey band", "hollow", "arrow", "▼"):
         assert absent not in bounds, (absent, bounds)
     assert "A triangle is a night beyond the range measured" in bounds and "▲ at least this" in bounds
@@ -161,7 +184,9 @@ def test_the_caption_says_only_what_is_drawn() -> None:
         "A hollow circle is an undecided night, not judged: no crossing seen, but one may lie in its bar",
     ):
         assert present in mixed, (present, mixed)
-    slo = nightly_html._caption(series([Point(0, 4.0, 2.0, 8.0, censored="undecided")], metric="max_rate_slo"))
+    slo = nightly_html._caption(
+        series([Point(x=0, value=4.0, lo=2.0, hi=8.0, censored="undecided")], metric="max_rate_slo")
+    )
     assert "leaving it in its bar" in slo and "arrow" not in slo and "triangle" not in slo
 
 
@@ -169,7 +194,18 @@ def test_censored_nights_from_the_store_to_the_page(tmp_path: Path) -> None:
     """Through the model: nights recorded with a crossing, a bound and an undecided one (as history.censored_value
     stores them) reach the figure and its caption as such."""
     store = Store(tmp_path / "nightly.db")
-    item = Item("load", (), "box", True, BenchConfig(), 2, "random", (Metric("crossover", None, 0.15),), 0.15, 3600.0)
+    item = Item(
+        name="load",
+        profiles=(),
+        host="box",
+        sim=True,
+        bench=BenchConfig(),
+        blocks=2,
+        order="random",
+        metrics=(Metric("crossover", None, 0.15),),
+        threshold=0.15,
+        timeout_s=3600.0,
+    )
     nights = [(4.4, 4.1, 4.7, None), (4.5, 4.13, None, None), (8.0, 8.0, None, "above"), (4.0, 2.0, 8.0, "undecided")]
     for k, (value, lo, hi, censored) in enumerate(nights):
         history.start_night(store, f"n{k}", "s", "s.yaml", "0" * 64, START + k * DAY)

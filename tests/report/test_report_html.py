@@ -195,13 +195,13 @@ def _hand_built(
             )
             runs = tuple(
                 RunResult(
-                    i,
-                    False,
-                    256,
-                    3.2,
-                    80.0 + 5 * k + 0.3 * i + 0.2 * b,
-                    30,
-                    0.02 + 0.001 * i,
+                    index=i,
+                    warmup=False,
+                    tokens=256,
+                    seconds=3.2,
+                    tok_s=80.0 + 5 * k + 0.3 * i + 0.2 * b,
+                    prompt_tokens=30,
+                    ttft_s=0.02 + 0.001 * i,
                     concurrency=concurrency,
                     aggregate_tok_s=80.0 + 5 * k,
                     metrics={"itl": {"p50": 0.012, "p90": 0.013, "p99": 0.02}},

@@ -37,7 +37,18 @@ def _launch(arm: int, block: int, rng: random.Random) -> LaunchResult:
     for i, prompt in enumerate(GAIN):
         v = 50.0 * (GAIN[prompt] if arm else 1.0) * math.exp(rng.gauss(0, 0.01))
         row = {"index": 0, "e2e_s": 128 / v, "tokens": 128, **({"accept_length": ACCEPT[prompt]} if arm else {})}
-        runs.append(RunResult(i, False, 128, 128 / v, v, 20, 0.02, per_request=(row,)))
+        runs.append(
+            RunResult(
+                index=i,
+                warmup=False,
+                tokens=128,
+                seconds=128 / v,
+                tok_s=v,
+                prompt_tokens=20,
+                ttft_s=0.02,
+                per_request=(row,),
+            )
+        )
     label = "base" if arm == 0 else "spec"
     fp = {"workload_sha256": "same"}
     return LaunchResult(

@@ -129,7 +129,11 @@ def test_a_category_ci_too_wide_to_use_is_said_in_words_not_printed() -> None:
     bc = ByCategory(
         level=3,
         categories=("code", "math"),
-        arms=tuple(CategoryArm(label, c, 10.0, None, 2) for c in ("code", "math") for label in ("base", "spec")),
+        arms=tuple(
+            CategoryArm(arm_label=label, category=c, tok_s=10.0, accept_length=None, requests=2)
+            for c in ("code", "math")
+            for label in ("base", "spec")
+        ),
         comparisons=(
             CategoryComparison(
                 arm_label="spec",

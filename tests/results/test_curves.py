@@ -46,10 +46,20 @@ def test_interpolate_log_is_linear_in_log_level_and_none_outside() -> None:
 def _run(rate: float, tok_s: float, agg: float, ttft: float, achieved: float) -> RunResult:
     rows = tuple({"index": j, "tokens": 64, "ttft_s": ttft, "e2e_s": 1.0, "error": None} for j in range(4))
     return RunResult(
-        0, False, 256, 4.0, tok_s, 10, ttft, concurrency=0, aggregate_tok_s=agg, requests=4,
+        index=0,
+        warmup=False,
+        tokens=256,
+        seconds=4.0,
+        tok_s=tok_s,
+        prompt_tokens=10,
+        ttft_s=ttft,
+        concurrency=0,
+        aggregate_tok_s=agg,
+        requests=4,
         metrics={"ttft": {"p50": ttft, "p99": ttft * 2}, "open_loop": {"achieved_rate": achieved}},
-        per_request=rows, rate=rate,
-    )  # fmt: skip
+        per_request=rows,
+        rate=rate,
+    )
 
 
 def _result(slo: str | None = None) -> ABResult:
@@ -109,9 +119,27 @@ def test_curves_give_each_arm_each_number_over_launches_at_every_level() -> None
 
 
 def test_closed_loop_achieved_rate_is_completed_requests_over_the_run() -> None:
-    run = RunResult(0, False, 256, 4.0, 60.0, 10, 0.02, concurrency=8, requests=10, errors=2)
+    run = RunResult(
+        index=0,
+        warmup=False,
+        tokens=256,
+        seconds=4.0,
+        tok_s=60.0,
+        prompt_tokens=10,
+        ttft_s=0.02,
+        concurrency=8,
+        requests=10,
+        errors=2,
+    )
     assert curves.achieved_rate(run) == 2.0
-    assert curves.achieved_rate(RunResult(0, False, 0, 0.0, 0.0, 0, None, concurrency=8)) is None
+    assert (
+        curves.achieved_rate(
+            RunResult(
+                index=0, warmup=False, tokens=0, seconds=0.0, tok_s=0.0, prompt_tokens=0, ttft_s=None, concurrency=8
+            )
+        )
+        is None
+    )
 
 
 def test_a_stored_open_loop_launch_gives_each_rate_its_own_requests(tmp_path: Path) -> None:

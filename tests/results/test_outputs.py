@@ -65,7 +65,17 @@ def _run(index: int, texts: list[str], accepts: list[tuple[float, int]] | None =
     metrics: dict[str, Any] = {"outputs": outputs}
     if accepts:
         metrics["accept_lengths"] = [list(a) for a in accepts]
-    return RunResult(index, False, 64, 1.0, 64.0, 10, 0.01, concurrency=1, metrics=metrics)
+    return RunResult(
+        index=index,
+        warmup=False,
+        tokens=64,
+        seconds=1.0,
+        tok_s=64.0,
+        prompt_tokens=10,
+        ttft_s=0.01,
+        concurrency=1,
+        metrics=metrics,
+    )
 
 
 def _result(base: list[str], spec: list[str], *, blocks: int = 2, accepts: Any = None) -> ABResult:

@@ -18,7 +18,7 @@ SCHEDULE = [i / 300 for i in range(12)] + [12 / 300 + i / RATE for i in range(19
 def _run(schedule: list[float], sent: int, stopped: bool) -> RunResult:
     records = []
     for i, at in enumerate(schedule[:sent]):
-        r = Record(i, at, 2, first=at + 0.01, end=at + 0.02, tokens=2, sent=at)
+        r = Record(index=i, start=at, max_tokens=2, first=at + 0.01, end=at + 0.02, tokens=2, sent=at)
         r.arrivals = [(at + 0.01, 1), (at + 0.02, 1)]
         records.append(r)
     info: dict[str, Any] = {"schedule": schedule, "rate": RATE, "arrivals": "poisson", "peak_in_flight": 3}

@@ -26,7 +26,16 @@ from orchestrator.stats.sequential import (
 
 
 def _run(i: int, tok_s: float) -> RunResult:
-    return RunResult(i, False, 256, 256 / tok_s, tok_s, 20, 0.02, aggregate_tok_s=tok_s)
+    return RunResult(
+        index=i,
+        warmup=False,
+        tokens=256,
+        seconds=256 / tok_s,
+        tok_s=tok_s,
+        prompt_tokens=20,
+        ttft_s=0.02,
+        aggregate_tok_s=tok_s,
+    )
 
 
 def _launch(arm: int, block: int, values: list[float]) -> LaunchResult:

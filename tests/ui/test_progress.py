@@ -181,7 +181,7 @@ def test_plain_reporter_quiet_keeps_errors_on_stderr(tmp_path: Path) -> None:
         rep.phase("slot", n=1, total=2, block=1, blocks=1, arm="a")
         rep.line("launch 1/2: block 1/1, a")
         rep.line("a: TEARDOWN FAILED: the agent is gone")
-        rep.run("a", RunResult(0, False, 8, 1.0, 8.0, 4, None))
+        rep.run("a", RunResult(index=0, warmup=False, tokens=8, seconds=1.0, tok_s=8.0, prompt_tokens=4, ttft_s=None))
     out.seek(0), err.seek(0)
     assert out.read() == ""
     assert STAMP.sub("", err.read()) == "a: TEARDOWN FAILED: the agent is gone\n"
@@ -218,7 +218,27 @@ def test_the_accept_length_is_a_clause_of_its_own_on_a_level_line_and_as_ever_on
     from orchestrator.config.workload import BenchConfig
 
     config = BenchConfig(runs=1)
-    seed = RunResult(0, False, 128, 2.0, 64.0, 30, 0.03, spec_accept_length=2.03)
+    seed = RunResult(
+        index=0,
+        warmup=False,
+        tokens=128,
+        seconds=2.0,
+        tok_s=64.0,
+        prompt_tokens=30,
+        ttft_s=0.03,
+        spec_accept_length=2.03,
+    )
     assert progress.run_line(seed, config).endswith("= 64.0 tok/s (prompt: 30 toks) accept len 2.03")
-    level = RunResult(0, False, 512, 2.0, 60.0, 30, 0.03, spec_accept_length=1.98, concurrency=8, requests=8)
+    level = RunResult(
+        index=0,
+        warmup=False,
+        tokens=512,
+        seconds=2.0,
+        tok_s=60.0,
+        prompt_tokens=30,
+        ttft_s=0.03,
+        spec_accept_length=1.98,
+        concurrency=8,
+        requests=8,
+    )
     assert progress.run_line(level, config).endswith(" tok/s aggregate, accept len 1.98")

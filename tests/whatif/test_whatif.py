@@ -74,14 +74,36 @@ def experiment(
             for r in range(2):
                 if k is None:
                     tok_s = 1000.0 / (baseline_ms * spread[b])
-                    runs.append(RunResult(r, False, 256, 256 / tok_s, tok_s, 10, 0.02))
+                    runs.append(
+                        RunResult(
+                            index=r,
+                            warmup=False,
+                            tokens=256,
+                            seconds=256 / tok_s,
+                            tok_s=tok_s,
+                            prompt_tokens=10,
+                            ttft_s=0.02,
+                        )
+                    )
                     continue
                 tau = accept(k)
                 tok_s = 1000.0 * tau / (cycle(k, spec.get("num_draft_tokens", k + 1)) * spread[b])
                 metrics = {}
                 if per_position is not None:
                     metrics = {"spec": {"per_position": [p * 1000 for p in per_position(k)], "drafts": 1000}}
-                runs.append(RunResult(r, False, 256, 256 / tok_s, tok_s, 10, 0.02, tau, metrics=metrics))
+                runs.append(
+                    RunResult(
+                        index=r,
+                        warmup=False,
+                        tokens=256,
+                        seconds=256 / tok_s,
+                        tok_s=tok_s,
+                        prompt_tokens=10,
+                        ttft_s=0.02,
+                        spec_accept_length=tau,
+                        metrics=metrics,
+                    )
+                )
             launches.append(
                 LaunchResult(
                     profile=name,
@@ -257,7 +279,17 @@ def noisy_experiment(
             for r in range(runs):
                 if k is None:
                     tok_s = 1000 / (12.2 * speed)
-                    out.append(RunResult(r, False, tokens, tokens / tok_s, tok_s, 10, 0.02))
+                    out.append(
+                        RunResult(
+                            index=r,
+                            warmup=False,
+                            tokens=tokens,
+                            seconds=tokens / tok_s,
+                            tok_s=tok_s,
+                            prompt_tokens=10,
+                            ttft_s=0.02,
+                        )
+                    )
                     continue
                 made, cycles = 1, 0  # the first token comes from the prefill
                 while made < tokens:
@@ -266,7 +298,18 @@ def noisy_experiment(
                         n += 1
                     made, cycles = min(tokens, made + n), cycles + 1
                 seconds = cycles * (20.0 + k) * speed / 1000
-                out.append(RunResult(r, False, tokens, seconds, tokens / seconds, 10, 0.02, tokens / cycles))
+                out.append(
+                    RunResult(
+                        index=r,
+                        warmup=False,
+                        tokens=tokens,
+                        seconds=seconds,
+                        tok_s=tokens / seconds,
+                        prompt_tokens=10,
+                        ttft_s=0.02,
+                        spec_accept_length=tokens / cycles,
+                    )
+                )
             prof = {"profile": profile(name, k)}
             launches.append(
                 LaunchResult(
@@ -372,7 +415,12 @@ def running_experiment(path: Path, launches: Sequence[tuple[int, str]], status: 
         store.add_launch(lid, experiment_id=exp_id, arm_index=arm, profile=arms[arm][0], profile_dict=profiles[arm],
                          argv=[], env={}, pid=1, started_at=0.0)  # fmt: skip
         if state == "complete":
-            store.add_run(lid, RunResult(0, False, 256, 2.0, 128.0, 10, 0.02).to_dict())
+            store.add_run(
+                lid,
+                RunResult(
+                    index=0, warmup=False, tokens=256, seconds=2.0, tok_s=128.0, prompt_tokens=10, ttft_s=0.02
+                ).to_dict(),
+            )
             store.update_launch(lid, status="complete", env_report_json={"ok": True})
     if status != "running":
         store.finish_experiment(exp_id, status)

@@ -468,17 +468,7 @@ class NightRunner:
             return self._failed(item, "failed", f"unexpected {type(e).__name__}: {e}", began)
         experiments = [result.experiment_id]
         series, envs = history.measure(item, result, self.suite.min_history)
-        tonight = history.ItemNight(
-            night_id=self.night_id,
-            night_at=self.night_at,
-            suite=self.suite.name,
-            status="complete",
-            error=None,
-            experiments=(),
-            series=(),
-            envs=envs,
-            simulated=item.sim,
-        )
+        tonight = self._tonight(item, envs)
         verdicts = [judge(v, past, tonight, self.suite.min_history) for v in series]
         if self.suite.confirm and any(v.status == "regression" for v in verdicts):
             verdicts, result, series, envs = self._confirm(
@@ -549,31 +539,11 @@ class NightRunner:
             return noted, first, *measured
         experiments.append(second.experiment_id)
         again, envs2 = history.measure(item, second, self.suite.min_history)
-        tonight2 = history.ItemNight(
-            night_id=self.night_id,
-            night_at=self.night_at,
-            suite=self.suite.name,
-            status="complete",
-            error=None,
-            experiments=(),
-            series=(),
-            envs=envs2,
-            simulated=item.sim,
-        )
+        tonight2 = self._tonight(item, envs2)
         rerun = {v.series: judge(v, past, tonight2, self.suite.min_history) for v in again}
         pooled = _merge(first, second)
         series, envs = history.measure(item, pooled, self.suite.min_history)
-        tonight = history.ItemNight(
-            night_id=self.night_id,
-            night_at=self.night_at,
-            suite=self.suite.name,
-            status="complete",
-            error=None,
-            experiments=(),
-            series=(),
-            envs=envs,
-            simulated=item.sim,
-        )
+        tonight = self._tonight(item, envs)
         out = []
         for v in series:
             verdict = judge(v, past, tonight, self.suite.min_history)
@@ -587,6 +557,20 @@ class NightRunner:
         notes = [f"{v.value.series} {v.note}" for v in out if v.note]
         self.events.line(f"[{item.name}] re-run: {'; '.join(notes) or 'done'}")
         return out, pooled, series, envs
+
+    def _tonight(self, item: Item, envs: dict[str, dict[str, Any]]) -> history.ItemNight:
+        """Tonight as a night in the item's history, to judge its values against the nights before (no series yet)."""
+        return history.ItemNight(
+            night_id=self.night_id,
+            night_at=self.night_at,
+            suite=self.suite.name,
+            status="complete",
+            error=None,
+            experiments=(),
+            series=(),
+            envs=envs,
+            simulated=item.sim,
+        )
 
     def _failed(self, item: Item, status: str, error: str, began: float) -> ItemReport:
         # Stored and posted: a server's log tail in the error must not carry the profile's secrets.

@@ -235,8 +235,8 @@ class MetricSpec:
     higher_is_better: bool
     needs_slo: bool = False
     scale: float = 1.0  # shown value = stored value x scale (latencies are stored in seconds, shown in ms)
-    # A run's value (given a results/run.RunResult and the SLO); None: results/goodput.run_value's rules for the
-    # built-in kinds (a RunResult field, goodput, a quantity's percentile).
+    # A run's value (given a results/run.RunResult and the SLO); None: results/goodput.run_value's rules (goodput,
+    # a quantity's percentile, else the RunResult field of the metric's name).
     value: Callable[[Any, SLO | None], float | None] | None = None
     nightly_name: str = ""
 

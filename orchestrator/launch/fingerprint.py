@@ -264,6 +264,7 @@ _RULES: tuple[tuple[str, str, int, str], ...] = (
     ("software.engine_version_source", "engine", 5, "engine version read from"),
     ("software.torch", "engine", 98, "torch"),
     ("software.nccl", "engine", 97, "NCCL"),
+    ("software.sgl_kernel", "engine", 96, "sgl-kernel"),
     ("software.flashinfer", "engine", 95, "flashinfer"),
     ("software.triton", "engine", 94, "triton"),
     ("software.served_models", "engine", 93, "served models"),

@@ -424,8 +424,11 @@ def _item(raw: Any, defaults: Mapping[Any, Any], index: int, base: Path, where: 
     metrics = _metrics(fields.get("metrics", ["tok_s"]), threshold, levels, label)
     if "accept_length" in {m.name for m in metrics} and not any(p.speculative for p in profiles):
         raise SuiteError(f"{label}: metrics: accept_length needs a profile with speculative decoding")
-    if "goodput" in {m.name for m in metrics} and "slo" not in fields:
-        raise SuiteError(f"{label}: metrics: goodput counts requests within an SLO: add slo: (e.g. slo: {SLO_EXAMPLE})")
+    needs_slo = [m.name for m in metrics if (shared := as_metric(m.name)) is not None and AB_METRICS[shared].needs_slo]
+    if needs_slo and "slo" not in fields:
+        raise SuiteError(
+            f"{label}: metrics: {needs_slo[0]} counts requests within an SLO: add slo: (e.g. slo: {SLO_EXAMPLE})"
+        )
     fail_on = fields.get("fail_on", ())
     _check_across_levels(metrics, fail_on, profiles, (levels, blocks), fields.get("slo"), label)
     compared = [m for m in fail_on if m in ("slower", "different")]

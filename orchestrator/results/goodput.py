@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.slo import METRICS, QUANTITIES, SLO
+from orchestrator.config.slo import METRICS, QUANTITIES, SLO, STORED_PERCENTILES
 from orchestrator.stats.estimates import quantile
 
 if TYPE_CHECKING:
@@ -143,7 +143,10 @@ def run_value(run: RunResult, metric: str, slo: SLO | None = None) -> float | No
     spec = METRICS.get(metric)
     if spec is not None and spec.value is not None:
         return spec.value(run, slo)
-    if spec is None or metric in ("tok_s", "aggregate_tok_s"):
+    quantity, _, p = metric.rpartition("_p")
+    percentile = p.isdigit() and (quantity in QUANTITIES or quantity in STORED_PERCENTILES)
+    if spec is None or not (percentile or metric in GOODPUT_METRICS):
+        # tok_s, aggregate_tok_s, a metric registered without a value function: the RunResult field of its name
         value = getattr(run, metric, None)
         return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
     if metric in GOODPUT_METRICS:
@@ -151,7 +154,6 @@ def run_value(run: RunResult, metric: str, slo: SLO | None = None) -> float | No
         if got is None:
             return None
         return got.req_s if metric == "goodput" else got.tok_s
-    quantity, _, p = metric.rpartition("_p")
     if quantity in QUANTITIES and run.per_request:
         samples = sorted(_quantity_samples(run.per_request, quantity))
         return quantile(samples, int(p) / 100) if samples else None

@@ -104,3 +104,28 @@ def test_orch_ab_judges_on_them_and_the_nightly_takes_the_same_values(
     (item,) = suite_mod.load(path).items
     assert [m.key for m in item.metrics] == ["decode_p99@1", "prompt_tok_s"]
     assert [m.higher_is_better for m in item.metrics] == [False, True]
+
+
+def test_a_metric_registered_without_a_value_function_reads_the_runs_field_of_its_name() -> None:
+    from orchestrator.results.goodput import run_value
+    from orchestrator.results.run import RunResult
+
+    run = RunResult(index=0, warmup=False, tokens=64, seconds=1.0, tok_s=64.0, prompt_tokens=12, ttft_s=0.5)
+    slo.register_metric(slo.MetricSpec(name="prompt_tokens", label="prompt tokens", unit="tok", higher_is_better=True))
+    try:
+        assert run_value(run, "prompt_tokens") == 12.0
+    finally:
+        slo.unregister("prompt_tokens")
+
+
+def test_a_suite_metric_that_needs_an_slo_is_refused_without_one(
+    sim_profiles: Callable[..., dict[str, Path]], tmp_path: Path
+) -> None:
+    profiles = sim_profiles()
+    for metric in ("goodput", "goodput_tok_s"):
+        suite = {"suite": "s", "defaults": {"host": "local", "sim": True}}
+        suite["items"] = [{"name": "it", "bench": str(profiles["baseline"]), "metrics": [metric]}]
+        path = tmp_path / "suite.yaml"
+        path.write_text(yaml.safe_dump(suite, sort_keys=False))
+        with pytest.raises(suite_mod.SuiteError, match=f"metrics: {metric} counts requests within an SLO: add slo:"):
+            suite_mod.load(path)

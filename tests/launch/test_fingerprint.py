@@ -358,6 +358,8 @@ def test_an_engines_own_package_ranks_as_its_version_whichever_engine() -> None:
         (d,) = fp.diff({"software": {package: "1.0"}}, {"software": {package: "1.1"}})
         assert (d.category, d.weight) == ("engine", 99), (package, d)
     (kernel,) = fp.diff({"software": {"sgl_kernel": "0.1"}}, {"software": {"sgl_kernel": "0.2"}})
-    assert (kernel.category, kernel.weight) == ("engine", fp.NODE_PACKAGES_WEIGHT)
+    assert (kernel.category, kernel.weight) == ("engine", 96)  # a fixed rule keeps its rank
+    (other,) = fp.diff({"software": {"transformers": "5.16"}}, {"software": {"transformers": "5.17"}})
+    assert (other.category, other.weight) == ("engine", fp.NODE_PACKAGES_WEIGHT)  # vLLM names it: no longer "other"
     (torch,) = fp.diff({"software": {"torch": "2.8"}}, {"software": {"torch": "2.9"}})
     assert torch.weight == 98

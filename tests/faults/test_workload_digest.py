@@ -16,6 +16,7 @@ from orchestrator.nightly import history, result
 from orchestrator.report import html
 from tests.conftest import FAST_SIM, free_port
 from tests.faults.support import FAST, assert_nothing_left, assert_plain, run
+from tests.nightly.support import item_night
 
 PROMPTS = [{"category": "chat", "prompt": f"tell me about the number {i}"} for i in range(4)]
 
@@ -61,17 +62,7 @@ def _night(i: int, fp: dict[str, Any], value: float) -> history.ItemNight:
         env=history.env_key({"a": env}, ["a"]),
         env_arms=("a",),
     )
-    return history.ItemNight(
-        night_id=f"n{i}",
-        night_at=float(i),
-        suite="s",
-        status="complete",
-        error=None,
-        experiments=(),
-        series=(series,),
-        envs={"a": env},
-        simulated=True,
-    )
+    return item_night(i, [series], {"a": env})
 
 
 def test_a_nightly_history_stored_with_the_old_digest_goes_on_in_one_environment() -> None:

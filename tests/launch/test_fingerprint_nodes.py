@@ -12,6 +12,7 @@ from orchestrator.nightly import result as nightresult
 from orchestrator.results.model import ABResult
 from tests.experiment.test_failon import fingerprint as make_fingerprint
 from tests.experiment.test_failon import result as make_result
+from tests.nightly.support import item_night, series_value
 
 
 def _facts(gpu: str = "NVIDIA H100", driver: str = "550.54", sglang: str = "0.5.9") -> dict[str, Any]:
@@ -68,31 +69,8 @@ def test_nightly_judges_another_nodes_gpu_change_an_environment_change() -> None
 
     def night(n: int, value: float, envs: dict[str, dict[str, Any]]) -> history.ItemNight:
         key = history.env_key(envs, ("a",))
-        v = history.SeriesValue(
-            series="a:tok_s",
-            arm="a",
-            metric="tok_s",
-            value=value,
-            lo=None,
-            hi=None,
-            n=1,
-            threshold=0.03,
-            higher_is_better=True,
-            env=key,
-            env_arms=("a",),
-            min_history=3,
-        )
-        return history.ItemNight(
-            night_id=f"n{n}",
-            night_at=float(n),
-            suite="s",
-            status="complete",
-            error=None,
-            experiments=(),
-            series=(v,),
-            envs=envs,
-            simulated=True,
-        )
+        v = series_value("a", "tok_s", value, n=1, env=key, min_history=3)
+        return item_night(n, [v], envs)
 
     past = [night(n, 80.0 + 0.1 * n, envs) for n, envs in enumerate(item_envs)]
     tonight = night(9, 70.0, tonight_envs)

@@ -21,6 +21,7 @@ from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import Rate, RunResult
 from tests.conftest import FAST_SIM, WriteProfile, free_port
 from tests.faults.support import assert_plain, run
+from tests.nightly.support import item_night
 from tests.nightly.test_nightly_parts import _item
 from tests.nightly.test_suite import write_suite
 
@@ -243,17 +244,7 @@ def _value(v: float, censored: str | None = None, env: str = "e") -> history.Ser
 
 def _night(i: int, v: history.SeriesValue | None) -> history.ItemNight:
     envs = {arm: {"engine version": v.env if v else "e"} for arm in ("eagle3", "baseline")}
-    return history.ItemNight(
-        night_id=f"n{i}",
-        night_at=float(i),
-        suite="s",
-        status="complete",
-        error=None,
-        experiments=(),
-        series=(v,) if v else (),
-        envs=envs,
-        simulated=True,
-    )
+    return item_night(i, ((v,) if v else ()), envs)
 
 
 def _judge(values: list[history.SeriesValue], tonight: history.SeriesValue) -> result.SeriesVerdict:

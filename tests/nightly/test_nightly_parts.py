@@ -16,6 +16,7 @@ from orchestrator.nightly.suite import Item, Metric
 from orchestrator.results.model import ABResult, Design, LaunchResult
 from orchestrator.results.run import RunResult
 from tests.experiment.test_failon import fingerprint as make_fingerprint
+from tests.nightly.support import item_night, series_value
 
 
 @pytest.mark.parametrize(
@@ -38,19 +39,7 @@ def test_night_exit_codes(status: str, items: list[str], code: int) -> None:
 
 
 def _verdict(status: str) -> result.SeriesVerdict:
-    value = history.SeriesValue(
-        series="a:tok_s",
-        arm="a",
-        metric="tok_s",
-        value=1.0,
-        lo=None,
-        hi=None,
-        n=1,
-        threshold=0.03,
-        higher_is_better=True,
-        env="e",
-        env_arms=("a",),
-    )
+    value = series_value("a", "tok_s", 1.0, n=1, env="e")
     a = changepoint.Assessment(
         status=status, steps=(), new=None, baseline=None, change=None, noise=None, outliers=(), nights=1, needed=6
     )
@@ -227,19 +216,7 @@ def test_markdown_lines() -> None:
 
 
 def test_a_series_too_noisy_for_its_threshold_is_said_on_its_line() -> None:
-    value = history.SeriesValue(
-        series="spec:tok_s",
-        arm="spec",
-        metric="tok_s",
-        value=57.7,
-        lo=None,
-        hi=None,
-        n=2,
-        threshold=0.03,
-        higher_is_better=True,
-        env="e",
-        env_arms=("spec",),
-    )
+    value = series_value("spec", "tok_s", 57.7, n=2, env="e")
     steady = changepoint.Assessment(
         status="ok", steps=(), new=None, baseline=57.7, change=0.0, noise=0.01, outliers=(), nights=9, needed=6
     )
@@ -284,31 +261,8 @@ def test_multi_node_nights_share_one_environment_whatever_port_each_drew() -> No
 
     def night(n: int, value: float, env: dict[str, Any]) -> history.ItemNight:
         key = history.env_key({"a": env}, ("a",))
-        v = history.SeriesValue(
-            series="a:tok_s",
-            arm="a",
-            metric="tok_s",
-            value=value,
-            lo=None,
-            hi=None,
-            n=1,
-            threshold=0.03,
-            higher_is_better=True,
-            env=key,
-            env_arms=("a",),
-            min_history=3,
-        )
-        return history.ItemNight(
-            night_id=f"n{n}",
-            night_at=float(n),
-            suite="s",
-            status="complete",
-            error=None,
-            experiments=(),
-            series=(v,),
-            envs={"a": env},
-            simulated=True,
-        )
+        v = series_value("a", "tok_s", value, n=1, env=key, min_history=3)
+        return item_night(n, [v], {"a": env})
 
     tonight_env = fingerprint.environment(make_fingerprint(argv=["/py", *argv(31000)]))
     assert tonight_env["argv"][-1] == "<rank 0>:<port>"
@@ -391,32 +345,8 @@ def test_a_fail_on_hit_is_labelled_fail_on_not_regression() -> None:
 
 def test_history_says_a_night_that_paged_under_fail_on() -> None:
     def night(n: int, decision: dict[str, Any]) -> history.ItemNight:
-        v = history.SeriesValue(
-            series="a:tok_s",
-            arm="a",
-            metric="tok_s",
-            value=80.0 + 0.1 * n,
-            lo=None,
-            hi=None,
-            n=1,
-            threshold=0.03,
-            higher_is_better=True,
-            env="k",
-            env_arms=("a",),
-            min_history=3,
-        )
-        return history.ItemNight(
-            night_id=f"n{n}",
-            night_at=float(n),
-            suite="s",
-            status="complete",
-            error=None,
-            experiments=(),
-            series=(v,),
-            envs={"a": {}},
-            simulated=True,
-            decisions={"a:tok_s": decision},
-        )
+        v = series_value("a", "tok_s", 80.0 + 0.1 * n, n=1, env="k", min_history=3)
+        return item_night(n, [v], {"a": {}}, decisions={"a:tok_s": decision})
 
     hit = "slower: eagle3 is slower than baseline (ratio 0.730, 95% CI 0.722-0.738)"
     nights = [night(0, {"status": "building", "fail_on": hit}), night(1, {"status": "building"})]
@@ -472,19 +402,7 @@ def test_an_environment_step_says_each_difference_once() -> None:
 
 
 def test_a_re_run_that_does_not_confirm_says_what_it_measured_and_why() -> None:
-    value = history.SeriesValue(
-        series="b:tok_s",
-        arm="b",
-        metric="tok_s",
-        value=77.0,
-        lo=None,
-        hi=None,
-        n=3,
-        threshold=0.03,
-        higher_is_better=True,
-        env="e",
-        env_arms=("b",),
-    )
+    value = series_value("b", "tok_s", 77.0, n=3, env="e")
 
     def verdict(status: str, change: float, noise: float) -> result.SeriesVerdict:
         return result.SeriesVerdict(

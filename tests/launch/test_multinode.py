@@ -351,7 +351,9 @@ def test_cli_ab_over_a_group(
     code = main(args)
     out, err = capsys.readouterr()
     assert code == 0, out + err
-    assert "eagle3 vs baseline @ 1: " in out and "over 2 blocks -> " in out, out
+    # Two blocks on a loaded machine can give a CI too wide to print as numbers (issue 35): then it says so.
+    blocks = ("over 2 blocks -> ", "too wide to bound with 2 blocks at this noise")
+    assert "eagle3 vs baseline @ 1: " in out and any(b in out for b in blocks), out
     assert "differ" not in out  # the two nodes agree: no mismatch warning
     store = Store(db)
     (exp,) = store.experiments()
